@@ -1,0 +1,42 @@
+"""Exit codes of the ``dapple`` command. Stable: scripts may rely on them.
+
+| code | meaning |
+|------|---------|
+| 0 | success |
+| 1 | internal error (a bug: please report it) |
+| 2 | usage error: unknown option, missing argument (click) |
+| 3 | invalid input: a file or value that is not valid for its format |
+| 4 | incompatible inputs: valid alone, unusable together (e.g. batch size vs GPUs) |
+| 5 | infeasible: no plan fits in the GPUs' memory |
+| 6 | I/O error: a file could not be read or written |
+"""
+
+from planner.errors import (
+    DappleError,
+    DappleIOError,
+    IncompatibleInputsError,
+    InfeasibleError,
+    InvalidInputError,
+)
+
+OK = 0
+INTERNAL_ERROR = 1
+USAGE_ERROR = 2
+INVALID_INPUT = 3
+INCOMPATIBLE_INPUTS = 4
+INFEASIBLE = 5
+IO_ERROR = 6
+
+_BY_CLASS = [
+    (InvalidInputError, INVALID_INPUT),
+    (IncompatibleInputsError, INCOMPATIBLE_INPUTS),
+    (InfeasibleError, INFEASIBLE),
+    (DappleIOError, IO_ERROR),
+]
+
+
+def exit_code_for(error: DappleError) -> int:
+    for cls, code in _BY_CLASS:
+        if isinstance(error, cls):
+            return code
+    return INTERNAL_ERROR

@@ -1,0 +1,36 @@
+"""The ``dapple`` command line: one module per command."""
+
+from __future__ import annotations
+
+import click
+
+import planner
+
+from .estimate import estimate_command
+from .plan import plan_command
+from .profile import profile_group
+from .topology import topology_group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(planner.__version__, prog_name="dapple")
+def cli():
+    """Plan synchronous pipeline + data parallel training (DAPPLE).
+
+    Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input,
+    4 incompatible inputs, 5 infeasible, 6 I/O error.
+    """
+
+
+cli.add_command(plan_command)
+cli.add_command(estimate_command)
+cli.add_command(topology_group)
+cli.add_command(profile_group)
+
+
+def main():
+    cli(prog_name="dapple")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``dapple plan``: search the best plan for a profile on a topology."""
+
+from __future__ import annotations
+
+import click
+
+import planner
+
+from .options import json_option, profile_option, reports_errors, topology_option
+from .render import plan_table
+
+
+@click.command("plan")
+@profile_option
+@topology_option
+@click.option(
+    "--global-batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Samples per iteration. Default: the profile's largest measured batch size times the number of GPUs.",
+)
+@click.option("--warmup-policy", type=click.Choice(["A", "B"]), default="A", show_default=True,
+              help="Warm-up depth K_i: A = S-i, B = 2(S-i)-1 micro-batches (section V-C).")
+@click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
+              help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@json_option
+@reports_errors
+def plan_command(profile_path, topology, global_batch_size, warmup_policy, min_micro_batch_size, out_path, as_json):
+    """Find the plan with the smallest estimated iteration time."""
+    profile = planner.Profile.load(profile_path)
+    topo = planner.Topology.resolve(topology)
+    if global_batch_size is None:
+        global_batch_size = max(profile.batch_sizes) * topo.num_devices
+        click.echo(f"global batch size not given; using {global_batch_size}", err=True)
+    result = planner.plan(
+        profile,
+        topo,
+        global_batch_size,
+        warmup_policy=warmup_policy,
+        min_micro_batch_size=min_micro_batch_size,
+    )
+    if out_path:
+        result.save(out_path)
+    if as_json:
+        click.echo(result.text, nl=False)
+    else:
+        plan_table(result, profile)
+    if out_path:
+        click.echo(f"plan written to {out_path}", err=True)
+    stats = result.search_stats
+    if stats is not None:
+        click.echo(
+            f"searched micro-batch sizes {stats.micro_batch_sizes}: {stats.states} states, {stats.stages_costed} stages costed",
+            err=True,
+        )

@@ -1,0 +1,43 @@
+"""``dapple profile``: convert profiles into the dapple format."""
+
+from __future__ import annotations
+
+import click
+
+import planner
+
+from .options import reports_errors
+
+
+@click.group("profile")
+def profile_group():
+    """Create and convert per-layer profiles."""
+
+
+@profile_group.command("import-artifact")
+@click.argument("graph_txt", type=click.Path(dir_okay=False))
+@click.option("--model", required=True, help="Model name to record, e.g. BERT-48.")
+@click.option("--batch-size", required=True, type=click.IntRange(min=1), help="Batch size the file was measured at.")
+@click.option("--block-pattern", default=None, help="Regex naming the model's own repeated layers (marked kind=block).")
+@click.option("--param-bytes-scale", type=float, default=1.0, show_default=True,
+              help="Multiply parameter sizes by this (1.048576 for the hand-written VGG-19 file).")
+@click.option("--optimizer", default="adam", show_default=True, help="Optimizer the model trains with (memory model).")
+@click.option("--device", default=None, help="GPU type the profile was measured on, e.g. V100-16GB.")
+@click.option("--origin", default=None, help="Free text recorded as the profile's source.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@reports_errors
+def import_artifact(graph_txt, model, batch_size, block_pattern, param_bytes_scale, optimizer, device, origin, out_path):
+    """Convert a DAPPLE artifact profile (PipeDream graph.txt) to profile JSON."""
+    profile = planner.import_artifact_profile(
+        graph_txt,
+        model=model,
+        batch_size=batch_size,
+        block_pattern=block_pattern,
+        param_bytes_scale=param_bytes_scale,
+        optimizer=optimizer,
+        device=device,
+        origin=origin,
+    )
+    profile.save(out_path)
+    blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
+    click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)

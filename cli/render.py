@@ -1,0 +1,82 @@
+"""Human-readable tables for plans, on stdout."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner import Plan, Profile
+
+GIB = float(1 << 30)
+
+
+def console() -> Console:
+    # Plain text when piped, so output can be diffed and grepped.
+    return Console(highlight=False, soft_wrap=False, width=120)
+
+
+def _devices(ids: list[int]) -> str:
+    """Compact device list: [0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], None
+    for i, d in enumerate(ids):
+        if start is None:
+            start = d
+        if i + 1 == len(ids) or ids[i + 1] != d + 1:
+            parts.append(str(start) if start == d else f"{start}-{d}")
+            start = None
+    return ",".join(parts)
+
+
+def plan_table(plan: Plan, profile: Profile | None) -> None:
+    out = console()
+    est = plan.estimate or {}
+    blocks = plan.blocks_per_stage(profile) if profile is not None else None
+    inputs = plan.data["inputs"]
+    out.print(
+        f"{inputs['model']} on {inputs['topology']['name']}, global batch {inputs['global_batch_size']}: "
+        f"{plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}, "
+        f"schedule {plan.data['schedule']['kind']} (warm-up policy {plan.data['schedule']['warmup_policy']})"
+    )
+    if blocks and any(blocks):
+        out.print("split (model layers per stage): " + ":".join(str(b) for b in blocks))
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ["stage", "layers", "GPUs", "K", "fwd ms", "bwd ms", "allreduce ms", "memory GiB", "placement"]:
+        t.add_column(col, justify="left" if col in ("layers", "GPUs", "placement") else "right")
+    for i, s in enumerate(plan.stages):
+        e = est["stages"][i] if est else {}
+        names = ""
+        if profile is not None:
+            first = profile.layers[s["layer_start"]]["name"]
+            last = profile.layers[s["layer_end"] - 1]["name"]
+            names = f" ({_short(first)} .. {_short(last)})"
+        t.add_row(
+            str(i),
+            f"{s['layer_start']}-{s['layer_end'] - 1}{names}",
+            f"{len(s['devices'])}: {_devices(s['devices'])}",
+            str(s["warmup_micro_batches"]),
+            f"{e.get('fwd_ms', 0):.2f}",
+            f"{e.get('bwd_ms', 0):.2f}",
+            f"{e.get('exposed_allreduce_ms', 0):.2f}",
+            f"{e.get('memory_bytes', 0) / GIB:.2f} / {e.get('memory_limit_bytes', 0) / GIB:.0f}",
+            s.get("placement") or "",
+        )
+    out.print(t)
+    if est:
+        for i, tr in enumerate(est["transfers"]):
+            out.print(f"transfer {i}->{i + 1}: {tr['bytes'] / 1e6:.2f} MB per micro-batch, {tr['fwd_ms']:.2f} ms each way")
+        out.print(
+            f"iteration {est['latency_ms']:.1f} ms = warm-up {est['warmup_ms']:.1f} + steady {est['steady_ms']:.1f} "
+            f"+ ending {est['ending_ms']:.1f} (pivot {est['pivot']['kind']} {est['pivot']['index']}); "
+            f"speedup {est['speedup']:.2f}x over one GPU, {est['samples_per_second']:.1f} samples/s, "
+            f"peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
+            + ("" if est["fits_memory"] else "  ** DOES NOT FIT IN MEMORY **")
+        )
+        if est["paper_pivot"] != est["pivot"]:
+            out.print(
+                f"note: the paper's Algorithm 1 picks {est['paper_pivot']['kind']} {est['paper_pivot']['index']} "
+                f"as pivot, giving {est['paper_latency_ms']:.1f} ms; the largest formula value is used"
+            )
+
+
+def _short(name: str, width: int = 24) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"

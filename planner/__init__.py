@@ -1,0 +1,37 @@
+"""dapple: plan synchronous pipeline + data parallel training (DAPPLE).
+
+    import planner
+    p = planner.plan("profiles/bert-48.json", "2x8-nvlink", global_batch_size=64)
+    print(p.shape, p.estimate["latency_ms"])
+
+Planning needs no torch; the runtime and profiler import it lazily.
+"""
+
+from ._core import __version__
+from .errors import (
+    DappleError,
+    DappleIOError,
+    IncompatibleInputsError,
+    InfeasibleError,
+    InvalidInputError,
+)
+from .plan import Plan, SearchStats, evaluate, plan
+from .profile import Profile, import_artifact_profile
+from .topology import PRESETS, Topology
+
+__all__ = [
+    "__version__",
+    "DappleError",
+    "DappleIOError",
+    "IncompatibleInputsError",
+    "InfeasibleError",
+    "InvalidInputError",
+    "Plan",
+    "PRESETS",
+    "Profile",
+    "SearchStats",
+    "Topology",
+    "evaluate",
+    "import_artifact_profile",
+    "plan",
+]

@@ -1,0 +1,48 @@
+"""Exceptions raised by dapple, one class per stable error code.
+
+The Rust core raises these through the binding (``rust_core/py``); the CLI
+turns each into its exit code (see ``cli/exit_codes.py``).
+"""
+
+from __future__ import annotations
+
+
+class DappleError(Exception):
+    """Base class. ``code`` is stable across versions; match on it, not on text."""
+
+    code = "dapple_error"
+
+    def __init__(self, message: str, code: str | None = None, source: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.source = source
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInputError(DappleError):
+    """A file or argument that is not valid for its format."""
+
+    code = "invalid_input"
+
+
+class IncompatibleInputsError(DappleError):
+    """Inputs valid alone that cannot be used together."""
+
+    code = "incompatible_inputs"
+
+
+class InfeasibleError(DappleError):
+    """No plan fits the devices' memory."""
+
+    code = "infeasible"
+
+
+class DappleIOError(DappleError):
+    """A file could not be read or written."""
+
+    code = "io_error"

@@ -1,0 +1,57 @@
+"""Reading inputs and writing outputs whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import DappleIOError
+
+
+def read_text(path: str | os.PathLike) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DappleIOError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DappleIOError(f"{path}: is a directory, not a file") from None
+    except UnicodeDecodeError as e:
+        raise DappleIOError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new
+    one, never a half-written one: write a temporary file beside it, flush it
+    to disk, then rename it over the target."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    try:
+        # mkstemp makes the file private; give it the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,112 @@
+"""Plans (format ``dapple.plan``): search, evaluate, load and save."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from . import _core
+from .files import read_text, write_atomic
+from .profile import Profile
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    micro_batch_sizes: list[int]
+    states: int
+    stages_costed: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    text: str
+    search_stats: SearchStats | None = None
+    data: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "data", json.loads(self.text))
+
+    @classmethod
+    def from_json(cls, text: str, source: str | None = None) -> "Plan":
+        return cls(_core.plan_canonical(text, source))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        return cls.from_json(read_text(path), str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomic(path, self.text)
+
+    @property
+    def stages(self) -> list[dict]:
+        return self.data["stages"]
+
+    @property
+    def estimate(self) -> dict | None:
+        return self.data.get("estimate")
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.data["micro_batch_size"]
+
+    @property
+    def micro_batches(self) -> int:
+        return self.data["micro_batches"]
+
+    @property
+    def shape(self) -> str:
+        """Replication per stage, e.g. ``"8:8"``; ``"16"`` is data parallelism."""
+        return ":".join(str(len(s["devices"])) for s in self.stages)
+
+    @property
+    def kind(self) -> str:
+        """``"data parallel"``, ``"straight"`` or ``"hybrid"``."""
+        if len(self.stages) == 1:
+            return "data parallel"
+        if all(len(s["devices"]) == 1 for s in self.stages):
+            return "straight"
+        return "hybrid"
+
+    def blocks_per_stage(self, profile: Profile) -> list[int]:
+        """The model's own layers (profile layers of kind "block") per stage."""
+        return _core.plan_blocks_per_stage(self.text, profile.text)
+
+
+def plan(
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    *,
+    warmup_policy: str = "A",
+    min_micro_batch_size: int | None = None,
+    micro_batch_sizes: list[int] | None = None,
+) -> Plan:
+    """Search the plan with the smallest estimated iteration time.
+
+    ``profile``: a Profile or a profile JSON path. ``topology``: a Topology,
+    a spec such as ``"2x8-nvlink"``, a preset ``"A"``/``"B"``/``"C"`` or a
+    topology JSON path. Raises :class:`planner.errors.InfeasibleError` when no
+    plan fits in memory, with the smallest memory need found.
+    """
+    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+    topo = Topology.resolve(topology)
+    text, (sizes, states, costed) = _core.plan_search(
+        prof.text,
+        topo.text,
+        int(global_batch_size),
+        warmup_policy=warmup_policy,
+        min_micro_batch_size=min_micro_batch_size,
+        micro_batch_sizes=micro_batch_sizes,
+        profile_path=prof.path,
+    )
+    return Plan(text, SearchStats(list(sizes), states, costed))
+
+
+def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan:
+    """Cost any plan (hand-written or from another planner) with the same
+    model the search uses; returns the plan with a fresh estimate."""
+    p = plan if isinstance(plan, Plan) else Plan.load(plan)
+    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+    return Plan(_core.plan_evaluate(p.text, prof.text, None))

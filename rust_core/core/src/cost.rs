@@ -1,0 +1,551 @@
+//! The analytic cost model: compute, AllReduce, stage-to-stage transfers,
+//! memory, and the paper's pipeline latency (formulas 1-3).
+//!
+//! Everything here is a pure function of plain numbers; the search and the
+//! plan evaluator both call it, so a plan costs the same however it was made.
+
+use crate::profile::{LayerCosts, TimePrefix};
+use crate::topology::Topology;
+
+/// Bytes per millisecond of one Gbit/s.
+const BYTES_PER_MS_PER_GBPS: f64 = 1e9 / 8.0 / 1e3;
+/// PyTorch DDP's default gradient bucket (25 MiB): AllReduce calls of data
+/// parallelism are issued per bucket, in reverse layer order.
+pub const DP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
+
+/// The cluster as the cost model sees it.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub machines: Vec<MachineCost>,
+    /// Machine-group index of each machine (machines of a group are interchangeable).
+    pub inter_bytes_per_ms: f64,
+    pub inter_latency_ms: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct MachineCost {
+    pub group: usize,
+    pub gpus: u32,
+    pub first_device: u32,
+    pub memory_bytes: f64,
+    pub speed: f64,
+    pub intra_bytes_per_ms: f64,
+    pub intra_latency_ms: f64,
+}
+
+impl Cluster {
+    pub fn new(t: &Topology) -> Cluster {
+        let machines = t
+            .machines()
+            .into_iter()
+            .map(|m| {
+                let g = &t.machine_groups[m.group];
+                MachineCost {
+                    group: m.group,
+                    gpus: m.gpus,
+                    first_device: m.first_device,
+                    memory_bytes: g.gpu.memory_bytes as f64,
+                    speed: g.gpu.relative_speed,
+                    intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
+                    intra_latency_ms: g.intra_machine.latency_us / 1e3,
+                }
+            })
+            .collect();
+        Cluster {
+            machines,
+            inter_bytes_per_ms: t.inter_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
+            inter_latency_ms: t.inter_machine.latency_us / 1e3,
+        }
+    }
+
+    pub fn num_devices(&self) -> u32 {
+        self.machines.iter().map(|m| m.gpus).sum()
+    }
+}
+
+/// How many GPUs of each machine a stage uses: `(machine index, gpus)`,
+/// machines ascending, no zero counts.
+pub type Alloc = Vec<(usize, u32)>;
+
+pub fn alloc_size(alloc: &[(usize, u32)]) -> u32 {
+    alloc.iter().map(|&(_, n)| n).sum()
+}
+
+/// Ring AllReduce of `bytes` over the GPUs of `alloc`, or hierarchical
+/// (reduce-scatter inside each machine, AllReduce across machines, all-gather
+/// inside) when that is faster, as NCCL would choose.
+pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f64 {
+    let n = alloc_size(alloc);
+    if n <= 1 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let nf = f64::from(n);
+    let slowest_intra = alloc
+        .iter()
+        .map(|&(m, _)| cluster.machines[m].intra_bytes_per_ms)
+        .fold(f64::INFINITY, f64::min);
+    let intra_latency = alloc
+        .iter()
+        .map(|&(m, _)| cluster.machines[m].intra_latency_ms)
+        .fold(0.0, f64::max);
+    if alloc.len() == 1 {
+        return 2.0 * (nf - 1.0) / nf * bytes / slowest_intra + 2.0 * (nf - 1.0) * intra_latency;
+    }
+    let ring_bw = slowest_intra.min(cluster.inter_bytes_per_ms);
+    let ring = 2.0 * (nf - 1.0) / nf * bytes / ring_bw + 2.0 * (nf - 1.0) * cluster.inter_latency_ms;
+    let k = f64::from(alloc.iter().map(|&(_, c)| c).max().unwrap_or(1));
+    let machines = alloc.len() as f64;
+    let intra_part = if k > 1.0 {
+        2.0 * (k - 1.0) / k * bytes / slowest_intra + 2.0 * (k - 1.0) * intra_latency
+    } else {
+        0.0
+    };
+    let hierarchical = intra_part
+        + 2.0 * (machines - 1.0) / machines * bytes / cluster.inter_bytes_per_ms
+        + 2.0 * (machines - 1.0) * cluster.inter_latency_ms;
+    ring.min(hierarchical)
+}
+
+/// Time to move a micro-batch's `bytes` of activations (or their gradients)
+/// from a stage on `from` to a stage on `to`, split/concat included.
+///
+/// Samples are laid out so that each machine keeps as much as it can
+/// locally; what must change machines leaves and enters through each
+/// machine's network link, the rest moves over the intra-machine link. All
+/// links work in parallel, so the slowest link decides.
+pub fn transfer_ms(cluster: &Cluster, from: &[(usize, u32)], to: &[(usize, u32)], bytes: f64) -> f64 {
+    if bytes <= 0.0 {
+        return 0.0;
+    }
+    let r_from = f64::from(alloc_size(from));
+    let r_to = f64::from(alloc_size(to));
+    let share = |alloc: &[(usize, u32)], m: usize, r: f64| {
+        alloc.iter().find(|&&(mm, _)| mm == m).map_or(0.0, |&(_, n)| f64::from(n) / r)
+    };
+    let mut slowest: f64 = 0.0;
+    let mut crosses = false;
+    let mut machines: Vec<usize> = from.iter().chain(to.iter()).map(|&(m, _)| m).collect();
+    machines.sort_unstable();
+    machines.dedup();
+    for m in machines {
+        let a = share(from, m, r_from);
+        let b = share(to, m, r_to);
+        let local = a.min(b) * bytes;
+        let leaving = (a - a.min(b)) * bytes;
+        let entering = (b - a.min(b)) * bytes;
+        if leaving > 0.0 || entering > 0.0 {
+            crosses = true;
+            slowest = slowest.max(leaving.max(entering) / cluster.inter_bytes_per_ms);
+        }
+        if local > 0.0 {
+            let mc = &cluster.machines[m];
+            let senders = from.iter().find(|&&(mm, _)| mm == m).map_or(1, |&(_, n)| n);
+            let receivers = to.iter().find(|&&(mm, _)| mm == m).map_or(1, |&(_, n)| n);
+            let per_link = local / f64::from(senders.min(receivers));
+            slowest = slowest.max(per_link / mc.intra_bytes_per_ms + mc.intra_latency_ms);
+        }
+    }
+    if crosses {
+        slowest += cluster.inter_latency_ms;
+    }
+    slowest
+}
+
+/// Slowest relative speed among the machines of `alloc`: a replicated
+/// stage waits for its slowest replica.
+pub fn slowest_speed(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
+    alloc.iter().map(|&(m, _)| cluster.machines[m].speed).fold(f64::INFINITY, f64::min)
+}
+
+/// Smallest GPU memory among the machines of `alloc`.
+pub fn smallest_memory(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
+    alloc.iter().map(|&(m, _)| cluster.machines[m].memory_bytes).fold(f64::INFINITY, f64::min)
+}
+
+/// Samples of the largest slice when a micro-batch of `micro_batch` is split
+/// evenly over `replicas` devices (slices differ by at most one sample).
+pub fn largest_slice(micro_batch: u32, replicas: u32) -> u32 {
+    micro_batch.div_ceil(replicas)
+}
+
+pub fn smallest_slice(micro_batch: u32, replicas: u32) -> u32 {
+    micro_batch / replicas
+}
+
+/// Warm-up depth K_i of early-backward scheduling (section V-C).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmupPolicy {
+    /// K_i = min(S - i, M).
+    A,
+    /// K_i = min(2(S - i) - 1, M).
+    B,
+}
+
+impl WarmupPolicy {
+    /// `stages_from_here` = S - i, counting stage i itself.
+    pub fn warmup(self, stages_from_here: u32, micro_batches: u32) -> u32 {
+        let k = match self {
+            WarmupPolicy::A => stages_from_here,
+            WarmupPolicy::B => 2 * stages_from_here - 1,
+        };
+        k.min(micro_batches).max(1)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WarmupPolicy::A => "A",
+            WarmupPolicy::B => "B",
+        }
+    }
+}
+
+/// Per-device memory of a stage: weights, gradients and optimizer state of
+/// its layers, plus the activations of `warmup` micro-batch slices in flight.
+pub fn stage_memory_bytes(layers: &LayerCosts, start: usize, end: usize, slice: u32, warmup: u32) -> f64 {
+    layers.model_state_bytes(start, end)
+        + f64::from(warmup) * f64::from(slice) * layers.stored_bytes_per_sample(start, end)
+}
+
+/// AllReduce time left exposed after the backward pass of the last
+/// micro-batch, when gradient buckets are reduced as soon as their layers'
+/// backward is done (data parallelism with overlap, section VI-C).
+///
+/// `bwd_ms_of_layer(l)` is the backward time of layer l for one slice.
+pub fn exposed_allreduce_with_overlap(
+    cluster: &Cluster,
+    alloc: &[(usize, u32)],
+    layers: &LayerCosts,
+    start: usize,
+    end: usize,
+    bwd_ms_of_layer: impl Fn(usize) -> f64,
+) -> f64 {
+    let mut clock = 0.0; // backward progress of the last micro-batch
+    let mut network_free_at: f64 = 0.0;
+    let mut bucket = 0.0;
+    for l in (start..end).rev() {
+        clock += bwd_ms_of_layer(l);
+        bucket += layers.param_bytes_of_layer(l);
+        if bucket >= DP_BUCKET_BYTES || l == start {
+            if bucket > 0.0 {
+                let begin = network_free_at.max(clock);
+                network_free_at = begin + allreduce_ms(cluster, alloc, bucket);
+            }
+            bucket = 0.0;
+        }
+    }
+    (network_free_at - clock).max(0.0)
+}
+
+/// One stage of the pipeline as the latency formula sees it: a computation
+/// stage, or the communication between two of them (AllReduce 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PipeStage {
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    /// AllReduce time that is not hidden behind computation.
+    pub allreduce_ms: f64,
+}
+
+/// Pipeline latency and its decomposition.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latency {
+    pub latency_ms: f64,
+    pub warmup_ms: f64,
+    pub steady_ms: f64,
+    pub ending_ms: f64,
+    /// Index (into the pipe-stage list, communication stages included) of
+    /// the pivot that makes formula (1)-(2) largest.
+    pub pivot: usize,
+    /// Pivot chosen by the paper's Algorithm 1 and the latency formula (1)
+    /// gives with it, as printed in the paper.
+    pub paper_pivot: usize,
+    pub paper_latency_ms: f64,
+}
+
+/// Formula (1)-(2) of the paper for a pivot stage `q`, with the ending
+/// phase over the stages up to the pivot:
+///   Tw = sum_{s<=q} F_s,  Ts = (M-1)(F_q + B_q),
+///   Te = max_{s<=q} (AR_s + sum_{a=s..q} B_a).
+/// Stages after the pivot are covered when they are themselves the pivot.
+fn phases_at(stages: &[PipeStage], m: f64, q: usize) -> (f64, f64, f64) {
+    let tw: f64 = stages[..=q].iter().map(|s| s.fwd_ms).sum();
+    let ts = (m - 1.0) * (stages[q].fwd_ms + stages[q].bwd_ms);
+    let mut te: f64 = 0.0;
+    let mut back = 0.0;
+    for s in (0..=q).rev() {
+        back += stages[s].bwd_ms;
+        te = te.max(stages[s].allreduce_ms + back);
+    }
+    (tw, ts, te)
+}
+
+/// Algorithm 1: walk from the last stage to the first and move the pivot to
+/// stage s when its bubble-free steady phase is longer than the current
+/// pivot's plus the work between them.
+pub fn paper_pivot(stages: &[PipeStage], micro_batches: u32) -> usize {
+    let m1 = f64::from(micro_batches) - 1.0;
+    let mut q = stages.len() - 1;
+    for s in (0..stages.len().saturating_sub(1)).rev() {
+        let l1 = m1 * (stages[s].fwd_ms + stages[s].bwd_ms);
+        let mut l2 = m1 * (stages[q].fwd_ms + stages[q].bwd_ms);
+        for between in &stages[s + 1..q] {
+            l2 += between.fwd_ms + between.bwd_ms;
+        }
+        if l1 > l2 {
+            q = s;
+        }
+    }
+    q
+}
+
+/// Formula (1) exactly as printed, for comparison with the paper: stages
+/// after the pivot enter the ending phase as AR_s - sum_{a=Q..s} B_a.
+fn paper_formula(stages: &[PipeStage], m: f64, q: usize) -> f64 {
+    let (tw, ts, te_before) = phases_at(stages, m, q);
+    let mut te = te_before;
+    let mut back = 0.0;
+    for s in q..stages.len() {
+        back += stages[s].bwd_ms;
+        if s > q {
+            te = te.max(stages[s].allreduce_ms - back);
+        }
+    }
+    tw + ts + te
+}
+
+/// Pipeline latency of one training iteration.
+///
+/// Formula (2) holds for any choice of pivot as a lower bound on the
+/// iteration time (every stage needs its warm-up, its M forward and backward
+/// passes and the ending after them), so we take the pivot that makes it
+/// largest. When the paper's Algorithm 1 picks the same pivot, which is the
+/// common case, the two agree exactly; both are reported.
+pub fn pipeline_latency(stages: &[PipeStage], micro_batches: u32) -> Latency {
+    assert!(!stages.is_empty(), "a pipeline has at least one stage");
+    let m = f64::from(micro_batches);
+    let mut best: Option<(usize, (f64, f64, f64))> = None;
+    for q in 0..stages.len() {
+        let p = phases_at(stages, m, q);
+        let total = p.0 + p.1 + p.2;
+        if best.is_none_or(|(_, b)| total > b.0 + b.1 + b.2) {
+            best = Some((q, p));
+        }
+    }
+    let (pivot, (tw, ts, te)) = best.expect("at least one stage");
+    let paper_q = paper_pivot(stages, micro_batches);
+    Latency {
+        latency_ms: tw + ts + te,
+        warmup_ms: tw,
+        steady_ms: ts,
+        ending_ms: te,
+        pivot,
+        paper_pivot: paper_q,
+        paper_latency_ms: paper_formula(stages, m, paper_q),
+    }
+}
+
+/// The latency formula folded from the last stage to the first, as the
+/// search builds pipelines. `best` is the latency of the suffix as a whole
+/// pipeline started at its first stage; `steady` is
+/// max_q (sum_{t<=a<q} (F_a + B_a) + M (F_q + B_q)) over the suffix.
+/// An empty suffix is `(-inf, -inf)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SuffixLatency {
+    pub best: f64,
+    pub steady: f64,
+}
+
+impl SuffixLatency {
+    pub const EMPTY: SuffixLatency = SuffixLatency { best: f64::NEG_INFINITY, steady: f64::NEG_INFINITY };
+
+    /// Put `stage` in front of the suffix.
+    pub fn prepend(self, stage: PipeStage, micro_batches: u32) -> SuffixLatency {
+        let fb = stage.fwd_ms + stage.bwd_ms;
+        let steady = (f64::from(micro_batches) * fb).max(fb + self.steady);
+        let best = (self.best + stage.fwd_ms).max(stage.allreduce_ms + steady);
+        SuffixLatency { best, steady }
+    }
+}
+
+/// Everything needed to cost stages for one micro-batch size: the layer
+/// times at every slice size a stage can see, prefix-summed.
+pub struct StageCoster<'a> {
+    pub layers: &'a LayerCosts,
+    pub cluster: &'a Cluster,
+    pub micro_batch: u32,
+    pub micro_batches: u32,
+    /// times[slice]: prefix sums at that many samples (index 0 unused).
+    times: Vec<Option<TimePrefix>>,
+}
+
+/// The cost of one computation stage on its devices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageCost {
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    /// Full AllReduce time of the stage's gradients.
+    pub allreduce_ms: f64,
+    /// Part of it that is not hidden behind backward computation.
+    pub exposed_allreduce_ms: f64,
+    pub memory_bytes: f64,
+    pub memory_limit_bytes: f64,
+}
+
+impl StageCost {
+    pub fn fits(&self) -> bool {
+        self.memory_bytes <= self.memory_limit_bytes
+    }
+
+    pub fn as_pipe_stage(&self) -> PipeStage {
+        PipeStage { fwd_ms: self.fwd_ms, bwd_ms: self.bwd_ms, allreduce_ms: self.exposed_allreduce_ms }
+    }
+}
+
+impl<'a> StageCoster<'a> {
+    pub fn new(layers: &'a LayerCosts, cluster: &'a Cluster, micro_batch: u32, micro_batches: u32) -> Self {
+        let max_replicas = cluster.num_devices().min(micro_batch).max(1);
+        let mut times: Vec<Option<TimePrefix>> = vec![None; micro_batch as usize + 1];
+        for r in 1..=max_replicas {
+            let s = largest_slice(micro_batch, r) as usize;
+            if times[s].is_none() {
+                times[s] = Some(layers.times_at(s as u32));
+            }
+        }
+        StageCoster { layers, cluster, micro_batch, micro_batches, times }
+    }
+
+    fn times(&self, slice: u32) -> &TimePrefix {
+        self.times[slice as usize].as_ref().expect("every slice size is precomputed")
+    }
+
+    /// Cost of layers `start..end` on `alloc` with `warmup` micro-batches in
+    /// flight. `only_stage`: the stage is the whole model (data
+    /// parallelism), whose AllReduce overlaps the last backward pass.
+    pub fn stage(&self, start: usize, end: usize, alloc: &[(usize, u32)], warmup: u32, only_stage: bool) -> StageCost {
+        let replicas = alloc_size(alloc);
+        let slice = largest_slice(self.micro_batch, replicas);
+        let times = self.times(slice);
+        let speed = slowest_speed(self.cluster, alloc);
+        let fwd_ms = times.fwd(start, end) / speed;
+        let bwd_ms = times.bwd(start, end) / speed;
+        let allreduce = allreduce_ms(self.cluster, alloc, self.layers.param_bytes(start, end));
+        let exposed = if only_stage && replicas > 1 {
+            exposed_allreduce_with_overlap(self.cluster, alloc, self.layers, start, end, |l| times.bwd(l, l + 1) / speed)
+        } else {
+            allreduce
+        };
+        StageCost {
+            fwd_ms,
+            bwd_ms,
+            allreduce_ms: allreduce,
+            exposed_allreduce_ms: exposed,
+            memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
+            memory_limit_bytes: smallest_memory(self.cluster, alloc),
+        }
+    }
+
+    /// Activation (forward) or gradient (backward) transfer across the cut
+    /// before layer `position`, for one micro-batch.
+    pub fn transfer(&self, position: usize, from: &[(usize, u32)], to: &[(usize, u32)]) -> f64 {
+        let bytes = self.layers.cut_bytes_per_sample(position) * f64::from(self.micro_batch);
+        transfer_ms(self.cluster, from, to, bytes)
+    }
+
+    /// Forward time of layers `start..end` at `slice` samples on the fastest GPU,
+    /// a lower bound for any stage holding those layers with slices this size or larger.
+    pub fn fwd_lower_bound(&self, start: usize, end: usize, slice: u32, fastest: f64) -> f64 {
+        self.times(slice).fwd(start, end) / fastest
+    }
+
+    pub fn fwd_bwd_lower_bound(&self, start: usize, end: usize, slice: u32, fastest: f64) -> f64 {
+        let t = self.times(slice);
+        (t.fwd(start, end) + t.bwd(start, end)) / fastest
+    }
+
+    /// Time of all micro-batches one after another on one GPU of the
+    /// profiled type: the reference for speedups.
+    pub fn single_device_ms(&self) -> f64 {
+        let t = self.layers.times_at(self.micro_batch);
+        let n = self.layers.num_layers;
+        f64::from(self.micro_batches) * (t.fwd(0, n) + t.bwd(0, n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Topology;
+
+    fn st(f: f64, b: f64, ar: f64) -> PipeStage {
+        PipeStage { fwd_ms: f, bwd_ms: b, allreduce_ms: ar }
+    }
+
+    #[test]
+    fn straight_pipeline_of_equal_stages() {
+        // S equal stages, free links: (M + S - 1)(F + B) for 1F1B.
+        let stages = vec![st(1.0, 2.0, 0.0); 4];
+        let l = pipeline_latency(&stages, 8);
+        assert_eq!(l.latency_ms, (8.0 + 4.0 - 1.0) * 3.0);
+        assert_eq!(l.pivot, 3);
+        assert_eq!(l.paper_pivot, 3);
+        assert_eq!(l.paper_latency_ms, l.latency_ms);
+    }
+
+    #[test]
+    fn folding_from_the_back_matches_the_formula() {
+        let stages = vec![st(1.0, 2.0, 5.0), st(0.5, 0.5, 0.0), st(3.0, 1.0, 7.0), st(0.2, 0.2, 0.0), st(2.0, 2.5, 1.0)];
+        for m in [1, 2, 5, 9] {
+            let mut s = SuffixLatency::EMPTY;
+            for stage in stages.iter().rev() {
+                s = s.prepend(*stage, m);
+            }
+            let l = pipeline_latency(&stages, m);
+            assert!((s.best - l.latency_ms).abs() < 1e-9, "m={m}: {} vs {}", s.best, l.latency_ms);
+        }
+    }
+
+    #[test]
+    fn algorithm_one_moves_the_pivot_to_a_heavy_early_stage() {
+        let stages = vec![st(5.0, 10.0, 0.0), st(0.1, 0.1, 0.0), st(1.0, 2.0, 0.0)];
+        assert_eq!(paper_pivot(&stages, 8), 0);
+        assert_eq!(pipeline_latency(&stages, 8).pivot, 0);
+    }
+
+    #[test]
+    fn allreduce_ring_inside_a_machine_and_hierarchical_across() {
+        let t = Topology::from_spec("2x8-nvlink-25gbps").unwrap();
+        let c = Cluster::new(&t);
+        let gb = 1e9;
+        let inside = allreduce_ms(&c, &[(0, 8)], gb);
+        // 2 * 7/8 * 1 GB at 130 GB/s = 13.46 ms, plus 14 latencies of 5 us.
+        assert!((inside - (2.0 * 7.0 / 8.0 * gb / (130e9 / 1e3) + 14.0 * 0.005)).abs() < 1e-9);
+        let across = allreduce_ms(&c, &[(0, 8), (1, 8)], gb);
+        // Hierarchical: intra 2*7/8 + inter 2*1/2 of 1 GB at 3.125 GB/s = 320 ms.
+        assert!(across > 320.0 && across < 340.0, "{across}");
+        assert_eq!(allreduce_ms(&c, &[(0, 1)], gb), 0.0);
+    }
+
+    #[test]
+    fn transfer_uses_the_slowest_link() {
+        let t = Topology::from_spec("2x8-nvlink-25gbps").unwrap();
+        let c = Cluster::new(&t);
+        let mb = 1e6;
+        // Same machine, 1 -> 1: NVLink.
+        let same = transfer_ms(&c, &[(0, 1)], &[(0, 1)], mb);
+        assert!(same < 0.02);
+        // Across machines, 8 -> 8: all of it through one 25 Gbps link.
+        let across = transfer_ms(&c, &[(0, 8)], &[(1, 8)], mb);
+        assert!((across - (mb / 3.125e6 + 0.02)).abs() < 1e-9, "{across}");
+        // Scattered 4+4 -> 4+4 keeps everything local.
+        let local = transfer_ms(&c, &[(0, 4), (1, 4)], &[(0, 4), (1, 4)], mb);
+        assert!(local < across / 10.0);
+    }
+
+    #[test]
+    fn warmup_policies() {
+        assert_eq!(WarmupPolicy::A.warmup(3, 16), 3);
+        assert_eq!(WarmupPolicy::B.warmup(3, 16), 5);
+        assert_eq!(WarmupPolicy::B.warmup(3, 4), 4);
+        assert_eq!(WarmupPolicy::A.warmup(1, 16), 1);
+    }
+}

@@ -1,0 +1,96 @@
+//! One error type for the whole core, with stable codes.
+//!
+//! The binding maps `ErrorKind` to one Python exception class each and the
+//! CLI maps those to exit codes, so a code here never changes meaning.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A file or text that is not valid for its format (syntax, missing or
+    /// bad field, unknown version).
+    InvalidInput,
+    /// An input that is valid alone but cannot be used with the others
+    /// (a batch size the GPUs cannot share, a plan for another topology).
+    Incompatible,
+    /// Nothing in the search space fits the devices' memory.
+    Infeasible,
+    /// Reading or writing a file failed.
+    Io,
+}
+
+impl ErrorKind {
+    /// Stable machine-readable code, shown to users and matched by tests.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Incompatible => "incompatible_inputs",
+            ErrorKind::Infeasible => "infeasible",
+            ErrorKind::Io => "io_error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    /// File (or other source) the error is about, if any.
+    pub source: Option<String>,
+    /// Dotted path of the offending field, e.g. `layers[3].measurements[0].fwd_ms`.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error { kind, source: None, field: None, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidInput, message)
+    }
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Error::invalid(message);
+        e.field = Some(field.into());
+        e
+    }
+    pub fn incompatible(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Incompatible, message)
+    }
+    pub fn infeasible(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Infeasible, message)
+    }
+    /// Attach the file the error is about, unless one is already set.
+    pub fn in_source(mut self, source: impl Into<String>) -> Self {
+        if self.source.is_none() {
+            self.source = Some(source.into());
+        }
+        self
+    }
+    /// Prefix the field path with `prefix` (used when a nested object is
+    /// validated on its own and then embedded).
+    pub fn under(mut self, prefix: &str) -> Self {
+        self.field = Some(match self.field.take() {
+            Some(f) if f.starts_with('[') => format!("{prefix}{f}"),
+            Some(f) => format!("{prefix}.{f}"),
+            None => prefix.to_string(),
+        });
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    /// One line: `file: field X: message`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(src) = &self.source {
+            write!(f, "{src}: ")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, "field {field}: ")?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,98 @@
+//! Versioned JSON envelopes shared by every file format.
+//!
+//! Every file carries `format` (which kind of file) and `schema_version`.
+//! Readers check both before looking at anything else, so a plan handed in as
+//! a profile, or a file from a newer dapple, is rejected by name instead of
+//! failing on some unrelated field.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Parse `text` as the format `format_name` at one of `supported` versions.
+pub fn parse_versioned<T: DeserializeOwned>(
+    text: &str,
+    format_name: &str,
+    supported: &[u32],
+) -> Result<T> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text)))
+    })?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| Error::invalid(format!("expected a JSON object for a {format_name} file")))?;
+    match obj.get("format") {
+        Some(serde_json::Value::String(f)) if f == format_name => {}
+        Some(other) => {
+            return Err(Error::field(
+                "format",
+                format!("value {other} is not {format_name:?}: this is not a {format_name} file"),
+            ))
+        }
+        None => return Err(Error::field("format", format!("missing; expected {format_name:?}"))),
+    }
+    match obj.get("schema_version") {
+        Some(serde_json::Value::Number(n)) => {
+            let v = n.as_u64().unwrap_or(u64::MAX);
+            if !supported.iter().any(|&s| u64::from(s) == v) {
+                return Err(Error::field(
+                    "schema_version",
+                    format!(
+                        "value {n} is not supported by this dapple (supported: {}); \
+                         upgrade dapple or re-create the file",
+                        supported.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        Some(other) => {
+            return Err(Error::field("schema_version", format!("value {other} is not an integer")))
+        }
+        None => return Err(Error::field("schema_version", "missing")),
+    }
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    T::deserialize(de).map_err(|e| {
+        let path = track.path().to_string();
+        let msg = e.to_string();
+        if path.is_empty() || path == "." {
+            Error::invalid(msg)
+        } else {
+            Error::field(path, msg)
+        }
+    })
+}
+
+/// Pretty JSON with a trailing newline, the form every writer uses.
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    let mut s = serde_json::to_string_pretty(value).expect("plain data always serializes");
+    s.push('\n');
+    s
+}
+
+/// JSON has no NaN or Infinity; Python's json module writes them anyway.
+fn nan_hint(text: &str) -> &'static str {
+    if text.contains("NaN") || text.contains("Infinity") {
+        "; NaN and Infinity are not numbers in JSON"
+    } else {
+        ""
+    }
+}
+
+/// Reject NaN, infinities and negatives in a field that must be a
+/// non-negative finite number.
+pub fn check_non_negative(field: impl FnOnce() -> String, value: f64) -> Result<()> {
+    if !value.is_finite() || value < 0.0 {
+        return Err(Error::field(field(), format!("value {value} must be a finite number >= 0")));
+    }
+    Ok(())
+}
+
+/// Same, but the value must be strictly positive.
+pub fn check_positive(field: impl FnOnce() -> String, value: f64) -> Result<()> {
+    if !value.is_finite() || value <= 0.0 {
+        return Err(Error::field(field(), format!("value {value} must be a finite number > 0")));
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! dapple-core: the DAPPLE planner without Python.
+//!
+//! Data flows one way: a [`profile::Profile`] and a [`topology::Topology`]
+//! go into [`search::search`], which returns a [`plan::Plan`]; any plan, from
+//! here or written by hand, can be costed again with [`plan::evaluate`].
+
+pub mod artifact;
+pub mod cost;
+pub mod error;
+pub mod format;
+pub mod placement;
+pub mod plan;
+pub mod profile;
+pub mod search;
+pub mod topology;
+
+pub use error::{Error, ErrorKind, Result};
+
+/// Version of the planner, recorded in every plan it writes.
+pub const PLANNER_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,223 @@
+//! Device placement: which GPUs a new stage gets, by the paper's three
+//! policies (section IV-B), on a symmetry-reduced view of the cluster.
+//!
+//! Machines of one group are interchangeable, so the search never asks
+//! *which* machine but only *what kind*: a machine is described by its group,
+//! its size, how many GPUs are taken and how many of those belong to the
+//! neighbouring stage (the one a new stage will talk to). Sorting these
+//! descriptions gives one canonical state for all symmetric placements.
+
+/// One machine as the placement sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MachineUse {
+    pub group: u16,
+    pub capacity: u16,
+    pub used: u16,
+    /// GPUs of this machine that the most recently placed stage holds.
+    pub adjacent: u16,
+}
+
+impl MachineUse {
+    fn free(&self) -> u16 {
+        self.capacity - self.used
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// Take whole fresh machines first: keeps a stage's AllReduce on NVLink.
+    FreshFirst,
+    /// Fill machines that already hold stages first: less fragmentation,
+    /// and the neighbouring stage is likely on the same machine.
+    AppendFirst,
+    /// Spread evenly over the machines in use (all machines when none is):
+    /// activations stay local, AllReduce crosses machines.
+    ScatterFirst,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::FreshFirst, Policy::AppendFirst, Policy::ScatterFirst];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::FreshFirst => "fresh-first",
+            Policy::AppendFirst => "append-first",
+            Policy::ScatterFirst => "scatter-first",
+        }
+    }
+}
+
+/// Canonical cluster state: machines sorted by (group, used, adjacent).
+/// Because the group comes first and group sizes never change, position p
+/// always holds a machine of the same group as concrete machine p.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct State(pub Vec<MachineUse>);
+
+impl State {
+    /// All machines free. `machines[i] = (group, gpus)` in device-id order,
+    /// groups contiguous and ascending.
+    pub fn empty(machines: &[(usize, u32)]) -> State {
+        State(
+            machines
+                .iter()
+                .map(|&(g, n)| MachineUse { group: g as u16, capacity: n as u16, used: 0, adjacent: 0 })
+                .collect(),
+        )
+    }
+
+    pub fn free(&self) -> u32 {
+        self.0.iter().map(|m| u32::from(m.free())).sum()
+    }
+
+    /// The neighbouring stage as (position, gpus), positions ascending.
+    pub fn adjacent_alloc(&self) -> Vec<(usize, u32)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.adjacent > 0)
+            .map(|(p, m)| (p, u32::from(m.adjacent)))
+            .collect()
+    }
+
+    /// Take `counts[p]` GPUs of each position. Returns the canonical new
+    /// state and, for each new position, the old position it came from.
+    pub fn take(&self, counts: &[u32]) -> (State, Vec<usize>) {
+        let moved: Vec<MachineUse> = self
+            .0
+            .iter()
+            .zip(counts)
+            .map(|(m, &c)| MachineUse { used: m.used + c as u16, adjacent: c as u16, ..*m })
+            .collect();
+        let mut order: Vec<usize> = (0..moved.len()).collect();
+        order.sort_by_key(|&i| moved[i]);
+        let sorted = order.iter().map(|&i| moved[i]).collect();
+        (State(sorted), order)
+    }
+
+    /// Where `policy` puts a stage of `want` GPUs, as counts per position;
+    /// None when fewer than `want` GPUs are free.
+    pub fn place(&self, want: u32, policy: Policy) -> Option<Vec<u32>> {
+        if want == 0 || want > self.free() {
+            return None;
+        }
+        let machines = &self.0;
+        let fresh: Vec<usize> = (0..machines.len()).filter(|&p| machines[p].used == 0).collect();
+        let mut partial: Vec<usize> =
+            (0..machines.len()).filter(|&p| machines[p].used > 0 && machines[p].free() > 0).collect();
+        // Next to the neighbouring stage first, then the fullest machine.
+        partial.sort_by_key(|&p| (std::cmp::Reverse(machines[p].adjacent), machines[p].free(), p));
+        let mut counts = vec![0u32; machines.len()];
+        let mut left = want;
+        let fill = |order: &[usize], counts: &mut Vec<u32>, left: &mut u32| {
+            for &p in order {
+                let take = u32::from(machines[p].free()).saturating_sub(counts[p]).min(*left);
+                counts[p] += take;
+                *left -= take;
+            }
+        };
+        match policy {
+            Policy::FreshFirst => {
+                fill(&fresh, &mut counts, &mut left);
+                fill(&partial, &mut counts, &mut left);
+            }
+            Policy::AppendFirst => {
+                fill(&partial, &mut counts, &mut left);
+                fill(&fresh, &mut counts, &mut left);
+            }
+            Policy::ScatterFirst => {
+                let partial_free: u32 = partial.iter().map(|&p| u32::from(machines[p].free())).sum();
+                let mut spread: Vec<usize> = partial.clone();
+                if partial.is_empty() || partial_free < want {
+                    spread.extend(&fresh);
+                }
+                // One GPU at a time, round robin, so the stage is even over
+                // the machines it touches.
+                while left > 0 {
+                    let mut progressed = false;
+                    for &p in &spread {
+                        if left > 0 && counts[p] < u32::from(machines[p].free()) {
+                            counts[p] += 1;
+                            left -= 1;
+                            progressed = true;
+                        }
+                    }
+                    if !progressed {
+                        break;
+                    }
+                }
+            }
+        }
+        (left == 0).then_some(counts)
+    }
+
+    /// Distinct placements of `want` GPUs over all policies, each with the
+    /// first policy that produced it.
+    pub fn placements(&self, want: u32) -> Vec<(Policy, Vec<u32>)> {
+        let mut out: Vec<(Policy, Vec<u32>)> = Vec::with_capacity(3);
+        for policy in Policy::ALL {
+            if let Some(c) = self.place(want, policy) {
+                if !out.iter().any(|(_, o)| *o == c) {
+                    out.push((policy, c));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `(position, gpus)` pairs of a counts vector.
+pub fn counts_to_alloc(counts: &[u32]) -> Vec<(usize, u32)> {
+    counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(p, &c)| (p, c)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_by_eight() -> State {
+        State::empty(&[(0, 8), (0, 8)])
+    }
+
+    #[test]
+    fn fresh_first_takes_whole_machines() {
+        let s = two_by_eight();
+        assert_eq!(s.place(8, Policy::FreshFirst), Some(vec![8, 0]));
+        assert_eq!(s.place(10, Policy::FreshFirst), Some(vec![8, 2]));
+        let (s2, _) = s.take(&[0, 3]);
+        // The partly used machine sorts last; a fresh one is first.
+        assert_eq!(s2.0[1].used, 3);
+        assert_eq!(s2.place(6, Policy::FreshFirst), Some(vec![6, 0]));
+        assert_eq!(s2.place(6, Policy::AppendFirst), Some(vec![1, 5]));
+    }
+
+    #[test]
+    fn scatter_first_spreads_evenly() {
+        let s = two_by_eight();
+        assert_eq!(s.place(8, Policy::ScatterFirst), Some(vec![4, 4]));
+        assert_eq!(s.place(3, Policy::ScatterFirst), Some(vec![2, 1]));
+        let (s2, _) = s.take(&[4, 4]);
+        assert_eq!(s2.place(8, Policy::ScatterFirst), Some(vec![4, 4]));
+    }
+
+    #[test]
+    fn asking_for_too_much_gives_none() {
+        let s = two_by_eight();
+        assert_eq!(s.place(17, Policy::FreshFirst), None);
+        assert_eq!(s.place(0, Policy::FreshFirst), None);
+    }
+
+    #[test]
+    fn placements_are_deduplicated() {
+        let s = State::empty(&[(0, 1); 4]);
+        // On single-GPU machines every policy gives the same result.
+        assert_eq!(s.placements(2).len(), 1);
+    }
+
+    #[test]
+    fn symmetric_states_are_equal() {
+        let s = two_by_eight();
+        let (a, _) = s.take(&[8, 0]);
+        let (b, _) = s.take(&[0, 8]);
+        assert_eq!(a, b);
+    }
+}

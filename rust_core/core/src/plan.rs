@@ -1,0 +1,335 @@
+//! Plan files and their evaluation.
+//!
+//! A plan says which layers run on which GPUs, with what micro-batching and
+//! schedule, plus the estimate that chose it. `evaluate` costs any plan,
+//! including one written by hand or by another planner, with the same model
+//! the search uses, so plans can be compared on equal terms.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{
+    alloc_size, pipeline_latency, smallest_slice, Alloc, Cluster, PipeStage, StageCoster, WarmupPolicy,
+};
+use crate::error::{Error, Result};
+use crate::format::{parse_versioned, to_json};
+use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
+use crate::topology::Topology;
+
+pub const PLAN_FORMAT: &str = "dapple.plan";
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+pub const SCHEDULE_EARLY_BACKWARD: &str = "early-backward-1f1b";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub format: String,
+    pub schema_version: u32,
+    pub planner_version: String,
+    pub inputs: PlanInputs,
+    pub micro_batch_size: u32,
+    pub micro_batches: u32,
+    pub schedule: Schedule,
+    pub stages: Vec<Stage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Estimate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanInputs {
+    pub model: String,
+    pub profile_sha256: String,
+    /// Path the profile was read from, if it came from a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_path: Option<String>,
+    pub topology: Topology,
+    pub global_batch_size: u32,
+    pub options: PlanOptions,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanOptions {
+    /// Smallest per-device slice of a micro-batch the plan may use; by
+    /// default the profile's smallest measured batch size.
+    pub min_micro_batch_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Schedule {
+    /// "early-backward-1f1b" (DAPPLE).
+    pub kind: String,
+    /// "A": K_i = min(S - i, M); "B": K_i = min(2(S - i) - 1, M).
+    pub warmup_policy: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// Layers `layer_start .. layer_end` (end exclusive) of the profile.
+    pub layer_start: usize,
+    pub layer_end: usize,
+    /// Global GPU ids (machine-major: machine m's GPUs come after machine m-1's).
+    pub devices: Vec<u32>,
+    /// Micro-batches this stage runs forward before its first backward (K_i).
+    pub warmup_micro_batches: u32,
+    /// Placement policy that put the stage on its devices, when the planner did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Estimate {
+    /// Pipeline latency L = Tw + Ts + Te of one iteration (formula 2).
+    pub latency_ms: f64,
+    pub warmup_ms: f64,
+    pub steady_ms: f64,
+    pub ending_ms: f64,
+    /// Pivot stage Q that makes formula (2) largest.
+    pub pivot: PipelinePosition,
+    /// Pivot of the paper's Algorithm 1, and formula (1) as printed with it.
+    pub paper_pivot: PipelinePosition,
+    pub paper_latency_ms: f64,
+    /// All micro-batches one after another on one GPU of the profiled type.
+    pub single_device_ms: f64,
+    pub speedup: f64,
+    pub samples_per_second: f64,
+    pub peak_memory_bytes: f64,
+    pub fits_memory: bool,
+    pub stages: Vec<StageEstimate>,
+    /// Transfer between stage i and i+1.
+    pub transfers: Vec<TransferEstimate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelinePosition {
+    /// "stage" or "transfer" (transfer i sits between stages i and i+1).
+    pub kind: String,
+    pub index: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageEstimate {
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    pub allreduce_ms: f64,
+    /// AllReduce time not hidden behind backward (equals allreduce_ms except
+    /// for data parallelism, which overlaps it).
+    pub exposed_allreduce_ms: f64,
+    pub memory_bytes: f64,
+    pub memory_limit_bytes: f64,
+    /// Samples per device slice (largest slice when uneven).
+    pub slice_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferEstimate {
+    pub bytes: f64,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+}
+
+impl Plan {
+    pub fn from_json(text: &str) -> Result<Plan> {
+        let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
+        p.inputs.topology.validate().map_err(|e| e.under("inputs.topology"))?;
+        Ok(p)
+    }
+
+    pub fn to_json(&self) -> String {
+        to_json(self)
+    }
+
+    pub fn warmup_policy(&self) -> Result<WarmupPolicy> {
+        parse_warmup_policy(&self.schedule.warmup_policy).map_err(|e| e.under("schedule.warmup_policy"))
+    }
+
+    /// "8:8"-style shape: replication of each stage.
+    pub fn shape(&self) -> String {
+        self.stages.iter().map(|s| s.devices.len().to_string()).collect::<Vec<_>>().join(":")
+    }
+}
+
+pub fn parse_warmup_policy(name: &str) -> Result<WarmupPolicy> {
+    match name {
+        "A" | "a" => Ok(WarmupPolicy::A),
+        "B" | "b" => Ok(WarmupPolicy::B),
+        other => Err(Error::invalid(format!("value {other:?} is not a warm-up policy; use A or B"))),
+    }
+}
+
+/// Number of the profile's "block" layers (the model's own repeated layers)
+/// in each stage, e.g. [23, 25] for BERT-48 split 23:25.
+pub fn blocks_per_stage(profile: &Profile, plan: &Plan) -> Vec<usize> {
+    plan.stages
+        .iter()
+        .map(|s| {
+            profile.layers[s.layer_start.min(s.layer_end)..s.layer_end.min(profile.layers.len())]
+                .iter()
+                .filter(|l| l.kind.as_deref() == Some(BLOCK_KIND))
+                .count()
+        })
+        .collect()
+}
+
+/// Check that `plan` can run `profile` on its topology and cost it.
+pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
+    let topology = &plan.inputs.topology;
+    let n = profile.layers.len();
+    let num_devices = topology.num_devices();
+    if plan.stages.is_empty() {
+        return Err(Error::field("stages", "a plan needs at least one stage"));
+    }
+    if plan.micro_batch_size == 0 {
+        return Err(Error::field("micro_batch_size", "value 0 must be >= 1"));
+    }
+    if plan.micro_batches == 0 {
+        return Err(Error::field("micro_batches", "value 0 must be >= 1"));
+    }
+    let gbs = plan.inputs.global_batch_size;
+    if plan.micro_batch_size.checked_mul(plan.micro_batches) != Some(gbs) {
+        return Err(Error::field(
+            "micro_batches",
+            format!(
+                "micro_batch_size {} x micro_batches {} is not the global batch size {gbs}",
+                plan.micro_batch_size, plan.micro_batches
+            ),
+        ));
+    }
+    if plan.schedule.kind != SCHEDULE_EARLY_BACKWARD {
+        return Err(Error::field(
+            "schedule.kind",
+            format!("value {:?} is not supported; use {SCHEDULE_EARLY_BACKWARD:?}", plan.schedule.kind),
+        ));
+    }
+    let policy = plan.warmup_policy()?;
+    let mut expected_start = 0;
+    let mut seen = vec![false; num_devices as usize];
+    let machines = topology.machines();
+    let mut allocs: Vec<Alloc> = Vec::with_capacity(plan.stages.len());
+    for (i, s) in plan.stages.iter().enumerate() {
+        let at = |f: &str| format!("stages[{i}].{f}");
+        if s.layer_start != expected_start {
+            return Err(Error::field(
+                at("layer_start"),
+                format!("value {} leaves a gap or overlap: the previous stage ends at {expected_start}", s.layer_start),
+            ));
+        }
+        if s.layer_end <= s.layer_start || s.layer_end > n {
+            return Err(Error::field(
+                at("layer_end"),
+                format!("value {} must be in {}..={n} (the profile has {n} layers)", s.layer_end, s.layer_start + 1),
+            ));
+        }
+        expected_start = s.layer_end;
+        if s.devices.is_empty() {
+            return Err(Error::field(at("devices"), "a stage needs at least one device"));
+        }
+        let mut alloc: Alloc = Vec::new();
+        for &d in &s.devices {
+            if d >= num_devices {
+                return Err(Error::field(
+                    at("devices"),
+                    format!("device {d} does not exist: the topology has devices 0..{}", num_devices - 1),
+                ));
+            }
+            if std::mem::replace(&mut seen[d as usize], true) {
+                return Err(Error::field(at("devices"), format!("device {d} is used by two stages")));
+            }
+            let m = machines.iter().position(|m| d >= m.first_device && d < m.first_device + m.gpus).unwrap();
+            match alloc.iter_mut().find(|(mm, _)| *mm == m) {
+                Some((_, c)) => *c += 1,
+                None => alloc.push((m, 1)),
+            }
+        }
+        alloc.sort_unstable();
+        let replicas = alloc_size(&alloc);
+        let min_slice = plan.inputs.options.min_micro_batch_size;
+        if smallest_slice(plan.micro_batch_size, replicas) < min_slice.max(1) {
+            return Err(Error::field(
+                at("devices"),
+                format!(
+                    "{replicas} replicas split micro-batch {} into slices of {} samples, below the minimum {} \
+                     (the profile's smallest measured batch size unless --min-micro-batch-size says otherwise)",
+                    plan.micro_batch_size,
+                    smallest_slice(plan.micro_batch_size, replicas),
+                    min_slice.max(1)
+                ),
+            ));
+        }
+        allocs.push(alloc);
+    }
+    if expected_start != n {
+        return Err(Error::field(
+            format!("stages[{}].layer_end", plan.stages.len() - 1),
+            format!("value {expected_start}: the stages must cover all {n} layers of the profile"),
+        ));
+    }
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::new(topology);
+    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
+    Ok(estimate_stages(&coster, plan, &allocs, policy))
+}
+
+/// Cost a plan whose stages have already been checked.
+pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc], policy: WarmupPolicy) -> Estimate {
+    let s_count = plan.stages.len() as u32;
+    let only = plan.stages.len() == 1;
+    let mut pipe: Vec<PipeStage> = Vec::new();
+    let mut stages = Vec::new();
+    let mut transfers = Vec::new();
+    for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
+        if i > 0 {
+            let t = coster.transfer(s.layer_start, &allocs[i - 1], alloc);
+            let bytes = coster.layers.cut_bytes_per_sample(s.layer_start) * f64::from(plan.micro_batch_size);
+            transfers.push(TransferEstimate { bytes, fwd_ms: t, bwd_ms: t });
+            pipe.push(PipeStage { fwd_ms: t, bwd_ms: t, allreduce_ms: 0.0 });
+        }
+        let warmup = policy.warmup(s_count - i as u32, plan.micro_batches);
+        let c = coster.stage(s.layer_start, s.layer_end, alloc, warmup, only);
+        pipe.push(c.as_pipe_stage());
+        stages.push(StageEstimate {
+            fwd_ms: c.fwd_ms,
+            bwd_ms: c.bwd_ms,
+            allreduce_ms: c.allreduce_ms,
+            exposed_allreduce_ms: c.exposed_allreduce_ms,
+            memory_bytes: c.memory_bytes,
+            memory_limit_bytes: c.memory_limit_bytes,
+            slice_size: crate::cost::largest_slice(plan.micro_batch_size, alloc_size(alloc)),
+        });
+    }
+    let lat = pipeline_latency(&pipe, plan.micro_batches);
+    let single = coster.single_device_ms();
+    let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
+    let fits = stages.iter().all(|s| s.memory_bytes <= s.memory_limit_bytes);
+    Estimate {
+        latency_ms: lat.latency_ms,
+        warmup_ms: lat.warmup_ms,
+        steady_ms: lat.steady_ms,
+        ending_ms: lat.ending_ms,
+        pivot: position(lat.pivot),
+        paper_pivot: position(lat.paper_pivot),
+        paper_latency_ms: lat.paper_latency_ms,
+        single_device_ms: single,
+        speedup: single / lat.latency_ms,
+        samples_per_second: f64::from(plan.inputs.global_batch_size) / lat.latency_ms * 1e3,
+        peak_memory_bytes: peak,
+        fits_memory: fits,
+        stages,
+        transfers,
+    }
+}
+
+/// Pipe-stage index (computation and communication interleaved) to a
+/// position users can read.
+fn position(pipe_index: usize) -> PipelinePosition {
+    PipelinePosition {
+        kind: if pipe_index % 2 == 0 { "stage" } else { "transfer" }.to_string(),
+        index: pipe_index / 2,
+    }
+}

@@ -1,0 +1,439 @@
+//! Per-layer profiles: the file format and the time/size functions the cost
+//! model reads from it.
+//!
+//! A profile is an ordered chain of layers. Each layer holds one measurement
+//! per profiled batch size (forward and backward time, output activation
+//! bytes, optionally the bytes it keeps for backward) and its parameter bytes.
+//! Branching models keep their graph edges in `inputs`, so a cut between two
+//! positions carries every tensor that crosses it, not only the previous
+//! layer's output.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::format::{check_non_negative, parse_versioned, to_json};
+
+pub const PROFILE_FORMAT: &str = "dapple.profile";
+pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+
+/// Value of `Layer::kind` that marks the model's own repeated layers
+/// (BERT encoder layers, GNMT LSTM layers, AmoebaNet cells). Plans report
+/// their split positions counted in these.
+pub const BLOCK_KIND: &str = "block";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub format: String,
+    pub schema_version: u32,
+    /// Model name, e.g. "BERT-48".
+    pub model: String,
+    /// Where the numbers come from (who measured, on what, when).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// GPU type the times were measured on, e.g. "V100-16GB". Topologies give
+    /// each GPU type a speed relative to this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Optimizer the model is trained with; sets the optimizer-state memory
+    /// (adam: 2 slots per parameter, sgd-momentum and rmsprop: 1, sgd: 0).
+    #[serde(default = "default_optimizer")]
+    pub optimizer: String,
+    pub layers: Vec<Layer>,
+}
+
+fn default_optimizer() -> String {
+    "adam".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub name: String,
+    /// "block" for the model's own repeated layers; free text otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub param_bytes: u64,
+    /// Indices of the layers whose outputs this layer reads. Absent means
+    /// the previous layer (a plain chain); `[]` means it reads only input data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<usize>>,
+    /// One entry per profiled batch size, ascending, the same sizes for
+    /// every layer.
+    pub measurements: Vec<Measurement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    pub batch_size: u32,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    /// Bytes of the layer's output(s) at this batch size.
+    pub activation_bytes: u64,
+    /// Bytes the layer keeps alive from its forward pass until its backward
+    /// pass. Absent: the memory model assumes `activation_bytes` (each layer
+    /// keeps its output, which is the next layer's saved input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_activation_bytes: Option<u64>,
+}
+
+/// Number of optimizer-state slots per parameter for a named optimizer.
+pub fn optimizer_state_slots(optimizer: &str) -> Option<u32> {
+    match optimizer {
+        "sgd" => Some(0),
+        "sgd-momentum" | "rmsprop" | "adagrad" => Some(1),
+        "adam" | "adamw" | "lamb" => Some(2),
+        _ => None,
+    }
+}
+
+impl Profile {
+    pub fn from_json(text: &str) -> Result<Profile> {
+        let p: Profile = parse_versioned(text, PROFILE_FORMAT, &[PROFILE_SCHEMA_VERSION])?;
+        p.validate()?;
+        Ok(p)
+    }
+
+    pub fn to_json(&self) -> String {
+        to_json(self)
+    }
+
+    /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
+    /// evaluated against the profile it was made from.
+    pub fn sha256(&self) -> String {
+        let digest = Sha256::digest(self.to_json().as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn batch_sizes(&self) -> Vec<u32> {
+        self.layers
+            .first()
+            .map(|l| l.measurements.iter().map(|m| m.batch_size).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn min_batch_size(&self) -> u32 {
+        self.batch_sizes().first().copied().unwrap_or(1)
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.model.trim().is_empty() {
+            return Err(Error::field("model", "must not be empty"));
+        }
+        if optimizer_state_slots(&self.optimizer).is_none() {
+            return Err(Error::field(
+                "optimizer",
+                format!(
+                    "value {:?} is unknown; use one of sgd, sgd-momentum, rmsprop, adagrad, adam, adamw, lamb",
+                    self.optimizer
+                ),
+            ));
+        }
+        if self.layers.is_empty() {
+            return Err(Error::field("layers", "the profile has zero layers; it needs at least one"));
+        }
+        let sizes = self.batch_sizes();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let at = |f: &str| format!("layers[{i}].{f}");
+            if layer.name.trim().is_empty() {
+                return Err(Error::field(at("name"), "must not be empty"));
+            }
+            if layer.measurements.is_empty() {
+                return Err(Error::field(at("measurements"), "needs at least one measurement"));
+            }
+            let these: Vec<u32> = layer.measurements.iter().map(|m| m.batch_size).collect();
+            if these != sizes {
+                return Err(Error::field(
+                    at("measurements"),
+                    format!(
+                        "batch sizes {these:?} differ from layer 0's {sizes:?}; every layer must be measured at the same batch sizes"
+                    ),
+                ));
+            }
+            for (k, m) in layer.measurements.iter().enumerate() {
+                let mat = |f: &str| format!("layers[{i}].measurements[{k}].{f}");
+                if m.batch_size == 0 {
+                    return Err(Error::field(mat("batch_size"), "value 0 must be >= 1"));
+                }
+                if k > 0 && m.batch_size <= layer.measurements[k - 1].batch_size {
+                    return Err(Error::field(
+                        mat("batch_size"),
+                        format!("value {} must be larger than the previous one; list batch sizes in ascending order", m.batch_size),
+                    ));
+                }
+                check_non_negative(|| mat("fwd_ms"), m.fwd_ms)?;
+                check_non_negative(|| mat("bwd_ms"), m.bwd_ms)?;
+            }
+            if let Some(inputs) = &layer.inputs {
+                for (k, &src) in inputs.iter().enumerate() {
+                    if src >= i {
+                        return Err(Error::field(
+                            format!("layers[{i}].inputs[{k}]"),
+                            format!("value {src} must name an earlier layer (< {i}); layers are listed in execution order"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The profile reduced to what the cost model reads: per-layer time
+/// functions of the batch size, parameter bytes, and the bytes crossing
+/// each cut position, as prefix sums so any layer range costs O(1).
+#[derive(Debug, Clone)]
+pub struct LayerCosts {
+    pub num_layers: usize,
+    pub batch_sizes: Vec<u32>,
+    /// fwd[k][i]: forward ms of layer i at batch_sizes[k].
+    fwd: Vec<Vec<f64>>,
+    bwd: Vec<Vec<f64>>,
+    /// Per-sample bytes kept for backward, per layer.
+    stored_per_sample: Vec<f64>,
+    param_prefix: Vec<f64>,
+    stored_prefix: Vec<f64>,
+    /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
+    /// (p in 1..num_layers); entry 0 and num_layers are 0.
+    cut_per_sample: Vec<f64>,
+    pub optimizer_slots: u32,
+}
+
+/// Per-batch-size prefix sums of forward and backward time.
+#[derive(Debug, Clone)]
+pub struct TimePrefix {
+    fwd: Vec<f64>,
+    bwd: Vec<f64>,
+}
+
+impl TimePrefix {
+    pub fn fwd(&self, start: usize, end: usize) -> f64 {
+        self.fwd[end] - self.fwd[start]
+    }
+    pub fn bwd(&self, start: usize, end: usize) -> f64 {
+        self.bwd[end] - self.bwd[start]
+    }
+}
+
+impl LayerCosts {
+    pub fn new(profile: &Profile) -> LayerCosts {
+        let n = profile.layers.len();
+        let batch_sizes = profile.batch_sizes();
+        let nb = batch_sizes.len();
+        let mut fwd = vec![vec![0.0; n]; nb];
+        let mut bwd = vec![vec![0.0; n]; nb];
+        let mut stored_per_sample = vec![0.0; n];
+        let mut act_per_sample = vec![0.0; n];
+        for (i, layer) in profile.layers.iter().enumerate() {
+            for (k, m) in layer.measurements.iter().enumerate() {
+                fwd[k][i] = m.fwd_ms;
+                bwd[k][i] = m.bwd_ms;
+            }
+            // Sizes are linear in the batch; take them from the largest
+            // measured batch, where fixed overheads weigh least.
+            let m = layer.measurements.last().expect("validated: at least one measurement");
+            let b = f64::from(m.batch_size);
+            act_per_sample[i] = m.activation_bytes as f64 / b;
+            stored_per_sample[i] =
+                m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / b;
+        }
+        let prefix = |v: &[f64]| {
+            let mut p = vec![0.0; v.len() + 1];
+            for (i, x) in v.iter().enumerate() {
+                p[i + 1] = p[i] + x;
+            }
+            p
+        };
+        let params: Vec<f64> = profile.layers.iter().map(|l| l.param_bytes as f64).collect();
+        // A producer's output crosses cut p (between p-1 and p) when the
+        // producer is before p and some consumer is at or after p. Each
+        // tensor is sent once per cut, however many consumers lie beyond.
+        let mut last_consumer: Vec<usize> = (0..n).collect();
+        for (i, layer) in profile.layers.iter().enumerate() {
+            match &layer.inputs {
+                Some(srcs) => {
+                    for &s in srcs {
+                        last_consumer[s] = last_consumer[s].max(i);
+                    }
+                }
+                None if i > 0 => last_consumer[i - 1] = last_consumer[i - 1].max(i),
+                None => {}
+            }
+        }
+        let mut cut_per_sample = vec![0.0; n + 1];
+        for p in 1..n {
+            cut_per_sample[p] = (0..p)
+                .filter(|&s| last_consumer[s] >= p)
+                .map(|s| act_per_sample[s])
+                .sum();
+        }
+        LayerCosts {
+            num_layers: n,
+            batch_sizes,
+            fwd,
+            bwd,
+            stored_per_sample: stored_per_sample.clone(),
+            param_prefix: prefix(&params),
+            stored_prefix: prefix(&stored_per_sample),
+            cut_per_sample,
+            optimizer_slots: optimizer_state_slots(&profile.optimizer).unwrap_or(2),
+        }
+    }
+
+    /// Per-layer forward/backward time at `batch` samples, as prefix sums.
+    ///
+    /// Between two measured batch sizes the time is interpolated linearly;
+    /// above the largest it is scaled linearly from the largest; below the
+    /// smallest it is scaled linearly from the smallest. The planner only
+    /// asks for sizes below the smallest when the user allowed it, because
+    /// linear scaling makes tiny micro-batches look free.
+    pub fn times_at(&self, batch: u32) -> TimePrefix {
+        let n = self.num_layers;
+        let mut f = vec![0.0; n + 1];
+        let mut b = vec![0.0; n + 1];
+        for i in 0..n {
+            f[i + 1] = f[i] + self.interpolate(&self.fwd, i, batch);
+            b[i + 1] = b[i] + self.interpolate(&self.bwd, i, batch);
+        }
+        TimePrefix { fwd: f, bwd: b }
+    }
+
+    fn interpolate(&self, table: &[Vec<f64>], layer: usize, batch: u32) -> f64 {
+        let sizes = &self.batch_sizes;
+        let x = f64::from(batch);
+        let last = sizes.len() - 1;
+        if batch <= sizes[0] {
+            return table[0][layer] * x / f64::from(sizes[0]);
+        }
+        if batch >= sizes[last] {
+            return table[last][layer] * x / f64::from(sizes[last]);
+        }
+        let k = sizes.iter().position(|&s| s >= batch).expect("inside the measured range");
+        let (x0, x1) = (f64::from(sizes[k - 1]), f64::from(sizes[k]));
+        let (y0, y1) = (table[k - 1][layer], table[k][layer]);
+        y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    }
+
+    pub fn param_bytes(&self, start: usize, end: usize) -> f64 {
+        self.param_prefix[end] - self.param_prefix[start]
+    }
+
+    pub fn param_bytes_of_layer(&self, layer: usize) -> f64 {
+        self.param_bytes(layer, layer + 1)
+    }
+
+    pub fn stored_bytes_per_sample(&self, start: usize, end: usize) -> f64 {
+        self.stored_prefix[end] - self.stored_prefix[start]
+    }
+
+    pub fn stored_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
+        self.stored_per_sample[layer]
+    }
+
+    /// Bytes per sample crossing the cut just before layer `position`.
+    pub fn cut_bytes_per_sample(&self, position: usize) -> f64 {
+        self.cut_per_sample[position]
+    }
+
+    /// Weights, gradients and optimizer state, in bytes, for a layer range.
+    pub fn model_state_bytes(&self, start: usize, end: usize) -> f64 {
+        self.param_bytes(start, end) * f64::from(2 + self.optimizer_slots)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn chain_profile(times: &[(f64, f64)], batch: u32) -> Profile {
+        Profile {
+            format: PROFILE_FORMAT.into(),
+            schema_version: PROFILE_SCHEMA_VERSION,
+            model: "test".into(),
+            source: None,
+            device: None,
+            optimizer: "adam".into(),
+            layers: times
+                .iter()
+                .enumerate()
+                .map(|(i, &(f, b))| Layer {
+                    name: format!("l{i}"),
+                    kind: None,
+                    param_bytes: 1000,
+                    inputs: None,
+                    measurements: vec![Measurement {
+                        batch_size: batch,
+                        fwd_ms: f,
+                        bwd_ms: b,
+                        activation_bytes: 100 * u64::from(batch),
+                        stored_activation_bytes: None,
+                    }],
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn json_round_trip_keeps_everything() {
+        let p = chain_profile(&[(1.0, 2.0), (3.0, 4.0)], 2);
+        let back = Profile::from_json(&p.to_json()).unwrap();
+        assert_eq!(p, back);
+        assert_eq!(p.sha256(), back.sha256());
+    }
+
+    #[test]
+    fn unknown_version_is_rejected_by_name() {
+        let p = chain_profile(&[(1.0, 2.0)], 2);
+        let text = p.to_json().replace("\"schema_version\": 1", "\"schema_version\": 7");
+        let e = Profile::from_json(&text).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("schema_version"));
+        assert!(e.message.contains("value 7"), "{e}");
+    }
+
+    #[test]
+    fn negative_time_names_the_field_and_value() {
+        let mut p = chain_profile(&[(1.0, 2.0), (3.0, 4.0)], 2);
+        p.layers[1].measurements[0].bwd_ms = -4.0;
+        let e = Profile::from_json(&p.to_json()).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("layers[1].measurements[0].bwd_ms"));
+        assert!(e.message.contains("-4"), "{e}");
+    }
+
+    #[test]
+    fn missing_field_is_reported_with_its_path() {
+        let p = chain_profile(&[(1.0, 2.0)], 2);
+        let text = p.to_json().replace("\"fwd_ms\": 1.0,", "");
+        let e = Profile::from_json(&text).unwrap_err();
+        assert!(e.to_string().contains("fwd_ms"), "{e}");
+        assert!(e.to_string().contains("layers[0].measurements[0]"), "{e}");
+    }
+
+    #[test]
+    fn interpolates_between_and_scales_outside_measurements() {
+        let mut p = chain_profile(&[(0.0, 0.0)], 2);
+        p.layers[0].measurements = vec![
+            Measurement { batch_size: 2, fwd_ms: 4.0, bwd_ms: 8.0, activation_bytes: 20, stored_activation_bytes: None },
+            Measurement { batch_size: 4, fwd_ms: 6.0, bwd_ms: 10.0, activation_bytes: 40, stored_activation_bytes: None },
+        ];
+        let c = LayerCosts::new(&p);
+        assert_eq!(c.times_at(3).fwd(0, 1), 5.0);
+        assert_eq!(c.times_at(8).fwd(0, 1), 12.0);
+        assert_eq!(c.times_at(1).bwd(0, 1), 4.0);
+    }
+
+    #[test]
+    fn cut_carries_every_crossing_tensor() {
+        // 0 -> 1 -> 2 -> 3 with a skip edge 0 -> 3.
+        let mut p = chain_profile(&[(1.0, 1.0); 4], 1);
+        p.layers[3].inputs = Some(vec![2, 0]);
+        let c = LayerCosts::new(&p);
+        assert_eq!(c.cut_bytes_per_sample(1), 100.0); // output of 0
+        assert_eq!(c.cut_bytes_per_sample(2), 200.0); // outputs of 0 and 1
+        assert_eq!(c.cut_bytes_per_sample(3), 200.0); // outputs of 0 and 2
+    }
+}
+
+#[cfg(test)]
+pub(crate) use tests::chain_profile;

@@ -1,0 +1,743 @@
+//! The planner's search: memoized dynamic programming over
+//! (layers planned, cluster state), section IV-C of the paper.
+//!
+//! Pipelines are built from the last stage to the first. A partial plan is a
+//! suffix of stages covering layers `j..N`; prepending a stage of layers
+//! `i..j` on GPUs chosen by one of the three placement policies extends it.
+//! The latency formula folds from the back with two numbers per suffix
+//! (`cost::SuffixLatency`), and the memory of a stage depends only on how
+//! many stages follow it (its warm-up depth K_i), so a suffix is summarised
+//! by (stages, latency, steady) and suffixes reaching the same state are
+//! kept only when no other one is at least as good in all three: the search
+//! is exact over its space (partitions x replications x placements x
+//! micro-batch sizes), which `tests::search_matches_brute_force` checks.
+//!
+//! States are symmetry-reduced (`placement::State`): which identical machine
+//! a stage uses is never distinguished, so 2x8 has a handful of states per
+//! layer instead of 2^16. Micro-batch sizes are searched in parallel with
+//! rayon and share the best latency found so far for pruning.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::cost::{
+    alloc_size, largest_slice, Alloc, Cluster, PipeStage, StageCoster, SuffixLatency, WarmupPolicy,
+};
+use crate::error::{Error, Result};
+use crate::placement::{counts_to_alloc, Policy, State};
+use crate::plan::{estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Stage, PLAN_FORMAT, PLAN_SCHEMA_VERSION, SCHEDULE_EARLY_BACKWARD};
+use crate::profile::{LayerCosts, Profile};
+use crate::topology::Topology;
+
+#[derive(Debug, Clone)]
+pub struct SearchOptions {
+    pub global_batch_size: u32,
+    pub warmup_policy: WarmupPolicy,
+    /// Smallest per-device slice of a micro-batch. None: the profile's
+    /// smallest measured batch size.
+    pub min_micro_batch_size: Option<u32>,
+    /// Only these micro-batch sizes (must divide the global batch). None: all divisors.
+    pub micro_batch_sizes: Option<Vec<u32>>,
+    /// Recorded in the plan.
+    pub profile_path: Option<String>,
+}
+
+impl SearchOptions {
+    pub fn new(global_batch_size: u32) -> Self {
+        SearchOptions {
+            global_batch_size,
+            warmup_policy: WarmupPolicy::A,
+            min_micro_batch_size: None,
+            micro_batch_sizes: None,
+            profile_path: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SearchStats {
+    pub micro_batch_sizes: Vec<u32>,
+    pub states: usize,
+    pub stages_costed: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SearchResult {
+    pub plan: Plan,
+    pub stats: SearchStats,
+}
+
+/// Find the plan with the smallest estimated latency that fits in memory.
+pub fn search(profile: &Profile, topology: &Topology, opts: &SearchOptions) -> Result<SearchResult> {
+    profile.validate()?;
+    topology.validate()?;
+    let gbs = opts.global_batch_size;
+    if gbs == 0 {
+        return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
+    }
+    let min_slice = opts.min_micro_batch_size.unwrap_or_else(|| profile.min_batch_size()).max(1);
+    let sizes: Vec<u32> = match &opts.micro_batch_sizes {
+        Some(list) => {
+            for &b in list {
+                if b == 0 || gbs % b != 0 {
+                    return Err(Error::field(
+                        "micro_batch_sizes",
+                        format!("value {b} does not divide the global batch size {gbs}"),
+                    ));
+                }
+            }
+            list.iter().copied().filter(|&b| b >= min_slice).collect()
+        }
+        None => (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice).collect(),
+    };
+    if sizes.is_empty() {
+        return Err(Error::incompatible(format!(
+            "global batch size {gbs} cannot be split into micro-batches of at least {min_slice} samples \
+             (the smallest profiled batch size; lower it with --min-micro-batch-size)"
+        )));
+    }
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::new(topology);
+    let incumbent = AtomicU64::new(f64::INFINITY.to_bits());
+    let ctx = Context { layers: &layers, cluster: &cluster, policy: opts.warmup_policy, min_slice };
+    let results: Vec<(u32, Option<Found>, usize, u64)> = sizes
+        .par_iter()
+        .map(|&b| {
+            let mut dp = Dp::new(&ctx, b, gbs / b, Objective::Latency, Some(&incumbent));
+            let found = dp.run();
+            (b, found, dp.states.len(), dp.stages_costed)
+        })
+        .collect();
+    let stats = SearchStats {
+        micro_batch_sizes: sizes.clone(),
+        states: results.iter().map(|r| r.2).sum(),
+        stages_costed: results.iter().map(|r| r.3).sum(),
+    };
+    // Smallest latency; ties go to fewer stages, then larger micro-batches.
+    let best = results
+        .into_iter()
+        .filter_map(|(b, f, _, _)| f.map(|f| (b, f)))
+        .min_by(|(b1, f1), (b2, f2)| {
+            f1.value
+                .total_cmp(&f2.value)
+                .then(f1.stages.len().cmp(&f2.stages.len()))
+                .then(b2.cmp(b1))
+        });
+    let Some((b, found)) = best else {
+        return Err(explain_infeasible(&ctx, &sizes, gbs));
+    };
+    let plan = build_plan(profile, topology, opts, &ctx, b, gbs / b, &found);
+    Ok(SearchResult { plan, stats })
+}
+
+/// Why no plan came out: either no plan of the space uses every GPU with
+/// the allowed slices, or none fits in memory; say which, with numbers.
+fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
+    let least = sizes
+        .iter()
+        .filter_map(|&b| {
+            let mut dp = Dp::new(ctx, b, gbs / b, Objective::PeakMemory, None);
+            dp.run().map(|f| (b, f))
+        })
+        .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
+    let gib = |x: f64| x / (1u64 << 30) as f64;
+    match least {
+        None => Error::incompatible(format!(
+            "no plan can give all {} GPUs work: with global batch size {gbs} and slices of at least {} samples \
+             per GPU the {} layers cannot be spread over them",
+            ctx.cluster.num_devices(),
+            ctx.min_slice,
+            ctx.layers.num_layers
+        )),
+        Some((b, f)) => {
+            let limit = ctx.cluster.machines.iter().map(|m| m.memory_bytes).fold(0.0, f64::max);
+            Error::infeasible(format!(
+                "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {:.2} GiB \
+                 (micro-batch size {b}, {} stage(s)) but a GPU has {:.2} GiB",
+                gib(f.value),
+                f.stages.len(),
+                gib(limit)
+            ))
+        }
+    }
+}
+
+struct Context<'a> {
+    layers: &'a LayerCosts,
+    cluster: &'a Cluster,
+    policy: WarmupPolicy,
+    min_slice: u32,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Objective {
+    Latency,
+    /// Smallest per-GPU memory, ignoring limits: only to explain infeasibility.
+    PeakMemory,
+}
+
+const NO_PARENT: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    latency: SuffixLatency,
+    peak_memory: f64,
+    stages: u32,
+    parent: u32,
+    /// State the parent entry belongs to (its placement is computed from it).
+    parent_state: u32,
+    layer_start: u32,
+    layer_end: u32,
+    policy: Policy,
+    replicas: u32,
+}
+
+struct StateData {
+    key: State,
+    front: Vec<u32>,
+}
+
+/// A complete plan found by one DP run, as placement steps from the last
+/// stage to the first.
+struct Found {
+    value: f64,
+    /// (layer_start, layer_end, parent state, policy, replicas), last stage first.
+    stages: Vec<(usize, usize, State, Policy, u32)>,
+}
+
+struct Dp<'c, 'a> {
+    ctx: &'c Context<'a>,
+    coster: StageCoster<'a>,
+    micro_batch: u32,
+    micro_batches: u32,
+    objective: Objective,
+    incumbent: Option<&'c AtomicU64>,
+    states: Vec<StateData>,
+    index: HashMap<(u32, State), u32>,
+    /// by_start[j]: states whose suffix starts at layer j.
+    by_start: Vec<Vec<u32>>,
+    entries: Vec<Entry>,
+    stages_costed: u64,
+    /// Lower bounds on the forward (and forward+backward) time of layers
+    /// 0..j whatever stages hold them, for pruning.
+    fwd_floor: Vec<f64>,
+    fwd_bwd_floor: Vec<f64>,
+}
+
+impl<'c, 'a> Dp<'c, 'a> {
+    fn new(ctx: &'c Context<'a>, micro_batch: u32, micro_batches: u32, objective: Objective, incumbent: Option<&'c AtomicU64>) -> Self {
+        let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
+        let n = ctx.layers.num_layers;
+        let fastest = ctx.cluster.machines.iter().map(|m| m.speed).fold(0.0, f64::max);
+        let max_replicas = ctx.cluster.num_devices().min(micro_batch);
+        let slices: Vec<u32> = {
+            let mut v: Vec<u32> = (1..=max_replicas).map(|r| largest_slice(micro_batch, r)).collect();
+            v.dedup();
+            v
+        };
+        let mut fwd_floor = vec![0.0; n + 1];
+        let mut fwd_bwd_floor = vec![0.0; n + 1];
+        for l in 0..n {
+            let f = slices.iter().map(|&s| coster.fwd_lower_bound(l, l + 1, s, fastest)).fold(f64::INFINITY, f64::min);
+            let fb = slices.iter().map(|&s| coster.fwd_bwd_lower_bound(l, l + 1, s, fastest)).fold(f64::INFINITY, f64::min);
+            fwd_floor[l + 1] = fwd_floor[l] + f;
+            fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb;
+        }
+        Dp {
+            ctx,
+            coster,
+            micro_batch,
+            micro_batches,
+            objective,
+            incumbent,
+            states: Vec::new(),
+            index: HashMap::new(),
+            by_start: vec![Vec::new(); n + 1],
+            entries: Vec::new(),
+            stages_costed: 0,
+            fwd_floor,
+            fwd_bwd_floor,
+        }
+    }
+
+    fn incumbent(&self) -> f64 {
+        self.incumbent.map_or(f64::INFINITY, |a| f64::from_bits(a.load(Ordering::Relaxed)))
+    }
+
+    fn offer_incumbent(&self, value: f64) {
+        if let Some(a) = self.incumbent {
+            let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                (value < f64::from_bits(old)).then_some(value.to_bits())
+            });
+        }
+    }
+
+    /// Can a suffix with these numbers, still missing layers 0..j, end
+    /// below the best complete plan? Only strictly worse ones are cut, so
+    /// ties survive and the result does not depend on thread timing.
+    fn promising(&self, latency: SuffixLatency, j: usize) -> bool {
+        if self.objective != Objective::Latency {
+            return true;
+        }
+        let floor = (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
+        floor <= self.incumbent() * (1.0 + 1e-12)
+    }
+
+    fn state_id(&mut self, start: usize, key: State) -> u32 {
+        if let Some(&id) = self.index.get(&(start as u32, key.clone())) {
+            return id;
+        }
+        let id = self.states.len() as u32;
+        self.index.insert((start as u32, key.clone()), id);
+        self.states.push(StateData { key, front: Vec::new() });
+        self.by_start[start].push(id);
+        id
+    }
+
+    /// `a` is at least as good as `b` for every completion of the suffix.
+    fn dominates(&self, a: &Entry, b: &Entry) -> bool {
+        if a.stages > b.stages {
+            return false;
+        }
+        match self.objective {
+            Objective::Latency => a.latency.best <= b.latency.best && a.latency.steady <= b.latency.steady,
+            Objective::PeakMemory => a.peak_memory <= b.peak_memory,
+        }
+    }
+
+    fn insert(&mut self, state: u32, entry: Entry) {
+        let front = &self.states[state as usize].front;
+        if front.iter().any(|&e| self.dominates(&self.entries[e as usize], &entry)) {
+            return;
+        }
+        let keep: Vec<u32> =
+            front.iter().copied().filter(|&e| !self.dominates(&entry, &self.entries[e as usize])).collect();
+        let id = self.entries.len() as u32;
+        self.entries.push(entry);
+        let front = &mut self.states[state as usize].front;
+        *front = keep;
+        front.push(id);
+    }
+
+    fn run(&mut self) -> Option<Found> {
+        let n = self.ctx.layers.num_layers;
+        let machines: Vec<(usize, u32)> = self.ctx.cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
+        let root_state = self.state_id(n, State::empty(&machines));
+        let root = Entry {
+            latency: SuffixLatency::EMPTY,
+            peak_memory: 0.0,
+            stages: 0,
+            parent: NO_PARENT,
+            parent_state: NO_PARENT,
+            layer_start: n as u32,
+            layer_end: n as u32,
+            policy: Policy::FreshFirst,
+            replicas: 0,
+        };
+        self.entries.push(root);
+        self.states[root_state as usize].front.push(0);
+        let max_replicas = self.micro_batch / self.ctx.min_slice;
+        for j in (1..=n).rev() {
+            let ids = self.by_start[j].clone();
+            for sid in ids {
+                let key = self.states[sid as usize].key.clone();
+                let free = key.free();
+                let adjacent = key.adjacent_alloc();
+                let front = self.states[sid as usize].front.clone();
+                for eid in front {
+                    let entry = self.entries[eid as usize];
+                    if !self.promising(entry.latency, j) {
+                        continue;
+                    }
+                    // i = 0 first: closing plans early gives a bound to prune with.
+                    for i in 0..j {
+                        let replica_range = if i == 0 {
+                            free..=free
+                        } else {
+                            // Leave at least one GPU for layers 0..i, and no
+                            // more than those layers can use.
+                            let most_left = i as u32 * max_replicas;
+                            free.saturating_sub(most_left).max(1)..=free - 1
+                        };
+                        for r in replica_range {
+                            if r == 0 || r > max_replicas {
+                                continue;
+                            }
+                            for (policy, counts) in key.placements(r) {
+                                self.extend(sid, eid, &entry, &key, &adjacent, i, j, policy, &counts);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let finals: Vec<u32> = self.by_start[0].iter().flat_map(|&s| self.states[s as usize].front.clone()).collect();
+        let best = finals.into_iter().min_by(|&a, &b| {
+            let (ea, eb) = (&self.entries[a as usize], &self.entries[b as usize]);
+            self.value(ea).total_cmp(&self.value(eb)).then(ea.stages.cmp(&eb.stages))
+        })?;
+        let value = self.value(&self.entries[best as usize]);
+        let mut stages = Vec::new();
+        let mut cur = best;
+        while self.entries[cur as usize].parent != NO_PARENT {
+            let e = self.entries[cur as usize];
+            let parent_key = self.states[e.parent_state as usize].key.clone();
+            stages.push((e.layer_start as usize, e.layer_end as usize, parent_key, e.policy, e.replicas));
+            cur = e.parent;
+        }
+        stages.reverse(); // last pipeline stage first, the order they were placed
+        Some(Found { value, stages })
+    }
+
+    fn value(&self, e: &Entry) -> f64 {
+        match self.objective {
+            Objective::Latency => e.latency.best,
+            Objective::PeakMemory => e.peak_memory,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn extend(&mut self, sid: u32, eid: u32, entry: &Entry, key: &State, adjacent: &Alloc, i: usize, j: usize, policy: Policy, counts: &[u32]) {
+        let alloc = counts_to_alloc(counts);
+        let stages = entry.stages + 1;
+        let warmup = self.ctx.policy.warmup(stages, self.micro_batches);
+        let only_stage = i == 0 && entry.stages == 0;
+        let cost = self.coster.stage(i, j, &alloc, warmup, only_stage);
+        self.stages_costed += 1;
+        if self.objective == Objective::Latency && !cost.fits() {
+            return;
+        }
+        let mut latency = entry.latency;
+        if entry.stages > 0 {
+            let t = self.coster.transfer(j, &alloc, adjacent);
+            latency = latency.prepend(PipeStage { fwd_ms: t, bwd_ms: t, allreduce_ms: 0.0 }, self.micro_batches);
+        }
+        latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+        if !self.promising(latency, i) {
+            return;
+        }
+        if i == 0 && self.objective == Objective::Latency {
+            self.offer_incumbent(latency.best);
+        }
+        let (next_key, _) = key.take(counts);
+        let next = self.state_id(i, next_key);
+        self.insert(
+            next,
+            Entry {
+                latency,
+                peak_memory: entry.peak_memory.max(cost.memory_bytes),
+                stages,
+                parent: eid,
+                parent_state: sid,
+                layer_start: i as u32,
+                layer_end: j as u32,
+                policy,
+                replicas: alloc_size(&alloc),
+            },
+        );
+    }
+}
+
+/// Turn placement steps on canonical states into concrete device ids:
+/// replay them while tracking which real machine each canonical position
+/// is, then number machines of a group and GPUs of a machine in pipeline
+/// order, so stage 0 starts at device 0.
+fn concrete_allocs(cluster: &Cluster, steps: &[(usize, usize, State, Policy, u32)]) -> Vec<Alloc> {
+    let mut position_to_machine: Vec<usize> = (0..cluster.machines.len()).collect();
+    let mut per_stage: Vec<Alloc> = Vec::new();
+    for (_, _, parent, policy, replicas) in steps {
+        let counts = parent.place(*replicas, *policy).expect("replaying a placement the search made");
+        let mut alloc: Alloc = counts_to_alloc(&counts).into_iter().map(|(p, c)| (position_to_machine[p], c)).collect();
+        alloc.sort_unstable();
+        per_stage.push(alloc);
+        let (_, order) = parent.take(&counts);
+        position_to_machine = order.iter().map(|&p| position_to_machine[p]).collect();
+    }
+    per_stage.reverse(); // pipeline order
+    // Relabel machines within each group by first use in pipeline order.
+    let groups: Vec<usize> = cluster.machines.iter().map(|m| m.group).collect();
+    let mut relabel: Vec<Option<usize>> = vec![None; groups.len()];
+    let mut next_in_group: HashMap<usize, usize> = HashMap::new();
+    for alloc in &per_stage {
+        for &(m, _) in alloc {
+            if relabel[m].is_none() {
+                let g = groups[m];
+                let first_of_group = groups.iter().position(|&x| x == g).unwrap();
+                let k = next_in_group.entry(g).or_insert(0);
+                relabel[m] = Some(first_of_group + *k);
+                *k += 1;
+            }
+        }
+    }
+    per_stage
+        .into_iter()
+        .map(|a| {
+            let mut v: Alloc = a.into_iter().map(|(m, c)| (relabel[m].expect("used machine"), c)).collect();
+            v.sort_unstable();
+            v
+        })
+        .collect()
+}
+
+fn build_plan(profile: &Profile, topology: &Topology, opts: &SearchOptions, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
+    let allocs = concrete_allocs(ctx.cluster, &found.stages);
+    let mut next_local: Vec<u32> = vec![0; ctx.cluster.machines.len()];
+    let count = found.stages.len() as u32;
+    let stages: Vec<Stage> = found
+        .stages
+        .iter()
+        .rev()
+        .zip(&allocs)
+        .enumerate()
+        .map(|(i, ((start, end, _, policy, _), alloc))| {
+            let mut devices = Vec::new();
+            for &(machine, c) in alloc {
+                let first = ctx.cluster.machines[machine].first_device;
+                for _ in 0..c {
+                    devices.push(first + next_local[machine]);
+                    next_local[machine] += 1;
+                }
+            }
+            Stage {
+                layer_start: *start,
+                layer_end: *end,
+                devices,
+                warmup_micro_batches: ctx.policy.warmup(count - i as u32, m),
+                placement: Some(policy.name().to_string()),
+            }
+        })
+        .collect();
+    let mut plan = Plan {
+        format: PLAN_FORMAT.into(),
+        schema_version: PLAN_SCHEMA_VERSION,
+        planner_version: crate::PLANNER_VERSION.into(),
+        inputs: PlanInputs {
+            model: profile.model.clone(),
+            profile_sha256: profile.sha256(),
+            profile_path: opts.profile_path.clone(),
+            topology: topology.clone(),
+            global_batch_size: opts.global_batch_size,
+            options: PlanOptions { min_micro_batch_size: ctx.min_slice },
+        },
+        micro_batch_size: b,
+        micro_batches: m,
+        schedule: Schedule { kind: SCHEDULE_EARLY_BACKWARD.into(), warmup_policy: ctx.policy.name().into() },
+        stages,
+        estimate: None,
+    };
+    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
+    let estimate = estimate_stages(&coster, &plan, &allocs, ctx.policy);
+    debug_assert!(
+        (estimate.latency_ms - found.value).abs() <= 1e-6 * found.value.abs().max(1.0),
+        "search value {} and plan estimate {} disagree",
+        found.value,
+        estimate.latency_ms
+    );
+    plan.estimate = Some(estimate);
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::smallest_slice;
+    use crate::plan::evaluate;
+    use crate::profile::{Layer, Measurement, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn random_profile(rng: &mut StdRng, layers: usize) -> Profile {
+        Profile {
+            format: PROFILE_FORMAT.into(),
+            schema_version: PROFILE_SCHEMA_VERSION,
+            model: "random".into(),
+            source: None,
+            device: None,
+            optimizer: "adam".into(),
+            layers: (0..layers)
+                .map(|i| Layer {
+                    name: format!("l{i}"),
+                    kind: None,
+                    param_bytes: rng.gen_range(0..400_000_000),
+                    inputs: None,
+                    measurements: vec![Measurement {
+                        batch_size: 1,
+                        fwd_ms: rng.gen_range(0.1..10.0),
+                        bwd_ms: rng.gen_range(0.1..20.0),
+                        activation_bytes: rng.gen_range(0..200_000_000),
+                        stored_activation_bytes: None,
+                    }],
+                })
+                .collect(),
+        }
+    }
+
+    /// Every plan of the search space, costed by `plan::evaluate`:
+    /// all partitions, replications and placements, from the last stage.
+    fn brute_force(profile: &Profile, topology: &Topology, gbs: u32, policy: WarmupPolicy) -> Option<f64> {
+        let n = profile.layers.len();
+        let cluster = Cluster::new(topology);
+        let machines: Vec<(usize, u32)> = cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
+        let mut best: Option<f64> = None;
+        let min_slice = profile.min_batch_size();
+        for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {
+            // (layer j the suffix starts at, state, steps so far)
+            let mut stack: Vec<(usize, State, Vec<(usize, usize, State, Policy, u32)>)> =
+                vec![(n, State::empty(&machines), vec![])];
+            while let Some((j, state, steps)) = stack.pop() {
+                if j == 0 {
+                    if state.free() != 0 {
+                        continue;
+                    }
+                    let allocs = concrete_allocs(&cluster, &steps);
+                    let count = steps.len() as u32;
+                    // Each stage takes the next free GPUs of its machines.
+                    let mut next = vec![0u32; cluster.machines.len()];
+                    let plan_stages: Vec<Stage> = steps
+                        .iter()
+                        .rev()
+                        .zip(&allocs)
+                        .enumerate()
+                        .map(|(i, ((s, e, _, _, _), alloc))| {
+                            let mut devices = vec![];
+                            for &(m, c) in alloc {
+                                for _ in 0..c {
+                                    devices.push(cluster.machines[m].first_device + next[m]);
+                                    next[m] += 1;
+                                }
+                            }
+                            Stage {
+                                layer_start: *s,
+                                layer_end: *e,
+                                devices,
+                                warmup_micro_batches: policy.warmup(count - i as u32, gbs / b),
+                                placement: None,
+                            }
+                        })
+                        .collect();
+                    let plan = Plan {
+                        format: PLAN_FORMAT.into(),
+                        schema_version: PLAN_SCHEMA_VERSION,
+                        planner_version: "test".into(),
+                        inputs: PlanInputs {
+                            model: "random".into(),
+                            profile_sha256: String::new(),
+                            profile_path: None,
+                            topology: topology.clone(),
+                            global_batch_size: gbs,
+                            options: PlanOptions { min_micro_batch_size: min_slice },
+                        },
+                        micro_batch_size: b,
+                        micro_batches: gbs / b,
+                        schedule: Schedule { kind: SCHEDULE_EARLY_BACKWARD.into(), warmup_policy: policy.name().into() },
+                        stages: plan_stages,
+                        estimate: None,
+                    };
+                    let est = evaluate(&plan, profile).expect("brute-force plans are valid");
+                    if est.fits_memory && best.is_none_or(|v| est.latency_ms < v) {
+                        best = Some(est.latency_ms);
+                    }
+                    continue;
+                }
+                let free = state.free();
+                for i in 0..j {
+                    for r in 1..=free {
+                        if smallest_slice(b, r) < min_slice {
+                            continue;
+                        }
+                        for (placement, counts) in state.placements(r) {
+                            let (next, _) = state.take(&counts);
+                            let mut steps2 = steps.clone();
+                            steps2.push((i, j, state.clone(), placement, r));
+                            stack.push((i, next, steps2));
+                        }
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn search_matches_brute_force() {
+        let mut rng = StdRng::seed_from_u64(20201122);
+        let shapes = ["1x2", "1x4", "2x2", "2x3", "1x8", "2x4", "4x1", "3x2"];
+        for case in 0..40 {
+            let shape = shapes[case % shapes.len()];
+            let spec = format!("{shape}-{}", ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3]);
+            let mut topology = Topology::from_spec(&spec).unwrap();
+            // Small memories so that the memory limit binds in some cases.
+            topology.machine_groups[0].gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
+            let layers = rng.gen_range(1..=if topology.num_devices() >= 8 { 5 } else { 7 });
+            let profile = random_profile(&mut rng, layers);
+            let gbs = [4, 6, 8, 12][case % 4];
+            let policy = if case % 2 == 0 { WarmupPolicy::A } else { WarmupPolicy::B };
+            let mut opts = SearchOptions::new(gbs);
+            opts.warmup_policy = policy;
+            let expected = brute_force(&profile, &topology, gbs, policy);
+            let got = search(&profile, &topology, &opts);
+            match (expected, got) {
+                (None, Err(_)) => {}
+                (Some(e), Ok(r)) => {
+                    let l = r.plan.estimate.as_ref().unwrap().latency_ms;
+                    assert!((l - e).abs() <= 1e-9 * e, "case {case} ({spec}, {layers} layers, gbs {gbs}): search {l}, brute force {e}");
+                    // The returned plan re-evaluates to the same number.
+                    let again = evaluate(&r.plan, &profile).unwrap();
+                    assert!((again.latency_ms - l).abs() <= 1e-9 * l);
+                    assert!(again.fits_memory);
+                }
+                (e, g) => panic!("case {case}: brute force {e:?}, search {:?}", g.map(|r| r.plan.shape())),
+            }
+        }
+    }
+
+    #[test]
+    fn no_plan_fits_reports_the_smallest_need() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let profile = random_profile(&mut rng, 3);
+        let mut topology = Topology::from_spec("1x2-nvlink").unwrap();
+        topology.machine_groups[0].gpu.memory_bytes = 1000;
+        let e = search(&profile, &topology, &SearchOptions::new(4)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Infeasible);
+        assert!(e.message.contains("GiB"), "{e}");
+    }
+
+    #[test]
+    fn batch_too_small_for_the_slices_is_incompatible() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let mut profile = random_profile(&mut rng, 3);
+        for l in &mut profile.layers {
+            l.measurements[0].batch_size = 4;
+        }
+        let topology = Topology::from_spec("1x2-nvlink").unwrap();
+        let e = search(&profile, &topology, &SearchOptions::new(2)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Incompatible);
+        assert!(e.message.contains("global batch size 2"), "{e}");
+    }
+
+    #[test]
+    fn data_parallel_and_straight_are_special_cases() {
+        // Tiny parameters and fast links: data parallelism wins.
+        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 4], 1);
+        for l in &mut p.layers {
+            l.param_bytes = 10;
+        }
+        let t = Topology::from_spec("1x4-nvlink").unwrap();
+        let r = search(&p, &t, &SearchOptions::new(16)).unwrap();
+        assert_eq!(r.plan.shape(), "4");
+        // Huge parameters on a slow network, tiny activations: a straight
+        // pipeline (no replication, no AllReduce) wins.
+        for l in &mut p.layers {
+            l.param_bytes = 2_000_000_000;
+            l.measurements[0].activation_bytes = 10;
+        }
+        let t = Topology::from_spec("4x1-1gbps").unwrap();
+        let mut big = t.clone();
+        big.machine_groups[0].gpu.memory_bytes = 1 << 40;
+        let r = search(&p, &big, &SearchOptions::new(16)).unwrap();
+        assert_eq!(r.plan.shape(), "1:1:1:1");
+        assert_eq!(r.plan.stages[0].devices, vec![0]);
+    }
+}

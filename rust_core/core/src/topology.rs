@@ -1,0 +1,313 @@
+//! Clusters: machines of GPUs joined by an intra-machine link (NVLink, PCIe)
+//! and an inter-machine network (Ethernet, InfiniBand).
+//!
+//! Written either as a short spec (`2x8-nvlink`, `16x1-25gbps`,
+//! `4x8-pcie-100gbps`), as one of the paper's named configurations (`A`, `B`,
+//! `C`), or as a JSON file. Every machine group carries its GPU type, memory
+//! and relative speed, so heterogeneous clusters need no format change.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::format::{check_non_negative, check_positive, parse_versioned, to_json};
+
+pub const TOPOLOGY_FORMAT: &str = "dapple.topology";
+pub const TOPOLOGY_SCHEMA_VERSION: u32 = 1;
+
+/// V100 with 16 GiB, the GPU of the paper's experiments.
+pub const DEFAULT_GPU_TYPE: &str = "V100-16GB";
+pub const DEFAULT_GPU_MEMORY_BYTES: u64 = 16 * 1024 * 1024 * 1024;
+/// DGX-1 NVLink, the paper's "up to 130 GB/s" (130 GB/s = 1040 Gbit/s).
+pub const NVLINK_GBPS: f64 = 1040.0;
+/// PCIe 3.0 x16 nominal 16 GB/s.
+pub const PCIE_GBPS: f64 = 128.0;
+/// Assumed per-message latencies; small against the transfers planned here.
+pub const INTRA_LATENCY_US: f64 = 5.0;
+pub const INTER_LATENCY_US: f64 = 20.0;
+/// Inter-machine network when a spec names none (the paper's 25 Gbps).
+pub const DEFAULT_INTER_GBPS: f64 = 25.0;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    pub format: String,
+    pub schema_version: u32,
+    pub name: String,
+    /// Groups of identical machines, in device-id order.
+    pub machine_groups: Vec<MachineGroup>,
+    /// Network between machines.
+    pub inter_machine: Link,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineGroup {
+    pub machines: u32,
+    pub gpus_per_machine: u32,
+    pub gpu: Gpu,
+    /// Link between GPUs of one machine.
+    pub intra_machine: Link,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    #[serde(rename = "type")]
+    pub gpu_type: String,
+    pub memory_bytes: u64,
+    /// Speed relative to the GPU the profile was measured on (1.0 = same).
+    #[serde(default = "one")]
+    pub relative_speed: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Free text: "nvlink", "pcie", "ethernet", "infiniband".
+    pub kind: String,
+    pub bandwidth_gbps: f64,
+    #[serde(default)]
+    pub latency_us: f64,
+}
+
+/// One machine after expanding the groups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// Index of the group; machines of one group are interchangeable.
+    pub group: usize,
+    pub gpus: u32,
+    /// Global id of this machine's first GPU.
+    pub first_device: u32,
+}
+
+impl Topology {
+    pub fn from_json(text: &str) -> Result<Topology> {
+        let t: Topology = parse_versioned(text, TOPOLOGY_FORMAT, &[TOPOLOGY_SCHEMA_VERSION])?;
+        t.validate()?;
+        Ok(t)
+    }
+
+    pub fn to_json(&self) -> String {
+        to_json(self)
+    }
+
+    /// A homogeneous cluster of `machines` x `gpus` GPUs.
+    pub fn homogeneous(name: &str, machines: u32, gpus: u32, intra: Link, inter: Link) -> Topology {
+        Topology {
+            format: TOPOLOGY_FORMAT.into(),
+            schema_version: TOPOLOGY_SCHEMA_VERSION,
+            name: name.into(),
+            machine_groups: vec![MachineGroup {
+                machines,
+                gpus_per_machine: gpus,
+                gpu: Gpu {
+                    gpu_type: DEFAULT_GPU_TYPE.into(),
+                    memory_bytes: DEFAULT_GPU_MEMORY_BYTES,
+                    relative_speed: 1.0,
+                },
+                intra_machine: intra,
+            }],
+            inter_machine: inter,
+        }
+    }
+
+    /// Parse a short spec or a preset name.
+    ///
+    /// `MxG[-INTRA][-INTER]`: INTRA is `nvlink`, `pcie` or `<n>gbps`; INTER
+    /// is `<n>gbps` or `ib` (100 Gbps InfiniBand). With one GPU per machine
+    /// the single link token is the network. Presets: `A` = `2x8-nvlink-25gbps`,
+    /// `B` = `16x1-25gbps`, `C` = `16x1-10gbps` (the paper's Table III).
+    pub fn from_spec(spec: &str) -> Result<Topology> {
+        let lower = spec.trim().to_ascii_lowercase();
+        let expanded = match lower.as_str() {
+            "a" | "config-a" => "2x8-nvlink-25gbps",
+            "b" | "config-b" => "16x1-25gbps",
+            "c" | "config-c" => "16x1-10gbps",
+            other => other,
+        };
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "topology spec {spec:?} is not valid: {why}; expected MxG[-nvlink|-pcie][-<n>gbps|-ib] \
+                 such as 2x8-nvlink, 16x1-25gbps, or a preset A, B, C, or a topology JSON file"
+            ))
+        };
+        let mut parts = expanded.split('-');
+        let shape = parts.next().unwrap_or("");
+        let (m, g) = shape.split_once('x').ok_or_else(|| bad("no MxG part"))?;
+        let machines: u32 = m.parse().map_err(|_| bad("machine count is not a positive integer"))?;
+        let gpus: u32 = g.parse().map_err(|_| bad("GPU count is not a positive integer"))?;
+        if machines == 0 || gpus == 0 {
+            return Err(bad("machine and GPU counts must be at least 1"));
+        }
+        let tokens: Vec<&str> = parts.collect();
+        let parse_rate = |t: &str| -> Option<f64> {
+            if t == "ib" {
+                return Some(100.0);
+            }
+            let n: f64 = t.strip_suffix("gbps")?.parse().ok()?;
+            (n.is_finite() && n > 0.0).then_some(n)
+        };
+        let mut intra = Link { kind: "nvlink".into(), bandwidth_gbps: NVLINK_GBPS, latency_us: INTRA_LATENCY_US };
+        let mut inter = Link { kind: "ethernet".into(), bandwidth_gbps: DEFAULT_INTER_GBPS, latency_us: INTER_LATENCY_US };
+        let mut rest: &[&str] = &tokens;
+        // An intra-machine link is named first; a lone rate is the network
+        // (single-GPU machines have no intra link worth naming).
+        if let Some(&first) = rest.first() {
+            let names_intra = matches!(first, "nvlink" | "pcie") || rest.len() > 1;
+            if names_intra {
+                match first {
+                    "nvlink" => {}
+                    "pcie" => intra = Link { kind: "pcie".into(), bandwidth_gbps: PCIE_GBPS, latency_us: INTRA_LATENCY_US },
+                    t => match parse_rate(t) {
+                        Some(r) => intra = Link { kind: "custom".into(), bandwidth_gbps: r, latency_us: INTRA_LATENCY_US },
+                        None => return Err(bad(&format!("unknown intra-machine link {t:?}"))),
+                    },
+                }
+                rest = &rest[1..];
+            }
+        }
+        match rest {
+            [] => {}
+            [t] => {
+                let r = parse_rate(t).ok_or_else(|| bad(&format!("unknown network {t:?}")))?;
+                inter.bandwidth_gbps = r;
+                if *t == "ib" {
+                    inter.kind = "infiniband".into();
+                }
+            }
+            _ => return Err(bad("too many parts")),
+        }
+        Ok(Topology::homogeneous(spec.trim(), machines, gpus, intra, inter))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.machine_groups.is_empty() {
+            return Err(Error::field("machine_groups", "needs at least one machine group"));
+        }
+        for (i, g) in self.machine_groups.iter().enumerate() {
+            let at = |f: &str| format!("machine_groups[{i}].{f}");
+            if g.machines == 0 {
+                return Err(Error::field(at("machines"), "value 0 must be >= 1"));
+            }
+            if g.gpus_per_machine == 0 {
+                return Err(Error::field(at("gpus_per_machine"), "value 0 must be >= 1"));
+            }
+            if g.gpu.memory_bytes == 0 {
+                return Err(Error::field(at("gpu.memory_bytes"), "value 0 must be > 0"));
+            }
+            check_positive(|| at("gpu.relative_speed"), g.gpu.relative_speed)?;
+            check_positive(|| at("intra_machine.bandwidth_gbps"), g.intra_machine.bandwidth_gbps)?;
+            check_non_negative(|| at("intra_machine.latency_us"), g.intra_machine.latency_us)?;
+        }
+        check_positive(|| "inter_machine.bandwidth_gbps".into(), self.inter_machine.bandwidth_gbps)?;
+        check_non_negative(|| "inter_machine.latency_us".into(), self.inter_machine.latency_us)?;
+        Ok(())
+    }
+
+    pub fn machines(&self) -> Vec<Machine> {
+        let mut out = Vec::new();
+        let mut next = 0;
+        for (gi, g) in self.machine_groups.iter().enumerate() {
+            for _ in 0..g.machines {
+                out.push(Machine { group: gi, gpus: g.gpus_per_machine, first_device: next });
+                next += g.gpus_per_machine;
+            }
+        }
+        out
+    }
+
+    pub fn num_devices(&self) -> u32 {
+        self.machine_groups.iter().map(|g| g.machines * g.gpus_per_machine).sum()
+    }
+
+    pub fn num_machines(&self) -> usize {
+        self.machine_groups.iter().map(|g| g.machines as usize).sum()
+    }
+
+    /// Machine index of a global device id.
+    pub fn machine_of(&self, device: u32) -> Option<usize> {
+        self.machines().iter().position(|m| device >= m.first_device && device < m.first_device + m.gpus)
+    }
+
+    /// Short human description, e.g. "2 x 8 V100-16GB, nvlink 1040 Gbps, ethernet 25 Gbps".
+    pub fn describe(&self) -> String {
+        let groups: Vec<String> = self
+            .machine_groups
+            .iter()
+            .map(|g| {
+                format!(
+                    "{} x {} {} ({:.1} GiB, speed {}), {} {} Gbps",
+                    g.machines,
+                    g.gpus_per_machine,
+                    g.gpu.gpu_type,
+                    g.gpu.memory_bytes as f64 / (1u64 << 30) as f64,
+                    g.gpu.relative_speed,
+                    g.intra_machine.kind,
+                    g.intra_machine.bandwidth_gbps
+                )
+            })
+            .collect();
+        format!(
+            "{}; between machines {} {} Gbps",
+            groups.join(" + "),
+            self.inter_machine.kind,
+            self.inter_machine.bandwidth_gbps
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_and_presets() {
+        let a = Topology::from_spec("A").unwrap();
+        assert_eq!(a.num_devices(), 16);
+        assert_eq!(a.machine_groups[0].intra_machine.bandwidth_gbps, NVLINK_GBPS);
+        assert_eq!(a.inter_machine.bandwidth_gbps, 25.0);
+        let b = Topology::from_spec("16x1-25gbps").unwrap();
+        assert_eq!(b.num_machines(), 16);
+        assert_eq!(b.inter_machine.bandwidth_gbps, 25.0);
+        let c = Topology::from_spec("C").unwrap();
+        assert_eq!(c.inter_machine.bandwidth_gbps, 10.0);
+        let p = Topology::from_spec("4x8-pcie-100gbps").unwrap();
+        assert_eq!(p.machine_groups[0].intra_machine.kind, "pcie");
+        assert_eq!(p.inter_machine.bandwidth_gbps, 100.0);
+        let n = Topology::from_spec("2x8-nvlink").unwrap();
+        assert_eq!(n.inter_machine.bandwidth_gbps, DEFAULT_INTER_GBPS);
+        let r = Topology::from_spec("2x4-10gbps").unwrap();
+        assert_eq!(r.machine_groups[0].intra_machine.kind, "nvlink");
+        assert_eq!(r.inter_machine.bandwidth_gbps, 10.0);
+    }
+
+    #[test]
+    fn bad_specs_name_the_spec() {
+        for s in ["", "2x", "0x8", "2x8-warp", "2x8-nvlink-25gbps-extra", "x8", "2x8-nvlink--3gbps"] {
+            let e = Topology::from_spec(s).unwrap_err();
+            assert!(e.message.contains(&format!("{s:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn file_round_trip_and_validation() {
+        let t = Topology::from_spec("2x8-nvlink").unwrap();
+        assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
+        let mut bad = t.clone();
+        bad.machine_groups[0].gpu.relative_speed = 0.0;
+        let e = Topology::from_json(&bad.to_json()).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("machine_groups[0].gpu.relative_speed"));
+    }
+
+    #[test]
+    fn device_ids_are_machine_major() {
+        let t = Topology::from_spec("2x8-nvlink").unwrap();
+        assert_eq!(t.machine_of(7), Some(0));
+        assert_eq!(t.machine_of(8), Some(1));
+        assert_eq!(t.machine_of(16), None);
+    }
+}

@@ -1,0 +1,42 @@
+use dapple_core::plan::{blocks_per_stage, evaluate, Plan};
+use dapple_core::profile::Profile;
+use pyo3::prelude::*;
+
+use crate::profile::with_source;
+use crate::to_py_err;
+
+/// Validate plan JSON; returns it in canonical form.
+#[pyfunction]
+#[pyo3(signature = (text, source=None))]
+fn plan_canonical(text: &str, source: Option<&str>) -> PyResult<String> {
+    let p = Plan::from_json(text).map_err(|e| to_py_err(with_source(e, source)))?;
+    Ok(p.to_json())
+}
+
+/// Cost a plan against a profile; returns the plan with a fresh estimate.
+#[pyfunction]
+#[pyo3(signature = (plan_text, profile_text, plan_source=None))]
+fn plan_evaluate(py: Python<'_>, plan_text: &str, profile_text: &str, plan_source: Option<&str>) -> PyResult<String> {
+    let mut plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+    let estimate = py
+        .detach(|| evaluate(&plan, &profile))
+        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    plan.estimate = Some(estimate);
+    Ok(plan.to_json())
+}
+
+/// Count of the profile's "block" layers in each stage of the plan.
+#[pyfunction]
+fn plan_blocks_per_stage(plan_text: &str, profile_text: &str) -> PyResult<Vec<usize>> {
+    let plan = Plan::from_json(plan_text).map_err(to_py_err)?;
+    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+    Ok(blocks_per_stage(&profile, &plan))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(plan_canonical, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_blocks_per_stage, m)?)?;
+    Ok(())
+}
