@@ -23,10 +23,15 @@ from .render import plan_table
               help="Warm-up depth K_i: A = S-i, B = 2(S-i)-1 micro-batches (section V-C).")
 @click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
+@click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
+              help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
+              "auto: full up to 4 machines.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @json_option
 @reports_errors
-def plan_command(profile_path, topology, global_batch_size, warmup_policy, min_micro_batch_size, out_path, as_json):
+def plan_command(
+    profile_path, topology, global_batch_size, warmup_policy, min_micro_batch_size, search_space, out_path, as_json
+):
     """Find the plan with the smallest estimated iteration time."""
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
@@ -39,6 +44,7 @@ def plan_command(profile_path, topology, global_batch_size, warmup_policy, min_m
         global_batch_size,
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
+        search_space=search_space,
     )
     if out_path:
         result.save(out_path)

@@ -24,9 +24,13 @@ def profile_group():
 @click.option("--optimizer", default="adam", show_default=True, help="Optimizer the model trains with (memory model).")
 @click.option("--device", default=None, help="GPU type the profile was measured on, e.g. V100-16GB.")
 @click.option("--origin", default=None, help="Free text recorded as the profile's source.")
+@click.option("--measured-peak-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Whole-model peak memory measured on one GPU at the profile's batch size; calibrates stored activations.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 @reports_errors
-def import_artifact(graph_txt, model, batch_size, block_pattern, param_bytes_scale, optimizer, device, origin, out_path):
+def import_artifact(
+    graph_txt, model, batch_size, block_pattern, param_bytes_scale, optimizer, device, origin, measured_peak_memory_gib, out_path
+):
     """Convert a DAPPLE artifact profile (PipeDream graph.txt) to profile JSON."""
     profile = planner.import_artifact_profile(
         graph_txt,
@@ -38,6 +42,8 @@ def import_artifact(graph_txt, model, batch_size, block_pattern, param_bytes_sca
         device=device,
         origin=origin,
     )
+    if measured_peak_memory_gib is not None:
+        profile = planner.calibrate_stored_activations(profile, measured_peak_memory_gib * 2**30, batch_size)
     profile.save(out_path)
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)

@@ -16,7 +16,7 @@ from .errors import (
     InvalidInputError,
 )
 from .plan import Plan, SearchStats, evaluate, plan
-from .profile import Profile, import_artifact_profile
+from .profile import Profile, calibrate_stored_activations, import_artifact_profile
 from .topology import PRESETS, Topology
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Profile",
     "SearchStats",
     "Topology",
+    "calibrate_stored_activations",
     "evaluate",
     "import_artifact_profile",
     "plan",

@@ -82,6 +82,7 @@ def plan(
     warmup_policy: str = "A",
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
+    search_space: str = "auto",
 ) -> Plan:
     """Search the plan with the smallest estimated iteration time.
 
@@ -89,6 +90,9 @@ def plan(
     a spec such as ``"2x8-nvlink"``, a preset ``"A"``/``"B"``/``"C"`` or a
     topology JSON path. Raises :class:`planner.errors.InfeasibleError` when no
     plan fits in memory, with the smallest memory need found.
+    ``search_space``: "full" (every replication and placement), "machine-
+    aligned" (stages of a divisor of a machine or whole machines) or "auto"
+    (full up to 4 machines).
     """
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
@@ -99,6 +103,7 @@ def plan(
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
+        search_space=search_space,
         profile_path=prof.path,
     )
     return Plan(text, SearchStats(list(sizes), states, costed))

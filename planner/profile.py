@@ -77,3 +77,46 @@ def import_artifact_profile(
         optimizer=optimizer,
     )
     return Profile(text)
+
+
+OPTIMIZER_STATE_SLOTS = {
+    "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1,
+    "adam": 2, "adamw": 2, "lamb": 2, "rmsprop-momentum": 2,
+}
+
+
+def calibrate_stored_activations(profile: Profile, peak_memory_bytes: float, batch_size: int) -> Profile:
+    """Scale every layer's stored-activation bytes so that one GPU training
+    the whole model at ``batch_size`` needs ``peak_memory_bytes``.
+
+    Profiles that only record layer outputs miss what layers keep inside
+    (attention maps, dropout masks, gates): a transformer layer keeps many
+    times its output. A measured whole-model peak pins the total down; it is
+    spread over layers in proportion to their outputs. The model state
+    (weights, gradients, optimizer slots) is taken off first."""
+    from .errors import InvalidInputError
+
+    data = json.loads(profile.text)
+    if batch_size not in profile.batch_sizes:
+        raise InvalidInputError(
+            f"--measured-at-batch-size {batch_size} is not a profiled batch size ({profile.batch_sizes})"
+        )
+    k = profile.batch_sizes.index(batch_size)
+    slots = OPTIMIZER_STATE_SLOTS[data["optimizer"]]
+    state = sum(layer["param_bytes"] for layer in data["layers"]) * (2 + slots)
+    outputs = sum(layer["measurements"][k]["activation_bytes"] for layer in data["layers"])
+    if peak_memory_bytes <= state or outputs == 0:
+        raise InvalidInputError(
+            f"measured peak memory {peak_memory_bytes / 2**30:.2f} GiB is not above the model state "
+            f"{state / 2**30:.2f} GiB (weights, gradients and {slots} {data['optimizer']} slot(s)); cannot calibrate"
+        )
+    factor = (peak_memory_bytes - state) / outputs
+    for layer in data["layers"]:
+        for m in layer["measurements"]:
+            m["stored_activation_bytes"] = round(m["activation_bytes"] * factor)
+    note = (
+        f"stored activations = {factor:.2f} x layer outputs, so that the whole model at batch {batch_size} "
+        f"needs {peak_memory_bytes / 2**30:.2f} GiB"
+    )
+    data["source"] = f"{data['source']}; {note}" if data.get("source") else note
+    return Profile.from_json(json.dumps(data))

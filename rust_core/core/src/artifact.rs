@@ -12,7 +12,9 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use regex::Regex;
 
 use crate::error::{Error, Result};
-use crate::profile::{Layer, Measurement, Profile, BLOCK_KIND, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
+use crate::profile::{
+    Layer, Measurement, Profile, BLOCK_KIND, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION,
+};
 
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
@@ -31,8 +33,12 @@ pub struct ImportOptions {
 }
 
 const SEPARATOR: &str = " -- ";
-const METRIC_KEYS: [&str; 4] =
-    ["forward_compute_time", "backward_compute_time", "activation_size", "parameter_size"];
+const METRIC_KEYS: [&str; 4] = [
+    "forward_compute_time",
+    "backward_compute_time",
+    "activation_size",
+    "parameter_size",
+];
 
 /// A node as written in the file; its index in `Graph::nodes` is its file position.
 struct Node {
@@ -63,7 +69,11 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
             opts.param_bytes_scale
         )));
     }
-    let block_regex = opts.block_pattern.as_deref().map(compile_block_pattern).transpose()?;
+    let block_regex = opts
+        .block_pattern
+        .as_deref()
+        .map(compile_block_pattern)
+        .transpose()?;
     let graph = parse_graph(text)?;
     let order = topological_order(&graph)?;
 
@@ -76,13 +86,17 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         .enumerate()
         .map(|(position, &node_index)| {
             let node = &graph.nodes[node_index];
-            let mut inputs: Vec<usize> =
-                graph.predecessors[node_index].iter().map(|&p| chain_index[p]).collect();
+            let mut inputs: Vec<usize> = graph.predecessors[node_index]
+                .iter()
+                .map(|&p| chain_index[p])
+                .collect();
             inputs.sort_unstable();
             // A plain chain link is what an absent `inputs` means; leaving it
             // out keeps profiles of chain models small.
             let is_chain_link = position > 0 && inputs == [position - 1];
-            let is_block = block_regex.as_ref().is_some_and(|re| re.is_match(&node.name));
+            let is_block = block_regex
+                .as_ref()
+                .is_some_and(|re| re.is_match(&node.name));
             Layer {
                 name: node.name.clone(),
                 kind: is_block.then(|| BLOCK_KIND.to_string()),
@@ -115,8 +129,14 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
 fn compile_block_pattern(pattern: &str) -> Result<Regex> {
     Regex::new(pattern).map_err(|e| {
         // The regex crate's message spans several lines; errors are one line.
-        let reason = e.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
-        Error::invalid(format!("block pattern {pattern:?} is not a valid regex: {reason}"))
+        let reason = e
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        Error::invalid(format!(
+            "block pattern {pattern:?} is not a valid regex: {reason}"
+        ))
     })
 }
 
@@ -150,7 +170,10 @@ fn parse_graph(text: &str) -> Result<Graph> {
                 _ => {
                     return Err(at_line(
                         line,
-                        format!("expected an edge `nodeA -- nodeB`, found {:?}", excerpt(raw_line.trim())),
+                        format!(
+                            "expected an edge `nodeA -- nodeB`, found {:?}",
+                            excerpt(raw_line.trim())
+                        ),
                     ))
                 }
             }
@@ -160,7 +183,10 @@ fn parse_graph(text: &str) -> Result<Graph> {
         if let Some(&earlier) = position_of.get(&node.id) {
             return Err(at_line(
                 line,
-                format!("node id {:?} is already defined on line {}", node.id, nodes[earlier].line),
+                format!(
+                    "node id {:?} is already defined on line {}",
+                    node.id, nodes[earlier].line
+                ),
             ));
         }
         position_of.insert(node.id.clone(), nodes.len());
@@ -182,7 +208,10 @@ fn parse_graph(text: &str) -> Result<Graph> {
         let (from, to) = (lookup(from)?, lookup(to)?);
         predecessors[to].insert(from);
     }
-    Ok(Graph { nodes, predecessors })
+    Ok(Graph {
+        nodes,
+        predecessors,
+    })
 }
 
 fn parse_node(line: usize, text: &str) -> Result<Node> {
@@ -202,25 +231,51 @@ fn parse_node(line: usize, text: &str) -> Result<Node> {
         }
     };
     let id = text[..first].trim().to_string();
-    let name = text[first + SEPARATOR.len()..last].split_whitespace().collect::<Vec<_>>().join(" ");
+    let name = text[first + SEPARATOR.len()..last]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     if id.is_empty() || name.is_empty() {
-        return Err(at_line(line, format!("node id and description must not be empty in {:?}", excerpt(text))));
+        return Err(at_line(
+            line,
+            format!(
+                "node id and description must not be empty in {:?}",
+                excerpt(text)
+            ),
+        ));
     }
     let [fwd_ms, bwd_ms, activation_bytes, parameter_bytes] =
         parse_metrics(line, &text[last + SEPARATOR.len()..])?;
-    Ok(Node { id, name, line, fwd_ms, bwd_ms, activation_bytes, parameter_bytes })
+    Ok(Node {
+        id,
+        name,
+        line,
+        fwd_ms,
+        bwd_ms,
+        activation_bytes,
+        parameter_bytes,
+    })
 }
 
 /// The four metrics in `METRIC_KEYS` order.
 fn parse_metrics(line: usize, text: &str) -> Result<[f64; 4]> {
     let mut values: [Option<f64>; 4] = [None; 4];
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (key, raw) = part
-            .split_once('=')
-            .ok_or_else(|| at_line(line, format!("expected key=value, found {:?}", excerpt(part))))?;
+        let (key, raw) = part.split_once('=').ok_or_else(|| {
+            at_line(
+                line,
+                format!("expected key=value, found {:?}", excerpt(part)),
+            )
+        })?;
         let key = key.trim();
         let slot = METRIC_KEYS.iter().position(|k| *k == key).ok_or_else(|| {
-            at_line(line, format!("unknown metric {key:?}; expected {}", METRIC_KEYS.join(", ")))
+            at_line(
+                line,
+                format!(
+                    "unknown metric {key:?}; expected {}",
+                    METRIC_KEYS.join(", ")
+                ),
+            )
         })?;
         if values[slot].is_some() {
             return Err(at_line(line, format!("{key} is given twice")));
@@ -229,24 +284,30 @@ fn parse_metrics(line: usize, text: &str) -> Result<[f64; 4]> {
         // A multi-output node lists one size per output; its output is their sum.
         let list = raw.strip_prefix('[').and_then(|r| r.strip_suffix(']'));
         values[slot] = Some(match list {
-            Some(items) if key == "activation_size" => {
-                items.split(';').map(|item| parse_number(line, key, item.trim())).sum::<Result<f64>>()?
-            }
+            Some(items) if key == "activation_size" => items
+                .split(';')
+                .map(|item| parse_number(line, key, item.trim()))
+                .sum::<Result<f64>>()?,
             _ => parse_number(line, key, raw)?,
         });
     }
     let mut metrics = [0.0; 4];
     for (slot, value) in values.iter().enumerate() {
-        metrics[slot] = value.ok_or_else(|| at_line(line, format!("missing {}", METRIC_KEYS[slot])))?;
+        metrics[slot] =
+            value.ok_or_else(|| at_line(line, format!("missing {}", METRIC_KEYS[slot])))?;
     }
     Ok(metrics)
 }
 
 fn parse_number(line: usize, key: &str, raw: &str) -> Result<f64> {
-    let value: f64 =
-        raw.parse().map_err(|_| at_line(line, format!("cannot parse {key} value {raw:?}")))?;
+    let value: f64 = raw
+        .parse()
+        .map_err(|_| at_line(line, format!("cannot parse {key} value {raw:?}")))?;
     if !value.is_finite() {
-        return Err(at_line(line, format!("{key} value {raw:?} must be a finite number")));
+        return Err(at_line(
+            line,
+            format!("{key} value {raw:?} must be a finite number"),
+        ));
     }
     if value < 0.0 {
         return Err(at_line(line, format!("{key} value {raw:?} must be >= 0")));
@@ -266,8 +327,10 @@ fn topological_order(graph: &Graph) -> Result<Vec<usize>> {
         }
     }
     let mut unmet_inputs: Vec<usize> = graph.predecessors.iter().map(BTreeSet::len).collect();
-    let mut ready: BinaryHeap<Reverse<usize>> =
-        (0..count).filter(|&i| unmet_inputs[i] == 0).map(Reverse).collect();
+    let mut ready: BinaryHeap<Reverse<usize>> = (0..count)
+        .filter(|&i| unmet_inputs[i] == 0)
+        .map(Reverse)
+        .collect();
     let mut order = Vec::with_capacity(count);
     while let Some(Reverse(node)) = ready.pop() {
         order.push(node);
@@ -279,11 +342,24 @@ fn topological_order(graph: &Graph) -> Result<Vec<usize>> {
         }
     }
     if order.len() < count {
-        let stuck: Vec<&str> =
-            (0..count).filter(|&i| unmet_inputs[i] > 0).map(|i| graph.nodes[i].id.as_str()).collect();
-        let shown = stuck.iter().take(10).copied().collect::<Vec<_>>().join(", ");
-        let more = if stuck.len() > 10 { format!(" and {} more", stuck.len() - 10) } else { String::new() };
-        return Err(Error::invalid(format!("the edges form a cycle; these nodes are on or after it: {shown}{more}")));
+        let stuck: Vec<&str> = (0..count)
+            .filter(|&i| unmet_inputs[i] > 0)
+            .map(|i| graph.nodes[i].id.as_str())
+            .collect();
+        let shown = stuck
+            .iter()
+            .take(10)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = if stuck.len() > 10 {
+            format!(" and {} more", stuck.len() - 10)
+        } else {
+            String::new()
+        };
+        return Err(Error::invalid(format!(
+            "the edges form a cycle; these nodes are on or after it: {shown}{more}"
+        )));
     }
     Ok(order)
 }
@@ -324,7 +400,15 @@ mod tests {
             + &node("node4", "layer_1", "9175040.0", "1000")
             + "\tnode1 -- node2\n  node2 -- node3\n\tnode3 -- node4\n\tnode1 -- node4\n\tnode1 -- node4\n";
         let p = import_graph_txt(&text, &options(Some(r"^layer_\d+$"), 1.048576)).unwrap();
-        assert_eq!(names(&p), ["Input", "layer_0", "Dropout(p=0.2, inplace=True)", "layer_1"]);
+        assert_eq!(
+            names(&p),
+            [
+                "Input",
+                "layer_0",
+                "Dropout(p=0.2, inplace=True)",
+                "layer_1"
+            ]
+        );
         let inputs: Vec<_> = p.layers.iter().map(|l| l.inputs.clone()).collect();
         assert_eq!(inputs, [Some(vec![]), None, None, Some(vec![0, 2])]);
         assert_eq!(p.layers[0].measurements[0].activation_bytes, 128);
@@ -361,20 +445,29 @@ mod tests {
         assert!(error_of("\tnode1 -- node2\n").contains("no nodes"));
 
         let bad_number = node("node1", "x", "1", "0").replace("1.5", "abc");
-        assert_eq!(error_of(&bad_number), r#"line 1: cannot parse forward_compute_time value "abc""#);
+        assert_eq!(
+            error_of(&bad_number),
+            r#"line 1: cannot parse forward_compute_time value "abc""#
+        );
         let negative = node("node1", "x", "1", "0") + &node("node2", "y", "[1; -2]", "0");
         assert!(error_of(&negative).starts_with(r#"line 2: activation_size value "-2""#));
         for not_finite in ["inf", "NaN"] {
             let text = node("node1", "x", "1", not_finite);
-            assert!(error_of(&text).contains(&format!("line 1: parameter_size value {not_finite:?}")));
+            assert!(
+                error_of(&text).contains(&format!("line 1: parameter_size value {not_finite:?}"))
+            );
         }
         let missing = "node1 -- x -- forward_compute_time=1, activation_size=1, parameter_size=0\n";
         assert!(error_of(missing).contains("line 1: missing backward_compute_time"));
 
         let unknown = node("node1", "x", "1", "0") + "\tnode1 -- node9\n";
-        assert_eq!(error_of(&unknown), r#"line 2: edge names unknown node "node9""#);
+        assert_eq!(
+            error_of(&unknown),
+            r#"line 2: edge names unknown node "node9""#
+        );
         let duplicate = node("node1", "x", "1", "0") + &node("node1", "y", "1", "0");
-        assert!(error_of(&duplicate).contains(r#"line 2: node id "node1" is already defined on line 1"#));
+        assert!(error_of(&duplicate)
+            .contains(r#"line 2: node id "node1" is already defined on line 1"#));
         let unindented_edge = node("node1", "x", "1", "0") + "node1 -- node1\n";
         assert!(error_of(&unindented_edge).starts_with("line 2: expected a node"));
 
@@ -383,12 +476,20 @@ mod tests {
             + &node("node3", "z", "1", "0")
             + "\tnode1 -- node2\n\tnode2 -- node3\n\tnode3 -- node2\n";
         let message = error_of(&cycle);
-        assert!(message.contains("cycle") && message.contains("node2, node3"), "{message}");
+        assert!(
+            message.contains("cycle") && message.contains("node2, node3"),
+            "{message}"
+        );
         assert!(!message.contains("node1"), "{message}");
 
         let text = node("node1", "x", "1", "0");
-        let bad_regex = import_graph_txt(&text, &options(Some("layer_(\\d+"), 1.0)).unwrap_err().to_string();
-        assert!(bad_regex.contains(r#""layer_(\\d+""#) && !bad_regex.contains('\n'), "{bad_regex}");
+        let bad_regex = import_graph_txt(&text, &options(Some("layer_(\\d+"), 1.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad_regex.contains(r#""layer_(\\d+""#) && !bad_regex.contains('\n'),
+            "{bad_regex}"
+        );
     }
 
     /// Imports the artifact's files when they are present (they are not part
@@ -396,7 +497,9 @@ mod tests {
     #[test]
     fn imports_the_dapple_artifact_files() {
         let dir = std::path::Path::new("/work/shared/profiles/dapple-artifact");
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         // (file, block pattern, layers, blocks). amoeba-6 "complicated" has
         // 5: its cell 3 is split into pieces and the whole is named "cell3".
         let expected: &[(&str, &str, usize, usize)] = &[
@@ -404,7 +507,12 @@ mod tests {
             ("bert-24-pbs-6.txt", r"^layer_\d+$", 29, 24),
             ("gnmt-16-pbs-64.txt", "LSTM|RecurrentAttention", 96, 16),
             ("gnmt-32-pbs-64.txt", "LSTM|RecurrentAttention", 192, 32),
-            ("gnmt-32-pbs-64-simplified.txt", "LSTM|RecurrentAttention", 67, 32),
+            (
+                "gnmt-32-pbs-64-simplified.txt",
+                "LSTM|RecurrentAttention",
+                67,
+                32,
+            ),
             ("amoeba-36-pbs-1.txt", r"^cell_\d+$", 44, 36),
             ("amoeba-18-pbs-8.txt", r"^cell_\d+$", 26, 18),
             ("amoeba-6-pbs-8-simplified.txt", r"^cell_\d+$", 14, 6),
@@ -423,19 +531,38 @@ mod tests {
             }
             let text = std::fs::read_to_string(&path).unwrap();
             let known = expected.iter().find(|e| e.0 == file);
-            let scale = if file.starts_with("vgg-19") { 1.048576 } else { 1.0 };
+            let scale = if file.starts_with("vgg-19") {
+                1.048576
+            } else {
+                1.0
+            };
             let opts = options(known.map(|e| e.1), scale);
-            let p = import_graph_txt(&text, &opts).map_err(|e| e.in_source(&file)).unwrap();
-            let Some(&(_, _, layers, blocks)) = known else { continue };
-            let block_count = p.layers.iter().filter(|l| l.kind.as_deref() == Some(BLOCK_KIND)).count();
+            let p = import_graph_txt(&text, &opts)
+                .map_err(|e| e.in_source(&file))
+                .unwrap();
+            let Some(&(_, _, layers, blocks)) = known else {
+                continue;
+            };
+            let block_count = p
+                .layers
+                .iter()
+                .filter(|l| l.kind.as_deref() == Some(BLOCK_KIND))
+                .count();
             assert_eq!((p.layers.len(), block_count), (layers, blocks), "{file}");
             if file == "gnmt-16-pbs-64.txt" {
                 // Input1 is listed after the encoder LSTM it feeds.
-                assert_eq!(names(&p)[..3], ["Input0", "Embedding(36560, 1024, padding_idx=0)", "Input1"]);
+                assert_eq!(
+                    names(&p)[..3],
+                    ["Input0", "Embedding(36560, 1024, padding_idx=0)", "Input1"]
+                );
                 assert_eq!(p.layers[3].inputs, Some(vec![1, 2]));
             }
             seen += 1;
         }
-        assert_eq!(seen, expected.len(), "some expected artifact files are missing");
+        assert_eq!(
+            seen,
+            expected.len(),
+            "some expected artifact files are missing"
+        );
     }
 }

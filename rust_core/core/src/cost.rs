@@ -92,7 +92,8 @@ pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f6
         return 2.0 * (nf - 1.0) / nf * bytes / slowest_intra + 2.0 * (nf - 1.0) * intra_latency;
     }
     let ring_bw = slowest_intra.min(cluster.inter_bytes_per_ms);
-    let ring = 2.0 * (nf - 1.0) / nf * bytes / ring_bw + 2.0 * (nf - 1.0) * cluster.inter_latency_ms;
+    let ring =
+        2.0 * (nf - 1.0) / nf * bytes / ring_bw + 2.0 * (nf - 1.0) * cluster.inter_latency_ms;
     let k = f64::from(alloc.iter().map(|&(_, c)| c).max().unwrap_or(1));
     let machines = alloc.len() as f64;
     let intra_part = if k > 1.0 {
@@ -113,14 +114,22 @@ pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f6
 /// locally; what must change machines leaves and enters through each
 /// machine's network link, the rest moves over the intra-machine link. All
 /// links work in parallel, so the slowest link decides.
-pub fn transfer_ms(cluster: &Cluster, from: &[(usize, u32)], to: &[(usize, u32)], bytes: f64) -> f64 {
+pub fn transfer_ms(
+    cluster: &Cluster,
+    from: &[(usize, u32)],
+    to: &[(usize, u32)],
+    bytes: f64,
+) -> f64 {
     if bytes <= 0.0 {
         return 0.0;
     }
     let r_from = f64::from(alloc_size(from));
     let r_to = f64::from(alloc_size(to));
     let share = |alloc: &[(usize, u32)], m: usize, r: f64| {
-        alloc.iter().find(|&&(mm, _)| mm == m).map_or(0.0, |&(_, n)| f64::from(n) / r)
+        alloc
+            .iter()
+            .find(|&&(mm, _)| mm == m)
+            .map_or(0.0, |&(_, n)| f64::from(n) / r)
     };
     let mut slowest: f64 = 0.0;
     let mut crosses = false;
@@ -154,12 +163,18 @@ pub fn transfer_ms(cluster: &Cluster, from: &[(usize, u32)], to: &[(usize, u32)]
 /// Slowest relative speed among the machines of `alloc`: a replicated
 /// stage waits for its slowest replica.
 pub fn slowest_speed(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
-    alloc.iter().map(|&(m, _)| cluster.machines[m].speed).fold(f64::INFINITY, f64::min)
+    alloc
+        .iter()
+        .map(|&(m, _)| cluster.machines[m].speed)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Smallest GPU memory among the machines of `alloc`.
 pub fn smallest_memory(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
-    alloc.iter().map(|&(m, _)| cluster.machines[m].memory_bytes).fold(f64::INFINITY, f64::min)
+    alloc
+        .iter()
+        .map(|&(m, _)| cluster.machines[m].memory_bytes)
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Samples of the largest slice when a micro-batch of `micro_batch` is split
@@ -201,7 +216,13 @@ impl WarmupPolicy {
 
 /// Per-device memory of a stage: weights, gradients and optimizer state of
 /// its layers, plus the activations of `warmup` micro-batch slices in flight.
-pub fn stage_memory_bytes(layers: &LayerCosts, start: usize, end: usize, slice: u32, warmup: u32) -> f64 {
+pub fn stage_memory_bytes(
+    layers: &LayerCosts,
+    start: usize,
+    end: usize,
+    slice: u32,
+    warmup: u32,
+) -> f64 {
     layers.model_state_bytes(start, end)
         + f64::from(warmup) * f64::from(slice) * layers.stored_bytes_per_sample(start, end)
 }
@@ -356,7 +377,10 @@ pub struct SuffixLatency {
 }
 
 impl SuffixLatency {
-    pub const EMPTY: SuffixLatency = SuffixLatency { best: f64::NEG_INFINITY, steady: f64::NEG_INFINITY };
+    pub const EMPTY: SuffixLatency = SuffixLatency {
+        best: f64::NEG_INFINITY,
+        steady: f64::NEG_INFINITY,
+    };
 
     /// Put `stage` in front of the suffix.
     pub fn prepend(self, stage: PipeStage, micro_batches: u32) -> SuffixLatency {
@@ -397,12 +421,21 @@ impl StageCost {
     }
 
     pub fn as_pipe_stage(&self) -> PipeStage {
-        PipeStage { fwd_ms: self.fwd_ms, bwd_ms: self.bwd_ms, allreduce_ms: self.exposed_allreduce_ms }
+        PipeStage {
+            fwd_ms: self.fwd_ms,
+            bwd_ms: self.bwd_ms,
+            allreduce_ms: self.exposed_allreduce_ms,
+        }
     }
 }
 
 impl<'a> StageCoster<'a> {
-    pub fn new(layers: &'a LayerCosts, cluster: &'a Cluster, micro_batch: u32, micro_batches: u32) -> Self {
+    pub fn new(
+        layers: &'a LayerCosts,
+        cluster: &'a Cluster,
+        micro_batch: u32,
+        micro_batches: u32,
+    ) -> Self {
         let max_replicas = cluster.num_devices().min(micro_batch).max(1);
         let mut times: Vec<Option<TimePrefix>> = vec![None; micro_batch as usize + 1];
         for r in 1..=max_replicas {
@@ -411,17 +444,32 @@ impl<'a> StageCoster<'a> {
                 times[s] = Some(layers.times_at(s as u32));
             }
         }
-        StageCoster { layers, cluster, micro_batch, micro_batches, times }
+        StageCoster {
+            layers,
+            cluster,
+            micro_batch,
+            micro_batches,
+            times,
+        }
     }
 
     fn times(&self, slice: u32) -> &TimePrefix {
-        self.times[slice as usize].as_ref().expect("every slice size is precomputed")
+        self.times[slice as usize]
+            .as_ref()
+            .expect("every slice size is precomputed")
     }
 
     /// Cost of layers `start..end` on `alloc` with `warmup` micro-batches in
     /// flight. `only_stage`: the stage is the whole model (data
     /// parallelism), whose AllReduce overlaps the last backward pass.
-    pub fn stage(&self, start: usize, end: usize, alloc: &[(usize, u32)], warmup: u32, only_stage: bool) -> StageCost {
+    pub fn stage(
+        &self,
+        start: usize,
+        end: usize,
+        alloc: &[(usize, u32)],
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
         let replicas = alloc_size(alloc);
         let slice = largest_slice(self.micro_batch, replicas);
         let times = self.times(slice);
@@ -430,7 +478,9 @@ impl<'a> StageCoster<'a> {
         let bwd_ms = times.bwd(start, end) / speed;
         let allreduce = allreduce_ms(self.cluster, alloc, self.layers.param_bytes(start, end));
         let exposed = if only_stage && replicas > 1 {
-            exposed_allreduce_with_overlap(self.cluster, alloc, self.layers, start, end, |l| times.bwd(l, l + 1) / speed)
+            exposed_allreduce_with_overlap(self.cluster, alloc, self.layers, start, end, |l| {
+                times.bwd(l, l + 1) / speed
+            })
         } else {
             allreduce
         };
@@ -477,7 +527,11 @@ mod tests {
     use crate::topology::Topology;
 
     fn st(f: f64, b: f64, ar: f64) -> PipeStage {
-        PipeStage { fwd_ms: f, bwd_ms: b, allreduce_ms: ar }
+        PipeStage {
+            fwd_ms: f,
+            bwd_ms: b,
+            allreduce_ms: ar,
+        }
     }
 
     #[test]
@@ -493,14 +547,25 @@ mod tests {
 
     #[test]
     fn folding_from_the_back_matches_the_formula() {
-        let stages = vec![st(1.0, 2.0, 5.0), st(0.5, 0.5, 0.0), st(3.0, 1.0, 7.0), st(0.2, 0.2, 0.0), st(2.0, 2.5, 1.0)];
+        let stages = vec![
+            st(1.0, 2.0, 5.0),
+            st(0.5, 0.5, 0.0),
+            st(3.0, 1.0, 7.0),
+            st(0.2, 0.2, 0.0),
+            st(2.0, 2.5, 1.0),
+        ];
         for m in [1, 2, 5, 9] {
             let mut s = SuffixLatency::EMPTY;
             for stage in stages.iter().rev() {
                 s = s.prepend(*stage, m);
             }
             let l = pipeline_latency(&stages, m);
-            assert!((s.best - l.latency_ms).abs() < 1e-9, "m={m}: {} vs {}", s.best, l.latency_ms);
+            assert!(
+                (s.best - l.latency_ms).abs() < 1e-9,
+                "m={m}: {} vs {}",
+                s.best,
+                l.latency_ms
+            );
         }
     }
 

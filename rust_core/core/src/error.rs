@@ -45,7 +45,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, source: None, field: None, message: message.into() }
+        Error {
+            kind,
+            source: None,
+            field: None,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::InvalidInput, message)

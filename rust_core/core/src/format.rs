@@ -16,12 +16,11 @@ pub fn parse_versioned<T: DeserializeOwned>(
     format_name: &str,
     supported: &[u32],
 ) -> Result<T> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text)))
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
+    let obj = value.as_object().ok_or_else(|| {
+        Error::invalid(format!("expected a JSON object for a {format_name} file"))
     })?;
-    let obj = value
-        .as_object()
-        .ok_or_else(|| Error::invalid(format!("expected a JSON object for a {format_name} file")))?;
     match obj.get("format") {
         Some(serde_json::Value::String(f)) if f == format_name => {}
         Some(other) => {
@@ -30,7 +29,12 @@ pub fn parse_versioned<T: DeserializeOwned>(
                 format!("value {other} is not {format_name:?}: this is not a {format_name} file"),
             ))
         }
-        None => return Err(Error::field("format", format!("missing; expected {format_name:?}"))),
+        None => {
+            return Err(Error::field(
+                "format",
+                format!("missing; expected {format_name:?}"),
+            ))
+        }
     }
     match obj.get("schema_version") {
         Some(serde_json::Value::Number(n)) => {
@@ -41,13 +45,20 @@ pub fn parse_versioned<T: DeserializeOwned>(
                     format!(
                         "value {n} is not supported by this dapple (supported: {}); \
                          upgrade dapple or re-create the file",
-                        supported.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+                        supported
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
         }
         Some(other) => {
-            return Err(Error::field("schema_version", format!("value {other} is not an integer")))
+            return Err(Error::field(
+                "schema_version",
+                format!("value {other} is not an integer"),
+            ))
         }
         None => return Err(Error::field("schema_version", "missing")),
     }
@@ -84,7 +95,10 @@ fn nan_hint(text: &str) -> &'static str {
 /// non-negative finite number.
 pub fn check_non_negative(field: impl FnOnce() -> String, value: f64) -> Result<()> {
     if !value.is_finite() || value < 0.0 {
-        return Err(Error::field(field(), format!("value {value} must be a finite number >= 0")));
+        return Err(Error::field(
+            field(),
+            format!("value {value} must be a finite number >= 0"),
+        ));
     }
     Ok(())
 }
@@ -92,7 +106,10 @@ pub fn check_non_negative(field: impl FnOnce() -> String, value: f64) -> Result<
 /// Same, but the value must be strictly positive.
 pub fn check_positive(field: impl FnOnce() -> String, value: f64) -> Result<()> {
     if !value.is_finite() || value <= 0.0 {
-        return Err(Error::field(field(), format!("value {value} must be a finite number > 0")));
+        return Err(Error::field(
+            field(),
+            format!("value {value} must be a finite number > 0"),
+        ));
     }
     Ok(())
 }

@@ -36,7 +36,11 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::FreshFirst, Policy::AppendFirst, Policy::ScatterFirst];
+    pub const ALL: [Policy; 3] = [
+        Policy::FreshFirst,
+        Policy::AppendFirst,
+        Policy::ScatterFirst,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -60,7 +64,12 @@ impl State {
         State(
             machines
                 .iter()
-                .map(|&(g, n)| MachineUse { group: g as u16, capacity: n as u16, used: 0, adjacent: 0 })
+                .map(|&(g, n)| MachineUse {
+                    group: g as u16,
+                    capacity: n as u16,
+                    used: 0,
+                    adjacent: 0,
+                })
                 .collect(),
         )
     }
@@ -86,7 +95,11 @@ impl State {
             .0
             .iter()
             .zip(counts)
-            .map(|(m, &c)| MachineUse { used: m.used + c as u16, adjacent: c as u16, ..*m })
+            .map(|(m, &c)| MachineUse {
+                used: m.used + c as u16,
+                adjacent: c as u16,
+                ..*m
+            })
             .collect();
         let mut order: Vec<usize> = (0..moved.len()).collect();
         order.sort_by_key(|&i| moved[i]);
@@ -101,16 +114,27 @@ impl State {
             return None;
         }
         let machines = &self.0;
-        let fresh: Vec<usize> = (0..machines.len()).filter(|&p| machines[p].used == 0).collect();
-        let mut partial: Vec<usize> =
-            (0..machines.len()).filter(|&p| machines[p].used > 0 && machines[p].free() > 0).collect();
+        let fresh: Vec<usize> = (0..machines.len())
+            .filter(|&p| machines[p].used == 0)
+            .collect();
+        let mut partial: Vec<usize> = (0..machines.len())
+            .filter(|&p| machines[p].used > 0 && machines[p].free() > 0)
+            .collect();
         // Next to the neighbouring stage first, then the fullest machine.
-        partial.sort_by_key(|&p| (std::cmp::Reverse(machines[p].adjacent), machines[p].free(), p));
+        partial.sort_by_key(|&p| {
+            (
+                std::cmp::Reverse(machines[p].adjacent),
+                machines[p].free(),
+                p,
+            )
+        });
         let mut counts = vec![0u32; machines.len()];
         let mut left = want;
         let fill = |order: &[usize], counts: &mut Vec<u32>, left: &mut u32| {
             for &p in order {
-                let take = u32::from(machines[p].free()).saturating_sub(counts[p]).min(*left);
+                let take = u32::from(machines[p].free())
+                    .saturating_sub(counts[p])
+                    .min(*left);
                 counts[p] += take;
                 *left -= take;
             }
@@ -125,7 +149,8 @@ impl State {
                 fill(&fresh, &mut counts, &mut left);
             }
             Policy::ScatterFirst => {
-                let partial_free: u32 = partial.iter().map(|&p| u32::from(machines[p].free())).sum();
+                let partial_free: u32 =
+                    partial.iter().map(|&p| u32::from(machines[p].free())).sum();
                 let mut spread: Vec<usize> = partial.clone();
                 if partial.is_empty() || partial_free < want {
                     spread.extend(&fresh);
@@ -165,9 +190,74 @@ impl State {
     }
 }
 
+impl State {
+    /// Placements of the machine-aligned search space: `want` whole fresh
+    /// machines (fresh-first), or a divisor of a machine's GPUs inside one
+    /// machine, either a partly used one (append-first) or a fresh one
+    /// (fresh-first) as long as at most `max_partial` machines end up partly
+    /// used. This keeps the number of distinct states small on big clusters.
+    pub fn aligned_placements(&self, want: u32, max_partial: usize) -> Vec<(Policy, Vec<u32>)> {
+        let machines = &self.0;
+        let per_machine = machines
+            .iter()
+            .map(|m| u32::from(m.capacity))
+            .max()
+            .unwrap_or(1);
+        let mut out = Vec::new();
+        let mut counts = vec![0u32; machines.len()];
+        if want % per_machine == 0 {
+            let mut need = want / per_machine;
+            for (p, m) in machines.iter().enumerate() {
+                if need > 0 && m.used == 0 && u32::from(m.capacity) == per_machine {
+                    counts[p] = per_machine;
+                    need -= 1;
+                }
+            }
+            if need == 0 {
+                out.push((Policy::FreshFirst, counts));
+            }
+            return out;
+        }
+        if per_machine % want != 0 {
+            return out;
+        }
+        let partial = |m: &MachineUse| m.used > 0 && m.free() > 0;
+        // Append: the partly used machine next to the neighbouring stage,
+        // else the fullest one that still has room.
+        if let Some(p) = (0..machines.len())
+            .filter(|&p| partial(&machines[p]) && u32::from(machines[p].free()) >= want)
+            .min_by_key(|&p| {
+                (
+                    std::cmp::Reverse(machines[p].adjacent),
+                    machines[p].free(),
+                    p,
+                )
+            })
+        {
+            let mut c = vec![0u32; machines.len()];
+            c[p] = want;
+            out.push((Policy::AppendFirst, c));
+        }
+        let partly_used = machines.iter().filter(|m| partial(m)).count();
+        if partly_used < max_partial || want == per_machine {
+            if let Some(p) = machines.iter().position(|m| m.used == 0) {
+                let mut c = vec![0u32; machines.len()];
+                c[p] = want;
+                out.push((Policy::FreshFirst, c));
+            }
+        }
+        out
+    }
+}
+
 /// `(position, gpus)` pairs of a counts vector.
 pub fn counts_to_alloc(counts: &[u32]) -> Vec<(usize, u32)> {
-    counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(p, &c)| (p, c)).collect()
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c > 0)
+        .map(|(p, &c)| (p, c))
+        .collect()
 }
 
 #[cfg(test)]

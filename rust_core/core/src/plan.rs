@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{
-    alloc_size, pipeline_latency, smallest_slice, Alloc, Cluster, PipeStage, StageCoster, WarmupPolicy,
+    alloc_size, pipeline_latency, smallest_slice, Alloc, Cluster, PipeStage, StageCoster,
+    WarmupPolicy,
 };
 use crate::error::{Error, Result};
 use crate::format::{parse_versioned, to_json};
@@ -53,6 +54,9 @@ pub struct PlanOptions {
     /// Smallest per-device slice of a micro-batch the plan may use; by
     /// default the profile's smallest measured batch size.
     pub min_micro_batch_size: u32,
+    /// Search space the planner used ("full" or "machine-aligned").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search_space: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,7 +141,10 @@ pub struct TransferEstimate {
 impl Plan {
     pub fn from_json(text: &str) -> Result<Plan> {
         let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
-        p.inputs.topology.validate().map_err(|e| e.under("inputs.topology"))?;
+        p.inputs
+            .topology
+            .validate()
+            .map_err(|e| e.under("inputs.topology"))?;
         Ok(p)
     }
 
@@ -146,12 +153,17 @@ impl Plan {
     }
 
     pub fn warmup_policy(&self) -> Result<WarmupPolicy> {
-        parse_warmup_policy(&self.schedule.warmup_policy).map_err(|e| e.under("schedule.warmup_policy"))
+        parse_warmup_policy(&self.schedule.warmup_policy)
+            .map_err(|e| e.under("schedule.warmup_policy"))
     }
 
     /// "8:8"-style shape: replication of each stage.
     pub fn shape(&self) -> String {
-        self.stages.iter().map(|s| s.devices.len().to_string()).collect::<Vec<_>>().join(":")
+        self.stages
+            .iter()
+            .map(|s| s.devices.len().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
     }
 }
 
@@ -159,7 +171,9 @@ pub fn parse_warmup_policy(name: &str) -> Result<WarmupPolicy> {
     match name {
         "A" | "a" => Ok(WarmupPolicy::A),
         "B" | "b" => Ok(WarmupPolicy::B),
-        other => Err(Error::invalid(format!("value {other:?} is not a warm-up policy; use A or B"))),
+        other => Err(Error::invalid(format!(
+            "value {other:?} is not a warm-up policy; use A or B"
+        ))),
     }
 }
 
@@ -204,7 +218,10 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
     if plan.schedule.kind != SCHEDULE_EARLY_BACKWARD {
         return Err(Error::field(
             "schedule.kind",
-            format!("value {:?} is not supported; use {SCHEDULE_EARLY_BACKWARD:?}", plan.schedule.kind),
+            format!(
+                "value {:?} is not supported; use {SCHEDULE_EARLY_BACKWARD:?}",
+                plan.schedule.kind
+            ),
         ));
     }
     let policy = plan.warmup_policy()?;
@@ -217,31 +234,50 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
         if s.layer_start != expected_start {
             return Err(Error::field(
                 at("layer_start"),
-                format!("value {} leaves a gap or overlap: the previous stage ends at {expected_start}", s.layer_start),
+                format!(
+                    "value {} leaves a gap or overlap: the previous stage ends at {expected_start}",
+                    s.layer_start
+                ),
             ));
         }
         if s.layer_end <= s.layer_start || s.layer_end > n {
             return Err(Error::field(
                 at("layer_end"),
-                format!("value {} must be in {}..={n} (the profile has {n} layers)", s.layer_end, s.layer_start + 1),
+                format!(
+                    "value {} must be in {}..={n} (the profile has {n} layers)",
+                    s.layer_end,
+                    s.layer_start + 1
+                ),
             ));
         }
         expected_start = s.layer_end;
         if s.devices.is_empty() {
-            return Err(Error::field(at("devices"), "a stage needs at least one device"));
+            return Err(Error::field(
+                at("devices"),
+                "a stage needs at least one device",
+            ));
         }
         let mut alloc: Alloc = Vec::new();
         for &d in &s.devices {
             if d >= num_devices {
                 return Err(Error::field(
                     at("devices"),
-                    format!("device {d} does not exist: the topology has devices 0..{}", num_devices - 1),
+                    format!(
+                        "device {d} does not exist: the topology has devices 0..{}",
+                        num_devices - 1
+                    ),
                 ));
             }
             if std::mem::replace(&mut seen[d as usize], true) {
-                return Err(Error::field(at("devices"), format!("device {d} is used by two stages")));
+                return Err(Error::field(
+                    at("devices"),
+                    format!("device {d} is used by two stages"),
+                ));
             }
-            let m = machines.iter().position(|m| d >= m.first_device && d < m.first_device + m.gpus).unwrap();
+            let m = machines
+                .iter()
+                .position(|m| d >= m.first_device && d < m.first_device + m.gpus)
+                .unwrap();
             match alloc.iter_mut().find(|(mm, _)| *mm == m) {
                 Some((_, c)) => *c += 1,
                 None => alloc.push((m, 1)),
@@ -277,7 +313,12 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
 }
 
 /// Cost a plan whose stages have already been checked.
-pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc], policy: WarmupPolicy) -> Estimate {
+pub(crate) fn estimate_stages(
+    coster: &StageCoster,
+    plan: &Plan,
+    allocs: &[Alloc],
+    policy: WarmupPolicy,
+) -> Estimate {
     let s_count = plan.stages.len() as u32;
     let only = plan.stages.len() == 1;
     let mut pipe: Vec<PipeStage> = Vec::new();
@@ -286,9 +327,18 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
     for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
         if i > 0 {
             let t = coster.transfer(s.layer_start, &allocs[i - 1], alloc);
-            let bytes = coster.layers.cut_bytes_per_sample(s.layer_start) * f64::from(plan.micro_batch_size);
-            transfers.push(TransferEstimate { bytes, fwd_ms: t, bwd_ms: t });
-            pipe.push(PipeStage { fwd_ms: t, bwd_ms: t, allreduce_ms: 0.0 });
+            let bytes = coster.layers.cut_bytes_per_sample(s.layer_start)
+                * f64::from(plan.micro_batch_size);
+            transfers.push(TransferEstimate {
+                bytes,
+                fwd_ms: t,
+                bwd_ms: t,
+            });
+            pipe.push(PipeStage {
+                fwd_ms: t,
+                bwd_ms: t,
+                allreduce_ms: 0.0,
+            });
         }
         let warmup = policy.warmup(s_count - i as u32, plan.micro_batches);
         let c = coster.stage(s.layer_start, s.layer_end, alloc, warmup, only);
@@ -306,7 +356,9 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
     let lat = pipeline_latency(&pipe, plan.micro_batches);
     let single = coster.single_device_ms();
     let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
-    let fits = stages.iter().all(|s| s.memory_bytes <= s.memory_limit_bytes);
+    let fits = stages
+        .iter()
+        .all(|s| s.memory_bytes <= s.memory_limit_bytes);
     Estimate {
         latency_ms: lat.latency_ms,
         warmup_ms: lat.warmup_ms,
@@ -329,7 +381,12 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
 /// position users can read.
 fn position(pipe_index: usize) -> PipelinePosition {
     PipelinePosition {
-        kind: if pipe_index % 2 == 0 { "stage" } else { "transfer" }.to_string(),
+        kind: if pipe_index % 2 == 0 {
+            "stage"
+        } else {
+            "transfer"
+        }
+        .to_string(),
         index: pipe_index / 2,
     }
 }

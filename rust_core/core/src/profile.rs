@@ -37,7 +37,8 @@ pub struct Profile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
     /// Optimizer the model is trained with; sets the optimizer-state memory
-    /// (adam: 2 slots per parameter, sgd-momentum and rmsprop: 1, sgd: 0).
+    /// (adam, adamw, lamb, rmsprop-momentum: 2 slots per parameter;
+    /// sgd-momentum, rmsprop, adagrad: 1; sgd: 0).
     #[serde(default = "default_optimizer")]
     pub optimizer: String,
     pub layers: Vec<Layer>,
@@ -84,7 +85,7 @@ pub fn optimizer_state_slots(optimizer: &str) -> Option<u32> {
     match optimizer {
         "sgd" => Some(0),
         "sgd-momentum" | "rmsprop" | "adagrad" => Some(1),
-        "adam" | "adamw" | "lamb" => Some(2),
+        "adam" | "adamw" | "lamb" | "rmsprop-momentum" => Some(2),
         _ => None,
     }
 }
@@ -126,13 +127,16 @@ impl Profile {
             return Err(Error::field(
                 "optimizer",
                 format!(
-                    "value {:?} is unknown; use one of sgd, sgd-momentum, rmsprop, adagrad, adam, adamw, lamb",
+                    "value {:?} is unknown; use one of sgd, sgd-momentum, rmsprop, rmsprop-momentum, adagrad, adam, adamw, lamb",
                     self.optimizer
                 ),
             ));
         }
         if self.layers.is_empty() {
-            return Err(Error::field("layers", "the profile has zero layers; it needs at least one"));
+            return Err(Error::field(
+                "layers",
+                "the profile has zero layers; it needs at least one",
+            ));
         }
         let sizes = self.batch_sizes();
         for (i, layer) in self.layers.iter().enumerate() {
@@ -141,7 +145,10 @@ impl Profile {
                 return Err(Error::field(at("name"), "must not be empty"));
             }
             if layer.measurements.is_empty() {
-                return Err(Error::field(at("measurements"), "needs at least one measurement"));
+                return Err(Error::field(
+                    at("measurements"),
+                    "needs at least one measurement",
+                ));
             }
             let these: Vec<u32> = layer.measurements.iter().map(|m| m.batch_size).collect();
             if these != sizes {
@@ -233,7 +240,10 @@ impl LayerCosts {
             }
             // Sizes are linear in the batch; take them from the largest
             // measured batch, where fixed overheads weigh least.
-            let m = layer.measurements.last().expect("validated: at least one measurement");
+            let m = layer
+                .measurements
+                .last()
+                .expect("validated: at least one measurement");
             let b = f64::from(m.batch_size);
             act_per_sample[i] = m.activation_bytes as f64 / b;
             stored_per_sample[i] =
@@ -246,7 +256,11 @@ impl LayerCosts {
             }
             p
         };
-        let params: Vec<f64> = profile.layers.iter().map(|l| l.param_bytes as f64).collect();
+        let params: Vec<f64> = profile
+            .layers
+            .iter()
+            .map(|l| l.param_bytes as f64)
+            .collect();
         // A producer's output crosses cut p (between p-1 and p) when the
         // producer is before p and some consumer is at or after p. Each
         // tensor is sent once per cut, however many consumers lie beyond.
@@ -310,7 +324,10 @@ impl LayerCosts {
         if batch >= sizes[last] {
             return table[last][layer] * x / f64::from(sizes[last]);
         }
-        let k = sizes.iter().position(|&s| s >= batch).expect("inside the measured range");
+        let k = sizes
+            .iter()
+            .position(|&s| s >= batch)
+            .expect("inside the measured range");
         let (x0, x1) = (f64::from(sizes[k - 1]), f64::from(sizes[k]));
         let (y0, y1) = (table[k - 1][layer], table[k][layer]);
         y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -386,7 +403,9 @@ mod tests {
     #[test]
     fn unknown_version_is_rejected_by_name() {
         let p = chain_profile(&[(1.0, 2.0)], 2);
-        let text = p.to_json().replace("\"schema_version\": 1", "\"schema_version\": 7");
+        let text = p
+            .to_json()
+            .replace("\"schema_version\": 1", "\"schema_version\": 7");
         let e = Profile::from_json(&text).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("schema_version"));
         assert!(e.message.contains("value 7"), "{e}");
@@ -414,8 +433,20 @@ mod tests {
     fn interpolates_between_and_scales_outside_measurements() {
         let mut p = chain_profile(&[(0.0, 0.0)], 2);
         p.layers[0].measurements = vec![
-            Measurement { batch_size: 2, fwd_ms: 4.0, bwd_ms: 8.0, activation_bytes: 20, stored_activation_bytes: None },
-            Measurement { batch_size: 4, fwd_ms: 6.0, bwd_ms: 10.0, activation_bytes: 40, stored_activation_bytes: None },
+            Measurement {
+                batch_size: 2,
+                fwd_ms: 4.0,
+                bwd_ms: 8.0,
+                activation_bytes: 20,
+                stored_activation_bytes: None,
+            },
+            Measurement {
+                batch_size: 4,
+                fwd_ms: 6.0,
+                bwd_ms: 10.0,
+                activation_bytes: 40,
+                stored_activation_bytes: None,
+            },
         ];
         let c = LayerCosts::new(&p);
         assert_eq!(c.times_at(3).fwd(0, 1), 5.0);

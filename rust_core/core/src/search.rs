@@ -23,11 +23,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use crate::cost::{
-    alloc_size, largest_slice, Alloc, Cluster, PipeStage, StageCoster, SuffixLatency, WarmupPolicy,
+    largest_slice, Alloc, Cluster, PipeStage, StageCoster, SuffixLatency, WarmupPolicy,
 };
 use crate::error::{Error, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
-use crate::plan::{estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Stage, PLAN_FORMAT, PLAN_SCHEMA_VERSION, SCHEDULE_EARLY_BACKWARD};
+use crate::plan::{
+    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Stage, PLAN_FORMAT,
+    PLAN_SCHEMA_VERSION, SCHEDULE_EARLY_BACKWARD,
+};
 use crate::profile::{LayerCosts, Profile};
 use crate::topology::Topology;
 
@@ -40,6 +43,7 @@ pub struct SearchOptions {
     pub min_micro_batch_size: Option<u32>,
     /// Only these micro-batch sizes (must divide the global batch). None: all divisors.
     pub micro_batch_sizes: Option<Vec<u32>>,
+    pub search_space: SearchSpace,
     /// Recorded in the plan.
     pub profile_path: Option<String>,
 }
@@ -51,7 +55,51 @@ impl SearchOptions {
             warmup_policy: WarmupPolicy::A,
             min_micro_batch_size: None,
             micro_batch_sizes: None,
+            search_space: SearchSpace::Auto,
             profile_path: None,
+        }
+    }
+}
+
+/// Which stage replications and placements the search tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchSpace {
+    /// Every GPU count for every stage, all three placement policies.
+    Full,
+    /// Stages get a divisor of a machine's GPUs or whole machines, placed
+    /// fresh-first or append-first. On many machines the full space has
+    /// too many ways to leave machines partly used (8x8 GPUs: 8.8 million
+    /// states); this keeps the search to seconds at 1024 GPUs.
+    MachineAligned,
+    /// Full up to 4 machines, machine-aligned above.
+    Auto,
+}
+
+impl SearchSpace {
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchSpace::Full => "full",
+            SearchSpace::MachineAligned => "machine-aligned",
+            SearchSpace::Auto => "auto",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<SearchSpace> {
+        match name {
+            "full" => Ok(SearchSpace::Full),
+            "machine-aligned" => Ok(SearchSpace::MachineAligned),
+            "auto" => Ok(SearchSpace::Auto),
+            other => Err(Error::invalid(format!(
+                "value {other:?} is not a search space; use full, machine-aligned or auto"
+            ))),
+        }
+    }
+
+    fn resolve(self, cluster: &Cluster) -> SearchSpace {
+        match self {
+            SearchSpace::Auto if cluster.machines.len() > 4 => SearchSpace::MachineAligned,
+            SearchSpace::Auto => SearchSpace::Full,
+            other => other,
         }
     }
 }
@@ -70,14 +118,21 @@ pub struct SearchResult {
 }
 
 /// Find the plan with the smallest estimated latency that fits in memory.
-pub fn search(profile: &Profile, topology: &Topology, opts: &SearchOptions) -> Result<SearchResult> {
+pub fn search(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+) -> Result<SearchResult> {
     profile.validate()?;
     topology.validate()?;
     let gbs = opts.global_batch_size;
     if gbs == 0 {
         return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
     }
-    let min_slice = opts.min_micro_batch_size.unwrap_or_else(|| profile.min_batch_size()).max(1);
+    let min_slice = opts
+        .min_micro_batch_size
+        .unwrap_or_else(|| profile.min_batch_size())
+        .max(1);
     let sizes: Vec<u32> = match &opts.micro_batch_sizes {
         Some(list) => {
             for &b in list {
@@ -90,7 +145,9 @@ pub fn search(profile: &Profile, topology: &Topology, opts: &SearchOptions) -> R
             }
             list.iter().copied().filter(|&b| b >= min_slice).collect()
         }
-        None => (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice).collect(),
+        None => (1..=gbs)
+            .filter(|b| gbs % b == 0 && *b >= min_slice)
+            .collect(),
     };
     if sizes.is_empty() {
         return Err(Error::incompatible(format!(
@@ -101,7 +158,14 @@ pub fn search(profile: &Profile, topology: &Topology, opts: &SearchOptions) -> R
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(topology);
     let incumbent = AtomicU64::new(f64::INFINITY.to_bits());
-    let ctx = Context { layers: &layers, cluster: &cluster, policy: opts.warmup_policy, min_slice };
+    let space = opts.search_space.resolve(&cluster);
+    let ctx = Context {
+        layers: &layers,
+        cluster: &cluster,
+        policy: opts.warmup_policy,
+        min_slice,
+        space,
+    };
     let results: Vec<(u32, Option<Found>, usize, u64)> = sizes
         .par_iter()
         .map(|&b| {
@@ -169,6 +233,32 @@ struct Context<'a> {
     cluster: &'a Cluster,
     policy: WarmupPolicy,
     min_slice: u32,
+    space: SearchSpace,
+}
+
+/// Most partly used machines a machine-aligned state may have.
+const MAX_PARTLY_USED_MACHINES: usize = 2;
+
+impl Context<'_> {
+    /// Where a stage of `replicas` GPUs may go from `state`. The stage
+    /// that takes every free GPU (the first one) is always allowed.
+    fn placements(&self, state: &State, replicas: u32) -> Vec<(Policy, Vec<u32>)> {
+        match self.space {
+            SearchSpace::MachineAligned if replicas != state.free() => {
+                state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES)
+            }
+            _ => state.placements(replicas),
+        }
+    }
+
+    /// The placement `policy` gave when the search ran.
+    fn replay(&self, state: &State, replicas: u32, policy: Policy) -> Vec<u32> {
+        self.placements(state, replicas)
+            .into_iter()
+            .find(|(p, _)| *p == policy)
+            .map(|(_, c)| c)
+            .expect("replaying a placement the search made")
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -224,24 +314,60 @@ struct Dp<'c, 'a> {
     /// 0..j whatever stages hold them, for pruning.
     fwd_floor: Vec<f64>,
     fwd_bwd_floor: Vec<f64>,
+    /// GPU-time floor of layers 0..j: whatever stages hold them, the GPUs
+    /// spend at least this long on them per micro-batch (r GPUs on a stage
+    /// each spend its per-slice time).
+    work_floor: Vec<f64>,
 }
 
 impl<'c, 'a> Dp<'c, 'a> {
-    fn new(ctx: &'c Context<'a>, micro_batch: u32, micro_batches: u32, objective: Objective, incumbent: Option<&'c AtomicU64>) -> Self {
+    fn new(
+        ctx: &'c Context<'a>,
+        micro_batch: u32,
+        micro_batches: u32,
+        objective: Objective,
+        incumbent: Option<&'c AtomicU64>,
+    ) -> Self {
         let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
         let n = ctx.layers.num_layers;
-        let fastest = ctx.cluster.machines.iter().map(|m| m.speed).fold(0.0, f64::max);
+        let fastest = ctx
+            .cluster
+            .machines
+            .iter()
+            .map(|m| m.speed)
+            .fold(0.0, f64::max);
         let max_replicas = ctx.cluster.num_devices().min(micro_batch);
         let slices: Vec<u32> = {
-            let mut v: Vec<u32> = (1..=max_replicas).map(|r| largest_slice(micro_batch, r)).collect();
+            let mut v: Vec<u32> = (1..=max_replicas)
+                .map(|r| largest_slice(micro_batch, r))
+                .collect();
             v.dedup();
             v
         };
         let mut fwd_floor = vec![0.0; n + 1];
         let mut fwd_bwd_floor = vec![0.0; n + 1];
+        let mut work_floor = vec![0.0; n + 1];
         for l in 0..n {
-            let f = slices.iter().map(|&s| coster.fwd_lower_bound(l, l + 1, s, fastest)).fold(f64::INFINITY, f64::min);
-            let fb = slices.iter().map(|&s| coster.fwd_bwd_lower_bound(l, l + 1, s, fastest)).fold(f64::INFINITY, f64::min);
+            let w = (1..=max_replicas.max(1))
+                .map(|r| {
+                    f64::from(r)
+                        * coster.fwd_bwd_lower_bound(
+                            l,
+                            l + 1,
+                            largest_slice(micro_batch, r),
+                            fastest,
+                        )
+                })
+                .fold(f64::INFINITY, f64::min);
+            work_floor[l + 1] = work_floor[l] + w;
+            let f = slices
+                .iter()
+                .map(|&s| coster.fwd_lower_bound(l, l + 1, s, fastest))
+                .fold(f64::INFINITY, f64::min);
+            let fb = slices
+                .iter()
+                .map(|&s| coster.fwd_bwd_lower_bound(l, l + 1, s, fastest))
+                .fold(f64::INFINITY, f64::min);
             fwd_floor[l + 1] = fwd_floor[l] + f;
             fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb;
         }
@@ -259,11 +385,13 @@ impl<'c, 'a> Dp<'c, 'a> {
             stages_costed: 0,
             fwd_floor,
             fwd_bwd_floor,
+            work_floor,
         }
     }
 
     fn incumbent(&self) -> f64 {
-        self.incumbent.map_or(f64::INFINITY, |a| f64::from_bits(a.load(Ordering::Relaxed)))
+        self.incumbent
+            .map_or(f64::INFINITY, |a| f64::from_bits(a.load(Ordering::Relaxed)))
     }
 
     fn offer_incumbent(&self, value: f64) {
@@ -277,11 +405,18 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// Can a suffix with these numbers, still missing layers 0..j, end
     /// below the best complete plan? Only strictly worse ones are cut, so
     /// ties survive and the result does not depend on thread timing.
-    fn promising(&self, latency: SuffixLatency, j: usize) -> bool {
+    /// `free`: GPUs left for layers 0..j.
+    fn promising(&self, latency: SuffixLatency, j: usize, free: u32) -> bool {
         if self.objective != Objective::Latency {
             return true;
         }
-        let floor = (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
+        let mut floor =
+            (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
+        if j > 0 && free > 0 {
+            // Some stage of the prefix does at least its share of the work
+            // M times, and formula (2) is at least M (F_q + B_q) for each q.
+            floor = floor.max(f64::from(self.micro_batches) * self.work_floor[j] / f64::from(free));
+        }
         floor <= self.incumbent() * (1.0 + 1e-12)
     }
 
@@ -291,7 +426,10 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         let id = self.states.len() as u32;
         self.index.insert((start as u32, key.clone()), id);
-        self.states.push(StateData { key, front: Vec::new() });
+        self.states.push(StateData {
+            key,
+            front: Vec::new(),
+        });
         self.by_start[start].push(id);
         id
     }
@@ -302,18 +440,26 @@ impl<'c, 'a> Dp<'c, 'a> {
             return false;
         }
         match self.objective {
-            Objective::Latency => a.latency.best <= b.latency.best && a.latency.steady <= b.latency.steady,
+            Objective::Latency => {
+                a.latency.best <= b.latency.best && a.latency.steady <= b.latency.steady
+            }
             Objective::PeakMemory => a.peak_memory <= b.peak_memory,
         }
     }
 
     fn insert(&mut self, state: u32, entry: Entry) {
         let front = &self.states[state as usize].front;
-        if front.iter().any(|&e| self.dominates(&self.entries[e as usize], &entry)) {
+        if front
+            .iter()
+            .any(|&e| self.dominates(&self.entries[e as usize], &entry))
+        {
             return;
         }
-        let keep: Vec<u32> =
-            front.iter().copied().filter(|&e| !self.dominates(&entry, &self.entries[e as usize])).collect();
+        let keep: Vec<u32> = front
+            .iter()
+            .copied()
+            .filter(|&e| !self.dominates(&entry, &self.entries[e as usize]))
+            .collect();
         let id = self.entries.len() as u32;
         self.entries.push(entry);
         let front = &mut self.states[state as usize].front;
@@ -323,7 +469,13 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     fn run(&mut self) -> Option<Found> {
         let n = self.ctx.layers.num_layers;
-        let machines: Vec<(usize, u32)> = self.ctx.cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
+        let machines: Vec<(usize, u32)> = self
+            .ctx
+            .cluster
+            .machines
+            .iter()
+            .map(|m| (m.group, m.gpus))
+            .collect();
         let root_state = self.state_id(n, State::empty(&machines));
         let root = Entry {
             latency: SuffixLatency::EMPTY,
@@ -338,45 +490,26 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         self.entries.push(root);
         self.states[root_state as usize].front.push(0);
-        let max_replicas = self.micro_batch / self.ctx.min_slice;
+        let max_replicas =
+            (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices());
+        if self.objective == Objective::Latency {
+            self.seed_incumbent(&machines, max_replicas);
+        }
         for j in (1..=n).rev() {
             let ids = self.by_start[j].clone();
             for sid in ids {
-                let key = self.states[sid as usize].key.clone();
-                let free = key.free();
-                let adjacent = key.adjacent_alloc();
-                let front = self.states[sid as usize].front.clone();
-                for eid in front {
-                    let entry = self.entries[eid as usize];
-                    if !self.promising(entry.latency, j) {
-                        continue;
-                    }
-                    // i = 0 first: closing plans early gives a bound to prune with.
-                    for i in 0..j {
-                        let replica_range = if i == 0 {
-                            free..=free
-                        } else {
-                            // Leave at least one GPU for layers 0..i, and no
-                            // more than those layers can use.
-                            let most_left = i as u32 * max_replicas;
-                            free.saturating_sub(most_left).max(1)..=free - 1
-                        };
-                        for r in replica_range {
-                            if r == 0 || r > max_replicas {
-                                continue;
-                            }
-                            for (policy, counts) in key.placements(r) {
-                                self.extend(sid, eid, &entry, &key, &adjacent, i, j, policy, &counts);
-                            }
-                        }
-                    }
-                }
+                self.expand_state(sid, j, max_replicas);
             }
         }
-        let finals: Vec<u32> = self.by_start[0].iter().flat_map(|&s| self.states[s as usize].front.clone()).collect();
+        let finals: Vec<u32> = self.by_start[0]
+            .iter()
+            .flat_map(|&s| self.states[s as usize].front.clone())
+            .collect();
         let best = finals.into_iter().min_by(|&a, &b| {
             let (ea, eb) = (&self.entries[a as usize], &self.entries[b as usize]);
-            self.value(ea).total_cmp(&self.value(eb)).then(ea.stages.cmp(&eb.stages))
+            self.value(ea)
+                .total_cmp(&self.value(eb))
+                .then(ea.stages.cmp(&eb.stages))
         })?;
         let value = self.value(&self.entries[best as usize]);
         let mut stages = Vec::new();
@@ -384,7 +517,13 @@ impl<'c, 'a> Dp<'c, 'a> {
         while self.entries[cur as usize].parent != NO_PARENT {
             let e = self.entries[cur as usize];
             let parent_key = self.states[e.parent_state as usize].key.clone();
-            stages.push((e.layer_start as usize, e.layer_end as usize, parent_key, e.policy, e.replicas));
+            stages.push((
+                e.layer_start as usize,
+                e.layer_end as usize,
+                parent_key,
+                e.policy,
+                e.replicas,
+            ));
             cur = e.parent;
         }
         stages.reverse(); // last pipeline stage first, the order they were placed
@@ -398,45 +537,212 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn extend(&mut self, sid: u32, eid: u32, entry: &Entry, key: &State, adjacent: &Alloc, i: usize, j: usize, policy: Policy, counts: &[u32]) {
-        let alloc = counts_to_alloc(counts);
-        let stages = entry.stages + 1;
-        let warmup = self.ctx.policy.warmup(stages, self.micro_batches);
-        let only_stage = i == 0 && entry.stages == 0;
-        let cost = self.coster.stage(i, j, &alloc, warmup, only_stage);
-        self.stages_costed += 1;
-        if self.objective == Objective::Latency && !cost.fits() {
+    /// Cost a few simple plans (k equal-work stages of G/k GPUs each,
+    /// fresh-first) so that pruning has a bound from the start.
+    fn seed_incumbent(&mut self, machines: &[(usize, u32)], max_replicas: u32) {
+        let n = self.ctx.layers.num_layers;
+        let g = self.ctx.cluster.num_devices();
+        for k in (1..=g.min(n as u32)).filter(|k| g % k == 0) {
+            let r = g / k;
+            if r > max_replicas {
+                continue;
+            }
+            // Cut where the running work passes each k-th of the total.
+            let slice = largest_slice(self.micro_batch, r);
+            let work = |a: usize, b: usize| self.coster.fwd_bwd_lower_bound(a, b, slice, 1.0);
+            let total = work(0, n);
+            let mut bounds = vec![0usize];
+            for s in 1..k as usize {
+                let target = total * s as f64 / f64::from(k);
+                let prev = *bounds.last().unwrap();
+                let mut cut = prev + 1;
+                while cut < n - (k as usize - s) && work(0, cut) < target {
+                    cut += 1;
+                }
+                bounds.push(cut);
+            }
+            bounds.push(n);
+            let mut state = State::empty(machines);
+            let mut latency = SuffixLatency::EMPTY;
+            let mut adjacent: Alloc = Vec::new();
+            let mut fits = true;
+            for (idx, w) in bounds.windows(2).enumerate().rev() {
+                // Only plans of the search space: a bound from outside it
+                // could prune every plan inside it.
+                let Some((_, counts)) = self.ctx.placements(&state, r).into_iter().next() else {
+                    fits = false;
+                    break;
+                };
+                let alloc = counts_to_alloc(&counts);
+                let warmup = self.ctx.policy.warmup(k - idx as u32, self.micro_batches);
+                let cost = self.coster.stage(w[0], w[1], &alloc, warmup, k == 1);
+                if !cost.fits() {
+                    fits = false;
+                    break;
+                }
+                if !adjacent.is_empty() {
+                    let t = self.coster.transfer(w[1], &alloc, &adjacent);
+                    latency = latency.prepend(
+                        PipeStage {
+                            fwd_ms: t,
+                            bwd_ms: t,
+                            allreduce_ms: 0.0,
+                        },
+                        self.micro_batches,
+                    );
+                }
+                latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+                let (next, _) = state.take(&counts);
+                adjacent = next.adjacent_alloc();
+                state = next;
+            }
+            if fits {
+                self.offer_incumbent(latency.best);
+            }
+        }
+    }
+
+    /// Prepend every possible stage to every suffix of state `sid` (which
+    /// starts at layer `j`). Work that does not depend on the suffix (the
+    /// placement, the transfer, the stage cost for a given warm-up depth)
+    /// is done once per state, not once per suffix.
+    fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
+        let key = self.states[sid as usize].key.clone();
+        let free = key.free();
+        let adjacent = key.adjacent_alloc();
+        let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
+            .front
+            .iter()
+            .map(|&e| (e, self.entries[e as usize]))
+            .filter(|(_, e)| self.promising(e.latency, j, free))
+            .collect();
+        if suffixes.is_empty() {
             return;
         }
-        let mut latency = entry.latency;
-        if entry.stages > 0 {
-            let t = self.coster.transfer(j, &alloc, adjacent);
-            latency = latency.prepend(PipeStage { fwd_ms: t, bwd_ms: t, allreduce_ms: 0.0 }, self.micro_batches);
+        suffixes.sort_by_key(|(_, e)| e.stages);
+        let is_root = suffixes[0].1.stages == 0;
+        struct Candidate {
+            replicas: u32,
+            policy: Policy,
+            alloc: Alloc,
+            next_key: State,
+            transfer_ms: f64,
         }
-        latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-        if !self.promising(latency, i) {
-            return;
+        let mut options: Vec<Candidate> = Vec::new();
+        for r in 1..=free.min(max_replicas) {
+            for (policy, counts) in self.ctx.placements(&key, r) {
+                let alloc = counts_to_alloc(&counts);
+                let transfer_ms = if is_root {
+                    0.0
+                } else {
+                    self.coster.transfer(j, &alloc, &adjacent)
+                };
+                let (next_key, _) = key.take(&counts);
+                options.push(Candidate {
+                    replicas: r,
+                    policy,
+                    alloc,
+                    next_key,
+                    transfer_ms,
+                });
+            }
         }
-        if i == 0 && self.objective == Objective::Latency {
-            self.offer_incumbent(latency.best);
+        let m = f64::from(self.micro_batches);
+        for opt in &options {
+            // Grow the new stage i..j one layer at a time. Its time and memory
+            // only grow, so once it alone is slower than the best plan known or
+            // does not fit, no larger stage will.
+            for i in (0..j).rev() {
+                let valid = if i == 0 {
+                    opt.replicas == free
+                } else {
+                    // Layers 0..i need at least one of the remaining GPUs and
+                    // cannot use more than i * max_replicas of them.
+                    opt.replicas < free && free - opt.replicas <= i as u32 * max_replicas
+                };
+                if !valid {
+                    if opt.replicas < free
+                        && (i == 0 || free - opt.replicas > i as u32 * max_replicas)
+                    {
+                        break; // fewer layers left cannot use the GPUs left either
+                    }
+                    continue;
+                }
+                let mut next: Option<u32> = None;
+                let mut cached: Option<(u32, crate::cost::StageCost)> = None;
+                let mut stop_growing = false;
+                for (k, &(eid, entry)) in suffixes.iter().enumerate() {
+                    let stages = entry.stages + 1;
+                    let warmup = self.ctx.policy.warmup(stages, self.micro_batches);
+                    let cost = match cached {
+                        Some((w, c)) if w == warmup => c,
+                        _ => {
+                            let only_stage = i == 0 && entry.stages == 0;
+                            let c = self.coster.stage(i, j, &opt.alloc, warmup, only_stage);
+                            self.stages_costed += 1;
+                            cached = Some((warmup, c));
+                            c
+                        }
+                    };
+                    if self.objective == Objective::Latency {
+                        if !cost.fits() {
+                            // More stages behind means more micro-batches in
+                            // flight: the remaining suffixes need more memory.
+                            stop_growing |= k == 0;
+                            break;
+                        }
+                        if m * (cost.fwd_ms + cost.bwd_ms) > self.incumbent() * (1.0 + 1e-12) {
+                            stop_growing |= k == 0;
+                            break;
+                        }
+                    }
+                    let mut latency = entry.latency;
+                    if entry.stages > 0 {
+                        let t = opt.transfer_ms;
+                        latency = latency.prepend(
+                            PipeStage {
+                                fwd_ms: t,
+                                bwd_ms: t,
+                                allreduce_ms: 0.0,
+                            },
+                            self.micro_batches,
+                        );
+                    }
+                    latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+                    if !self.promising(latency, i, free - opt.replicas) {
+                        continue;
+                    }
+                    if i == 0 && self.objective == Objective::Latency {
+                        self.offer_incumbent(latency.best);
+                    }
+                    let target = match next {
+                        Some(t) => t,
+                        None => {
+                            let t = self.state_id(i, opt.next_key.clone());
+                            next = Some(t);
+                            t
+                        }
+                    };
+                    self.insert(
+                        target,
+                        Entry {
+                            latency,
+                            peak_memory: entry.peak_memory.max(cost.memory_bytes),
+                            stages,
+                            parent: eid,
+                            parent_state: sid,
+                            layer_start: i as u32,
+                            layer_end: j as u32,
+                            policy: opt.policy,
+                            replicas: opt.replicas,
+                        },
+                    );
+                }
+                if stop_growing {
+                    break;
+                }
+            }
         }
-        let (next_key, _) = key.take(counts);
-        let next = self.state_id(i, next_key);
-        self.insert(
-            next,
-            Entry {
-                latency,
-                peak_memory: entry.peak_memory.max(cost.memory_bytes),
-                stages,
-                parent: eid,
-                parent_state: sid,
-                layer_start: i as u32,
-                layer_end: j as u32,
-                policy,
-                replicas: alloc_size(&alloc),
-            },
-        );
     }
 }
 
@@ -444,19 +750,26 @@ impl<'c, 'a> Dp<'c, 'a> {
 /// replay them while tracking which real machine each canonical position
 /// is, then number machines of a group and GPUs of a machine in pipeline
 /// order, so stage 0 starts at device 0.
-fn concrete_allocs(cluster: &Cluster, steps: &[(usize, usize, State, Policy, u32)]) -> Vec<Alloc> {
+fn concrete_allocs(
+    cluster: &Cluster,
+    steps: &[(usize, usize, State, Policy, u32)],
+    replay: impl Fn(&State, u32, Policy) -> Vec<u32>,
+) -> Vec<Alloc> {
     let mut position_to_machine: Vec<usize> = (0..cluster.machines.len()).collect();
     let mut per_stage: Vec<Alloc> = Vec::new();
     for (_, _, parent, policy, replicas) in steps {
-        let counts = parent.place(*replicas, *policy).expect("replaying a placement the search made");
-        let mut alloc: Alloc = counts_to_alloc(&counts).into_iter().map(|(p, c)| (position_to_machine[p], c)).collect();
+        let counts = replay(parent, *replicas, *policy);
+        let mut alloc: Alloc = counts_to_alloc(&counts)
+            .into_iter()
+            .map(|(p, c)| (position_to_machine[p], c))
+            .collect();
         alloc.sort_unstable();
         per_stage.push(alloc);
         let (_, order) = parent.take(&counts);
         position_to_machine = order.iter().map(|&p| position_to_machine[p]).collect();
     }
     per_stage.reverse(); // pipeline order
-    // Relabel machines within each group by first use in pipeline order.
+                         // Relabel machines within each group by first use in pipeline order.
     let groups: Vec<usize> = cluster.machines.iter().map(|m| m.group).collect();
     let mut relabel: Vec<Option<usize>> = vec![None; groups.len()];
     let mut next_in_group: HashMap<usize, usize> = HashMap::new();
@@ -474,15 +787,26 @@ fn concrete_allocs(cluster: &Cluster, steps: &[(usize, usize, State, Policy, u32
     per_stage
         .into_iter()
         .map(|a| {
-            let mut v: Alloc = a.into_iter().map(|(m, c)| (relabel[m].expect("used machine"), c)).collect();
+            let mut v: Alloc = a
+                .into_iter()
+                .map(|(m, c)| (relabel[m].expect("used machine"), c))
+                .collect();
             v.sort_unstable();
             v
         })
         .collect()
 }
 
-fn build_plan(profile: &Profile, topology: &Topology, opts: &SearchOptions, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
-    let allocs = concrete_allocs(ctx.cluster, &found.stages);
+fn build_plan(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+    ctx: &Context,
+    b: u32,
+    m: u32,
+    found: &Found,
+) -> Plan {
+    let allocs = concrete_allocs(ctx.cluster, &found.stages, |s, r, p| ctx.replay(s, r, p));
     let mut next_local: Vec<u32> = vec![0; ctx.cluster.machines.len()];
     let count = found.stages.len() as u32;
     let stages: Vec<Stage> = found
@@ -519,11 +843,17 @@ fn build_plan(profile: &Profile, topology: &Topology, opts: &SearchOptions, ctx:
             profile_path: opts.profile_path.clone(),
             topology: topology.clone(),
             global_batch_size: opts.global_batch_size,
-            options: PlanOptions { min_micro_batch_size: ctx.min_slice },
+            options: PlanOptions {
+                min_micro_batch_size: ctx.min_slice,
+                search_space: Some(ctx.space.name().into()),
+            },
         },
         micro_batch_size: b,
         micro_batches: m,
-        schedule: Schedule { kind: SCHEDULE_EARLY_BACKWARD.into(), warmup_policy: ctx.policy.name().into() },
+        schedule: Schedule {
+            kind: SCHEDULE_EARLY_BACKWARD.into(),
+            warmup_policy: ctx.policy.name().into(),
+        },
         stages,
         estimate: None,
     };
@@ -576,10 +906,16 @@ mod tests {
 
     /// Every plan of the search space, costed by `plan::evaluate`:
     /// all partitions, replications and placements, from the last stage.
-    fn brute_force(profile: &Profile, topology: &Topology, gbs: u32, policy: WarmupPolicy) -> Option<f64> {
+    fn brute_force(
+        profile: &Profile,
+        topology: &Topology,
+        gbs: u32,
+        policy: WarmupPolicy,
+    ) -> Option<f64> {
         let n = profile.layers.len();
         let cluster = Cluster::new(topology);
-        let machines: Vec<(usize, u32)> = cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
+        let machines: Vec<(usize, u32)> =
+            cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
         let mut best: Option<f64> = None;
         let min_slice = profile.min_batch_size();
         for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {
@@ -591,7 +927,8 @@ mod tests {
                     if state.free() != 0 {
                         continue;
                     }
-                    let allocs = concrete_allocs(&cluster, &steps);
+                    let allocs =
+                        concrete_allocs(&cluster, &steps, |s, r, p| s.place(r, p).unwrap());
                     let count = steps.len() as u32;
                     // Each stage takes the next free GPUs of its machines.
                     let mut next = vec![0u32; cluster.machines.len()];
@@ -627,11 +964,17 @@ mod tests {
                             profile_path: None,
                             topology: topology.clone(),
                             global_batch_size: gbs,
-                            options: PlanOptions { min_micro_batch_size: min_slice },
+                            options: PlanOptions {
+                                min_micro_batch_size: min_slice,
+                                search_space: None,
+                            },
                         },
                         micro_batch_size: b,
                         micro_batches: gbs / b,
-                        schedule: Schedule { kind: SCHEDULE_EARLY_BACKWARD.into(), warmup_policy: policy.name().into() },
+                        schedule: Schedule {
+                            kind: SCHEDULE_EARLY_BACKWARD.into(),
+                            warmup_policy: policy.name().into(),
+                        },
                         stages: plan_stages,
                         estimate: None,
                     };
@@ -664,16 +1007,24 @@ mod tests {
     fn search_matches_brute_force() {
         let mut rng = StdRng::seed_from_u64(20201122);
         let shapes = ["1x2", "1x4", "2x2", "2x3", "1x8", "2x4", "4x1", "3x2"];
-        for case in 0..40 {
+        for case in 0..160 {
             let shape = shapes[case % shapes.len()];
-            let spec = format!("{shape}-{}", ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3]);
+            let spec = format!(
+                "{shape}-{}",
+                ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3]
+            );
             let mut topology = Topology::from_spec(&spec).unwrap();
             // Small memories so that the memory limit binds in some cases.
-            topology.machine_groups[0].gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
+            topology.machine_groups[0].gpu.memory_bytes =
+                rng.gen_range(2_000_000_000..12_000_000_000);
             let layers = rng.gen_range(1..=if topology.num_devices() >= 8 { 5 } else { 7 });
             let profile = random_profile(&mut rng, layers);
             let gbs = [4, 6, 8, 12][case % 4];
-            let policy = if case % 2 == 0 { WarmupPolicy::A } else { WarmupPolicy::B };
+            let policy = if case % 2 == 0 {
+                WarmupPolicy::A
+            } else {
+                WarmupPolicy::B
+            };
             let mut opts = SearchOptions::new(gbs);
             opts.warmup_policy = policy;
             let expected = brute_force(&profile, &topology, gbs, policy);
@@ -688,7 +1039,10 @@ mod tests {
                     assert!((again.latency_ms - l).abs() <= 1e-9 * l);
                     assert!(again.fits_memory);
                 }
-                (e, g) => panic!("case {case}: brute force {e:?}, search {:?}", g.map(|r| r.plan.shape())),
+                (e, g) => panic!(
+                    "case {case}: brute force {e:?}, search {:?}",
+                    g.map(|r| r.plan.shape())
+                ),
             }
         }
     }

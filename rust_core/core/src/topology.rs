@@ -138,8 +138,12 @@ impl Topology {
         let mut parts = expanded.split('-');
         let shape = parts.next().unwrap_or("");
         let (m, g) = shape.split_once('x').ok_or_else(|| bad("no MxG part"))?;
-        let machines: u32 = m.parse().map_err(|_| bad("machine count is not a positive integer"))?;
-        let gpus: u32 = g.parse().map_err(|_| bad("GPU count is not a positive integer"))?;
+        let machines: u32 = m
+            .parse()
+            .map_err(|_| bad("machine count is not a positive integer"))?;
+        let gpus: u32 = g
+            .parse()
+            .map_err(|_| bad("GPU count is not a positive integer"))?;
         if machines == 0 || gpus == 0 {
             return Err(bad("machine and GPU counts must be at least 1"));
         }
@@ -151,8 +155,16 @@ impl Topology {
             let n: f64 = t.strip_suffix("gbps")?.parse().ok()?;
             (n.is_finite() && n > 0.0).then_some(n)
         };
-        let mut intra = Link { kind: "nvlink".into(), bandwidth_gbps: NVLINK_GBPS, latency_us: INTRA_LATENCY_US };
-        let mut inter = Link { kind: "ethernet".into(), bandwidth_gbps: DEFAULT_INTER_GBPS, latency_us: INTER_LATENCY_US };
+        let mut intra = Link {
+            kind: "nvlink".into(),
+            bandwidth_gbps: NVLINK_GBPS,
+            latency_us: INTRA_LATENCY_US,
+        };
+        let mut inter = Link {
+            kind: "ethernet".into(),
+            bandwidth_gbps: DEFAULT_INTER_GBPS,
+            latency_us: INTER_LATENCY_US,
+        };
         let mut rest: &[&str] = &tokens;
         // An intra-machine link is named first; a lone rate is the network
         // (single-GPU machines have no intra link worth naming).
@@ -161,9 +173,21 @@ impl Topology {
             if names_intra {
                 match first {
                     "nvlink" => {}
-                    "pcie" => intra = Link { kind: "pcie".into(), bandwidth_gbps: PCIE_GBPS, latency_us: INTRA_LATENCY_US },
+                    "pcie" => {
+                        intra = Link {
+                            kind: "pcie".into(),
+                            bandwidth_gbps: PCIE_GBPS,
+                            latency_us: INTRA_LATENCY_US,
+                        }
+                    }
                     t => match parse_rate(t) {
-                        Some(r) => intra = Link { kind: "custom".into(), bandwidth_gbps: r, latency_us: INTRA_LATENCY_US },
+                        Some(r) => {
+                            intra = Link {
+                                kind: "custom".into(),
+                                bandwidth_gbps: r,
+                                latency_us: INTRA_LATENCY_US,
+                            }
+                        }
                         None => return Err(bad(&format!("unknown intra-machine link {t:?}"))),
                     },
                 }
@@ -181,12 +205,21 @@ impl Topology {
             }
             _ => return Err(bad("too many parts")),
         }
-        Ok(Topology::homogeneous(spec.trim(), machines, gpus, intra, inter))
+        Ok(Topology::homogeneous(
+            spec.trim(),
+            machines,
+            gpus,
+            intra,
+            inter,
+        ))
     }
 
     pub fn validate(&self) -> Result<()> {
         if self.machine_groups.is_empty() {
-            return Err(Error::field("machine_groups", "needs at least one machine group"));
+            return Err(Error::field(
+                "machine_groups",
+                "needs at least one machine group",
+            ));
         }
         for (i, g) in self.machine_groups.iter().enumerate() {
             let at = |f: &str| format!("machine_groups[{i}].{f}");
@@ -200,11 +233,23 @@ impl Topology {
                 return Err(Error::field(at("gpu.memory_bytes"), "value 0 must be > 0"));
             }
             check_positive(|| at("gpu.relative_speed"), g.gpu.relative_speed)?;
-            check_positive(|| at("intra_machine.bandwidth_gbps"), g.intra_machine.bandwidth_gbps)?;
-            check_non_negative(|| at("intra_machine.latency_us"), g.intra_machine.latency_us)?;
+            check_positive(
+                || at("intra_machine.bandwidth_gbps"),
+                g.intra_machine.bandwidth_gbps,
+            )?;
+            check_non_negative(
+                || at("intra_machine.latency_us"),
+                g.intra_machine.latency_us,
+            )?;
         }
-        check_positive(|| "inter_machine.bandwidth_gbps".into(), self.inter_machine.bandwidth_gbps)?;
-        check_non_negative(|| "inter_machine.latency_us".into(), self.inter_machine.latency_us)?;
+        check_positive(
+            || "inter_machine.bandwidth_gbps".into(),
+            self.inter_machine.bandwidth_gbps,
+        )?;
+        check_non_negative(
+            || "inter_machine.latency_us".into(),
+            self.inter_machine.latency_us,
+        )?;
         Ok(())
     }
 
@@ -213,7 +258,11 @@ impl Topology {
         let mut next = 0;
         for (gi, g) in self.machine_groups.iter().enumerate() {
             for _ in 0..g.machines {
-                out.push(Machine { group: gi, gpus: g.gpus_per_machine, first_device: next });
+                out.push(Machine {
+                    group: gi,
+                    gpus: g.gpus_per_machine,
+                    first_device: next,
+                });
                 next += g.gpus_per_machine;
             }
         }
@@ -221,16 +270,24 @@ impl Topology {
     }
 
     pub fn num_devices(&self) -> u32 {
-        self.machine_groups.iter().map(|g| g.machines * g.gpus_per_machine).sum()
+        self.machine_groups
+            .iter()
+            .map(|g| g.machines * g.gpus_per_machine)
+            .sum()
     }
 
     pub fn num_machines(&self) -> usize {
-        self.machine_groups.iter().map(|g| g.machines as usize).sum()
+        self.machine_groups
+            .iter()
+            .map(|g| g.machines as usize)
+            .sum()
     }
 
     /// Machine index of a global device id.
     pub fn machine_of(&self, device: u32) -> Option<usize> {
-        self.machines().iter().position(|m| device >= m.first_device && device < m.first_device + m.gpus)
+        self.machines()
+            .iter()
+            .position(|m| device >= m.first_device && device < m.first_device + m.gpus)
     }
 
     /// Short human description, e.g. "2 x 8 V100-16GB, nvlink 1040 Gbps, ethernet 25 Gbps".
@@ -268,7 +325,10 @@ mod tests {
     fn specs_and_presets() {
         let a = Topology::from_spec("A").unwrap();
         assert_eq!(a.num_devices(), 16);
-        assert_eq!(a.machine_groups[0].intra_machine.bandwidth_gbps, NVLINK_GBPS);
+        assert_eq!(
+            a.machine_groups[0].intra_machine.bandwidth_gbps,
+            NVLINK_GBPS
+        );
         assert_eq!(a.inter_machine.bandwidth_gbps, 25.0);
         let b = Topology::from_spec("16x1-25gbps").unwrap();
         assert_eq!(b.num_machines(), 16);
@@ -287,7 +347,15 @@ mod tests {
 
     #[test]
     fn bad_specs_name_the_spec() {
-        for s in ["", "2x", "0x8", "2x8-warp", "2x8-nvlink-25gbps-extra", "x8", "2x8-nvlink--3gbps"] {
+        for s in [
+            "",
+            "2x",
+            "0x8",
+            "2x8-warp",
+            "2x8-nvlink-25gbps-extra",
+            "x8",
+            "2x8-nvlink--3gbps",
+        ] {
             let e = Topology::from_spec(s).unwrap_err();
             assert!(e.message.contains(&format!("{s:?}")), "{e}");
         }
@@ -300,7 +368,10 @@ mod tests {
         let mut bad = t.clone();
         bad.machine_groups[0].gpu.relative_speed = 0.0;
         let e = Topology::from_json(&bad.to_json()).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("machine_groups[0].gpu.relative_speed"));
+        assert_eq!(
+            e.field.as_deref(),
+            Some("machine_groups[0].gpu.relative_speed")
+        );
     }
 
     #[test]

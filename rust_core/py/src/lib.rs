@@ -21,9 +21,17 @@ pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
             dapple_core::ErrorKind::Infeasible => "InfeasibleError",
             dapple_core::ErrorKind::Io => "DappleIOError",
         };
-        let built = py.import("planner.errors").and_then(|m| m.getattr(class_name)).and_then(|cls| {
-            cls.call1((err.to_string(), err.kind.code(), err.source.clone(), err.field.clone()))
-        });
+        let built = py
+            .import("planner.errors")
+            .and_then(|m| m.getattr(class_name))
+            .and_then(|cls| {
+                cls.call1((
+                    err.to_string(),
+                    err.kind.code(),
+                    err.source.clone(),
+                    err.field.clone(),
+                ))
+            });
         match built {
             Ok(instance) => PyErr::from_value(instance),
             Err(import_failed) => import_failed,

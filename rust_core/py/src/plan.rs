@@ -16,8 +16,14 @@ fn plan_canonical(text: &str, source: Option<&str>) -> PyResult<String> {
 /// Cost a plan against a profile; returns the plan with a fresh estimate.
 #[pyfunction]
 #[pyo3(signature = (plan_text, profile_text, plan_source=None))]
-fn plan_evaluate(py: Python<'_>, plan_text: &str, profile_text: &str, plan_source: Option<&str>) -> PyResult<String> {
-    let mut plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
+fn plan_evaluate(
+    py: Python<'_>,
+    plan_text: &str,
+    profile_text: &str,
+    plan_source: Option<&str>,
+) -> PyResult<String> {
+    let mut plan =
+        Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
     let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
     let estimate = py
         .detach(|| evaluate(&plan, &profile))

@@ -1,6 +1,6 @@
 use dapple_core::plan::parse_warmup_policy;
 use dapple_core::profile::Profile;
-use dapple_core::search::{search, SearchOptions};
+use dapple_core::search::{search, SearchOptions, SearchSpace};
 use dapple_core::topology::Topology;
 use pyo3::prelude::*;
 
@@ -10,7 +10,7 @@ use crate::to_py_err;
 /// (micro-batch sizes tried, states, stages costed). The GIL is released
 /// while searching.
 #[pyfunction]
-#[pyo3(signature = (profile_text, topology_text, global_batch_size, *, warmup_policy="A", min_micro_batch_size=None, micro_batch_sizes=None, profile_path=None))]
+#[pyo3(signature = (profile_text, topology_text, global_batch_size, *, warmup_policy="A", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", profile_path=None))]
 #[allow(clippy::too_many_arguments)]
 fn plan_search(
     py: Python<'_>,
@@ -20,18 +20,27 @@ fn plan_search(
     warmup_policy: &str,
     min_micro_batch_size: Option<u32>,
     micro_batch_sizes: Option<Vec<u32>>,
+    search_space: &str,
     profile_path: Option<String>,
 ) -> PyResult<(String, (Vec<u32>, usize, u64))> {
     let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
     let topology = Topology::from_json(topology_text).map_err(to_py_err)?;
     let mut opts = SearchOptions::new(global_batch_size);
-    opts.warmup_policy = parse_warmup_policy(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
+    opts.warmup_policy =
+        parse_warmup_policy(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
     opts.min_micro_batch_size = min_micro_batch_size;
     opts.micro_batch_sizes = micro_batch_sizes;
+    opts.search_space =
+        SearchSpace::parse(search_space).map_err(|e| to_py_err(e.under("search_space")))?;
     opts.profile_path = profile_path;
-    let result = py.detach(|| search(&profile, &topology, &opts)).map_err(to_py_err)?;
+    let result = py
+        .detach(|| search(&profile, &topology, &opts))
+        .map_err(to_py_err)?;
     let s = result.stats;
-    Ok((result.plan.to_json(), (s.micro_batch_sizes, s.states, s.stages_costed)))
+    Ok((
+        result.plan.to_json(),
+        (s.micro_batch_sizes, s.states, s.stages_costed),
+    ))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,0 +1,79 @@
+"""Build the paper's Table V plans as dapple plans, to cost them with our model.
+
+A paper plan "P:Q" with split "a:b" becomes two stages whose boundary sits
+right after the a-th block (model layer) of the profile; "DP" is one stage on
+every GPU; "straight" is one GPU per stage with blocks spread evenly. Micro-
+batching is the one our planner would pick for that shape: every divisor of
+the global batch is tried and the fastest estimate that fits is kept.
+"""
+
+from __future__ import annotations
+
+import json
+
+import planner
+
+
+def block_positions(profile: planner.Profile) -> list[int]:
+    return [i for i, layer in enumerate(profile.layers) if layer.get("kind") == "block"]
+
+
+def boundaries_after_blocks(profile: planner.Profile, blocks_per_stage: list[int]) -> list[tuple[int, int]]:
+    pos = block_positions(profile)
+    n = len(profile.layers)
+    cuts, seen = [], 0
+    for b in blocks_per_stage[:-1]:
+        seen += b
+        cuts.append(pos[seen - 1] + 1)
+    starts = [0] + cuts
+    ends = cuts + [n]
+    return list(zip(starts, ends))
+
+
+def even_blocks(total: int, stages: int) -> list[int]:
+    base, extra = divmod(total, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def paper_plan(profile: planner.Profile, topology: planner.Topology, gbs: int, row: dict, warmup_policy: str = "A"):
+    """Best-costed dapple Plan with the paper's shape and split, or None."""
+    g = topology.num_devices
+    kind = row["plan"]
+    blocks = len(block_positions(profile))
+    if kind == "DP":
+        replicas, split = [g], [blocks]
+    elif kind == "straight":
+        replicas, split = [1] * g, even_blocks(blocks, g)
+    else:
+        replicas = [int(x) for x in kind.split(":")]
+        split = [int(x) for x in row["split"].split(":")]
+    ranges = boundaries_after_blocks(profile, split)
+    devices, nxt = [], 0
+    for r in replicas:
+        devices.append(list(range(nxt, nxt + r)))
+        nxt += r
+    best = None
+    min_slice = min(profile.batch_sizes)
+    for b in (d for d in range(1, gbs + 1) if gbs % d == 0):
+        if b // max(replicas) < min_slice:
+            continue
+        k = len(replicas)
+        stages = [
+            {"layer_start": s, "layer_end": e, "devices": dv,
+             "warmup_micro_batches": min((k - i) if warmup_policy == "A" else 2 * (k - i) - 1, gbs // b)}
+            for i, ((s, e), dv) in enumerate(zip(ranges, devices))
+        ]
+        doc = {
+            "format": "dapple.plan", "schema_version": 1, "planner_version": planner.__version__,
+            "inputs": {"model": profile.model, "profile_sha256": profile.sha256, "topology": topology.data,
+                       "global_batch_size": gbs, "options": {"min_micro_batch_size": min_slice}},
+            "micro_batch_size": b, "micro_batches": gbs // b,
+            "schedule": {"kind": "early-backward-1f1b", "warmup_policy": warmup_policy},
+            "stages": stages,
+        }
+        p = planner.evaluate(planner.Plan.from_json(json.dumps(doc)), profile)
+        if not p.estimate["fits_memory"]:
+            continue
+        if best is None or p.estimate["latency_ms"] < best.estimate["latency_ms"]:
+            best = p
+    return best
