@@ -23,6 +23,7 @@ class SearchStats:
 class Plan:
     text: str
     search_stats: SearchStats | None = None
+    path: str | None = None
     data: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -30,7 +31,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> "Plan":
-        return cls(_core.plan_canonical(text, source))
+        return cls(_core.plan_canonical(text, source), path=source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
@@ -114,4 +115,4 @@ def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLik
     model the search uses; returns the plan with a fresh estimate."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    return Plan(_core.plan_evaluate(p.text, prof.text, None))
+    return Plan(_core.plan_evaluate(p.text, prof.text, p.path), path=p.path)

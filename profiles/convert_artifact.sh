@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates profiles/artifact/*.json from the DAPPLE artifact's text profiles.
-# Usage: bash profiles/convert_artifact.sh [ARTIFACT_DIR]   (default ../shared/profiles/dapple-artifact)
+# Usage: bash profiles/convert_artifact.sh [ARTIFACT_DIR [OUT_DIR]]
+#   defaults: ../shared/profiles/dapple-artifact and profiles/artifact
 # The batch size is the one in each file name (pbs-N); optimizers are the paper's (section VI-A); the
 # artifact's AmoebaNet code builds tf.train.RMSPropOptimizer(momentum=0.9), two state slots per weight.
 # The last column, where given, is the paper's Table II memory of one GPU training the whole model at
@@ -8,7 +9,7 @@
 # GNMT-16's 3.9 GB is below its own Adam model state (4.3 GiB), so it cannot calibrate and is left out.
 set -euo pipefail
 src=${1:-../shared/profiles/dapple-artifact}
-out=$(dirname "$0")/artifact
+out=${2:-$(dirname "$0")/artifact}
 mkdir -p "$out"
 origin() { echo "DAPPLE artifact, AlibabaPAI/DAPPLE profiling_results/$1 (BSD-3-Clause): measured by the DAPPLE authors on NVIDIA V100 16GB"; }
 convert() { # file model batch optimizer pattern [scale] [measured peak GiB]

@@ -1,0 +1,160 @@
+"""The command line as users meet it: output, files, exit codes, error lines."""
+
+import json
+import math
+
+import pytest
+
+from conftest import PROFILES
+
+BERT = PROFILES / "bert-48-pbs-2.json"
+
+
+def assert_one_line_error(result, exit_code, *needles):
+    assert result.returncode == exit_code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_plan_prints_a_table_and_writes_the_plan(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    r = dapple("plan", "--profile", BERT, "--topology", "2x8-nvlink", "--global-batch-size", "64", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "BERT-48 on 2x8-nvlink" in r.stdout
+    assert "iteration" in r.stdout and "speedup" in r.stdout
+    plan = json.loads(out.read_text())
+    assert plan["format"] == "dapple.plan"
+    assert sum(len(s["devices"]) for s in plan["stages"]) == 16
+    assert plan["micro_batch_size"] * plan["micro_batches"] == 64
+    est = plan["estimate"]
+    assert math.isclose(est["latency_ms"], est["warmup_ms"] + est["steady_ms"] + est["ending_ms"])
+    assert est["fits_memory"]
+
+
+def test_plan_json_goes_to_stdout_and_diagnostics_to_stderr(dapple):
+    r = dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--json")
+    assert r.returncode == 0
+    assert json.loads(r.stdout)["inputs"]["topology"]["name"] == "A"
+    assert "searched micro-batch sizes" in r.stderr
+
+
+def test_estimate_reproduces_the_plans_own_estimate(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    assert dapple("plan", "--profile", BERT, "--topology", "B", "--global-batch-size", "64", "--out", out).returncode == 0
+    r = dapple("estimate", "--plan", out, "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(out.read_text())["estimate"]
+    assert json.loads(r.stdout)["estimate"] == planned
+
+
+def test_estimate_rejects_a_plan_for_another_profile(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    r = dapple("estimate", "--plan", out, "--profile", PROFILES / "xlnet-36-pbs-1.json")
+    assert_one_line_error(r, 4, "inputs.profile_sha256")
+
+
+def test_topology_show(dapple):
+    r = dapple("topology", "show", "16x1-10gbps")
+    assert r.returncode == 0
+    assert "16 GPUs" in r.stdout and "10" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "mutate, needles",
+    [
+        (lambda d: d["layers"][1]["measurements"][0].pop("fwd_ms"), ["layers[1].measurements[0]", "fwd_ms"]),
+        (lambda d: d["layers"][2]["measurements"][0].update(bwd_ms=-3.5), ["layers[2].measurements[0].bwd_ms", "-3.5"]),
+        (lambda d: d.update(layers=[]), ["field layers", "zero layers"]),
+        (lambda d: d.update(schema_version=9), ["field schema_version", "value 9"]),
+        (lambda d: d.update(format="dapple.plan"), ["field format", "dapple.plan"]),
+        (lambda d: d["layers"][0].update(param_bytes="lots"), ["layers[0].param_bytes", "lots"]),
+        (lambda d: d.update(optimizer="adadelta"), ["field optimizer", "adadelta"]),
+    ],
+)
+def test_bad_profiles_get_one_line_naming_file_field_and_value(dapple, small_profile, mutate, needles):
+    path = small_profile(mutate)
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4")
+    assert_one_line_error(r, 3, str(path), *needles)
+
+
+def test_nan_is_reported(dapple, small_profile):
+    path = small_profile(raw='{"format": "dapple.profile", "schema_version": 1, "model": "m", "layers": '
+                             '[{"name": "a", "param_bytes": 1, "measurements": [{"batch_size": 1, "fwd_ms": NaN, '
+                             '"bwd_ms": 1, "activation_bytes": 1}]}]}')
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4")
+    assert_one_line_error(r, 3, str(path), "NaN")
+
+
+def test_unknown_topology_spec(dapple):
+    r = dapple("plan", "--profile", BERT, "--topology", "2x8-warpdrive", "--global-batch-size", "64")
+    assert_one_line_error(r, 3, "2x8-warpdrive", "unknown link")
+
+
+def test_batch_size_the_gpus_cannot_share(dapple, small_profile):
+    # Slices must be at least the profiled batch size (4); 2 samples cannot be split that way.
+    path = small_profile(lambda d: [l["measurements"][0].update(batch_size=4) for l in d["layers"]])
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "2")
+    assert_one_line_error(r, 4, "global batch size 2")
+
+
+def test_more_gpus_than_work(dapple, small_profile):
+    # 1 sample and 4 layers cannot keep 8 GPUs busy.
+    path = small_profile()
+    r = dapple("plan", "--profile", path, "--topology", "1x8-nvlink", "--global-batch-size", "1")
+    assert_one_line_error(r, 4, "8 GPUs")
+
+
+def test_model_that_fits_nowhere(dapple, small_profile):
+    path = small_profile(lambda d: [l.update(param_bytes=40 * 2**30) for l in d["layers"]])
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4")
+    assert_one_line_error(r, 5, "GiB")
+
+
+def test_missing_file(dapple, tmp_path):
+    r = dapple("plan", "--profile", tmp_path / "nope.json", "--topology", "A", "--global-batch-size", "4")
+    assert_one_line_error(r, 6, "nope.json", "no such file")
+
+
+def test_failed_plan_leaves_out_untouched(dapple, small_profile, tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("previous plan")
+    path = small_profile(lambda d: [l.update(param_bytes=40 * 2**30) for l in d["layers"]])
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4", "--out", out)
+    assert r.returncode == 5
+    assert out.read_text() == "previous plan"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".plan.json")] == []
+
+
+def test_out_into_missing_directory_is_an_io_error(dapple, tmp_path):
+    r = dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64",
+               "--out", tmp_path / "no" / "such" / "dir" / "plan.json")
+    assert_one_line_error(r, 6, "cannot write")
+
+
+def test_bad_topology_file_names_the_field(dapple, tmp_path):
+    topo = json.loads(dapple("topology", "show", "2x8-nvlink", "--json").stdout)
+    topo["inter_machine"]["bandwidth_gbps"] = -25
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(topo))
+    r = dapple("plan", "--profile", BERT, "--topology", path, "--global-batch-size", "64")
+    assert_one_line_error(r, 3, str(path), "inter_machine.bandwidth_gbps", "-25")
+
+
+def test_hand_written_plan_with_overlapping_devices(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    plan = json.loads(out.read_text())
+    plan["stages"][1]["devices"][0] = plan["stages"][0]["devices"][0]
+    out.write_text(json.dumps(plan))
+    r = dapple("estimate", "--plan", out, "--profile", BERT)
+    assert_one_line_error(r, 3, str(out), "stages[1].devices", "used by two stages")
+
+
+def test_usage_errors_exit_2(dapple):
+    r = dapple("plan", "--topology", "A")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
