@@ -11,8 +11,10 @@ Cases:
   batch size;
 * a synthetic, deterministic 128-layer transformer-like profile (see
   :func:`synthetic_profile`) on ``4x8-nvlink-25gbps`` (GBS 256),
-  ``32x8-nvlink-25gbps`` (GBS 2048) and ``128x8-nvlink-25gbps`` (GBS 8192;
-  skipped by ``--quick``).
+  ``32x8-nvlink-25gbps`` (GBS 2048) and ``128x8-nvlink-25gbps`` (GBS 8192),
+  and a variant whose time per sample falls with the batch
+  (``synthetic-128-sublinear``) on 4x8 and 32x8. ``--quick`` skips the cases
+  that run once (128x8 and the sublinear variant).
 
 Each run is a fresh Python process (this script with ``--child``) that
 imports planner, times the ``planner.plan`` call alone with
@@ -20,7 +22,7 @@ imports planner, times the ``planner.plan`` call alone with
 whose rusage is that child's own: ``ru_maxrss`` is its peak resident set
 (Python + planner import + the search), ``ru_utime + ru_stime`` its CPU time.
 A "baseline" child that only imports planner gives the floor of that RSS.
-Cases are repeated (3 times by default, the 128x8 case once) and min and
+Cases are repeated (3 times by default, the slow ones once) and min and
 median wall time are reported.
 """
 
@@ -48,51 +50,61 @@ PAPER_GBS = {  # ../shared/reference/dapple-paper-results.json, Table V
     "vgg-19": 2048,
 }
 SHIPPED_TOPOLOGIES = ["2x8-nvlink-25gbps", "16x1-25gbps"]
-SYNTHETIC_CASES = [  # (topology, global batch size, repeats)
-    ("4x8-nvlink-25gbps", 256, 3),
-    ("32x8-nvlink-25gbps", 2048, 3),
-    ("128x8-nvlink-25gbps", 8192, 1),
+SYNTHETIC_CASES = [  # (profile, topology, global batch size, repeats); repeats 1 = slow, skipped by --quick
+    ("synthetic-128", "4x8-nvlink-25gbps", 256, 3),
+    ("synthetic-128", "32x8-nvlink-25gbps", 2048, 3),
+    ("synthetic-128", "128x8-nvlink-25gbps", 8192, 1),
+    ("synthetic-128-sublinear", "4x8-nvlink-25gbps", 256, 1),
+    ("synthetic-128-sublinear", "32x8-nvlink-25gbps", 2048, 1),
 ]
-SYNTHETIC_BATCH_SIZES = [1, 2, 4, 8]
 MB = 2**20
 
 
-def synthetic_profile(layers: int = 128, seed: int = 20240501) -> dict:
+def synthetic_profile(layers: int = 128, seed: int = 20240501, sublinear: bool = False) -> dict:
     """A transformer-like profile: ``layers`` uniform blocks, each with about
-    50 MB of parameters, 3 ms forward and 6 ms backward and 4 MB of
-    activations at batch size 1, every figure jittered by up to +-5 % with a
-    fixed seed. Measured at batch sizes 1, 2, 4 and 8; time grows as
-    ``t1 * (0.3 + 0.7 * b)`` (a small batch under-uses the GPU), activations
-    linearly. Optimizer: adam."""
+    50 MB of parameters, 3 ms forward, 6 ms backward and 4 MB of activations
+    at batch size 1, every figure jittered by up to +-5 % with a fixed seed.
+    Optimizer: adam (the whole model's state, ~25 GB, needs a pipeline).
+
+    Default: measured at batch size 1 only, so time and memory scale
+    linearly with the batch. ``sublinear``: also measured at 2, 4 and 8 with
+    time ``t1 * (0.3 + 0.7 * b)`` (small batches under-use the GPU), which
+    makes bigger micro-batches cheaper per sample."""
     rng = random.Random(seed)
 
     def jitter(x: float) -> float:
         return x * (1.0 + rng.uniform(-0.05, 0.05))
 
+    batch_sizes = [1, 2, 4, 8] if sublinear else [1]
     out = []
     for i in range(layers):
         param = round(jitter(50 * MB))
         fwd1, bwd1, act1 = jitter(3.0), jitter(6.0), jitter(4 * MB)
+        scale = (lambda b: 0.3 + 0.7 * b) if sublinear else (lambda b: b)
         measurements = [
             {
                 "batch_size": b,
-                "fwd_ms": round(fwd1 * (0.3 + 0.7 * b), 4),
-                "bwd_ms": round(bwd1 * (0.3 + 0.7 * b), 4),
+                "fwd_ms": round(fwd1 * scale(b), 4),
+                "bwd_ms": round(bwd1 * scale(b), 4),
                 "activation_bytes": round(act1 * b),
             }
-            for b in SYNTHETIC_BATCH_SIZES
+            for b in batch_sizes
         ]
-        layer = {"name": f"layer{i}", "kind": "block", "param_bytes": param, "measurements": measurements}
-        if i:
-            layer["inputs"] = [i - 1]
-        else:
-            layer["inputs"] = []
-        out.append(layer)
+        out.append(
+            {
+                "name": f"layer{i}",
+                "kind": "block",
+                "param_bytes": param,
+                "inputs": [i - 1] if i else [],
+                "measurements": measurements,
+            }
+        )
+    name = f"synthetic-{layers}" + ("-sublinear" if sublinear else "")
     return {
         "format": "dapple.profile",
         "schema_version": 1,
-        "model": f"synthetic-{layers}",
-        "source": f"benchmarks/plan_speed.py synthetic_profile(layers={layers}, seed={seed})",
+        "model": name,
+        "source": f"benchmarks/plan_speed.py synthetic_profile(layers={layers}, seed={seed}, sublinear={sublinear})",
         "device": "V100-16GB",
         "optimizer": "adam",
         "layers": out,
@@ -141,6 +153,38 @@ def child(spec: dict) -> None:
 
 
 # ---------------------------------------------------------------- parent
+
+CLI_CASE = [
+    "dapple", "plan", "--profile", "profiles/artifact/bert-48-pbs-2.json",
+    "--topology", "A", "--global-batch-size", "64", "--json",
+]
+
+
+def run_cli(cmd: list[str], runs: int = 5) -> dict:
+    """Whole-process time of the CLI (interpreter start-up, imports, profile
+    load, search, JSON output), reaped with os.wait4 like the cases."""
+    walls, cpus, rss = [], [], []
+    for _ in range(runs + 1):  # the first run warms the file cache and is not counted
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        _, status, ru = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}")
+        walls.append(wall * 1000)
+        cpus.append((ru.ru_utime + ru.ru_stime) * 1000)
+        rss.append(ru.ru_maxrss / 1024)
+    walls, cpus, rss = walls[1:], cpus[1:], rss[1:]
+    return {
+        "command": " ".join(cmd),
+        "runs": runs,
+        "wall_ms_min": min(walls),
+        "wall_ms_median": statistics.median(walls),
+        "wall_ms_max": max(walls),
+        "cpu_ms_median": statistics.median(cpus),
+        "peak_rss_mb_max": max(rss),
+    }
 
 
 def run_child(spec: dict, timeout_s: float = 900.0) -> dict:
@@ -194,7 +238,7 @@ def machine_info() -> dict:
     }
 
 
-def cases(quick: bool, synthetic_path: str, repeats: int) -> list[dict]:
+def cases(quick: bool, synthetic_paths: dict, repeats: int) -> list[dict]:
     import planner
 
     out = []
@@ -212,13 +256,13 @@ def cases(quick: bool, synthetic_path: str, repeats: int) -> list[dict]:
                     "repeats": repeats,
                 }
             )
-    for topo, gbs, n in SYNTHETIC_CASES:
-        if quick and topo.startswith("128x"):
+    for name, topo, gbs, n in SYNTHETIC_CASES:
+        if quick and n == 1:
             continue
         out.append(
             {
-                "profile": synthetic_path,
-                "name": "synthetic-128",
+                "profile": synthetic_paths[name],
+                "name": name,
                 "topology": topo,
                 "gbs": gbs,
                 "gbs_from": "fixed",
@@ -240,13 +284,21 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as tmp:
-        syn = synthetic_profile()
-        syn_path = os.path.join(tmp, "synthetic-128.json")
-        with open(syn_path, "w") as f:
-            json.dump(syn, f)
         import planner
 
-        syn_sha = planner.Profile.load(syn_path).sha256
+        syn_paths, syn_info = {}, {}
+        for sublinear in (False, True):
+            syn = synthetic_profile(sublinear=sublinear)
+            path = os.path.join(tmp, syn["model"] + ".json")
+            with open(path, "w") as f:
+                json.dump(syn, f)
+            syn_paths[syn["model"]] = path
+            syn_info[syn["model"]] = {
+                "generator": f"benchmarks/plan_speed.py synthetic_profile(sublinear={sublinear})",
+                "layers": len(syn["layers"]),
+                "measured_batch_sizes": [m["batch_size"] for m in syn["layers"][0]["measurements"]],
+                "sha256": planner.Profile.load(path).sha256,
+            }
 
         baseline = [run_child({"baseline": True}) for _ in range(3)]
         print(
@@ -254,28 +306,46 @@ def main() -> None:
             f"import {statistics.median(b['import_s'] for b in baseline) * 1000:.0f} ms",
             flush=True,
         )
+        import shutil
+
+        cli = None
+        if shutil.which(CLI_CASE[0]):
+            cli = run_cli(CLI_CASE)
+            print(
+                f"CLI end to end: {cli['command']}: median {cli['wall_ms_median']:.0f} ms wall "
+                f"(min {cli['wall_ms_min']:.0f}, max {cli['wall_ms_max']:.0f}), "
+                f"{cli['cpu_ms_median']:.0f} ms CPU, peak RSS {cli['peak_rss_mb_max']:.1f} MB",
+                flush=True,
+            )
         results = []
-        for case in cases(args.quick, syn_path, args.repeats):
+        for case in cases(args.quick, syn_paths, args.repeats):
             runs = [run_child(case) for _ in range(case["repeats"])]
             walls = [r["plan_s"] for r in runs]
             first = runs[0]
-            for r in runs[1:]:  # the search is deterministic: every run must agree
-                if (r["shape"], r["micro_batch_size"], r["states"]) != (
+            # The plan is deterministic; the state and stage counts are not quite:
+            # threads share the best latency found so far, and how early they see
+            # it decides how much is pruned.
+            for r in runs[1:]:
+                if (r["shape"], r["micro_batch_size"], r["latency_ms"]) != (
                     first["shape"],
                     first["micro_batch_size"],
-                    first["states"],
+                    first["latency_ms"],
                 ):
                     print(f"WARNING: runs disagree for {case['name']} {case['topology']}", file=sys.stderr)
             row = {
-                "profile": case["name"] if case["name"] == "synthetic-128" else case["profile"],
+                "profile": case["name"] if case["name"].startswith("synthetic-") else case["profile"],
                 "topology": case["topology"],
                 "global_batch_size": case["gbs"],
                 "gbs_from": case["gbs_from"],
                 "runs": len(runs),
                 **{k: first[k] for k in (
                     "shape", "kind", "micro_batch_size", "micro_batches", "latency_ms", "search_space",
-                    "states", "stages_costed", "micro_batch_sizes_tried",
+                    "micro_batch_sizes_tried",
                 )},
+                "states": round(statistics.median(r["states"] for r in runs)),
+                "states_all": [r["states"] for r in runs],
+                "stages_costed": round(statistics.median(r["stages_costed"] for r in runs)),
+                "stages_costed_all": [r["stages_costed"] for r in runs],
                 "plan_ms_min": min(walls) * 1000,
                 "plan_ms_median": statistics.median(walls) * 1000,
                 "plan_ms_all": [w * 1000 for w in walls],
@@ -303,11 +373,8 @@ def main() -> None:
             "peak_rss_mb": min(b["peak_rss_mb"] for b in baseline),
             "import_ms_median": statistics.median(b["import_s"] for b in baseline) * 1000,
         },
-        "synthetic_profile": {
-            "generator": "benchmarks/plan_speed.py synthetic_profile()",
-            "layers": len(syn["layers"]),
-            "sha256": syn_sha,
-        },
+        "synthetic_profiles": syn_info,
+        "cli_end_to_end": cli,
         "cases": results,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1,0 +1,91 @@
+"""Table V of the paper (planning results, configurations A, B, C) against ours.
+
+For every row: our plan, the paper's plan rebuilt from its shape and split and
+costed with our model (benchmarks/paper_plans.py), and the same with the
+micro-batch floor lowered to one sample (how the paper's planner could scale
+profiles). Writes benchmarks/results/table_v.json and prints a markdown table.
+
+    python benchmarks/table_v.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import planner  # noqa: E402
+from paper_plans import paper_plan  # noqa: E402
+
+FILES = {
+    "GNMT-16": "gnmt-16-pbs-64",
+    "BERT-48": "bert-48-pbs-2",
+    "XLNet-36": "xlnet-36-pbs-1",
+    "AmoebaNet-36": "amoeba-36-pbs-1",
+    "VGG-19": "vgg-19-pbs-32",
+}
+
+
+def describe(plan: planner.Plan | None, profile: planner.Profile) -> dict | None:
+    if plan is None:
+        return None
+    e = plan.estimate
+    return {
+        "shape": plan.shape,
+        "kind": plan.kind,
+        "split": ":".join(map(str, plan.blocks_per_stage(profile))),
+        "micro_batch_size": plan.micro_batch_size,
+        "micro_batches": plan.micro_batches,
+        "latency_ms": round(e["latency_ms"], 1),
+        "warmup_ms": round(e["warmup_ms"], 1),
+        "steady_ms": round(e["steady_ms"], 1),
+        "ending_ms": round(e["ending_ms"], 1),
+        "peak_memory_gib": round(e["peak_memory_bytes"] / 2**30, 2),
+        "stages": [
+            {k: round(s[k], 1) for k in ("fwd_ms", "bwd_ms", "exposed_allreduce_ms")} for s in e["stages"]
+        ],
+        "transfer_ms": [round(t["fwd_ms"], 1) for t in e["transfers"]],
+    }
+
+
+def main() -> None:
+    ref = json.loads((ROOT.parent / "shared" / "reference" / "dapple-paper-results.json").read_text())
+    rows = []
+    for row in ref["table_V_planning_results"]:
+        if row["model"] not in FILES:
+            continue
+        prof = planner.Profile.load(ROOT / "profiles" / "artifact" / f"{FILES[row['model']]}.json")
+        topo = planner.Topology.resolve(row["config"])
+        ours = planner.plan(prof, topo, row["gbs"])
+        ours_min1 = planner.plan(prof, topo, row["gbs"], min_micro_batch_size=1)
+        theirs = paper_plan(prof, topo, row["gbs"], row)
+        rows.append({
+            "model": row["model"], "config": row["config"], "gbs": row["gbs"],
+            "paper": {"plan": row["plan"], "split": row.get("split")},
+            "ours": describe(ours, prof),
+            "ours_min_slice_1": describe(ours_min1, prof),
+            "paper_plan_in_our_model": describe(theirs, prof),
+        })
+    out = HERE / "results" / "table_v.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print("| model | cfg | paper | ours | ours L ms | paper's plan, our model, L ms | ours with 1-sample slices |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        p = r["paper"]
+        paper = p["plan"] + (f" ({p['split']})" if p["split"] else "")
+        o = r["ours"]
+        ours = f"{o['shape']} ({o['split']}), {o['micro_batches']}x{o['micro_batch_size']}"
+        t = r["paper_plan_in_our_model"]
+        tl = f"{t['latency_ms']} ({t['micro_batches']}x{t['micro_batch_size']})" if t else "does not fit"
+        m = r["ours_min_slice_1"]
+        m1 = f"{m['shape']} ({m['split']}), {m['micro_batches']}x{m['micro_batch_size']}, {m['latency_ms']}"
+        print(f"| {r['model']} | {r['config']} | {paper} | {ours} | {o['latency_ms']} | {tl} | {m1} |")
+
+
+if __name__ == "__main__":
+    main()
