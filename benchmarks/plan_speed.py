@@ -11,6 +11,7 @@ Cases:
   batch size;
 * a synthetic, deterministic 128-layer transformer-like profile (see
   :func:`synthetic_profile`) on ``4x8-nvlink-25gbps`` (GBS 256),
+  ``8x8-nvlink-25gbps`` (GBS 512),
   ``32x8-nvlink-25gbps`` (GBS 2048) and ``128x8-nvlink-25gbps`` (GBS 8192),
   and a variant whose time per sample falls with the batch
   (``synthetic-128-sublinear``) on 4x8 and 32x8. ``--quick`` skips the cases
@@ -52,6 +53,7 @@ PAPER_GBS = {  # ../shared/reference/dapple-paper-results.json, Table V
 SHIPPED_TOPOLOGIES = ["2x8-nvlink-25gbps", "16x1-25gbps"]
 SYNTHETIC_CASES = [  # (profile, topology, global batch size, repeats); repeats 1 = slow, skipped by --quick
     ("synthetic-128", "4x8-nvlink-25gbps", 256, 3),
+    ("synthetic-128", "8x8-nvlink-25gbps", 512, 3),
     ("synthetic-128", "32x8-nvlink-25gbps", 2048, 3),
     ("synthetic-128", "128x8-nvlink-25gbps", 8192, 1),
     ("synthetic-128-sublinear", "4x8-nvlink-25gbps", 256, 1),
@@ -238,6 +240,27 @@ def machine_info() -> dict:
     }
 
 
+def build_info() -> dict:
+    """Which planner was timed: the commit, Rust sources changed since it and
+    when the extension module was built."""
+    import planner._core as core
+
+    def git(*a: str) -> str | None:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    dirty = git("status", "--porcelain", "--", "rust_core", "planner")
+    return {
+        "git_head": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_core_changes": [line.split(maxsplit=1)[-1] for line in dirty.splitlines()] if dirty else [],
+        "core_module_built_utc": datetime.datetime.fromtimestamp(
+            os.path.getmtime(core.__file__), datetime.timezone.utc
+        ).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+
+
 def cases(quick: bool, synthetic_paths: dict, repeats: int) -> list[dict]:
     import planner
 
@@ -272,17 +295,49 @@ def cases(quick: bool, synthetic_paths: dict, repeats: int) -> list[dict]:
     return out
 
 
+def markdown_table(doc: dict) -> str:
+    """The per-case table of benchmarks/README.md, from a results JSON."""
+    head = (
+        "| profile | topology | GBS | search space | plan shape | micro-batch | states | stages costed "
+        "| min ms | median ms | CPU s (process) | peak RSS MB |\n"
+        "|---|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|\n"
+    )
+    rows = []
+    for c in doc["cases"]:
+        name = os.path.basename(c["profile"]).removesuffix(".json")
+        gbs = f"{c['global_batch_size']}" + ("" if c["gbs_from"] in ("paper", "fixed") else "*")
+        runs = "" if c["runs"] > 1 else " (1 run)"
+        rows.append(
+            f"| {name} | {c['topology']} | {gbs} | {c['search_space']} | {c['shape']} | {c['micro_batch_size']} "
+            f"| {c['states']:,} | {c['stages_costed']:,} | {c['plan_ms_min']:,.0f} | {c['plan_ms_median']:,.0f}{runs} "
+            f"| {c['cpu_s_median']:.2f} | {c['peak_rss_mb']:.0f} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="skip the 128x8 case")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "plan_speed.json"))
-    ap.add_argument("--repeats", type=int, default=3, help="runs per case (the 128x8 case runs once)")
+    ap.add_argument("--quick", action="store_true", help="skip the slow cases that run once (128x8, synthetic-128-sublinear)")
+    ap.add_argument("--out", default="benchmarks/results/plan_speed.json", help="results JSON, relative to the repository root (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per case (default 3; the slow cases run once)")
+    ap.add_argument("--table", metavar="RESULTS_JSON", help="print the markdown table of a results file and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(markdown_table(json.load(f)), end="")
+        return
     if args.child:
         child(json.loads(args.child))
         return
 
+    load_start = os.getloadavg()
+    if load_start[0] > 0.5:
+        print(
+            f"note: load average {load_start[0]:.2f} at start: other processes compete for the "
+            f"{len(os.sched_getaffinity(0))} cores, times will be high (compare cpu_s with the wall time)",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         import planner
 
@@ -308,9 +363,12 @@ def main() -> None:
         )
         import shutil
 
-        cli = None
-        if shutil.which(CLI_CASE[0]):
-            cli = run_cli(CLI_CASE)
+        # The console script beside this interpreter: a version manager's shim
+        # found first on PATH (pyenv) would add its own start-up to the figure.
+        exe = os.path.join(os.path.dirname(sys.executable), CLI_CASE[0])
+        exe = exe if os.access(exe, os.X_OK) else shutil.which(CLI_CASE[0])
+        cli = run_cli([exe] + CLI_CASE[1:]) if exe else None
+        if cli:
             print(
                 f"CLI end to end: {cli['command']}: median {cli['wall_ms_median']:.0f} ms wall "
                 f"(min {cli['wall_ms_min']:.0f}, max {cli['wall_ms_max']:.0f}), "
@@ -366,7 +424,8 @@ def main() -> None:
     doc = {
         "benchmark": "plan_speed",
         "command": "python benchmarks/plan_speed.py" + (" --quick" if args.quick else ""),
-        "machine": machine_info(),
+        "build": build_info(),
+        "machine": {**machine_info(), "loadavg_1_5_15_at_start": load_start, "loadavg_1_5_15_at_end": os.getloadavg()},
         "what": "wall time of one planner.plan(profile_path, topology, gbs) call in a fresh process "
         "(time.perf_counter), and that process's peak RSS (os.wait4 ru_maxrss) and CPU time",
         "baseline": {
@@ -377,11 +436,12 @@ def main() -> None:
         "cli_end_to_end": cli,
         "cases": results,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    out = os.path.join(ROOT, args.out)  # an absolute --out stays as it is
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import os
 import click
 
 import planner
-from planner.errors import IncompatibleInputsError, InvalidInputError
+from planner.errors import InvalidInputError
 
 from .options import json_option, reports_errors
 from .render import plan_table
@@ -32,12 +32,6 @@ def estimate_command(plan_path, profile_path, as_json):
         beside = os.path.join(os.path.dirname(plan_path), path)
         path = beside if os.path.exists(beside) else path
     profile = planner.Profile.load(path)
-    expected = plan.data["inputs"]["profile_sha256"]
-    if expected and profile.sha256 != expected:
-        raise IncompatibleInputsError(
-            f"{plan_path}: field inputs.profile_sha256: value {expected[:12]}… does not match profile {path} "
-            f"(sha256 {profile.sha256[:12]}…); the plan was made from another profile"
-        )
     result = planner.evaluate(plan, profile)
     if as_json:
         click.echo(result.text, nl=False)

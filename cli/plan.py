@@ -25,7 +25,7 @@ from .render import plan_table
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
-              "auto: full up to 4 machines.")
+              "auto: full up to 16 GPUs.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @json_option
 @reports_errors

@@ -93,7 +93,7 @@ def plan(
     plan fits in memory, with the smallest memory need found.
     ``search_space``: "full" (every replication and placement), "machine-
     aligned" (stages of a divisor of a machine or whole machines) or "auto"
-    (full up to 4 machines).
+    (full up to 16 GPUs).
     """
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)

@@ -72,3 +72,10 @@ def test_calibration_moves_measured_peak_into_stored_activations(small_profile):
     assert stored == [10_000] * 4
     with pytest.raises(planner.InvalidInputError):
         planner.calibrate_stored_activations(prof, state / 2, batch_size=1)
+
+
+def test_evaluate_refuses_a_plan_made_from_another_profile():
+    p = planner.plan(BERT, "A", 64)
+    with pytest.raises(planner.IncompatibleInputsError) as e:
+        planner.evaluate(p, planner.Profile.load(PROFILES / "bert-24-pbs-6.json"))
+    assert e.value.field == "inputs.profile_sha256"

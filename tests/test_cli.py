@@ -158,3 +158,29 @@ def test_usage_errors_exit_2(dapple):
     r = dapple("plan", "--topology", "A")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
+
+
+def test_plan_whose_warmup_contradicts_its_policy(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    plan = json.loads(out.read_text())
+    plan["stages"][0]["warmup_micro_batches"] = 99
+    out.write_text(json.dumps(plan))
+    r = dapple("estimate", "--plan", out)
+    assert_one_line_error(r, 3, "stages[0].warmup_micro_batches", "99")
+
+
+def test_plan_with_a_foreign_embedded_topology_version(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    plan = json.loads(out.read_text())
+    plan["inputs"]["topology"]["schema_version"] = 2
+    out.write_text(json.dumps(plan))
+    r = dapple("estimate", "--plan", out)
+    assert_one_line_error(r, 3, "inputs.topology.schema_version", "2")
+
+
+def test_profile_without_any_compute_time(dapple, small_profile):
+    path = small_profile(lambda d: [l["measurements"][0].update(fwd_ms=0, bwd_ms=0) for l in d["layers"]])
+    r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4")
+    assert_one_line_error(r, 3, str(path), "0 ms")

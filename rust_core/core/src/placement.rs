@@ -205,7 +205,7 @@ impl State {
             .unwrap_or(1);
         let mut out = Vec::new();
         let mut counts = vec![0u32; machines.len()];
-        if want % per_machine == 0 {
+        if want.is_multiple_of(per_machine) {
             let mut need = want / per_machine;
             for (p, m) in machines.iter().enumerate() {
                 if need > 0 && m.used == 0 && u32::from(m.capacity) == per_machine {

@@ -14,7 +14,7 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::format::{parse_versioned, to_json};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
-use crate::topology::Topology;
+use crate::topology::{Topology, TOPOLOGY_FORMAT, TOPOLOGY_SCHEMA_VERSION};
 
 pub const PLAN_FORMAT: &str = "dapple.plan";
 pub const PLAN_SCHEMA_VERSION: u32 = 1;
@@ -141,8 +141,24 @@ pub struct TransferEstimate {
 impl Plan {
     pub fn from_json(text: &str) -> Result<Plan> {
         let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
-        p.inputs
-            .topology
+        // The embedded topology is a topology file of its own: same checks.
+        let topology = &p.inputs.topology;
+        if topology.format != TOPOLOGY_FORMAT {
+            return Err(Error::field(
+                "inputs.topology.format",
+                format!("value {:?} is not {TOPOLOGY_FORMAT:?}", topology.format),
+            ));
+        }
+        if topology.schema_version != TOPOLOGY_SCHEMA_VERSION {
+            return Err(Error::field(
+                "inputs.topology.schema_version",
+                format!(
+                    "value {} is not supported by this dapple (supported: {TOPOLOGY_SCHEMA_VERSION})",
+                    topology.schema_version
+                ),
+            ));
+        }
+        topology
             .validate()
             .map_err(|e| e.under("inputs.topology"))?;
         Ok(p)
@@ -225,6 +241,16 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
         ));
     }
     let policy = plan.warmup_policy()?;
+    let expected_hash = &plan.inputs.profile_sha256;
+    if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
+        let mut e = Error::incompatible(format!(
+            "the plan was made from another profile (sha256 {}..., this one is {}...)",
+            &expected_hash[..expected_hash.len().min(12)],
+            &profile.sha256()[..12]
+        ));
+        e.field = Some("inputs.profile_sha256".into());
+        return Err(e);
+    }
     let mut expected_start = 0;
     let mut seen = vec![false; num_devices as usize];
     let machines = topology.machines();
@@ -295,6 +321,18 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
                     plan.micro_batch_size,
                     smallest_slice(plan.micro_batch_size, replicas),
                     min_slice.max(1)
+                ),
+            ));
+        }
+        let stages_from_here = (plan.stages.len() - i) as u32;
+        let k = policy.warmup(stages_from_here, plan.micro_batches);
+        if s.warmup_micro_batches != k {
+            return Err(Error::field(
+                at("warmup_micro_batches"),
+                format!(
+                    "value {} differs from K_i = {k} that warm-up policy {} gives this stage; fix one of them",
+                    s.warmup_micro_batches,
+                    policy.name()
                 ),
             ));
         }
@@ -381,7 +419,7 @@ pub(crate) fn estimate_stages(
 /// position users can read.
 fn position(pipe_index: usize) -> PipelinePosition {
     PipelinePosition {
-        kind: if pipe_index % 2 == 0 {
+        kind: if pipe_index.is_multiple_of(2) {
             "stage"
         } else {
             "transfer"

@@ -184,6 +184,20 @@ impl Profile {
                 }
             }
         }
+        // A model that takes no time cannot be planned (speedups divide by it).
+        for (k, &b) in sizes.iter().enumerate() {
+            let total: f64 = self
+                .layers
+                .iter()
+                .map(|l| l.measurements[k].fwd_ms + l.measurements[k].bwd_ms)
+                .sum();
+            if total <= 0.0 {
+                return Err(Error::field(
+                    format!("layers[*].measurements[{k}]"),
+                    format!("every layer takes 0 ms at batch size {b}; a profile needs some compute time"),
+                ));
+            }
+        }
         Ok(())
     }
 }

@@ -67,13 +67,19 @@ pub enum SearchSpace {
     /// Every GPU count for every stage, all three placement policies.
     Full,
     /// Stages get a divisor of a machine's GPUs or whole machines, placed
-    /// fresh-first or append-first. On many machines the full space has
-    /// too many ways to leave machines partly used (8x8 GPUs: 8.8 million
-    /// states); this keeps the search to seconds at 1024 GPUs.
+    /// fresh-first or append-first, at most two machines partly used. On
+    /// many machines the full space has too many ways to leave machines
+    /// partly used (8x8 GPUs: 8.8 million states); this keeps the search
+    /// to about a minute at 1024 GPUs.
     MachineAligned,
-    /// Full up to 4 machines, machine-aligned above.
+    /// Full up to 16 GPUs (the paper's clusters), machine-aligned above.
     Auto,
 }
+
+/// Largest cluster the automatic choice searches in full. 128 layers on
+/// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
+/// when small batches are less efficient (benchmarks/README.md).
+const AUTO_FULL_MAX_DEVICES: u32 = 16;
 
 impl SearchSpace {
     pub fn name(self) -> &'static str {
@@ -97,7 +103,9 @@ impl SearchSpace {
 
     fn resolve(self, cluster: &Cluster) -> SearchSpace {
         match self {
-            SearchSpace::Auto if cluster.machines.len() > 4 => SearchSpace::MachineAligned,
+            SearchSpace::Auto if cluster.num_devices() > AUTO_FULL_MAX_DEVICES => {
+                SearchSpace::MachineAligned
+            }
             SearchSpace::Auto => SearchSpace::Full,
             other => other,
         }
@@ -136,7 +144,7 @@ pub fn search(
     let sizes: Vec<u32> = match &opts.micro_batch_sizes {
         Some(list) => {
             for &b in list {
-                if b == 0 || gbs % b != 0 {
+                if b == 0 || !gbs.is_multiple_of(b) {
                     return Err(Error::field(
                         "micro_batch_sizes",
                         format!("value {b} does not divide the global batch size {gbs}"),
@@ -146,7 +154,7 @@ pub fn search(
             list.iter().copied().filter(|&b| b >= min_slice).collect()
         }
         None => (1..=gbs)
-            .filter(|b| gbs % b == 0 && *b >= min_slice)
+            .filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice)
             .collect(),
     };
     if sizes.is_empty() {
@@ -542,7 +550,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     fn seed_incumbent(&mut self, machines: &[(usize, u32)], max_replicas: u32) {
         let n = self.ctx.layers.num_layers;
         let g = self.ctx.cluster.num_devices();
-        for k in (1..=g.min(n as u32)).filter(|k| g % k == 0) {
+        for k in (1..=g.min(n as u32)).filter(|k| g.is_multiple_of(*k)) {
             let r = g / k;
             if r > max_replicas {
                 continue;
@@ -1027,6 +1035,7 @@ mod tests {
             };
             let mut opts = SearchOptions::new(gbs);
             opts.warmup_policy = policy;
+            opts.search_space = SearchSpace::Full;
             let expected = brute_force(&profile, &topology, gbs, policy);
             let got = search(&profile, &topology, &opts);
             match (expected, got) {

@@ -188,7 +188,11 @@ impl Topology {
                                 latency_us: INTRA_LATENCY_US,
                             }
                         }
-                        None => return Err(bad(&format!("unknown link {t:?}: use nvlink, pcie, <n>gbps or ib"))),
+                        None => {
+                            return Err(bad(&format!(
+                                "unknown link {t:?}: use nvlink, pcie, <n>gbps or ib"
+                            )))
+                        }
                     },
                 }
                 rest = &rest[1..];
@@ -197,7 +201,11 @@ impl Topology {
         match rest {
             [] => {}
             [t] => {
-                let r = parse_rate(t).ok_or_else(|| bad(&format!("unknown link {t:?}: use nvlink, pcie, <n>gbps or ib")))?;
+                let r = parse_rate(t).ok_or_else(|| {
+                    bad(&format!(
+                        "unknown link {t:?}: use nvlink, pcie, <n>gbps or ib"
+                    ))
+                })?;
                 inter.bandwidth_gbps = r;
                 if *t == "ib" {
                     inter.kind = "infiniband".into();
