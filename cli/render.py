@@ -12,7 +12,7 @@ GIB = float(1 << 30)
 
 def console() -> Console:
     # Plain text when piped, so output can be diffed and grepped.
-    return Console(highlight=False, soft_wrap=False, width=120)
+    return Console(highlight=False, soft_wrap=True, width=120)
 
 
 def _devices(ids: list[int]) -> str:

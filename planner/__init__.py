@@ -7,7 +7,16 @@
 Planning needs no torch; the runtime and profiler import it lazily.
 """
 
-from ._core import __version__
+try:
+    from ._core import __version__
+except ImportError as e:  # pragma: no cover - depends on how it was installed
+    import os as _os
+
+    raise ImportError(
+        f"dapple's compiled core (planner._core) is missing from {_os.path.dirname(__file__)}: this is the "
+        "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
+        "or use `pip install -e .` to work in the source tree."
+    ) from e
 from .errors import (
     DappleError,
     DappleIOError,

@@ -267,6 +267,18 @@ pub struct PipeStage {
     pub allreduce_ms: f64,
 }
 
+impl PipeStage {
+    /// The communication stage between two computation stages: activations
+    /// forward, their gradients backward, the same bytes each way.
+    pub fn transfer(ms: f64) -> PipeStage {
+        PipeStage {
+            fwd_ms: ms,
+            bwd_ms: ms,
+            allreduce_ms: 0.0,
+        }
+    }
+}
+
 /// Pipeline latency and its decomposition.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Latency {

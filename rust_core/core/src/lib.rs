@@ -11,6 +11,7 @@ pub mod format;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+pub mod schedule;
 pub mod search;
 pub mod topology;
 

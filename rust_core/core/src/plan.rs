@@ -372,11 +372,7 @@ pub(crate) fn estimate_stages(
                 fwd_ms: t,
                 bwd_ms: t,
             });
-            pipe.push(PipeStage {
-                fwd_ms: t,
-                bwd_ms: t,
-                allreduce_ms: 0.0,
-            });
+            pipe.push(PipeStage::transfer(t));
         }
         let warmup = policy.warmup(s_count - i as u32, plan.micro_batches);
         let c = coster.stage(s.layer_start, s.layer_end, alloc, warmup, only);

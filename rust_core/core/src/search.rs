@@ -590,14 +590,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 }
                 if !adjacent.is_empty() {
                     let t = self.coster.transfer(w[1], &alloc, &adjacent);
-                    latency = latency.prepend(
-                        PipeStage {
-                            fwd_ms: t,
-                            bwd_ms: t,
-                            allreduce_ms: 0.0,
-                        },
-                        self.micro_batches,
-                    );
+                    latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                 }
                 latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
                 let (next, _) = state.take(&counts);
@@ -707,14 +700,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                     let mut latency = entry.latency;
                     if entry.stages > 0 {
                         let t = opt.transfer_ms;
-                        latency = latency.prepend(
-                            PipeStage {
-                                fwd_ms: t,
-                                bwd_ms: t,
-                                allreduce_ms: 0.0,
-                            },
-                            self.micro_batches,
-                        );
+                        latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                     }
                     latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
                     if !self.promising(latency, i, free - opt.replicas) {
