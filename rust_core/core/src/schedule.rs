@@ -35,26 +35,17 @@ pub struct Action {
 }
 
 impl Action {
-    pub const ALL_REDUCE: Action = Action {
-        kind: ActionKind::AllReduce,
-        micro_batch: None,
-    };
-    pub const OPTIMIZER_STEP: Action = Action {
-        kind: ActionKind::OptimizerStep,
-        micro_batch: None,
-    };
+    pub const ALL_REDUCE: Action = Action::new(ActionKind::AllReduce, None);
+    pub const OPTIMIZER_STEP: Action = Action::new(ActionKind::OptimizerStep, None);
 
+    pub const fn new(kind: ActionKind, micro_batch: Option<u32>) -> Action {
+        Action { kind, micro_batch }
+    }
     pub fn forward(micro_batch: u32) -> Action {
-        Action {
-            kind: ActionKind::Forward,
-            micro_batch: Some(micro_batch),
-        }
+        Action::new(ActionKind::Forward, Some(micro_batch))
     }
     pub fn backward(micro_batch: u32) -> Action {
-        Action {
-            kind: ActionKind::Backward,
-            micro_batch: Some(micro_batch),
-        }
+        Action::new(ActionKind::Backward, Some(micro_batch))
     }
 }
 
@@ -96,10 +87,7 @@ impl FromStr for Action {
             && digits.bytes().all(|b| b.is_ascii_digit())
             && (digits == "0" || !digits.starts_with('0'));
         let m = digits.parse().ok().filter(|_| canonical).ok_or_else(bad)?;
-        Ok(Action {
-            kind,
-            micro_batch: Some(m),
-        })
+        Ok(Action::new(kind, Some(m)))
     }
 }
 
@@ -394,99 +382,72 @@ impl fmt::Display for Schedule {
 mod tests {
     use super::*;
 
-    fn acts(line: &str) -> Vec<Action> {
-        line.split_whitespace()
-            .map(|t| t.parse().unwrap())
+    /// Non-empty lines of a literal table, trimmed.
+    fn lines(text: &str) -> Vec<&str> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
             .collect()
     }
 
-    fn assert_table(s: &Schedule, table: &[&str]) {
-        let want: Vec<Vec<Action>> = table.iter().map(|l| acts(l)).collect();
-        let got: Vec<Vec<Action>> = s.stages.iter().map(|st| st.actions.clone()).collect();
-        assert_eq!(got, want, "\n{s}");
-    }
-
-    /// A schedule from literal lines, not validated.
-    fn hand(m: u32, table: &[&str]) -> Schedule {
-        let stages = table
-            .iter()
-            .enumerate()
-            .map(|(stage, l)| StageSchedule {
-                stage,
-                actions: acts(l),
-            })
-            .collect();
+    /// A schedule from a table in Display form, not validated.
+    fn table(m: u32, text: &str) -> Schedule {
+        let stages = lines(text).into_iter().enumerate().map(|(stage, line)| {
+            let rest = line.strip_prefix(&format!("stage {stage}:")).unwrap();
+            let actions = rest
+                .split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect();
+            StageSchedule { stage, actions }
+        });
+        let (kind, stages) = (ScheduleKind::EarlyBackward1F1B, stages.collect());
         Schedule {
-            kind: ScheduleKind::EarlyBackward1F1B,
+            kind,
             micro_batches: m,
             stages,
         }
     }
 
-    fn rejects(m: u32, table: &[&str], expected: &str) {
-        let err = hand(m, table).validate().unwrap_err();
+    fn check(s: Result<Schedule>, kind: ScheduleKind, text: &str) {
+        let s = s.unwrap();
+        assert_eq!(s.kind, kind);
+        assert_eq!(s.stages, table(s.micro_batches, text).stages, "\n{s}");
+        assert_eq!(s.to_string(), lines(text).join("\n"));
+    }
+
+    fn rejects(m: u32, text: &str, expected: &str) {
+        let err = table(m, text).validate().unwrap_err();
         assert_eq!(err.kind, crate::ErrorKind::InvalidInput);
         assert_eq!(err.message, expected);
     }
 
+    const EB: ScheduleKind = ScheduleKind::EarlyBackward1F1B;
+
     #[test]
-    fn early_backward_s2_m4_k21() {
-        let s = Schedule::early_backward(2, 4, &[2, 1]).unwrap();
-        assert_table(
-            &s,
-            &[
-                "F0 F1 B0 F2 B1 F3 B2 B3 AR OPT",
-                "F0 B0 F1 B1 F2 B2 F3 B3 AR OPT",
-            ],
-        );
-        assert_eq!(
-            s.to_string(),
-            "stage 0: F0 F1 B0 F2 B1 F3 B2 B3 AR OPT\nstage 1: F0 B0 F1 B1 F2 B2 F3 B3 AR OPT"
-        );
+    #[rustfmt::skip]
+    fn literal_schedules() {
+        check(Schedule::early_backward(2, 4, &[2, 1]), EB, "
+            stage 0: F0 F1 B0 F2 B1 F3 B2 B3 AR OPT
+            stage 1: F0 B0 F1 B1 F2 B2 F3 B3 AR OPT");
+        // Policy A: K = [3, 2, 1].
+        check(Schedule::early_backward_with_policy(3, 5, WarmupPolicy::A), EB, "
+            stage 0: F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 AR OPT
+            stage 1: F0 F1 B0 F2 B1 F3 B2 F4 B3 B4 AR OPT
+            stage 2: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 AR OPT");
+        // Policy B: K = min(2(S - i) - 1, M) = [5, 3, 1]; stage 0 runs all
+        // forwards first like GPipe, but backwards in forward order.
+        check(Schedule::early_backward_with_policy(3, 5, WarmupPolicy::B), EB, "
+            stage 0: F0 F1 F2 F3 F4 B0 B1 B2 B3 B4 AR OPT
+            stage 1: F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 AR OPT
+            stage 2: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 AR OPT");
+        check(Schedule::gpipe(2, 3), ScheduleKind::GPipe, "
+            stage 0: F0 F1 F2 B2 B1 B0 AR OPT
+            stage 1: F0 F1 F2 B2 B1 B0 AR OPT");
     }
 
     #[test]
-    fn early_backward_s3_m5_policy_a() {
-        let s = Schedule::early_backward_with_policy(3, 5, WarmupPolicy::A).unwrap();
-        assert_table(
-            &s,
-            &[
-                "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 AR OPT",
-                "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4 AR OPT",
-                "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 AR OPT",
-            ],
-        );
-    }
-
-    #[test]
-    fn early_backward_s3_m5_policy_b() {
-        // K = min(2(S - i) - 1, M) = [5, 3, 1]: stage 0 is GPipe-like.
-        let s = Schedule::early_backward_with_policy(3, 5, WarmupPolicy::B).unwrap();
-        assert_table(
-            &s,
-            &[
-                "F0 F1 F2 F3 F4 B0 B1 B2 B3 B4 AR OPT",
-                "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 AR OPT",
-                "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 AR OPT",
-            ],
-        );
-        assert_eq!(s.kind, ScheduleKind::EarlyBackward1F1B);
-    }
-
-    #[test]
-    fn gpipe_s2_m3() {
-        let s = Schedule::gpipe(2, 3).unwrap();
-        assert_table(
-            &s,
-            &["F0 F1 F2 B2 B1 B0 AR OPT", "F0 F1 F2 B2 B1 B0 AR OPT"],
-        );
-        assert_eq!(s.kind, ScheduleKind::GPipe);
-    }
-
-    #[test]
-    fn action_display_from_str_round_trip() {
-        let s = Schedule::gpipe(1, 12).unwrap();
-        for a in &s.stages[0].actions {
+    fn action_and_kind_round_trip() {
+        for a in &Schedule::gpipe(1, 12).unwrap().stages[0].actions {
             assert_eq!(a.to_string().parse::<Action>().unwrap(), *a);
         }
         assert_eq!("F3".parse::<Action>().unwrap(), Action::forward(3));
@@ -501,27 +462,13 @@ mod tests {
             assert_eq!(k.name().parse::<ScheduleKind>().unwrap(), k);
             assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{k}\""));
         }
-        let json = serde_json::to_string(&Schedule::gpipe(2, 2).unwrap()).unwrap();
-        assert_eq!(
-            serde_json::from_str::<Schedule>(&json).unwrap(),
-            Schedule::gpipe(2, 2).unwrap()
-        );
+        let s = Schedule::early_backward(2, 2, &[2, 1]).unwrap();
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<Schedule>(&json).unwrap(), s);
     }
 
     #[test]
-    fn generated_schedules_validate() {
-        for n in 1..=6 {
-            for m in 1..=8 {
-                for p in [WarmupPolicy::A, WarmupPolicy::B] {
-                    Schedule::early_backward_with_policy(n, m, p).unwrap();
-                }
-                Schedule::gpipe(n, m).unwrap();
-            }
-        }
-    }
-
-    #[test]
-    fn peak_in_flight_is_warmup_or_m() {
+    fn generated_schedules_validate_with_peak_k_or_m() {
         for n in 1..=6 {
             for m in 1..=8 {
                 for p in [WarmupPolicy::A, WarmupPolicy::B] {
@@ -540,63 +487,50 @@ mod tests {
             (0..4).map(|i| s.peak_in_flight(i)).collect::<Vec<_>>(),
             [5, 5, 3, 1]
         );
+        assert_eq!(
+            Schedule::early_backward(2, 4, &[2, 1])
+                .unwrap()
+                .peak_in_flight(0),
+            2
+        );
     }
 
     #[test]
+    #[rustfmt::skip]
     fn validate_rejects_bad_stage_lists() {
-        let ok = "F0 B0 F1 B1 AR OPT";
-        rejects(
-            2,
-            &[ok, "F0 B0 B1 AR OPT"],
-            "stage 1: action 2 (B1) comes before F1",
-        );
-        rejects(2, &[ok, "F0 B0 AR OPT"], "stage 1: F1 is missing");
-        rejects(
-            2,
-            &["F0 F1 B0 B1 B1 AR OPT", ok],
-            "stage 0: action 4 (B1) duplicates action 3",
-        );
-        rejects(
-            3,
-            &["F0 F1 B0 B2 F2 B1 AR OPT"],
-            "stage 0: action 3 (B2) comes before F2",
-        );
-        rejects(
-            2,
-            &[ok, "F0 B0 F1 AR B1 OPT"],
-            "stage 1: action 3 (AR) comes before B1",
-        );
-        rejects(
-            2,
-            &["F0 B0 F1 B1 OPT AR"],
-            "stage 0: action 5 (AR) comes after OPT (action 4)",
-        );
-        rejects(2, &["F0 B0 F1 B1 AR"], "stage 0: OPT is missing");
-        rejects(
-            2,
-            &["F0 B0 F2 B1 AR OPT"],
-            "stage 0: action 2 (F2) is out of range 0..2",
-        );
+        let ok = "stage 0: F0 B0 F1 B1 AR OPT";
+        rejects(2, &format!("{ok}\nstage 1: F0 B0 AR OPT"), "stage 1: F1 is missing");
+        for (m, text, expected) in [
+            (2, "stage 0: F0 B0 F1 AR OPT",        "stage 0: B1 is missing"),
+            (2, "stage 0: F0 F1 B0 B1 B1 AR OPT",  "stage 0: action 4 (B1) duplicates action 3"),
+            (3, "stage 0: F0 F1 B0 B2 F2 B1 AR OPT", "stage 0: action 3 (B2) comes before F2"),
+            (2, "stage 0: F0 B0 F1 AR B1 OPT",     "stage 0: action 3 (AR) comes before B1"),
+            (2, "stage 0: F0 B0 F1 B1 AR AR OPT",  "stage 0: action 5 (AR) duplicates action 4"),
+            (2, "stage 0: F0 B0 F1 B1 OPT AR",     "stage 0: action 5 (AR) comes after OPT (action 4)"),
+            (2, "stage 0: F0 B0 F1 B1 AR",         "stage 0: OPT is missing"),
+            (2, "stage 0: F0 B0 F2 B1 AR OPT",     "stage 0: action 2 (F2) is out of range 0..2"),
+        ] {
+            rejects(m, text, expected);
+        }
+        let mut s = table(1, "stage 0: F0 B0 AR OPT");
+        s.stages[0].actions[1].micro_batch = None;
+        assert_eq!(s.validate().unwrap_err().message, "stage 0: action 1 (B?) has no micro-batch");
     }
 
     #[test]
+    #[rustfmt::skip]
     fn validate_rejects_cross_stage_deadlock() {
         // Each list is fine alone: stage 0 wants B0 before F1, stage 1 wants F1 before B0.
-        rejects(
-            2,
-            &["F0 B0 F1 B1 AR OPT", "F0 F1 B0 B1 AR OPT"],
+        rejects(2, "
+            stage 0: F0 B0 F1 B1 AR OPT
+            stage 1: F0 F1 B0 B1 AR OPT",
             "deadlock: stage 0 waits at action 1 (B0) for B0 on stage 1; \
-             stage 1 waits at action 1 (F1) for F1 on stage 0",
-        );
-        // The same through the generator: a later stage warming up deeper.
+             stage 1 waits at action 1 (F1) for F1 on stage 0");
+        // The generator validates: a later stage warming up deeper deadlocks.
         let err = Schedule::early_backward(3, 4, &[1, 2, 1]).unwrap_err();
-        assert!(
-            err.message
-                .starts_with("deadlock: stage 0 waits at action 1 (B0)"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.starts_with("deadlock: stage 0 waits at action 1 (B0)"), "{}", err.message);
         assert!(Schedule::early_backward(2, 4, &[2, 5]).is_err());
         assert!(Schedule::early_backward(2, 4, &[2]).is_err());
+        assert!(Schedule::gpipe(0, 4).is_err());
     }
 }

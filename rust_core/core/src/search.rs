@@ -313,7 +313,8 @@ struct Dp<'c, 'a> {
     objective: Objective,
     incumbent: Option<&'c AtomicU64>,
     states: Vec<StateData>,
-    index: HashMap<(u32, State), u32>,
+    /// index[j]: state id of each cluster state whose suffix starts at layer j.
+    index: Vec<HashMap<State, u32>>,
     /// by_start[j]: states whose suffix starts at layer j.
     by_start: Vec<Vec<u32>>,
     entries: Vec<Entry>,
@@ -387,7 +388,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             objective,
             incumbent,
             states: Vec::new(),
-            index: HashMap::new(),
+            index: vec![HashMap::new(); n + 1],
             by_start: vec![Vec::new(); n + 1],
             entries: Vec::new(),
             stages_costed: 0,
@@ -428,14 +429,14 @@ impl<'c, 'a> Dp<'c, 'a> {
         floor <= self.incumbent() * (1.0 + 1e-12)
     }
 
-    fn state_id(&mut self, start: usize, key: State) -> u32 {
-        if let Some(&id) = self.index.get(&(start as u32, key.clone())) {
+    fn state_id(&mut self, start: usize, key: &State) -> u32 {
+        if let Some(&id) = self.index[start].get(key) {
             return id;
         }
         let id = self.states.len() as u32;
-        self.index.insert((start as u32, key.clone()), id);
+        self.index[start].insert(key.clone(), id);
         self.states.push(StateData {
-            key,
+            key: key.clone(),
             front: Vec::new(),
         });
         self.by_start[start].push(id);
@@ -484,7 +485,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             .iter()
             .map(|m| (m.group, m.gpus))
             .collect();
-        let root_state = self.state_id(n, State::empty(&machines));
+        let root_state = self.state_id(n, &State::empty(&machines));
         let root = Entry {
             latency: SuffixLatency::EMPTY,
             peak_memory: 0.0,
@@ -712,7 +713,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                     let target = match next {
                         Some(t) => t,
                         None => {
-                            let t = self.state_id(i, opt.next_key.clone());
+                            let t = self.state_id(i, &opt.next_key);
                             next = Some(t);
                             t
                         }
