@@ -9,6 +9,7 @@ import planner
 from .estimate import estimate_command
 from .plan import plan_command
 from .profile import profile_group
+from .simulate import simulate_command
 from .topology import topology_group
 
 
@@ -24,6 +25,7 @@ def cli():
 
 cli.add_command(plan_command)
 cli.add_command(estimate_command)
+cli.add_command(simulate_command)
 cli.add_command(topology_group)
 cli.add_command(profile_group)
 

@@ -9,7 +9,8 @@ import traceback
 
 import click
 
-from planner.errors import DappleError
+import planner
+from planner.errors import DappleError, InvalidInputError
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
@@ -20,7 +21,7 @@ def profile_option(f):
         "profile_path",
         required=True,
         type=click.Path(dir_okay=False),
-        help="Profile JSON (dapple.profile), e.g. profiles/bert-48.json.",
+        help="Profile JSON (dapple.profile), e.g. profiles/artifact/bert-48-pbs-2.json.",
     )(f)
 
 
@@ -30,6 +31,34 @@ def topology_option(f):
         required=True,
         help="Cluster: a spec like 2x8-nvlink or 16x1-25gbps, a preset A/B/C, or a topology JSON file.",
     )(f)
+
+
+def plan_options(f):
+    """--plan, and --profile defaulting to the profile the plan records."""
+    f = click.option(
+        "--profile",
+        "profile_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Profile to cost with. Default: the path recorded in the plan.",
+    )(f)
+    return click.option(
+        "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="Plan JSON (dapple.plan)."
+    )(f)
+
+
+def load_plan_and_profile(plan_path: str, profile_path: str | None) -> tuple[planner.Plan, planner.Profile]:
+    """The plan, and the profile given or else the one the plan records."""
+    plan = planner.Plan.load(plan_path)
+    path = profile_path or plan.data["inputs"].get("profile_path")
+    if path is None:
+        raise InvalidInputError(f"{plan_path}: field inputs.profile_path: missing; pass --profile")
+    if profile_path is None and not os.path.isabs(path) and not os.path.exists(path):
+        # A relative path in the plan is relative to where planning ran;
+        # fall back to the plan file's folder.
+        beside = os.path.join(os.path.dirname(plan_path), path)
+        path = beside if os.path.exists(beside) else path
+    return plan, planner.Profile.load(path)
 
 
 def json_option(f):

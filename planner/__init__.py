@@ -26,6 +26,7 @@ from .errors import (
 )
 from .plan import Plan, SearchStats, evaluate, plan
 from .profile import Profile, calibrate_stored_activations, import_artifact_profile
+from .simulation import Simulation, simulate
 from .topology import PRESETS, Topology
 
 __all__ = [
@@ -39,9 +40,11 @@ __all__ = [
     "PRESETS",
     "Profile",
     "SearchStats",
+    "Simulation",
     "Topology",
     "calibrate_stored_activations",
     "evaluate",
     "import_artifact_profile",
     "plan",
+    "simulate",
 ]

@@ -34,3 +34,11 @@ def plan_search(
     search_space: str = "auto",
     profile_path: str | None = None,
 ) -> tuple[str, tuple[list[int], int, int]]: ...
+def plan_simulate(
+    plan_text: str,
+    profile_text: str,
+    *,
+    schedule: str = "early-backward-1f1b",
+    recompute: bool = False,
+    plan_source: str | None = None,
+) -> str: ...

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod profile;
 pub mod schedule;
 pub mod search;
+pub mod simulate;
 pub mod topology;
 
 pub use error::{Error, ErrorKind, Result};

@@ -209,6 +209,16 @@ pub fn blocks_per_stage(profile: &Profile, plan: &Plan) -> Vec<usize> {
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
+    let (allocs, policy) = check(plan, profile)?;
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::new(&plan.inputs.topology);
+    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
+    Ok(estimate_stages(&coster, plan, &allocs, policy))
+}
+
+/// Check that `plan` can run `profile` on its topology; returns each
+/// stage's GPUs per machine and the warm-up policy.
+pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, WarmupPolicy)> {
     let topology = &plan.inputs.topology;
     let n = profile.layers.len();
     let num_devices = topology.num_devices();
@@ -344,10 +354,7 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
             format!("value {expected_start}: the stages must cover all {n} layers of the profile"),
         ));
     }
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(topology);
-    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
-    Ok(estimate_stages(&coster, plan, &allocs, policy))
+    Ok((allocs, policy))
 }
 
 /// Cost a plan whose stages have already been checked.

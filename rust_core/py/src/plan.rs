@@ -1,5 +1,7 @@
 use dapple_core::plan::{blocks_per_stage, evaluate, Plan};
 use dapple_core::profile::Profile;
+use dapple_core::schedule::ScheduleKind;
+use dapple_core::simulate::{simulate, SimulationOptions};
 use pyo3::prelude::*;
 
 use crate::profile::with_source;
@@ -40,7 +42,34 @@ fn plan_blocks_per_stage(plan_text: &str, profile_text: &str) -> PyResult<Vec<us
     Ok(blocks_per_stage(&profile, &plan))
 }
 
+/// Simulate one iteration of a plan; returns the simulation as JSON.
+#[pyfunction]
+#[pyo3(signature = (plan_text, profile_text, *, schedule="early-backward-1f1b", recompute=false, plan_source=None))]
+fn plan_simulate(
+    py: Python<'_>,
+    plan_text: &str,
+    profile_text: &str,
+    schedule: &str,
+    recompute: bool,
+    plan_source: Option<&str>,
+) -> PyResult<String> {
+    let plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+    let kind: ScheduleKind = schedule
+        .parse()
+        .map_err(|e: dapple_core::Error| to_py_err(e.under("schedule")))?;
+    let opts = SimulationOptions {
+        schedule: kind,
+        recompute,
+    };
+    let sim = py
+        .detach(|| simulate(&plan, &profile, opts))
+        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    Ok(dapple_core::format::to_json(&sim))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(plan_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(plan_canonical, m)?)?;
     m.add_function(wrap_pyfunction!(plan_evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(plan_blocks_per_stage, m)?)?;

@@ -1,0 +1,427 @@
+//! Discrete-event simulation of one training iteration of a plan.
+//!
+//! The analytic estimate (formula 2) ignores bubbles inside the pivot stage;
+//! here every forward and backward of every micro-batch runs in the order
+//! its stage's action list gives (`schedule.rs`), transfers queue on the
+//! link between two stages (one queue per direction), each stage reduces
+//! its gradients after its last backward and then steps its optimizer.
+//! All replicas of a stage run the same list on their slices in lockstep,
+//! so a stage is simulated once with the time of its largest slice.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{largest_slice, Cluster, StageCoster};
+use crate::error::{Error, Result};
+use crate::plan::{check, Plan};
+use crate::profile::{LayerCosts, Profile};
+use crate::schedule::{ActionKind, Schedule, ScheduleKind};
+
+/// One stage as the simulator sees it: times for one micro-batch slice and
+/// the bytes that come and go with each micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimStage {
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
+    pub allreduce_ms: f64,
+    pub optimizer_ms: f64,
+    /// Weights, gradients and optimizer state: held all the time.
+    pub model_state_bytes: f64,
+    /// Kept from a micro-batch's forward to its backward.
+    pub stored_bytes: f64,
+    /// The stage's input for one micro-batch slice: all that re-computation keeps.
+    pub input_bytes: f64,
+    pub memory_limit_bytes: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    Forward,
+    Backward,
+    /// Activations from stage `stage` to `stage + 1`.
+    SendForward,
+    /// Gradients from stage `stage + 1` back to `stage`.
+    SendBackward,
+    AllReduce,
+    OptimizerStep,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub stage: usize,
+    pub kind: TaskKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
+    pub start_ms: f64,
+    pub end_ms: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTimeline {
+    /// Time spent in forward and backward passes.
+    pub compute_ms: f64,
+    /// Share of the iteration the stage's GPUs do no forward or backward work.
+    pub bubble_fraction: f64,
+    pub peak_memory_bytes: f64,
+    pub memory_limit_bytes: f64,
+    /// Most micro-batches between their forward and their backward at once.
+    pub peak_in_flight: u32,
+    /// (time ms, bytes) after every change of the stage's memory.
+    pub memory: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Simulation {
+    pub schedule: String,
+    pub recompute: bool,
+    pub iteration_ms: f64,
+    pub stages: Vec<StageTimeline>,
+    pub tasks: Vec<Task>,
+}
+
+impl Simulation {
+    pub fn peak_memory_bytes(&self) -> f64 {
+        self.stages
+            .iter()
+            .map(|s| s.peak_memory_bytes)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Simulate `schedule` on stages with the given costs; `transfer_ms[i]` is
+/// the time to move one micro-batch between stage i and i+1, either way.
+pub fn simulate_stages(
+    stages: &[SimStage],
+    transfer_ms: &[f64],
+    schedule: &Schedule,
+    recompute: bool,
+) -> Result<Simulation> {
+    schedule.validate()?;
+    let s_count = stages.len();
+    if schedule.stages.len() != s_count || transfer_ms.len() + 1 != s_count {
+        return Err(Error::invalid(format!(
+            "the schedule has {} stages, the plan {s_count} and {} transfers",
+            schedule.stages.len(),
+            transfer_ms.len()
+        )));
+    }
+    let m = schedule.micro_batches as usize;
+    // When the input of (stage, micro-batch) is there, forward and backward.
+    let mut forward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
+    let mut backward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
+    for slot in forward_ready[0].iter_mut() {
+        *slot = Some(0.0);
+    }
+    let mut link_forward_free = vec![0.0f64; s_count.saturating_sub(1)];
+    let mut link_backward_free = vec![0.0f64; s_count.saturating_sub(1)];
+    let mut next = vec![0usize; s_count];
+    let mut stage_free = vec![0.0f64; s_count];
+    let mut tasks: Vec<Task> = Vec::new();
+    // (time, change of bytes) per stage.
+    let mut memory_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); s_count];
+    let mut compute = vec![0.0f64; s_count];
+    loop {
+        let mut progressed = false;
+        for s in 0..s_count {
+            while let Some(action) = schedule.stages[s].actions.get(next[s]) {
+                let st = &stages[s];
+                let mb = action.micro_batch.map(|x| x as usize);
+                let (ready, duration) = match action.kind {
+                    ActionKind::Forward => (forward_ready[s][mb.unwrap()], st.fwd_ms),
+                    ActionKind::Backward => {
+                        let extra = if recompute { st.fwd_ms } else { 0.0 };
+                        (backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
+                    }
+                    ActionKind::AllReduce => (Some(stage_free[s]), st.allreduce_ms),
+                    ActionKind::OptimizerStep => (Some(stage_free[s]), st.optimizer_ms),
+                };
+                let Some(ready) = ready else { break };
+                let start = stage_free[s].max(ready);
+                let end = start + duration;
+                stage_free[s] = end;
+                next[s] += 1;
+                progressed = true;
+                let kind = match action.kind {
+                    ActionKind::Forward => TaskKind::Forward,
+                    ActionKind::Backward => TaskKind::Backward,
+                    ActionKind::AllReduce => TaskKind::AllReduce,
+                    ActionKind::OptimizerStep => TaskKind::OptimizerStep,
+                };
+                tasks.push(Task {
+                    stage: s,
+                    kind,
+                    micro_batch: action.micro_batch,
+                    start_ms: start,
+                    end_ms: end,
+                });
+                match action.kind {
+                    ActionKind::Forward => {
+                        let mb = mb.unwrap();
+                        compute[s] += duration;
+                        let kept = if recompute {
+                            st.input_bytes
+                        } else {
+                            st.stored_bytes
+                        };
+                        memory_events[s].push((start, kept));
+                        if s + 1 < s_count {
+                            let send_start = end.max(link_forward_free[s]);
+                            let arrive = send_start + transfer_ms[s];
+                            link_forward_free[s] = arrive;
+                            forward_ready[s + 1][mb] = Some(arrive);
+                            tasks.push(Task {
+                                stage: s,
+                                kind: TaskKind::SendForward,
+                                micro_batch: action.micro_batch,
+                                start_ms: send_start,
+                                end_ms: arrive,
+                            });
+                        } else {
+                            // The last stage starts the backward as soon as its forward is done.
+                            backward_ready[s][mb] = Some(end);
+                        }
+                    }
+                    ActionKind::Backward => {
+                        let mb = mb.unwrap();
+                        compute[s] += duration;
+                        if recompute {
+                            // The forward is re-run: its activations live through the backward.
+                            memory_events[s].push((start, st.stored_bytes));
+                            memory_events[s].push((end, -st.stored_bytes - st.input_bytes));
+                        } else {
+                            memory_events[s].push((end, -st.stored_bytes));
+                        }
+                        if s > 0 {
+                            let send_start = end.max(link_backward_free[s - 1]);
+                            let arrive = send_start + transfer_ms[s - 1];
+                            link_backward_free[s - 1] = arrive;
+                            backward_ready[s - 1][mb] = Some(arrive);
+                            tasks.push(Task {
+                                stage: s - 1,
+                                kind: TaskKind::SendBackward,
+                                micro_batch: action.micro_batch,
+                                start_ms: send_start,
+                                end_ms: arrive,
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    if let Some(s) = (0..s_count).find(|&s| next[s] < schedule.stages[s].actions.len()) {
+        // validate() rules this out; kept so a bug cannot loop or lie.
+        return Err(Error::invalid(format!(
+            "stage {s}: the simulation stopped at action {} ({})",
+            next[s], schedule.stages[s].actions[next[s]]
+        )));
+    }
+    let iteration_ms = tasks.iter().map(|t| t.end_ms).fold(0.0, f64::max);
+    let timelines = (0..s_count)
+        .map(|s| {
+            let st = &stages[s];
+            let mut events = std::mem::take(&mut memory_events[s]);
+            // Memory freed at an instant can be reused at that instant.
+            events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+            let mut bytes = st.model_state_bytes;
+            let mut peak = bytes;
+            let mut memory = vec![(0.0, bytes)];
+            for (t, delta) in events {
+                bytes += delta;
+                peak = peak.max(bytes);
+                memory.push((t, bytes));
+            }
+            StageTimeline {
+                compute_ms: compute[s],
+                bubble_fraction: if iteration_ms > 0.0 {
+                    1.0 - compute[s] / iteration_ms
+                } else {
+                    0.0
+                },
+                peak_memory_bytes: peak,
+                memory_limit_bytes: st.memory_limit_bytes,
+                peak_in_flight: schedule.peak_in_flight(s),
+                memory,
+            }
+        })
+        .collect();
+    Ok(Simulation {
+        schedule: schedule.kind.name().to_string(),
+        recompute,
+        iteration_ms,
+        stages: timelines,
+        tasks,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimulationOptions {
+    pub schedule: ScheduleKind,
+    pub recompute: bool,
+}
+
+/// Simulate a plan with the same stage costs the estimate uses.
+pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
+    let (allocs, policy) = check(plan, profile)?;
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::new(&plan.inputs.topology);
+    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
+    let s_count = plan.stages.len();
+    let only = s_count == 1;
+    let mut stages = Vec::with_capacity(s_count);
+    let mut transfers = Vec::with_capacity(s_count.saturating_sub(1));
+    for (i, (s, alloc)) in plan.stages.iter().zip(&allocs).enumerate() {
+        if i > 0 {
+            transfers.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
+        }
+        let c = coster.stage(
+            s.layer_start,
+            s.layer_end,
+            alloc,
+            s.warmup_micro_batches,
+            only,
+        );
+        let slice = f64::from(largest_slice(
+            plan.micro_batch_size,
+            crate::cost::alloc_size(alloc),
+        ));
+        stages.push(SimStage {
+            fwd_ms: c.fwd_ms,
+            bwd_ms: c.bwd_ms,
+            allreduce_ms: c.exposed_allreduce_ms,
+            optimizer_ms: 0.0,
+            model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
+            stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
+            input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
+            memory_limit_bytes: c.memory_limit_bytes,
+        });
+    }
+    let schedule = match opts.schedule {
+        ScheduleKind::EarlyBackward1F1B => {
+            Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)?
+        }
+        ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches)?,
+    };
+    simulate_stages(&stages, &transfers, &schedule, opts.recompute)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::WarmupPolicy;
+
+    fn equal_stages(n: usize, f: f64, b: f64) -> Vec<SimStage> {
+        vec![
+            SimStage {
+                fwd_ms: f,
+                bwd_ms: b,
+                allreduce_ms: 0.0,
+                optimizer_ms: 0.0,
+                model_state_bytes: 100.0,
+                stored_bytes: 10.0,
+                input_bytes: 1.0,
+                memory_limit_bytes: 1e9,
+            };
+            n
+        ]
+    }
+
+    #[test]
+    fn straight_pipeline_matches_the_closed_form() {
+        // S equal stages, free links: (M + S - 1)(t_f + t_b), for both schedules.
+        for s in 1..=5 {
+            for m in 1..=9u32 {
+                let stages = equal_stages(s, 1.0, 2.0);
+                let zero = vec![0.0; s - 1];
+                let eb = Schedule::early_backward_with_policy(s, m, WarmupPolicy::A).unwrap();
+                let gp = Schedule::gpipe(s, m).unwrap();
+                let expected = (f64::from(m) + s as f64 - 1.0) * 3.0;
+                let a = simulate_stages(&stages, &zero, &eb, false).unwrap();
+                let b = simulate_stages(&stages, &zero, &gp, false).unwrap();
+                assert_eq!(a.iteration_ms, expected, "1F1B S={s} M={m}");
+                assert_eq!(b.iteration_ms, expected, "GPipe S={s} M={m}");
+            }
+        }
+    }
+
+    #[test]
+    fn early_backward_keeps_activation_memory_flat_and_gpipe_grows_with_m() {
+        // Table VI's trend: 1F1B holds K_i micro-batches, GPipe all M.
+        let s = 2;
+        let stages = equal_stages(s, 1.0, 2.0);
+        for m in [2u32, 4, 8, 16] {
+            let eb = simulate_stages(
+                &stages,
+                &[0.0],
+                &Schedule::early_backward_with_policy(s, m, WarmupPolicy::A).unwrap(),
+                false,
+            )
+            .unwrap();
+            let gp =
+                simulate_stages(&stages, &[0.0], &Schedule::gpipe(s, m).unwrap(), false).unwrap();
+            assert_eq!(eb.stages[0].peak_memory_bytes, 100.0 + 2.0 * 10.0);
+            assert_eq!(gp.stages[0].peak_memory_bytes, 100.0 + f64::from(m) * 10.0);
+            assert_eq!(eb.stages[0].peak_in_flight, 2);
+            assert_eq!(gp.stages[0].peak_in_flight, m);
+        }
+    }
+
+    #[test]
+    fn recompute_trades_time_for_memory() {
+        let stages = equal_stages(2, 1.0, 2.0);
+        let sched = Schedule::gpipe(2, 8).unwrap();
+        let plain = simulate_stages(&stages, &[0.0], &sched, false).unwrap();
+        let rc = simulate_stages(&stages, &[0.0], &sched, true).unwrap();
+        assert!(rc.iteration_ms > plain.iteration_ms);
+        // 8 inputs of 1 byte kept, plus one re-computed micro-batch at a time.
+        assert_eq!(rc.stages[0].peak_memory_bytes, 100.0 + 8.0 + 10.0);
+        assert!(rc.peak_memory_bytes() < plain.peak_memory_bytes());
+    }
+
+    #[test]
+    fn slow_links_and_allreduce_lengthen_the_iteration() {
+        let mut stages = equal_stages(2, 1.0, 2.0);
+        let base =
+            simulate_stages(&stages, &[0.0], &Schedule::gpipe(2, 4).unwrap(), false).unwrap();
+        let linked =
+            simulate_stages(&stages, &[0.5], &Schedule::gpipe(2, 4).unwrap(), false).unwrap();
+        // The first forward and the last backward each wait for one transfer.
+        assert_eq!(linked.iteration_ms, base.iteration_ms + 1.0);
+        stages[0].allreduce_ms = 7.0;
+        let reduced =
+            simulate_stages(&stages, &[0.0], &Schedule::gpipe(2, 4).unwrap(), false).unwrap();
+        assert_eq!(reduced.iteration_ms, base.iteration_ms + 7.0);
+        let ar = reduced
+            .tasks
+            .iter()
+            .find(|t| t.kind == TaskKind::AllReduce && t.stage == 0)
+            .unwrap();
+        let last_b = reduced
+            .tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Backward && t.stage == 0)
+            .map(|t| t.end_ms)
+            .fold(0.0, f64::max);
+        assert_eq!(ar.start_ms, last_b);
+    }
+
+    #[test]
+    fn bubbles_are_the_idle_share() {
+        let stages = equal_stages(4, 1.0, 1.0);
+        let sim = simulate_stages(
+            &stages,
+            &[0.0; 3],
+            &Schedule::early_backward_with_policy(4, 4, WarmupPolicy::A).unwrap(),
+            false,
+        )
+        .unwrap();
+        // (M + S - 1) = 7 slots of 2 ms, 4 of them busy on every stage.
+        for st in &sim.stages {
+            assert!((st.bubble_fraction - 3.0 / 7.0).abs() < 1e-12);
+        }
+    }
+}

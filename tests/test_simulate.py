@@ -1,0 +1,59 @@
+"""The schedule simulator on real plans."""
+
+import json
+
+import pytest
+
+import planner
+from conftest import PROFILES
+
+CASES = [
+    ("gnmt-16-pbs-64", 1024),
+    ("bert-48-pbs-2", 64),
+    ("xlnet-36-pbs-1", 128),
+    ("amoeba-36-pbs-1", 128),
+    ("vgg-19-pbs-32", 2048),
+]
+
+
+@pytest.mark.parametrize("name, gbs", CASES)
+@pytest.mark.parametrize("topology", ["A", "B"])
+def test_simulation_never_beats_the_analytic_bound(name, gbs, topology):
+    # Formula (2) at every pivot is a critical path of the same costs, so a
+    # simulated iteration can only be as long or longer.
+    prof = planner.Profile.load(PROFILES / f"{name}.json")
+    p = planner.plan(prof, topology, gbs)
+    sim = planner.simulate(p, prof)
+    assert sim.iteration_ms >= p.estimate["latency_ms"] * (1 - 1e-9)
+    kinds = {t["kind"] for t in sim.tasks}
+    assert {"forward", "backward", "optimizer_step"} <= kinds
+    forwards = [t for t in sim.tasks if t["kind"] == "forward"]
+    assert len(forwards) == p.micro_batches * len(p.stages)
+    for st, est in zip(sim.stages, p.estimate["stages"]):
+        assert 0.0 <= st["bubble_fraction"] <= 1.0  # 1.0: a stage of zero-time layers (inputs)
+        # The estimate's memory assumes K_i micro-batches in flight; so does 1F1B.
+        assert st["peak_memory_bytes"] == pytest.approx(est["memory_bytes"], rel=1e-9)
+
+
+def test_gpipe_holds_more_and_recompute_holds_less():
+    prof = planner.Profile.load(PROFILES / "bert-48-pbs-2.json")
+    p = planner.plan(prof, "B", 64)
+    early = planner.simulate(p, prof)
+    gpipe = planner.simulate(p, prof, schedule="gpipe")
+    gpipe_rc = planner.simulate(p, prof, schedule="gpipe", recompute=True)
+    assert gpipe.peak_memory_bytes > early.peak_memory_bytes
+    assert gpipe_rc.peak_memory_bytes < gpipe.peak_memory_bytes
+    assert gpipe_rc.iteration_ms > gpipe.iteration_ms
+
+
+def test_simulate_command(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    assert dapple("plan", "--profile", PROFILES / "bert-48-pbs-2.json", "--topology", "A",
+                  "--global-batch-size", "64", "--out", out).returncode == 0
+    r = dapple("simulate", "--plan", out)
+    assert r.returncode == 0, r.stderr
+    assert "simulated iteration" in r.stdout and "bubbles" in r.stdout
+    j = dapple("simulate", "--plan", out, "--schedule", "gpipe", "--json")
+    assert json.loads(j.stdout)["schedule"] == "gpipe"
+    bad = dapple("simulate", "--plan", out, "--schedule", "zigzag")
+    assert bad.returncode == 2
