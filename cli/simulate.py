@@ -12,8 +12,8 @@ from .render import GIB, console
 
 @click.command("simulate")
 @plan_options
-@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default="early-backward-1f1b",
-              show_default=True, help="Order of forwards and backwards on each stage.")
+@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default=None,
+              help="Order of forwards and backwards on each stage. Default: the plan's.")
 @click.option("--recompute", is_flag=True, help="Keep only stage inputs; re-run forwards before backwards.")
 @json_option
 @reports_errors
@@ -28,7 +28,7 @@ def simulate_command(plan_path, profile_path, schedule, recompute, as_json):
     out = console()
     out.print(
         f"{plan.data['inputs']['model']} {plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of "
-        f"{plan.micro_batch_size}, {schedule}{' with re-computation' if recompute else ''}"
+        f"{plan.micro_batch_size}, {sim.data['schedule']}{' with re-computation' if recompute else ''}"
     )
     gap = (sim.iteration_ms / est["latency_ms"] - 1.0) * 100.0
     out.print(f"simulated iteration {sim.iteration_ms:.1f} ms; analytic estimate {est['latency_ms']:.1f} ms ({gap:+.1f}%)")

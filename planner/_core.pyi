@@ -38,7 +38,8 @@ def plan_simulate(
     plan_text: str,
     profile_text: str,
     *,
-    schedule: str = "early-backward-1f1b",
+    schedule: str | None = None,
     recompute: bool = False,
+    overlap_allreduce: bool = True,
     plan_source: str | None = None,
 ) -> str: ...

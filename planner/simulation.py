@@ -43,17 +43,26 @@ def simulate(
     plan: Plan | str | os.PathLike,
     profile: Profile | str | os.PathLike,
     *,
-    schedule: str = "early-backward-1f1b",
+    schedule: str | None = None,
     recompute: bool = False,
+    overlap_allreduce: bool = True,
 ) -> Simulation:
     """Simulate ``plan`` with the same stage costs as its estimate.
 
-    ``schedule``: "early-backward-1f1b" (DAPPLE, warm-up depth from the
-    plan's policy) or "gpipe" (all forwards, then all backwards).
-    ``recompute``: keep only each stage's input and re-run the forward
-    before the backward."""
+    ``schedule``: None for the plan's own, "early-backward-1f1b" (DAPPLE,
+    warm-up depth from the plan's policy) or "gpipe" (all forwards, then
+    all backwards). ``recompute``: keep only each stage's input and re-run
+    the forward before the backward. ``overlap_allreduce``: whether a
+    data-parallel plan hides its AllReduce behind the last backward."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     return Simulation(
-        _core.plan_simulate(p.text, prof.text, schedule=schedule, recompute=recompute, plan_source=p.path)
+        _core.plan_simulate(
+            p.text,
+            prof.text,
+            schedule=schedule,
+            recompute=recompute,
+            overlap_allreduce=overlap_allreduce,
+            plan_source=p.path,
+        )
     )

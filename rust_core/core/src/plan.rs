@@ -14,6 +14,7 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::format::{parse_versioned, to_json};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
+use crate::schedule::ScheduleKind;
 use crate::topology::{Topology, TOPOLOGY_FORMAT, TOPOLOGY_SCHEMA_VERSION};
 
 pub const PLAN_FORMAT: &str = "dapple.plan";
@@ -62,7 +63,8 @@ pub struct PlanOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {
-    /// "early-backward-1f1b" (DAPPLE).
+    /// "early-backward-1f1b" (DAPPLE) or "gpipe" (all forwards, then all
+    /// backwards; every micro-batch is in flight at once).
     pub kind: String,
     /// "A": K_i = min(S - i, M); "B": K_i = min(2(S - i) - 1, M).
     pub warmup_policy: String,
@@ -168,6 +170,13 @@ impl Plan {
         to_json(self)
     }
 
+    pub fn schedule_kind(&self) -> Result<ScheduleKind> {
+        self.schedule
+            .kind
+            .parse()
+            .map_err(|e: Error| e.under("schedule.kind"))
+    }
+
     pub fn warmup_policy(&self) -> Result<WarmupPolicy> {
         parse_warmup_policy(&self.schedule.warmup_policy)
             .map_err(|e| e.under("schedule.warmup_policy"))
@@ -180,6 +189,20 @@ impl Plan {
             .map(|s| s.devices.len().to_string())
             .collect::<Vec<_>>()
             .join(":")
+    }
+}
+
+/// Micro-batches stage i runs forward before its first backward (K_i):
+/// the warm-up policy's for early backward, all of them for GPipe.
+pub fn warmup_depth(
+    kind: ScheduleKind,
+    policy: WarmupPolicy,
+    stages_from_here: u32,
+    micro_batches: u32,
+) -> u32 {
+    match kind {
+        ScheduleKind::EarlyBackward1F1B => policy.warmup(stages_from_here, micro_batches),
+        ScheduleKind::GPipe => micro_batches,
     }
 }
 
@@ -209,11 +232,11 @@ pub fn blocks_per_stage(profile: &Profile, plan: &Plan) -> Vec<usize> {
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
-    let (allocs, policy) = check(plan, profile)?;
+    let (allocs, _) = check(plan, profile)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(&plan.inputs.topology);
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
-    Ok(estimate_stages(&coster, plan, &allocs, policy))
+    Ok(estimate_stages(&coster, plan, &allocs))
 }
 
 /// Check that `plan` can run `profile` on its topology; returns each
@@ -241,15 +264,7 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
             ),
         ));
     }
-    if plan.schedule.kind != SCHEDULE_EARLY_BACKWARD {
-        return Err(Error::field(
-            "schedule.kind",
-            format!(
-                "value {:?} is not supported; use {SCHEDULE_EARLY_BACKWARD:?}",
-                plan.schedule.kind
-            ),
-        ));
-    }
+    let kind = plan.schedule_kind()?;
     let policy = plan.warmup_policy()?;
     let expected_hash = &plan.inputs.profile_sha256;
     if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
@@ -335,14 +350,19 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
             ));
         }
         let stages_from_here = (plan.stages.len() - i) as u32;
-        let k = policy.warmup(stages_from_here, plan.micro_batches);
+        let k = warmup_depth(kind, policy, stages_from_here, plan.micro_batches);
         if s.warmup_micro_batches != k {
+            let why = match kind {
+                ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
+                ScheduleKind::EarlyBackward1F1B => {
+                    format!("warm-up policy {} gives this stage", policy.name())
+                }
+            };
             return Err(Error::field(
                 at("warmup_micro_batches"),
                 format!(
-                    "value {} differs from K_i = {k} that warm-up policy {} gives this stage; fix one of them",
-                    s.warmup_micro_batches,
-                    policy.name()
+                    "value {} differs from K_i = {k} that {why}; fix one of them",
+                    s.warmup_micro_batches
                 ),
             ));
         }
@@ -358,13 +378,7 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
 }
 
 /// Cost a plan whose stages have already been checked.
-pub(crate) fn estimate_stages(
-    coster: &StageCoster,
-    plan: &Plan,
-    allocs: &[Alloc],
-    policy: WarmupPolicy,
-) -> Estimate {
-    let s_count = plan.stages.len() as u32;
+pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc]) -> Estimate {
     let only = plan.stages.len() == 1;
     let mut pipe: Vec<PipeStage> = Vec::new();
     let mut stages = Vec::new();
@@ -381,8 +395,13 @@ pub(crate) fn estimate_stages(
             });
             pipe.push(PipeStage::transfer(t));
         }
-        let warmup = policy.warmup(s_count - i as u32, plan.micro_batches);
-        let c = coster.stage(s.layer_start, s.layer_end, alloc, warmup, only);
+        let c = coster.stage(
+            s.layer_start,
+            s.layer_end,
+            alloc,
+            s.warmup_micro_batches,
+            only,
+        );
         pipe.push(c.as_pipe_stage());
         stages.push(StageEstimate {
             fwd_ms: c.fwd_ms,

@@ -853,7 +853,7 @@ fn build_plan(
         estimate: None,
     };
     let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
-    let estimate = estimate_stages(&coster, &plan, &allocs, ctx.policy);
+    let estimate = estimate_stages(&coster, &plan, &allocs);
     debug_assert!(
         (estimate.latency_ms - found.value).abs() <= 1e-6 * found.value.abs().max(1.0),
         "search value {} and plan estimate {} disagree",

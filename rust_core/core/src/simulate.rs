@@ -260,8 +260,22 @@ pub fn simulate_stages(
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimulationOptions {
-    pub schedule: ScheduleKind,
+    /// None: the plan's own schedule.
+    pub schedule: Option<ScheduleKind>,
     pub recompute: bool,
+    /// Overlap a data-parallel plan's AllReduce with its last backward, as
+    /// the estimate does; false gives data parallelism without overlap.
+    pub overlap_allreduce: bool,
+}
+
+impl Default for SimulationOptions {
+    fn default() -> Self {
+        SimulationOptions {
+            schedule: None,
+            recompute: false,
+            overlap_allreduce: true,
+        }
+    }
 }
 
 /// Simulate a plan with the same stage costs the estimate uses.
@@ -271,7 +285,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Resu
     let cluster = Cluster::new(&plan.inputs.topology);
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
     let s_count = plan.stages.len();
-    let only = s_count == 1;
+    let overlap = s_count == 1 && opts.overlap_allreduce;
     let mut stages = Vec::with_capacity(s_count);
     let mut transfers = Vec::with_capacity(s_count.saturating_sub(1));
     for (i, (s, alloc)) in plan.stages.iter().zip(&allocs).enumerate() {
@@ -283,7 +297,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Resu
             s.layer_end,
             alloc,
             s.warmup_micro_batches,
-            only,
+            overlap,
         );
         let slice = f64::from(largest_slice(
             plan.micro_batch_size,
@@ -300,7 +314,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Resu
             memory_limit_bytes: c.memory_limit_bytes,
         });
     }
-    let schedule = match opts.schedule {
+    let schedule = match opts.schedule.map_or_else(|| plan.schedule_kind(), Ok)? {
         ScheduleKind::EarlyBackward1F1B => {
             Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)?
         }

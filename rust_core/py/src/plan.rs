@@ -44,23 +44,26 @@ fn plan_blocks_per_stage(plan_text: &str, profile_text: &str) -> PyResult<Vec<us
 
 /// Simulate one iteration of a plan; returns the simulation as JSON.
 #[pyfunction]
-#[pyo3(signature = (plan_text, profile_text, *, schedule="early-backward-1f1b", recompute=false, plan_source=None))]
+#[pyo3(signature = (plan_text, profile_text, *, schedule=None, recompute=false, overlap_allreduce=true, plan_source=None))]
 fn plan_simulate(
     py: Python<'_>,
     plan_text: &str,
     profile_text: &str,
-    schedule: &str,
+    schedule: Option<&str>,
     recompute: bool,
+    overlap_allreduce: bool,
     plan_source: Option<&str>,
 ) -> PyResult<String> {
     let plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
     let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
-    let kind: ScheduleKind = schedule
-        .parse()
+    let kind: Option<ScheduleKind> = schedule
+        .map(str::parse)
+        .transpose()
         .map_err(|e: dapple_core::Error| to_py_err(e.under("schedule")))?;
     let opts = SimulationOptions {
         schedule: kind,
         recompute,
+        overlap_allreduce,
     };
     let sim = py
         .detach(|| simulate(&plan, &profile, opts))
