@@ -6,9 +6,11 @@ import click
 
 import planner
 
+from .compare import compare_command
 from .estimate import estimate_command
 from .plan import plan_command
 from .profile import profile_group
+from .show import show_command
 from .simulate import simulate_command
 from .topology import topology_group
 
@@ -25,9 +27,11 @@ def cli():
 
 cli.add_command(plan_command)
 cli.add_command(estimate_command)
+cli.add_command(compare_command)
 cli.add_command(simulate_command)
 cli.add_command(topology_group)
 cli.add_command(profile_group)
+cli.add_command(show_command)
 
 
 def main():

@@ -17,6 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
         "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
         "or use `pip install -e .` to work in the source tree."
     ) from e
+from .compare import BASELINES, baseline, compare
 from .errors import (
     DappleError,
     DappleIOError,
@@ -31,6 +32,7 @@ from .topology import PRESETS, Topology
 
 __all__ = [
     "__version__",
+    "BASELINES",
     "DappleError",
     "DappleIOError",
     "IncompatibleInputsError",
@@ -43,6 +45,8 @@ __all__ = [
     "Simulation",
     "Topology",
     "calibrate_stored_activations",
+    "baseline",
+    "compare",
     "evaluate",
     "import_artifact_profile",
     "plan",

@@ -43,3 +43,12 @@ def plan_simulate(
     overlap_allreduce: bool = True,
     plan_source: str | None = None,
 ) -> str: ...
+def plan_baseline(
+    kind: str,
+    profile_text: str,
+    topology_text: str,
+    global_batch_size: int,
+    *,
+    min_micro_batch_size: int | None = None,
+    warmup_policy: str = "A",
+) -> str: ...

@@ -5,6 +5,7 @@
 //! here or written by hand, can be costed again with [`plan::evaluate`].
 
 pub mod artifact;
+pub mod baselines;
 pub mod cost;
 pub mod error;
 pub mod format;

@@ -7,6 +7,7 @@
 use pyo3::prelude::*;
 
 mod artifact;
+mod baselines;
 mod plan;
 mod profile;
 mod search;
@@ -45,6 +46,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     profile::register(m)?;
     topology::register(m)?;
     artifact::register(m)?;
+    baselines::register(m)?;
     plan::register(m)?;
     search::register(m)?;
     Ok(())

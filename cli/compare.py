@@ -1,0 +1,51 @@
+"""``dapple compare``: DAPPLE's plan against data parallelism, GPipe, straight
+pipelines and PipeDream's planner, all simulated."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+import planner
+
+from .options import json_option, profile_option, reports_errors, topology_option
+from .render import GIB, console
+
+
+@click.command("compare")
+@profile_option
+@topology_option
+@click.option("--global-batch-size", type=click.IntRange(min=1), required=True, help="Samples per iteration.")
+@click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
+              help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
+@json_option
+@reports_errors
+def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, as_json):
+    """Compare strategies by simulated iteration time."""
+    rows = planner.compare(profile_path, topology, global_batch_size, min_micro_batch_size=min_micro_batch_size)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=1))
+        return
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "estimate ms", "speedup", "peak GiB"]:
+        t.add_column(col, justify="left" if col in ("strategy", "plan", "schedule") else "right")
+    for r in rows:
+        if r.error:
+            t.add_row(r.strategy, "-", "-", "-", "-", "-", "-", "-")
+            continue
+        t.add_row(
+            r.strategy,
+            r.shape,
+            f"{r.micro_batches} x {r.micro_batch_size}",
+            r.schedule,
+            f"{r.simulated_ms:.1f}",
+            f"{r.estimated_ms:.1f}",
+            f"{r.speedup:.2f}x",
+            f"{r.peak_memory_bytes / GIB:.2f}",
+        )
+    console().print(t)
+    for r in rows:
+        if r.error:
+            click.echo(f"{r.strategy}: {r.error}", err=True)

@@ -1,0 +1,534 @@
+"""Pictures of a plan and of its simulated iteration, as PNG or SVG files.
+
+    gantt(plan, sim, "gantt.png")      # the timeline, like Fig. 4 of the DAPPLE paper
+    memory(plan, sim, "memory.svg")    # memory per stage over time, like Fig. 3(c)
+    diagram(plan, "plan.png", profile) # the stages drawn on the cluster's machines
+
+matplotlib is imported here, lazily, and only its Agg canvas is used: the
+global pyplot backend of an interactive session is left alone, and
+``import planner`` stays light.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import DappleError, DappleIOError, InvalidInputError
+from .plan import Plan
+from .profile import Profile
+from .simulation import Simulation
+
+FORMATS = {".png": "png", ".svg": "svg"}
+GIB = float(1 << 30)
+DPI = 110
+
+# Fig. 4 of the paper: blue forwards, green backwards, gray bubbles.
+COLORS = {
+    "forward": "#2f6fc0",
+    "backward": "#2e9a47",
+    "send_forward": "#9cc3ee",
+    "send_backward": "#a8dba8",
+    "all_reduce": "#f08c1e",
+    "optimizer_step": "#3a3a3a",
+    "idle": "#d5d5d5",
+    "link_idle": "#f1f1f1",
+}
+
+
+def picture_format(path: str | os.PathLike) -> str:
+    """"png" or "svg" from the file name; anything else is invalid input."""
+    ext = Path(path).suffix.lower()
+    if ext not in FORMATS:
+        shown = f"'{Path(path).suffix}'" if Path(path).suffix else "no extension"
+        raise InvalidInputError(f"{path}: unsupported picture format ({shown}); use .png or .svg")
+    return FORMATS[ext]
+
+
+def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
+    """The simulated iteration: one row per stage, a thin row per link."""
+    fmt = picture_format(path)
+    _, Figure, Rectangle, _ = _matplotlib()
+    stages = plan.stages
+    n = len(stages)
+    total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
+    tasks = sim.tasks
+
+    # Row geometry in data units (y grows downwards): a stage row of height
+    # 1, then under it the link to the next stage in two lanes (activations
+    # forward on top, gradients backward below).
+    pitch, row_h, lane_h, lane_gap = 1.75, 1.0, 0.28, 0.1
+    stage_top = [i * pitch for i in range(n)]
+    link_top = [stage_top[i] + row_h + lane_gap for i in range(n - 1)]
+    y_max = stage_top[-1] + row_h
+
+    # Wide enough that the shortest forward or backward is ~0.2 inch.
+    compute = [t for t in tasks if t["kind"] in ("forward", "backward") and t["end_ms"] > t["start_ms"]]
+    shortest = min((t["end_ms"] - t["start_ms"] for t in compute), default=total)
+    plot_w = min(32.0, max(10.0, 0.2 * total / max(shortest, 1e-9)))
+    unit_in = 0.42
+    plot_h = (y_max + 0.2) * unit_in
+    left, right, top, bottom = 2.3, 1.0, 0.9, 0.6
+    fig_w, fig_h = left + plot_w + right, top + plot_h + bottom
+    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+    ax = fig.add_axes((left / fig_w, bottom / fig_h, plot_w / fig_w, plot_h / fig_h))
+    ax.set_xlim(0, total)
+    ax.set_ylim(y_max + 0.1, -0.1)
+    px_per_ms = plot_w * DPI / total
+    number_size = 8 if plot_w * DPI / max(len(compute) / n, 1) > 14 else 7
+
+    # Idle background: gray for a stage (bubbles), near-white for a link.
+    for i in range(n):
+        ax.add_patch(Rectangle((0, stage_top[i]), total, row_h, facecolor=COLORS["idle"], edgecolor="none", zorder=0))
+    for i in range(n - 1):
+        ax.add_patch(
+            Rectangle((0, link_top[i]), total, 2 * lane_h, facecolor=COLORS["link_idle"], edgecolor="none", zorder=0)
+        )
+
+    def block(x0, x1, y, h, color, label=None, text_color="white"):
+        ax.add_patch(
+            Rectangle((x0, y), x1 - x0, h, facecolor=color, edgecolor="white", linewidth=0.6, zorder=2)
+        )
+        if label is not None:
+            width_px = (x1 - x0) * px_per_ms
+            size = number_size if h >= row_h else 6
+            need_px = len(label) * size * 0.62 * DPI / 72 + 3
+            if width_px >= need_px and h * unit_in * 72 >= size + 1:
+                ax.text((x0 + x1) / 2, y + h / 2, label, ha="center", va="center", fontsize=size,
+                        color=text_color, zorder=3)
+
+    min_mark_ms = 1.5 / px_per_ms  # a zero-length task still shows as a 1.5 px line
+    for t in tasks:
+        s, kind, x0, x1 = t["stage"], t["kind"], t["start_ms"], t["end_ms"]
+        mb = t.get("micro_batch")
+        label = None if mb is None else str(mb)
+        if kind in ("forward", "backward"):
+            block(x0, x1, stage_top[s], row_h, COLORS[kind], label)
+        elif kind in ("send_forward", "send_backward") and s < n - 1:
+            y = link_top[s] + (0 if kind == "send_forward" else lane_h)
+            block(x0, x1, y, lane_h, COLORS[kind], label, text_color="#20324a")
+        elif kind == "all_reduce":
+            block(x0, x1, stage_top[s], row_h, COLORS[kind], "AR" if x1 > x0 else None)
+        elif kind == "optimizer_step":
+            if x1 - x0 >= min_mark_ms:
+                block(x0, x1, stage_top[s], row_h, COLORS[kind])
+            else:
+                ax.plot([x0, x0], [stage_top[s], stage_top[s] + row_h], color=COLORS[kind], linewidth=2.2,
+                        solid_capstyle="butt", zorder=4, clip_on=False)
+
+    # Labels on the left: stages in the normal size, links smaller and gray.
+    ticks = [stage_top[i] + row_h / 2 for i in range(n)] + [link_top[i] + lane_h for i in range(n - 1)]
+    labels = [f"stage {i} ({_gpus(s['devices'])})" for i, s in enumerate(stages)]
+    labels += [f"link {i}\u2192{i + 1}: act. / grad." for i in range(n - 1)]
+    ax.set_yticks(ticks, labels)
+    for k, lab in enumerate(ax.get_yticklabels()):
+        if k < n:
+            lab.set_fontsize(9.5)
+        else:
+            lab.set_fontsize(7.5)
+            lab.set_color("#555555")
+            lab.set_fontstyle("italic")
+    ax.tick_params(axis="y", length=0)
+    # On the right: how much of the iteration each stage is idle.
+    for i, st in enumerate(sim.stages):
+        ax.text(1.006, stage_top[i] + row_h / 2, f"idle {st['bubble_fraction'] * 100:.0f}%", fontsize=8.5,
+                color="#444444", va="center", ha="left", transform=_blend(ax))
+    ax.set_xlabel("time (ms)", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8.5)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+
+    recompute = " with re-computation (backward includes the re-run forward)" if sim.data.get("recompute") else ""
+    fig.text(
+        left / fig_w, 1 - 0.22 / fig_h,
+        f"{_model(plan)} {plan.kind} {plan.shape}: {sim.data.get('schedule', '')}{recompute}, "
+        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}; "
+        f"simulated iteration {sim.iteration_ms:.1f} ms",
+        fontsize=11.5, fontweight="bold", ha="left", va="top",
+    )
+    _legend_line(fig, left / fig_w, 1 - 0.6 / fig_h, [
+        ("forward (micro-batch #)", COLORS["forward"]),
+        ("backward", COLORS["backward"]),
+        ("activations \u2192", COLORS["send_forward"]),
+        ("\u2190 gradients", COLORS["send_backward"]),
+        ("AllReduce", COLORS["all_reduce"]),
+        ("optimizer step", COLORS["optimizer_step"]),
+        ("idle (bubble)", COLORS["idle"]),
+    ])
+    _save(fig, path, fmt)
+
+
+def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
+    """Memory of one GPU of each stage over the iteration, in GiB."""
+    fmt = picture_format(path)
+    _, Figure, _, _ = _matplotlib()
+    n = len(sim.stages)
+    total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
+    # One axis for a few stages, coloured as in the diagram; small multiples
+    # (one stage each, titled) for more, in one dark colour that reads well.
+    colors = _stage_colors(n) if n <= 4 else ["#1f4e8c"] * n
+    limits = [st["memory_limit_bytes"] / GIB for st in sim.stages]
+    peaks = [st["peak_memory_bytes"] / GIB for st in sim.stages]
+    y_top = max(limits + peaks) * 1.12
+    shared_limit = len(set(limits)) == 1
+    title = (f"{_model(plan)} {plan.kind} {plan.shape}: memory of one GPU per stage, "
+             f"{sim.data.get('schedule', '')}{' with re-computation' if sim.data.get('recompute') else ''}, "
+             f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
+
+    def series(st):
+        # Several changes at one instant (a backward frees what the next
+        # forward takes at once): only the level after the last one is real.
+        xs, ys = [], []
+        for t, b in st["memory"]:
+            if xs and t <= xs[-1]:
+                ys[-1] = b / GIB
+            else:
+                xs.append(t)
+                ys.append(b / GIB)
+        xs.append(max(total, xs[-1]))
+        ys.append(ys[-1])
+        return xs, ys
+
+    def peak_at(st):
+        peak = st["peak_memory_bytes"]
+        for t, b in st["memory"]:
+            if b >= peak * (1 - 1e-12):
+                return t
+        return 0.0
+
+    if n <= 4:
+        fig_w, fig_h = 10.5, 5.2
+        fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+        ax = fig.add_axes((0.8 / fig_w, 0.65 / fig_h, 7.6 / fig_w, (fig_h - 1.45) / fig_h))
+        axes = [ax] * n
+    else:
+        cols = 4
+        rows = math.ceil(n / cols)
+        fig_w, fig_h = 14.0, 1.15 + rows * 2.2
+        fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+        grid = fig.add_gridspec(rows, cols, left=0.7 / fig_w, right=1 - 0.25 / fig_w, top=1 - 0.95 / fig_h,
+                                bottom=0.55 / fig_h, hspace=0.45, wspace=0.12)
+        axes = []
+        for i in range(n):
+            a = fig.add_subplot(grid[i // cols, i % cols], sharex=axes[0] if axes else None,
+                                sharey=axes[0] if axes else None)
+            axes.append(a)
+    for i, st in enumerate(sim.stages):
+        ax = axes[i]
+        xs, ys = series(st)
+        ax.step(xs, ys, where="post", color=colors[i], linewidth=1.8, label=f"stage {i}", zorder=3)
+        # Dotted: what is held all the time (weights, gradients, optimizer state).
+        ax.axhline(st["memory"][0][1] / GIB, color=colors[i], linestyle=":", linewidth=1.0, alpha=0.8, zorder=2)
+        t_peak = peak_at(st)
+        ax.plot([t_peak], [peaks[i]], "o", color=colors[i], markersize=5, zorder=4)
+        # Stagger the annotations of a shared axis so they do not overlap.
+        dy = 8 + (12 * i if n <= 4 else 0)
+        ax.annotate(f"stage {i} peak {peaks[i]:.2f} GiB" if n <= 4 else f"peak {peaks[i]:.2f} GiB",
+                    (t_peak, peaks[i]), xytext=(6, dy), textcoords="offset points", fontsize=8.5,
+                    color=colors[i], fontweight="bold", zorder=5,
+                    arrowprops=dict(arrowstyle="-", color=colors[i], linewidth=0.8) if dy > 10 else None)
+        if n > 4:
+            ax.set_title(f"stage {i} ({_gpus(plan.stages[i]['devices'])})", fontsize=9, loc="left")
+        if n > 4 or not shared_limit:
+            ax.axhline(limits[i], color=colors[i] if not shared_limit else "#b22222", linestyle="--", linewidth=1.1)
+    first = axes[0]
+    first.set_xlim(0, total)
+    first.set_ylim(0, y_top)
+    if n <= 4:
+        ax = first
+        if shared_limit:
+            ax.axhline(limits[0], color="#b22222", linestyle="--", linewidth=1.2, zorder=2)
+            ax.text(total, limits[0], f"GPU memory {limits[0]:.0f} GiB ", color="#b22222", fontsize=9,
+                    ha="right", va="bottom")
+        # Name each line at its right end, and keep a legend beside the plot.
+        ends = sorted(((series(st)[1][-1], i) for i, st in enumerate(sim.stages)))
+        last_y = -1e9
+        for y, i in ends:
+            y = max(y, last_y + y_top * 0.045)
+            last_y = y
+            ax.text(1.01, y, f"stage {i} ({_gpus(plan.stages[i]['devices'])})", color=colors[i], fontsize=9,
+                    va="center", ha="left", transform=_blend(ax), fontweight="bold")
+        ax.set_xlabel("time (ms)", fontsize=9.5)
+        ax.set_ylabel("GiB on one GPU", fontsize=9.5)
+        ax.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    else:
+        for i, a in enumerate(axes):
+            a.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
+            a.tick_params(labelsize=7.5)
+            if i % 4:
+                a.tick_params(labelleft=False)
+            if i < n - 4:
+                a.tick_params(labelbottom=False)
+        fig.text(0.2 / fig_w, 0.5, "GiB on one GPU", rotation=90, va="center", fontsize=9.5)
+        fig.text(0.5, 0.12 / fig_h, "time (ms)", ha="center", fontsize=9.5)
+    fig.text(0.6 / fig_w, 1 - 0.2 / fig_h, title, fontsize=11, fontweight="bold", ha="left", va="top")
+    fig.text(0.6 / fig_w, 1 - 0.48 / fig_h,
+             "solid: memory in use; dotted: weights, gradients and optimizer state (held all the time); "
+             "dashed: GPU memory", fontsize=8.5, ha="left", va="top", color="#444444")
+    _save(fig, path, fmt)
+
+
+def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None) -> None:
+    """The plan on the cluster: machines as boxes, GPUs coloured by stage."""
+    fmt = picture_format(path)
+    _, Figure, Rectangle, FancyBboxPatch = _matplotlib()
+    topo = plan.data["inputs"]["topology"]
+    stages = plan.stages
+    n = len(stages)
+    colors = _stage_colors(n)
+    owner = {d: i for i, s in enumerate(stages) for d in s["devices"]}
+    blocks = None
+    if profile is not None:
+        try:
+            blocks = plan.blocks_per_stage(profile)
+        except DappleError:
+            blocks = None
+
+    # Lay machines out in rows, group after group, in device-id order (data
+    # units: a GPU is 1 x 1).
+    gpu, gap, pad, head = 1.0, 0.22, 0.3, 0.55
+    machines = []  # (x, y, w, h, index, group, first_id, count, cols)
+    y = 0.0
+    device = 0
+    width = 0.0
+    for gi, g in enumerate(topo["machine_groups"]):
+        per = g["gpus_per_machine"]
+        cols = min(per, 8)
+        rows = math.ceil(per / cols)
+        w = 2 * pad + cols * gpu + (cols - 1) * gap
+        h = head + 2 * pad + rows * gpu + (rows - 1) * gap - 0.1
+        per_row = min(g["machines"], max(1, 16 // cols) if cols > 1 else 8)
+        for m in range(g["machines"]):
+            if m and m % per_row == 0:
+                y += h + 0.5
+            x = (m % per_row) * (w + 0.45)
+            machines.append((x, y, w, h, len(machines), gi, device, per, cols))
+            width = max(width, x + w)
+            device += per
+        y += h + 0.5
+    height = y - 0.5
+
+    unit = min(0.62, 14.0 / max(width, 1))  # inches per data unit
+    entries = []
+    for i, s in enumerate(stages):
+        text = f"stage {i}: layers {s['layer_start']}-{s['layer_end'] - 1}"
+        if profile is not None:
+            names = f"{_short(profile.layers[s['layer_start']]['name'])} .. {_short(profile.layers[s['layer_end'] - 1]['name'])}"
+            count = f"; {_plural(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
+            text += f" ({names}{count})"
+        entries.append((text, colors[i]))
+    if device > len(owner):
+        entries.append(("unused GPU", "white"))
+    legend_font = 9
+    fig_w = max(9.0, width * unit + 1.0)
+    lines, column = _wrap_legend(entries, legend_font, fig_w - 1.0)
+    line_h = 0.3
+    fig_h = height * unit + 1.05 + line_h * len(lines) + 0.3
+    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+    plot_w, plot_h = width * unit, height * unit
+    ax = fig.add_axes((0.5 / fig_w, (0.3 + line_h * len(lines)) / fig_h, plot_w / fig_w, plot_h / fig_h))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.set_axis_off()
+    id_size = 9.5 if unit >= 0.5 else 8
+    groups = topo["machine_groups"]
+    for x, y0, w, h, index, gi, first, count, cols in machines:
+        ax.add_patch(FancyBboxPatch((x, y0), w, h, boxstyle="round,pad=0,rounding_size=0.15",
+                                    facecolor="#f7f7f7", edgecolor="#666666", linewidth=1.2))
+        # The longest machine label that fits its box.
+        room = (w - 2 * pad) * unit
+        gpu_type = groups[gi]["gpu"]["type"]
+        for label in (f"machine {index}: {gpu_type}", f"machine {index}", f"m{index}"):
+            if _text_width_in(label, 8.5) <= room + 0.15:
+                break
+        ax.text(x + w / 2 if label.startswith("m") and not label.startswith("machine") else x + pad,
+                y0 + head / 2 + 0.05, label, fontsize=8.5, va="center",
+                ha="center" if not label.startswith("machine") else "left", color="#333333")
+        for k in range(count):
+            d = first + k
+            gx = x + pad + (k % cols) * (gpu + gap)
+            gy = y0 + head + pad / 2 + (k // cols) * (gpu + gap)
+            s = owner.get(d)
+            face = colors[s] if s is not None else "white"
+            ax.add_patch(Rectangle((gx, gy), gpu, gpu, facecolor=face, edgecolor="#444444", linewidth=0.8))
+            ink = _ink(face)
+            ax.text(gx + gpu / 2, gy + gpu * 0.4, str(d), fontsize=id_size, ha="center", va="center", color=ink,
+                    fontweight="bold")
+            ax.text(gx + gpu / 2, gy + gpu * 0.78, f"s{s}" if s is not None else "-", fontsize=id_size - 2.5,
+                    ha="center", va="center", color=ink)
+    for r, line in enumerate(lines):
+        _legend_line(fig, 0.5 / fig_w, (0.3 + line_h * (len(lines) - 1 - r) - line_h / 2 + 0.05) / fig_h, line,
+                     fontsize=legend_font, column_in=column)
+
+    # Subtitle: the machines and their links.
+    parts = [f"{g['machines']} x {g['gpus_per_machine']} {g['gpu']['type']}" for g in groups]
+    intra = {(g["intra_machine"]["kind"], g["intra_machine"]["bandwidth_gbps"])
+             for g in groups if g["gpus_per_machine"] > 1 and "intra_machine" in g}
+    links = [f"{k} {b:g} Gbps inside a machine" for k, b in sorted(intra)]
+    inter = topo.get("inter_machine")
+    if inter and len(machines) > 1:
+        links.append(f"{inter['kind']} {inter['bandwidth_gbps']:g} Gbps between machines")
+    fig.text(0.5 / fig_w, 1 - 0.18 / fig_h,
+             f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
+             f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
+             f"{plan.micro_batch_size}",
+             fontsize=11.5, fontweight="bold", ha="left", va="top")
+    fig.text(0.5 / fig_w, 1 - 0.52 / fig_h, " + ".join(parts) + ("; " + ", ".join(links) if links else ""),
+             fontsize=9, ha="left", va="top", color="#444444")
+    _save(fig, path, fmt)
+
+
+def write_atomic_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Bytes version of :func:`planner.files.write_atomic`: a temporary file
+    beside ``path``, flushed, then renamed over it."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _matplotlib():
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure
+        from matplotlib.patches import FancyBboxPatch, Rectangle
+    except ImportError:
+        raise DappleError("pictures need matplotlib: pip install 'matplotlib>=3.8'", code="missing_dependency") from None
+    return matplotlib, Figure, Rectangle, FancyBboxPatch
+
+
+def _save(fig, path, fmt: str) -> None:
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    # Text stays text in SVG (searchable, selectable); no dates: same input, same file.
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dapple"}):
+        metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+        fig.savefig(buf, format=fmt, dpi=DPI, facecolor="white", metadata=metadata)
+    write_atomic_bytes(path, buf.getvalue())
+
+
+def _legend_line(fig, x: float, y: float, entries, fontsize: float = 8.5, column_in: float | None = None) -> None:
+    """Colour swatches and their names in one line, starting at figure
+    fraction (x, y): a legend where the eye already is. ``column_in``: fixed
+    step between entries, in inches, to align several lines."""
+    from matplotlib.patches import Rectangle
+
+    fig_w_in = fig.get_figwidth()
+    fig_h_in = fig.get_figheight()
+    sw_w, sw_h = 0.17 / fig_w_in, 0.13 / fig_h_in
+    for text, color in entries:
+        fig.add_artist(Rectangle((x, y - sw_h / 2), sw_w, sw_h, facecolor=color, edgecolor="#555555",
+                                 linewidth=0.5, transform=fig.transFigure))
+        fig.text(x + sw_w + 0.05 / fig_w_in, y, text, fontsize=fontsize, va="center", ha="left")
+        step = column_in if column_in is not None else 0.17 + 0.05 + _text_width_in(text, fontsize) + 0.28
+        x += step / fig_w_in
+
+
+_MEASURE = {}
+
+
+def _text_width_in(text: str, fontsize: float) -> float:
+    """Width of ``text`` in inches, as the Agg renderer draws it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if "renderer" not in _MEASURE:
+        scratch = Figure(figsize=(4, 1), dpi=DPI)
+        _MEASURE["renderer"] = (scratch, FigureCanvasAgg(scratch).get_renderer())
+    scratch, renderer = _MEASURE["renderer"]
+    t = scratch.text(0, 0, text, fontsize=fontsize)
+    width = t.get_window_extent(renderer).width / DPI
+    t.remove()
+    return width
+
+
+def _wrap_legend(entries, fontsize: float, max_in: float) -> tuple[list, float | None]:
+    """Entries in lines no wider than ``max_in`` inches: all in one line if
+    they fit, else in aligned columns. Returns the lines and the column
+    width (None for one free line)."""
+    needs = [0.17 + 0.05 + _text_width_in(text, fontsize) + 0.28 for text, _ in entries]
+    if sum(needs) <= max_in:
+        return [list(entries)], None
+    column = max(needs)
+    per_line = max(1, int(max_in // column))
+    return [list(entries[i:i + per_line]) for i in range(0, len(entries), per_line)], column
+
+
+def _blend(ax):
+    from matplotlib.transforms import blended_transform_factory
+
+    return blended_transform_factory(ax.transAxes, ax.transData)
+
+
+def _stage_colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _ink(face) -> str:
+    """Black or white text, whichever reads better on ``face``."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(face)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+
+
+def _gpus(ids: list[int]) -> str:
+    """"8 GPUs: 0-7" / "1 GPU: 3"."""
+    parts, start = [], None
+    for i, d in enumerate(ids):
+        if start is None:
+            start = d
+        if i + 1 == len(ids) or ids[i + 1] != d + 1:
+            parts.append(str(start) if start == d else f"{start}-{d}")
+            start = None
+    return f"{len(ids)} GPU{'s' if len(ids) != 1 else ''}: {','.join(parts)}"
+
+
+def _plural(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
+def _short(name: str, width: int = 16) -> str:
+    return name if len(name) <= width else name[: width - 1] + "\u2026"
+
+
+def _model(plan: Plan) -> str:
+    return plan.data.get("inputs", {}).get("model", "model")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
