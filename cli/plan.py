@@ -26,11 +26,21 @@ from .render import plan_table
 @click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
               "auto: full up to 16 GPUs.")
+@click.option("--simulate", "rank_by_simulation", is_flag=True,
+              help="Simulate the best plan of every micro-batch size and keep the fastest simulated one.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @json_option
 @reports_errors
 def plan_command(
-    profile_path, topology, global_batch_size, warmup_policy, min_micro_batch_size, search_space, out_path, as_json
+    profile_path,
+    topology,
+    global_batch_size,
+    warmup_policy,
+    min_micro_batch_size,
+    search_space,
+    rank_by_simulation,
+    out_path,
+    as_json,
 ):
     """Find the plan with the smallest estimated iteration time."""
     profile = planner.Profile.load(profile_path)
@@ -45,6 +55,7 @@ def plan_command(
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
+        simulate=rank_by_simulation,
     )
     if out_path:
         result.save(out_path)

@@ -71,6 +71,13 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             f"peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
             + ("" if est["fits_memory"] else "  ** DOES NOT FIT IN MEMORY **")
         )
+        sel = plan.data.get("selection")
+        if sel and sel["chosen_by"] == "simulation":
+            out.print(
+                f"chosen by simulation among {sel['candidates']} candidates (best plan of each micro-batch size): "
+                f"simulated {sel['simulated_ms']:.1f} ms against the estimate's {est['latency_ms']:.1f} ms; "
+                f"rank {sel['estimate_rank'] + 1} by estimate"
+            )
         if est["paper_pivot"] != est["pivot"]:
             out.print(
                 f"note: the paper's Algorithm 1 picks {est['paper_pivot']['kind']} {est['paper_pivot']['index']} "

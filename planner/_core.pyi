@@ -32,6 +32,7 @@ def plan_search(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    rank_by_simulation: bool = False,
     profile_path: str | None = None,
 ) -> tuple[str, tuple[list[int], int, int]]: ...
 def plan_simulate(

@@ -110,12 +110,10 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
         elif kind in ("send_forward", "send_backward") and s < n - 1:
             y = link_top[s] + (0 if kind == "send_forward" else lane_h)
             block(x0, x1, y, lane_h, COLORS[kind], label, text_color="#20324a")
-        elif kind == "all_reduce":
-            block(x0, x1, stage_top[s], row_h, COLORS[kind], "AR" if x1 > x0 else None)
-        elif kind == "optimizer_step":
+        elif kind in ("all_reduce", "optimizer_step"):
             if x1 - x0 >= min_mark_ms:
-                block(x0, x1, stage_top[s], row_h, COLORS[kind])
-            else:
+                block(x0, x1, stage_top[s], row_h, COLORS[kind], "AR" if kind == "all_reduce" else None)
+            elif kind == "optimizer_step" or x1 > x0:  # an AllReduce of zero time (one GPU) is not drawn
                 ax.plot([x0, x0], [stage_top[s], stage_top[s] + row_h], color=COLORS[kind], linewidth=2.2,
                         solid_capstyle="butt", zorder=4, clip_on=False)
 
@@ -132,26 +130,28 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
             lab.set_color("#555555")
             lab.set_fontstyle("italic")
     ax.tick_params(axis="y", length=0)
-    # On the right: how much of the iteration each stage is idle.
-    for i, st in enumerate(sim.stages):
-        ax.text(1.006, stage_top[i] + row_h / 2, f"idle {st['bubble_fraction'] * 100:.0f}%", fontsize=8.5,
+    # On the right: the gray share of each stage's row (the simulator's
+    # bubble_fraction also counts the AllReduce as idle; this does not).
+    busy = [0.0] * n
+    for t in tasks:
+        if t["kind"] in ("forward", "backward", "all_reduce", "optimizer_step") and t["stage"] < n:
+            busy[t["stage"]] += t["end_ms"] - t["start_ms"]
+    for i in range(n):
+        ax.text(1.006, stage_top[i] + row_h / 2, f"idle {max(0.0, 1 - busy[i] / total) * 100:.0f}%", fontsize=8.5,
                 color="#444444", va="center", ha="left", transform=_blend(ax))
     ax.set_xlabel("time (ms)", fontsize=9)
     ax.tick_params(axis="x", labelsize=8.5)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
-    recompute = " with re-computation (backward includes the re-run forward)" if sim.data.get("recompute") else ""
-    fig.text(
-        left / fig_w, 1 - 0.22 / fig_h,
-        f"{_model(plan)} {plan.kind} {plan.shape}: {sim.data.get('schedule', '')}{recompute}, "
-        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}; "
-        f"simulated iteration {sim.iteration_ms:.1f} ms",
-        fontsize=11.5, fontweight="bold", ha="left", va="top",
-    )
+    recompute = sim.data.get("recompute")
+    _title(fig, left, 0.22,
+           f"{_model(plan)} {plan.kind} {plan.shape}: {sim.data.get('schedule', '')}"
+           f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
+           f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
     _legend_line(fig, left / fig_w, 1 - 0.6 / fig_h, [
         ("forward (micro-batch #)", COLORS["forward"]),
-        ("backward", COLORS["backward"]),
+        ("backward + re-run forward" if recompute else "backward", COLORS["backward"]),
         ("activations \u2192", COLORS["send_forward"]),
         ("\u2190 gradients", COLORS["send_backward"]),
         ("AllReduce", COLORS["all_reduce"]),
@@ -266,7 +266,7 @@ def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
                 a.tick_params(labelbottom=False)
         fig.text(0.2 / fig_w, 0.5, "GiB on one GPU", rotation=90, va="center", fontsize=9.5)
         fig.text(0.5, 0.12 / fig_h, "time (ms)", ha="center", fontsize=9.5)
-    fig.text(0.6 / fig_w, 1 - 0.2 / fig_h, title, fontsize=11, fontweight="bold", ha="left", va="top")
+    _title(fig, 0.6, 0.2, title, fontsize=11)
     fig.text(0.6 / fig_w, 1 - 0.48 / fig_h,
              "solid: memory in use; dotted: weights, gradients and optimizer state (held all the time); "
              "dashed: GPU memory", fontsize=8.5, ha="left", va="top", color="#444444")
@@ -373,11 +373,10 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     inter = topo.get("inter_machine")
     if inter and len(machines) > 1:
         links.append(f"{inter['kind']} {inter['bandwidth_gbps']:g} Gbps between machines")
-    fig.text(0.5 / fig_w, 1 - 0.18 / fig_h,
-             f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
-             f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
-             f"{plan.micro_batch_size}",
-             fontsize=11.5, fontweight="bold", ha="left", va="top")
+    _title(fig, 0.5, 0.18,
+           f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
+           f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
+           f"{plan.micro_batch_size}")
     fig.text(0.5 / fig_w, 1 - 0.52 / fig_h, " + ".join(parts) + ("; " + ", ".join(links) if links else ""),
              fontsize=9, ha="left", va="top", color="#444444")
     _save(fig, path, fmt)
@@ -452,10 +451,27 @@ def _legend_line(fig, x: float, y: float, entries, fontsize: float = 8.5, column
         x += step / fig_w_in
 
 
+def _title(fig, x_in: float, y_in: float, text: str, fontsize: float = 11.5) -> None:
+    """A bold title from (x_in, y_in) inches off the top left corner, moved
+    left and then shrunk until it fits the figure's width."""
+    w, h = fig.get_figwidth(), fig.get_figheight()
+    while True:
+        need = _text_width_in(text, fontsize, bold=True)
+        if x_in + need <= w - 0.15:
+            break
+        if x_in > 0.2:
+            x_in = max(0.2, w - 0.15 - need)
+            continue
+        if fontsize <= 7:
+            break
+        fontsize -= 0.5
+    fig.text(x_in / w, 1 - y_in / h, text, fontsize=fontsize, fontweight="bold", ha="left", va="top")
+
+
 _MEASURE = {}
 
 
-def _text_width_in(text: str, fontsize: float) -> float:
+def _text_width_in(text: str, fontsize: float, bold: bool = False) -> float:
     """Width of ``text`` in inches, as the Agg renderer draws it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -464,7 +480,7 @@ def _text_width_in(text: str, fontsize: float) -> float:
         scratch = Figure(figsize=(4, 1), dpi=DPI)
         _MEASURE["renderer"] = (scratch, FigureCanvasAgg(scratch).get_renderer())
     scratch, renderer = _MEASURE["renderer"]
-    t = scratch.text(0, 0, text, fontsize=fontsize)
+    t = scratch.text(0, 0, text, fontsize=fontsize, fontweight="bold" if bold else "normal")
     width = t.get_window_extent(renderer).width / DPI
     t.remove()
     return width

@@ -84,6 +84,7 @@ def plan(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    simulate: bool = False,
 ) -> Plan:
     """Search the plan with the smallest estimated iteration time.
 
@@ -93,7 +94,9 @@ def plan(
     plan fits in memory, with the smallest memory need found.
     ``search_space``: "full" (every replication and placement), "machine-
     aligned" (stages of a divisor of a machine or whole machines) or "auto"
-    (full up to 16 GPUs).
+    (full up to 16 GPUs). ``simulate``: simulate the best plan of every
+    micro-batch size and keep the fastest simulated one (the plan's
+    ``selection`` records both numbers).
     """
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
@@ -105,6 +108,7 @@ def plan(
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
+        rank_by_simulation=simulate,
         profile_path=prof.path,
     )
     return Plan(text, SearchStats(list(sizes), states, costed))

@@ -57,3 +57,17 @@ def test_simulate_command(dapple, tmp_path):
     assert json.loads(j.stdout)["schedule"] == "gpipe"
     bad = dapple("simulate", "--plan", out, "--schedule", "zigzag")
     assert bad.returncode == 2
+
+
+@pytest.mark.parametrize("name, gbs", [("gnmt-16-pbs-64", 1024), ("amoeba-36-pbs-1", 128)])
+def test_plan_simulate_keeps_the_fastest_simulated_candidate(name, gbs):
+    prof = planner.Profile.load(PROFILES / f"{name}.json")
+    by_estimate = planner.plan(prof, "A", gbs)
+    by_simulation = planner.plan(prof, "A", gbs, simulate=True)
+    sel = by_simulation.data["selection"]
+    assert sel["chosen_by"] == "simulation" and sel["candidates"] >= 1
+    assert by_estimate.data["selection"]["chosen_by"] == "estimate"
+    assert sel["simulated_ms"] == pytest.approx(planner.simulate(by_simulation, prof).iteration_ms)
+    assert sel["simulated_ms"] <= planner.simulate(by_estimate, prof).iteration_ms + 1e-9
+    # The recorded plan is still a plan that evaluates to its own estimate.
+    assert planner.evaluate(by_simulation, prof).estimate == by_simulation.estimate

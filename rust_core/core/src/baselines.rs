@@ -245,6 +245,7 @@ pub fn baseline_plan(
                 })
                 .collect(),
             estimate: None,
+            selection: None,
         };
         let estimate = evaluate(&plan, profile)?;
         if !estimate.fits_memory {

@@ -34,6 +34,24 @@ pub struct Plan {
     pub stages: Vec<Stage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Estimate>,
+    /// How the planner chose this plan among its candidates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Selection>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Selection {
+    /// "estimate" (smallest analytic latency) or "simulation" (smallest
+    /// simulated iteration among the best plan of each micro-batch size).
+    pub chosen_by: String,
+    /// Candidates compared.
+    pub candidates: u32,
+    /// Simulated iteration of the chosen plan, when simulated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_ms: Option<f64>,
+    /// Rank of the chosen plan by analytic estimate (0 = fastest estimate).
+    pub estimate_rank: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -28,10 +28,11 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
-    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Stage, PLAN_FORMAT,
+    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Selection, Stage, PLAN_FORMAT,
     PLAN_SCHEMA_VERSION, SCHEDULE_EARLY_BACKWARD,
 };
 use crate::profile::{LayerCosts, Profile};
+use crate::simulate::{simulate, SimulationOptions};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone)]
@@ -44,6 +45,13 @@ pub struct SearchOptions {
     /// Only these micro-batch sizes (must divide the global batch). None: all divisors.
     pub micro_batch_sizes: Option<Vec<u32>>,
     pub search_space: SearchSpace,
+    /// Also return the best plan of every micro-batch size (for re-ranking
+    /// by simulation). Micro-batch sizes then stop sharing their bound, so
+    /// the search does more work.
+    pub candidates: bool,
+    /// Choose among the candidates by simulated iteration time instead of
+    /// the analytic estimate (implies `candidates`).
+    pub rank_by_simulation: bool,
     /// Recorded in the plan.
     pub profile_path: Option<String>,
 }
@@ -56,6 +64,8 @@ impl SearchOptions {
             min_micro_batch_size: None,
             micro_batch_sizes: None,
             search_space: SearchSpace::Auto,
+            candidates: false,
+            rank_by_simulation: false,
             profile_path: None,
         }
     }
@@ -123,6 +133,9 @@ pub struct SearchStats {
 pub struct SearchResult {
     pub plan: Plan,
     pub stats: SearchStats,
+    /// With `SearchOptions::candidates`: the best plan of every micro-batch
+    /// size that has one, fastest estimate first (`plan` is the first).
+    pub candidates: Vec<Plan>,
 }
 
 /// Find the plan with the smallest estimated latency that fits in memory.
@@ -177,7 +190,13 @@ pub fn search(
     let results: Vec<(u32, Option<Found>, usize, u64)> = sizes
         .par_iter()
         .map(|&b| {
-            let mut dp = Dp::new(&ctx, b, gbs / b, Objective::Latency, Some(&incumbent));
+            let own = AtomicU64::new(f64::INFINITY.to_bits());
+            let bound = if opts.candidates || opts.rank_by_simulation {
+                &own
+            } else {
+                &incumbent
+            };
+            let mut dp = Dp::new(&ctx, b, gbs / b, Objective::Latency, Some(bound));
             let found = dp.run();
             (b, found, dp.states.len(), dp.stages_costed)
         })
@@ -188,20 +207,59 @@ pub fn search(
         stages_costed: results.iter().map(|r| r.3).sum(),
     };
     // Smallest latency; ties go to fewer stages, then larger micro-batches.
-    let best = results
+    let mut found: Vec<(u32, Found)> = results
         .into_iter()
         .filter_map(|(b, f, _, _)| f.map(|f| (b, f)))
-        .min_by(|(b1, f1), (b2, f2)| {
-            f1.value
-                .total_cmp(&f2.value)
-                .then(f1.stages.len().cmp(&f2.stages.len()))
-                .then(b2.cmp(b1))
-        });
-    let Some((b, found)) = best else {
+        .collect();
+    found.sort_by(|(b1, f1), (b2, f2)| {
+        f1.value
+            .total_cmp(&f2.value)
+            .then(f1.stages.len().cmp(&f2.stages.len()))
+            .then(b2.cmp(b1))
+    });
+    if found.is_empty() {
         return Err(explain_infeasible(&ctx, &sizes, gbs));
-    };
-    let plan = build_plan(profile, topology, opts, &ctx, b, gbs / b, &found);
-    Ok(SearchResult { plan, stats })
+    }
+    let ranking = opts.candidates || opts.rank_by_simulation;
+    let keep = if ranking { found.len() } else { 1 };
+    let mut candidates: Vec<Plan> = found
+        .iter()
+        .take(keep)
+        .map(|(b, f)| build_plan(profile, topology, opts, &ctx, *b, gbs / b, f))
+        .collect();
+    let mut chosen = 0usize;
+    let mut simulated_ms = None;
+    if opts.rank_by_simulation {
+        let times: Vec<f64> = candidates
+            .par_iter()
+            .map(|p| simulate(p, profile, SimulationOptions::default()).map(|s| s.iteration_ms))
+            .collect::<Result<_>>()?;
+        // Ties keep the better estimate (candidates are in estimate order).
+        chosen = (0..times.len())
+            .min_by(|&a, &b| times[a].total_cmp(&times[b]).then(a.cmp(&b)))
+            .unwrap_or(0);
+        simulated_ms = Some(times[chosen]);
+    }
+    let mut plan = candidates[chosen].clone();
+    plan.selection = Some(Selection {
+        chosen_by: if opts.rank_by_simulation {
+            "simulation"
+        } else {
+            "estimate"
+        }
+        .into(),
+        candidates: candidates.len() as u32,
+        simulated_ms,
+        estimate_rank: chosen as u32,
+    });
+    if !opts.candidates {
+        candidates.clear();
+    }
+    Ok(SearchResult {
+        plan,
+        stats,
+        candidates,
+    })
 }
 
 /// Why no plan came out: either no plan of the space uses every GPU with
@@ -851,6 +909,7 @@ fn build_plan(
         },
         stages,
         estimate: None,
+        selection: None,
     };
     let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
     let estimate = estimate_stages(&coster, &plan, &allocs);
@@ -972,6 +1031,7 @@ mod tests {
                         },
                         stages: plan_stages,
                         estimate: None,
+                        selection: None,
                     };
                     let est = evaluate(&plan, profile).expect("brute-force plans are valid");
                     if est.fits_memory && best.is_none_or(|v| est.latency_ms < v) {

@@ -10,7 +10,7 @@ use crate::to_py_err;
 /// (micro-batch sizes tried, states, stages costed). The GIL is released
 /// while searching.
 #[pyfunction]
-#[pyo3(signature = (profile_text, topology_text, global_batch_size, *, warmup_policy="A", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", profile_path=None))]
+#[pyo3(signature = (profile_text, topology_text, global_batch_size, *, warmup_policy="A", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", rank_by_simulation=false, profile_path=None))]
 #[allow(clippy::too_many_arguments)]
 fn plan_search(
     py: Python<'_>,
@@ -21,6 +21,7 @@ fn plan_search(
     min_micro_batch_size: Option<u32>,
     micro_batch_sizes: Option<Vec<u32>>,
     search_space: &str,
+    rank_by_simulation: bool,
     profile_path: Option<String>,
 ) -> PyResult<(String, (Vec<u32>, usize, u64))> {
     let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
@@ -32,6 +33,7 @@ fn plan_search(
     opts.micro_batch_sizes = micro_batch_sizes;
     opts.search_space =
         SearchSpace::parse(search_space).map_err(|e| to_py_err(e.under("search_space")))?;
+    opts.rank_by_simulation = rank_by_simulation;
     opts.profile_path = profile_path;
     let result = py
         .detach(|| search(&profile, &topology, &opts))

@@ -1,0 +1,121 @@
+"""`dapple show`: pictures of a plan and its simulated iteration."""
+
+import struct
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path):
+    """(width, height) from the IHDR chunk, which a PNG must start with."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def plan_path(tmp_path_factory):
+    from conftest import run_dapple
+
+    out = tmp_path_factory.mktemp("show") / "bert48-A.json"
+    r = run_dapple(
+        "plan", "--profile", "profiles/artifact/bert-48-pbs-2.json", "--topology", "A",
+        "--global-batch-size", "64", "--out", out,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_gantt_png(dapple, plan_path, tmp_path):
+    out = tmp_path / "gantt.png"
+    r = dapple("show", "--plan", plan_path, "--gantt", out)
+    assert r.returncode == 0, r.stderr
+    assert str(out) in r.stderr
+    assert r.stdout == ""
+    width, height = png_size(out)
+    # Two stages and one link: wide for the timeline, not tall.
+    assert 1000 <= width <= 5000
+    assert 200 <= height <= 1000
+    import matplotlib.image
+
+    assert matplotlib.image.imread(out).shape[:2] == (height, width)
+    # No temporary file left beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gantt.png"]
+
+
+def test_gantt_svg_keeps_its_text(dapple, plan_path, tmp_path):
+    out = tmp_path / "gantt.svg"
+    r = dapple("show", "--plan", plan_path, "--gantt", out)
+    assert r.returncode == 0, r.stderr
+    svg = out.read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    # The plan on A is 8:8 with 4 micro-batches (see test_cli / docs/formats.md).
+    assert "stage 0 (8 GPUs: 0-7)" in svg
+    assert "stage 1 (8 GPUs: 8-15)" in svg
+    for mb in range(4):
+        assert f">{mb}</text>" in svg
+    assert "simulated iteration" in svg and "early-backward-1f1b" in svg
+
+
+def test_gpipe_gantt_differs(dapple, plan_path, tmp_path):
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    assert dapple("show", "--plan", plan_path, "--gantt", a).returncode == 0
+    r = dapple("show", "--plan", plan_path, "--gantt", b, "--schedule", "gpipe")
+    assert r.returncode == 0, r.stderr
+    assert "gpipe" in b.read_text()
+    assert a.read_text() != b.read_text()
+
+
+def test_memory_and_diagram_png(dapple, plan_path, tmp_path):
+    mem, diag = tmp_path / "memory.png", tmp_path / "plan.png"
+    r = dapple("show", "--plan", plan_path, "--memory", mem, "--diagram", diag)
+    assert r.returncode == 0, r.stderr
+    assert str(mem) in r.stderr and str(diag) in r.stderr
+    for path in (mem, diag):
+        width, height = png_size(path)
+        assert width >= 600 and height >= 250
+
+
+def test_diagram_svg_lists_stages_and_devices(dapple, plan_path, tmp_path):
+    out = tmp_path / "plan.svg"
+    assert dapple("show", "--plan", plan_path, "--diagram", out).returncode == 0
+    svg = out.read_text()
+    assert "stage 0: layers 0-31" in svg and "stage 1: layers 32-52" in svg
+    assert "28 model layers" in svg
+    for device in (0, 7, 8, 15):
+        assert f">{device}</text>" in svg
+
+
+def test_same_input_same_svg(dapple, plan_path, tmp_path):
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    assert dapple("show", "--plan", plan_path, "--memory", a).returncode == 0
+    assert dapple("show", "--plan", plan_path, "--memory", b).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_bad_extension_is_invalid_input(dapple, plan_path, tmp_path):
+    good, bad = tmp_path / "gantt.png", tmp_path / "memory.jpg"
+    r = dapple("show", "--plan", plan_path, "--gantt", good, "--memory", bad)
+    assert r.returncode == 3
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0]
+    # Names are checked first: nothing is written.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_output_is_a_usage_error(dapple, plan_path):
+    r = dapple("show", "--plan", plan_path)
+    assert r.returncode == 2
+    assert "--gantt" in r.stderr
+
+
+def test_importing_planner_does_not_import_matplotlib():
+    import subprocess
+    import sys
+
+    code = "import sys, planner, planner.pictures; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
