@@ -9,6 +9,7 @@
 | 4 | incompatible inputs: valid alone, unusable together (e.g. batch size vs GPUs) |
 | 5 | infeasible: no plan fits in the GPUs' memory |
 | 6 | I/O error: a file could not be read or written |
+| 7 | regression: `dapple regress` found a slower or infeasible plan |
 """
 
 from planner.errors import (
@@ -26,6 +27,7 @@ INVALID_INPUT = 3
 INCOMPATIBLE_INPUTS = 4
 INFEASIBLE = 5
 IO_ERROR = 6
+REGRESSION = 7
 
 _BY_CLASS = [
     (InvalidInputError, INVALID_INPUT),

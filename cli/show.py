@@ -61,7 +61,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     else:
         # The diagram only uses the profile for layer counts: do without it
         # when the one the plan records is not there.
-        plan = planner.Plan.load(plan_path)
+        plan = planner.Plan.load(plan_path)  # errors in the plan itself still stop here
         try:
             plan, profile = load_plan_and_profile(plan_path, None)
         except (DappleIOError, planner.InvalidInputError):

@@ -318,7 +318,8 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     for i, s in enumerate(stages):
         text = f"stage {i}: layers {s['layer_start']}-{s['layer_end'] - 1}"
         if profile is not None:
-            names = f"{_short(profile.layers[s['layer_start']]['name'])} .. {_short(profile.layers[s['layer_end'] - 1]['name'])}"
+            first, last = profile.layers[s["layer_start"]]["name"], profile.layers[s["layer_end"] - 1]["name"]
+            names = f"{_short(first)} .. {_short(last)}"
             count = f"; {_plural(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
             text += f" ({names}{count})"
         entries.append((text, colors[i]))
@@ -417,7 +418,9 @@ def _matplotlib():
         from matplotlib.figure import Figure
         from matplotlib.patches import FancyBboxPatch, Rectangle
     except ImportError:
-        raise DappleError("pictures need matplotlib: pip install 'matplotlib>=3.8'", code="missing_dependency") from None
+        raise DappleError(
+            "pictures need matplotlib: pip install 'matplotlib>=3.8'", code="missing_dependency"
+        ) from None
     return matplotlib, Figure, Rectangle, FancyBboxPatch
 
 
