@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner import Plan, Profile
+from planner.plan import device_ranges
 
 GIB = float(1 << 30)
 
@@ -13,18 +14,6 @@ GIB = float(1 << 30)
 def console() -> Console:
     # Plain text when piped, so output can be diffed and grepped.
     return Console(highlight=False, soft_wrap=True, width=120)
-
-
-def _devices(ids: list[int]) -> str:
-    """Compact device list: [0, 1, 2, 5] -> "0-2,5"."""
-    parts, start = [], None
-    for i, d in enumerate(ids):
-        if start is None:
-            start = d
-        if i + 1 == len(ids) or ids[i + 1] != d + 1:
-            parts.append(str(start) if start == d else f"{start}-{d}")
-            start = None
-    return ",".join(parts)
 
 
 def plan_table(plan: Plan, profile: Profile | None) -> None:
@@ -52,7 +41,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         t.add_row(
             str(i),
             f"{s['layer_start']}-{s['layer_end'] - 1}{names}",
-            f"{len(s['devices'])}: {_devices(s['devices'])}",
+            f"{len(s['devices'])}: {device_ranges(s['devices'])}",
             str(s["warmup_micro_batches"]),
             f"{e.get('fwd_ms', 0):.2f}",
             f"{e.get('bwd_ms', 0):.2f}",

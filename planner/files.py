@@ -23,7 +23,12 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new
+    """Write ``text`` (UTF-8) so that readers see the old file or the new one."""
+    write_atomic_bytes(path, text.encode("utf-8"))
+
+
+def write_atomic_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new
     one, never a half-written one: write a temporary file beside it, flush it
     to disk, then rename it over the target."""
     target = Path(path)
@@ -37,8 +42,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
 
-from .errors import DappleError, DappleIOError, InvalidInputError
-from .plan import Plan
+from .errors import DappleError, InvalidInputError
+from .files import write_atomic_bytes
+from .plan import Plan, device_ranges
 from .profile import Profile
 from .simulation import Simulation
 
@@ -383,35 +383,6 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     _save(fig, path, fmt)
 
 
-def write_atomic_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Bytes version of :func:`planner.files.write_atomic`: a temporary file
-    beside ``path``, flushed, then renamed over it."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-
-
-# -- helpers -----------------------------------------------------------------
-
-
 def _matplotlib():
     try:
         import matplotlib
@@ -524,14 +495,7 @@ def _ink(face) -> str:
 
 def _gpus(ids: list[int]) -> str:
     """"8 GPUs: 0-7" / "1 GPU: 3"."""
-    parts, start = [], None
-    for i, d in enumerate(ids):
-        if start is None:
-            start = d
-        if i + 1 == len(ids) or ids[i + 1] != d + 1:
-            parts.append(str(start) if start == d else f"{start}-{d}")
-            start = None
-    return f"{len(ids)} GPU{'s' if len(ids) != 1 else ''}: {','.join(parts)}"
+    return f"{len(ids)} GPU{'s' if len(ids) != 1 else ''}: {device_ranges(ids)}"
 
 
 def _plural(k: int, word: str) -> str:
@@ -545,9 +509,3 @@ def _short(name: str, width: int = 16) -> str:
 def _model(plan: Plan) -> str:
     return plan.data.get("inputs", {}).get("model", "model")
 
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -75,6 +75,18 @@ class Plan:
         return _core.plan_blocks_per_stage(self.text, profile.text)
 
 
+def device_ranges(ids: list[int]) -> str:
+    """Compact device list: [0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], None
+    for i, d in enumerate(ids):
+        if start is None:
+            start = d
+        if i + 1 == len(ids) or ids[i + 1] != d + 1:
+            parts.append(str(start) if start == d else f"{start}-{d}")
+            start = None
+    return ",".join(parts)
+
+
 def plan(
     profile: Profile | str | os.PathLike,
     topology: Topology | str,
