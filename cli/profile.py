@@ -47,3 +47,8 @@ def import_artifact(
     profile.save(out_path)
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)
+
+
+from .profile_model import profile_model_command  # noqa: E402 - registered last
+
+profile_group.add_command(profile_model_command, "model")

@@ -1,0 +1,528 @@
+"""Run a ``dapple.plan`` on CPU processes with torch.distributed (gloo).
+
+One process per device the plan uses. Rank r is the position of its device id
+in the sorted list of all used device ids; it holds one replica of one stage.
+Every rank builds the whole model from the same seed and keeps
+``layers[layer_start:layer_end]`` of its stage, so all replicas start equal.
+
+Per iteration (one global batch):
+
+- the global batch is split into M micro-batches of ``micro_batch_size``
+  consecutive samples; a micro-batch entering a stage with r replicas is split
+  into r contiguous slices, the first ``mbs % r`` of ``ceil(mbs / r)`` samples
+  and the rest of ``floor(mbs / r)`` (``largest_slice`` / ``smallest_slice``
+  in ``cost.rs``); replica j takes slice j;
+- each stage runs its schedule (:mod:`planner.runtime.schedule`); between
+  stage s and s+1 every sender sends each receiver exactly the samples their
+  slices share (point-to-point, shape header first), and gradients go back
+  the same way;
+- the last stage's loss on a slice of n samples is ``loss_fn(out, tgt) * n /
+  global_batch`` (``loss_reduction="mean"``) or ``loss_fn(out, tgt) /
+  global_batch`` (``"sum"``), so the accumulated gradient is that of the mean
+  loss over the global batch;
+- then each stage's gradients are summed over its replicas (AllReduce on a
+  process group per stage) and one optimizer step (SGD or Adam) is taken.
+
+Sends are non-blocking (``isend``) and waited for at the end of the
+iteration; receives block. Since every rank follows its stage's schedule,
+which the lock-step check of ``schedule.validate`` proves deadlock-free, every
+receive is eventually matched. Tags separate micro-batches and directions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from .schedule import plan_schedule
+
+# ----------------------------------------------------------------------------
+# Layout: ranks, stages, slices
+
+
+def slice_ranges(n: int, replicas: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges of ``n`` samples over ``replicas``:
+    sizes differ by at most one, largest first."""
+    if replicas < 1:
+        raise ValueError("a stage needs at least one replica")
+    big, extra = divmod(n, replicas)
+    out, start = [], 0
+    for j in range(replicas):
+        size = big + (1 if j < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Who does what: ``stage_ranks[s]`` lists the ranks of stage s by
+    replica index; ``rank_of_device`` maps device id -> rank."""
+
+    stage_ranks: list[list[int]]
+    layer_ranges: list[tuple[int, int]]
+    rank_of_device: dict[int, int]
+    micro_batch_size: int
+    micro_batches: int
+    schedule: list[list[tuple[str, int]]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.rank_of_device)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.micro_batches
+
+    def where(self, rank: int) -> tuple[int, int]:
+        """(stage, replica index) of ``rank``."""
+        for s, ranks in enumerate(self.stage_ranks):
+            if rank in ranks:
+                return s, ranks.index(rank)
+        raise ValueError(f"rank {rank} is not in the plan")
+
+    def slices(self, stage: int) -> list[tuple[int, int]]:
+        return slice_ranges(self.micro_batch_size, len(self.stage_ranks[stage]))
+
+
+def layout_of(plan_data: dict) -> Layout:
+    stages = plan_data["stages"]
+    if not stages:
+        raise ValueError("plan has no stages")
+    devices = [int(d) for st in stages for d in st["devices"]]
+    if len(set(devices)) != len(devices):
+        raise ValueError("a device is used by more than one stage (or twice by one)")
+    rank_of_device = {d: r for r, d in enumerate(sorted(devices))}
+    stage_ranks = [[rank_of_device[int(d)] for d in st["devices"]] for st in stages]
+    layer_ranges = [(int(st["layer_start"]), int(st["layer_end"])) for st in stages]
+    for i, (a, b) in enumerate(layer_ranges):
+        if a >= b:
+            raise ValueError(f"stage {i}: empty layer range {a}..{b}")
+        if i and layer_ranges[i - 1][1] != a:
+            raise ValueError(f"stage {i} does not start where stage {i - 1} ends")
+    if layer_ranges[0][0] != 0:
+        raise ValueError("the first stage must start at layer 0")
+    mbs, m = int(plan_data["micro_batch_size"]), int(plan_data["micro_batches"])
+    gbs = plan_data.get("inputs", {}).get("global_batch_size")
+    if gbs is not None and gbs != mbs * m:
+        raise ValueError(f"micro_batch_size {mbs} x micro_batches {m} != global_batch_size {gbs}")
+    for i, ranks in enumerate(stage_ranks):
+        if not ranks:
+            raise ValueError(f"stage {i} has no devices")
+        if mbs // len(ranks) < 1:
+            raise ValueError(f"stage {i}: {len(ranks)} replicas for micro-batches of {mbs}")
+    return Layout(stage_ranks, layer_ranges, rank_of_device, mbs, m, plan_schedule(plan_data))
+
+
+# ----------------------------------------------------------------------------
+# Model and training helpers
+
+
+def build_layers(layers_factory: Callable[[], Any], seed: int) -> list[nn.Module]:
+    """The model's layers as modules, built after ``torch.manual_seed(seed)``.
+
+    ``layers_factory()`` may return a ModelSpec-like object with ``.layers``,
+    a list of ``(name, module)`` pairs, a list of modules, or an
+    ``nn.Sequential``."""
+    torch.manual_seed(seed)
+    made = layers_factory()
+    made = getattr(made, "layers", made)
+    out = []
+    for item in made:
+        out.append(item[1] if isinstance(item, tuple) else item)
+    return out
+
+
+def _make_optimizer(params, optimizer: str, lr: float):
+    params = list(params)
+    if optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr) if params else None
+    if optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr) if params else None
+    raise ValueError(f"unknown optimizer {optimizer!r}; use sgd or adam")
+
+
+def _scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str):
+    loss = loss_fn(out, tgt)
+    if reduction == "mean":
+        return loss * (n / gbs)
+    if reduction == "sum":
+        return loss / gbs
+    raise ValueError(f"unknown loss_reduction {reduction!r}; use mean or sum")
+
+
+def prefixed_state(layers: list[nn.Module], first_index: int) -> dict[str, torch.Tensor]:
+    """State of ``layers`` keyed ``"<global layer index>.<name>"`` as
+    ``nn.Sequential(*all_layers).state_dict()`` would."""
+    out = {}
+    for i, layer in enumerate(layers):
+        for k, v in layer.state_dict().items():
+            out[f"{first_index + i}.{k}"] = v.detach().clone()
+    return out
+
+
+def train_single_process(
+    layers_factory,
+    loss_fn,
+    batches,
+    steps: int | None = None,
+    lr: float = 0.1,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    loss_reduction: str = "mean",
+) -> dict[str, torch.Tensor]:
+    """Reference: plain training of the whole model on the global batches
+    (loss = mean over each global batch), returning the Sequential state."""
+    layers = build_layers(layers_factory, seed)
+    model = nn.Sequential(*layers)
+    opt = _make_optimizer(model.parameters(), optimizer, lr)
+    steps = len(batches) if steps is None else steps
+    for it in range(steps):
+        x, y = batches[it % len(batches)]
+        opt.zero_grad(set_to_none=False)
+        loss = _scaled_loss(loss_fn, model(x), y, x.shape[0], x.shape[0], loss_reduction)
+        loss.backward()
+        opt.step()
+    return prefixed_state(layers, 0)
+
+
+# ----------------------------------------------------------------------------
+# Point-to-point
+
+_HEADER = 9  # [dtype code, ndim, up to 7 dims]
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
+
+
+def _tag(m: int, backward: bool, part: int) -> int:
+    # part 0: header, 1: data. Distinct per (micro-batch, direction).
+    return m * 4 + (2 if backward else 0) + part
+
+
+class _Comm:
+    def __init__(self):
+        self.pending: list[tuple[Any, torch.Tensor]] = []
+
+    def send(self, t: torch.Tensor, dst: int, m: int, backward: bool, header: bool):
+        t = t.detach().contiguous()
+        if header:
+            if t.dim() > _HEADER - 2:
+                raise ValueError(f"tensors of {t.dim()} dimensions cannot cross a stage")
+            h = torch.zeros(_HEADER, dtype=torch.int64)
+            h[0] = _DTYPES.index(t.dtype)
+            h[1] = t.dim()
+            h[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+            self.pending.append((dist.isend(h, dst, tag=_tag(m, backward, 0)), h))
+        self.pending.append((dist.isend(t, dst, tag=_tag(m, backward, 1)), t))
+
+    def recv_with_header(self, src: int, m: int, backward: bool) -> torch.Tensor:
+        h = torch.zeros(_HEADER, dtype=torch.int64)
+        dist.recv(h, src, tag=_tag(m, backward, 0))
+        shape = [int(d) for d in h[2 : 2 + int(h[1])]]
+        t = torch.empty(shape, dtype=_DTYPES[int(h[0])])
+        dist.recv(t, src, tag=_tag(m, backward, 1))
+        return t
+
+    def recv_into(self, t: torch.Tensor, src: int, m: int, backward: bool) -> None:
+        dist.recv(t, src, tag=_tag(m, backward, 1))
+
+    def wait_all(self):
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+# ----------------------------------------------------------------------------
+# Worker
+
+
+@dataclass
+class _Job:
+    plan_data: dict
+    layers_factory: Callable
+    loss_fn: Callable
+    batches: list
+    steps: int
+    lr: float
+    optimizer: str = "sgd"
+    seed: int = 0
+    loss_reduction: str = "mean"
+    skip_allreduce: bool = False  # testing hook: must break equivalence
+    out_dir: str | None = None
+    threads: int = 1
+
+
+def _allreduce_grads(params: list[nn.Parameter], group) -> None:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
+    """The training loop of one rank; the process group must be up.
+    Returns ``{"state", "trace", "peak_in_flight"}``: the stage's final
+    state, the actions run in the first iteration (``"F0"``, ``"B0"``, ...,
+    ``"AR"``, ``"OPT"``) and the most micro-batches whose activations were
+    held at once."""
+    lay = layout_of(job.plan_data)
+    stage, replica = lay.where(rank)
+    n_stages = len(lay.stage_ranks)
+    first, last = stage == 0, stage == n_stages - 1
+    a, b = lay.layer_ranges[stage]
+
+    all_layers = build_layers(job.layers_factory, job.seed)
+    if lay.layer_ranges[-1][1] != len(all_layers):
+        raise ValueError(
+            f"the plan's stages end at layer {lay.layer_ranges[-1][1]}, the model has {len(all_layers)}"
+        )
+    layers = all_layers[a:b]
+    del all_layers
+    module = nn.Sequential(*layers)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = _make_optimizer(params, job.optimizer, job.lr)
+
+    # Process groups: created by every rank, in stage order.
+    groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
+    group = groups[stage]
+
+    mbs, gbs = lay.micro_batch_size, lay.global_batch_size
+    my_range = lay.slices(stage)[replica]
+    prev = (
+        [(lay.stage_ranks[stage - 1][k], ov) for k, r in enumerate(lay.slices(stage - 1))
+         if (ov := overlap(r, my_range))]
+        if not first else []
+    )
+    nxt = (
+        [(lay.stage_ranks[stage + 1][k], ov) for k, r in enumerate(lay.slices(stage + 1))
+         if (ov := overlap(r, my_range))]
+        if not last else []
+    )
+    comm = _Comm()
+    lo, hi = my_range
+    trace: list[str] = []
+    peak = 0
+
+    for it in range(job.steps):
+        x_all, y_all = job.batches[it % len(job.batches)]
+        if x_all.shape[0] != gbs:
+            raise ValueError(f"batch {it} has {x_all.shape[0]} samples, the plan needs {gbs}")
+        for p in params:
+            p.grad = None
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        for kind, m in lay.schedule[stage]:
+            base = m * mbs
+            if it == 0:
+                trace.append(f"{kind}{m}")
+            if kind == "F":
+                if first:
+                    x = x_all[base + lo : base + hi]
+                else:
+                    parts = [comm.recv_with_header(src, m, False) for src, _ in prev]
+                    x = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+                    if x.is_floating_point():
+                        x.requires_grad_(True)
+                    inputs[m] = x
+                out = module(x)
+                if last:
+                    y = y_all[base + lo : base + hi]
+                    outputs[m] = _scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
+                else:
+                    for dst, (s0, s1) in nxt:
+                        comm.send(out[s0 - lo : s1 - lo], dst, m, False, header=True)
+                    outputs[m] = out
+                peak = max(peak, len(outputs))
+            else:
+                out = outputs.pop(m)
+                if last:
+                    grad = None
+                else:
+                    grad = torch.empty_like(out)
+                    for src, (s0, s1) in nxt:
+                        piece = torch.empty_like(out[s0 - lo : s1 - lo])
+                        comm.recv_into(piece, src, m, True)
+                        grad[s0 - lo : s1 - lo] = piece
+                if out.requires_grad:
+                    out.backward(grad)
+                if not first:
+                    x = inputs.pop(m)
+                    g = x.grad if x.grad is not None else torch.zeros_like(x)
+                    for dst, (s0, s1) in prev:
+                        comm.send(g[s0 - lo : s1 - lo], dst, m, True, header=False)
+        comm.wait_all()
+        if group is not None and not job.skip_allreduce:
+            _allreduce_grads(params, group)
+            if it == 0:
+                trace.append("AR")
+        if it == 0:
+            trace.append("OPT")
+        if opt is not None:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            opt.step()
+    return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak}
+
+
+def _worker(rank: int, world_size: int, port: int, job: _Job) -> None:
+    torch.set_num_threads(job.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = _run_rank(rank, job)
+        torch.save(result, os.path.join(job.out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunResult:
+    """``params``: the trained model, ``"<layer index>.<name>"`` -> tensor,
+    taken from replica 0 of each stage. ``per_rank``: each rank's stage state.
+    ``stage_of_rank``: rank -> (stage, replica). ``trace``: rank -> actions
+    run in the first iteration (``"F0"``, ``"B0"``, ..., ``"AR"`` when the
+    stage is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
+    micro-batches whose activations the rank held at once."""
+
+    params: dict[str, torch.Tensor]
+    per_rank: dict[int, dict[str, torch.Tensor]]
+    stage_of_rank: dict[int, tuple[int, int]]
+    trace: dict[int, list[str]]
+    peak_in_flight: dict[int, int]
+
+    def replicas_agree(self, atol: float = 0.0) -> bool:
+        by_stage: dict[int, list[dict]] = {}
+        for r, (s, _) in self.stage_of_rank.items():
+            by_stage.setdefault(s, []).append(self.per_rank[r])
+        for states in by_stage.values():
+            for other in states[1:]:
+                for k, v in states[0].items():
+                    if not torch.allclose(v, other[k], rtol=0, atol=atol):
+                        return False
+        return True
+
+
+def _collect(lay: Layout, out_dir: str) -> RunResult:
+    loaded = {
+        r: torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
+        for r in range(lay.world_size)
+    }
+    per_rank = {r: v["state"] for r, v in loaded.items()}
+    params: dict[str, torch.Tensor] = {}
+    for ranks in lay.stage_ranks:
+        params.update(per_rank[ranks[0]])
+    return RunResult(
+        params=params,
+        per_rank=per_rank,
+        stage_of_rank={r: lay.where(r) for r in range(lay.world_size)},
+        trace={r: v["trace"] for r, v in loaded.items()},
+        peak_in_flight={r: v["peak_in_flight"] for r, v in loaded.items()},
+    )
+
+
+def run_plan(
+    plan_data: dict,
+    layers_factory: Callable[[], Any],
+    loss_fn: Callable,
+    batches: list,
+    steps: int,
+    lr: float,
+    world_size: int | None = None,
+    *,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    loss_reduction: str = "mean",
+    threads: int = 1,
+    out_dir: str | None = None,
+    skip_allreduce: bool = False,
+    start_method: str = "spawn",
+) -> RunResult | None:
+    """Train for ``steps`` iterations following ``plan_data`` (a ``dapple.plan``
+    dict; needs ``stages[*].layer_start/layer_end/devices``, optionally
+    ``warmup_micro_batches``, ``micro_batch_size``, ``micro_batches``,
+    ``schedule.kind``), on one gloo process per used device.
+
+    ``batches``: global batches ``(inputs, targets)`` of
+    ``micro_batch_size * micro_batches`` samples along dim 0; iteration i uses
+    ``batches[i % len(batches)]``. ``layers_factory`` (picklable, e.g. a
+    module-level function) builds the model; called after
+    ``torch.manual_seed(seed)`` on every rank. ``loss_fn(output, target)``
+    is the loss of a slice, a mean over its samples (``loss_reduction="mean"``)
+    or a sum (``"sum"``). ``optimizer``: ``"sgd"`` or ``"adam"``.
+
+    Launched normally, spawns the processes and returns a :class:`RunResult`.
+    Launched by torchrun (``RANK`` and ``WORLD_SIZE`` in the environment),
+    runs this process's rank, and returns the result on rank 0 (``None``
+    elsewhere); ``out_dir`` must then be a directory all ranks share.
+    """
+    lay = layout_of(plan_data)
+    if world_size is not None and world_size != lay.world_size:
+        raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
+    job = _Job(
+        plan_data=plan_data,
+        layers_factory=layers_factory,
+        loss_fn=loss_fn,
+        batches=batches,
+        steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        seed=seed,
+        loss_reduction=loss_reduction,
+        skip_allreduce=skip_allreduce,
+        threads=threads,
+    )
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if ws != lay.world_size:
+            raise ValueError(f"WORLD_SIZE {ws} but the plan uses {lay.world_size} devices")
+        if out_dir is None:
+            raise ValueError("under torchrun, pass out_dir (a directory all ranks share)")
+        job.out_dir = out_dir
+        torch.set_num_threads(threads)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=rank, world_size=ws)
+        result = _run_rank(rank, job)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+        return _collect(lay, out_dir) if rank == 0 else None
+
+    with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
+        job.out_dir = out_dir or tmp
+        port = _free_port()
+        mp.start_processes(
+            _worker,
+            args=(lay.world_size, port, job),
+            nprocs=lay.world_size,
+            join=True,
+            start_method=start_method,
+        )
+        return _collect(lay, job.out_dir)

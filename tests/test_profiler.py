@@ -1,0 +1,164 @@
+"""Profiling real PyTorch models: the model factories, the profiler, `dapple profile model`."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import planner  # noqa: E402
+from planner.profiler import profile_model  # noqa: E402
+from planner.runtime.models import ModelSpec, bert, gpt, load_model, vgg  # noqa: E402
+
+FACTORIES = {"gpt": gpt, "bert": bert, "vgg": vgg}
+
+
+def assert_one_line_error(result, exit_code, *needles):
+    assert result.returncode == exit_code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_layer_chain_equals_the_model(name):
+    spec = FACTORIES[name]()
+    assert isinstance(spec, ModelSpec)
+    inputs, targets = spec.make_batch(3, torch.Generator().manual_seed(1))
+    chained = spec.forward(inputs)
+    torch.testing.assert_close(chained, spec.model(inputs), rtol=0, atol=0)
+    loss = spec.loss(chained, targets)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in spec.parameters())
+    # Same seed, same weights and batch: runs are reproducible.
+    again = FACTORIES[name]()
+    for p, q in zip(spec.parameters(), again.parameters()):
+        assert torch.equal(p, q)
+    inputs2, targets2 = again.make_batch(3, torch.Generator().manual_seed(1))
+    assert torch.equal(inputs, inputs2) and torch.equal(targets, targets2)
+    # Every module the model has is in exactly one layer.
+    assert sum(p.numel() for p in spec.parameters()) == sum(p.numel() for p in spec.model.parameters())
+
+
+def test_gpt_is_causal_and_predicts_next_tokens():
+    spec = gpt(n_layers=2)
+    inputs, targets = spec.make_batch(2, torch.Generator().manual_seed(0))
+    assert inputs.shape == (2, 32) and torch.equal(inputs[:, 1:], targets[:, :-1])
+    changed = inputs.clone()
+    changed[:, 20] = (changed[:, 20] + 1) % 256
+    with torch.no_grad():
+        a, b = spec.forward(inputs), spec.forward(changed)
+    assert a.shape == (2, 32, 256)
+    torch.testing.assert_close(a[:, :20], b[:, :20])
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def test_load_model_names_the_spec_in_errors():
+    spec = load_model("planner.runtime.models:gpt", n_layers=2)
+    assert spec.layer_names == ["embedding", "block0", "block1", "lm_head"]
+    for bad, needle in [
+        ("planner.runtime.models", "expected package.module:function"),
+        ("planner.runtime.nosuch:gpt", "no module named planner.runtime.nosuch"),
+        ("planner.runtime.models:nosuch", "has no function nosuch"),
+        ("planner.profile:OPTIMIZER_STATE_SLOTS", "is not a function"),
+        ("planner.profiler:_cpu_name", "returned str, not a planner.runtime.models.ModelSpec"),
+    ]:
+        with pytest.raises(planner.InvalidInputError) as e:
+            load_model(bad)
+        assert bad in str(e.value) and needle in str(e.value), str(e.value)
+    with pytest.raises(planner.InvalidInputError, match="unexpected keyword argument 'depth'"):
+        load_model("planner.runtime.models:gpt", depth=3)
+
+
+def test_profile_of_gpt_is_valid_and_measures_sizes():
+    spec = gpt()
+    prof = profile_model(spec, "gpt-test", [2, 1], warmup=1, repeats=3, progress=False)
+    assert isinstance(prof, planner.Profile)
+    assert prof.model == "gpt-test" and prof.batch_sizes == [1, 2]
+    assert prof.data["format"] == "dapple.profile" and prof.data["optimizer"] == "adam"
+    assert prof.data["source"].startswith("measured by dapple profile on CPU")
+    assert [layer["name"] for layer in prof.layers] == ["embedding", "block0", "block1", "block2", "block3", "lm_head"]
+    assert [layer.get("kind") for layer in prof.layers] == [None, "block", "block", "block", "block", None]
+    for (name, module), layer in zip(spec.layers, prof.layers):
+        assert layer["param_bytes"] == sum(p.numel() * 4 for p in module.parameters()), name
+        for m in layer["measurements"]:
+            assert m["fwd_ms"] > 0 and m["bwd_ms"] > 0, (name, m)
+    for b, m in zip([1, 2], prof.layers[1]["measurements"]):
+        assert m["activation_bytes"] == b * 32 * 64 * 4
+        # A block keeps far more than its output for backward (attention, MLP hidden).
+        assert m["stored_activation_bytes"] > 4 * m["activation_bytes"]
+    head = prof.layers[-1]["measurements"]
+    assert [m["activation_bytes"] for m in head] == [b * 32 * 256 * 4 for b in (1, 2)]
+    # The profiler leaves the model clean, and planning takes the profile.
+    assert all(p.grad is None for p in spec.parameters())
+    plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)
+    assert plan.estimate["latency_ms"] > 0
+
+
+@pytest.mark.parametrize("name", ["bert", "vgg"])
+def test_profile_of_bert_and_vgg(name):
+    prof = profile_model(FACTORIES[name](), name, [1], warmup=0, repeats=1, progress=False)
+    blocks = [layer for layer in prof.layers if layer.get("kind") == "block"]
+    assert len(blocks) >= 3
+    assert all(m["stored_activation_bytes"] > 0 for layer in prof.layers for m in layer["measurements"])
+
+
+def test_cli_profile_then_plan(dapple, tmp_path):
+    out = tmp_path / "gpt.json"
+    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2",
+               "--batch-sizes", "1,2", "--repeats", "2", "--warmup", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "4 layers (2 blocks)" in r.stderr
+    data = json.loads(out.read_text())
+    assert data["model"] == "gpt-2x64" and [m["batch_size"] for m in data["layers"][0]["measurements"]] == [1, 2]
+    r = dapple("plan", "--profile", out, "--topology", "1x2-nvlink", "--global-batch-size", "8")
+    assert r.returncode == 0, r.stderr
+    assert "gpt-2x64 on 1x2-nvlink" in r.stdout
+
+
+def test_cli_bad_model_spec_is_one_line(dapple, tmp_path):
+    out = tmp_path / "p.json"
+    r = dapple("profile", "model", "--model", "planner.runtime.models:nosuch", "--batch-sizes", "1", "--out", out)
+    assert_one_line_error(r, 3, "planner.runtime.models:nosuch", "no function nosuch")
+    r = dapple("profile", "model", "--model", "no_such_package.models:gpt", "--batch-sizes", "1", "--out", out)
+    assert_one_line_error(r, 3, "no_such_package.models:gpt", "no module named no_such_package")
+    assert not out.exists()
+
+
+def test_cli_bad_batch_sizes_is_a_usage_error(dapple, tmp_path):
+    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--batch-sizes", "1,two",
+               "--out", tmp_path / "p.json")
+    assert r.returncode == 2
+    assert "'1,two'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cli_cuda_without_cuda_is_one_line(dapple, tmp_path):
+    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--batch-sizes", "1",
+               "--device", "cuda", "--out", tmp_path / "p.json")
+    assert_one_line_error(r, 3, "--device cuda", "CUDA is not available")
+
+
+def test_hf_gpt2_when_transformers_is_installed():
+    pytest.importorskip("transformers")
+    spec = load_model("planner.runtime.models:hf_gpt2", n_layers=2)
+    assert spec.layer_names == ["embedding", "block0", "block1", "lm_head"]
+    inputs, _ = spec.make_batch(2, torch.Generator().manual_seed(0))
+    changed = inputs.clone()
+    changed[:, 20] = (changed[:, 20] + 1) % 256
+    with torch.no_grad():
+        a, b = spec.forward(inputs), spec.forward(changed)
+    torch.testing.assert_close(a[:, :20], b[:, :20])  # causal
+    prof = profile_model(spec, "hf", [1], warmup=0, repeats=1, progress=False)
+    assert prof.layers[1]["measurements"][0]["activation_bytes"] == 32 * 64 * 4
+
+
+def test_planning_and_the_runtime_package_do_not_import_torch():
+    code = "import sys, planner, planner.runtime, planner.profiler; assert 'torch' not in sys.modules, 'torch imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

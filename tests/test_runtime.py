@@ -1,0 +1,259 @@
+"""The CPU runtime: schedules as action lists, and plans run on gloo processes
+train exactly like one process does."""
+
+import time
+
+import pytest
+
+from planner.runtime import schedule as sch
+
+# ----------------------------------------------------------------------------
+# Schedules against literal tables (no torch needed)
+
+
+def table(text):
+    return [
+        [(t[0], int(t[1:])) for t in line.split(":", 1)[1].split()]
+        for line in text.strip().splitlines()
+    ]
+
+
+def test_early_backward_two_stages():
+    assert sch.early_backward(2, 4, [2, 1]) == table(
+        """
+        stage 0: F0 F1 B0 F2 B1 F3 B2 B3
+        stage 1: F0 B0 F1 B1 F2 B2 F3 B3
+        """
+    )
+
+
+def test_early_backward_three_stages_policy_b():
+    # policy B: K = min(2(S-i)-1, M) = [5->4, 3, 1]
+    plan = {
+        "micro_batches": 4,
+        "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "B"},
+        "stages": [{}, {}, {}],
+    }
+    assert sch.plan_schedule(plan) == table(
+        """
+        stage 0: F0 F1 F2 F3 B0 B1 B2 B3
+        stage 1: F0 F1 F2 B0 F3 B1 B2 B3
+        stage 2: F0 B0 F1 B1 F2 B2 F3 B3
+        """
+    )
+
+
+def test_gpipe_table():
+    assert sch.gpipe(2, 3) == table(
+        """
+        stage 0: F0 F1 F2 B2 B1 B0
+        stage 1: F0 F1 F2 B2 B1 B0
+        """
+    )
+    assert sch.plan_schedule(
+        {"micro_batches": 3, "schedule": {"kind": "gpipe"}, "stages": [{}, {}]}
+    ) == sch.gpipe(2, 3)
+
+
+def test_plan_warmup_from_stages_and_format():
+    plan = {
+        "micro_batches": 3,
+        "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "A"},
+        "stages": [{"warmup_micro_batches": 3}, {"warmup_micro_batches": 2}, {"warmup_micro_batches": 1}],
+    }
+    assert sch.format_schedule(sch.plan_schedule(plan)) == (
+        "stage 0: F0 F1 F2 B0 B1 B2\n"
+        "stage 1: F0 F1 B0 F2 B1 B2\n"
+        "stage 2: F0 B0 F1 B1 F2 B2"
+    )
+
+
+def test_bad_schedules_rejected():
+    with pytest.raises(ValueError, match="deadlock"):
+        sch.early_backward(2, 4, [1, 2])  # later stage deeper than earlier, < M
+    with pytest.raises(ValueError, match="warm-up depth"):
+        sch.early_backward(2, 4, [5, 1])
+    with pytest.raises(ValueError, match="not a schedule"):
+        sch.plan_schedule({"micro_batches": 2, "schedule": {"kind": "pipedream"}, "stages": [{}]})
+
+
+# ----------------------------------------------------------------------------
+# Executor equivalence
+
+torch = pytest.importorskip("torch")
+
+from planner.runtime import executor as ex  # noqa: E402
+
+LR = 0.1
+STEPS = 5
+GBS = 12
+# fork: no torch import per worker (~0.3 s a run instead of ~10 s on 2 cores);
+# test_spawn_start_method covers the default, spawn.
+FAST = {"start_method": "fork"}
+
+
+def tiny_layers():
+    """5 layers (3 with parameters), deterministic under torch.manual_seed."""
+    nn = torch.nn
+    return [
+        ("fc1", nn.Linear(6, 8)),
+        ("act1", nn.Tanh()),
+        ("fc2", nn.Linear(8, 8)),
+        ("act2", nn.Tanh()),
+        ("head", nn.Linear(8, 3)),
+    ]
+
+
+def mse(out, target):
+    return torch.nn.functional.mse_loss(out, target)
+
+
+def make_batches(steps=STEPS, gbs=GBS):
+    g = torch.Generator().manual_seed(1234)
+    return [(torch.randn(gbs, 6, generator=g), torch.randn(gbs, 3, generator=g)) for _ in range(steps)]
+
+
+def plan(mbs, stages, kind="early-backward-1f1b"):
+    """A dapple.plan dict with the fields the executor reads; stages are
+    (layer_start, layer_end, devices); K_i by policy A (M for gpipe)."""
+    m = GBS // mbs
+    s = len(stages)
+    return {
+        "format": "dapple.plan",
+        "schema_version": 1,
+        "inputs": {"global_batch_size": GBS},
+        "micro_batch_size": mbs,
+        "micro_batches": m,
+        "schedule": {"kind": kind, "warmup_policy": "A"},
+        "stages": [
+            {
+                "layer_start": a,
+                "layer_end": b,
+                "devices": devs,
+                "warmup_micro_batches": m if kind == "gpipe" else min(s - i, m),
+            }
+            for i, (a, b, devs) in enumerate(stages)
+        ],
+    }
+
+
+CASES = {
+    # straight pipelines
+    "straight-2": plan(4, [(0, 2, [0]), (2, 5, [1])]),
+    "straight-3": plan(4, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])]),
+    # 2:1, micro-batch 3 -> slices 2,1; device ids out of order and sparse
+    "2:1": plan(3, [(0, 3, [5, 2]), (3, 5, [7])]),
+    # 1:2, slices 2,1 on the second stage
+    "1:2": plan(3, [(0, 4, [0]), (4, 5, [1, 2])]),
+    # pure data parallelism on 3 processes, micro-batch 4 -> slices 2,1,1
+    "dp-3": plan(4, [(0, 5, [0, 1, 2])]),
+    # GPipe order, 2:1 replication
+    "gpipe-2:1": plan(3, [(0, 2, [0, 1]), (2, 5, [2])], kind="gpipe"),
+}
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return make_batches()
+
+
+@pytest.fixture(scope="module")
+def reference(batches):
+    torch.set_num_threads(1)
+    return ex.train_single_process(tiny_layers, mse, batches, STEPS, LR)
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_slices_match_cost_model():
+    assert ex.slice_ranges(5, 2) == [(0, 3), (3, 5)]
+    assert ex.slice_ranges(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert ex.slice_ranges(6, 3) == [(0, 2), (2, 4), (4, 6)]
+    lay = ex.layout_of(CASES["2:1"])
+    assert lay.rank_of_device == {2: 0, 5: 1, 7: 2}
+    assert lay.stage_ranks == [[1, 0], [2]]
+    assert lay.where(1) == (0, 0) and lay.where(0) == (0, 1) and lay.where(2) == (1, 0)
+
+
+def test_reference_really_trains(batches, reference):
+    init = ex.prefixed_state(ex.build_layers(tiny_layers, 0), 0)
+    assert max_diff(init, reference) > 1e-2
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_matches_single_process(name, batches, reference):
+    p = CASES[name]
+    t0 = time.time()
+    res = ex.run_plan(
+        p, tiny_layers, mse, batches, STEPS, LR, world_size=ex.layout_of(p).world_size, **FAST
+    )
+    print(f"{name}: {time.time() - t0:.1f}s")
+    assert max_diff(res.params, reference) < 1e-5
+    assert res.replicas_agree(atol=1e-6)
+    # Each rank ran its stage's schedule, in order, and held no more
+    # micro-batches than it allows (K_i for early-backward, M for GPipe).
+    lay = ex.layout_of(p)
+    for rank, (stage, _) in res.stage_of_rank.items():
+        expected = [f"{k}{m}" for k, m in lay.schedule[stage]]
+        expected += ["AR"] if len(lay.stage_ranks[stage]) > 1 else []
+        assert res.trace[rank] == expected + ["OPT"]
+        assert res.peak_in_flight[rank] == p["stages"][stage]["warmup_micro_batches"]
+
+
+def test_many_to_many_2_to_3():
+    # mbs 5: stage 0 slices [0,3) [3,5); stage 1 slices [0,2) [2,4) [4,5):
+    # the middle replica of stage 1 receives from both senders.
+    gbs = 10
+    p = plan(5, [(0, 2, [0, 1]), (2, 5, [2, 3, 4])])
+    p["inputs"]["global_batch_size"] = gbs
+    p["micro_batches"] = 2
+    for st, k in zip(p["stages"], [2, 1]):
+        st["warmup_micro_batches"] = k
+    b = make_batches(3, gbs)
+    ref = ex.train_single_process(tiny_layers, mse, b, 3, LR)
+    res = ex.run_plan(p, tiny_layers, mse, b, 3, LR, **FAST)
+    assert max_diff(res.params, ref) < 1e-5
+
+
+def test_adam_matches_single_process(batches):
+    p = CASES["1:2"]
+    ref = ex.train_single_process(tiny_layers, mse, batches, 3, 0.01, optimizer="adam")
+    res = ex.run_plan(p, tiny_layers, mse, batches, 3, 0.01, optimizer="adam", **FAST)
+    assert max_diff(res.params, ref) < 1e-5
+
+
+def test_without_allreduce_replicas_diverge(batches, reference):
+    res = ex.run_plan(CASES["dp-3"], tiny_layers, mse, batches, STEPS, LR, skip_allreduce=True, **FAST)
+    assert max_diff(res.params, reference) > 1e-3
+    assert not res.replicas_agree(atol=1e-6)
+
+
+def test_world_size_mismatch_rejected(batches):
+    with pytest.raises(ValueError, match="world_size"):
+        ex.run_plan(CASES["straight-2"], tiny_layers, mse, batches, 1, LR, world_size=3)
+
+
+def test_spawn_start_method(batches, reference):
+    # The default start method, as with torch.multiprocessing.spawn.
+    res = ex.run_plan(CASES["straight-2"], tiny_layers, mse, batches, STEPS, LR)
+    assert max_diff(res.params, reference) < 1e-5
+
+
+def test_gpt_model_spec_2_to_1():
+    # A ModelSpec from planner.runtime.models: token-id inputs, a transformer
+    # block per layer, cross-entropy over tokens.
+    import functools
+
+    models = pytest.importorskip("planner.runtime.models")
+    factory = functools.partial(models.gpt, n_layers=2, d_model=32, n_heads=4, seq=8, vocab=64)
+    spec = factory()
+    g = torch.Generator().manual_seed(0)
+    b = [spec.make_batch(GBS, g) for _ in range(3)]
+    n = len(spec.layers)
+    p = plan(3, [(0, 2, [0, 1]), (2, n, [2])])
+    ref = ex.train_single_process(factory, spec.loss, b, 3, LR)
+    res = ex.run_plan(p, factory, spec.loss, b, 3, LR, **FAST)
+    assert max_diff(res.params, ref) < 1e-5
