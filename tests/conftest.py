@@ -56,3 +56,13 @@ def small_profile(tmp_path):
         return path
 
     return write
+
+
+def assert_one_line_error(result, exit_code, *needles):
+    """The CLI failed with `exit_code` and one stderr line holding every needle."""
+    assert result.returncode == exit_code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]

@@ -5,18 +5,11 @@ import math
 
 import pytest
 
-from conftest import PROFILES
+from conftest import PROFILES, assert_one_line_error
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 
 
-def assert_one_line_error(result, exit_code, *needles):
-    assert result.returncode == exit_code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_plan_prints_a_table_and_writes_the_plan(dapple, tmp_path):

@@ -9,19 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import planner  # noqa: E402
+from conftest import assert_one_line_error  # noqa: E402
 from planner.profiler import profile_model  # noqa: E402
 from planner.runtime.models import ModelSpec, bert, gpt, load_model, vgg  # noqa: E402
 
 FACTORIES = {"gpt": gpt, "bert": bert, "vgg": vgg}
 
 
-def assert_one_line_error(result, exit_code, *needles):
-    assert result.returncode == exit_code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))

@@ -260,6 +260,26 @@ def _check_sizes(**sizes):
             raise InvalidInputError(f"{k} must be a positive integer, not {v!r}")
 
 
+
+def _language_model(emb: nn.Module, blocks: list[nn.Module], head: nn.Module, name: str, config: dict) -> ModelSpec:
+    """A next-token language model: embedding, blocks, LM head; random tokens."""
+    vocab, seq = config["vocab"], config["seq"]
+
+    def make_batch(batch_size: int, generator: torch.Generator):
+        tokens = torch.randint(0, vocab, (batch_size, seq + 1), generator=generator)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    names = [f"block{i}" for i in range(len(blocks))]
+    return ModelSpec(
+        layers=[("embedding", emb), *zip(names, blocks), ("lm_head", head)],
+        loss=_lm_loss,
+        make_batch=make_batch,
+        blocks=frozenset(names),
+        name=name,
+        model=_Transformer(emb, blocks, head),
+        config=config,
+    )
+
 def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, vocab: int = 256, seed: int = 0) -> ModelSpec:
     """GPT-style decoder: ``embedding``, ``block0`` .. ``block{n-1}`` (causal
     self-attention, pre-LayerNorm), ``lm_head``. Inputs: random token ids
@@ -271,22 +291,8 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
         emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
         blocks = [TransformerBlock(d_model, n_heads, seq, causal=True, pre_ln=True) for _ in range(n_layers)]
         head = _LMHead(d_model, vocab)
-    model = _Transformer(emb, blocks, head)
-
-    def make_batch(batch_size: int, generator: torch.Generator):
-        tokens = torch.randint(0, vocab, (batch_size, seq + 1), generator=generator)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    names = [f"block{i}" for i in range(n_layers)]
-    return ModelSpec(
-        layers=[("embedding", emb), *zip(names, blocks), ("lm_head", head)],
-        loss=_lm_loss,
-        make_batch=make_batch,
-        blocks=frozenset(names),
-        name=f"gpt-{n_layers}x{d_model}",
-        model=model,
-        config=dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed),
-    )
+    config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
+    return _language_model(emb, blocks, head, f"gpt-{n_layers}x{d_model}", config)
 
 
 class _ClassifierHead(nn.Module):
@@ -466,19 +472,5 @@ def hf_gpt2(n_layers: int = 2, d_model: int = 64, n_heads: int = 4, seq: int = 3
                 block = GPT2Block(config)
             blocks.append(_HFBlock(block))
         head = _HFHead(nn.LayerNorm(d_model, eps=config.layer_norm_epsilon), nn.Linear(d_model, vocab, bias=False))
-    model = _Transformer(emb, blocks, head)
-
-    def make_batch(batch_size: int, generator: torch.Generator):
-        tokens = torch.randint(0, vocab, (batch_size, seq + 1), generator=generator)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    names = [f"block{i}" for i in range(n_layers)]
-    return ModelSpec(
-        layers=[("embedding", emb), *zip(names, blocks), ("lm_head", head)],
-        loss=_lm_loss,
-        make_batch=make_batch,
-        blocks=frozenset(names),
-        name=f"hf-gpt2-{n_layers}x{d_model}",
-        model=model,
-        config=dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed),
-    )
+    config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
+    return _language_model(emb, blocks, head, f"hf-gpt2-{n_layers}x{d_model}", config)
