@@ -24,8 +24,8 @@ class DappleError(Exception):
         return self.message
 
 
-class InvalidInputError(DappleError):
-    """A file or argument that is not valid for its format."""
+class InvalidInputError(DappleError, ValueError):
+    """A file or argument that is not valid for its format (also a ValueError)."""
 
     code = "invalid_input"
 

@@ -10,6 +10,7 @@ mod artifact;
 mod baselines;
 mod plan;
 mod profile;
+mod schedule;
 mod search;
 mod topology;
 
@@ -49,5 +50,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     baselines::register(m)?;
     plan::register(m)?;
     search::register(m)?;
+    schedule::register(m)?;
     Ok(())
 }
