@@ -10,6 +10,7 @@
 | 5 | infeasible: no plan fits in the GPUs' memory |
 | 6 | I/O error: a file could not be read or written |
 | 7 | regression: `dapple regress` found a slower or infeasible plan |
+| 8 | run failed: a worker of `dapple run` raised or died |
 """
 
 from planner.errors import (
@@ -18,6 +19,7 @@ from planner.errors import (
     IncompatibleInputsError,
     InfeasibleError,
     InvalidInputError,
+    RunFailedError,
 )
 
 OK = 0
@@ -28,12 +30,14 @@ INCOMPATIBLE_INPUTS = 4
 INFEASIBLE = 5
 IO_ERROR = 6
 REGRESSION = 7
+RUN_FAILED = 8
 
 _BY_CLASS = [
     (InvalidInputError, INVALID_INPUT),
     (IncompatibleInputsError, INCOMPATIBLE_INPUTS),
     (InfeasibleError, INFEASIBLE),
     (DappleIOError, IO_ERROR),
+    (RunFailedError, RUN_FAILED),
 ]
 
 

@@ -11,6 +11,7 @@ from .estimate import estimate_command
 from .plan import plan_command
 from .profile import profile_group
 from .regress import regress_command
+from .run import run_command
 from .show import show_command
 from .simulate import simulate_command
 from .topology import topology_group
@@ -22,7 +23,7 @@ def cli():
     """Plan synchronous pipeline + data parallel training (DAPPLE).
 
     Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input,
-    4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression.
+    4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression, 8 run failed.
     """
 
 
@@ -34,6 +35,7 @@ cli.add_command(topology_group)
 cli.add_command(profile_group)
 cli.add_command(regress_command)
 cli.add_command(show_command)
+cli.add_command(run_command)
 
 
 def main():

@@ -24,6 +24,7 @@ from .errors import (
     IncompatibleInputsError,
     InfeasibleError,
     InvalidInputError,
+    RunFailedError,
 )
 from .plan import Plan, SearchStats, evaluate, plan
 from .profile import Profile, calibrate_stored_activations, import_artifact_profile
@@ -41,6 +42,7 @@ __all__ = [
     "Plan",
     "PRESETS",
     "Profile",
+    "RunFailedError",
     "SearchStats",
     "Simulation",
     "Topology",

@@ -46,3 +46,9 @@ class DappleIOError(DappleError):
     """A file could not be read or written."""
 
     code = "io_error"
+
+
+class RunFailedError(DappleError):
+    """A worker of `dapple run` raised or died; the run was stopped."""
+
+    code = "run_failed"

@@ -32,9 +32,13 @@ receive is eventually matched. Tags separate micro-batches and directions.
 from __future__ import annotations
 
 import os
+import resource
 import socket
+import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -199,6 +203,45 @@ def train_single_process(
     return prefixed_state(layers, 0)
 
 
+class SeededBatches:
+    """``steps`` global batches made on demand by ``model_factory().make_batch(
+    batch_size, generator)`` from one ``torch.Generator`` seeded with ``seed``:
+    batch i is the i-th one drawn, so a run resumed at step s sees the batches
+    of an uninterrupted run (the skipped ones are regenerated and dropped).
+    Picklable when ``model_factory`` is."""
+
+    def __init__(self, model_factory: Callable[[], Any], batch_size: int, steps: int, seed: int = 0):
+        self.model_factory = model_factory
+        self.batch_size = batch_size
+        self.steps = steps
+        self.seed = seed
+        self._make = None
+        self._gen = None
+        self._next = 0
+        self._last = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.update(_make=None, _gen=None, _next=0, _last=None)
+        return d
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.steps:
+            raise IndexError(i)
+        if self._make is None:
+            self._make = self.model_factory().make_batch
+        if self._gen is None or i < self._next - 1:
+            self._gen = torch.Generator().manual_seed(self.seed)
+            self._next, self._last = 0, None
+        while self._next <= i:
+            self._last = self._make(self.batch_size, self._gen)
+            self._next += 1
+        return self._last
+
+
 # ----------------------------------------------------------------------------
 # Point-to-point
 
@@ -214,6 +257,12 @@ def _tag(m: int, backward: bool, part: int) -> int:
 class _Comm:
     def __init__(self):
         self.pending: list[tuple[Any, torch.Tensor]] = []
+        self.recv_s = 0.0  # time spent blocked in receives
+
+    def _recv(self, t: torch.Tensor, src: int, tag: int) -> None:
+        t0 = time.perf_counter()
+        dist.recv(t, src, tag=tag)
+        self.recv_s += time.perf_counter() - t0
 
     def send(self, t: torch.Tensor, dst: int, m: int, backward: bool, header: bool):
         t = t.detach().contiguous()
@@ -229,14 +278,14 @@ class _Comm:
 
     def recv_with_header(self, src: int, m: int, backward: bool) -> torch.Tensor:
         h = torch.zeros(_HEADER, dtype=torch.int64)
-        dist.recv(h, src, tag=_tag(m, backward, 0))
+        self._recv(h, src, _tag(m, backward, 0))
         shape = [int(d) for d in h[2 : 2 + int(h[1])]]
         t = torch.empty(shape, dtype=_DTYPES[int(h[0])])
-        dist.recv(t, src, tag=_tag(m, backward, 1))
+        self._recv(t, src, _tag(m, backward, 1))
         return t
 
     def recv_into(self, t: torch.Tensor, src: int, m: int, backward: bool) -> None:
-        dist.recv(t, src, tag=_tag(m, backward, 1))
+        self._recv(t, src, _tag(m, backward, 1))
 
     def wait_all(self):
         for work, _ in self.pending:
@@ -262,6 +311,11 @@ class _Job:
     skip_allreduce: bool = False  # testing hook: must break equivalence
     out_dir: str | None = None
     threads: int = 1
+    start_step: int = 0  # resume: the step the checkpoint in checkpoint_dir holds
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    log: bool = False  # rank 0 prints one line per iteration to stderr; workers' stdout goes to stderr
+    timeout_s: float = 30.0
 
 
 def _allreduce_grads(params: list[nn.Parameter], group) -> None:
@@ -299,6 +353,18 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     module = nn.Sequential(*layers)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = _make_optimizer(params, job.optimizer, job.lr)
+    if job.start_step:
+        from . import checkpoint as ckpt
+
+        saved = ckpt.load_rank(job.checkpoint_dir, job.start_step, rank)
+        if saved["step"] != job.start_step or tuple(saved["layer_range"]) != (a, b):
+            raise ValueError(
+                f"checkpoint step {job.start_step} rank {rank} holds layers {saved['layer_range']} "
+                f"at step {saved['step']}, this plan gives the rank layers {(a, b)}"
+            )
+        module.load_state_dict(saved["model"])
+        if opt is not None:
+            opt.load_state_dict(saved["optimizer"])
 
     # Process groups: created by every rank, in stage order.
     groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
@@ -320,8 +386,19 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     lo, hi = my_range
     trace: list[str] = []
     peak = 0
+    iteration_ms: list[float] = []
+    losses: list[float] = []
+    compute_s = bubble_s = 0.0
+    fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
+    fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
 
-    for it in range(job.steps):
+    for it in range(job.start_step, job.steps):
+        if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
+            raise RuntimeError(f"injected failure at step {it + 1} (DAPPLE_TEST_FAIL_RANK)")
+        dist.barrier()
+        t_start = time.perf_counter()
+        comm.recv_s = 0.0
+        loss_sum = 0.0
         x_all, y_all = job.batches[it % len(job.batches)]
         if x_all.shape[0] != gbs:
             raise ValueError(f"batch {it} has {x_all.shape[0]} samples, the plan needs {gbs}")
@@ -346,6 +423,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                 if last:
                     y = y_all[base + lo : base + hi]
                     outputs[m] = _scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
+                    loss_sum += float(outputs[m].detach())
                 else:
                     for dst, (s0, s1) in nxt:
                         comm.send(out[s0 - lo : s1 - lo], dst, m, False, header=True)
@@ -380,14 +458,58 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             opt.step()
-    return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak}
+        # The iteration ends when every rank is done; the sum of the last
+        # stage's scaled losses is the mean loss over the global batch.
+        total = torch.tensor([loss_sum], dtype=torch.float64)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        elapsed = time.perf_counter() - t_start
+        iteration_ms.append(elapsed * 1e3)
+        losses.append(float(total[0]))
+        bubble_s += comm.recv_s
+        compute_s += elapsed - comm.recv_s
+        if job.log and rank == 0:
+            print(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        done = it + 1
+        if job.checkpoint_dir and job.checkpoint_every and done % job.checkpoint_every == 0:
+            from . import checkpoint as ckpt
+
+            ckpt.save_rank(job.checkpoint_dir, done, rank, {
+                "step": done,
+                "rank": rank,
+                "stage": stage,
+                "layer_range": [a, b],
+                "model": module.state_dict(),
+                "optimizer": opt.state_dict() if opt is not None else None,
+            })
+            dist.barrier()  # every rank's file is on disk
+            if rank == 0:
+                ckpt.write_latest(job.checkpoint_dir, done)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak_mem = int(torch.cuda.max_memory_allocated())
+    else:
+        peak_mem = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    metrics = {
+        "stage": stage,
+        "replica": replica,
+        "iteration_ms": iteration_ms,
+        "losses": losses,
+        "compute_ms": compute_s * 1e3,
+        "bubble_ms": bubble_s * 1e3,
+        "peak_memory_bytes": peak_mem,
+    }
+    return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak, "metrics": metrics}
 
 
 def _worker(rank: int, world_size: int, port: int, job: _Job) -> None:
+    if job.log:
+        # Keep the parent's stdout for its own output: gloo prints connection
+        # notices there.
+        sys.stdout.flush()
+        os.dup2(2, 1)
     torch.set_num_threads(job.threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s))
     try:
         result = _run_rank(rank, job)
         torch.save(result, os.path.join(job.out_dir, f"rank{rank}.pt"))
@@ -416,6 +538,7 @@ class RunResult:
     stage_of_rank: dict[int, tuple[int, int]]
     trace: dict[int, list[str]]
     peak_in_flight: dict[int, int]
+    metrics: dict[int, dict] = field(default_factory=dict)
 
     def replicas_agree(self, atol: float = 0.0) -> bool:
         by_stage: dict[int, list[dict]] = {}
@@ -444,6 +567,7 @@ def _collect(lay: Layout, out_dir: str) -> RunResult:
         stage_of_rank={r: lay.where(r) for r in range(lay.world_size)},
         trace={r: v["trace"] for r, v in loaded.items()},
         peak_in_flight={r: v["peak_in_flight"] for r, v in loaded.items()},
+        metrics={r: v.get("metrics", {}) for r, v in loaded.items()},
     )
 
 
@@ -463,6 +587,11 @@ def run_plan(
     out_dir: str | None = None,
     skip_allreduce: bool = False,
     start_method: str = "spawn",
+    start_step: int = 0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    log: bool = False,
+    timeout_s: float = 30.0,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan_data`` (a ``dapple.plan``
     dict; needs ``stages[*].layer_start/layer_end/devices``, optionally
@@ -477,7 +606,18 @@ def run_plan(
     is the loss of a slice, a mean over its samples (``loss_reduction="mean"``)
     or a sum (``"sum"``). ``optimizer``: ``"sgd"`` or ``"adam"``.
 
-    Launched normally, spawns the processes and returns a :class:`RunResult`.
+    ``start_step``: resume from the checkpoint of that step in
+    ``checkpoint_dir`` (see :mod:`planner.runtime.checkpoint`) and run
+    iterations ``start_step .. steps-1``. ``checkpoint_every`` K > 0 saves
+    every rank's stage after each K-th step. ``log``: rank 0 prints a line
+    per iteration to stderr (and workers' stdout goes to stderr). A test
+    hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
+    1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
+    and receives.
+
+    Launched normally, spawns the processes, watches them, and returns a
+    :class:`RunResult`; if a worker raises or dies, the others are stopped
+    and :class:`WorkerFailed` names the rank.
     Launched by torchrun (``RANK`` and ``WORLD_SIZE`` in the environment),
     runs this process's rank, and returns the result on rank 0 (``None``
     elsewhere); ``out_dir`` must then be a directory all ranks share.
@@ -497,6 +637,11 @@ def run_plan(
         loss_reduction=loss_reduction,
         skip_allreduce=skip_allreduce,
         threads=threads,
+        start_step=start_step,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        log=log,
+        timeout_s=timeout_s,
     )
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -518,11 +663,53 @@ def run_plan(
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
         job.out_dir = out_dir or tmp
         port = _free_port()
-        mp.start_processes(
+        context = mp.start_processes(
             _worker,
             args=(lay.world_size, port, job),
             nprocs=lay.world_size,
-            join=True,
+            join=False,
             start_method=start_method,
         )
+        _watch(context)
         return _collect(lay, job.out_dir)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process raised or died; ``rank`` names it, ``reason`` says how."""
+
+    def __init__(self, rank: int, reason: str):
+        super().__init__(f"rank {rank} failed: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+def _watch(context) -> None:
+    """Poll the workers once a second until all exit. On the first failure
+    (torch stops the others in ``join``) raise WorkerFailed; whatever happens,
+    no worker outlives this call."""
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    try:
+        while not context.join(timeout=1):
+            pass
+    except ProcessRaisedException as e:
+        raise WorkerFailed(e.error_index, _last_line(str(e))) from None
+    except ProcessExitedException as e:
+        code = e.exit_code
+        how = f"killed by signal {e.signal_name}" if code is not None and code < 0 else f"exited with code {code}"
+        raise WorkerFailed(e.error_index, f"process {e.pid} {how}") from None
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in context.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1)

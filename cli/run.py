@@ -1,0 +1,145 @@
+"""``dapple run``: train a model following a plan, one local CPU process (gloo)
+per device of the plan."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+
+import click
+
+import planner
+from planner.errors import InvalidInputError, RunFailedError
+from planner.files import write_atomic
+
+from .options import reports_errors
+from .profile_model import _model_args
+
+
+@click.command("run")
+@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="Plan JSON (dapple.plan).")
+@click.option("--model", "model_spec", required=True, metavar="MODULE:FUNCTION",
+              help="Model factory returning a planner.runtime.models.ModelSpec, e.g. planner.runtime.models:gpt.")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+              help="Argument for the factory, repeatable, e.g. --model-arg n_layers=2 (values are Python literals).")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Total training steps (including resumed ones).")
+@click.option("--lr", type=float, default=0.1, show_default=True, help="Learning rate.")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
+              help="Write per-iteration and per-rank measurements to this JSON file.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), default=None,
+              help="Profile to estimate and simulate the plan with, recorded in the metrics.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for checkpoints (D/step-<n>/rank-<r>.pt, D/latest).")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, help="Save a checkpoint every K steps.")
+@click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --checkpoint-dir.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per worker.")
+@reports_errors
+def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, metrics_path, profile_path,
+                checkpoint_dir, checkpoint_every, resume, threads):
+    """Train a model on CPU following a plan: one gloo process per device.
+
+    Prints one line per iteration (step, loss, time) on stderr and a summary
+    on stdout. If a worker fails or dies, the others are stopped and the
+    command exits non-zero naming the rank.
+    """
+    if (checkpoint_every or resume) and not checkpoint_dir:
+        raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
+    kwargs = _model_args(model_args)
+
+    import torch
+
+    from planner.runtime import checkpoint as ckpt
+    from planner.runtime import executor as ex
+    from planner.runtime.models import load_model
+
+    plan = planner.Plan.load(plan_path)
+    try:
+        lay = ex.layout_of(plan.data)
+    except ValueError as e:
+        raise InvalidInputError(f"{plan_path}: {e}") from None
+    spec = load_model(model_spec, **kwargs)
+    n_layers = len(spec.layers)
+    if lay.layer_ranges[-1][1] != n_layers:
+        raise planner.IncompatibleInputsError(
+            f"{plan_path}: the plan's stages end at layer {lay.layer_ranges[-1][1]}, {model_spec} has {n_layers} layers"
+        )
+
+    start = 0
+    if resume:
+        start = ckpt.latest_step(checkpoint_dir, lay.world_size)
+        if start > steps:
+            raise InvalidInputError(f"{checkpoint_dir}: the latest checkpoint is at step {start}, past --steps {steps}")
+    if checkpoint_dir:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+
+    estimate = plan.estimate["latency_ms"] if plan.estimate else None
+    simulated = None
+    if profile_path:
+        profile = planner.Profile.load(profile_path)
+        estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
+        simulated = planner.simulate(plan, profile).iteration_ms
+
+    factory = functools.partial(load_model, model_spec, **kwargs)
+    torch.manual_seed(seed)
+    batches = ex.SeededBatches(factory, lay.global_batch_size, steps, seed)
+    if start == steps:
+        click.echo(f"nothing to do: the checkpoint is already at step {steps}")
+        return
+    # torch logs a warning for each worker it stops after a failure; the
+    # one-line error below says what happened.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    try:
+        result = ex.run_plan(
+            plan.data, factory, spec.loss, batches, steps, lr,
+            optimizer=optimizer, seed=seed, threads=threads,
+            start_method="fork" if sys.platform.startswith("linux") else "spawn",
+            start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
+            log=True,
+        )
+    except ex.WorkerFailed as e:
+        raise RunFailedError(str(e)) from None
+
+    m0 = result.metrics[0]
+    iter_ms = m0["iteration_ms"]
+    ranks = {}
+    for r, m in sorted(result.metrics.items()):
+        ranks[str(r)] = {
+            "stage": m["stage"],
+            "replica": m["replica"],
+            "peak_memory_bytes": m["peak_memory_bytes"],
+            "compute_ms": m["compute_ms"],
+            "bubble_ms": m["bubble_ms"],
+            "bubble_fraction": m["bubble_ms"] / max(sum(m["iteration_ms"]), 1e-9),
+        }
+    mean_ms = sum(iter_ms) / len(iter_ms)
+    if metrics_path:
+        data = {
+            "format": "dapple.run-metrics",
+            "plan": plan_path,
+            "model": model_spec,
+            "model_args": {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v for k, v in kwargs.items()},
+            "first_step": start + 1,
+            "steps": steps,
+            "global_batch_size": lay.global_batch_size,
+            "iteration_ms": iter_ms,
+            "losses": m0["losses"],
+            "mean_iteration_ms": mean_ms,
+            "estimate_ms": estimate,
+            "simulated_ms": simulated,
+            "ranks": ranks,
+        }
+        write_atomic(metrics_path, json.dumps(data, indent=2) + "\n")
+    line = (f"ran steps {start + 1}..{steps} on {lay.world_size} processes: final loss {m0['losses'][-1]:.6f}, "
+            f"mean iteration {mean_ms:.1f} ms")
+    if estimate is not None:
+        line += f" (estimate {estimate:.1f} ms"
+        line += f", simulated {simulated:.1f} ms)" if simulated is not None else ")"
+    click.echo(line)
+    for r, m in ranks.items():
+        click.echo(f"rank {r} (stage {m['stage']}): compute {m['compute_ms']:.1f} ms, bubbles "
+                   f"{m['bubble_fraction'] * 100:.1f}%, peak memory {m['peak_memory_bytes'] / 2**20:.1f} MiB")

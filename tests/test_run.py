@@ -1,0 +1,205 @@
+"""`dapple run`: a plan trained on local gloo processes, with metrics,
+checkpoints that resume exactly, and failures that end the run quickly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import planner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ["--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
+         "--model-arg", "n_heads=2", "--model-arg", "seq=8", "--model-arg", "vocab=32"]
+N_LAYERS = 4  # embedding, block0, block1, lm_head
+
+
+def dapple_cmd(*args):
+    return [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
+
+
+def env(**extra):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(extra)
+    return e
+
+
+def run(*args, timeout=120, **extra_env):
+    t0 = time.monotonic()
+    res = subprocess.run(dapple_cmd(*args), capture_output=True, text=True, cwd=ROOT, env=env(**extra_env),
+                         timeout=timeout)
+    res.elapsed = time.monotonic() - t0
+    return res
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A 4-layer profile and a straight 2-stage plan (2 x 4 micro-batches) for it."""
+    d = tmp_path_factory.mktemp("run")
+    prof = {
+        "format": "dapple.profile", "schema_version": 1, "model": "tiny", "optimizer": "sgd",
+        "layers": [
+            {"name": f"l{i}", "param_bytes": 1000,
+             "measurements": [{"batch_size": b, "fwd_ms": 1.0 * b, "bwd_ms": 2.0 * b, "activation_bytes": 1000 * b}
+                              for b in (1, 2, 4, 8)]}
+            for i in range(N_LAYERS)
+        ],
+    }
+    profile = d / "profile.json"
+    profile.write_text(json.dumps(prof))
+    p = json.loads(planner.plan(str(profile), "1x2-pcie", global_batch_size=8).text)
+    p.pop("estimate", None)
+    p["micro_batch_size"], p["micro_batches"] = 2, 4
+    p["stages"] = [
+        {"layer_start": 0, "layer_end": 2, "devices": [0], "warmup_micro_batches": 2},
+        {"layer_start": 2, "layer_end": N_LAYERS, "devices": [1], "warmup_micro_batches": 1},
+    ]
+    plan = d / "plan.json"
+    plan.write_text(planner.Plan.from_json(json.dumps(p)).text)
+    return {"plan": plan, "profile": profile}
+
+
+def one_error_line(stderr):
+    lines = [ln for ln in stderr.splitlines() if ln.startswith(("error:", "internal error:"))]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_run_prints_steps_and_writes_metrics(files, tmp_path):
+    out = tmp_path / "m.json"
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 3, "--metrics", out, "--profile", files["profile"])
+    assert res.returncode == 0, res.stderr
+    steps = [ln for ln in res.stderr.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == ["1/3", "2/3", "3/3"]
+    assert "final loss" in res.stdout and "simulated" in res.stdout
+    assert "Gloo" not in res.stdout  # stdout holds the summary only
+    m = json.loads(out.read_text())
+    assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
+    assert len(m["losses"]) == 3 and all(x > 0 for x in m["losses"])
+    assert m["estimate_ms"] > 0 and m["simulated_ms"] > 0
+    assert set(m["ranks"]) == {"0", "1"}
+    for r in m["ranks"].values():
+        assert r["peak_memory_bytes"] > 1 << 20
+        assert r["compute_ms"] > 0 and r["bubble_ms"] >= 0
+    # the last stage waits for the first one's activations every iteration
+    assert m["ranks"]["1"]["bubble_ms"] > 0
+
+
+def final_states(d, step):
+    return {r: torch.load(d / f"step-{step}" / f"rank-{r}.pt", weights_only=True) for r in (0, 1)}
+
+
+def test_resume_equals_uninterrupted_run(files, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["run", "--plan", files["plan"], *MODEL, "--optimizer", "adam", "--lr", "0.01", "--checkpoint-every", 3]
+    full = run(*common, "--steps", 6, "--checkpoint-dir", a)
+    assert full.returncode == 0, full.stderr
+    assert (a / "latest").read_text().strip() == "6"
+    first = run(*common, "--steps", 3, "--checkpoint-dir", b)
+    assert first.returncode == 0, first.stderr
+    assert (b / "latest").read_text().strip() == "3"
+    second = run(*common, "--steps", 6, "--checkpoint-dir", b, "--resume")
+    assert second.returncode == 0, second.stderr
+    assert [ln.split()[1] for ln in second.stderr.splitlines() if ln.startswith("step ")] == ["4/6", "5/6", "6/6"]
+    x, y = final_states(a, 6), final_states(b, 6)
+    for r in (0, 1):
+        assert x[r]["step"] == y[r]["step"] == 6
+        assert x[r]["model"].keys() == y[r]["model"].keys()
+        for k in x[r]["model"]:
+            assert (x[r]["model"][k] - y[r]["model"][k]).abs().max().item() <= 1e-6, (r, k)
+    # training moved the weights: the step-3 and step-6 states differ
+    s3 = final_states(a, 3)
+    assert any((s3[0]["model"][k] - x[0]["model"][k]).abs().max().item() > 1e-4 for k in x[0]["model"])
+    # and the run trained like one process on the seeded batches (one a step)
+    import functools
+
+    from planner.runtime import executor as ex
+    from planner.runtime import models
+
+    factory = functools.partial(models.gpt, n_layers=2, d_model=16, n_heads=2, seq=8, vocab=32)
+    spec = factory()
+    g = torch.Generator().manual_seed(0)
+    batches = [spec.make_batch(8, g) for _ in range(6)]
+    ref = ex.train_single_process(factory, spec.loss, batches, 6, 0.01, optimizer="adam")
+    got = {f"{int(k.split('.', 1)[0]) + first}.{k.split('.', 1)[1]}": v
+           for r, first in ((0, 0), (1, 2)) for k, v in x[r]["model"].items()}
+    assert got.keys() == ref.keys()
+    # (not the attention's in_proj_bias: the key bias gets a zero gradient up
+    # to rounding, which Adam scales up to steps of lr in either direction)
+    assert max((got[k] - ref[k]).abs().max().item() for k in ref if not k.endswith("in_proj_bias")) < 1e-5
+    # the losses of the resumed steps are those of the uninterrupted run
+    loss = lambda r: [float(ln.split()[3]) for ln in r.stderr.splitlines() if ln.startswith("step ")]  # noqa: E731
+    assert loss(full)[3:] == pytest.approx(loss(second), abs=1e-6)
+
+
+def test_resume_without_checkpoint_is_invalid_input(files, tmp_path):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 2, "--checkpoint-dir", tmp_path / "none", "--resume")
+    assert res.returncode == 3, res.stderr
+    assert "no checkpoint" in one_error_line(res.stderr)
+
+
+def test_bad_model_is_invalid_input(files):
+    res = run("run", "--plan", files["plan"], "--model", "no_such_module:f", "--steps", 1)
+    assert res.returncode == 3, res.stderr
+    assert "no_such_module" in one_error_line(res.stderr)
+
+
+def test_model_not_matching_plan_is_incompatible(files):
+    res = run("run", "--plan", files["plan"], *MODEL[:-8], "--model-arg", "n_layers=3", "--steps", 1)
+    assert res.returncode == 4, res.stderr
+    assert "layers" in one_error_line(res.stderr)
+
+
+def test_raising_worker_fails_the_run(files):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 50, timeout=60,
+              DAPPLE_TEST_FAIL_RANK="1", DAPPLE_TEST_FAIL_STEP="2")
+    assert res.returncode == 8  # run failed
+    line = one_error_line(res.stderr)
+    assert "rank 1" in line and "injected failure" in line, line
+    assert res.elapsed < 60
+
+
+def children(pid):
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
+def test_killed_worker_fails_the_run(files, tmp_path):
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(dapple_cmd("run", "--plan", files["plan"], *MODEL, "--steps", 100000),
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, env=env())
+    try:
+        deadline = time.monotonic() + 60
+        while "step 2/" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        workers = children(proc.pid)
+        assert len(workers) >= 2, (workers, log.read_text())
+        t0 = time.monotonic()
+        os.kill(workers[-1], signal.SIGKILL)
+        rc = proc.wait(timeout=60)
+        assert rc == 8  # run failed
+        assert time.monotonic() - t0 < 60
+        assert "rank " in one_error_line(log.read_text())
+        time.sleep(0.5)
+        for w in workers:  # no worker left behind
+            assert not Path(f"/proc/{w}").exists() or "Z" in Path(f"/proc/{w}/stat").read_text().split()[2]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
