@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,20 +13,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import planner  # noqa: E402
+from conftest import DAPPLE, ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
          "--model-arg", "n_heads=2", "--model-arg", "seq=8", "--model-arg", "vocab=32"]
 N_LAYERS = 4  # embedding, block0, block1, lm_head
 
 
 def dapple_cmd(*args):
-    return [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
+    """The installed `dapple` command (see conftest.DAPPLE), not the source tree."""
+    return [str(DAPPLE), *map(str, args)]
 
 
 def env(**extra):
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.update(extra)
     return e
 
