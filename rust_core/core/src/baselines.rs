@@ -15,10 +15,7 @@
 
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
-use crate::plan::{
-    evaluate, warmup_depth, Plan, PlanInputs, PlanOptions, Schedule, Stage, PLAN_FORMAT,
-    PLAN_SCHEMA_VERSION,
-};
+use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, PlanOptions, Schedule, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
@@ -204,6 +201,18 @@ pub fn baseline_plan(
         .map(|(_, _, d)| d.len() as u32)
         .max()
         .unwrap_or(1);
+    // The profile's hash serialises it: once, not once per micro-batch size.
+    let inputs = PlanInputs {
+        model: profile.model.clone(),
+        profile_sha256: profile.sha256(),
+        profile_path: None,
+        topology: topology.clone(),
+        global_batch_size,
+        options: PlanOptions {
+            min_micro_batch_size: min_slice,
+            search_space: Some(kind.name().into()),
+        },
+    };
     let mut best: Option<Plan> = None;
     let mut smallest_need: Option<f64> = None;
     for b in (1..=global_batch_size).filter(|b| global_batch_size.is_multiple_of(*b)) {
@@ -212,28 +221,15 @@ pub fn baseline_plan(
         }
         let m = global_batch_size / b;
         let count = stages.len() as u32;
-        let plan = Plan {
-            format: PLAN_FORMAT.into(),
-            schema_version: PLAN_SCHEMA_VERSION,
-            planner_version: crate::PLANNER_VERSION.into(),
-            inputs: PlanInputs {
-                model: profile.model.clone(),
-                profile_sha256: profile.sha256(),
-                profile_path: None,
-                topology: topology.clone(),
-                global_batch_size,
-                options: PlanOptions {
-                    min_micro_batch_size: min_slice,
-                    search_space: Some(kind.name().into()),
-                },
-            },
-            micro_batch_size: b,
-            micro_batches: m,
-            schedule: Schedule {
+        let plan = Plan::new(
+            inputs.clone(),
+            b,
+            m,
+            Schedule {
                 kind: schedule_kind.name().into(),
                 warmup_policy: policy.name().into(),
             },
-            stages: stages
+            stages
                 .iter()
                 .enumerate()
                 .map(|(i, (s, e, d))| Stage {
@@ -244,9 +240,7 @@ pub fn baseline_plan(
                     placement: None,
                 })
                 .collect(),
-            estimate: None,
-            selection: None,
-        };
+        );
         let estimate = evaluate(&plan, profile)?;
         if !estimate.fits_memory {
             let need = estimate.peak_memory_bytes;

@@ -159,6 +159,28 @@ pub struct TransferEstimate {
 }
 
 impl Plan {
+    /// A plan of this dapple version, not yet costed or selected.
+    pub fn new(
+        inputs: PlanInputs,
+        micro_batch_size: u32,
+        micro_batches: u32,
+        schedule: Schedule,
+        stages: Vec<Stage>,
+    ) -> Plan {
+        Plan {
+            format: PLAN_FORMAT.into(),
+            schema_version: PLAN_SCHEMA_VERSION,
+            planner_version: crate::PLANNER_VERSION.into(),
+            inputs,
+            micro_batch_size,
+            micro_batches,
+            schedule,
+            stages,
+            estimate: None,
+            selection: None,
+        }
+    }
+
     pub fn from_json(text: &str) -> Result<Plan> {
         let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
         // The embedded topology is a topology file of its own: same checks.

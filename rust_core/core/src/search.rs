@@ -28,8 +28,8 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
-    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Selection, Stage, PLAN_FORMAT,
-    PLAN_SCHEMA_VERSION, SCHEDULE_EARLY_BACKWARD,
+    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Selection, Stage,
+    SCHEDULE_EARLY_BACKWARD,
 };
 use crate::profile::{LayerCosts, Profile};
 use crate::simulate::{simulate, SimulationOptions};
@@ -220,12 +220,23 @@ pub fn search(
     if found.is_empty() {
         return Err(explain_infeasible(&ctx, &sizes, gbs));
     }
+    let inputs = PlanInputs {
+        model: profile.model.clone(),
+        profile_sha256: profile.sha256(),
+        profile_path: opts.profile_path.clone(),
+        topology: topology.clone(),
+        global_batch_size: gbs,
+        options: PlanOptions {
+            min_micro_batch_size: ctx.min_slice,
+            search_space: Some(ctx.space.name().into()),
+        },
+    };
     let ranking = opts.candidates || opts.rank_by_simulation;
     let keep = if ranking { found.len() } else { 1 };
     let mut candidates: Vec<Plan> = found
         .iter()
         .take(keep)
-        .map(|(b, f)| build_plan(profile, topology, opts, &ctx, *b, gbs / b, f))
+        .map(|(b, f)| build_plan(&inputs, &ctx, *b, gbs / b, f))
         .collect();
     let mut chosen = 0usize;
     let mut simulated_ms = None;
@@ -850,15 +861,7 @@ fn concrete_allocs(
         .collect()
 }
 
-fn build_plan(
-    profile: &Profile,
-    topology: &Topology,
-    opts: &SearchOptions,
-    ctx: &Context,
-    b: u32,
-    m: u32,
-    found: &Found,
-) -> Plan {
+fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
     let allocs = concrete_allocs(ctx.cluster, &found.stages, |s, r, p| ctx.replay(s, r, p));
     let mut next_local: Vec<u32> = vec![0; ctx.cluster.machines.len()];
     let count = found.stages.len() as u32;
@@ -886,31 +889,11 @@ fn build_plan(
             }
         })
         .collect();
-    let mut plan = Plan {
-        format: PLAN_FORMAT.into(),
-        schema_version: PLAN_SCHEMA_VERSION,
-        planner_version: crate::PLANNER_VERSION.into(),
-        inputs: PlanInputs {
-            model: profile.model.clone(),
-            profile_sha256: profile.sha256(),
-            profile_path: opts.profile_path.clone(),
-            topology: topology.clone(),
-            global_batch_size: opts.global_batch_size,
-            options: PlanOptions {
-                min_micro_batch_size: ctx.min_slice,
-                search_space: Some(ctx.space.name().into()),
-            },
-        },
-        micro_batch_size: b,
-        micro_batches: m,
-        schedule: Schedule {
-            kind: SCHEDULE_EARLY_BACKWARD.into(),
-            warmup_policy: ctx.policy.name().into(),
-        },
-        stages,
-        estimate: None,
-        selection: None,
+    let schedule = Schedule {
+        kind: SCHEDULE_EARLY_BACKWARD.into(),
+        warmup_policy: ctx.policy.name().into(),
     };
+    let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
     let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
     let estimate = estimate_stages(&coster, &plan, &allocs);
     debug_assert!(
@@ -1008,11 +991,8 @@ mod tests {
                             }
                         })
                         .collect();
-                    let plan = Plan {
-                        format: PLAN_FORMAT.into(),
-                        schema_version: PLAN_SCHEMA_VERSION,
-                        planner_version: "test".into(),
-                        inputs: PlanInputs {
+                    let plan = Plan::new(
+                        PlanInputs {
                             model: "random".into(),
                             profile_sha256: String::new(),
                             profile_path: None,
@@ -1023,16 +1003,14 @@ mod tests {
                                 search_space: None,
                             },
                         },
-                        micro_batch_size: b,
-                        micro_batches: gbs / b,
-                        schedule: Schedule {
+                        b,
+                        gbs / b,
+                        Schedule {
                             kind: SCHEDULE_EARLY_BACKWARD.into(),
                             warmup_policy: policy.name().into(),
                         },
-                        stages: plan_stages,
-                        estimate: None,
-                        selection: None,
-                    };
+                        plan_stages,
+                    );
                     let est = evaluate(&plan, profile).expect("brute-force plans are valid");
                     if est.fits_memory && best.is_none_or(|v| est.latency_ms < v) {
                         best = Some(est.latency_ms);
