@@ -38,9 +38,14 @@ from .profile_model import _model_args
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, help="Save a checkpoint every K steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --checkpoint-dir.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per worker.")
+@click.option("--recompute", is_flag=True,
+              help="Keep only each stage's input during the forward; re-run the stage's forward in its backward.")
+@click.option("--exact-memory", is_flag=True,
+              help="Return freed memory to the system at once, so the measured peak follows live tensors "
+                   "(glibc only; slower).")
 @reports_errors
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, metrics_path, profile_path,
-                checkpoint_dir, checkpoint_every, resume, threads):
+                checkpoint_dir, checkpoint_every, resume, threads, recompute, exact_memory):
     """Train a model on CPU following a plan: one gloo process per device.
 
     Prints one line per iteration (step, loss, time) on stderr and a summary
@@ -82,7 +87,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     if profile_path:
         profile = planner.Profile.load(profile_path)
         estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
-        simulated = planner.simulate(plan, profile).iteration_ms
+        simulated = planner.simulate(plan, profile, recompute=recompute).iteration_ms
 
     factory = functools.partial(load_model, model_spec, **kwargs)
     torch.manual_seed(seed)
@@ -99,7 +104,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             optimizer=optimizer, seed=seed, threads=threads,
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
-            log=True,
+            log=True, recompute=recompute, exact_memory=exact_memory,
         )
     except ex.WorkerFailed as e:
         raise RunFailedError(str(e)) from None
@@ -112,6 +117,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             "stage": m["stage"],
             "replica": m["replica"],
             "peak_memory_bytes": m["peak_memory_bytes"],
+            "memory_before_bytes": m["memory_before_bytes"],
+            "memory_source": m["memory_source"],
             "compute_ms": m["compute_ms"],
             "bubble_ms": m["bubble_ms"],
             "bubble_fraction": m["bubble_ms"] / max(sum(m["iteration_ms"]), 1e-9),
@@ -126,6 +133,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             "first_step": start + 1,
             "steps": steps,
             "global_batch_size": lay.global_batch_size,
+            "recompute": recompute,
+            "exact_memory": exact_memory,
             "iteration_ms": iter_ms,
             "losses": m0["losses"],
             "mean_iteration_ms": mean_ms,
@@ -142,4 +151,5 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     click.echo(line)
     for r, m in ranks.items():
         click.echo(f"rank {r} (stage {m['stage']}): compute {m['compute_ms']:.1f} ms, bubbles "
-                   f"{m['bubble_fraction'] * 100:.1f}%, peak memory {m['peak_memory_bytes'] / 2**20:.1f} MiB")
+                   f"{m['bubble_fraction'] * 100:.1f}%, peak memory {m['peak_memory_bytes'] / 2**20:.1f} MiB "
+                   f"({(m['peak_memory_bytes'] - m['memory_before_bytes']) / 2**20:+.1f} MiB in training)")

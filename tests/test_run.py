@@ -91,6 +91,22 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
         assert r["compute_ms"] > 0 and r["bubble_ms"] >= 0
     # the last stage waits for the first one's activations every iteration
     assert m["ranks"]["1"]["bubble_ms"] > 0
+    assert m["recompute"] is False
+
+
+def test_run_with_recompute(files, tmp_path):
+    plain, rc = tmp_path / "plain.json", tmp_path / "rc.json"
+    common = ["run", "--plan", files["plan"], *MODEL, "--steps", 2, "--profile", files["profile"], "--exact-memory"]
+    for extra, out in (([], plain), (["--recompute"], rc)):
+        res = run(*common, *extra, "--metrics", out)
+        assert res.returncode == 0, res.stderr
+    a, b = json.loads(plain.read_text()), json.loads(rc.read_text())
+    assert (a["recompute"], b["recompute"]) == (False, True)
+    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6)
+    # the simulation of the same plan charges the re-run forwards
+    assert b["simulated_ms"] > a["simulated_ms"]
+    for r in b["ranks"].values():
+        assert r["peak_memory_bytes"] >= r["memory_before_bytes"] > 0
 
 
 def final_states(d, step):

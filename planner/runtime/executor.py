@@ -32,7 +32,6 @@ receive is eventually matched. Tags separate micro-batches and directions.
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import sys
 import tempfile
@@ -45,7 +44,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from .memory import PeakMemory, return_freed_memory
 from .schedule import plan_schedule
 
 # ----------------------------------------------------------------------------
@@ -316,6 +317,8 @@ class _Job:
     checkpoint_every: int = 0
     log: bool = False  # rank 0 prints one line per iteration to stderr; workers' stdout goes to stderr
     timeout_s: float = 30.0
+    recompute: bool = False  # keep only each stage's input; re-run the stage's forward in its backward
+    exact_memory: bool = True  # see memory.return_freed_memory
 
 
 def _allreduce_grads(params: list[nn.Parameter], group) -> None:
@@ -391,6 +394,9 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     compute_s = bubble_s = 0.0
     fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
     fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
+    # The peak of the training iterations, from the size after the stage and
+    # its optimizer were built (Adam's state arrives with the first step).
+    meter = PeakMemory(cuda=torch.cuda.is_available() and torch.cuda.is_initialized())
 
     for it in range(job.start_step, job.steps):
         if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
@@ -419,7 +425,13 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                     if x.is_floating_point():
                         x.requires_grad_(True)
                     inputs[m] = x
-                out = module(x)
+                if job.recompute:
+                    # Stage-level re-computation (GPipe's, and DAPPLE's Table
+                    # VI): only the stage input is kept; the backward re-runs
+                    # the forward, restoring the RNG state it started with.
+                    out = checkpoint(module, x, use_reentrant=False)
+                else:
+                    out = module(x)
                 if last:
                     y = y_all[base + lo : base + hi]
                     outputs[m] = _scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
@@ -484,10 +496,6 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
             dist.barrier()  # every rank's file is on disk
             if rank == 0:
                 ckpt.write_latest(job.checkpoint_dir, done)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        peak_mem = int(torch.cuda.max_memory_allocated())
-    else:
-        peak_mem = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     metrics = {
         "stage": stage,
         "replica": replica,
@@ -495,7 +503,9 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
         "losses": losses,
         "compute_ms": compute_s * 1e3,
         "bubble_ms": bubble_s * 1e3,
-        "peak_memory_bytes": peak_mem,
+        "peak_memory_bytes": meter.peak_bytes(),
+        "memory_before_bytes": meter.baseline_bytes,
+        "memory_source": meter.source,
     }
     return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak, "metrics": metrics}
 
@@ -507,6 +517,8 @@ def _worker(rank: int, world_size: int, port: int, job: _Job) -> None:
         sys.stdout.flush()
         os.dup2(2, 1)
     torch.set_num_threads(job.threads)
+    if job.exact_memory:
+        return_freed_memory()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s))
@@ -592,6 +604,8 @@ def run_plan(
     checkpoint_every: int = 0,
     log: bool = False,
     timeout_s: float = 30.0,
+    recompute: bool = False,
+    exact_memory: bool = True,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan_data`` (a ``dapple.plan``
     dict; needs ``stages[*].layer_start/layer_end/devices``, optionally
@@ -614,6 +628,12 @@ def run_plan(
     hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
     1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
     and receives.
+
+    ``recompute``: keep only each stage's input during the forward and re-run
+    the stage's forward in its backward (``torch.utils.checkpoint``); the
+    result is the same up to rounding. ``exact_memory``: make each worker's C
+    allocator return freed memory at once, so the measured peak memory
+    (:mod:`planner.runtime.memory`) follows the live tensors; slower.
 
     Launched normally, spawns the processes, watches them, and returns a
     :class:`RunResult`; if a worker raises or dies, the others are stopped
@@ -642,6 +662,8 @@ def run_plan(
         checkpoint_every=checkpoint_every,
         log=log,
         timeout_s=timeout_s,
+        recompute=recompute,
+        exact_memory=exact_memory,
     )
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
