@@ -51,6 +51,10 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     Prints one line per iteration (step, loss, time) on stderr and a summary
     on stdout. If a worker fails or dies, the others are stopped and the
     command exits non-zero naming the rank.
+
+    Started by torchrun (torchrun --nproc-per-node N --no-python dapple run
+    ...), each process runs its own rank instead of starting workers, and
+    rank 0 prints and writes the results.
     """
     if (checkpoint_every or resume) and not checkpoint_dir:
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
@@ -108,6 +112,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
         )
     except ex.WorkerFailed as e:
         raise RunFailedError(str(e)) from None
+    if result is None:
+        return  # a rank other than 0 under torchrun: rank 0 reports
 
     m0 = result.metrics[0]
     iter_ms = m0["iteration_ms"]

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -154,6 +155,41 @@ def test_resume_equals_uninterrupted_run(files, tmp_path):
     # the losses of the resumed steps are those of the uninterrupted run
     loss = lambda r: [float(ln.split()[3]) for ln in r.stderr.splitlines() if ln.startswith("step ")]  # noqa: E731
     assert loss(full)[3:] == pytest.approx(loss(second), abs=1e-6)
+
+
+def torchrun(*args, timeout=180, **extra_env):
+    """`dapple run` started by torchrun, one process per rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
+           *dapple_cmd(*args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(**extra_env), timeout=timeout)
+
+
+def test_torchrun_launch_equals_local_processes(files, tmp_path):
+    a, b = tmp_path / "local", tmp_path / "torchrun"
+    common = ["run", "--plan", files["plan"], *MODEL, "--optimizer", "adam", "--lr", "0.01", "--steps", 4,
+              "--checkpoint-every", 4]
+    local = run(*common, "--checkpoint-dir", a)
+    assert local.returncode == 0, local.stderr
+    launched = torchrun(*common, "--checkpoint-dir", b, "--metrics", tmp_path / "m.json")
+    assert launched.returncode == 0, launched.stderr
+    # rank 0 alone prints the summary; the step lines went to stderr once
+    assert launched.stdout.count("ran steps 1..4 on 2 processes") == 1, launched.stdout
+    assert "Gloo" not in launched.stdout
+    assert [ln.split()[1] for ln in launched.stderr.splitlines() if ln.startswith("step ")] == ["1/4", "2/4", "3/4", "4/4"]
+    assert len(json.loads((tmp_path / "m.json").read_text())["iteration_ms"]) == 4
+    x, y = final_states(a, 4), final_states(b, 4)
+    for r in (0, 1):
+        for k in x[r]["model"]:
+            assert (x[r]["model"][k] - y[r]["model"][k]).abs().max().item() <= 1e-6, (r, k)
+
+
+def test_torchrun_failed_rank_names_itself(files):
+    res = torchrun("run", "--plan", files["plan"], *MODEL, "--steps", 50,
+                   DAPPLE_TEST_FAIL_RANK="1", DAPPLE_TEST_FAIL_STEP="2")
+    assert res.returncode != 0
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("error: rank 1 failed")]
+    assert len(ours) == 1 and "injected failure" in ours[0], res.stderr
+    assert "exitcode  : 8" in res.stderr  # torchrun's report of our exit code (run failed)
 
 
 def test_resume_without_checkpoint_is_invalid_input(files, tmp_path):

@@ -530,6 +530,51 @@ def _worker(rank: int, world_size: int, port: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
+def launched_by_torchrun() -> bool:
+    """True in a process torchrun started: it sets ``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _run_this_rank(lay: Layout, job: _Job) -> RunResult | None:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size != lay.world_size:
+        raise ValueError(
+            f"torchrun started {world_size} processes (WORLD_SIZE) but the plan uses {lay.world_size} devices"
+        )
+    torch.set_num_threads(job.threads)
+    if job.exact_memory:
+        return_freed_memory()
+    # As in _worker: gloo prints connection notices on stdout, which is for
+    # rank 0's summary only, so stdout goes to stderr while the run lasts
+    # (for good on the other ranks).
+    saved_stdout = None
+    if job.log:
+        sys.stdout.flush()
+        saved_stdout = os.dup(1) if rank == 0 else None
+        os.dup2(2, 1)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s))
+    try:
+        try:
+            result = _run_rank(rank, job)
+        except Exception as e:  # noqa: BLE001 - any failure of this rank ends the run, named
+            raise WorkerFailed(rank, f"{type(e).__name__}: {_last_line(str(e))}") from e
+        gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+        if saved_stdout is not None:
+            sys.stdout.flush()
+            os.dup2(saved_stdout, 1)
+            os.close(saved_stdout)
+    if rank != 0:
+        return None
+    return _result_of(lay, dict(enumerate(gathered)))
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -565,10 +610,13 @@ class RunResult:
 
 
 def _collect(lay: Layout, out_dir: str) -> RunResult:
-    loaded = {
+    return _result_of(lay, {
         r: torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
         for r in range(lay.world_size)
-    }
+    })
+
+
+def _result_of(lay: Layout, loaded: dict[int, dict]) -> RunResult:
     per_rank = {r: v["state"] for r, v in loaded.items()}
     params: dict[str, torch.Tensor] = {}
     for ranks in lay.stage_ranks:
@@ -638,9 +686,10 @@ def run_plan(
     Launched normally, spawns the processes, watches them, and returns a
     :class:`RunResult`; if a worker raises or dies, the others are stopped
     and :class:`WorkerFailed` names the rank.
-    Launched by torchrun (``RANK`` and ``WORLD_SIZE`` in the environment),
-    runs this process's rank, and returns the result on rank 0 (``None``
-    elsewhere); ``out_dir`` must then be a directory all ranks share.
+    Launched by torchrun (:func:`launched_by_torchrun`), runs this process's
+    rank only and returns the result on rank 0 (``None`` elsewhere), gathered
+    over the process group; torchrun watches the processes. A rank that
+    raises raises :class:`WorkerFailed` naming itself.
     """
     lay = layout_of(plan_data)
     if world_size is not None and world_size != lay.world_size:
@@ -666,21 +715,8 @@ def run_plan(
         exact_memory=exact_memory,
     )
 
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if ws != lay.world_size:
-            raise ValueError(f"WORLD_SIZE {ws} but the plan uses {lay.world_size} devices")
-        if out_dir is None:
-            raise ValueError("under torchrun, pass out_dir (a directory all ranks share)")
-        job.out_dir = out_dir
-        torch.set_num_threads(threads)
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=rank, world_size=ws)
-        result = _run_rank(rank, job)
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-        return _collect(lay, out_dir) if rank == 0 else None
+    if launched_by_torchrun():
+        return _run_this_rank(lay, job)
 
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
         job.out_dir = out_dir or tmp
