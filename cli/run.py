@@ -128,6 +128,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             "compute_ms": m["compute_ms"],
             "bubble_ms": m["bubble_ms"],
             "bubble_fraction": m["bubble_ms"] / max(sum(m["iteration_ms"]), 1e-9),
+            "phase_ms": m["phase_ms"],
         }
     mean_ms = sum(iter_ms) / len(iter_ms)
     if metrics_path:

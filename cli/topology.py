@@ -26,3 +26,8 @@ def show(spec, as_json):
         return
     click.echo(f"{topo.name}: {topo.num_devices} GPUs")
     click.echo(topo.describe())
+
+
+from .topology_measure import topology_measure_command  # noqa: E402 - registered last
+
+topology_group.add_command(topology_measure_command, "measure")

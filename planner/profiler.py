@@ -67,7 +67,7 @@ def check_device(device: str):
     return dev
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -81,7 +81,7 @@ def _cpu_name() -> str:
 def _device_name(torch, dev) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    return f"CPU {_cpu_name()} ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''})"
+    return f"CPU {cpu_name()} ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''})"
 
 
 def _tensors(x) -> list:

@@ -26,6 +26,12 @@ class Topology:
         return cls(_core.topology_from_spec(spec))
 
     @classmethod
+    def from_json(cls, text: str, source: str = "<json>") -> "Topology":
+        """A Topology from ``dapple.topology`` JSON text, validated;
+        ``source`` names it in errors."""
+        return cls(_core.topology_canonical(text, source))
+
+    @classmethod
     def load(cls, path: str | os.PathLike) -> "Topology":
         return cls(_core.topology_canonical(read_text(path), str(path)))
 

@@ -90,6 +90,10 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     for r in m["ranks"].values():
         assert r["peak_memory_bytes"] > 1 << 20
         assert r["compute_ms"] > 0 and r["bubble_ms"] >= 0
+        # the phases split every iteration: they add up to its time on rank 0's clock
+        assert all(len(v) == 3 for v in r["phase_ms"].values())
+        assert sum(r["phase_ms"]["compute"]) == pytest.approx(r["compute_ms"] - sum(
+            sum(r["phase_ms"][k]) for k in ("send_wait", "allreduce", "optimizer", "end_sync")), rel=1e-6)
     # the last stage waits for the first one's activations every iteration
     assert m["ranks"]["1"]["bubble_ms"] > 0
     assert m["recompute"] is False

@@ -318,7 +318,7 @@ class _Job:
     log: bool = False  # rank 0 prints one line per iteration to stderr; workers' stdout goes to stderr
     timeout_s: float = 30.0
     recompute: bool = False  # keep only each stage's input; re-run the stage's forward in its backward
-    exact_memory: bool = True  # see memory.return_freed_memory
+    exact_memory: bool = False  # see memory.return_freed_memory
 
 
 def _allreduce_grads(params: list[nn.Parameter], group) -> None:
@@ -392,6 +392,10 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     iteration_ms: list[float] = []
     losses: list[float] = []
     compute_s = bubble_s = 0.0
+    # Where each iteration's time went on this rank (see RunResult.metrics).
+    phase_ms: dict[str, list[float]] = {
+        k: [] for k in ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
+    }
     fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
     fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
     # The peak of the training iterations, from the size after the stage and
@@ -458,11 +462,14 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                     g = x.grad if x.grad is not None else torch.zeros_like(x)
                     for dst, (s0, s1) in prev:
                         comm.send(g[s0 - lo : s1 - lo], dst, m, True, header=False)
+        t_schedule_end = time.perf_counter()
         comm.wait_all()
+        t_sent = time.perf_counter()
         if group is not None and not job.skip_allreduce:
             _allreduce_grads(params, group)
             if it == 0:
                 trace.append("AR")
+        t_reduced = time.perf_counter()
         if it == 0:
             trace.append("OPT")
         if opt is not None:
@@ -470,11 +477,22 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             opt.step()
+        t_stepped = time.perf_counter()
         # The iteration ends when every rank is done; the sum of the last
         # stage's scaled losses is the mean loss over the global batch.
         total = torch.tensor([loss_sum], dtype=torch.float64)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        elapsed = time.perf_counter() - t_start
+        t_end = time.perf_counter()
+        elapsed = t_end - t_start
+        for name, seconds in (
+            ("compute", t_schedule_end - t_start - comm.recv_s),
+            ("recv_wait", comm.recv_s),
+            ("send_wait", t_sent - t_schedule_end),
+            ("allreduce", t_reduced - t_sent),
+            ("optimizer", t_stepped - t_reduced),
+            ("end_sync", t_end - t_stepped),
+        ):
+            phase_ms[name].append(seconds * 1e3)
         iteration_ms.append(elapsed * 1e3)
         losses.append(float(total[0]))
         bubble_s += comm.recv_s
@@ -503,6 +521,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
         "losses": losses,
         "compute_ms": compute_s * 1e3,
         "bubble_ms": bubble_s * 1e3,
+        "phase_ms": phase_ms,
         "peak_memory_bytes": meter.peak_bytes(),
         "memory_before_bytes": meter.baseline_bytes,
         "memory_source": meter.source,
@@ -588,7 +607,19 @@ class RunResult:
     ``stage_of_rank``: rank -> (stage, replica). ``trace``: rank -> actions
     run in the first iteration (``"F0"``, ``"B0"``, ..., ``"AR"`` when the
     stage is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
-    micro-batches whose activations the rank held at once."""
+    micro-batches whose activations the rank held at once.
+
+    ``metrics``: rank -> ``{"stage", "replica", "iteration_ms", "losses",
+    "compute_ms", "bubble_ms", "phase_ms", "peak_memory_bytes",
+    "memory_before_bytes", "memory_source"}``. ``iteration_ms`` runs from
+    a barrier to the end of the loss reduction. ``phase_ms`` splits each
+    iteration into lists, one value an iteration: ``compute`` (the schedule's
+    forwards and backwards, less the waits in receives), ``recv_wait`` (the
+    waits: bubbles and transfers), ``send_wait`` (waiting for the
+    iteration's sends to finish), ``allreduce`` (the stage's gradients),
+    ``optimizer`` (the step) and ``end_sync`` (the loss reduction that ends
+    the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
+    the iterations of the iteration time outside receives and inside them."""
 
     params: dict[str, torch.Tensor]
     per_rank: dict[int, dict[str, torch.Tensor]]
@@ -653,7 +684,7 @@ def run_plan(
     log: bool = False,
     timeout_s: float = 30.0,
     recompute: bool = False,
-    exact_memory: bool = True,
+    exact_memory: bool = False,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan_data`` (a ``dapple.plan``
     dict; needs ``stages[*].layer_start/layer_end/devices``, optionally

@@ -1,0 +1,61 @@
+"""``dapple topology measure``: time the link between local worker processes
+and write it as a topology."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+import planner
+from planner.errors import InvalidInputError
+from planner.files import write_atomic
+
+from .options import reports_errors
+from .profile_model import BatchSizes
+
+
+@click.command("measure")
+@click.option("--processes", type=click.IntRange(min=2), default=2, show_default=True,
+              help="Local gloo processes, the 'GPUs' of the topology.")
+@click.option("--sizes-kib", "sizes_kib", type=BatchSizes(), default="4,64,1024,4096,16384", show_default=True,
+              help="Message sizes to time, in KiB.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed messages per size (median kept).")
+@click.option("--name", default=None, help="Topology name. Default: what was measured and when.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Topology JSON to write. Default: print it on stdout.")
+@reports_errors
+def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
+    """Measure point-to-point and AllReduce times between local gloo processes.
+
+    Fits the link (latency_us, bandwidth_gbps) to the point-to-point times and
+    writes a one-machine topology for planning `dapple run` on this machine.
+    The table on stderr also shows each AllReduce against the cost model's
+    ring formula on the fitted link.
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise InvalidInputError(
+            f"dapple topology measure needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
+        ) from None
+    from planner.runtime.links import measure_links, topology_of
+
+    try:
+        measured = measure_links(processes, [k * 1024 for k in sizes_kib], repeats)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+    topo = planner.Topology.from_json(json.dumps(topology_of(measured, name)))
+    err = click.get_text_stream("stderr")
+    click.echo(f"link: latency {measured['latency_us']:.1f} us, bandwidth {measured['bandwidth_gbps']:.2f} Gbit/s "
+               f"(fitted to point-to-point, {processes} processes, median of {repeats})", file=err)
+    click.echo(f"{'KiB':>8} {'p2p ms':>9} {'fit ms':>9} {'allreduce ms':>13} {'model ms':>9}", file=err)
+    for r in measured["sizes"]:
+        click.echo(f"{r['bytes'] // 1024:>8} {r['p2p_ms']:>9.3f} {r['p2p_fit_ms']:>9.3f} "
+                   f"{r['allreduce_ms']:>13.3f} {r['allreduce_model_ms']:>9.3f}", file=err)
+    if out_path:
+        write_atomic(out_path, topo.text)
+        click.echo(f"wrote {out_path}", file=err)
+    else:
+        click.echo(topo.text, nl=False)
