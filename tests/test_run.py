@@ -196,6 +196,55 @@ def test_torchrun_failed_rank_names_itself(files):
     assert "exitcode  : 8" in res.stderr  # torchrun's report of our exit code (run failed)
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
+def test_resume_after_kill_equals_uninterrupted_run(files, tmp_path):
+    """SIGKILL `dapple run` (no chance to clean up) once a checkpoint is
+    complete; its workers die with it; --resume then ends where an
+    uninterrupted run ends. The run ignores SIGINT, as a job started in the
+    background by a shell script does, so torch's own parent-death signal
+    (SIGINT) would leave the workers training on."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["run", "--plan", files["plan"], *MODEL, "--optimizer", "adam", "--lr", "0.01", "--checkpoint-every", 2]
+    full = run(*common, "--steps", 12, "--checkpoint-dir", a)
+    assert full.returncode == 0, full.stderr
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(dapple_cmd(*common, "--steps", 100000, "--checkpoint-dir", b),
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT, env=env(),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (b / "latest").exists() and int((b / "latest").read_text()) >= 4:
+                break
+            time.sleep(0.05)
+        workers = children(proc.pid)
+        assert len(workers) >= 2, (workers, log.read_text())
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2]
+              for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for w in workers:  # the kernel killed them with their parent
+        assert not Path(f"/proc/{w}").exists() or "Z" in Path(f"/proc/{w}/stat").read_text().split()[2]
+    killed_at = int((b / "latest").read_text())
+    assert killed_at >= 4
+    assert killed_at < 12, f"the run got to step {killed_at} before the kill (polled every 50 ms)"
+    resumed = run(*common, "--steps", 12, "--checkpoint-dir", b, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    first = [ln.split()[1] for ln in resumed.stderr.splitlines() if ln.startswith("step ")][0]
+    assert first == f"{killed_at + 1}/12"
+    x, y = final_states(a, 12), final_states(b, 12)
+    for r in (0, 1):
+        for k in x[r]["model"]:
+            assert (x[r]["model"][k] - y[r]["model"][k]).abs().max().item() <= 1e-6, (r, k)
+
+
 def test_resume_without_checkpoint_is_invalid_input(files, tmp_path):
     res = run("run", "--plan", files["plan"], *MODEL, "--steps", 2, "--checkpoint-dir", tmp_path / "none", "--resume")
     assert res.returncode == 3, res.stderr

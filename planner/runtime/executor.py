@@ -529,7 +529,26 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak, "metrics": metrics}
 
 
-def _worker(rank: int, world_size: int, port: int, job: _Job) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel kill this worker when the process that started
+    it dies, so a killed `dapple run` leaves no worker training on (and
+    writing checkpoints) behind it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1  # linux/prctl.h
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker(rank: int, world_size: int, port: int, job: _Job, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
     if job.log:
         # Keep the parent's stdout for its own output: gloo prints connection
         # notices there.
@@ -754,7 +773,7 @@ def run_plan(
         port = _free_port()
         context = mp.start_processes(
             _worker,
-            args=(lay.world_size, port, job),
+            args=(lay.world_size, port, job, os.getpid()),
             nprocs=lay.world_size,
             join=False,
             start_method=start_method,
