@@ -12,7 +12,7 @@ import sys
 import click
 
 import planner
-from planner.errors import InvalidInputError, RunFailedError
+from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import write_atomic
 
 from .options import reports_errors
@@ -38,6 +38,8 @@ from .profile_model import _model_args
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=None, help="Save a checkpoint every K steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --checkpoint-dir.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per worker.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: gloo processes; cuda: NCCL, rank r on GPU r (untested here: no GPU on CI).")
 @click.option("--recompute", is_flag=True,
               help="Keep only each stage's input during the forward; re-run the stage's forward in its backward.")
 @click.option("--exact-memory", is_flag=True,
@@ -45,7 +47,7 @@ from .profile_model import _model_args
                    "(glibc only; slower).")
 @reports_errors
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, metrics_path, profile_path,
-                checkpoint_dir, checkpoint_every, resume, threads, recompute, exact_memory):
+                checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory):
     """Train a model on CPU following a plan: one gloo process per device.
 
     Prints one line per iteration (step, loss, time) on stderr and a summary
@@ -60,17 +62,28 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
     kwargs = _model_args(model_args)
 
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise InvalidInputError(
+            f"dapple run needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
+        ) from None
 
+    from planner.profiler import check_device
     from planner.runtime import checkpoint as ckpt
     from planner.runtime import executor as ex
     from planner.runtime.models import load_model
 
+    check_device(device)
     plan = planner.Plan.load(plan_path)
     try:
         lay = ex.layout_of(plan.data)
     except ValueError as e:
         raise InvalidInputError(f"{plan_path}: {e}") from None
+    if device == "cuda" and not ex.launched_by_torchrun() and torch.cuda.device_count() < lay.world_size:
+        raise IncompatibleInputsError(
+            f"{plan_path}: the plan uses {lay.world_size} devices, this machine shows {torch.cuda.device_count()} GPUs"
+        )
     spec = load_model(model_spec, **kwargs)
     n_layers = len(spec.layers)
     if lay.layer_ranges[-1][1] != n_layers:
@@ -108,7 +121,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             optimizer=optimizer, seed=seed, threads=threads,
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
-            log=True, recompute=recompute, exact_memory=exact_memory,
+            log=True, recompute=recompute, exact_memory=exact_memory, device=device,
         )
     except ex.WorkerFailed as e:
         raise RunFailedError(str(e)) from None

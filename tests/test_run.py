@@ -251,6 +251,13 @@ def test_resume_without_checkpoint_is_invalid_input(files, tmp_path):
     assert "no checkpoint" in one_error_line(res.stderr)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_cuda_is_one_line(files):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--device", "cuda")
+    assert res.returncode == 3, res.stderr
+    assert "CUDA is not available" in one_error_line(res.stderr)
+
+
 def test_bad_model_is_invalid_input(files):
     res = run("run", "--plan", files["plan"], "--model", "no_such_module:f", "--steps", 1)
     assert res.returncode == 3, res.stderr

@@ -175,7 +175,7 @@ def prefixed_state(layers: list[nn.Module], first_index: int) -> dict[str, torch
     out = {}
     for i, layer in enumerate(layers):
         for k, v in layer.state_dict().items():
-            out[f"{first_index + i}.{k}"] = v.detach().clone()
+            out[f"{first_index + i}.{k}"] = v.detach().to("cpu", copy=True)
     return out
 
 
@@ -256,7 +256,8 @@ def _tag(m: int, backward: bool, part: int) -> int:
 
 
 class _Comm:
-    def __init__(self):
+    def __init__(self, device: torch.device):
+        self.device = device  # NCCL moves only tensors on the rank's GPU, headers too
         self.pending: list[tuple[Any, torch.Tensor]] = []
         self.recv_s = 0.0  # time spent blocked in receives
 
@@ -270,18 +271,17 @@ class _Comm:
         if header:
             if t.dim() > _HEADER - 2:
                 raise ValueError(f"tensors of {t.dim()} dimensions cannot cross a stage")
-            h = torch.zeros(_HEADER, dtype=torch.int64)
-            h[0] = _DTYPES.index(t.dtype)
-            h[1] = t.dim()
-            h[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+            h = torch.tensor([_DTYPES.index(t.dtype), t.dim(), *t.shape] + [0] * (_HEADER - 2 - t.dim()),
+                             dtype=torch.int64, device=self.device)
             self.pending.append((dist.isend(h, dst, tag=_tag(m, backward, 0)), h))
         self.pending.append((dist.isend(t, dst, tag=_tag(m, backward, 1)), t))
 
     def recv_with_header(self, src: int, m: int, backward: bool) -> torch.Tensor:
-        h = torch.zeros(_HEADER, dtype=torch.int64)
+        h = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
         self._recv(h, src, _tag(m, backward, 0))
-        shape = [int(d) for d in h[2 : 2 + int(h[1])]]
-        t = torch.empty(shape, dtype=_DTYPES[int(h[0])])
+        header = h.tolist()
+        shape = header[2 : 2 + header[1]]
+        t = torch.empty(shape, dtype=_DTYPES[header[0]], device=self.device)
         self._recv(t, src, _tag(m, backward, 1))
         return t
 
@@ -319,6 +319,23 @@ class _Job:
     timeout_s: float = 30.0
     recompute: bool = False  # keep only each stage's input; re-run the stage's forward in its backward
     exact_memory: bool = False  # see memory.return_freed_memory
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
+
+
+def _backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def _rank_device(device: str, rank: int) -> torch.device:
+    """The device of ``rank``: the CPU, or the GPU of its local rank
+    (``LOCAL_RANK`` under torchrun, the rank itself for local processes)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if local >= torch.cuda.device_count():
+        raise ValueError(f"rank {rank} needs GPU {local}, only {torch.cuda.device_count()} visible")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
 
 
 def _allreduce_grads(params: list[nn.Parameter], group) -> None:
@@ -353,7 +370,8 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
         )
     layers = all_layers[a:b]
     del all_layers
-    module = nn.Sequential(*layers)
+    dev = _rank_device(job.device, rank)
+    module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = _make_optimizer(params, job.optimizer, job.lr)
     if job.start_step:
@@ -385,7 +403,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
          if (ov := overlap(r, my_range))]
         if not last else []
     )
-    comm = _Comm()
+    comm = _Comm(dev)
     lo, hi = my_range
     trace: list[str] = []
     peak = 0
@@ -400,7 +418,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
     # The peak of the training iterations, from the size after the stage and
     # its optimizer were built (Adam's state arrives with the first step).
-    meter = PeakMemory(cuda=torch.cuda.is_available() and torch.cuda.is_initialized())
+    meter = PeakMemory(cuda=dev.type == "cuda")
 
     for it in range(job.start_step, job.steps):
         if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
@@ -422,7 +440,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                 trace.append(f"{kind}{m}")
             if kind == "F":
                 if first:
-                    x = x_all[base + lo : base + hi]
+                    x = x_all[base + lo : base + hi].to(dev)
                 else:
                     parts = [comm.recv_with_header(src, m, False) for src, _ in prev]
                     x = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
@@ -437,7 +455,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
                 else:
                     out = module(x)
                 if last:
-                    y = y_all[base + lo : base + hi]
+                    y = y_all[base + lo : base + hi].to(dev)
                     outputs[m] = _scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
                     loss_sum += float(outputs[m].detach())
                 else:
@@ -480,7 +498,7 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
         t_stepped = time.perf_counter()
         # The iteration ends when every rank is done; the sum of the last
         # stage's scaled losses is the mean loss over the global batch.
-        total = torch.tensor([loss_sum], dtype=torch.float64)
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=dev)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         t_end = time.perf_counter()
         elapsed = t_end - t_start
@@ -559,7 +577,8 @@ def _worker(rank: int, world_size: int, port: int, job: _Job, parent_pid: int) -
         return_freed_memory()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s))
+    dist.init_process_group(_backend(job.device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=job.timeout_s))
     try:
         result = _run_rank(rank, job)
         torch.save(result, os.path.join(job.out_dir, f"rank{rank}.pt"))
@@ -593,7 +612,8 @@ def _run_this_rank(lay: Layout, job: _Job) -> RunResult | None:
         os.dup2(2, 1)
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=job.timeout_s))
+        dist.init_process_group(_backend(job.device), rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=job.timeout_s))
     try:
         try:
             result = _run_rank(rank, job)
@@ -704,6 +724,7 @@ def run_plan(
     timeout_s: float = 30.0,
     recompute: bool = False,
     exact_memory: bool = False,
+    device: str = "cpu",
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan_data`` (a ``dapple.plan``
     dict; needs ``stages[*].layer_start/layer_end/devices``, optionally
@@ -726,6 +747,10 @@ def run_plan(
     hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
     1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
     and receives.
+
+    ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; rank r on GPU r, or on
+    GPU ``LOCAL_RANK`` under torchrun; local processes are then spawned).
+    The CUDA path has not run on a GPU yet: this machine has none.
 
     ``recompute``: keep only each stage's input during the forward and re-run
     the stage's forward in its backward (``torch.utils.checkpoint``); the
@@ -763,11 +788,18 @@ def run_plan(
         timeout_s=timeout_s,
         recompute=recompute,
         exact_memory=exact_memory,
+        device=device,
     )
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: use cpu or cuda")
 
     if launched_by_torchrun():
         return _run_this_rank(lay, job)
 
+    if device == "cuda":
+        if torch.cuda.device_count() < lay.world_size:
+            raise ValueError(f"the plan uses {lay.world_size} devices, {torch.cuda.device_count()} GPUs are visible")
+        start_method = "spawn"  # CUDA does not survive fork
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
         job.out_dir = out_dir or tmp
         port = _free_port()
