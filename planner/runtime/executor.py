@@ -588,8 +588,9 @@ def _worker(rank: int, world_size: int, port: int, job: _Job, parent_pid: int) -
 
 
 def launched_by_torchrun() -> bool:
-    """True in a process torchrun started: it sets ``RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_RUN_ID``."""
+    """True in a process torchrun (or another launcher speaking its
+    protocol) started: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` are all set."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
@@ -766,6 +767,8 @@ def run_plan(
     over the process group; torchrun watches the processes. A rank that
     raises raises :class:`WorkerFailed` naming itself.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: use cpu or cuda")
     lay = layout_of(plan_data)
     if world_size is not None and world_size != lay.world_size:
         raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
@@ -790,8 +793,6 @@ def run_plan(
         exact_memory=exact_memory,
         device=device,
     )
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: use cpu or cuda")
 
     if launched_by_torchrun():
         return _run_this_rank(lay, job)

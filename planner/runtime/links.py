@@ -8,9 +8,8 @@ it, and :func:`topology_of` writes the result as a one-machine topology, so
 plans and predictions for local runs rest on measured numbers.
 
 - Point to point, rank 0 to rank 1: a ping-pong of ``size`` bytes, half the
-  round trip, median of ``repeats``. A least-squares line
-  ``time = latency + bytes / bandwidth`` over the sizes (relative errors)
-  gives the link's
+  round trip, median of ``repeats``. A least-squares line ``time = latency
+  + bytes / bandwidth`` over the sizes (relative errors) gives the link's
   ``latency_us`` and ``bandwidth_gbps``.
 - AllReduce over all ranks at each size, median of ``repeats``, and what the
   cost model's ring formula (``2 (n-1)/n bytes / bandwidth + 2 (n-1)
@@ -32,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..profiler import cpu_name
+from .executor import _free_port
 
 DEFAULT_SIZES_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 _WARMUP = 5
@@ -73,14 +73,6 @@ def _bench(rank: int, world_size: int, port: int, sizes: list[int], repeats: int
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fit_link(sizes_bytes: list[int], seconds: list[float]) -> tuple[float, float]:
