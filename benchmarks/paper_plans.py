@@ -10,8 +10,40 @@ the global batch is tried and the fastest estimate that fits is kept.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import planner
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT.parent / "shared" / "reference" / "dapple-paper-results.json"
+ARTIFACT_PROFILES = ROOT / "profiles" / "artifact"
+
+
+def reference() -> dict:
+    """The paper's tables as data (../shared beside the checkout)."""
+    return json.loads(REFERENCE.read_text())
+
+
+def shipped_profiles(ref: dict) -> dict[str, Path]:
+    """Model name -> our conversion of the artifact profile the paper used
+    (``profiles/artifact/<artifact file stem>.json``), for the models that
+    have one."""
+    return {
+        model: ARTIFACT_PROFILES / f"{Path(m['artifact_profile']).stem}.json"
+        for model, m in ref["models"].items()
+        if m.get("artifact_profile")
+    }
+
+
+def table_v_cases(ref: dict) -> list[tuple[str, Path, int]]:
+    """(model, profile path, global batch size) of every Table V model that
+    has a shipped profile, in the table's order."""
+    profiles = shipped_profiles(ref)
+    seen: dict[str, tuple[str, Path, int]] = {}
+    for row in ref["table_V_planning_results"]:
+        if row["model"] in profiles and row["model"] not in seen:
+            seen[row["model"]] = (row["model"], profiles[row["model"]], row["gbs"])
+    return list(seen.values())
 
 
 def block_positions(profile: planner.Profile) -> list[int]:

@@ -10,25 +10,20 @@ Writes benchmarks/results/simulation.json and prints two markdown tables
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-import planner
-
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-CASES = [
-    ("GNMT-16", "gnmt-16-pbs-64", 1024),
-    ("BERT-48", "bert-48-pbs-2", 64),
-    ("XLNet-36", "xlnet-36-pbs-1", 128),
-    ("AmoebaNet-36", "amoeba-36-pbs-1", 128),
-    ("VGG-19", "vgg-19-pbs-32", 2048),
-]
+sys.path.insert(0, str(HERE))
+
+import planner  # noqa: E402
+from paper_plans import reference, table_v_cases  # noqa: E402
 
 
 def main() -> None:
     results = []
-    for model, name, gbs in CASES:
-        prof = planner.Profile.load(ROOT / "profiles" / "artifact" / f"{name}.json")
+    for model, path, gbs in table_v_cases(reference()):
+        prof = planner.Profile.load(path)
         for config in "ABC":
             best = planner.plan(prof, config, gbs)
             sim = planner.simulate(best, prof)

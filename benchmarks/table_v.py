@@ -15,20 +15,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import planner  # noqa: E402
-from paper_plans import paper_plan  # noqa: E402
-
-FILES = {
-    "GNMT-16": "gnmt-16-pbs-64",
-    "BERT-48": "bert-48-pbs-2",
-    "XLNet-36": "xlnet-36-pbs-1",
-    "AmoebaNet-36": "amoeba-36-pbs-1",
-    "VGG-19": "vgg-19-pbs-32",
-}
-
+from paper_plans import paper_plan, reference, shipped_profiles  # noqa: E402
 
 def describe(plan: planner.Plan | None, profile: planner.Profile) -> dict | None:
     if plan is None:
@@ -53,12 +43,13 @@ def describe(plan: planner.Plan | None, profile: planner.Profile) -> dict | None
 
 
 def main() -> None:
-    ref = json.loads((ROOT.parent / "shared" / "reference" / "dapple-paper-results.json").read_text())
+    ref = reference()
+    profiles = shipped_profiles(ref)
     rows = []
     for row in ref["table_V_planning_results"]:
-        if row["model"] not in FILES:
+        if row["model"] not in profiles:
             continue
-        prof = planner.Profile.load(ROOT / "profiles" / "artifact" / f"{FILES[row['model']]}.json")
+        prof = planner.Profile.load(profiles[row["model"]])
         topo = planner.Topology.resolve(row["config"])
         ours = planner.plan(prof, topo, row["gbs"])
         ours_min1 = planner.plan(prof, topo, row["gbs"], min_micro_batch_size=1)
