@@ -242,13 +242,18 @@ def test_spawn_start_method(batches, reference):
     assert max_diff(res.params, reference) < 1e-5
 
 
-def test_gpt_model_spec_2_to_1():
+@pytest.mark.parametrize("factory_name", ["gpt", "hf_gpt2"])
+def test_language_model_spec_2_to_1(factory_name):
     # A ModelSpec from planner.runtime.models: token-id inputs, a transformer
-    # block per layer, cross-entropy over tokens.
+    # block per layer, cross-entropy over tokens. hf_gpt2 is a HuggingFace
+    # GPT-2 built from its config (random weights, no hub access), cut into
+    # embedding / blocks / head the same way.
     import functools
 
+    if factory_name == "hf_gpt2":
+        pytest.importorskip("transformers")
     models = pytest.importorskip("planner.runtime.models")
-    factory = functools.partial(models.gpt, n_layers=2, d_model=32, n_heads=4, seq=8, vocab=64)
+    factory = functools.partial(getattr(models, factory_name), n_layers=2, d_model=32, n_heads=4, seq=8, vocab=64)
     spec = factory()
     g = torch.Generator().manual_seed(0)
     b = [spec.make_batch(GBS, g) for _ in range(3)]
@@ -306,21 +311,3 @@ def test_recompute_lowers_measured_peak_memory():
     plain, rc = training_peak(False, 0), training_peak(True, 0)
     assert plain > 40 * 2**20, plain
     assert rc < 0.75 * plain, (rc, plain)
-
-
-def test_hf_gpt2_model_spec_2_to_1():
-    # A HuggingFace GPT-2 built from its config (random weights, no hub
-    # access), cut into embedding / blocks / head like the plain GPT.
-    pytest.importorskip("transformers")
-    import functools
-
-    models = pytest.importorskip("planner.runtime.models")
-    factory = functools.partial(models.hf_gpt2, n_layers=2, d_model=32, n_heads=4, seq=8, vocab=64)
-    spec = factory()
-    g = torch.Generator().manual_seed(0)
-    b = [spec.make_batch(GBS, g) for _ in range(3)]
-    n = len(spec.layers)
-    p = plan(3, [(0, 2, [0, 1]), (2, n, [2])])
-    ref = ex.train_single_process(factory, spec.loss, b, 3, LR)
-    res = ex.run_plan(p, factory, spec.loss, b, 3, LR, **FAST)
-    assert max_diff(res.params, ref) < 1e-5
