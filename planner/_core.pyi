@@ -54,6 +54,10 @@ def plan_baseline(
     warmup_policy: str = "A",
 ) -> str: ...
 def schedule_actions(
-    kind: str, num_stages: int, micro_batches: int, warmup: list[int] | None = None
+    kind: str,
+    num_stages: int,
+    micro_batches: int,
+    warmup: list[int | None] | None = None,
+    warmup_policy: str = "A",
 ) -> list[list[str]]: ...
 def schedule_validate(lists: list[list[str]], micro_batches: int) -> None: ...

@@ -40,15 +40,6 @@ def gpipe(num_stages: int, micro_batches: int) -> list[list[Action]]:
     return _compute_actions(_core.schedule_actions(GPIPE, num_stages, micro_batches))
 
 
-def warmup_depth(policy: str, stages_from_here: int, micro_batches: int) -> int:
-    """K_i of warm-up policy ``A`` (min(S-i, M)) or ``B`` (min(2(S-i)-1, M))."""
-    if policy == "A":
-        return min(stages_from_here, micro_batches)
-    if policy == "B":
-        return min(2 * stages_from_here - 1, micro_batches)
-    raise ValueError(f"unknown warm-up policy {policy!r}; use A or B")
-
-
 def plan_schedule(plan_data: dict) -> list[list[Action]]:
     """The action lists of a ``dapple.plan`` dict, one per stage.
 
@@ -61,12 +52,11 @@ def plan_schedule(plan_data: dict) -> list[list[Action]]:
     kind = sched.get("kind", EARLY_BACKWARD)
     if kind == GPIPE:
         return gpipe(len(stages), m)
-    policy = sched.get("warmup_policy", "A")
-    warmup = [
-        int(st["warmup_micro_batches"]) if "warmup_micro_batches" in st else warmup_depth(policy, len(stages) - i, m)
-        for i, st in enumerate(stages)
-    ]
-    return _compute_actions(_core.schedule_actions(kind, len(stages), m, warmup))
+    # A stage without warmup_micro_batches gets the policy's K_i (the core's rule).
+    warmup = [int(st["warmup_micro_batches"]) if "warmup_micro_batches" in st else None for st in stages]
+    return _compute_actions(
+        _core.schedule_actions(kind, len(stages), m, warmup, sched.get("warmup_policy", "A"))
+    )
 
 
 def validate(lists: list[list[Action]], micro_batches: int) -> None:

@@ -1,28 +1,42 @@
+use dapple_core::plan::parse_warmup_policy;
 use dapple_core::schedule::{Action, Schedule, ScheduleKind, StageSchedule};
 use pyo3::prelude::*;
 
 use crate::to_py_err;
 
 /// Action lists of a schedule, one per stage, as tokens ("F3", "B2", "AR",
-/// "OPT"). Early backward needs `warmup` (K_i per stage).
+/// "OPT"). Early backward takes K_i per stage from `warmup`; a missing list,
+/// or a `None` in it, means the K_i of `warmup_policy` ("A" or "B").
 #[pyfunction]
-#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None))]
+#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None, warmup_policy="A"))]
 fn schedule_actions(
     kind: &str,
     num_stages: usize,
     micro_batches: u32,
-    warmup: Option<Vec<u32>>,
+    warmup: Option<Vec<Option<u32>>>,
+    warmup_policy: &str,
 ) -> PyResult<Vec<Vec<String>>> {
     let kind: ScheduleKind = kind.parse().map_err(to_py_err)?;
     let schedule = match kind {
         ScheduleKind::GPipe => Schedule::gpipe(num_stages, micro_batches),
         ScheduleKind::EarlyBackward1F1B => {
-            let warmup = warmup.ok_or_else(|| {
-                to_py_err(dapple_core::Error::invalid(
-                    "early backward needs a warm-up depth per stage",
-                ))
-            })?;
-            Schedule::early_backward(num_stages, micro_batches, &warmup)
+            let policy = parse_warmup_policy(warmup_policy)
+                .map_err(|e| to_py_err(e.under("warmup_policy")))?;
+            let given = warmup.unwrap_or_else(|| vec![None; num_stages]);
+            if given.len() != num_stages {
+                return Err(to_py_err(dapple_core::Error::invalid(format!(
+                    "{} warm-up depths for {num_stages} stages",
+                    given.len()
+                ))));
+            }
+            let depths: Vec<u32> = given
+                .iter()
+                .enumerate()
+                .map(|(i, k)| {
+                    k.unwrap_or_else(|| policy.warmup((num_stages - i) as u32, micro_batches))
+                })
+                .collect();
+            Schedule::early_backward(num_stages, micro_batches, &depths)
         }
     }
     .map_err(to_py_err)?;
