@@ -171,10 +171,6 @@ def _saved_bytes(torch, layer, x_in) -> tuple[int, Any]:
     return sum(seen.values()), out
 
 
-def _backward(torch, outs, grads):
-    torch.autograd.backward(outs, grads)
-
-
 def profile_model(
     spec: "ModelSpec",
     model_name: str,
@@ -266,7 +262,7 @@ def _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, what):
         if outs:
             # The graph just built is the one backward runs through.
             outs_i = [t for t in _tensors(out_i) if t.requires_grad]
-            bms, _ = timer(lambda: _backward(torch, outs_i, grads))
+            bms, _ = timer(lambda: torch.autograd.backward(outs_i, grads))
         else:
             bms = 0.0
         if i >= warmup:
@@ -318,7 +314,6 @@ class _progress:
             started[0] = True
             self.bar.update(task, description=description)
 
-        self.advance = advance
         self.task = task
         return advance
 

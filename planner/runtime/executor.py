@@ -143,12 +143,12 @@ def build_layers(layers_factory: Callable[[], Any], seed: int) -> list[nn.Module
     a list of ``(name, module)`` pairs, a list of modules, or an
     ``nn.Sequential``."""
     torch.manual_seed(seed)
-    made = layers_factory()
+    return _layers_of(layers_factory())
+
+
+def _layers_of(made: Any) -> list[nn.Module]:
     made = getattr(made, "layers", made)
-    out = []
-    for item in made:
-        out.append(item[1] if isinstance(item, tuple) else item)
-    return out
+    return [item[1] if isinstance(item, tuple) else item for item in made]
 
 
 def _make_optimizer(params, optimizer: str, lr: float):
@@ -223,6 +223,12 @@ class SeededBatches:
 
     def __len__(self) -> int:
         return self.steps
+
+    def use_maker(self, make_batch: Callable | None) -> None:
+        """Draw batches with ``make_batch`` from a model this process has
+        built already, instead of building another one on first use."""
+        if self._make is None and make_batch is not None:
+            self._make = make_batch
 
     def __getstate__(self):
         d = dict(self.__dict__)
@@ -363,13 +369,17 @@ def _run_rank(rank: int, job: _Job) -> dict[str, Any]:
     first, last = stage == 0, stage == n_stages - 1
     a, b = lay.layer_ranges[stage]
 
-    all_layers = build_layers(job.layers_factory, job.seed)
+    torch.manual_seed(job.seed)
+    made = job.layers_factory()
+    all_layers = _layers_of(made)
+    if isinstance(job.batches, SeededBatches):
+        job.batches.use_maker(getattr(made, "make_batch", None))
     if lay.layer_ranges[-1][1] != len(all_layers):
         raise ValueError(
             f"the plan's stages end at layer {lay.layer_ranges[-1][1]}, the model has {len(all_layers)}"
         )
     layers = all_layers[a:b]
-    del all_layers
+    del all_layers, made  # the other stages' layers are not this rank's to keep
     dev = _rank_device(job.device, rank)
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
