@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from planner.regress import run_suite, update_suite
+from planner.regress import load_suite, run_suite, update_suite
 
 from .exit_codes import REGRESSION
 from .options import reports_errors
@@ -18,7 +18,8 @@ from .options import reports_errors
 @reports_errors
 def regress_command(suite, update):
     """Plan every case of SUITE; fail when a plan got slower or infeasible."""
-    outcomes = run_suite(suite)
+    data = load_suite(suite)
+    outcomes = run_suite(suite, data)
     width = max(len(o.name) for o in outcomes)
     for o in outcomes:
         exp = f"{o.expected_ms:.1f} ms" if o.expected_ms is not None else "-"
@@ -35,7 +36,7 @@ def regress_command(suite, update):
             click.echo(f"{'':10s} {o.detail}")
     failed = [o for o in outcomes if o.failed]
     if update:
-        update_suite(suite, outcomes)
+        update_suite(suite, outcomes, data)
         click.echo(f"{suite}: expectations updated for {len(outcomes)} cases", err=True)
         return
     click.echo(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed", err=True)

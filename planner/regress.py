@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DappleError, InvalidInputError
+from .errors import DappleError, InfeasibleError, InvalidInputError
 from .files import read_text, write_atomic
 from .plan import plan
 from .profile import Profile
@@ -86,6 +86,13 @@ def load_suite(path: str | os.PathLike) -> dict:
             _number(path, f"{at}.expected_ms", case["expected_ms"])
         if "tolerance" in case:
             _number(path, f"{at}.tolerance", case["tolerance"])
+        mbs = case.get("min_micro_batch_size")
+        if mbs is not None and (not isinstance(mbs, int) or isinstance(mbs, bool) or mbs < 1):
+            raise InvalidInputError(f"{path}: field {at}.min_micro_batch_size: value {mbs!r} must be an integer >= 1")
+    names = [case["name"] for case in cases]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise InvalidInputError(f"{path}: field cases: value {dup!r} names two cases; names must be unique")
     return suite
 
 
@@ -94,25 +101,30 @@ def _number(path, field, value) -> None:
         raise InvalidInputError(f"{path}: field {field}: value {value!r} must be a finite number >= 0")
 
 
-def run_suite(path: str | os.PathLike) -> list[Outcome]:
-    suite = load_suite(path)
+def run_suite(path: str | os.PathLike, suite: dict | None = None) -> list[Outcome]:
+    """Plan every case of the suite at ``path`` (``suite``: its
+    :func:`load_suite` result, if already loaded). A case with no plan that
+    fits is an outcome; any other error in a case stops the run, naming it."""
+    suite = load_suite(path) if suite is None else suite
     base = Path(path).resolve().parent
     default_tol = suite.get("tolerance", 0.01)
+    profiles: dict[Path, Profile] = {}  # cases share profiles; load each once
     outcomes = []
     for case in suite["cases"]:
         expected = case.get("expected_ms")
         tol = case.get("tolerance", default_tol)
-        profile = Profile.load(base / case["profile"])
+        profile_path = (base / case["profile"]).resolve()
         try:
-            p = plan(profile, case["topology"], case["global_batch_size"],
+            if profile_path not in profiles:
+                profiles[profile_path] = Profile.load(profile_path)
+            p = plan(profiles[profile_path], case["topology"], case["global_batch_size"],
                      min_micro_batch_size=case.get("min_micro_batch_size"))
-        except DappleError as e:
-            if expected is None:
-                outcomes.append(Outcome(case["name"], "infeasible", None, None, case.get("expected_shape"), None, str(e)))
-            else:
-                outcomes.append(Outcome(case["name"], "infeasible", expected, None, case.get("expected_shape"), None,
-                                        str(e)))
+        except InfeasibleError as e:
+            outcomes.append(Outcome(case["name"], "infeasible", expected, None, case.get("expected_shape"), None,
+                                    str(e)))
             continue
+        except DappleError as e:
+            raise type(e)(f"{path}: case {case['name']!r}: {e}", code=e.code) from None
         actual = p.estimate["latency_ms"]
         if expected is None:
             status = "new"
@@ -126,9 +138,9 @@ def run_suite(path: str | os.PathLike) -> list[Outcome]:
     return outcomes
 
 
-def update_suite(path: str | os.PathLike, outcomes: list[Outcome]) -> None:
+def update_suite(path: str | os.PathLike, outcomes: list[Outcome], suite: dict | None = None) -> None:
     """Record the actual times and shapes as the new expectations."""
-    suite = load_suite(path)
+    suite = load_suite(path) if suite is None else suite
     by_name = {o.name: o for o in outcomes}
     for case in suite["cases"]:
         o = by_name[case["name"]]

@@ -62,3 +62,14 @@ def test_bad_suite_names_the_field(dapple, tmp_path):
     r = dapple("regress", path)
     assert r.returncode == 3
     assert "cases[0].global_batch_size" in r.stderr and "many" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_case_input_is_invalid_input_not_a_failed_plan(dapple, tmp_path):
+    from conftest import assert_one_line_error
+
+    path = write_suite(tmp_path, [bert_case(topology="2x8-nvlnk")])
+    assert_one_line_error(dapple("regress", path), 3, "case 'bert A'", "2x8-nvlnk")
+    path = write_suite(tmp_path, [bert_case(min_micro_batch_size="2")])
+    assert_one_line_error(dapple("regress", path), 3, "cases[0].min_micro_batch_size", "'2'")
+    path = write_suite(tmp_path, [bert_case(), bert_case(expected_ms=1.0)])
+    assert_one_line_error(dapple("regress", path), 3, "field cases", "'bert A'", "unique")
