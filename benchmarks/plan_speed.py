@@ -162,18 +162,31 @@ CLI_CASE = [
 ]
 
 
+def run_reaped(cmd: list[str], stdout=subprocess.DEVNULL) -> tuple[bytes, float, "os.struct_rusage"]:
+    """Run ``cmd`` from the repository root and reap it with ``os.wait4``, so
+    its own resource usage is known: (its stdout if piped, wall seconds,
+    rusage). Raises RuntimeError, with the end of its stderr, when it fails."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, cwd=ROOT)
+        out = proc.stdout.read() if proc.stdout else b""
+        if proc.stdout:
+            proc.stdout.close()
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall_s = time.perf_counter() - t0
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited {code}: {err.read().decode()[-2000:]}")
+    return out, wall_s, ru
+
+
 def run_cli(cmd: list[str], runs: int = 5) -> dict:
     """Whole-process time of the CLI (interpreter start-up, imports, profile
     load, search, JSON output), reaped with os.wait4 like the cases."""
     walls, cpus, rss = [], [], []
     for _ in range(runs + 1):  # the first run warms the file cache and is not counted
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-        _, status, ru = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}")
+        _, wall, ru = run_reaped(cmd)
         walls.append(wall * 1000)
         cpus.append((ru.ru_utime + ru.ru_stime) * 1000)
         rss.append(ru.ru_maxrss / 1024)
@@ -189,20 +202,10 @@ def run_cli(cmd: list[str], runs: int = 5) -> dict:
     }
 
 
-def run_child(spec: dict, timeout_s: float = 900.0) -> dict:
+def run_child(spec: dict) -> dict:
     """Run one case in a fresh process; return its JSON plus its own rusage."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
-        out = proc.stdout.read()
-        proc.stdout.close()
-        _, status, ru = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        process_s = time.perf_counter() - t0
-        if proc.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"child failed ({proc.returncode}) for {spec}: {err.read().decode()[-2000:]}")
+    out, process_s, ru = run_reaped(cmd, stdout=subprocess.PIPE)
     res = json.loads(out)
     res["peak_rss_mb"] = ru.ru_maxrss / 1024  # Linux: kilobytes
     res["cpu_s"] = ru.ru_utime + ru.ru_stime

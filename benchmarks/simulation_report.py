@@ -29,7 +29,7 @@ def main() -> None:
             sim = planner.simulate(best, prof)
             best_b = planner.plan(prof, config, gbs, warmup_policy="B")
             sim_b = planner.simulate(best_b, prof)
-            rows = planner.compare(prof, config, gbs)
+            rows = planner.compare(prof, config, gbs, searched=best)
             results.append({
                 "model": model, "config": config, "gbs": gbs,
                 "plan": best.shape, "micro_batches": best.micro_batches,

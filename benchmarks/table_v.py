@@ -44,12 +44,12 @@ def describe(plan: planner.Plan | None, profile: planner.Profile) -> dict | None
 
 def main() -> None:
     ref = reference()
-    profiles = shipped_profiles(ref)
+    loaded = {model: planner.Profile.load(path) for model, path in shipped_profiles(ref).items()}
     rows = []
     for row in ref["table_V_planning_results"]:
-        if row["model"] not in profiles:
+        if row["model"] not in loaded:
             continue
-        prof = planner.Profile.load(profiles[row["model"]])
+        prof = loaded[row["model"]]
         topo = planner.Topology.resolve(row["config"])
         ours = planner.plan(prof, topo, row["gbs"])
         ours_min1 = planner.plan(prof, topo, row["gbs"], min_micro_batch_size=1)

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from . import _core
-from .errors import DappleError
+from .errors import DappleError, IncompatibleInputsError, InfeasibleError
 from .plan import Plan, plan
 from .profile import Profile
 from .simulation import simulate
@@ -65,28 +65,38 @@ def compare(
     global_batch_size: int,
     *,
     min_micro_batch_size: int | None = None,
+    searched: Plan | None = None,
 ) -> list[Row]:
     """One row per strategy: DAPPLE's searched plan, data parallelism
     without and with AllReduce overlap, GPipe, a straight pipeline and
     PipeDream's planner. Times are simulated iterations; speedups are over
-    one GPU running every micro-batch in turn."""
+    one GPU running every micro-batch in turn. ``searched``: the result of
+    :func:`planner.plan` for the same inputs, when the caller has it already
+    (the search is the expensive part)."""
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
-    candidates: list[tuple[str, callable, bool]] = [
-        ("dapple", lambda: plan(prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size), True),
-        ("data-parallel (no overlap)", lambda: baseline("data-parallel", prof, topo, global_batch_size,
-                                                        min_micro_batch_size=min_micro_batch_size), False),
-    ] + [
-        (kind, (lambda k=kind: baseline(k, prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size)),
-         True)
-        for kind in BASELINES
-    ]
+
+    def make(kind: str) -> Plan:
+        if kind == "dapple":
+            return plan(prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size)
+        return baseline(kind, prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size)
+
+    # (row name, strategy, AllReduce overlap): the data-parallel plan is
+    # simulated twice, without and with overlap, from one search.
+    candidates = [("dapple", "dapple", True), ("data-parallel (no overlap)", "data-parallel", False)]
+    candidates += [(kind, kind, True) for kind in BASELINES]
+    made: dict[str, Plan | DappleError] = {"dapple": searched} if searched is not None else {}
     rows = []
-    for name, make, overlap in candidates:
-        try:
-            p = make()
-        except DappleError as e:
-            rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(e)))
+    for name, kind, overlap in candidates:
+        if kind not in made:
+            try:
+                made[kind] = make(kind)
+            except (InfeasibleError, IncompatibleInputsError) as e:
+                # This strategy has no plan for these inputs; the others may.
+                made[kind] = e
+        p = made[kind]
+        if isinstance(p, DappleError):
+            rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(p)))
             continue
         sim = simulate(p, prof, overlap_allreduce=overlap)
         single = p.estimate["single_device_ms"]
@@ -103,4 +113,6 @@ def compare(
                 peak_memory_bytes=sim.peak_memory_bytes,
             )
         )
+    if all(r.error for r in rows):
+        raise made["dapple"]  # no strategy has a plan: the inputs are the problem
     return rows

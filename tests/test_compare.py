@@ -45,3 +45,10 @@ def test_compare_command(dapple):
     assert all(row["simulated_ms"] > 0 for row in rows if row["error"] is None)
     table = dapple("compare", "--profile", BERT, "--topology", "B", "--global-batch-size", "64")
     assert "pipedream-planner" in table.stdout
+
+
+def test_inputs_no_strategy_can_use_are_an_error(dapple):
+    from conftest import assert_one_line_error
+
+    r = dapple("compare", "--profile", PROFILES / "bert-48-pbs-2.json", "--topology", "A", "--global-batch-size", 1)
+    assert_one_line_error(r, 4, "global batch size 1")
