@@ -10,7 +10,7 @@ import traceback
 import click
 
 import planner
-from planner.errors import DappleError, InvalidInputError
+from planner.errors import DappleError, DappleIOError, InvalidInputError
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
@@ -50,15 +50,25 @@ def plan_options(f):
 def load_plan_and_profile(plan_path: str, profile_path: str | None) -> tuple[planner.Plan, planner.Profile]:
     """The plan, and the profile given or else the one the plan records."""
     plan = planner.Plan.load(plan_path)
-    path = profile_path or plan.data["inputs"].get("profile_path")
+    return plan, profile_for(plan, plan_path, profile_path)
+
+
+def profile_for(plan: planner.Plan, plan_path: str, profile_path: str | None) -> planner.Profile:
+    """The profile given, or else the one ``plan`` (read from ``plan_path``)
+    records in ``inputs.profile_path``."""
+    if profile_path is not None:
+        return planner.Profile.load(profile_path)
+    path = plan.data["inputs"].get("profile_path")
     if path is None:
         raise InvalidInputError(f"{plan_path}: field inputs.profile_path: missing; pass --profile")
-    if profile_path is None and not os.path.isabs(path) and not os.path.exists(path):
+    if not os.path.isabs(path) and not os.path.exists(path):
         # A relative path in the plan is relative to where planning ran;
         # fall back to the plan file's folder.
         beside = os.path.join(os.path.dirname(plan_path), path)
         path = beside if os.path.exists(beside) else path
-    return plan, planner.Profile.load(path)
+    if not os.path.exists(path):
+        raise DappleIOError(f"{plan_path}: field inputs.profile_path: value {path!r}: no such file; pass --profile")
+    return planner.Profile.load(path)
 
 
 def json_option(f):

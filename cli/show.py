@@ -9,7 +9,7 @@ import click
 import planner
 from planner.errors import DappleIOError
 
-from .options import load_plan_and_profile, plan_options, reports_errors
+from .options import profile_for, plan_options, reports_errors
 
 
 def _picture_option(name: str, what: str):
@@ -25,8 +25,9 @@ def _picture_option(name: str, what: str):
 
 @click.command("show")
 @plan_options
-@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default="early-backward-1f1b",
-              show_default=True, help="Order of forwards and backwards on each stage (for --gantt and --memory).")
+@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default=None,
+              help="Order of forwards and backwards on each stage (for --gantt and --memory). "
+                   "Default: the plan's own.")
 @click.option("--recompute", is_flag=True, help="Keep only stage inputs; re-run forwards before backwards.")
 @_picture_option("gantt", "the simulated timeline of one iteration (like Fig. 4 of the DAPPLE paper)")
 @_picture_option("memory", "the memory of each stage over the iteration")
@@ -56,14 +57,14 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
         pictures.picture_format(path)
 
     needs_sim = gantt_path or memory_path
+    plan = planner.Plan.load(plan_path)
     if needs_sim or profile_path:
-        plan, profile = load_plan_and_profile(plan_path, profile_path)
+        profile = profile_for(plan, plan_path, profile_path)
     else:
         # The diagram only uses the profile for layer counts: do without it
         # when the one the plan records is not there.
-        plan = planner.Plan.load(plan_path)  # errors in the plan itself still stop here
         try:
-            plan, profile = load_plan_and_profile(plan_path, None)
+            profile = profile_for(plan, plan_path, None)
         except (DappleIOError, planner.InvalidInputError):
             profile = None
             click.echo("note: the plan's profile is not available; the diagram omits model layer counts", err=True)
@@ -72,10 +73,10 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     for kind, path in wanted:
         if kind == "gantt":
             pictures.gantt(plan, sim, path)
-            click.echo(f"wrote {path} (timeline, {schedule})", err=True)
+            click.echo(f"wrote {path} (timeline, {sim.data['schedule']})", err=True)
         elif kind == "memory":
             pictures.memory(plan, sim, path)
-            click.echo(f"wrote {path} (memory per stage, {schedule})", err=True)
+            click.echo(f"wrote {path} (memory per stage, {sim.data['schedule']})", err=True)
         else:
             pictures.diagram(plan, path, profile)
             click.echo(f"wrote {path} (plan on the cluster)", err=True)

@@ -177,3 +177,14 @@ def test_profile_without_any_compute_time(dapple, small_profile):
     path = small_profile(lambda d: [l["measurements"][0].update(fwd_ms=0, bwd_ms=0) for l in d["layers"]])
     r = dapple("plan", "--profile", path, "--topology", "1x2-nvlink", "--global-batch-size", "4")
     assert_one_line_error(r, 3, str(path), "0 ms")
+
+
+def test_missing_recorded_profile_names_the_plan_field(dapple, tmp_path):
+    r = dapple("plan", "--profile", PROFILES / "vgg-19-pbs-32.json", "--topology", "1x2-pcie",
+               "--global-batch-size", 64, "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    plan["inputs"]["profile_path"] = "gone.json"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert_one_line_error(dapple("simulate", "--plan", path), 6, str(path), "inputs.profile_path", "gone.json")
