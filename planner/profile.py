@@ -79,12 +79,6 @@ def import_artifact_profile(
     return Profile(text)
 
 
-OPTIMIZER_STATE_SLOTS = {
-    "sgd": 0, "sgd-momentum": 1, "rmsprop": 1, "adagrad": 1,
-    "adam": 2, "adamw": 2, "lamb": 2, "rmsprop-momentum": 2,
-}
-
-
 def calibrate_stored_activations(profile: Profile, peak_memory_bytes: float, batch_size: int) -> Profile:
     """Scale every layer's stored-activation bytes so that one GPU training
     the whole model at ``batch_size`` needs ``peak_memory_bytes``.
@@ -99,16 +93,15 @@ def calibrate_stored_activations(profile: Profile, peak_memory_bytes: float, bat
     data = json.loads(profile.text)
     if batch_size not in profile.batch_sizes:
         raise InvalidInputError(
-            f"--measured-at-batch-size {batch_size} is not a profiled batch size ({profile.batch_sizes})"
+            f"batch size {batch_size} is not a profiled batch size ({profile.batch_sizes}); cannot calibrate"
         )
     k = profile.batch_sizes.index(batch_size)
-    slots = OPTIMIZER_STATE_SLOTS[data["optimizer"]]
-    state = sum(layer["param_bytes"] for layer in data["layers"]) * (2 + slots)
+    state = _core.profile_model_state_bytes(profile.text)  # the cost model's own count
     outputs = sum(layer["measurements"][k]["activation_bytes"] for layer in data["layers"])
     if peak_memory_bytes <= state or outputs == 0:
         raise InvalidInputError(
             f"measured peak memory {peak_memory_bytes / 2**30:.2f} GiB is not above the model state "
-            f"{state / 2**30:.2f} GiB (weights, gradients and {slots} {data['optimizer']} slot(s)); cannot calibrate"
+            f"{state / 2**30:.2f} GiB (weights, gradients and {data['optimizer']} state); cannot calibrate"
         )
     factor = (peak_memory_bytes - state) / outputs
     for layer in data["layers"]:

@@ -59,7 +59,7 @@ def test_load_model_names_the_spec_in_errors():
         ("planner.runtime.models", "expected package.module:function"),
         ("planner.runtime.nosuch:gpt", "no module named planner.runtime.nosuch"),
         ("planner.runtime.models:nosuch", "has no function nosuch"),
-        ("planner.profile:OPTIMIZER_STATE_SLOTS", "is not a function"),
+        ("planner.topology:PRESETS", "is not a function"),
         ("planner.profiler:cpu_name", "returned str, not a planner.runtime.models.ModelSpec"),
     ]:
         with pytest.raises(planner.InvalidInputError) as e:
