@@ -15,7 +15,7 @@
 
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
-use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, PlanOptions, Schedule, Stage};
+use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, Schedule, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
@@ -185,9 +185,7 @@ pub fn baseline_plan(
     min_micro_batch_size: Option<u32>,
     policy: WarmupPolicy,
 ) -> Result<Plan> {
-    let min_slice = min_micro_batch_size
-        .unwrap_or_else(|| profile.min_batch_size())
-        .max(1);
+    let min_slice = profile.min_slice(min_micro_batch_size);
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(topology);
     let stages = layout(kind, &layers, &cluster, min_slice);
@@ -201,18 +199,14 @@ pub fn baseline_plan(
         .map(|(_, _, d)| d.len() as u32)
         .max()
         .unwrap_or(1);
-    // The profile's hash serialises it: once, not once per micro-batch size.
-    let inputs = PlanInputs {
-        model: profile.model.clone(),
-        profile_sha256: profile.sha256(),
-        profile_path: None,
-        topology: topology.clone(),
+    let inputs = PlanInputs::new(
+        profile,
+        topology,
         global_batch_size,
-        options: PlanOptions {
-            min_micro_batch_size: min_slice,
-            search_space: Some(kind.name().into()),
-        },
-    };
+        min_slice,
+        kind.name(),
+        None,
+    );
     let mut best: Option<Plan> = None;
     let mut smallest_need: Option<f64> = None;
     for b in (1..=global_batch_size).filter(|b| global_batch_size.is_multiple_of(*b)) {
@@ -241,6 +235,8 @@ pub fn baseline_plan(
                 })
                 .collect(),
         );
+        // Checked and costed like a hand-written plan (which re-hashes the
+        // profile each time: well under a millisecond per micro-batch size).
         let estimate = evaluate(&plan, profile)?;
         if !estimate.fits_memory {
             let need = estimate.peak_memory_bytes;

@@ -67,13 +67,40 @@ pub struct PlanInputs {
     pub options: PlanOptions,
 }
 
+impl PlanInputs {
+    /// What a plan made from `profile` on `topology` records of its inputs.
+    /// `made_by`: the search space ("full", "machine-aligned") or the
+    /// baseline strategy that produced the plan.
+    pub fn new(
+        profile: &Profile,
+        topology: &Topology,
+        global_batch_size: u32,
+        min_micro_batch_size: u32,
+        made_by: &str,
+        profile_path: Option<String>,
+    ) -> PlanInputs {
+        PlanInputs {
+            model: profile.model.clone(),
+            profile_sha256: profile.sha256(),
+            profile_path,
+            topology: topology.clone(),
+            global_batch_size,
+            options: PlanOptions {
+                min_micro_batch_size,
+                search_space: Some(made_by.into()),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanOptions {
     /// Smallest per-device slice of a micro-batch the plan may use; by
     /// default the profile's smallest measured batch size.
     pub min_micro_batch_size: u32,
-    /// Search space the planner used ("full" or "machine-aligned").
+    /// Search space the planner used ("full" or "machine-aligned"), or the
+    /// baseline strategy that made the plan ("data-parallel", "gpipe", ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search_space: Option<String>,
 }

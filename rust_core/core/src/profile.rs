@@ -119,6 +119,12 @@ impl Profile {
         self.batch_sizes().first().copied().unwrap_or(1)
     }
 
+    /// Smallest per-device slice of a micro-batch a plan may use: the one
+    /// asked for, else the smallest profiled batch size; at least 1.
+    pub fn min_slice(&self, requested: Option<u32>) -> u32 {
+        requested.unwrap_or_else(|| self.min_batch_size()).max(1)
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.model.trim().is_empty() {
             return Err(Error::field("model", "must not be empty"));

@@ -28,8 +28,7 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
-    estimate_stages, Plan, PlanInputs, PlanOptions, Schedule, Selection, Stage,
-    SCHEDULE_EARLY_BACKWARD,
+    estimate_stages, Plan, PlanInputs, Schedule, Selection, Stage, SCHEDULE_EARLY_BACKWARD,
 };
 use crate::profile::{LayerCosts, Profile};
 use crate::simulate::{simulate, SimulationOptions};
@@ -45,12 +44,9 @@ pub struct SearchOptions {
     /// Only these micro-batch sizes (must divide the global batch). None: all divisors.
     pub micro_batch_sizes: Option<Vec<u32>>,
     pub search_space: SearchSpace,
-    /// Also return the best plan of every micro-batch size (for re-ranking
-    /// by simulation). Micro-batch sizes then stop sharing their bound, so
-    /// the search does more work.
-    pub candidates: bool,
-    /// Choose among the candidates by simulated iteration time instead of
-    /// the analytic estimate (implies `candidates`).
+    /// Choose among the best plans of every micro-batch size by simulated
+    /// iteration time instead of the analytic estimate. Micro-batch sizes
+    /// then stop sharing their bound, so the search does more work.
     pub rank_by_simulation: bool,
     /// Recorded in the plan.
     pub profile_path: Option<String>,
@@ -64,7 +60,6 @@ impl SearchOptions {
             min_micro_batch_size: None,
             micro_batch_sizes: None,
             search_space: SearchSpace::Auto,
-            candidates: false,
             rank_by_simulation: false,
             profile_path: None,
         }
@@ -133,9 +128,6 @@ pub struct SearchStats {
 pub struct SearchResult {
     pub plan: Plan,
     pub stats: SearchStats,
-    /// With `SearchOptions::candidates`: the best plan of every micro-batch
-    /// size that has one, fastest estimate first (`plan` is the first).
-    pub candidates: Vec<Plan>,
 }
 
 /// Find the plan with the smallest estimated latency that fits in memory.
@@ -150,10 +142,7 @@ pub fn search(
     if gbs == 0 {
         return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
     }
-    let min_slice = opts
-        .min_micro_batch_size
-        .unwrap_or_else(|| profile.min_batch_size())
-        .max(1);
+    let min_slice = profile.min_slice(opts.min_micro_batch_size);
     let sizes: Vec<u32> = match &opts.micro_batch_sizes {
         Some(list) => {
             for &b in list {
@@ -187,15 +176,12 @@ pub fn search(
         min_slice,
         space,
     };
+    let ranking = opts.rank_by_simulation;
     let results: Vec<(u32, Option<Found>, usize, u64)> = sizes
         .par_iter()
         .map(|&b| {
             let own = AtomicU64::new(f64::INFINITY.to_bits());
-            let bound = if opts.candidates || opts.rank_by_simulation {
-                &own
-            } else {
-                &incumbent
-            };
+            let bound = if ranking { &own } else { &incumbent };
             let mut dp = Dp::new(&ctx, b, gbs / b, Objective::Latency, Some(bound));
             let found = dp.run();
             (b, found, dp.states.len(), dp.stages_costed)
@@ -220,27 +206,23 @@ pub fn search(
     if found.is_empty() {
         return Err(explain_infeasible(&ctx, &sizes, gbs));
     }
-    let inputs = PlanInputs {
-        model: profile.model.clone(),
-        profile_sha256: profile.sha256(),
-        profile_path: opts.profile_path.clone(),
-        topology: topology.clone(),
-        global_batch_size: gbs,
-        options: PlanOptions {
-            min_micro_batch_size: ctx.min_slice,
-            search_space: Some(ctx.space.name().into()),
-        },
-    };
-    let ranking = opts.candidates || opts.rank_by_simulation;
+    let inputs = PlanInputs::new(
+        profile,
+        topology,
+        gbs,
+        ctx.min_slice,
+        ctx.space.name(),
+        opts.profile_path.clone(),
+    );
     let keep = if ranking { found.len() } else { 1 };
-    let mut candidates: Vec<Plan> = found
+    let candidates: Vec<Plan> = found
         .iter()
         .take(keep)
         .map(|(b, f)| build_plan(&inputs, &ctx, *b, gbs / b, f))
         .collect();
     let mut chosen = 0usize;
     let mut simulated_ms = None;
-    if opts.rank_by_simulation {
+    if ranking {
         let times: Vec<f64> = candidates
             .par_iter()
             .map(|p| simulate(p, profile, SimulationOptions::default()).map(|s| s.iteration_ms))
@@ -253,24 +235,12 @@ pub fn search(
     }
     let mut plan = candidates[chosen].clone();
     plan.selection = Some(Selection {
-        chosen_by: if opts.rank_by_simulation {
-            "simulation"
-        } else {
-            "estimate"
-        }
-        .into(),
+        chosen_by: if ranking { "simulation" } else { "estimate" }.into(),
         candidates: candidates.len() as u32,
         simulated_ms,
         estimate_rank: chosen as u32,
     });
-    if !opts.candidates {
-        candidates.clear();
-    }
-    Ok(SearchResult {
-        plan,
-        stats,
-        candidates,
-    })
+    Ok(SearchResult { plan, stats })
 }
 
 /// Why no plan came out: either no plan of the space uses every GPU with
@@ -910,7 +880,7 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
 mod tests {
     use super::*;
     use crate::cost::smallest_slice;
-    use crate::plan::evaluate;
+    use crate::plan::{evaluate, PlanOptions};
     use crate::profile::{Layer, Measurement, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
