@@ -417,6 +417,8 @@ pub struct StageCoster<'a> {
 /// The cost of one computation stage on its devices.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageCost {
+    /// Samples per replica of a micro-batch (the largest slice when uneven).
+    pub slice: u32,
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     /// Full AllReduce time of the stage's gradients.
@@ -497,6 +499,7 @@ impl<'a> StageCoster<'a> {
             allreduce
         };
         StageCost {
+            slice,
             fwd_ms,
             bwd_ms,
             allreduce_ms: allreduce,

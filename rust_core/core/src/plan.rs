@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{
-    alloc_size, pipeline_latency, smallest_slice, Alloc, Cluster, PipeStage, StageCoster,
-    WarmupPolicy,
+    alloc_size, pipeline_latency, smallest_slice, Alloc, Cluster, PipeStage, StageCost,
+    StageCoster, WarmupPolicy,
 };
 use crate::error::{Error, Result};
 use crate::format::{parse_versioned, to_json};
@@ -299,11 +299,50 @@ pub fn blocks_per_stage(profile: &Profile, plan: &Plan) -> Vec<usize> {
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
-    let (allocs, _) = check(plan, profile)?;
+    with_coster(plan, profile, |coster, allocs, _| {
+        estimate_stages(coster, plan, allocs)
+    })
+}
+
+/// Check `plan` against `profile`, then run `f` with the stage coster of the
+/// plan's topology and micro-batching, each stage's GPUs per machine and the
+/// warm-up policy: the setup that estimating and simulating share.
+pub(crate) fn with_coster<R>(
+    plan: &Plan,
+    profile: &Profile,
+    f: impl FnOnce(&StageCoster, &[Alloc], WarmupPolicy) -> R,
+) -> Result<R> {
+    let (allocs, policy) = check(plan, profile)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(&plan.inputs.topology);
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
-    Ok(estimate_stages(&coster, plan, &allocs))
+    Ok(f(&coster, &allocs, policy))
+}
+
+/// Cost of every stage of a checked plan, and of every transfer between
+/// consecutive stages (`transfers_ms[i]`: between stages i and i+1, each
+/// way). `overlap`: hide a single stage's AllReduce behind its backward.
+pub(crate) fn stage_costs(
+    coster: &StageCoster,
+    plan: &Plan,
+    allocs: &[Alloc],
+    overlap: bool,
+) -> (Vec<StageCost>, Vec<f64>) {
+    let mut stages = Vec::with_capacity(plan.stages.len());
+    let mut transfers_ms = Vec::with_capacity(plan.stages.len().saturating_sub(1));
+    for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
+        if i > 0 {
+            transfers_ms.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
+        }
+        stages.push(coster.stage(
+            s.layer_start,
+            s.layer_end,
+            alloc,
+            s.warmup_micro_batches,
+            overlap,
+        ));
+    }
+    (stages, transfers_ms)
 }
 
 /// Check that `plan` can run `profile` on its topology; returns each
@@ -446,13 +485,13 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
 
 /// Cost a plan whose stages have already been checked.
 pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc]) -> Estimate {
-    let only = plan.stages.len() == 1;
+    let (costs, transfers_ms) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
     let mut pipe: Vec<PipeStage> = Vec::new();
     let mut stages = Vec::new();
     let mut transfers = Vec::new();
-    for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
+    for (i, (s, c)) in plan.stages.iter().zip(&costs).enumerate() {
         if i > 0 {
-            let t = coster.transfer(s.layer_start, &allocs[i - 1], alloc);
+            let t = transfers_ms[i - 1];
             let bytes = coster.layers.cut_bytes_per_sample(s.layer_start)
                 * f64::from(plan.micro_batch_size);
             transfers.push(TransferEstimate {
@@ -462,13 +501,6 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
             });
             pipe.push(PipeStage::transfer(t));
         }
-        let c = coster.stage(
-            s.layer_start,
-            s.layer_end,
-            alloc,
-            s.warmup_micro_batches,
-            only,
-        );
         pipe.push(c.as_pipe_stage());
         stages.push(StageEstimate {
             fwd_ms: c.fwd_ms,
@@ -477,7 +509,7 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
             exposed_allreduce_ms: c.exposed_allreduce_ms,
             memory_bytes: c.memory_bytes,
             memory_limit_bytes: c.memory_limit_bytes,
-            slice_size: crate::cost::largest_slice(plan.micro_batch_size, alloc_size(alloc)),
+            slice_size: c.slice,
         });
     }
     let lat = pipeline_latency(&pipe, plan.micro_batches);

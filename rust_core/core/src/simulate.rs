@@ -10,10 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{largest_slice, Cluster, StageCoster};
 use crate::error::{Error, Result};
-use crate::plan::{check, Plan};
-use crate::profile::{LayerCosts, Profile};
+use crate::plan::{stage_costs, with_coster, Plan};
+use crate::profile::Profile;
 use crate::schedule::{ActionKind, Schedule, ScheduleKind};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
@@ -280,40 +279,32 @@ impl Default for SimulationOptions {
 
 /// Simulate a plan with the same stage costs the estimate uses.
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
-    let (allocs, policy) = check(plan, profile)?;
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(&plan.inputs.topology);
-    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
     let s_count = plan.stages.len();
-    let overlap = s_count == 1 && opts.overlap_allreduce;
-    let mut stages = Vec::with_capacity(s_count);
-    let mut transfers = Vec::with_capacity(s_count.saturating_sub(1));
-    for (i, (s, alloc)) in plan.stages.iter().zip(&allocs).enumerate() {
-        if i > 0 {
-            transfers.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
-        }
-        let c = coster.stage(
-            s.layer_start,
-            s.layer_end,
-            alloc,
-            s.warmup_micro_batches,
-            overlap,
-        );
-        let slice = f64::from(largest_slice(
-            plan.micro_batch_size,
-            crate::cost::alloc_size(alloc),
-        ));
-        stages.push(SimStage {
-            fwd_ms: c.fwd_ms,
-            bwd_ms: c.bwd_ms,
-            allreduce_ms: c.exposed_allreduce_ms,
-            optimizer_ms: 0.0,
-            model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
-            stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
-            input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
-            memory_limit_bytes: c.memory_limit_bytes,
-        });
-    }
+    let (stages, transfers, policy) = with_coster(plan, profile, |coster, allocs, policy| {
+        let overlap = s_count == 1 && opts.overlap_allreduce;
+        let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
+        let layers = coster.layers;
+        let stages: Vec<SimStage> = plan
+            .stages
+            .iter()
+            .zip(&costs)
+            .map(|(s, c)| {
+                let slice = f64::from(c.slice);
+                SimStage {
+                    fwd_ms: c.fwd_ms,
+                    bwd_ms: c.bwd_ms,
+                    allreduce_ms: c.exposed_allreduce_ms,
+                    optimizer_ms: 0.0,
+                    model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
+                    stored_bytes: slice
+                        * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
+                    input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
+                    memory_limit_bytes: c.memory_limit_bytes,
+                }
+            })
+            .collect();
+        (stages, transfers, policy)
+    })?;
     let schedule = match opts.schedule.map_or_else(|| plan.schedule_kind(), Ok)? {
         ScheduleKind::EarlyBackward1F1B => {
             Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)?
