@@ -354,8 +354,6 @@ struct Dp<'c, 'a> {
     states: Vec<StateData>,
     /// index[j]: state id of each cluster state whose suffix starts at layer j.
     index: Vec<HashMap<State, u32>>,
-    /// by_start[j]: states whose suffix starts at layer j.
-    by_start: Vec<Vec<u32>>,
     entries: Vec<Entry>,
     stages_costed: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
@@ -428,7 +426,6 @@ impl<'c, 'a> Dp<'c, 'a> {
             incumbent,
             states: Vec::new(),
             index: vec![HashMap::new(); n + 1],
-            by_start: vec![Vec::new(); n + 1],
             entries: Vec::new(),
             stages_costed: 0,
             fwd_floor,
@@ -468,6 +465,14 @@ impl<'c, 'a> Dp<'c, 'a> {
         floor <= self.incumbent() * (1.0 + 1e-12)
     }
 
+    /// Ids of the states whose suffix starts at layer `j`, in creation order
+    /// (ids grow as states are made, so sorting restores it).
+    fn states_starting_at(&self, j: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.index[j].values().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     fn state_id(&mut self, start: usize, key: &State) -> u32 {
         if let Some(&id) = self.index[start].get(key) {
             return id;
@@ -478,7 +483,6 @@ impl<'c, 'a> Dp<'c, 'a> {
             key: key.clone(),
             front: Vec::new(),
         });
-        self.by_start[start].push(id);
         id
     }
 
@@ -544,12 +548,12 @@ impl<'c, 'a> Dp<'c, 'a> {
             self.seed_incumbent(&machines, max_replicas);
         }
         for j in (1..=n).rev() {
-            let ids = self.by_start[j].clone();
-            for sid in ids {
+            for sid in self.states_starting_at(j) {
                 self.expand_state(sid, j, max_replicas);
             }
         }
-        let finals: Vec<u32> = self.by_start[0]
+        let finals: Vec<u32> = self
+            .states_starting_at(0)
             .iter()
             .flat_map(|&s| self.states[s as usize].front.clone())
             .collect();
