@@ -697,22 +697,16 @@ impl<'c, 'a> Dp<'c, 'a> {
             // Grow the new stage i..j one layer at a time. Its time and memory
             // only grow, so once it alone is slower than the best plan known or
             // does not fit, no larger stage will.
-            for i in (0..j).rev() {
-                let valid = if i == 0 {
-                    opt.replicas == free
-                } else {
-                    // Layers 0..i need at least one of the remaining GPUs and
-                    // cannot use more than i * max_replicas of them.
-                    opt.replicas < free && free - opt.replicas <= i as u32 * max_replicas
-                };
-                if !valid {
-                    if opt.replicas < free
-                        && (i == 0 || free - opt.replicas > i as u32 * max_replicas)
-                    {
-                        break; // fewer layers left cannot use the GPUs left either
-                    }
-                    continue;
-                }
+            // Where the stage may start: it takes every GPU left and starts
+            // at layer 0, or layers 0..i need at least one of the GPUs left
+            // and cannot use more than i * max_replicas of them.
+            let starts = if opt.replicas == free {
+                0..=0
+            } else {
+                let left = free - opt.replicas;
+                (left.div_ceil(max_replicas).max(1) as usize)..=j - 1
+            };
+            for i in starts.rev() {
                 let mut next: Option<u32> = None;
                 let mut cached: Option<(u32, crate::cost::StageCost)> = None;
                 let mut stop_growing = false;
