@@ -21,6 +21,27 @@ pub fn parse_versioned<T: DeserializeOwned>(
     let obj = value.as_object().ok_or_else(|| {
         Error::invalid(format!("expected a JSON object for a {format_name} file"))
     })?;
+    check_envelope(obj, format_name, supported)?;
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(value, &mut track);
+    T::deserialize(de).map_err(|e| {
+        let path = track.path().to_string();
+        let msg = e.to_string();
+        if path.is_empty() || path == "." {
+            Error::invalid(msg)
+        } else {
+            Error::field(path, msg)
+        }
+    })
+}
+
+/// Check the `format` and `schema_version` of a file's top-level object (or
+/// of a file embedded in another, such as a plan's topology).
+pub fn check_envelope(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    format_name: &str,
+    supported: &[u32],
+) -> Result<()> {
     match obj.get("format") {
         Some(serde_json::Value::String(f)) if f == format_name => {}
         Some(other) => {
@@ -62,17 +83,7 @@ pub fn parse_versioned<T: DeserializeOwned>(
         }
         None => return Err(Error::field("schema_version", "missing")),
     }
-    let mut track = serde_path_to_error::Track::new();
-    let de = serde_path_to_error::Deserializer::new(value, &mut track);
-    T::deserialize(de).map_err(|e| {
-        let path = track.path().to_string();
-        let msg = e.to_string();
-        if path.is_empty() || path == "." {
-            Error::invalid(msg)
-        } else {
-            Error::field(path, msg)
-        }
-    })
+    Ok(())
 }
 
 /// Pretty JSON with a trailing newline, the form every writer uses.

@@ -12,7 +12,7 @@ use crate::cost::{
     StageCoster, WarmupPolicy,
 };
 use crate::error::{Error, Result};
-use crate::format::{parse_versioned, to_json};
+use crate::format::{check_envelope, parse_versioned, to_json};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::schedule::ScheduleKind;
 use crate::topology::{Topology, TOPOLOGY_FORMAT, TOPOLOGY_SCHEMA_VERSION};
@@ -212,20 +212,11 @@ impl Plan {
         let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
         // The embedded topology is a topology file of its own: same checks.
         let topology = &p.inputs.topology;
-        if topology.format != TOPOLOGY_FORMAT {
-            return Err(Error::field(
-                "inputs.topology.format",
-                format!("value {:?} is not {TOPOLOGY_FORMAT:?}", topology.format),
-            ));
-        }
-        if topology.schema_version != TOPOLOGY_SCHEMA_VERSION {
-            return Err(Error::field(
-                "inputs.topology.schema_version",
-                format!(
-                    "value {} is not supported by this dapple (supported: {TOPOLOGY_SCHEMA_VERSION})",
-                    topology.schema_version
-                ),
-            ));
+        if let serde_json::Value::Object(obj) =
+            serde_json::to_value(topology).expect("plain data always serializes")
+        {
+            check_envelope(&obj, TOPOLOGY_FORMAT, &[TOPOLOGY_SCHEMA_VERSION])
+                .map_err(|e| e.under("inputs.topology"))?;
         }
         topology
             .validate()
