@@ -7,6 +7,7 @@ import click
 import planner
 
 from .options import reports_errors
+from .profile_model import profile_model_command
 
 
 @click.group("profile")
@@ -48,7 +49,5 @@ def import_artifact(
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)
 
-
-from .profile_model import profile_model_command  # noqa: E402 - registered last
 
 profile_group.add_command(profile_model_command, "model")

@@ -7,6 +7,7 @@ import click
 import planner
 
 from .options import json_option, reports_errors
+from .topology_measure import topology_measure_command
 
 
 @click.group("topology")
@@ -27,7 +28,5 @@ def show(spec, as_json):
     click.echo(f"{topo.name}: {topo.num_devices} GPUs")
     click.echo(topo.describe())
 
-
-from .topology_measure import topology_measure_command  # noqa: E402 - registered last
 
 topology_group.add_command(topology_measure_command, "measure")
