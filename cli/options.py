@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import sys
@@ -69,6 +70,61 @@ def profile_for(plan: planner.Plan, plan_path: str, profile_path: str | None) ->
     if not os.path.exists(path):
         raise DappleIOError(f"{plan_path}: field inputs.profile_path: value {path!r}: no such file; pass --profile")
     return planner.Profile.load(path)
+
+
+class PositiveIntList(click.ParamType):
+    """Comma-separated positive integers, e.g. ``1,2,4,8``; sorted, duplicates dropped."""
+
+    name = "SIZES"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        parts = [p.strip() for p in str(value).split(",")]
+        try:
+            sizes = [int(p) for p in parts]
+        except ValueError:
+            sizes = None
+        if not sizes or any(b < 1 for b in sizes):
+            self.fail(f"{value!r} is not a comma-separated list of positive integers, e.g. 1,2,4,8", param, ctx)
+        return sorted(set(sizes))
+
+
+def model_options(f):
+    """--model MODULE:FUNCTION and repeatable --model-arg KEY=VALUE."""
+    f = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+                     help="Argument for the factory, repeatable, e.g. --model-arg n_layers=8 "
+                          "(values are Python literals).")(f)
+    return click.option("--model", "model_spec", required=True, metavar="MODULE:FUNCTION",
+                        help="Model factory returning a planner.runtime.models.ModelSpec, e.g. "
+                             "planner.runtime.models:gpt (also :bert, :vgg, :hf_gpt2 with transformers "
+                             "installed).")(f)
+
+
+def model_kwargs(values: tuple[str, ...]) -> dict:
+    """The factory's keyword arguments from --model-arg KEY=VALUE items
+    (a value that is not a Python literal is a plain string)."""
+    kwargs = {}
+    for item in values:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--model-arg'")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = text.strip()
+    return kwargs
+
+
+def require_torch(command: str):
+    """torch, or an invalid-input error saying that ``command`` needs it."""
+    try:
+        import torch
+    except ImportError as e:
+        raise InvalidInputError(
+            f"dapple {command} needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
+        ) from None
+    return torch
 
 
 def json_option(f):

@@ -2,53 +2,14 @@
 
 from __future__ import annotations
 
-import ast
-
 import click
 
-from planner.errors import InvalidInputError
-
-from .options import reports_errors
-
-
-class BatchSizes(click.ParamType):
-    """Comma-separated positive integers, e.g. ``1,2,4,8``; sorted, duplicates dropped."""
-
-    name = "SIZES"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        parts = [p.strip() for p in str(value).split(",")]
-        try:
-            sizes = [int(p) for p in parts]
-        except ValueError:
-            sizes = None
-        if not sizes or any(b < 1 for b in sizes):
-            self.fail(f"{value!r} is not a comma-separated list of positive integers, e.g. 1,2,4,8", param, ctx)
-        return sorted(set(sizes))
-
-
-def _model_args(values: tuple[str, ...]) -> dict:
-    kwargs = {}
-    for item in values:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--model-arg'")
-        try:
-            kwargs[key.strip()] = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            kwargs[key.strip()] = text.strip()  # a plain string
-    return kwargs
+from .options import PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("model")
-@click.option("--model", "model_spec", required=True, metavar="MODULE:FUNCTION",
-              help="Model factory returning a planner.runtime.models.ModelSpec, e.g. planner.runtime.models:gpt "
-                   "(also :bert, :vgg, :hf_gpt2 with transformers installed).")
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
-              help="Argument for the factory, repeatable, e.g. --model-arg n_layers=8 (values are Python literals).")
-@click.option("--batch-sizes", required=True, type=BatchSizes(), help="Batch sizes to measure, e.g. 1,2,4,8.")
+@model_options
+@click.option("--batch-sizes", required=True, type=PositiveIntList(), help="Batch sizes to measure, e.g. 1,2,4,8.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs per layer (median kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs before them.")
@@ -64,13 +25,8 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, 
     Every layer runs on real tensors (the previous layer's output), at each
     batch size; the profile is ready for `dapple plan`.
     """
-    kwargs = _model_args(model_args)
-    try:
-        import torch  # noqa: F401
-    except ImportError as e:
-        raise InvalidInputError(
-            f"dapple profile model needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
-        ) from None
+    kwargs = model_kwargs(model_args)
+    require_torch("profile model")
     from planner.profiler import check_device, profile_model
     from planner.runtime.models import load_model
 

@@ -15,16 +15,12 @@ import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import write_atomic
 
-from .options import reports_errors
-from .profile_model import _model_args
+from .options import model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("run")
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="Plan JSON (dapple.plan).")
-@click.option("--model", "model_spec", required=True, metavar="MODULE:FUNCTION",
-              help="Model factory returning a planner.runtime.models.ModelSpec, e.g. planner.runtime.models:gpt.")
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
-              help="Argument for the factory, repeatable, e.g. --model-arg n_layers=2 (values are Python literals).")
+@model_options
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Total training steps (including resumed ones).")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Learning rate.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
@@ -60,14 +56,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     """
     if (checkpoint_every or resume) and not checkpoint_dir:
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
-    kwargs = _model_args(model_args)
-
-    try:
-        import torch
-    except ImportError as e:
-        raise InvalidInputError(
-            f"dapple run needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
-        ) from None
+    kwargs = model_kwargs(model_args)
+    torch = require_torch("run")
 
     from planner.profiler import check_device
     from planner.runtime import checkpoint as ckpt

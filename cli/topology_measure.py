@@ -11,14 +11,13 @@ import planner
 from planner.errors import InvalidInputError
 from planner.files import write_atomic
 
-from .options import reports_errors
-from .profile_model import BatchSizes
+from .options import PositiveIntList, reports_errors, require_torch
 
 
 @click.command("measure")
 @click.option("--processes", type=click.IntRange(min=2), default=2, show_default=True,
               help="Local gloo processes, the 'GPUs' of the topology.")
-@click.option("--sizes-kib", "sizes_kib", type=BatchSizes(), default="4,64,1024,4096,16384", show_default=True,
+@click.option("--sizes-kib", "sizes_kib", type=PositiveIntList(), default="4,64,1024,4096,16384", show_default=True,
               help="Message sizes to time, in KiB.")
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed messages per size (median kept).")
@@ -34,12 +33,7 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
     The table on stderr also shows each AllReduce against the cost model's
     ring formula on the fitted link.
     """
-    try:
-        import torch  # noqa: F401
-    except ImportError as e:
-        raise InvalidInputError(
-            f"dapple topology measure needs torch, which is not installed ({e}); pip install 'dapple[torch]'"
-        ) from None
+    require_torch("topology measure")
     from planner.runtime.links import measure_links, topology_of
 
     try:
