@@ -13,7 +13,7 @@ import click
 
 import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
-from planner.files import write_atomic
+from planner.files import check_writable, write_atomic
 
 from .options import model_kwargs, model_options, reports_errors, require_torch
 
@@ -57,6 +57,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     if (checkpoint_every or resume) and not checkpoint_dir:
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
     kwargs = model_kwargs(model_args)
+    if metrics_path:
+        check_writable(metrics_path)  # before the run, not after it
     torch = require_torch("run")
 
     from planner.profiler import check_device

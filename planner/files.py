@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from .errors import DappleIOError
 
@@ -22,6 +23,25 @@ def read_text(path: str | os.PathLike) -> str:
         raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
 
 
+def _temp_beside(path: str | os.PathLike) -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder (open descriptor, name)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail now, as :func:`write_atomic` would later, when ``path`` cannot be
+    written (a missing or read-only folder): for outputs written at the end
+    of long work."""
+    fd, tmp = _temp_beside(path)
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) so that readers see the old file or the new one."""
     write_atomic_bytes(path, text.encode("utf-8"))
@@ -29,21 +49,23 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_atomic_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new
-    one, never a half-written one: write a temporary file beside it, flush it
-    to disk, then rename it over the target."""
+    one, never a half-written one."""
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path``, flush it to
+    disk, then rename it over ``path``: readers see the old file or the new
+    one. On any error the temporary file is removed."""
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    fd, tmp = _temp_beside(path)
     try:
         # mkstemp makes the file private; give it the mode a plain open() would.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

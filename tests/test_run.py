@@ -314,3 +314,10 @@ def test_killed_worker_fails_the_run(files, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_unwritable_metrics_fail_before_the_run(files, tmp_path):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1000, "--metrics", tmp_path / "no" / "m.json")
+    assert res.returncode == 6, res.stderr
+    assert "cannot write" in one_error_line(res.stderr)
+    assert "step 1/" not in res.stderr  # no step ran

@@ -14,12 +14,11 @@ step it names is complete.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
 
 from ..errors import InvalidInputError
-from ..files import read_text, write_atomic
+from ..files import read_text, write_atomic, write_atomic_with
 
 LATEST = "latest"
 
@@ -34,22 +33,9 @@ def rank_file(root: str, step: int, rank: int) -> str:
 
 def save_rank(root: str, step: int, rank: int, state: dict) -> str:
     """Write ``state`` to ``D/step-<step>/rank-<rank>.pt`` atomically."""
-    folder = step_dir(root, step)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(step_dir(root, step), exist_ok=True)
     target = rank_file(root, step, rank)
-    fd, tmp = tempfile.mkstemp(prefix=f".rank-{rank}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic_with(target, lambda f: torch.save(state, f))
     return target
 
 
