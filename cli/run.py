@@ -79,7 +79,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     spec = load_model(model_spec, **kwargs)
     n_layers = len(spec.layers)
     if lay.layer_ranges[-1][1] != n_layers:
-        raise planner.IncompatibleInputsError(
+        raise IncompatibleInputsError(
             f"{plan_path}: the plan's stages end at layer {lay.layer_ranges[-1][1]}, {model_spec} has {n_layers} layers"
         )
 
