@@ -10,7 +10,7 @@ from rich.table import Table
 
 import planner
 
-from .options import json_option, profile_option, reports_errors, topology_option
+from .options import json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import GIB, console
 
 
@@ -20,16 +20,23 @@ from .render import GIB, console
 @click.option("--global-batch-size", type=click.IntRange(min=1), required=True, help="Samples per iteration.")
 @click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
+@warmup_policy_option
 @json_option
 @reports_errors
-def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, as_json):
+def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, warmup_policy, as_json):
     """Compare strategies by simulated iteration time."""
-    rows = planner.compare(profile_path, topology, global_batch_size, min_micro_batch_size=min_micro_batch_size)
+    rows = planner.compare(
+        profile_path,
+        topology,
+        global_batch_size,
+        min_micro_batch_size=min_micro_batch_size,
+        warmup_policy=warmup_policy,
+    )
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=1))
         return
     t = Table(show_edge=False, pad_edge=False)
-    for col in ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "estimate ms", "speedup", "peak GiB"]:
+    for col in ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "bound ms", "speedup", "peak GiB"]:
         t.add_column(col, justify="left" if col in ("strategy", "plan", "schedule") else "right")
     for r in rows:
         if r.error:

@@ -127,6 +127,17 @@ def require_torch(command: str):
     return torch
 
 
+def warmup_policy_option(f):
+    return click.option(
+        "--warmup-policy",
+        type=click.Choice(planner.WARMUP_POLICIES, case_sensitive=False),
+        default=planner.WARMUP_POLICIES[0],
+        show_default=True,
+        help="Warm-up depth K_i of each stage: auto = searched per stage within memory; "
+        "A = S-i, B = 2(S-i)-1 micro-batches (section V-C).",
+    )(f)
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")(f)
 

@@ -6,7 +6,7 @@ import click
 
 import planner
 
-from .options import json_option, profile_option, reports_errors, topology_option
+from .options import json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import plan_table
 
 
@@ -19,15 +19,14 @@ from .render import plan_table
     default=None,
     help="Samples per iteration. Default: the profile's largest measured batch size times the number of GPUs.",
 )
-@click.option("--warmup-policy", type=click.Choice(["A", "B"]), default="A", show_default=True,
-              help="Warm-up depth K_i: A = S-i, B = 2(S-i)-1 micro-batches (section V-C).")
+@warmup_policy_option
 @click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
               "auto: full up to 16 GPUs.")
-@click.option("--simulate", "rank_by_simulation", is_flag=True,
-              help="Simulate the best plan of every micro-batch size and keep the fastest simulated one.")
+@click.option("--simulate", "simulate_flag", is_flag=True,
+              help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @json_option
 @reports_errors
@@ -38,11 +37,11 @@ def plan_command(
     warmup_policy,
     min_micro_batch_size,
     search_space,
-    rank_by_simulation,
+    simulate_flag,
     out_path,
     as_json,
 ):
-    """Find the plan with the smallest estimated iteration time."""
+    """Find the plan with the shortest simulated iteration time."""
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
     if global_batch_size is None:
@@ -55,7 +54,6 @@ def plan_command(
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
-        simulate=rank_by_simulation,
     )
     if out_path:
         result.save(out_path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from rich.console import Console
 from rich.table import Table
 
-from planner import Plan, Profile
+from planner import Plan, Profile, Topology
 from planner.plan import device_ranges
 
 GIB = float(1 << 30)
@@ -29,7 +31,8 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
     if blocks and any(blocks):
         out.print("split (model layers per stage): " + ":".join(str(b) for b in blocks))
     t = Table(show_edge=False, pad_edge=False)
-    for col in ["stage", "layers", "GPUs", "K", "fwd ms", "bwd ms", "allreduce ms", "memory GiB", "placement"]:
+    columns = ["stage", "layers", "GPUs", "K", "fwd ms", "bwd ms", "allreduce ms", "bubble ms", "memory GiB", "placement"]
+    for col in columns:
         t.add_column(col, justify="left" if col in ("layers", "GPUs", "placement") else "right")
     for i, s in enumerate(plan.stages):
         e = est["stages"][i] if est else {}
@@ -38,6 +41,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             first = profile.layers[s["layer_start"]]["name"]
             last = profile.layers[s["layer_end"] - 1]["name"]
             names = f" ({_short(first)} .. {_short(last)})"
+        bubble = e.get("bubble_ms")
         t.add_row(
             str(i),
             f"{s['layer_start']}-{s['layer_end'] - 1}{names}",
@@ -46,6 +50,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             f"{e.get('fwd_ms', 0):.2f}",
             f"{e.get('bwd_ms', 0):.2f}",
             f"{e.get('exposed_allreduce_ms', 0):.2f}",
+            "-" if bubble is None else f"{bubble:.1f}",
             f"{e.get('memory_bytes', 0) / GIB:.2f} / {e.get('memory_limit_bytes', 0) / GIB:.0f}",
             s.get("placement") or "",
         )
@@ -54,24 +59,36 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         for i, tr in enumerate(est["transfers"]):
             out.print(f"transfer {i}->{i + 1}: {tr['bytes'] / 1e6:.2f} MB per micro-batch, {tr['fwd_ms']:.2f} ms each way")
         out.print(
-            f"iteration {est['latency_ms']:.1f} ms = warm-up {est['warmup_ms']:.1f} + steady {est['steady_ms']:.1f} "
-            f"+ ending {est['ending_ms']:.1f} (pivot {est['pivot']['kind']} {est['pivot']['index']}); "
-            f"speedup {est['speedup']:.2f}x over one GPU, {est['samples_per_second']:.1f} samples/s, "
-            f"peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
+            f"iteration {plan.iteration_ms:.1f} ms (simulated); speedup {est['speedup']:.2f}x over one GPU, "
+            f"{est['samples_per_second']:.1f} samples/s, peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
             + ("" if est["fits_memory"] else "  ** DOES NOT FIT IN MEMORY **")
         )
+        out.print(
+            f"formula (2) lower bound {est['latency_ms']:.1f} ms = warm-up {est['warmup_ms']:.1f} "
+            f"+ steady {est['steady_ms']:.1f} + ending {est['ending_ms']:.1f} "
+            f"(pivot {est['pivot']['kind']} {est['pivot']['index']})"
+        )
         sel = plan.data.get("selection")
-        if sel and sel["chosen_by"] == "simulation":
+        if sel and sel.get("lower_bound_ms"):
+            gap = (sel["simulated_ms"] / sel["lower_bound_ms"] - 1.0) * 100.0
+            verdict = (
+                "no plan of the search space simulates faster (every plan whose bound is below it was simulated)"
+                if sel.get("optimal")
+                else "the fastest found: the search stopped at its budget before ruling out every other plan"
+            )
             out.print(
-                f"chosen by simulation among {sel['candidates']} candidates (best plan of each micro-batch size): "
-                f"simulated {sel['simulated_ms']:.1f} ms against the estimate's {est['latency_ms']:.1f} ms; "
-                f"rank {sel['estimate_rank'] + 1} by estimate"
+                f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
+                f"({gap:.1f}% below); layout from {sel.get('source', 'search')}"
             )
         if est["paper_pivot"] != est["pivot"]:
             out.print(
                 f"note: the paper's Algorithm 1 picks {est['paper_pivot']['kind']} {est['paper_pivot']['index']} "
                 f"as pivot, giving {est['paper_latency_ms']:.1f} ms; the largest formula value is used"
             )
+        used = sum(len(s["devices"]) for s in plan.stages)
+        total = Topology(json.dumps(plan.data["inputs"]["topology"])).num_devices
+        if used < total:
+            out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
 
 
 def _short(name: str, width: int = 24) -> str:

@@ -31,7 +31,9 @@ def simulate_command(plan_path, profile_path, schedule, recompute, as_json):
         f"{plan.micro_batch_size}, {sim.data['schedule']}{' with re-computation' if recompute else ''}"
     )
     gap = (sim.iteration_ms / est["latency_ms"] - 1.0) * 100.0
-    out.print(f"simulated iteration {sim.iteration_ms:.1f} ms; analytic estimate {est['latency_ms']:.1f} ms ({gap:+.1f}%)")
+    out.print(
+        f"simulated iteration {sim.iteration_ms:.1f} ms; formula (2) lower bound {est['latency_ms']:.1f} ms ({gap:+.1f}%)"
+    )
     for i, st in enumerate(sim.stages):
         out.print(
             f"stage {i}: busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "

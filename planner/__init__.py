@@ -2,7 +2,7 @@
 
     import planner
     p = planner.plan("profiles/bert-48.json", "2x8-nvlink", global_batch_size=64)
-    print(p.shape, p.estimate["latency_ms"])
+    print(p.shape, p.iteration_ms)   # simulated iteration, the planner's objective
 
 Planning needs no torch; the runtime and profiler import it lazily.
 """
@@ -26,7 +26,7 @@ from .errors import (
     InvalidInputError,
     RunFailedError,
 )
-from .plan import Plan, SearchStats, evaluate, plan
+from .plan import WARMUP_POLICIES, Plan, SearchStats, evaluate, plan
 from .profile import Profile, calibrate_stored_activations, import_artifact_profile
 from .simulation import Simulation, simulate
 from .topology import PRESETS, Topology
@@ -46,6 +46,7 @@ __all__ = [
     "SearchStats",
     "Simulation",
     "Topology",
+    "WARMUP_POLICIES",
     "calibrate_stored_activations",
     "baseline",
     "compare",

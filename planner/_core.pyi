@@ -29,13 +29,13 @@ def plan_search(
     topology_text: str,
     global_batch_size: int,
     *,
-    warmup_policy: str = "A",
+    warmup_policy: str = "auto",
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
-    rank_by_simulation: bool = False,
     profile_path: str | None = None,
 ) -> tuple[str, tuple[list[int], int, int]]: ...
+def warmup_policies() -> list[str]: ...
 def plan_simulate(
     plan_text: str,
     profile_text: str,
@@ -52,7 +52,7 @@ def plan_baseline(
     global_batch_size: int,
     *,
     min_micro_batch_size: int | None = None,
-    warmup_policy: str = "A",
+    warmup_policy: str = "auto",
 ) -> str: ...
 def schedule_actions(
     kind: str,

@@ -22,10 +22,11 @@ def baseline(
     global_batch_size: int,
     *,
     min_micro_batch_size: int | None = None,
-    warmup_policy: str = "A",
+    warmup_policy: str = "auto",
 ) -> Plan:
-    """The plan of a baseline strategy (one of ``BASELINES``) at its fastest
-    micro-batch size that fits: data parallelism on every GPU; GPipe and
+    """The plan of a baseline strategy (one of ``BASELINES``) at the
+    micro-batch size (and, under warm-up policy auto, the warm-up depths)
+    whose simulated iteration is shortest and fits: data parallelism on every GPU; GPipe and
     straight pipelines with balanced blocks of layers, one GPU per stage;
     PipeDream's planner (its asynchronous objective), run synchronously."""
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
@@ -65,12 +66,14 @@ def compare(
     global_batch_size: int,
     *,
     min_micro_batch_size: int | None = None,
+    warmup_policy: str = "auto",
     searched: Plan | None = None,
 ) -> list[Row]:
     """One row per strategy: DAPPLE's searched plan, data parallelism
     without and with AllReduce overlap, GPipe, a straight pipeline and
     PipeDream's planner. Times are simulated iterations; speedups are over
-    one GPU running every micro-batch in turn. ``searched``: the result of
+    one GPU running every micro-batch in turn. ``warmup_policy`` applies to
+    DAPPLE's plan and to every early-backward baseline. ``searched``: the result of
     :func:`planner.plan` for the same inputs, when the caller has it already
     (the search is the expensive part)."""
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
@@ -78,8 +81,12 @@ def compare(
 
     def make(kind: str) -> Plan:
         if kind == "dapple":
-            return plan(prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size)
-        return baseline(kind, prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size)
+            return plan(
+                prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size, warmup_policy=warmup_policy
+            )
+        return baseline(
+            kind, prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size, warmup_policy=warmup_policy
+        )
 
     # (row name, strategy, AllReduce overlap): the data-parallel plan is
     # simulated twice, without and with overlap, from one search.

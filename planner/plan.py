@@ -12,6 +12,10 @@ from .profile import Profile
 from .topology import Topology
 
 
+#: Warm-up policies, the default first: "auto" (K_i searched per stage), "A", "B".
+WARMUP_POLICIES: tuple[str, ...] = tuple(_core.warmup_policies())
+
+
 @dataclass(frozen=True)
 class SearchStats:
     micro_batch_sizes: list[int]
@@ -47,6 +51,17 @@ class Plan:
     @property
     def estimate(self) -> dict | None:
         return self.data.get("estimate")
+
+    @property
+    def iteration_ms(self) -> float | None:
+        """Simulated time of one iteration: the plan's headline and what the
+        planner minimises (formula (2), ``estimate["latency_ms"]``, is its
+        lower bound). None for a plan without an estimate; version 1 plans,
+        which were not simulated, give their formula value."""
+        est = self.estimate
+        if est is None:
+            return None
+        return est.get("iteration_ms", est["latency_ms"])
 
     @property
     def micro_batch_size(self) -> int:
@@ -92,23 +107,24 @@ def plan(
     topology: Topology | str,
     global_batch_size: int,
     *,
-    warmup_policy: str = "A",
+    warmup_policy: str = "auto",
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
-    simulate: bool = False,
 ) -> Plan:
-    """Search the plan with the smallest estimated iteration time.
+    """Search the plan with the shortest simulated iteration that fits in memory.
 
     ``profile``: a Profile or a profile JSON path. ``topology``: a Topology,
     a spec such as ``"2x8-nvlink"``, a preset ``"A"``/``"B"``/``"C"`` or a
     topology JSON path. Raises :class:`planner.errors.InfeasibleError` when no
     plan fits in memory, with the smallest memory need found.
+    ``warmup_policy``: "auto" (each stage's warm-up depth K_i searched), or
+    the fixed "A" (K_i = S - i) or "B" (K_i = 2(S - i) - 1).
     ``search_space``: "full" (every replication and placement), "machine-
     aligned" (stages of a divisor of a machine or whole machines) or "auto"
-    (full up to 16 GPUs). ``simulate``: simulate the best plan of every
-    micro-batch size and keep the fastest simulated one (the plan's
-    ``selection`` records both numbers).
+    (full up to 16 GPUs). The plan's ``selection`` says how it was chosen:
+    its simulated time, the smallest bound of the space and whether the
+    search proved it optimal (``docs/cost-model.md``).
     """
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
@@ -120,7 +136,6 @@ def plan(
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
-        rank_by_simulation=simulate,
         profile_path=prof.path,
     )
     return Plan(text, SearchStats(list(sizes), states, costed))

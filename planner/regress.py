@@ -1,15 +1,15 @@
 """Plan-quality regression suites: plan every case, compare with recorded times.
 
-A suite file (JSON, format ``dapple.regress-suite``, schema_version 1)::
+A suite file (JSON, format ``dapple.regress-suite``, schema_version 2)::
 
-    {"format": "dapple.regress-suite", "schema_version": 1,
+    {"format": "dapple.regress-suite", "schema_version": 2,
      "tolerance": 0.01,
      "cases": [{"name": "bert-48 A", "profile": "../artifact/bert-48-pbs-2.json",
                 "topology": "A", "global_batch_size": 64,
                 "expected_ms": 834.43, "expected_shape": "8:8"}]}
 
 ``profile`` paths are relative to the suite file. A case fails when its plan's
-estimated iteration is more than ``tolerance`` (a fraction; per case or
+simulated iteration is more than ``tolerance`` (a fraction; per case or
 suite-wide) slower than ``expected_ms``, or when no plan is found. A faster
 plan passes and is reported, so that ``--update`` can record it.
 """
@@ -28,7 +28,9 @@ from .plan import plan
 from .profile import Profile
 
 SUITE_FORMAT = "dapple.regress-suite"
-SUITE_VERSION = 1
+# Version 2: expected_ms is the plan's simulated iteration (version 1 held
+# formula (2) estimates, which are lower; its times cannot be compared).
+SUITE_VERSION = 2
 CASE_FIELDS = {"name", "profile", "topology", "global_batch_size", "expected_ms", "expected_shape", "tolerance",
                "min_micro_batch_size"}
 
@@ -59,8 +61,15 @@ def load_suite(path: str | os.PathLike) -> dict:
     if suite.get("format") != SUITE_FORMAT:
         raise InvalidInputError(f"{path}: field format: value {suite.get('format')!r} is not {SUITE_FORMAT!r}")
     if suite.get("schema_version") != SUITE_VERSION:
+        hint = (
+            ": version 1 recorded formula (2) estimates, version 2 simulated iterations; "
+            "set it to 2 and re-record with dapple regress --update"
+            if suite.get("schema_version") == 1
+            else ""
+        )
         raise InvalidInputError(
-            f"{path}: field schema_version: value {suite.get('schema_version')!r} is not supported (supported: 1)"
+            f"{path}: field schema_version: value {suite.get('schema_version')!r} is not supported "
+            f"(supported: {SUITE_VERSION}){hint}"
         )
     unknown = set(suite) - {"format", "schema_version", "tolerance", "cases", "about"}
     if unknown:
@@ -125,7 +134,7 @@ def run_suite(path: str | os.PathLike, suite: dict | None = None) -> list[Outcom
             continue
         except DappleError as e:
             raise type(e)(f"{path}: case {case['name']!r}: {e}", code=e.code) from None
-        actual = p.estimate["latency_ms"]
+        actual = p.iteration_ms
         if expected is None:
             status = "new"
         elif actual > expected * (1 + tol):

@@ -1,9 +1,12 @@
 """Table V of the paper, configuration A, from the shipped artifact profiles.
 
-Stage shapes must match the paper. Splits that differ by more than one
-model layer are explained, with the cost terms that move them, in
-docs/paper-comparison.md; they are listed here so that a change in them is
-noticed and the document updated.
+Stage shapes must match the paper, or, where the planner's simulated optimum
+has another shape (listed here and explained with the numbers in
+docs/paper-comparison.md), the paper's shape as the formula-(2) search under
+policies A and B finds it must simulate slower than our plan. Splits that
+differ by more than one model layer are explained, with the cost terms that
+move them, in the same document; they are listed here so that a change in
+them is noticed and the document updated.
 """
 
 import json
@@ -15,7 +18,9 @@ import planner
 from conftest import PROFILES, SHARED
 
 # Splits documented in docs/paper-comparison.md as differing from the paper.
-DOCUMENTED_SPLIT_DIFFERENCES = {"GNMT-16", "BERT-48", "AmoebaNet-36"}
+DOCUMENTED_SPLIT_DIFFERENCES = {"GNMT-16", "BERT-48"}
+# Shapes whose simulated optimum differs from the paper's (same document).
+DOCUMENTED_SHAPE_DIFFERENCES = {"AmoebaNet-36"}
 
 REFERENCE = SHARED / "reference" / "dapple-paper-results.json"
 
@@ -48,6 +53,13 @@ def test_config_a_shape_matches_the_paper(model):
     row = next(r for r in config_a_rows() if r["model"] == model)
     prof = planner.Profile.load(PROFILES / f"{FILES[model]}.json")
     p = planner.plan(prof, "A", row["gbs"])
+    if model in DOCUMENTED_SHAPE_DIFFERENCES:
+        assert p.shape != paper_shape(row), f"{model} has the paper's shape again: update the docs"
+        for policy in ("A", "B"):
+            fixed = planner.plan(prof, "A", row["gbs"], warmup_policy=policy)
+            assert fixed.shape == paper_shape(row)
+            assert p.iteration_ms < fixed.iteration_ms, (policy, p.iteration_ms, fixed.iteration_ms)
+        return
     assert p.shape == paper_shape(row)
     if "split" in row:
         ours = p.blocks_per_stage(prof)

@@ -8,7 +8,7 @@ SUITE = ROOT / "profiles" / "regress" / "paper-table-v.json"
 
 
 def write_suite(tmp_path, cases, **extra):
-    suite = {"format": "dapple.regress-suite", "schema_version": 1, "tolerance": 0.01, "cases": cases, **extra}
+    suite = {"format": "dapple.regress-suite", "schema_version": 2, "tolerance": 0.01, "cases": cases, **extra}
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(suite))
     return path
@@ -38,9 +38,9 @@ def test_a_worsened_plan_fails_with_a_readable_diff(dapple, tmp_path):
 
 
 def test_infeasible_case_fails(dapple, tmp_path):
-    # The same cluster with 1 GiB GPUs: BERT-48 fits nowhere.
+    # The same cluster with 128 MiB GPUs: no BERT-48 layer fits in one.
     topo = json.loads(dapple("topology", "show", "A", "--json").stdout)
-    topo["machine_groups"][0]["gpu"]["memory_bytes"] = 2**30
+    topo["machine_groups"][0]["gpu"]["memory_bytes"] = 2**27
     small = tmp_path / "small-gpus.json"
     small.write_text(json.dumps(topo))
     path = write_suite(tmp_path, [bert_case(topology=str(small), expected_ms=100.0)])

@@ -137,6 +137,16 @@ def plan(mbs, stages, kind="early-backward-1f1b"):
     }
 
 
+def with_warmups(p, depths):
+    """``p`` under warm-up policy auto with the given K_i per stage, as the
+    planner writes searched depths."""
+    p["schema_version"] = 2
+    p["schedule"]["warmup_policy"] = "auto"
+    for st, k in zip(p["stages"], depths):
+        st["warmup_micro_batches"] = k
+    return p
+
+
 CASES = {
     # straight pipelines
     "straight-2": plan(4, [(0, 2, [0]), (2, 5, [1])]),
@@ -149,6 +159,8 @@ CASES = {
     "dp-3": plan(4, [(0, 5, [0, 1, 2])]),
     # GPipe order, 2:1 replication
     "gpipe-2:1": plan(3, [(0, 2, [0, 1]), (2, 5, [2])], kind="gpipe"),
+    # searched warm-up depths (policy auto), deeper than policy B and not 1 at the end
+    "auto-K-1:1:1": with_warmups(plan(2, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])]), [5, 2, 2]),
 }
 
 

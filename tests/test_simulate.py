@@ -37,7 +37,7 @@ def test_simulation_never_beats_the_analytic_bound(name, gbs, topology):
 
 def test_gpipe_holds_more_and_recompute_holds_less():
     prof = planner.Profile.load(PROFILES / "bert-48-pbs-2.json")
-    p = planner.plan(prof, "B", 64)
+    p = planner.plan(prof, "B", 64, warmup_policy="A")
     early = planner.simulate(p, prof)
     gpipe = planner.simulate(p, prof, schedule="gpipe")
     gpipe_rc = planner.simulate(p, prof, schedule="gpipe", recompute=True)
@@ -60,14 +60,18 @@ def test_simulate_command(dapple, tmp_path):
 
 
 @pytest.mark.parametrize("name, gbs", [("gnmt-16-pbs-64", 1024), ("amoeba-36-pbs-1", 128)])
-def test_plan_simulate_keeps_the_fastest_simulated_candidate(name, gbs):
+def test_plans_are_chosen_by_simulated_time(name, gbs):
     prof = planner.Profile.load(PROFILES / f"{name}.json")
-    by_estimate = planner.plan(prof, "A", gbs)
-    by_simulation = planner.plan(prof, "A", gbs, simulate=True)
-    sel = by_simulation.data["selection"]
+    chosen = planner.plan(prof, "A", gbs)
+    sel = chosen.data["selection"]
     assert sel["chosen_by"] == "simulation" and sel["candidates"] >= 1
-    assert by_estimate.data["selection"]["chosen_by"] == "estimate"
-    assert sel["simulated_ms"] == pytest.approx(planner.simulate(by_simulation, prof).iteration_ms)
-    assert sel["simulated_ms"] <= planner.simulate(by_estimate, prof).iteration_ms + 1e-9
+    assert sel["simulated_ms"] == pytest.approx(planner.simulate(chosen, prof).iteration_ms)
+    assert chosen.iteration_ms == pytest.approx(sel["simulated_ms"])
+    # The space's bound is below every plan's simulated time.
+    assert sel["lower_bound_ms"] <= chosen.estimate["latency_ms"] <= chosen.iteration_ms
+    # Fixed warm-up policies search a subset of what auto searches.
+    for policy in ("A", "B"):
+        fixed = planner.plan(prof, "A", gbs, warmup_policy=policy)
+        assert chosen.iteration_ms <= fixed.iteration_ms + 1e-9, policy
     # The recorded plan is still a plan that evaluates to its own estimate.
-    assert planner.evaluate(by_simulation, prof).estimate == by_simulation.estimate
+    assert planner.evaluate(chosen, prof).estimate == chosen.estimate

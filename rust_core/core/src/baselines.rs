@@ -19,6 +19,7 @@ use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, Schedule, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
+use crate::warmup::plan_with_chosen_warmups;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Baseline {
@@ -176,16 +177,17 @@ fn pipedream_layout(layers: &LayerCosts, cluster: &Cluster, batch: u32) -> Layou
         .collect()
 }
 
-/// The baseline's plan at its fastest micro-batch size that fits.
-pub fn baseline_plan(
+/// The baseline's layout at every micro-batch size it can take (each
+/// device's slice at least `min_slice`), with the K_i of `policy` (one
+/// micro-batch under auto, whose depths are chosen later). Not costed.
+pub fn baseline_layouts(
     kind: Baseline,
     profile: &Profile,
     topology: &Topology,
     global_batch_size: u32,
-    min_micro_batch_size: Option<u32>,
+    min_slice: u32,
     policy: WarmupPolicy,
-) -> Result<Plan> {
-    let min_slice = profile.min_slice(min_micro_batch_size);
+) -> Result<Vec<Plan>> {
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(topology);
     let stages = layout(kind, &layers, &cluster, min_slice);
@@ -207,50 +209,70 @@ pub fn baseline_plan(
         kind.name(),
         None,
     );
+    let count = stages.len() as u32;
+    Ok((1..=global_batch_size)
+        .filter(|b| global_batch_size.is_multiple_of(*b) && smallest_slice(*b, widest) >= min_slice)
+        .map(|b| {
+            let m = global_batch_size / b;
+            Plan::new(
+                inputs.clone(),
+                b,
+                m,
+                Schedule {
+                    kind: schedule_kind.name().into(),
+                    warmup_policy: policy.name().into(),
+                },
+                stages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (s, e, d))| Stage {
+                        layer_start: *s,
+                        layer_end: *e,
+                        devices: d.clone(),
+                        warmup_micro_batches: warmup_depth(schedule_kind, policy, count - i as u32, m)
+                            .unwrap_or(1),
+                        placement: None,
+                    })
+                    .collect(),
+            )
+        })
+        .collect())
+}
+
+/// The baseline's plan at the micro-batch size (and, under warm-up policy
+/// auto, the warm-up depths) whose simulated iteration is shortest and fits.
+pub fn baseline_plan(
+    kind: Baseline,
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+    policy: WarmupPolicy,
+) -> Result<Plan> {
+    let min_slice = profile.min_slice(min_micro_batch_size);
+    let layouts = baseline_layouts(kind, profile, topology, global_batch_size, min_slice, policy)?;
+    let searched = policy == WarmupPolicy::Auto && kind != Baseline::GPipe;
     let mut best: Option<Plan> = None;
     let mut smallest_need: Option<f64> = None;
-    for b in (1..=global_batch_size).filter(|b| global_batch_size.is_multiple_of(*b)) {
-        if smallest_slice(b, widest) < min_slice {
-            continue;
-        }
-        let m = global_batch_size / b;
-        let count = stages.len() as u32;
-        let plan = Plan::new(
-            inputs.clone(),
-            b,
-            m,
-            Schedule {
-                kind: schedule_kind.name().into(),
-                warmup_policy: policy.name().into(),
-            },
-            stages
-                .iter()
-                .enumerate()
-                .map(|(i, (s, e, d))| Stage {
-                    layer_start: *s,
-                    layer_end: *e,
-                    devices: d.clone(),
-                    warmup_micro_batches: warmup_depth(schedule_kind, policy, count - i as u32, m),
-                    placement: None,
-                })
-                .collect(),
-        );
+    for plan in layouts {
         // Checked and costed like a hand-written plan (which re-hashes the
         // profile each time: well under a millisecond per micro-batch size).
         let estimate = evaluate(&plan, profile)?;
-        if !estimate.fits_memory {
+        let costed = if searched {
+            plan_with_chosen_warmups(&plan, profile)?.0
+        } else {
+            Some(Plan {
+                estimate: Some(estimate.clone()),
+                ..plan
+            })
+        };
+        let Some(plan) = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) else {
             let need = estimate.peak_memory_bytes;
             smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need)));
             continue;
-        }
-        if best
-            .as_ref()
-            .is_none_or(|p| estimate.latency_ms < p.estimate.as_ref().unwrap().latency_ms)
-        {
-            best = Some(Plan {
-                estimate: Some(estimate),
-                ..plan
-            });
+        };
+        if best.as_ref().is_none_or(|b| headline_ms(&plan) < headline_ms(b)) {
+            best = Some(plan);
         }
     }
     best.ok_or_else(|| match smallest_need {
@@ -264,6 +286,12 @@ pub fn baseline_plan(
             kind.name()
         )),
     })
+}
+
+/// The simulated iteration of a costed plan.
+fn headline_ms(plan: &Plan) -> f64 {
+    let e = plan.estimate.as_ref().expect("costed plan");
+    e.iteration_ms.unwrap_or(e.latency_ms)
 }
 
 #[cfg(test)]

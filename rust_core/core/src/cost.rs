@@ -194,22 +194,44 @@ pub enum WarmupPolicy {
     A,
     /// K_i = min(2(S - i) - 1, M).
     B,
+    /// K_i chosen per stage by the planner (`warmup::choose_warmups`): the
+    /// depths that simulate fastest within each stage's memory. A plan
+    /// records them; any non-increasing K_0 >= K_1 >= ... in 1..=M is valid.
+    Auto,
 }
 
 impl WarmupPolicy {
+    /// Every policy, in the order users see them.
+    pub const ALL: [WarmupPolicy; 3] = [WarmupPolicy::Auto, WarmupPolicy::A, WarmupPolicy::B];
+
+    /// K_i of a fixed policy; None for `Auto`, whose depths are searched.
     /// `stages_from_here` = S - i, counting stage i itself.
-    pub fn warmup(self, stages_from_here: u32, micro_batches: u32) -> u32 {
+    pub fn warmup(self, stages_from_here: u32, micro_batches: u32) -> Option<u32> {
         let k = match self {
             WarmupPolicy::A => stages_from_here,
-            WarmupPolicy::B => 2 * stages_from_here - 1,
+            WarmupPolicy::B => (2 * stages_from_here).saturating_sub(1),
+            WarmupPolicy::Auto => return None,
         };
-        k.min(micro_batches).max(1)
+        Some(k.min(micro_batches).max(1))
     }
 
     pub fn name(self) -> &'static str {
         match self {
             WarmupPolicy::A => "A",
             WarmupPolicy::B => "B",
+            WarmupPolicy::Auto => "auto",
+        }
+    }
+
+    /// "auto", "A" or "B" ("a" and "b" are accepted too).
+    pub fn parse(name: &str) -> crate::error::Result<WarmupPolicy> {
+        match name {
+            "auto" => Ok(WarmupPolicy::Auto),
+            "A" | "a" => Ok(WarmupPolicy::A),
+            "B" | "b" => Ok(WarmupPolicy::B),
+            other => Err(crate::error::Error::invalid(format!(
+                "value {other:?} is not a warm-up policy; use auto, A or B"
+            ))),
         }
     }
 }
@@ -265,6 +287,11 @@ pub struct PipeStage {
     pub bwd_ms: f64,
     /// AllReduce time that is not hidden behind computation.
     pub allreduce_ms: f64,
+    /// Time the stage is busy per micro-batch in the steady phase: F + B
+    /// for a computation stage, one transfer for a link (links are full
+    /// duplex, activations and gradients move at once). This keeps the
+    /// formula a lower bound of the simulated iteration.
+    pub steady_ms: f64,
 }
 
 impl PipeStage {
@@ -275,6 +302,17 @@ impl PipeStage {
             fwd_ms: ms,
             bwd_ms: ms,
             allreduce_ms: 0.0,
+            steady_ms: ms,
+        }
+    }
+
+    /// A computation stage.
+    pub fn compute(fwd_ms: f64, bwd_ms: f64, allreduce_ms: f64) -> PipeStage {
+        PipeStage {
+            fwd_ms,
+            bwd_ms,
+            allreduce_ms,
+            steady_ms: fwd_ms + bwd_ms,
         }
     }
 }
@@ -297,12 +335,13 @@ pub struct Latency {
 
 /// Formula (1)-(2) of the paper for a pivot stage `q`, with the ending
 /// phase over the stages up to the pivot:
-///   Tw = sum_{s<=q} F_s,  Ts = (M-1)(F_q + B_q),
+///   Tw = sum_{s<=q} F_s,  Ts = (M-1) steady_q  (F_q + B_q for computation,
+///   one transfer for a full-duplex link, where the paper counts two),
 ///   Te = max_{s<=q} (AR_s + sum_{a=s..q} B_a).
 /// Stages after the pivot are covered when they are themselves the pivot.
 fn phases_at(stages: &[PipeStage], m: f64, q: usize) -> (f64, f64, f64) {
     let tw: f64 = stages[..=q].iter().map(|s| s.fwd_ms).sum();
-    let ts = (m - 1.0) * (stages[q].fwd_ms + stages[q].bwd_ms);
+    let ts = (m - 1.0) * stages[q].steady_ms;
     let mut te: f64 = 0.0;
     let mut back = 0.0;
     for s in (0..=q).rev() {
@@ -380,7 +419,7 @@ pub fn pipeline_latency(stages: &[PipeStage], micro_batches: u32) -> Latency {
 /// The latency formula folded from the last stage to the first, as the
 /// search builds pipelines. `best` is the latency of the suffix as a whole
 /// pipeline started at its first stage; `steady` is
-/// max_q (sum_{t<=a<q} (F_a + B_a) + M (F_q + B_q)) over the suffix.
+/// max_q (sum_{t<=a<=q} (F_a + B_a) + (M - 1) steady_q) over the suffix.
 /// An empty suffix is `(-inf, -inf)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SuffixLatency {
@@ -397,7 +436,8 @@ impl SuffixLatency {
     /// Put `stage` in front of the suffix.
     pub fn prepend(self, stage: PipeStage, micro_batches: u32) -> SuffixLatency {
         let fb = stage.fwd_ms + stage.bwd_ms;
-        let steady = (f64::from(micro_batches) * fb).max(fb + self.steady);
+        let steady = fb + (f64::from(micro_batches) - 1.0) * stage.steady_ms;
+        let steady = steady.max(fb + self.steady);
         let best = (self.best + stage.fwd_ms).max(stage.allreduce_ms + steady);
         SuffixLatency { best, steady }
     }
@@ -435,11 +475,7 @@ impl StageCost {
     }
 
     pub fn as_pipe_stage(&self) -> PipeStage {
-        PipeStage {
-            fwd_ms: self.fwd_ms,
-            bwd_ms: self.bwd_ms,
-            allreduce_ms: self.exposed_allreduce_ms,
-        }
+        PipeStage::compute(self.fwd_ms, self.bwd_ms, self.exposed_allreduce_ms)
     }
 }
 
@@ -542,11 +578,7 @@ mod tests {
     use crate::topology::Topology;
 
     fn st(f: f64, b: f64, ar: f64) -> PipeStage {
-        PipeStage {
-            fwd_ms: f,
-            bwd_ms: b,
-            allreduce_ms: ar,
-        }
+        PipeStage::compute(f, b, ar)
     }
 
     #[test]
@@ -564,9 +596,9 @@ mod tests {
     fn folding_from_the_back_matches_the_formula() {
         let stages = vec![
             st(1.0, 2.0, 5.0),
-            st(0.5, 0.5, 0.0),
+            PipeStage::transfer(0.5),
             st(3.0, 1.0, 7.0),
-            st(0.2, 0.2, 0.0),
+            PipeStage::transfer(2.2),
             st(2.0, 2.5, 1.0),
         ];
         for m in [1, 2, 5, 9] {
@@ -623,9 +655,15 @@ mod tests {
 
     #[test]
     fn warmup_policies() {
-        assert_eq!(WarmupPolicy::A.warmup(3, 16), 3);
-        assert_eq!(WarmupPolicy::B.warmup(3, 16), 5);
-        assert_eq!(WarmupPolicy::B.warmup(3, 4), 4);
-        assert_eq!(WarmupPolicy::A.warmup(1, 16), 1);
+        assert_eq!(WarmupPolicy::A.warmup(3, 16), Some(3));
+        assert_eq!(WarmupPolicy::B.warmup(3, 16), Some(5));
+        assert_eq!(WarmupPolicy::B.warmup(3, 4), Some(4));
+        assert_eq!(WarmupPolicy::A.warmup(1, 16), Some(1));
+        assert_eq!(WarmupPolicy::Auto.warmup(1, 16), None);
+        for p in WarmupPolicy::ALL {
+            assert_eq!(WarmupPolicy::parse(p.name()).unwrap(), p);
+        }
+        assert_eq!(WarmupPolicy::parse("b").unwrap(), WarmupPolicy::B);
+        assert!(WarmupPolicy::parse("C").is_err());
     }
 }

@@ -16,6 +16,7 @@ pub mod schedule;
 pub mod search;
 pub mod simulate;
 pub mod topology;
+pub mod warmup;
 
 pub use error::{Error, ErrorKind, Result};
 

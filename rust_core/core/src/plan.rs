@@ -14,11 +14,14 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::format::{check_envelope, parse_versioned, to_json};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
-use crate::schedule::ScheduleKind;
+use crate::schedule::{Schedule as ActionSchedule, ScheduleKind};
 use crate::topology::{Topology, TOPOLOGY_FORMAT, TOPOLOGY_SCHEMA_VERSION};
 
 pub const PLAN_FORMAT: &str = "dapple.plan";
-pub const PLAN_SCHEMA_VERSION: u32 = 1;
+/// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
+/// `bubble_ms` and warm-up policy "auto"; version 1 plans still read.
+pub const PLAN_SCHEMA_VERSION: u32 = 2;
+const PLAN_SCHEMA_VERSIONS_READ: [u32; 2] = [1, 2];
 pub const SCHEDULE_EARLY_BACKWARD: &str = "early-backward-1f1b";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,6 +55,20 @@ pub struct Selection {
     pub simulated_ms: Option<f64>,
     /// Rank of the chosen plan by analytic estimate (0 = fastest estimate).
     pub estimate_rank: u32,
+    /// Smallest formula (2) value over the whole search space: no plan of
+    /// the space simulates faster, so `simulated_ms` is within
+    /// simulated_ms / lower_bound_ms - 1 of the space's optimum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_bound_ms: Option<f64>,
+    /// Where the chosen layout came from: "search", or the baseline
+    /// strategy whose layout simulated fastest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// True when every plan of the space whose bound is below `simulated_ms`
+    /// was simulated, so none is faster; false when the walk stopped at its
+    /// budget and the plan is the fastest found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimal: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,7 +150,12 @@ pub struct Stage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Estimate {
-    /// Pipeline latency L = Tw + Ts + Te of one iteration (formula 2).
+    /// Simulated time of one iteration (`simulate.rs`): the plan's headline,
+    /// and what the planner minimises. Absent only in version 1 plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration_ms: Option<f64>,
+    /// Pipeline latency L = Tw + Ts + Te of one iteration (formula 2): a
+    /// lower bound of `iteration_ms` with the same costs, kept as its breakdown.
     pub latency_ms: f64,
     pub warmup_ms: f64,
     pub steady_ms: f64,
@@ -145,6 +167,7 @@ pub struct Estimate {
     pub paper_latency_ms: f64,
     /// All micro-batches one after another on one GPU of the profiled type.
     pub single_device_ms: f64,
+    /// single_device_ms over the iteration time (simulated where known).
     pub speedup: f64,
     pub samples_per_second: f64,
     pub peak_memory_bytes: f64,
@@ -175,6 +198,9 @@ pub struct StageEstimate {
     pub memory_limit_bytes: f64,
     /// Samples per device slice (largest slice when uneven).
     pub slice_size: u32,
+    /// Simulated time the stage's GPUs do no forward or backward work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bubble_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -209,7 +235,7 @@ impl Plan {
     }
 
     pub fn from_json(text: &str) -> Result<Plan> {
-        let p: Plan = parse_versioned(text, PLAN_FORMAT, &[PLAN_SCHEMA_VERSION])?;
+        let p: Plan = parse_versioned(text, PLAN_FORMAT, &PLAN_SCHEMA_VERSIONS_READ)?;
         // The embedded topology is a topology file of its own: same checks.
         let topology = &p.inputs.topology;
         if let serde_json::Value::Object(obj) =
@@ -236,7 +262,7 @@ impl Plan {
     }
 
     pub fn warmup_policy(&self) -> Result<WarmupPolicy> {
-        parse_warmup_policy(&self.schedule.warmup_policy)
+        WarmupPolicy::parse(&self.schedule.warmup_policy)
             .map_err(|e| e.under("schedule.warmup_policy"))
     }
 
@@ -251,26 +277,17 @@ impl Plan {
 }
 
 /// Micro-batches stage i runs forward before its first backward (K_i):
-/// the warm-up policy's for early backward, all of them for GPipe.
+/// the warm-up policy's for early backward, all of them for GPipe; None
+/// where the depth is the plan's own choice (policy auto).
 pub fn warmup_depth(
     kind: ScheduleKind,
     policy: WarmupPolicy,
     stages_from_here: u32,
     micro_batches: u32,
-) -> u32 {
+) -> Option<u32> {
     match kind {
         ScheduleKind::EarlyBackward1F1B => policy.warmup(stages_from_here, micro_batches),
-        ScheduleKind::GPipe => micro_batches,
-    }
-}
-
-pub fn parse_warmup_policy(name: &str) -> Result<WarmupPolicy> {
-    match name {
-        "A" | "a" => Ok(WarmupPolicy::A),
-        "B" | "b" => Ok(WarmupPolicy::B),
-        other => Err(Error::invalid(format!(
-            "value {other:?} is not a warm-up policy; use A or B"
-        ))),
+        ScheduleKind::GPipe => Some(micro_batches),
     }
 }
 
@@ -447,21 +464,44 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
             ));
         }
         let stages_from_here = (plan.stages.len() - i) as u32;
-        let k = warmup_depth(kind, policy, stages_from_here, plan.micro_batches);
-        if s.warmup_micro_batches != k {
-            let why = match kind {
-                ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
-                ScheduleKind::EarlyBackward1F1B => {
-                    format!("warm-up policy {} gives this stage", policy.name())
+        let k = s.warmup_micro_batches;
+        let m = plan.micro_batches;
+        match warmup_depth(kind, policy, stages_from_here, m) {
+            Some(expected) if k != expected => {
+                let why = match kind {
+                    ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
+                    ScheduleKind::EarlyBackward1F1B => {
+                        format!("warm-up policy {} gives this stage", policy.name())
+                    }
+                };
+                return Err(Error::field(
+                    at("warmup_micro_batches"),
+                    format!("value {k} differs from K_i = {expected} that {why}; fix one of them"),
+                ));
+            }
+            Some(_) => {}
+            None if !(1..=m).contains(&k) => {
+                return Err(Error::field(
+                    at("warmup_micro_batches"),
+                    format!("value {k} must be in 1..={m} (the plan's micro-batches)"),
+                ));
+            }
+            None => {
+                // A stage that waits for more forwards than the stage before
+                // it sends ahead of its own first backward deadlocks.
+                if let Some(prev) = plan.stages[..i].last().map(|p| p.warmup_micro_batches) {
+                    if k > prev {
+                        return Err(Error::field(
+                            at("warmup_micro_batches"),
+                            format!(
+                                "value {k} is deeper than stage {}'s {prev}: early backward deadlocks \
+                                 unless K_i never grows along the pipeline",
+                                i - 1
+                            ),
+                        ));
+                    }
                 }
-            };
-            return Err(Error::field(
-                at("warmup_micro_batches"),
-                format!(
-                    "value {} differs from K_i = {k} that {why}; fix one of them",
-                    s.warmup_micro_batches
-                ),
-            ));
+            }
         }
         allocs.push(alloc);
     }
@@ -474,7 +514,8 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
     Ok((allocs, policy))
 }
 
-/// Cost a plan whose stages have already been checked.
+/// Cost a plan whose stages have already been checked: formula (2) and
+/// its terms, and the simulated iteration of the plan's own schedule.
 pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc]) -> Estimate {
     let (costs, transfers_ms) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
     let mut pipe: Vec<PipeStage> = Vec::new();
@@ -501,15 +542,32 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
             memory_bytes: c.memory_bytes,
             memory_limit_bytes: c.memory_limit_bytes,
             slice_size: c.slice,
+            bubble_ms: None,
         });
     }
     let lat = pipeline_latency(&pipe, plan.micro_batches);
+    let sim_stages = crate::simulate::sim_stages(coster.layers, plan, &costs);
+    // A checked plan's own schedule always builds and runs.
+    let simulation = plan_schedule(plan, None).and_then(|schedule| {
+        crate::simulate::simulate_stages(&sim_stages, &transfers_ms, &schedule, false)
+    });
+    let iteration_ms = match &simulation {
+        Ok(sim) => {
+            for (st, timeline) in stages.iter_mut().zip(&sim.stages) {
+                st.bubble_ms = Some(sim.iteration_ms - timeline.compute_ms);
+            }
+            Some(sim.iteration_ms)
+        }
+        Err(e) => unreachable!("a checked plan simulates: {e}"),
+    };
+    let headline = iteration_ms.unwrap_or(lat.latency_ms);
     let single = coster.single_device_ms();
     let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
     let fits = stages
         .iter()
         .all(|s| s.memory_bytes <= s.memory_limit_bytes);
     Estimate {
+        iteration_ms,
         latency_ms: lat.latency_ms,
         warmup_ms: lat.warmup_ms,
         steady_ms: lat.steady_ms,
@@ -518,12 +576,34 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         paper_pivot: position(lat.paper_pivot),
         paper_latency_ms: lat.paper_latency_ms,
         single_device_ms: single,
-        speedup: single / lat.latency_ms,
-        samples_per_second: f64::from(plan.inputs.global_batch_size) / lat.latency_ms * 1e3,
+        speedup: single / headline,
+        samples_per_second: f64::from(plan.inputs.global_batch_size) / headline * 1e3,
         peak_memory_bytes: peak,
         fits_memory: fits,
         stages,
         transfers,
+    }
+}
+
+/// The action lists a checked plan runs: its own schedule kind and K_i, or
+/// `kind` instead. Early backward over a GPipe plan takes the K_i of the
+/// plan's fixed policy (policy A when it has none).
+pub(crate) fn plan_schedule(plan: &Plan, kind: Option<ScheduleKind>) -> Result<ActionSchedule> {
+    let own = plan.schedule_kind()?;
+    let s_count = plan.stages.len();
+    match kind.unwrap_or(own) {
+        ScheduleKind::GPipe => ActionSchedule::gpipe(s_count, plan.micro_batches),
+        ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
+            let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();
+            ActionSchedule::early_backward(s_count, plan.micro_batches, &warmup)
+        }
+        ScheduleKind::EarlyBackward1F1B => {
+            let policy = match plan.warmup_policy()? {
+                WarmupPolicy::Auto => WarmupPolicy::A,
+                fixed => fixed,
+            };
+            ActionSchedule::early_backward_with_policy(s_count, plan.micro_batches, policy)
+        }
     }
 }
 

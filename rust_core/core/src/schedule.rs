@@ -127,6 +127,28 @@ impl FromStr for ScheduleKind {
     }
 }
 
+/// One stage's early-backward list without AR and OPT: `k` forwards, then
+/// one backward and one forward in turn until the forwards run out, then the
+/// remaining backwards. The only place this order is written.
+pub fn early_backward_actions(k: u32, micro_batches: u32) -> Vec<Action> {
+    let mut actions: Vec<Action> = (0..k).map(Action::forward).collect();
+    for m in 0..micro_batches {
+        actions.push(Action::backward(m));
+        if m + k < micro_batches {
+            actions.push(Action::forward(m + k));
+        }
+    }
+    actions
+}
+
+/// GPipe's list without AR and OPT: F0 .. F(M-1), then B(M-1) .. B0.
+pub fn gpipe_actions(micro_batches: u32) -> Vec<Action> {
+    (0..micro_batches)
+        .map(Action::forward)
+        .chain((0..micro_batches).rev().map(Action::backward))
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageSchedule {
     pub stage: usize,
@@ -199,14 +221,7 @@ impl Schedule {
                     "stage {stage}: warm-up depth {k} is not in 1..={micro_batches}"
                 )));
             }
-            let mut actions: Vec<Action> = (0..k).map(Action::forward).collect();
-            for m in 0..micro_batches {
-                actions.push(Action::backward(m));
-                if m + k < micro_batches {
-                    actions.push(Action::forward(m + k));
-                }
-            }
-            Ok(actions)
+            Ok(early_backward_actions(k, micro_batches))
         });
         finish(
             ScheduleKind::EarlyBackward1F1B,
@@ -215,7 +230,8 @@ impl Schedule {
         )
     }
 
-    /// Early-backward 1F1B with K_i = `policy.warmup(S - i, M)`.
+    /// Early-backward 1F1B with K_i = `policy.warmup(S - i, M)` of a fixed
+    /// policy (A or B); `Auto` has no rule of its own and is an error here.
     pub fn early_backward_with_policy(
         num_stages: usize,
         micro_batches: u32,
@@ -223,17 +239,17 @@ impl Schedule {
     ) -> Result<Schedule> {
         let warmup: Vec<u32> = (0..num_stages)
             .map(|i| policy.warmup((num_stages - i) as u32, micro_batches))
-            .collect();
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                Error::invalid("warm-up policy auto has no fixed K_i: give each stage's depth")
+            })?;
         Schedule::early_backward(num_stages, micro_batches, &warmup)
     }
 
     /// GPipe: F0 .. F(M-1), then B(M-1) .. B0, on every stage.
     pub fn gpipe(num_stages: usize, micro_batches: u32) -> Result<Schedule> {
         check_shape(num_stages, micro_batches)?;
-        let one: Vec<Action> = (0..micro_batches)
-            .map(Action::forward)
-            .chain((0..micro_batches).rev().map(Action::backward))
-            .collect();
+        let one = gpipe_actions(micro_batches);
         finish(ScheduleKind::GPipe, micro_batches, vec![one; num_stages])
     }
 
@@ -474,7 +490,7 @@ mod tests {
                 for p in [WarmupPolicy::A, WarmupPolicy::B] {
                     let s = Schedule::early_backward_with_policy(n, m, p).unwrap();
                     for i in 0..n {
-                        assert_eq!(s.peak_in_flight(i), p.warmup((n - i) as u32, m));
+                        assert_eq!(Some(s.peak_in_flight(i)), p.warmup((n - i) as u32, m));
                     }
                 }
                 let g = Schedule::gpipe(n, m).unwrap();

@@ -11,9 +11,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::plan::{stage_costs, with_coster, Plan};
+use crate::cost::StageCost;
+use crate::plan::{plan_schedule, stage_costs, with_coster, Plan};
+use crate::profile::LayerCosts;
 use crate::profile::Profile;
-use crate::schedule::{ActionKind, Schedule, ScheduleKind};
+use crate::schedule::{early_backward_actions, Action, ActionKind, Schedule, ScheduleKind};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -87,6 +89,193 @@ impl Simulation {
     }
 }
 
+/// What one run of the action lists leaves behind besides its end time.
+#[derive(Default)]
+struct Trace {
+    tasks: Vec<Task>,
+    /// (time, change of bytes) per stage.
+    memory_events: Vec<Vec<(f64, f64)>>,
+    /// Forward and backward time per stage.
+    compute: Vec<f64>,
+}
+
+/// Run every stage's action list (AR and OPT included) against the
+/// pipeline's dependencies and return when the last task ends. `trace`,
+/// when given, receives every task and memory change. Lists that cannot
+/// finish give the stage and the action index where they stop.
+fn run_lists(
+    stages: &[SimStage],
+    transfer_ms: &[f64],
+    lists: &[&[Action]],
+    micro_batches: u32,
+    recompute: bool,
+    mut trace: Option<&mut Trace>,
+) -> std::result::Result<f64, (usize, usize)> {
+    let s_count = stages.len();
+    let m = micro_batches as usize;
+    // When the input of (stage, micro-batch) is there, forward and backward.
+    let mut forward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
+    let mut backward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
+    for slot in forward_ready[0].iter_mut() {
+        *slot = Some(0.0);
+    }
+    let mut link_forward_free = vec![0.0f64; s_count.saturating_sub(1)];
+    let mut link_backward_free = vec![0.0f64; s_count.saturating_sub(1)];
+    let mut next = vec![0usize; s_count];
+    let mut stage_free = vec![0.0f64; s_count];
+    let mut last_end: f64 = 0.0;
+    if let Some(t) = trace.as_deref_mut() {
+        t.memory_events = vec![Vec::new(); s_count];
+        t.compute = vec![0.0; s_count];
+    }
+    // Sweeps alternate direction, so that forward inputs travel down and
+    // gradients up the pipeline within one sweep each. Start times do not
+    // depend on the order stages are visited in, only on how many sweeps.
+    let mut downward = true;
+    loop {
+        let mut progressed = false;
+        let order: Box<dyn Iterator<Item = usize>> = if downward {
+            Box::new(0..s_count)
+        } else {
+            Box::new((0..s_count).rev())
+        };
+        downward = !downward;
+        for s in order {
+            while let Some(action) = lists[s].get(next[s]) {
+                let st = &stages[s];
+                let mb = action.micro_batch.map(|x| x as usize);
+                let (ready, duration) = match action.kind {
+                    ActionKind::Forward => (forward_ready[s][mb.unwrap()], st.fwd_ms),
+                    ActionKind::Backward => {
+                        let extra = if recompute { st.fwd_ms } else { 0.0 };
+                        (backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
+                    }
+                    ActionKind::AllReduce => (Some(stage_free[s]), st.allreduce_ms),
+                    ActionKind::OptimizerStep => (Some(stage_free[s]), st.optimizer_ms),
+                };
+                let Some(ready) = ready else { break };
+                let start = stage_free[s].max(ready);
+                let end = start + duration;
+                stage_free[s] = end;
+                last_end = last_end.max(end);
+                next[s] += 1;
+                progressed = true;
+                if let Some(t) = trace.as_deref_mut() {
+                    let kind = match action.kind {
+                        ActionKind::Forward => TaskKind::Forward,
+                        ActionKind::Backward => TaskKind::Backward,
+                        ActionKind::AllReduce => TaskKind::AllReduce,
+                        ActionKind::OptimizerStep => TaskKind::OptimizerStep,
+                    };
+                    t.tasks.push(Task {
+                        stage: s,
+                        kind,
+                        micro_batch: action.micro_batch,
+                        start_ms: start,
+                        end_ms: end,
+                    });
+                }
+                match action.kind {
+                    ActionKind::Forward => {
+                        let mb = mb.unwrap();
+                        if let Some(t) = trace.as_deref_mut() {
+                            t.compute[s] += duration;
+                            let kept = if recompute {
+                                st.input_bytes
+                            } else {
+                                st.stored_bytes
+                            };
+                            t.memory_events[s].push((start, kept));
+                        }
+                        if s + 1 < s_count {
+                            let send_start = end.max(link_forward_free[s]);
+                            let arrive = send_start + transfer_ms[s];
+                            link_forward_free[s] = arrive;
+                            forward_ready[s + 1][mb] = Some(arrive);
+                            last_end = last_end.max(arrive);
+                            if let Some(t) = trace.as_deref_mut() {
+                                t.tasks.push(Task {
+                                    stage: s,
+                                    kind: TaskKind::SendForward,
+                                    micro_batch: action.micro_batch,
+                                    start_ms: send_start,
+                                    end_ms: arrive,
+                                });
+                            }
+                        } else {
+                            // The last stage starts the backward as soon as its forward is done.
+                            backward_ready[s][mb] = Some(end);
+                        }
+                    }
+                    ActionKind::Backward => {
+                        let mb = mb.unwrap();
+                        if let Some(t) = trace.as_deref_mut() {
+                            t.compute[s] += duration;
+                            if recompute {
+                                // The forward is re-run: its activations live through the backward.
+                                t.memory_events[s].push((start, st.stored_bytes));
+                                t.memory_events[s].push((end, -st.stored_bytes - st.input_bytes));
+                            } else {
+                                t.memory_events[s].push((end, -st.stored_bytes));
+                            }
+                        }
+                        if s > 0 {
+                            let send_start = end.max(link_backward_free[s - 1]);
+                            let arrive = send_start + transfer_ms[s - 1];
+                            link_backward_free[s - 1] = arrive;
+                            backward_ready[s - 1][mb] = Some(arrive);
+                            last_end = last_end.max(arrive);
+                            if let Some(t) = trace.as_deref_mut() {
+                                t.tasks.push(Task {
+                                    stage: s - 1,
+                                    kind: TaskKind::SendBackward,
+                                    micro_batch: action.micro_batch,
+                                    start_ms: send_start,
+                                    end_ms: arrive,
+                                });
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    match (0..s_count).find(|&s| next[s] < lists[s].len()) {
+        Some(s) => Err((s, next[s])),
+        None => Ok(last_end),
+    }
+}
+
+/// Iteration time of early-backward 1F1B with warm-up depths `warmup`
+/// (K_i, non-increasing, each in 1..=M), without recording tasks: the
+/// objective the planner minimises. Equals `simulate_stages(...).iteration_ms`
+/// on the same schedule (`tests::lean_run_equals_the_recorded_one`).
+pub fn early_backward_iteration_ms(
+    stages: &[SimStage],
+    transfer_ms: &[f64],
+    micro_batches: u32,
+    warmup: &[u32],
+) -> Result<f64> {
+    let lists: Vec<Vec<Action>> = warmup
+        .iter()
+        .map(|&k| {
+            let mut l = early_backward_actions(k, micro_batches);
+            l.extend([Action::ALL_REDUCE, Action::OPTIMIZER_STEP]);
+            l
+        })
+        .collect();
+    let refs: Vec<&[Action]> = lists.iter().map(Vec::as_slice).collect();
+    run_lists(stages, transfer_ms, &refs, micro_batches, false, None).map_err(|(s, i)| {
+        Error::invalid(format!(
+            "deadlock: stage {s} stops at action {i} with warm-up depths {warmup:?}"
+        ))
+    })
+}
+
 /// Simulate `schedule` on stages with the given costs; `transfer_ms[i]` is
 /// the time to move one micro-batch between stage i and i+1, either way.
 pub fn simulate_stages(
@@ -104,122 +293,28 @@ pub fn simulate_stages(
             transfer_ms.len()
         )));
     }
-    let m = schedule.micro_batches as usize;
-    // When the input of (stage, micro-batch) is there, forward and backward.
-    let mut forward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
-    let mut backward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
-    for slot in forward_ready[0].iter_mut() {
-        *slot = Some(0.0);
-    }
-    let mut link_forward_free = vec![0.0f64; s_count.saturating_sub(1)];
-    let mut link_backward_free = vec![0.0f64; s_count.saturating_sub(1)];
-    let mut next = vec![0usize; s_count];
-    let mut stage_free = vec![0.0f64; s_count];
-    let mut tasks: Vec<Task> = Vec::new();
-    // (time, change of bytes) per stage.
-    let mut memory_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); s_count];
-    let mut compute = vec![0.0f64; s_count];
-    loop {
-        let mut progressed = false;
-        for s in 0..s_count {
-            while let Some(action) = schedule.stages[s].actions.get(next[s]) {
-                let st = &stages[s];
-                let mb = action.micro_batch.map(|x| x as usize);
-                let (ready, duration) = match action.kind {
-                    ActionKind::Forward => (forward_ready[s][mb.unwrap()], st.fwd_ms),
-                    ActionKind::Backward => {
-                        let extra = if recompute { st.fwd_ms } else { 0.0 };
-                        (backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
-                    }
-                    ActionKind::AllReduce => (Some(stage_free[s]), st.allreduce_ms),
-                    ActionKind::OptimizerStep => (Some(stage_free[s]), st.optimizer_ms),
-                };
-                let Some(ready) = ready else { break };
-                let start = stage_free[s].max(ready);
-                let end = start + duration;
-                stage_free[s] = end;
-                next[s] += 1;
-                progressed = true;
-                let kind = match action.kind {
-                    ActionKind::Forward => TaskKind::Forward,
-                    ActionKind::Backward => TaskKind::Backward,
-                    ActionKind::AllReduce => TaskKind::AllReduce,
-                    ActionKind::OptimizerStep => TaskKind::OptimizerStep,
-                };
-                tasks.push(Task {
-                    stage: s,
-                    kind,
-                    micro_batch: action.micro_batch,
-                    start_ms: start,
-                    end_ms: end,
-                });
-                match action.kind {
-                    ActionKind::Forward => {
-                        let mb = mb.unwrap();
-                        compute[s] += duration;
-                        let kept = if recompute {
-                            st.input_bytes
-                        } else {
-                            st.stored_bytes
-                        };
-                        memory_events[s].push((start, kept));
-                        if s + 1 < s_count {
-                            let send_start = end.max(link_forward_free[s]);
-                            let arrive = send_start + transfer_ms[s];
-                            link_forward_free[s] = arrive;
-                            forward_ready[s + 1][mb] = Some(arrive);
-                            tasks.push(Task {
-                                stage: s,
-                                kind: TaskKind::SendForward,
-                                micro_batch: action.micro_batch,
-                                start_ms: send_start,
-                                end_ms: arrive,
-                            });
-                        } else {
-                            // The last stage starts the backward as soon as its forward is done.
-                            backward_ready[s][mb] = Some(end);
-                        }
-                    }
-                    ActionKind::Backward => {
-                        let mb = mb.unwrap();
-                        compute[s] += duration;
-                        if recompute {
-                            // The forward is re-run: its activations live through the backward.
-                            memory_events[s].push((start, st.stored_bytes));
-                            memory_events[s].push((end, -st.stored_bytes - st.input_bytes));
-                        } else {
-                            memory_events[s].push((end, -st.stored_bytes));
-                        }
-                        if s > 0 {
-                            let send_start = end.max(link_backward_free[s - 1]);
-                            let arrive = send_start + transfer_ms[s - 1];
-                            link_backward_free[s - 1] = arrive;
-                            backward_ready[s - 1][mb] = Some(arrive);
-                            tasks.push(Task {
-                                stage: s - 1,
-                                kind: TaskKind::SendBackward,
-                                micro_batch: action.micro_batch,
-                                start_ms: send_start,
-                                end_ms: arrive,
-                            });
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        if !progressed {
-            break;
-        }
-    }
-    if let Some(s) = (0..s_count).find(|&s| next[s] < schedule.stages[s].actions.len()) {
+    let lists: Vec<&[Action]> = schedule.stages.iter().map(|s| s.actions.as_slice()).collect();
+    let mut trace = Trace::default();
+    let iteration_ms = run_lists(
+        stages,
+        transfer_ms,
+        &lists,
+        schedule.micro_batches,
+        recompute,
+        Some(&mut trace),
+    )
+    .map_err(|(s, i)| {
         // validate() rules this out; kept so a bug cannot loop or lie.
-        return Err(Error::invalid(format!(
-            "stage {s}: the simulation stopped at action {} ({})",
-            next[s], schedule.stages[s].actions[next[s]]
-        )));
-    }
-    let iteration_ms = tasks.iter().map(|t| t.end_ms).fold(0.0, f64::max);
+        Error::invalid(format!(
+            "stage {s}: the simulation stopped at action {i} ({})",
+            schedule.stages[s].actions[i]
+        ))
+    })?;
+    let Trace {
+        tasks,
+        mut memory_events,
+        compute,
+    } = trace;
     let timelines = (0..s_count)
         .map(|s| {
             let st = &stages[s];
@@ -277,40 +372,36 @@ impl Default for SimulationOptions {
     }
 }
 
+/// The simulator's view of a checked plan's stages, from their costs.
+pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) -> Vec<SimStage> {
+    plan.stages
+        .iter()
+        .zip(costs)
+        .map(|(s, c)| {
+            let slice = f64::from(c.slice);
+            SimStage {
+                fwd_ms: c.fwd_ms,
+                bwd_ms: c.bwd_ms,
+                allreduce_ms: c.exposed_allreduce_ms,
+                optimizer_ms: 0.0,
+                model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
+                stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
+                input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
+                memory_limit_bytes: c.memory_limit_bytes,
+            }
+        })
+        .collect()
+}
+
 /// Simulate a plan with the same stage costs the estimate uses.
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
     let s_count = plan.stages.len();
-    let (stages, transfers, policy) = with_coster(plan, profile, |coster, allocs, policy| {
+    let (stages, transfers) = with_coster(plan, profile, |coster, allocs, _| {
         let overlap = s_count == 1 && opts.overlap_allreduce;
         let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
-        let layers = coster.layers;
-        let stages: Vec<SimStage> = plan
-            .stages
-            .iter()
-            .zip(&costs)
-            .map(|(s, c)| {
-                let slice = f64::from(c.slice);
-                SimStage {
-                    fwd_ms: c.fwd_ms,
-                    bwd_ms: c.bwd_ms,
-                    allreduce_ms: c.exposed_allreduce_ms,
-                    optimizer_ms: 0.0,
-                    model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
-                    stored_bytes: slice
-                        * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
-                    input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
-                    memory_limit_bytes: c.memory_limit_bytes,
-                }
-            })
-            .collect();
-        (stages, transfers, policy)
+        (sim_stages(coster.layers, plan, &costs), transfers)
     })?;
-    let schedule = match opts.schedule.map_or_else(|| plan.schedule_kind(), Ok)? {
-        ScheduleKind::EarlyBackward1F1B => {
-            Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)?
-        }
-        ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches)?,
-    };
+    let schedule = plan_schedule(plan, opts.schedule)?;
     simulate_stages(&stages, &transfers, &schedule, opts.recompute)
 }
 

@@ -1,5 +1,5 @@
 use dapple_core::baselines::{baseline_plan, Baseline};
-use dapple_core::plan::parse_warmup_policy;
+use dapple_core::cost::WarmupPolicy;
 use dapple_core::profile::Profile;
 use dapple_core::topology::Topology;
 use pyo3::prelude::*;
@@ -9,7 +9,7 @@ use crate::to_py_err;
 /// A baseline strategy's plan ("data-parallel", "gpipe", "straight",
 /// "pipedream-planner") at its fastest micro-batch size that fits.
 #[pyfunction]
-#[pyo3(signature = (kind, profile_text, topology_text, global_batch_size, *, min_micro_batch_size=None, warmup_policy="A"))]
+#[pyo3(signature = (kind, profile_text, topology_text, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
 fn plan_baseline(
     py: Python<'_>,
     kind: &str,
@@ -23,7 +23,7 @@ fn plan_baseline(
     let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
     let topology = Topology::from_json(topology_text).map_err(to_py_err)?;
     let policy =
-        parse_warmup_policy(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
+        WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
     let plan = py
         .detach(|| {
             baseline_plan(

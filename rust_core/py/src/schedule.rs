@@ -1,4 +1,4 @@
-use dapple_core::plan::parse_warmup_policy;
+use dapple_core::cost::WarmupPolicy;
 use dapple_core::schedule::{Action, Schedule, ScheduleKind, StageSchedule};
 use pyo3::prelude::*;
 
@@ -6,7 +6,8 @@ use crate::to_py_err;
 
 /// Action lists of a schedule, one per stage, as tokens ("F3", "B2", "AR",
 /// "OPT"). Early backward takes K_i per stage from `warmup`; a missing list,
-/// or a `None` in it, means the K_i of `warmup_policy` ("A" or "B").
+/// or a `None` in it, means the K_i of `warmup_policy` ("A" or "B"; "auto"
+/// has no rule, so every depth must be given).
 #[pyfunction]
 #[pyo3(signature = (kind, num_stages, micro_batches, warmup=None, warmup_policy="A"))]
 fn schedule_actions(
@@ -20,7 +21,7 @@ fn schedule_actions(
     let schedule = match kind {
         ScheduleKind::GPipe => Schedule::gpipe(num_stages, micro_batches),
         ScheduleKind::EarlyBackward1F1B => {
-            let policy = parse_warmup_policy(warmup_policy)
+            let policy = WarmupPolicy::parse(warmup_policy)
                 .map_err(|e| to_py_err(e.under("warmup_policy")))?;
             let given = warmup.unwrap_or_else(|| vec![None; num_stages]);
             if given.len() != num_stages {
@@ -33,9 +34,15 @@ fn schedule_actions(
                 .iter()
                 .enumerate()
                 .map(|(i, k)| {
-                    k.unwrap_or_else(|| policy.warmup((num_stages - i) as u32, micro_batches))
+                    k.or_else(|| policy.warmup((num_stages - i) as u32, micro_batches))
+                        .ok_or_else(|| {
+                            to_py_err(dapple_core::Error::field(
+                                format!("stages[{i}].warmup_micro_batches"),
+                                "missing: warm-up policy auto has no rule to fill it in",
+                            ))
+                        })
                 })
-                .collect();
+                .collect::<PyResult<_>>()?;
             Schedule::early_backward(num_stages, micro_batches, &depths)
         }
     }
