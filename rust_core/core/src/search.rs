@@ -956,16 +956,19 @@ impl Dp<'_, '_> {
         );
     }
 
-    /// Can any completion of this suffix have a bound below `bound`?
-    fn below(&self, latency: SuffixLatency, j: usize, free: u32, bound: f64) -> bool {
+    /// Smallest formula value any completion of this suffix can have.
+    fn completion_floor(&self, latency: SuffixLatency, j: usize, free: u32) -> f64 {
         let mut floor =
             (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
         if j > 0 && free > 0 {
             floor = floor.max(f64::from(self.micro_batches) * self.work_floor[j] / f64::from(free));
         }
-        floor < bound
+        floor
     }
 
+    /// Extend the suffix (layers `j..`, on the GPUs `state` has used) by
+    /// every stage that could lead below the bound, most promising first, so
+    /// that fast plans are found early and lower the bound for the rest.
     #[allow(clippy::too_many_arguments)]
     fn walk_from<F: FnMut(&[Step], f64) -> f64>(
         &mut self,
@@ -977,10 +980,19 @@ impl Dp<'_, '_> {
         steps: &mut Vec<Step>,
         walk: &mut LayoutWalk<F>,
     ) {
+        struct Child {
+            floor: f64,
+            start: usize,
+            policy: Policy,
+            replicas: u32,
+            next: State,
+            latency: SuffixLatency,
+        }
         let free = state.free();
         let adjacent = state.adjacent_alloc();
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
+        let mut children: Vec<Child> = Vec::new();
         for r in 1..=free.min(max_replicas) {
             for (policy, counts) in self.ctx.placements(state, r) {
                 let alloc = counts_to_alloc(&counts);
@@ -992,7 +1004,7 @@ impl Dp<'_, '_> {
                 let (next, _) = state.take(&counts);
                 let starts = if r == free { 0..=0 } else { 0..=j - 1 };
                 for i in starts.rev() {
-                    if walk.nodes_left == 0 || !walk.complete {
+                    if walk.nodes_left == 0 {
                         walk.complete = false;
                         return;
                     }
@@ -1008,23 +1020,41 @@ impl Dp<'_, '_> {
                         l = l.prepend(PipeStage::transfer(t), self.micro_batches);
                     }
                     l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
-                    if !self.below(l, i, free - r, walk.bound) {
-                        continue;
+                    let floor = self.completion_floor(l, i, free - r);
+                    if floor < walk.bound {
+                        children.push(Child {
+                            floor,
+                            start: i,
+                            policy,
+                            replicas: r,
+                            next: next.clone(),
+                            latency: l,
+                        });
                     }
-                    steps.push((i, j, state.clone(), policy, r));
-                    if i == 0 {
-                        if walk.work_left.get() == 0 {
-                            walk.complete = false;
-                            steps.pop();
-                            return;
-                        }
-                        walk.bound = (walk.visit)(steps, l.best).min(walk.bound);
-                    } else {
-                        self.walk_from(i, &next, l, stages + 1, max_replicas, steps, walk);
-                    }
-                    steps.pop();
                 }
             }
+        }
+        // Stable: equal floors keep the order they were made in.
+        children.sort_by(|a, b| a.floor.total_cmp(&b.floor));
+        for c in children {
+            if !walk.complete {
+                return;
+            }
+            if c.floor >= walk.bound {
+                break; // sorted: no later child is below the bound either
+            }
+            steps.push((c.start, j, state.clone(), c.policy, c.replicas));
+            if c.start == 0 {
+                if walk.work_left.get() == 0 {
+                    walk.complete = false;
+                    steps.pop();
+                    return;
+                }
+                walk.bound = (walk.visit)(steps, c.latency.best).min(walk.bound);
+            } else {
+                self.walk_from(c.start, &c.next, c.latency, stages + 1, max_replicas, steps, walk);
+            }
+            steps.pop();
         }
     }
 }

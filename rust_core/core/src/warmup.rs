@@ -108,8 +108,22 @@ pub fn choose_warmups(
         }
         seen.push(start.clone());
         let (k, ms) = descend(start, &deepest, &time)?;
-        if best.as_ref().is_none_or(|(_, b)| ms < *b) {
+        if best.as_ref().is_none_or(|(bk, b)| better(ms, &k, *b, bk)) {
             best = Some((k, ms));
+        }
+    }
+    // Then give back memory: lower each depth while the time stays the same.
+    if let Some((k, ms)) = best.as_mut() {
+        for i in 0..k.len() {
+            let floor = k.get(i + 1).copied().unwrap_or(1);
+            while k[i] > floor {
+                let mut trial = k.clone();
+                trial[i] -= 1;
+                if !better(time(&trial)?, &trial, *ms, k) {
+                    break;
+                }
+                *k = trial;
+            }
         }
     }
     Ok(best.map(|(depths, iteration_ms)| ChosenWarmups {
@@ -119,12 +133,24 @@ pub fn choose_warmups(
     }))
 }
 
+/// Is (ms, depths) better than (best_ms, best)? Faster, or as fast (to a
+/// relative 1e-12, below any profile's precision) with fewer micro-batches
+/// in flight in total, which holds less memory.
+fn better(ms: f64, depths: &[u32], best_ms: f64, best: &[u32]) -> bool {
+    let tie = (ms - best_ms).abs() <= 1e-12 * best_ms.abs();
+    if tie {
+        depths.iter().sum::<u32>() < best.iter().sum::<u32>()
+    } else {
+        ms < best_ms
+    }
+}
+
 /// Most depths tried for one stage in one pass; wider ranges are sampled
 /// (every depth near the current one, then spaced out).
 const DEPTHS_TRIED_PER_STAGE: u32 = 16;
 
 /// Change one stage's depth at a time to the best value its neighbours
-/// allow (K_{i+1} <= K_i <= min(K_{i-1}, cap_i)) until nothing improves.
+/// allow (K_{i+1} <= K_i <= min(K_{i-1}, cap_i)) until nothing is faster.
 fn descend(
     mut k: Vec<u32>,
     caps: &[u32],
@@ -228,6 +254,17 @@ mod tests {
         // Nothing stored: any depth fits while the weights do.
         let free = [stage(1.0, 1.0, 10.0, 0.0, 100.0)];
         assert_eq!(deepest_warmups(&free, 4), Some(vec![4]));
+    }
+
+    #[test]
+    fn equal_times_keep_the_shallower_warmup() {
+        // Free links and equal stages: policy A's depths already leave no
+        // bubble, so deeper ones only cost memory.
+        let stages = vec![stage(1.0, 2.0, 0.0, 1.0, 1e9); 3];
+        let c = choose_warmups(&stages, &[0.0, 0.0], 8).unwrap().unwrap();
+        let policy_a = early_backward_iteration_ms(&stages, &[0.0, 0.0], 8, &[3, 2, 1]).unwrap();
+        assert_eq!(c.iteration_ms, policy_a);
+        assert!(c.depths.iter().sum::<u32>() <= 6, "{:?}", c.depths);
     }
 
     #[test]
