@@ -26,7 +26,7 @@ from .errors import (
     InvalidInputError,
     RunFailedError,
 )
-from .plan import WARMUP_POLICIES, Plan, SearchStats, evaluate, plan
+from .plan import WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
 from .profile import Profile, calibrate_stored_activations, import_artifact_profile
 from .simulation import Simulation, simulate
 from .topology import PRESETS, Topology
@@ -48,6 +48,7 @@ __all__ = [
     "Topology",
     "WARMUP_POLICIES",
     "calibrate_stored_activations",
+    "choose_warmups",
     "baseline",
     "compare",
     "evaluate",

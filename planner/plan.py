@@ -147,3 +147,13 @@ def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLik
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     return Plan(_core.plan_evaluate(p.text, prof.text, p.path), path=p.path)
+
+
+def choose_warmups(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan | None:
+    """``plan`` (any early-backward or GPipe layout) run as early backward
+    under warm-up policy ``auto``, with the K_i per stage that simulate
+    fastest within memory, costed; None when no depths fit in memory."""
+    p = plan if isinstance(plan, Plan) else Plan.load(plan)
+    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+    text = _core.plan_choose_warmups(p.text, prof.text, p.path)
+    return None if text is None else Plan(text, path=p.path)

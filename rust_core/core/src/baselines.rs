@@ -229,8 +229,13 @@ pub fn baseline_layouts(
                         layer_start: *s,
                         layer_end: *e,
                         devices: d.clone(),
-                        warmup_micro_batches: warmup_depth(schedule_kind, policy, count - i as u32, m)
-                            .unwrap_or(1),
+                        warmup_micro_batches: warmup_depth(
+                            schedule_kind,
+                            policy,
+                            count - i as u32,
+                            m,
+                        )
+                        .unwrap_or(1),
                         placement: None,
                     })
                     .collect(),
@@ -250,7 +255,14 @@ pub fn baseline_plan(
     policy: WarmupPolicy,
 ) -> Result<Plan> {
     let min_slice = profile.min_slice(min_micro_batch_size);
-    let layouts = baseline_layouts(kind, profile, topology, global_batch_size, min_slice, policy)?;
+    let layouts = baseline_layouts(
+        kind,
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        policy,
+    )?;
     let searched = policy == WarmupPolicy::Auto && kind != Baseline::GPipe;
     let mut best: Option<Plan> = None;
     let mut smallest_need: Option<f64> = None;
@@ -266,12 +278,16 @@ pub fn baseline_plan(
                 ..plan
             })
         };
-        let Some(plan) = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) else {
+        let Some(plan) = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
+        else {
             let need = estimate.peak_memory_bytes;
             smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need)));
             continue;
         };
-        if best.as_ref().is_none_or(|b| headline_ms(&plan) < headline_ms(b)) {
+        if best
+            .as_ref()
+            .is_none_or(|b| headline_ms(&plan) < headline_ms(b))
+        {
             best = Some(plan);
         }
     }

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
+use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{
     largest_slice, Alloc, Cluster, PipeStage, StageCoster, SuffixLatency, WarmupPolicy,
 };
@@ -31,9 +32,8 @@ use crate::plan::{
     estimate_stages, Plan, PlanInputs, Schedule, Selection, Stage, SCHEDULE_EARLY_BACKWARD,
 };
 use crate::profile::{LayerCosts, Profile};
-use crate::baselines::{baseline_layouts, Baseline};
-use crate::warmup::plan_with_chosen_warmups;
 use crate::topology::Topology;
+use crate::warmup::plan_with_chosen_warmups;
 
 #[derive(Debug, Clone)]
 pub struct SearchOptions {
@@ -197,20 +197,70 @@ pub fn search(
             space,
         })
         .collect();
-    let runs: Vec<(usize, u32)> = (0..contexts.len())
-        .flat_map(|p| sizes.iter().map(move |&b| (p, b)))
-        .collect();
-    // Each run prunes with its own best: a bound shared across micro-batch
-    // sizes would cut plans that simulate faster than they estimate.
-    let results: Vec<(usize, u32, Option<Found>, usize, u64)> = runs
-        .par_iter()
-        .map(|&(p, b)| {
-            let own = AtomicU64::new(f64::INFINITY.to_bits());
-            let mut dp = Dp::new(&contexts[p], b, gbs / b, Objective::Latency, Some(&own));
-            let found = dp.run();
-            (p, b, found, dp.states.len(), dp.stages_costed)
-        })
-        .collect();
+    // Up to 16 GPUs every run and micro-batch size searches on its own, so
+    // each size contributes its best plan as a candidate. Above, the sizes
+    // of a run share its best formula value for pruning (far less work): a
+    // size that cannot reach it is cut and only the run's best is a
+    // candidate, though the walk below still visits the other sizes.
+    let sizes_alone = cluster.num_devices() <= AUTO_FULL_MAX_DEVICES;
+    let results: Vec<(usize, u32, Option<Found>, usize, u64)> = if sizes_alone {
+        let runs: Vec<(usize, u32)> = (0..contexts.len())
+            .flat_map(|p| sizes.iter().map(move |&b| (p, b)))
+            .collect();
+        runs.par_iter()
+            .map(|&(p, b)| {
+                let own = AtomicU64::new(f64::INFINITY.to_bits());
+                let mut dp = Dp::new(&contexts[p], b, gbs / b, Objective::Latency, Some(&own));
+                let found = dp.run();
+                (p, b, found, dp.states.len(), dp.stages_costed)
+            })
+            .collect()
+    } else {
+        let incumbents: Vec<AtomicU64> = contexts
+            .iter()
+            .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+            .collect();
+        let runs: Vec<(usize, u32)> = (0..contexts.len())
+            .flat_map(|p| sizes.iter().map(move |&b| (p, b)))
+            .collect();
+        let mut all: Vec<(usize, u32, Option<Found>, usize, u64)> = runs
+            .par_iter()
+            .map(|&(p, b)| {
+                let mut dp = Dp::new(
+                    &contexts[p],
+                    b,
+                    gbs / b,
+                    Objective::Latency,
+                    Some(&incumbents[p]),
+                );
+                let found = dp.run();
+                (p, b, found, dp.states.len(), dp.stages_costed)
+            })
+            .collect();
+        // Which sizes survive the shared bound depends on thread timing;
+        // each run's best does not (the DP is exact, ties broken by fewer
+        // stages, then larger micro-batches). Keep only that one.
+        for p in 0..contexts.len() {
+            let best = all
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.0 == p && r.2.is_some())
+                .min_by(|(_, x), (_, y)| {
+                    let (fx, fy) = (x.2.as_ref().unwrap(), y.2.as_ref().unwrap());
+                    fx.value
+                        .total_cmp(&fy.value)
+                        .then(fx.stages.len().cmp(&fy.stages.len()))
+                        .then(y.1.cmp(&x.1))
+                })
+                .map(|(i, _)| i);
+            for (i, r) in all.iter_mut().enumerate() {
+                if r.0 == p && Some(i) != best {
+                    r.2 = None;
+                }
+            }
+        }
+        all
+    };
     let stats = SearchStats {
         micro_batch_sizes: sizes.clone(),
         states: results.iter().map(|r| r.3).sum(),
@@ -240,9 +290,18 @@ pub fn search(
             Some((build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         })
         .collect();
-    for kind in [Baseline::Straight, Baseline::PipeDream] {
-        for plan in baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy)? {
-            candidates.push((plan, kind.name()));
+    // The baselines' layouts are candidates too, up to 16 GPUs: there they
+    // are cheap, and a plan that loses to a baseline would be a defect the
+    // walk's budget could leave in place. On larger clusters a straight
+    // pipeline has a stage per layer and PipeDream's DP is quadratic in the
+    // GPUs; there the search's own candidates and the walk must do.
+    if sizes_alone {
+        for kind in [Baseline::Straight, Baseline::PipeDream] {
+            for plan in
+                baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy)?
+            {
+                candidates.push((plan, kind.name()));
+            }
         }
     }
     let ranked: Vec<Option<(Plan, &'static str)>> = candidates
@@ -260,7 +319,10 @@ pub fn search(
     let mut ranked: Vec<(Plan, &'static str)> = ranked.into_iter().flatten().collect();
     let key = |p: &Plan| {
         let e = p.estimate.as_ref().expect("candidates are costed");
-        (e.iteration_ms.expect("costed plans are simulated"), e.latency_ms)
+        (
+            e.iteration_ms.expect("costed plans are simulated"),
+            e.latency_ms,
+        )
     };
     // Shortest simulated iteration; ties go to the smaller bound, fewer
     // stages, then larger micro-batches.
@@ -280,21 +342,33 @@ pub fn search(
     // Sizes go in order of their smallest bound (most promising first) and
     // share one bound and one budget, so the outcome does not depend on
     // thread timing.
+    // A size searched alone without a plan has none that fits. Sizes cut by
+    // a shared bound come last, with no bound of their own.
     let mut order: Vec<(f64, u32)> = results
         .iter()
-        .filter(|r| r.0 == covering)
-        .filter_map(|r| r.2.as_ref().map(|f| (f.value, r.1)))
+        .filter(|r| r.0 == covering && (r.2.is_some() || !sizes_alone))
+        .map(|r| (r.2.as_ref().map_or(f64::NEG_INFINITY, |f| f.value), r.1))
         .collect();
-    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    order.sort_by(|a, b| {
+        let unknown = |x: f64| x == f64::NEG_INFINITY;
+        unknown(a.0)
+            .cmp(&unknown(b.0))
+            .then(a.0.total_cmp(&b.0))
+            .then(b.1.cmp(&a.1))
+    });
     let mut walk_best: Option<Plan> = None;
     let mut failure: Option<Error> = None;
     let mut bound = key(&ranked[0].0).0;
     let mut nodes_left = WALK_NODE_BUDGET;
     let work_left = std::cell::Cell::new(WALK_SIMULATED_TASK_BUDGET);
+    // A candidate at the space's bound is optimal: nothing to walk.
     let mut optimal = true;
+    if bound <= lower_bound_ms * (1.0 + 1e-12) {
+        order.clear();
+    }
     for (size_bound, b) in order {
         if size_bound >= bound {
-            break; // no layout of this or any later size can be faster
+            continue; // no layout of this size can be faster
         }
         let ctx = &contexts[covering];
         let m = gbs / b;
@@ -356,7 +430,10 @@ pub fn search(
     });
     let (chosen, source) = &ranked[0];
     let (chosen_ms, chosen_bound) = key(chosen);
-    let estimate_rank = ranked.iter().filter(|(p, _)| key(p).1 < chosen_bound).count() as u32;
+    let estimate_rank = ranked
+        .iter()
+        .filter(|(p, _)| key(p).1 < chosen_bound)
+        .count() as u32;
     let mut plan = chosen.clone();
     // A baseline's layout is recorded as this search's plan.
     plan.inputs = inputs;
@@ -416,6 +493,30 @@ struct Context<'a> {
 const MAX_PARTLY_USED_MACHINES: usize = 2;
 
 impl Context<'_> {
+    /// Layers a stage of `replicas` GPUs ending at layer `j` may start at,
+    /// with `free` GPUs left before it. A stage that takes every GPU left is
+    /// the first one. In the full space any other may be first too, leaving
+    /// GPUs idle (over a slow network fewer GPUs can be faster). In the
+    /// machine-aligned space every GPU is used, so the layers in front must
+    /// be able to take the GPUs left, at most `max_replicas` per layer: on
+    /// large clusters plans that strand GPUs are many and never the fastest.
+    fn starts(
+        &self,
+        replicas: u32,
+        free: u32,
+        j: usize,
+        max_replicas: u32,
+    ) -> std::ops::RangeInclusive<usize> {
+        if replicas == free {
+            0..=0
+        } else if self.space == SearchSpace::Full {
+            0..=j - 1
+        } else {
+            let left = free - replicas;
+            (left.div_ceil(max_replicas).max(1) as usize)..=j - 1
+        }
+    }
+
     /// K_i the DP counts in a stage's memory: the fixed policy's, or one
     /// micro-batch (the least any plan holds) under auto, whose depths are
     /// chosen after the layout.
@@ -839,7 +940,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             // is the first one; any other may be too, leaving the rest idle
             // (a plan need not use every GPU: over a slow network fewer GPUs
             // can be faster).
-            let starts = if opt.replicas == free { 0..=0 } else { 0..=j - 1 };
+            let starts = self.ctx.starts(opt.replicas, free, j, max_replicas);
             for i in starts.rev() {
                 let mut next: Option<u32> = None;
                 let mut cached: Option<(u32, crate::cost::StageCost)> = None;
@@ -1002,14 +1103,16 @@ impl Dp<'_, '_> {
                     Some(self.coster.transfer(j, &alloc, &adjacent))
                 };
                 let (next, _) = state.take(&counts);
-                let starts = if r == free { 0..=0 } else { 0..=j - 1 };
+                let starts = self.ctx.starts(r, free, j, max_replicas);
                 for i in starts.rev() {
                     if walk.nodes_left == 0 {
                         walk.complete = false;
                         return;
                     }
                     walk.nodes_left -= 1;
-                    let cost = self.coster.stage(i, j, &alloc, warmup, i == 0 && stages == 0);
+                    let cost = self
+                        .coster
+                        .stage(i, j, &alloc, warmup, i == 0 && stages == 0);
                     self.stages_costed += 1;
                     // A longer stage is no faster and no smaller.
                     if !cost.fits() || m * (cost.fwd_ms + cost.bwd_ms) >= walk.bound {
@@ -1052,7 +1155,15 @@ impl Dp<'_, '_> {
                 }
                 walk.bound = (walk.visit)(steps, c.latency.best).min(walk.bound);
             } else {
-                self.walk_from(c.start, &c.next, c.latency, stages + 1, max_replicas, steps, walk);
+                self.walk_from(
+                    c.start,
+                    &c.next,
+                    c.latency,
+                    stages + 1,
+                    max_replicas,
+                    steps,
+                    walk,
+                );
             }
             steps.pop();
         }
@@ -1160,8 +1271,8 @@ mod tests {
     use super::*;
     use crate::cost::smallest_slice;
     use crate::plan::{evaluate, stage_costs, with_coster, PlanOptions};
-    use crate::simulate::sim_stages;
     use crate::profile::{Layer, Measurement, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
+    use crate::simulate::sim_stages;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -1277,7 +1388,9 @@ mod tests {
                                 layer_start: *s,
                                 layer_end: *e,
                                 devices,
-                                warmup_micro_batches: policy.warmup(count - i as u32, gbs / b).unwrap_or(1),
+                                warmup_micro_batches: policy
+                                    .warmup(count - i as u32, gbs / b)
+                                    .unwrap_or(1),
                                 placement: None,
                             }
                         })
@@ -1305,7 +1418,11 @@ mod tests {
                     let est = evaluate(&plan, profile).expect("brute-force plans are valid");
                     let sim = est.iteration_ms.unwrap();
                     // Formula (2) is a lower bound of the simulation, for every plan.
-                    assert!(sim >= est.latency_ms * (1.0 - 1e-12), "{sim} < {}", est.latency_ms);
+                    assert!(
+                        sim >= est.latency_ms * (1.0 - 1e-12),
+                        "{sim} < {}",
+                        est.latency_ms
+                    );
                     if !est.fits_memory {
                         continue;
                     }
@@ -1338,20 +1455,22 @@ mod tests {
         best
     }
 
+    /// A cluster of `shape` ("2x4") with one of three link mixes, and GPU
+    /// memories small enough that the limit binds in some cases.
+    fn random_topology(rng: &mut StdRng, shape: &str, case: usize) -> (String, Topology) {
+        let links = ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3];
+        let spec = format!("{shape}-{links}");
+        let mut topology = Topology::from_spec(&spec).unwrap();
+        topology.machine_groups[0].gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
+        (spec, topology)
+    }
+
     #[test]
     fn search_matches_brute_force() {
         let mut rng = StdRng::seed_from_u64(20201122);
         let shapes = ["1x2", "1x4", "2x2", "2x3", "1x8", "2x4", "4x1", "3x2"];
         for case in 0..160 {
-            let shape = shapes[case % shapes.len()];
-            let spec = format!(
-                "{shape}-{}",
-                ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3]
-            );
-            let mut topology = Topology::from_spec(&spec).unwrap();
-            // Small memories so that the memory limit binds in some cases.
-            topology.machine_groups[0].gpu.memory_bytes =
-                rng.gen_range(2_000_000_000..12_000_000_000);
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
             let layers = rng.gen_range(1..=if topology.num_devices() >= 8 { 5 } else { 7 });
             let profile = random_profile(&mut rng, layers);
             let gbs = [4, 6, 8, 12][case % 4];
@@ -1395,14 +1514,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(20261123);
         let shapes = ["1x2", "1x4", "2x2", "2x3", "1x3", "2x1", "1x8", "2x4"];
         for case in 0..120 {
-            let shape = shapes[case % shapes.len()];
-            let spec = format!(
-                "{shape}-{}",
-                ["nvlink-10gbps", "pcie-25gbps", "nvlink-1gbps"][case % 3]
-            );
-            let mut topology = Topology::from_spec(&spec).unwrap();
-            topology.machine_groups[0].gpu.memory_bytes =
-                rng.gen_range(2_000_000_000..12_000_000_000);
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
             let devices = topology.num_devices();
             let most_layers = match devices {
                 8.. => 4,

@@ -10,8 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::cost::StageCost;
+use crate::error::{Error, Result};
 use crate::plan::{plan_schedule, stage_costs, with_coster, Plan};
 use crate::profile::LayerCosts;
 use crate::profile::Profile;
@@ -293,7 +293,11 @@ pub fn simulate_stages(
             transfer_ms.len()
         )));
     }
-    let lists: Vec<&[Action]> = schedule.stages.iter().map(|s| s.actions.as_slice()).collect();
+    let lists: Vec<&[Action]> = schedule
+        .stages
+        .iter()
+        .map(|s| s.actions.as_slice())
+        .collect();
     let mut trace = Trace::default();
     let iteration_ms = run_lists(
         stages,

@@ -161,7 +161,11 @@ fn descend(
         let mut improved = false;
         for i in 0..k.len() {
             let low = k.get(i + 1).copied().unwrap_or(1);
-            let high = if i == 0 { caps[0] } else { k[i - 1].min(caps[i]) };
+            let high = if i == 0 {
+                caps[0]
+            } else {
+                k[i - 1].min(caps[i])
+            };
             for t in depths_to_try(low, high, k[i]) {
                 let mut trial = k.clone();
                 trial[i] = t;
@@ -184,7 +188,8 @@ fn depths_to_try(low: u32, high: u32, current: u32) -> Vec<u32> {
     let mut out: Vec<u32> = if high - low < DEPTHS_TRIED_PER_STAGE {
         (low..=high).collect()
     } else {
-        let near = (current.saturating_sub(4).max(low)..=(current + 4).min(high)).collect::<Vec<_>>();
+        let near =
+            (current.saturating_sub(4).max(low)..=(current + 4).min(high)).collect::<Vec<_>>();
         let step = (high - low) / (DEPTHS_TRIED_PER_STAGE - 8);
         near.into_iter()
             .chain((low..=high).step_by(step.max(1) as usize))

@@ -2,6 +2,7 @@ use dapple_core::plan::{blocks_per_stage, evaluate, Plan};
 use dapple_core::profile::Profile;
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::simulate::{simulate, SimulationOptions};
+use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;
 
 use crate::profile::with_source;
@@ -32,6 +33,24 @@ fn plan_evaluate(
         .map_err(|e| to_py_err(with_source(e, plan_source)))?;
     plan.estimate = Some(estimate);
     Ok(plan.to_json())
+}
+
+/// The plan under warm-up policy auto, with the depths that simulate
+/// fastest within memory, costed; None when no depths fit.
+#[pyfunction]
+#[pyo3(signature = (plan_text, profile_text, plan_source=None))]
+fn plan_choose_warmups(
+    py: Python<'_>,
+    plan_text: &str,
+    profile_text: &str,
+    plan_source: Option<&str>,
+) -> PyResult<Option<String>> {
+    let plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+    let (chosen, _) = py
+        .detach(|| plan_with_chosen_warmups(&plan, &profile))
+        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
+    Ok(chosen.map(|p| p.to_json()))
 }
 
 /// Count of the profile's "block" layers in each stage of the plan.
@@ -75,6 +94,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_simulate, m)?)?;
     m.add_function(wrap_pyfunction!(plan_canonical, m)?)?;
     m.add_function(wrap_pyfunction!(plan_evaluate, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_choose_warmups, m)?)?;
     m.add_function(wrap_pyfunction!(plan_blocks_per_stage, m)?)?;
     Ok(())
 }
