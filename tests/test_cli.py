@@ -25,6 +25,21 @@ def test_plan_prints_a_table_and_writes_the_plan(dapple, tmp_path):
     est = plan["estimate"]
     assert math.isclose(est["latency_ms"], est["warmup_ms"] + est["steady_ms"] + est["ending_ms"])
     assert est["fits_memory"]
+    # The headline is the simulated iteration, the formula its lower bound.
+    assert plan["schema_version"] == 2 and plan["schedule"]["warmup_policy"] == "auto"
+    assert est["iteration_ms"] >= est["latency_ms"]
+    assert f"iteration {est['iteration_ms']:.1f} ms (simulated)" in r.stdout
+    assert "bubble ms" in r.stdout and "lower bound" in r.stdout
+
+
+def test_simulate_flag_is_a_no_op_kept_for_scripts(dapple):
+    args = ("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--json")
+    plain, flagged = dapple(*args), dapple(*args, "--simulate")
+    assert plain.returncode == flagged.returncode == 0, flagged.stderr
+    assert json.loads(plain.stdout) == json.loads(flagged.stdout)
+    fixed = json.loads(dapple(*args, "--warmup-policy", "B").stdout)
+    assert fixed["schedule"]["warmup_policy"] == "B"
+    assert fixed["estimate"]["iteration_ms"] >= json.loads(plain.stdout)["estimate"]["iteration_ms"] - 1e-6
 
 
 def test_plan_json_goes_to_stdout_and_diagnostics_to_stderr(dapple):

@@ -420,6 +420,7 @@ pub fn search(
     if let Some(e) = failure {
         return Err(e);
     }
+    let candidates = ranked.len() as u32;
     ranked.extend(walk_best.map(|p| (p, "search")));
     ranked.sort_by(|(a, _), (b, _)| {
         let (ka, kb) = (key(a), key(b));
@@ -439,7 +440,7 @@ pub fn search(
     plan.inputs = inputs;
     plan.selection = Some(Selection {
         chosen_by: "simulation".into(),
-        candidates: ranked.len() as u32,
+        candidates,
         simulated_ms: Some(chosen_ms),
         estimate_rank,
         lower_bound_ms: Some(lower_bound_ms),
