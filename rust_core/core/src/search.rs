@@ -81,7 +81,7 @@ pub enum SearchSpace {
 /// complete layouts, before it stops; past either the plan is the fastest found and
 /// `selection.optimal` is false. About a second on the paper's cases.
 const WALK_NODE_BUDGET: u64 = 500_000;
-const WALK_SIMULATED_TASK_BUDGET: u64 = 50_000_000;
+const WALK_SIMULATED_TASK_BUDGET: u64 = 20_000_000;
 
 /// Largest cluster the automatic choice searches in full. 128 layers on
 /// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
