@@ -59,6 +59,19 @@ def test_dapple_plan_simulates_no_slower_than_any_baseline(profile, topology, gb
         assert dp.simulated_ms <= plain.simulated_ms
 
 
+@pytest.mark.parametrize("name, topology, gbs", [("bert-48-pbs-2", "B", 64), ("bert-48-pbs-2", "C", 64),
+                                                 ("vgg-19-pbs-32", "B", 2048)])
+def test_fixed_policy_plans_are_no_slower_than_its_baselines(name, topology, gbs):
+    # Under a fixed warm-up policy the baselines' layouts are candidates of
+    # the search too, costed with the same policy.
+    prof = planner.Profile.load(PROFILES / f"{name}.json")
+    ours = planner.plan(prof, topology, gbs, warmup_policy="A")
+    assert ours.data["schedule"]["warmup_policy"] == "A"
+    for kind in ("straight", "pipedream-planner"):
+        theirs = planner.baseline(kind, prof, topology, gbs, warmup_policy="A")
+        assert ours.iteration_ms <= theirs.iteration_ms * (1 + 1e-9), (kind, theirs.shape)
+
+
 def test_compare_command(dapple):
     r = dapple("compare", "--profile", BERT, "--topology", "B", "--global-batch-size", "64", "--json")
     assert r.returncode == 0, r.stderr

@@ -29,7 +29,8 @@ use crate::cost::{
 use crate::error::{Error, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
-    estimate_stages, Plan, PlanInputs, Schedule, Selection, Stage, SCHEDULE_EARLY_BACKWARD,
+    estimate_stages, evaluate, Plan, PlanInputs, Schedule, Selection, Stage,
+    SCHEDULE_EARLY_BACKWARD,
 };
 use crate::profile::{LayerCosts, Profile};
 use crate::topology::Topology;
@@ -82,6 +83,8 @@ pub enum SearchSpace {
 /// `selection.optimal` is false. About a second on the paper's cases.
 const WALK_NODE_BUDGET: u64 = 500_000;
 const WALK_SIMULATED_TASK_BUDGET: u64 = 20_000_000;
+/// What building and costing one complete layout costs, in simulated tasks.
+const LEAF_OVERHEAD_TASKS: u64 = 10_000;
 
 /// Largest cluster the automatic choice searches in full. 128 layers on
 /// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
@@ -309,6 +312,11 @@ pub fn search(
         .map(|(plan, source)| {
             let plan = match opts.warmup_policy {
                 WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
+                // Baselines' layouts come uncosted; the search's own are costed.
+                _ if plan.estimate.is_none() => Some(Plan {
+                    estimate: Some(evaluate(&plan, profile)?),
+                    ..plan
+                }),
                 _ => Some(plan),
             };
             Ok(plan
@@ -379,12 +387,15 @@ pub fn search(
                 stages: steps.to_vec(),
             };
             let plan = build_plan(&inputs, ctx, b, m, &found);
+            // The layout was simulated once to cost it, and again for each
+            // warm-up vector tried; each simulation runs every stage's 2M
+            // passes, and building the plan costs about as much again.
+            let per_simulation = 2 * u64::from(m) * steps.len() as u64;
+            let mut tasks = LEAF_OVERHEAD_TASKS + per_simulation;
             let plan = match opts.warmup_policy {
                 WarmupPolicy::Auto => match plan_with_chosen_warmups(&plan, profile) {
                     Ok((p, simulations)) => {
-                        // Each simulation runs every stage's 2M passes.
-                        let tasks = simulations * 2 * u64::from(m) * steps.len() as u64;
-                        work_left.set(work_left.get().saturating_sub(tasks));
+                        tasks += simulations * per_simulation;
                         p
                     }
                     Err(e) => {
@@ -394,6 +405,7 @@ pub fn search(
                 },
                 _ => Some(plan),
             };
+            work_left.set(work_left.get().saturating_sub(tasks));
             match plan.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) {
                 Some(p) if walk_best.as_ref().is_none_or(|w| key(&p).0 < key(w).0) => {
                     let ms = key(&p).0;
