@@ -35,7 +35,7 @@ from .options import model_kwargs, model_options, reports_errors, require_torch
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --checkpoint-dir.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per worker.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cpu: gloo processes; cuda: NCCL, rank r on GPU r (untested here: no GPU on CI).")
+              help="cpu: gloo processes; cuda: NCCL, rank r on GPU r (run once on one GPU, docs/runtime.md; not in CI).")
 @click.option("--recompute", is_flag=True,
               help="Keep only each stage's input during the forward; re-run the stage's forward in its backward.")
 @click.option("--exact-memory", is_flag=True,
