@@ -58,6 +58,11 @@ impl Cluster {
         }
     }
 
+    /// (machine group, GPUs) of each machine: what placement states count.
+    pub fn group_and_gpus(&self) -> Vec<(usize, u32)> {
+        self.machines.iter().map(|m| (m.group, m.gpus)).collect()
+    }
+
     pub fn num_devices(&self) -> u32 {
         self.machines.iter().map(|m| m.gpus).sum()
     }

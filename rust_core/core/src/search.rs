@@ -206,45 +206,35 @@ pub fn search(
     // size that cannot reach it is cut and only the run's best is a
     // candidate, though the walk below still visits the other sizes.
     let sizes_alone = cluster.num_devices() <= AUTO_FULL_MAX_DEVICES;
-    let results: Vec<(usize, u32, Option<Found>, usize, u64)> = if sizes_alone {
-        let runs: Vec<(usize, u32)> = (0..contexts.len())
-            .flat_map(|p| sizes.iter().map(move |&b| (p, b)))
-            .collect();
-        runs.par_iter()
-            .map(|&(p, b)| {
-                let own = AtomicU64::new(f64::INFINITY.to_bits());
-                let mut dp = Dp::new(&contexts[p], b, gbs / b, Objective::Latency, Some(&own));
-                let found = dp.run();
-                (p, b, found, dp.states.len(), dp.stages_costed)
-            })
-            .collect()
-    } else {
-        let incumbents: Vec<AtomicU64> = contexts
-            .iter()
-            .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
-            .collect();
-        let runs: Vec<(usize, u32)> = (0..contexts.len())
-            .flat_map(|p| sizes.iter().map(move |&b| (p, b)))
-            .collect();
-        let mut all: Vec<(usize, u32, Option<Found>, usize, u64)> = runs
-            .par_iter()
-            .map(|&(p, b)| {
-                let mut dp = Dp::new(
-                    &contexts[p],
-                    b,
-                    gbs / b,
-                    Objective::Latency,
-                    Some(&incumbents[p]),
-                );
-                let found = dp.run();
-                (p, b, found, dp.states.len(), dp.stages_costed)
-            })
-            .collect();
-        // Which sizes survive the shared bound depends on thread timing;
-        // each run's best does not (the DP is exact, ties broken by fewer
-        // stages, then larger micro-batches). Keep only that one.
+    // One incumbent per run and size, or one per run shared by its sizes.
+    let incumbents: Vec<AtomicU64> = (0..contexts.len() * sizes.len())
+        .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+        .collect();
+    let runs: Vec<(usize, usize)> = (0..contexts.len())
+        .flat_map(|p| (0..sizes.len()).map(move |k| (p, k)))
+        .collect();
+    let mut results: Vec<(usize, u32, Option<Found>, usize, u64)> = runs
+        .par_iter()
+        .map(|&(p, k)| {
+            let b = sizes[k];
+            let incumbent = &incumbents[if sizes_alone { p * sizes.len() + k } else { p }];
+            let mut dp = Dp::new(
+                &contexts[p],
+                b,
+                gbs / b,
+                Objective::Latency,
+                Some(incumbent),
+            );
+            let found = dp.run();
+            (p, b, found, dp.states.len(), dp.stages_costed)
+        })
+        .collect();
+    if !sizes_alone {
+        // Which sizes survive a shared bound depends on thread timing; each
+        // run's best does not (the DP is exact, ties broken by fewer stages,
+        // then larger micro-batches). Keep only that one.
         for p in 0..contexts.len() {
-            let best = all
+            let best = results
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| r.0 == p && r.2.is_some())
@@ -256,14 +246,13 @@ pub fn search(
                         .then(y.1.cmp(&x.1))
                 })
                 .map(|(i, _)| i);
-            for (i, r) in all.iter_mut().enumerate() {
+            for (i, r) in results.iter_mut().enumerate() {
                 if r.0 == p && Some(i) != best {
                     r.2 = None;
                 }
             }
         }
-        all
-    };
+    }
     let stats = SearchStats {
         micro_batch_sizes: sizes.clone(),
         states: results.iter().map(|r| r.3).sum(),
@@ -334,13 +323,14 @@ pub fn search(
     };
     // Shortest simulated iteration; ties go to the smaller bound, fewer
     // stages, then larger micro-batches.
-    ranked.sort_by(|(a, _), (b, _)| {
+    let faster = |(a, _): &(Plan, &str), (b, _): &(Plan, &str)| {
         let (ka, kb) = (key(a), key(b));
         ka.0.total_cmp(&kb.0)
             .then(ka.1.total_cmp(&kb.1))
             .then(a.stages.len().cmp(&b.stages.len()))
             .then(b.micro_batch_size.cmp(&a.micro_batch_size))
-    });
+    };
+    ranked.sort_by(faster);
     if ranked.is_empty() {
         return Err(explain_infeasible(&contexts[covering], &sizes, gbs));
     }
@@ -434,13 +424,7 @@ pub fn search(
     }
     let candidates = ranked.len() as u32;
     ranked.extend(walk_best.map(|p| (p, "search")));
-    ranked.sort_by(|(a, _), (b, _)| {
-        let (ka, kb) = (key(a), key(b));
-        ka.0.total_cmp(&kb.0)
-            .then(ka.1.total_cmp(&kb.1))
-            .then(a.stages.len().cmp(&b.stages.len()))
-            .then(b.micro_batch_size.cmp(&a.micro_batch_size))
-    });
+    ranked.sort_by(faster);
     let (chosen, source) = &ranked[0];
     let (chosen_ms, chosen_bound) = key(chosen);
     let estimate_rank = ranked
@@ -686,6 +670,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
     }
 
+    /// Most GPUs one stage can use: every replica needs a slice of at
+    /// least the smallest allowed size.
+    fn max_replicas(&self) -> u32 {
+        (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices())
+    }
+
     fn incumbent(&self) -> f64 {
         self.incumbent
             .map_or(f64::INFINITY, |a| f64::from_bits(a.load(Ordering::Relaxed)))
@@ -707,14 +697,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         if self.objective != Objective::Latency {
             return true;
         }
-        let mut floor =
-            (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
-        if j > 0 && free > 0 {
-            // Some stage of the prefix does at least its share of the work
-            // M times, and formula (2) is at least M (F_q + B_q) for each q.
-            floor = floor.max(f64::from(self.micro_batches) * self.work_floor[j] / f64::from(free));
-        }
-        floor <= self.incumbent() * (1.0 + 1e-12)
+        self.completion_floor(latency, j, free) <= self.incumbent() * (1.0 + 1e-12)
     }
 
     /// Ids of the states whose suffix starts at layer `j`, in creation order
@@ -773,13 +756,7 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     fn run(&mut self) -> Option<Found> {
         let n = self.ctx.layers.num_layers;
-        let machines: Vec<(usize, u32)> = self
-            .ctx
-            .cluster
-            .machines
-            .iter()
-            .map(|m| (m.group, m.gpus))
-            .collect();
+        let machines = self.ctx.cluster.group_and_gpus();
         let root_state = self.state_id(n, &State::empty(&machines));
         let root = Entry {
             latency: SuffixLatency::EMPTY,
@@ -794,8 +771,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         self.entries.push(root);
         self.states[root_state as usize].front.push(0);
-        let max_replicas =
-            (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices());
+        let max_replicas = self.max_replicas();
         if self.objective == Objective::Latency {
             self.seed_incumbent(&machines, max_replicas);
         }
@@ -1033,7 +1009,8 @@ type Step = (usize, usize, State, Policy, u32);
 /// Depth-first enumeration of every layout whose formula (2) value is
 /// below a bound that only falls (`LayoutWalk::bound`). Each complete
 /// layout goes to `visit`, which returns the new bound (the best simulated
-/// time so far). Stops early, incomplete, after `node_budget` stages.
+/// time so far). Stops early, incomplete (`complete` false), when
+/// `nodes_left` or `work_left` runs out.
 struct LayoutWalk<'w, F: FnMut(&[Step], f64) -> f64> {
     bound: f64,
     nodes_left: u64,
@@ -1046,18 +1023,11 @@ struct LayoutWalk<'w, F: FnMut(&[Step], f64) -> f64> {
 
 impl Dp<'_, '_> {
     /// Walk every layout of this micro-batch size whose bound is below
-    /// `walk.bound`. Returns whether the walk finished within its budget.
+    /// `walk.bound`; `walk.complete` says whether it finished within budget.
     fn walk_layouts<F: FnMut(&[Step], f64) -> f64>(&mut self, walk: &mut LayoutWalk<F>) {
         let n = self.ctx.layers.num_layers;
-        let machines: Vec<(usize, u32)> = self
-            .ctx
-            .cluster
-            .machines
-            .iter()
-            .map(|m| (m.group, m.gpus))
-            .collect();
-        let max_replicas =
-            (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices());
+        let machines = self.ctx.cluster.group_and_gpus();
+        let max_replicas = self.max_replicas();
         let mut steps = Vec::new();
         self.walk_from(
             n,
@@ -1070,11 +1040,14 @@ impl Dp<'_, '_> {
         );
     }
 
-    /// Smallest formula value any completion of this suffix can have.
+    /// Smallest formula value any completion of this suffix (still missing
+    /// layers 0..j, with `free` GPUs left) can have.
     fn completion_floor(&self, latency: SuffixLatency, j: usize, free: u32) -> f64 {
         let mut floor =
             (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
         if j > 0 && free > 0 {
+            // Some stage of the prefix does at least its share of the work
+            // M times, and formula (2) is at least M (F_q + B_q) for each q.
             floor = floor.max(f64::from(self.micro_batches) * self.work_floor[j] / f64::from(free));
         }
         floor
@@ -1283,9 +1256,8 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
 mod tests {
     use super::*;
     use crate::cost::smallest_slice;
-    use crate::plan::{evaluate, stage_costs, with_coster, PlanOptions};
+    use crate::plan::{evaluate, PlanOptions};
     use crate::profile::{Layer, Measurement, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
-    use crate::simulate::sim_stages;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -1337,11 +1309,7 @@ mod tests {
     /// Smallest simulated iteration of a checked plan's layout over every
     /// valid vector of warm-up depths that fits in memory (policy auto).
     fn best_over_warmups(plan: &Plan, profile: &Profile) -> Option<f64> {
-        let (stages, transfers) = with_coster(plan, profile, |coster, allocs, _| {
-            let (costs, transfers) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
-            (sim_stages(coster.layers, plan, &costs), transfers)
-        })
-        .unwrap();
+        let (stages, transfers) = crate::simulate::sim_inputs(plan, profile, true).unwrap();
         let caps = crate::warmup::deepest_warmups(&stages, plan.micro_batches)?;
         all_warmups(&caps)
             .iter()
@@ -1369,8 +1337,7 @@ mod tests {
     ) -> Option<(f64, f64)> {
         let n = profile.layers.len();
         let cluster = Cluster::new(topology);
-        let machines: Vec<(usize, u32)> =
-            cluster.machines.iter().map(|m| (m.group, m.gpus)).collect();
+        let machines = cluster.group_and_gpus();
         let mut best: Option<(f64, f64)> = None;
         let min_slice = profile.min_batch_size();
         for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {

@@ -397,14 +397,24 @@ pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) 
         .collect()
 }
 
-/// Simulate a plan with the same stage costs the estimate uses.
-pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
-    let s_count = plan.stages.len();
-    let (stages, transfers) = with_coster(plan, profile, |coster, allocs, _| {
-        let overlap = s_count == 1 && opts.overlap_allreduce;
+/// Check `plan` against `profile` and cost it for the simulator: its stages
+/// and the transfer between each pair. `overlap_allreduce`: a single
+/// (data-parallel) stage hides its AllReduce behind the last backward.
+pub(crate) fn sim_inputs(
+    plan: &Plan,
+    profile: &Profile,
+    overlap_allreduce: bool,
+) -> Result<(Vec<SimStage>, Vec<f64>)> {
+    with_coster(plan, profile, |coster, allocs, _| {
+        let overlap = plan.stages.len() == 1 && overlap_allreduce;
         let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
         (sim_stages(coster.layers, plan, &costs), transfers)
-    })?;
+    })
+}
+
+/// Simulate a plan with the same stage costs the estimate uses.
+pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
+    let (stages, transfers) = sim_inputs(plan, profile, opts.overlap_allreduce)?;
     let schedule = plan_schedule(plan, opts.schedule)?;
     simulate_stages(&stages, &transfers, &schedule, opts.recompute)
 }

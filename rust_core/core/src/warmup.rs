@@ -14,10 +14,10 @@
 
 use crate::cost::WarmupPolicy;
 use crate::error::Result;
-use crate::plan::{evaluate, stage_costs, with_coster, Plan};
+use crate::plan::{evaluate, Plan};
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
-use crate::simulate::{early_backward_iteration_ms, sim_stages, SimStage};
+use crate::simulate::{early_backward_iteration_ms, sim_inputs, SimStage};
 
 /// Deepest K_i each stage's memory allows, at most M and never deeper than
 /// the stage before (so the vector itself is valid). None when some stage
@@ -206,10 +206,7 @@ fn depths_to_try(low: u32, high: u32, current: u32) -> Vec<u32> {
 /// `choose_warmups` picks, costed, and the number of iterations simulated
 /// to choose them. None when no depths fit in memory.
 pub fn plan_with_chosen_warmups(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
-    let (stages, transfers) = with_coster(plan, profile, |coster, allocs, _| {
-        let (costs, transfers) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
-        (sim_stages(coster.layers, plan, &costs), transfers)
-    })?;
+    let (stages, transfers) = sim_inputs(plan, profile, true)?;
     let Some(chosen) = choose_warmups(&stages, &transfers, plan.micro_batches)? else {
         return Ok((None, 0));
     };
