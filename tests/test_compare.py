@@ -67,9 +67,15 @@ def test_fixed_policy_plans_are_no_slower_than_its_baselines(name, topology, gbs
     prof = planner.Profile.load(PROFILES / f"{name}.json")
     ours = planner.plan(prof, topology, gbs, warmup_policy="A")
     assert ours.data["schedule"]["warmup_policy"] == "A"
+    compared = 0
     for kind in ("straight", "pipedream-planner"):
-        theirs = planner.baseline(kind, prof, topology, gbs, warmup_policy="A")
+        try:
+            theirs = planner.baseline(kind, prof, topology, gbs, warmup_policy="A")
+        except planner.InfeasibleError:
+            continue  # e.g. PipeDream's 11:4:1 for VGG-19 on B holds too much under policy A
+        compared += 1
         assert ours.iteration_ms <= theirs.iteration_ms * (1 + 1e-9), (kind, theirs.shape)
+    assert compared >= 1
 
 
 def test_compare_command(dapple):

@@ -16,6 +16,7 @@
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, Schedule, Stage};
+use crate::pipedream::{pipedream_plan, planning_steps, Level, States};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
@@ -94,10 +95,16 @@ pub fn block_partition(weights: &[f64], parts: usize) -> Vec<(usize, usize)> {
 type Layout = Vec<(usize, usize, Vec<u32>)>;
 
 /// The layout of a baseline on this cluster.
-fn layout(kind: Baseline, layers: &LayerCosts, cluster: &Cluster, min_slice: u32) -> Layout {
+fn layout(
+    kind: Baseline,
+    profile: &Profile,
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    min_slice: u32,
+) -> Result<Layout> {
     let n = layers.num_layers;
     let g = cluster.num_devices();
-    match kind {
+    Ok(match kind {
         Baseline::DataParallel => vec![(0, n, (0..g).collect())],
         Baseline::GPipe | Baseline::Straight => {
             let t = layers.times_at(min_slice);
@@ -108,73 +115,137 @@ fn layout(kind: Baseline, layers: &LayerCosts, cluster: &Cluster, min_slice: u32
                 .map(|(i, (s, e))| (s, e, vec![i as u32]))
                 .collect()
         }
-        Baseline::PipeDream => pipedream_layout(layers, cluster, min_slice),
-    }
+        Baseline::PipeDream => pipedream_layout(profile, layers, cluster, min_slice)?,
+    })
 }
 
-/// PipeDream's planner (one level): A(j, m) = min over the last stage
-/// (i..j on m' GPUs) of max(A(i, m - m'), 2 C_i / B, T(i..j, m')), with
-/// T(i..j, m') = max(compute, 4 (m'-1) |w| / (m' B)) / m' as in the paper:
-/// the slowest stage of an asynchronous pipeline, weights synchronised each
-/// minibatch. Weight sync and transfers use the intra-machine link when the
-/// GPUs involved fit in one machine, the network otherwise. Stages take
-/// consecutive device ids, as PipeDream places them.
-fn pipedream_layout(layers: &LayerCosts, cluster: &Cluster, batch: u32) -> Layout {
-    let n = layers.num_layers;
-    let g = cluster.num_devices() as usize;
-    let per_machine = cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1) as usize;
-    let intra = cluster
-        .machines
+/// Work above which the PipeDream baseline refuses to plan: its dynamic
+/// programme is quadratic in the workers of each level (about 2 s here).
+const PIPEDREAM_MAX_STEPS: f64 = 2e9;
+
+/// PipeDream's planner (crate::pipedream) on dapple's profile and cluster:
+/// its levels are the GPUs of a machine at the machine's link speed, then
+/// the machines at the network's; states are the layers PipeDream keeps, in
+/// dapple's order; its plan's stages take consecutive GPUs of consecutive
+/// machines, as PipeDream places them.
+fn pipedream_layout(
+    profile: &Profile,
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    batch: u32,
+) -> Result<Layout> {
+    let machines = &cluster.machines;
+    let gpus_per_machine = machines[0].gpus;
+    if machines.iter().any(|m| m.gpus != gpus_per_machine) {
+        return Err(Error::incompatible(
+            "pipedream-planner needs machines with equal GPU counts (PipeDream plans a machine, then the machines)",
+        ));
+    }
+    let bytes_per_s = |bytes_per_ms: f64| bytes_per_ms * 1e3;
+    let mut levels = Vec::new();
+    if gpus_per_machine > 1 {
+        let intra = machines.iter().map(|m| m.intra_bytes_per_ms).fold(f64::INFINITY, f64::min);
+        levels.push(Level {
+            workers: gpus_per_machine as usize,
+            bandwidth_bytes_per_s: bytes_per_s(intra),
+        });
+    }
+    let machine_level = (machines.len() > 1 || levels.is_empty()).then_some(levels.len());
+    if machine_level.is_some() {
+        levels.push(Level {
+            workers: machines.len(),
+            bandwidth_bytes_per_s: bytes_per_s(cluster.inter_bytes_per_ms),
+        });
+    }
+    let (states, first_layer) = pipedream_states(profile, layers, cluster, batch);
+    let steps = planning_steps(states.len(), &levels);
+    if steps > PIPEDREAM_MAX_STEPS {
+        return Err(Error::incompatible(format!(
+            "pipedream-planner: {} layers on {} GPUs take about {steps:.1e} planning steps, over the limit of {PIPEDREAM_MAX_STEPS:.0e} (PipeDream's planner is quadratic in the machines)",
+            states.len(),
+            cluster.num_devices()
+        )));
+    }
+    let memory_bytes = machines.iter().map(|m| m.memory_bytes).fold(f64::INFINITY, f64::min);
+    let plan = pipedream_plan(&states, &levels, memory_bytes)
+        .ok_or_else(|| Error::infeasible("pipedream-planner finds no plan for this model"))?;
+    let gpu_level = (gpus_per_machine > 1).then_some(0);
+    Ok(plan
+        .stages
         .iter()
-        .map(|m| m.intra_bytes_per_ms)
-        .fold(f64::INFINITY, f64::min);
-    let inter = cluster.inter_bytes_per_ms;
-    let bandwidth = |gpus: usize| if gpus <= per_machine { intra } else { inter };
-    let t = layers.times_at(batch);
-    let stage_time = |i: usize, j: usize, m: usize| {
-        let compute = t.fwd(i, j) + t.bwd(i, j);
-        let mf = m as f64;
-        let sync = 4.0 * (mf - 1.0) * layers.param_bytes(i, j) / (mf * bandwidth(m));
-        compute.max(sync) / mf
-    };
-    // a[j][m]: best slowest-stage time for layers 0..j on m GPUs; from[j][m] = (i, m').
-    let mut a = vec![vec![f64::INFINITY; g + 1]; n + 1];
-    let mut from = vec![vec![(0usize, 0usize); g + 1]; n + 1];
-    for j in 1..=n {
-        for m in 1..=g {
-            a[j][m] = stage_time(0, j, m);
-            from[j][m] = (0, m);
-            for i in 1..j {
-                // Both stages fit in one machine only while m GPUs do.
-                let send = 2.0 * layers.cut_bytes_per_sample(i) * f64::from(batch) / bandwidth(m);
-                for mp in 1..m {
-                    let v = a[i][m - mp].max(send).max(stage_time(i, j, mp));
-                    if v < a[j][m] {
-                        a[j][m] = v;
-                        from[j][m] = (i, mp);
-                    }
-                }
-            }
-        }
-    }
-    let mut stages = Vec::new();
-    let (mut j, mut m) = (n, g);
-    while j > 0 {
-        let (i, mp) = from[j][m];
-        stages.push((i, j, mp));
-        j = i;
-        m -= mp;
-    }
-    stages.reverse();
-    let mut next = 0u32;
-    stages
-        .into_iter()
-        .map(|(i, j, mp)| {
-            let devices: Vec<u32> = (next..next + mp as u32).collect();
-            next += mp as u32;
-            (i, j, devices)
+        .map(|stage| {
+            let (gpus, first_gpu) = gpu_level.map_or((1, 0), |l| stage.placement[l]);
+            let (count, first_machine) = machine_level.map_or((1, 0), |l| stage.placement[l]);
+            let devices = (first_machine..first_machine + count)
+                .flat_map(|m| {
+                    let base = machines[m].first_device + first_gpu as u32;
+                    base..base + gpus as u32
+                })
+                .collect();
+            (first_layer[stage.first_state], first_layer[stage.end_state], devices)
         })
-        .collect()
+        .collect())
+}
+
+/// PipeDream's view of the model at `batch` samples per GPU, and the first
+/// dapple layer of each state (plus the layer count at the end).
+///
+/// As its optimizer does, sources named `Input*` are dropped (their layers
+/// join the first stage and cost nothing) and so are sinks named
+/// `__getitem__*` (they join the stage before them). A state's output is
+/// every kept layer's activation that a later kept layer reads, plus the
+/// state's own last layer: PipeDream's augmented antichain.
+fn pipedream_states(
+    profile: &Profile,
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    batch: u32,
+) -> (States, Vec<usize>) {
+    let n = profile.layers.len();
+    let readers = profile.readers();
+    let dropped: Vec<bool> = (0..n)
+        .map(|l| {
+            let name = &profile.layers[l].name;
+            let source = profile.reads(l).is_empty();
+            (source && name.starts_with("Input"))
+                || (readers[l].is_empty() && name.starts_with("__getitem__"))
+        })
+        .collect();
+    let kept: Vec<usize> = (0..n).filter(|&l| !dropped[l]).collect();
+    let times = layers.times_at(batch);
+    let speed = cluster.machines.iter().map(|m| m.speed).fold(f64::INFINITY, f64::min);
+    let activation = |l: usize| profile.layers[l].activation_bytes_per_sample() * f64::from(batch);
+    let compute_s: Vec<f64> = kept
+        .iter()
+        .map(|&l| (times.fwd(l, l + 1) + times.bwd(l, l + 1)) / speed / 1e3)
+        .collect();
+    let activation_bytes: Vec<f64> = kept.iter().map(|&l| activation(l)).collect();
+    let parameter_bytes: Vec<f64> = kept.iter().map(|&l| profile.layers[l].param_bytes as f64).collect();
+    // The last kept reader of each layer, to find what leaves a prefix.
+    let last_kept_reader: Vec<Option<usize>> = (0..n)
+        .map(|l| readers[l].iter().copied().filter(|&r| !dropped[r]).max())
+        .collect();
+    let output_activation_bytes: Vec<f64> = kept
+        .iter()
+        .map(|&last| {
+            activation(last)
+                + kept
+                    .iter()
+                    .take_while(|&&l| l < last)
+                    .filter(|&&l| last_kept_reader[l].is_some_and(|r| r > last))
+                    .map(|&l| activation(l))
+                    .sum::<f64>()
+        })
+        .collect();
+    let mut first_layer: Vec<usize> = kept.clone();
+    if let Some(first) = first_layer.first_mut() {
+        *first = 0;
+    }
+    first_layer.push(n);
+    (
+        States::from_per_state(&compute_s, &activation_bytes, &parameter_bytes, &output_activation_bytes),
+        first_layer,
+    )
 }
 
 /// The baseline's layout at every micro-batch size it can take (each
@@ -190,7 +261,7 @@ pub fn baseline_layouts(
 ) -> Result<Vec<Plan>> {
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(topology);
-    let stages = layout(kind, &layers, &cluster, min_slice);
+    let stages = layout(kind, profile, &layers, &cluster, min_slice)?;
     let schedule_kind = if kind == Baseline::GPipe {
         ScheduleKind::GPipe
     } else {

@@ -80,36 +80,97 @@ pub fn alloc_size(alloc: &[(usize, u32)]) -> u32 {
 /// (reduce-scatter inside each machine, AllReduce across machines, all-gather
 /// inside) when that is faster, as NCCL would choose.
 pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f64 {
-    let n = alloc_size(alloc);
-    if n <= 1 || bytes <= 0.0 {
-        return 0.0;
+    AllreduceCurve::new(cluster, alloc).ms(bytes)
+}
+
+/// [`allreduce_ms`] over one allocation as a function of the bytes: ring
+/// and hierarchical times are each `fixed_ms + bytes * ms_per_byte`, so the
+/// search works them out once per allocation, not once per stage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllreduceCurve {
+    replicas: u32,
+    /// (fixed_ms, ms_per_byte) of the ring and of the hierarchical AllReduce.
+    ring: (f64, f64),
+    hierarchical: (f64, f64),
+}
+
+impl AllreduceCurve {
+    pub fn new(cluster: &Cluster, alloc: &[(usize, u32)]) -> AllreduceCurve {
+        let n = alloc_size(alloc);
+        let nf = f64::from(n.max(1));
+        let slowest_intra = alloc
+            .iter()
+            .map(|&(m, _)| cluster.machines[m].intra_bytes_per_ms)
+            .fold(f64::INFINITY, f64::min);
+        let intra_latency = alloc
+            .iter()
+            .map(|&(m, _)| cluster.machines[m].intra_latency_ms)
+            .fold(0.0, f64::max);
+        // 2 (n-1)/n of the bytes cross the slowest link, in 2 (n-1) steps.
+        let ring_over = |bandwidth: f64, latency: f64, n: f64| {
+            (2.0 * (n - 1.0) * latency, 2.0 * (n - 1.0) / n / bandwidth)
+        };
+        if alloc.len() <= 1 {
+            let ring = ring_over(slowest_intra, intra_latency, nf);
+            return AllreduceCurve {
+                replicas: n,
+                ring,
+                hierarchical: ring,
+            };
+        }
+        let ring = ring_over(
+            slowest_intra.min(cluster.inter_bytes_per_ms),
+            cluster.inter_latency_ms,
+            nf,
+        );
+        let k = f64::from(alloc.iter().map(|&(_, c)| c).max().unwrap_or(1));
+        let inside = if k > 1.0 {
+            ring_over(slowest_intra, intra_latency, k)
+        } else {
+            (0.0, 0.0)
+        };
+        let across = ring_over(
+            cluster.inter_bytes_per_ms,
+            cluster.inter_latency_ms,
+            alloc.len() as f64,
+        );
+        AllreduceCurve {
+            replicas: n,
+            ring,
+            hierarchical: (inside.0 + across.0, inside.1 + across.1),
+        }
     }
-    let nf = f64::from(n);
-    let slowest_intra = alloc
-        .iter()
-        .map(|&(m, _)| cluster.machines[m].intra_bytes_per_ms)
-        .fold(f64::INFINITY, f64::min);
-    let intra_latency = alloc
-        .iter()
-        .map(|&(m, _)| cluster.machines[m].intra_latency_ms)
-        .fold(0.0, f64::max);
-    if alloc.len() == 1 {
-        return 2.0 * (nf - 1.0) / nf * bytes / slowest_intra + 2.0 * (nf - 1.0) * intra_latency;
+
+    pub fn ms(&self, bytes: f64) -> f64 {
+        if self.replicas <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let time = |(fixed, per_byte): (f64, f64)| fixed + bytes * per_byte;
+        time(self.ring).min(time(self.hierarchical))
     }
-    let ring_bw = slowest_intra.min(cluster.inter_bytes_per_ms);
-    let ring =
-        2.0 * (nf - 1.0) / nf * bytes / ring_bw + 2.0 * (nf - 1.0) * cluster.inter_latency_ms;
-    let k = f64::from(alloc.iter().map(|&(_, c)| c).max().unwrap_or(1));
-    let machines = alloc.len() as f64;
-    let intra_part = if k > 1.0 {
-        2.0 * (k - 1.0) / k * bytes / slowest_intra + 2.0 * (k - 1.0) * intra_latency
-    } else {
-        0.0
-    };
-    let hierarchical = intra_part
-        + 2.0 * (machines - 1.0) / machines * bytes / cluster.inter_bytes_per_ms
-        + 2.0 * (machines - 1.0) * cluster.inter_latency_ms;
-    ring.min(hierarchical)
+}
+
+/// What a stage's cost reads of its GPUs, worked out once per allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageDevices {
+    pub alloc: Alloc,
+    pub replicas: u32,
+    /// The slowest GPU's relative speed: replicas move in lock step.
+    pub speed: f64,
+    pub memory_limit_bytes: f64,
+    pub allreduce: AllreduceCurve,
+}
+
+impl StageDevices {
+    pub fn new(cluster: &Cluster, alloc: Alloc) -> StageDevices {
+        StageDevices {
+            replicas: alloc_size(&alloc),
+            speed: slowest_speed(cluster, &alloc),
+            memory_limit_bytes: smallest_memory(cluster, &alloc),
+            allreduce: AllreduceCurve::new(cluster, &alloc),
+            alloc,
+        }
+    }
 }
 
 /// Time to move a micro-batch's `bytes` of activations (or their gradients)
@@ -525,17 +586,34 @@ impl<'a> StageCoster<'a> {
         warmup: u32,
         only_stage: bool,
     ) -> StageCost {
-        let replicas = alloc_size(alloc);
-        let slice = largest_slice(self.micro_batch, replicas);
+        let devices = StageDevices::new(self.cluster, alloc.to_vec());
+        self.stage_on(start, end, &devices, warmup, only_stage)
+    }
+
+    /// [`StageCoster::stage`] on devices already summarised.
+    pub fn stage_on(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
+        let slice = largest_slice(self.micro_batch, devices.replicas);
         let times = self.times(slice);
-        let speed = slowest_speed(self.cluster, alloc);
+        let speed = devices.speed;
         let fwd_ms = times.fwd(start, end) / speed;
         let bwd_ms = times.bwd(start, end) / speed;
-        let allreduce = allreduce_ms(self.cluster, alloc, self.layers.param_bytes(start, end));
-        let exposed = if only_stage && replicas > 1 {
-            exposed_allreduce_with_overlap(self.cluster, alloc, self.layers, start, end, |l| {
-                times.bwd(l, l + 1) / speed
-            })
+        let allreduce = devices.allreduce.ms(self.layers.param_bytes(start, end));
+        let exposed = if only_stage && devices.replicas > 1 {
+            exposed_allreduce_with_overlap(
+                self.cluster,
+                &devices.alloc,
+                self.layers,
+                start,
+                end,
+                |l| times.bwd(l, l + 1) / speed,
+            )
         } else {
             allreduce
         };
@@ -546,7 +624,7 @@ impl<'a> StageCoster<'a> {
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
-            memory_limit_bytes: smallest_memory(self.cluster, alloc),
+            memory_limit_bytes: devices.memory_limit_bytes,
         }
     }
 

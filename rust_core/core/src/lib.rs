@@ -9,6 +9,7 @@ pub mod baselines;
 pub mod cost;
 pub mod error;
 pub mod format;
+pub mod pipedream;
 pub mod placement;
 pub mod plan;
 pub mod profile;

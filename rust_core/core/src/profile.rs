@@ -80,6 +80,28 @@ pub struct Measurement {
     pub stored_activation_bytes: Option<u64>,
 }
 
+impl Layer {
+    /// The measurement sizes are taken from: the largest measured batch,
+    /// where fixed overheads weigh least (sizes are linear in the batch).
+    fn largest_measurement(&self) -> &Measurement {
+        self.measurements
+            .last()
+            .expect("validated: at least one measurement")
+    }
+
+    /// Bytes of the layer's output(s) per sample.
+    pub fn activation_bytes_per_sample(&self) -> f64 {
+        let m = self.largest_measurement();
+        m.activation_bytes as f64 / f64::from(m.batch_size)
+    }
+
+    /// Bytes per sample kept from the forward pass until the backward pass.
+    pub fn stored_bytes_per_sample(&self) -> f64 {
+        let m = self.largest_measurement();
+        m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / f64::from(m.batch_size)
+    }
+}
+
 /// Number of optimizer-state slots per parameter for a named optimizer.
 pub fn optimizer_state_slots(optimizer: &str) -> Option<u32> {
     match optimizer {
@@ -106,6 +128,26 @@ impl Profile {
     pub fn sha256(&self) -> String {
         let digest = Sha256::digest(self.to_json().as_bytes());
         digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Indices of the layers whose outputs layer `layer` reads.
+    pub fn reads(&self, layer: usize) -> Vec<usize> {
+        match &self.layers[layer].inputs {
+            Some(sources) => sources.clone(),
+            None if layer > 0 => vec![layer - 1],
+            None => Vec::new(),
+        }
+    }
+
+    /// For each layer, the layers that read its output, ascending.
+    pub fn readers(&self) -> Vec<Vec<usize>> {
+        let mut readers = vec![Vec::new(); self.layers.len()];
+        for layer in 0..self.layers.len() {
+            for source in self.reads(layer) {
+                readers[source].push(layer);
+            }
+        }
+        readers
     }
 
     pub fn batch_sizes(&self) -> Vec<u32> {
@@ -258,16 +300,8 @@ impl LayerCosts {
                 fwd[k][i] = m.fwd_ms;
                 bwd[k][i] = m.bwd_ms;
             }
-            // Sizes are linear in the batch; take them from the largest
-            // measured batch, where fixed overheads weigh least.
-            let m = layer
-                .measurements
-                .last()
-                .expect("validated: at least one measurement");
-            let b = f64::from(m.batch_size);
-            act_per_sample[i] = m.activation_bytes as f64 / b;
-            stored_per_sample[i] =
-                m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / b;
+            act_per_sample[i] = layer.activation_bytes_per_sample();
+            stored_per_sample[i] = layer.stored_bytes_per_sample();
         }
         let prefix = |v: &[f64]| {
             let mut p = vec![0.0; v.len() + 1];
@@ -284,18 +318,12 @@ impl LayerCosts {
         // A producer's output crosses cut p (between p-1 and p) when the
         // producer is before p and some consumer is at or after p. Each
         // tensor is sent once per cut, however many consumers lie beyond.
-        let mut last_consumer: Vec<usize> = (0..n).collect();
-        for (i, layer) in profile.layers.iter().enumerate() {
-            match &layer.inputs {
-                Some(srcs) => {
-                    for &s in srcs {
-                        last_consumer[s] = last_consumer[s].max(i);
-                    }
-                }
-                None if i > 0 => last_consumer[i - 1] = last_consumer[i - 1].max(i),
-                None => {}
-            }
-        }
+        let last_consumer: Vec<usize> = profile
+            .readers()
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.iter().copied().fold(i, usize::max))
+            .collect();
         let mut cut_per_sample = vec![0.0; n + 1];
         for p in 1..n {
             cut_per_sample[p] = (0..p)

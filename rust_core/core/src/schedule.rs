@@ -7,7 +7,7 @@
 //! then all backwards in reverse order. Both end with the gradient AllReduce
 //! of the stage and the optimizer step.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -346,7 +346,7 @@ impl Schedule {
     fn simulate(&self) -> Result<()> {
         let n = self.stages.len();
         let mut next = vec![0usize; n];
-        let mut done: HashSet<(usize, Action)> = HashSet::new();
+        let mut done: FxHashSet<(usize, Action)> = FxHashSet::default();
         loop {
             let (mut ran, mut stuck) = (Vec::new(), Vec::new());
             for (s, st) in self.stages.iter().enumerate() {

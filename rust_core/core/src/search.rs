@@ -17,6 +17,7 @@
 //! layer instead of 2^16. Micro-batch sizes are searched in parallel with
 //! rayon and share the best latency found so far for pruning.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,9 +25,10 @@ use rayon::prelude::*;
 
 use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{
-    largest_slice, Alloc, Cluster, PipeStage, StageCoster, SuffixLatency, WarmupPolicy,
+    largest_slice, Alloc, Cluster, PipeStage, StageCoster, StageDevices, SuffixLatency,
+    WarmupPolicy,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
     estimate_stages, evaluate, Plan, PlanInputs, Schedule, Selection, Stage,
@@ -289,9 +291,14 @@ pub fn search(
     // GPUs; there the search's own candidates and the walk must do.
     if sizes_alone {
         for kind in [Baseline::Straight, Baseline::PipeDream] {
-            for plan in
-                baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy)?
-            {
+            // A baseline that does not apply to this cluster (PipeDream's
+            // planner on machines of unequal size) offers no candidate.
+            let layouts =
+                match baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy) {
+                    Err(e) if e.kind == ErrorKind::Incompatible => Vec::new(),
+                    other => other?,
+                };
+            for plan in layouts {
                 candidates.push((plan, kind.name()));
             }
         }
@@ -589,7 +596,7 @@ struct Dp<'c, 'a> {
     incumbent: Option<&'c AtomicU64>,
     states: Vec<StateData>,
     /// index[j]: state id of each cluster state whose suffix starts at layer j.
-    index: Vec<HashMap<State, u32>>,
+    index: Vec<FxHashMap<State, u32>>,
     entries: Vec<Entry>,
     stages_costed: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
@@ -661,7 +668,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             objective,
             incumbent,
             states: Vec::new(),
-            index: vec![HashMap::new(); n + 1],
+            index: vec![FxHashMap::default(); n + 1],
             entries: Vec::new(),
             stages_costed: 0,
             fwd_floor,
@@ -897,7 +904,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         struct Candidate {
             replicas: u32,
             policy: Policy,
-            alloc: Alloc,
+            devices: StageDevices,
             next_key: State,
             transfer_ms: f64,
         }
@@ -914,7 +921,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 options.push(Candidate {
                     replicas: r,
                     policy,
-                    alloc,
+                    devices: StageDevices::new(self.ctx.cluster, alloc),
                     next_key,
                     transfer_ms,
                 });
@@ -941,7 +948,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                         Some((w, c)) if w == warmup => c,
                         _ => {
                             let only_stage = i == 0 && entry.stages == 0;
-                            let c = self.coster.stage(i, j, &opt.alloc, warmup, only_stage);
+                            let c = self.coster.stage_on(i, j, &opt.devices, warmup, only_stage);
                             self.stages_costed += 1;
                             cached = Some((warmup, c));
                             c
