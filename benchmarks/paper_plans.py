@@ -67,10 +67,9 @@ def even_blocks(total: int, stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
-def paper_plan(profile: planner.Profile, topology: planner.Topology, gbs: int, row: dict, warmup_policy: str = "auto"):
+def paper_plan(profile: planner.Profile, topology: planner.Topology, gbs: int, row: dict):
     """dapple Plan with the paper's shape and split at the micro-batch size
-    (and, under ``auto``, the warm-up depths) that simulates fastest and
-    fits, or None."""
+    and warm-up depths that simulate fastest and fit, or None."""
     g = topology.num_devices
     kind = row["plan"]
     blocks = len(block_positions(profile))
@@ -86,29 +85,33 @@ def paper_plan(profile: planner.Profile, topology: planner.Topology, gbs: int, r
     for r in replicas:
         devices.append(list(range(nxt, nxt + r)))
         nxt += r
+    return layout_plan(profile, topology, gbs, [(s, e, d) for (s, e), d in zip(ranges, devices)])
+
+
+def layout_plan(profile: planner.Profile, topology: planner.Topology, gbs: int,
+                stages: list[tuple[int, int, list[int]]]):
+    """The layout ``stages`` ((layer_start, layer_end, devices) each) as an
+    early-backward dapple plan, at the micro-batch size and warm-up depths
+    that simulate fastest and fit (as ``dapple compare`` costs a baseline),
+    or None when none fits."""
     best = None
     min_slice = min(profile.batch_sizes)
+    widest = max(len(d) for _, _, d in stages)
     for b in (d for d in range(1, gbs + 1) if gbs % d == 0):
-        if b // max(replicas) < min_slice:
+        if b // widest < min_slice:
             continue
-        k = len(replicas)
-        stages = [
-            {"layer_start": s, "layer_end": e, "devices": dv,
-             "warmup_micro_batches": min((k - i) if warmup_policy != "B" else 2 * (k - i) - 1, gbs // b)}
-            for i, ((s, e), dv) in enumerate(zip(ranges, devices))
-        ]
         doc = {
-            "format": "dapple.plan", "schema_version": 1, "planner_version": planner.__version__,
+            "format": "dapple.plan", "schema_version": 2, "planner_version": planner.__version__,
             "inputs": {"model": profile.model, "profile_sha256": profile.sha256, "topology": topology.data,
                        "global_batch_size": gbs, "options": {"min_micro_batch_size": min_slice}},
             "micro_batch_size": b, "micro_batches": gbs // b,
-            "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "B" if warmup_policy == "B" else "A"},
-            "stages": stages,
+            "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "auto"},
+            # One micro-batch in flight is valid for any layout; the depths
+            # that simulate fastest are chosen below.
+            "stages": [{"layer_start": s, "layer_end": e, "devices": d, "warmup_micro_batches": 1}
+                       for s, e, d in stages],
         }
-        p = planner.evaluate(planner.Plan.from_json(json.dumps(doc)), profile)
-        if warmup_policy == "auto":
-            # The paper's layout with the warm-up depths our planner would give it.
-            p = planner.choose_warmups(p, profile)
+        p = planner.choose_warmups(planner.Plan.from_json(json.dumps(doc)), profile)
         if p is None or not p.estimate["fits_memory"]:
             continue
         if best is None or p.iteration_ms < best.iteration_ms:

@@ -13,10 +13,12 @@
 //!
 //! Each layout gets the micro-batch size that makes it fastest and fits.
 
+use rayon::prelude::*;
+
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
+use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, Schedule, Stage};
-use crate::pipedream::{pipedream_plan, planning_steps, Level, States};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
@@ -92,7 +94,24 @@ pub fn block_partition(weights: &[f64], parts: usize) -> Vec<(usize, usize)> {
 }
 
 /// A stage layout before micro-batching: layer ranges and their devices.
-type Layout = Vec<(usize, usize, Vec<u32>)>;
+pub type Layout = Vec<(usize, usize, Vec<u32>)>;
+
+/// The stages of a baseline on this topology, planned at `min_slice`
+/// samples per GPU (the profile's smallest measured batch by default).
+pub fn baseline_layout(
+    kind: Baseline,
+    profile: &Profile,
+    topology: &Topology,
+    min_slice: u32,
+) -> Result<Layout> {
+    layout(
+        kind,
+        profile,
+        &LayerCosts::new(profile),
+        &Cluster::new(topology),
+        min_slice,
+    )
+}
 
 /// The layout of a baseline on this cluster.
 fn layout(
@@ -123,68 +142,126 @@ fn layout(
 /// programme is quadratic in the workers of each level (about 2 s here).
 const PIPEDREAM_MAX_STEPS: f64 = 2e9;
 
-/// PipeDream's planner (crate::pipedream) on dapple's profile and cluster:
-/// its levels are the GPUs of a machine at the machine's link speed, then
-/// the machines at the network's; states are the layers PipeDream keeps, in
-/// dapple's order; its plan's stages take consecutive GPUs of consecutive
-/// machines, as PipeDream places them.
+/// PipeDream's planner's inputs, read from dapple's profile and cluster.
+#[derive(Debug, Clone)]
+pub struct PipeDreamProblem {
+    pub states: States,
+    /// A machine's GPUs, then the machines (bottom level first).
+    pub levels: Vec<Level>,
+    /// The smallest GPU memory (its `-s`).
+    pub memory_bytes: f64,
+    /// First dapple layer of each state, then the layer count.
+    pub first_layer: Vec<usize>,
+    /// Which level numbers GPUs inside a machine, and which machines.
+    gpu_level: Option<usize>,
+    machine_level: Option<usize>,
+}
+
+impl PipeDreamProblem {
+    /// PipeDream's levels are the GPUs of a machine at the machine's link
+    /// speed, then the machines at the network's; states are the layers
+    /// PipeDream keeps, in dapple's order, at `batch` samples per GPU.
+    pub fn new(profile: &Profile, topology: &Topology, batch: u32) -> Result<PipeDreamProblem> {
+        PipeDreamProblem::on(
+            profile,
+            &LayerCosts::new(profile),
+            &Cluster::new(topology),
+            batch,
+        )
+    }
+
+    fn on(
+        profile: &Profile,
+        layers: &LayerCosts,
+        cluster: &Cluster,
+        batch: u32,
+    ) -> Result<PipeDreamProblem> {
+        let machines = &cluster.machines;
+        let gpus_per_machine = machines[0].gpus;
+        if machines.iter().any(|m| m.gpus != gpus_per_machine) {
+            return Err(Error::incompatible(
+                "pipedream-planner needs machines with equal GPU counts (PipeDream plans a machine, then the machines)",
+            ));
+        }
+        let bytes_per_s = |bytes_per_ms: f64| bytes_per_ms * 1e3;
+        let mut levels = Vec::new();
+        let gpu_level = (gpus_per_machine > 1).then_some(0);
+        if gpu_level.is_some() {
+            let intra = machines
+                .iter()
+                .map(|m| m.intra_bytes_per_ms)
+                .fold(f64::INFINITY, f64::min);
+            levels.push(Level {
+                workers: gpus_per_machine as usize,
+                bandwidth_bytes_per_s: bytes_per_s(intra),
+            });
+        }
+        let machine_level = (machines.len() > 1 || levels.is_empty()).then_some(levels.len());
+        if machine_level.is_some() {
+            levels.push(Level {
+                workers: machines.len(),
+                bandwidth_bytes_per_s: bytes_per_s(cluster.inter_bytes_per_ms),
+            });
+        }
+        let (states, first_layer) = pipedream_states(profile, layers, cluster, batch);
+        Ok(PipeDreamProblem {
+            states,
+            levels,
+            memory_bytes: machines
+                .iter()
+                .map(|m| m.memory_bytes)
+                .fold(f64::INFINITY, f64::min),
+            first_layer,
+            gpu_level,
+            machine_level,
+        })
+    }
+
+    /// PipeDream's plan as dapple stages: layer ranges, and each stage's
+    /// GPU-level replicas on each of its machines, consecutive device ids
+    /// as PipeDream numbers them.
+    fn layout(&self, plan: &PipeDreamPlan, cluster: &Cluster) -> Layout {
+        plan.stages
+            .iter()
+            .map(|stage| {
+                let (gpus, first_gpu) = self.gpu_level.map_or((1, 0), |l| stage.placement[l]);
+                let (count, first_machine) =
+                    self.machine_level.map_or((1, 0), |l| stage.placement[l]);
+                let devices = (first_machine..first_machine + count)
+                    .flat_map(|m| {
+                        let base = cluster.machines[m].first_device + first_gpu as u32;
+                        base..base + gpus as u32
+                    })
+                    .collect();
+                (
+                    self.first_layer[stage.first_state],
+                    self.first_layer[stage.end_state],
+                    devices,
+                )
+            })
+            .collect()
+    }
+}
+
+/// PipeDream's planner (crate::pipedream) on dapple's profile and cluster.
 fn pipedream_layout(
     profile: &Profile,
     layers: &LayerCosts,
     cluster: &Cluster,
     batch: u32,
 ) -> Result<Layout> {
-    let machines = &cluster.machines;
-    let gpus_per_machine = machines[0].gpus;
-    if machines.iter().any(|m| m.gpus != gpus_per_machine) {
-        return Err(Error::incompatible(
-            "pipedream-planner needs machines with equal GPU counts (PipeDream plans a machine, then the machines)",
-        ));
-    }
-    let bytes_per_s = |bytes_per_ms: f64| bytes_per_ms * 1e3;
-    let mut levels = Vec::new();
-    if gpus_per_machine > 1 {
-        let intra = machines.iter().map(|m| m.intra_bytes_per_ms).fold(f64::INFINITY, f64::min);
-        levels.push(Level {
-            workers: gpus_per_machine as usize,
-            bandwidth_bytes_per_s: bytes_per_s(intra),
-        });
-    }
-    let machine_level = (machines.len() > 1 || levels.is_empty()).then_some(levels.len());
-    if machine_level.is_some() {
-        levels.push(Level {
-            workers: machines.len(),
-            bandwidth_bytes_per_s: bytes_per_s(cluster.inter_bytes_per_ms),
-        });
-    }
-    let (states, first_layer) = pipedream_states(profile, layers, cluster, batch);
-    let steps = planning_steps(states.len(), &levels);
+    let problem = PipeDreamProblem::on(profile, layers, cluster, batch)?;
+    let steps = planning_steps(problem.states.len(), &problem.levels);
     if steps > PIPEDREAM_MAX_STEPS {
         return Err(Error::incompatible(format!(
             "pipedream-planner: {} layers on {} GPUs take about {steps:.1e} planning steps, over the limit of {PIPEDREAM_MAX_STEPS:.0e} (PipeDream's planner is quadratic in the machines)",
-            states.len(),
+            problem.states.len(),
             cluster.num_devices()
         )));
     }
-    let memory_bytes = machines.iter().map(|m| m.memory_bytes).fold(f64::INFINITY, f64::min);
-    let plan = pipedream_plan(&states, &levels, memory_bytes)
+    let plan = pipedream_plan(&problem.states, &problem.levels, problem.memory_bytes)
         .ok_or_else(|| Error::infeasible("pipedream-planner finds no plan for this model"))?;
-    let gpu_level = (gpus_per_machine > 1).then_some(0);
-    Ok(plan
-        .stages
-        .iter()
-        .map(|stage| {
-            let (gpus, first_gpu) = gpu_level.map_or((1, 0), |l| stage.placement[l]);
-            let (count, first_machine) = machine_level.map_or((1, 0), |l| stage.placement[l]);
-            let devices = (first_machine..first_machine + count)
-                .flat_map(|m| {
-                    let base = machines[m].first_device + first_gpu as u32;
-                    base..base + gpus as u32
-                })
-                .collect();
-            (first_layer[stage.first_state], first_layer[stage.end_state], devices)
-        })
-        .collect())
+    Ok(problem.layout(&plan, cluster))
 }
 
 /// PipeDream's view of the model at `batch` samples per GPU, and the first
@@ -213,14 +290,21 @@ fn pipedream_states(
         .collect();
     let kept: Vec<usize> = (0..n).filter(|&l| !dropped[l]).collect();
     let times = layers.times_at(batch);
-    let speed = cluster.machines.iter().map(|m| m.speed).fold(f64::INFINITY, f64::min);
+    let speed = cluster
+        .machines
+        .iter()
+        .map(|m| m.speed)
+        .fold(f64::INFINITY, f64::min);
     let activation = |l: usize| profile.layers[l].activation_bytes_per_sample() * f64::from(batch);
     let compute_s: Vec<f64> = kept
         .iter()
         .map(|&l| (times.fwd(l, l + 1) + times.bwd(l, l + 1)) / speed / 1e3)
         .collect();
     let activation_bytes: Vec<f64> = kept.iter().map(|&l| activation(l)).collect();
-    let parameter_bytes: Vec<f64> = kept.iter().map(|&l| profile.layers[l].param_bytes as f64).collect();
+    let parameter_bytes: Vec<f64> = kept
+        .iter()
+        .map(|&l| profile.layers[l].param_bytes as f64)
+        .collect();
     // The last kept reader of each layer, to find what leaves a prefix.
     let last_kept_reader: Vec<Option<usize>> = (0..n)
         .map(|l| readers[l].iter().copied().filter(|&r| !dropped[r]).max())
@@ -243,7 +327,12 @@ fn pipedream_states(
     }
     first_layer.push(n);
     (
-        States::from_per_state(&compute_s, &activation_bytes, &parameter_bytes, &output_activation_bytes),
+        States::from_per_state(
+            &compute_s,
+            &activation_bytes,
+            &parameter_bytes,
+            &output_activation_bytes,
+        ),
         first_layer,
     )
 }
@@ -335,23 +424,30 @@ pub fn baseline_plan(
         policy,
     )?;
     let searched = policy == WarmupPolicy::Auto && kind != Baseline::GPipe;
+    // Each micro-batch size is checked and costed like a hand-written plan
+    // (which re-hashes the profile each time: well under a millisecond),
+    // in parallel; the choice below runs in size order.
+    let costed: Vec<(Option<Plan>, f64)> = layouts
+        .into_par_iter()
+        .map(|plan| {
+            let estimate = evaluate(&plan, profile)?;
+            let need = estimate.peak_memory_bytes;
+            let costed = if searched {
+                plan_with_chosen_warmups(&plan, profile)?.0
+            } else {
+                Some(Plan {
+                    estimate: Some(estimate),
+                    ..plan
+                })
+            };
+            Ok((costed, need))
+        })
+        .collect::<Result<_>>()?;
     let mut best: Option<Plan> = None;
     let mut smallest_need: Option<f64> = None;
-    for plan in layouts {
-        // Checked and costed like a hand-written plan (which re-hashes the
-        // profile each time: well under a millisecond per micro-batch size).
-        let estimate = evaluate(&plan, profile)?;
-        let costed = if searched {
-            plan_with_chosen_warmups(&plan, profile)?.0
-        } else {
-            Some(Plan {
-                estimate: Some(estimate.clone()),
-                ..plan
-            })
-        };
+    for (costed, need) in costed {
         let Some(plan) = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
         else {
-            let need = estimate.peak_memory_bytes;
             smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need)));
             continue;
         };

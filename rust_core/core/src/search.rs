@@ -294,7 +294,8 @@ pub fn search(
             // A baseline that does not apply to this cluster (PipeDream's
             // planner on machines of unequal size) offers no candidate.
             let layouts =
-                match baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy) {
+                match baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy)
+                {
                     Err(e) if e.kind == ErrorKind::Incompatible => Vec::new(),
                     other => other?,
                 };
