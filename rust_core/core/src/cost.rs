@@ -191,20 +191,28 @@ pub fn transfer_ms(
     }
     let r_from = f64::from(alloc_size(from));
     let r_to = f64::from(alloc_size(to));
-    let share = |alloc: &[(usize, u32)], m: usize, r: f64| {
-        alloc
-            .iter()
-            .find(|&&(mm, _)| mm == m)
-            .map_or(0.0, |&(_, n)| f64::from(n) / r)
-    };
     let mut slowest: f64 = 0.0;
     let mut crosses = false;
-    let mut machines: Vec<usize> = from.iter().chain(to.iter()).map(|&(m, _)| m).collect();
-    machines.sort_unstable();
-    machines.dedup();
-    for m in machines {
-        let a = share(from, m, r_from);
-        let b = share(to, m, r_to);
+    // Both allocations list machines ascending: walk them side by side, each
+    // machine with its GPUs on either side (0 where it has none).
+    let (mut x, mut y) = (0, 0);
+    while x < from.len() || y < to.len() {
+        let m = match (from.get(x), to.get(y)) {
+            (Some(&(a, _)), Some(&(b, _))) => a.min(b),
+            (Some(&(a, _)), None) => a,
+            (None, Some(&(b, _))) => b,
+            (None, None) => unreachable!(),
+        };
+        let gpus_on = |alloc: &[(usize, u32)], k: &mut usize| match alloc.get(*k) {
+            Some(&(mm, n)) if mm == m => {
+                *k += 1;
+                n
+            }
+            _ => 0,
+        };
+        let (senders, receivers) = (gpus_on(from, &mut x), gpus_on(to, &mut y));
+        let a = f64::from(senders) / r_from;
+        let b = f64::from(receivers) / r_to;
         let local = a.min(b) * bytes;
         let leaving = (a - a.min(b)) * bytes;
         let entering = (b - a.min(b)) * bytes;
@@ -214,8 +222,6 @@ pub fn transfer_ms(
         }
         if local > 0.0 {
             let mc = &cluster.machines[m];
-            let senders = from.iter().find(|&&(mm, _)| mm == m).map_or(1, |&(_, n)| n);
-            let receivers = to.iter().find(|&&(mm, _)| mm == m).map_or(1, |&(_, n)| n);
             let per_link = local / f64::from(senders.min(receivers));
             slowest = slowest.max(per_link / mc.intra_bytes_per_ms + mc.intra_latency_ms);
         }

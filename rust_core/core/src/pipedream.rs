@@ -173,9 +173,11 @@ pub fn planning_steps(num_states: usize, levels: &[Level]) -> f64 {
         .sum()
 }
 
-/// `compute_partitioning` of one level. `range_time_s[i][j]` is the time of
+/// `compute_partitioning` of one level. (Loops index the table by its
+/// coordinates, as the code does.) `range_time_s[i][j]` is the time of
 /// states `i..=j` as one unit at this level (compute at the bottom level,
 /// the level below's best pipeline above it), `None` where that has none.
+#[allow(clippy::needless_range_loop)]
 fn solve_level(
     states: &States,
     range_time_s: &[Vec<Option<f64>>],

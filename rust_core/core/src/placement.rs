@@ -88,11 +88,10 @@ impl State {
             .collect()
     }
 
-    /// Take `counts[p]` GPUs of each position. Returns the canonical new
-    /// state and, for each new position, the old position it came from.
-    pub fn take(&self, counts: &[u32]) -> (State, Vec<usize>) {
-        let moved: Vec<MachineUse> = self
-            .0
+    /// The machines after taking `counts[p]` GPUs of each position, in
+    /// the old positions' order (not canonical yet).
+    fn moved(&self, counts: &[u32]) -> Vec<MachineUse> {
+        self.0
             .iter()
             .zip(counts)
             .map(|(m, &c)| MachineUse {
@@ -100,11 +99,26 @@ impl State {
                 adjacent: c as u16,
                 ..*m
             })
-            .collect();
+            .collect()
+    }
+
+    /// Take `counts[p]` GPUs of each position. Returns the canonical new
+    /// state and, for each new position, the old position it came from.
+    pub fn take(&self, counts: &[u32]) -> (State, Vec<usize>) {
+        let moved = self.moved(counts);
         let mut order: Vec<usize> = (0..moved.len()).collect();
         order.sort_by_key(|&i| moved[i]);
         let sorted = order.iter().map(|&i| moved[i]).collect();
         (State(sorted), order)
+    }
+
+    /// The canonical state after taking `counts[p]` GPUs of each position:
+    /// `take` without the positions, which only a replay needs (equal
+    /// machines are interchangeable, so an unstable sort gives the same state).
+    pub fn taken(&self, counts: &[u32]) -> State {
+        let mut moved = self.moved(counts);
+        moved.sort_unstable();
+        State(moved)
     }
 
     /// Where `policy` puts a stage of `want` GPUs, as counts per position;
@@ -301,6 +315,14 @@ mod tests {
         let s = State::empty(&[(0, 1); 4]);
         // On single-GPU machines every policy gives the same result.
         assert_eq!(s.placements(2).len(), 1);
+    }
+
+    #[test]
+    fn taken_is_take_without_the_positions() {
+        let (s, _) = State::empty(&[(0, 8), (0, 8), (1, 4)]).take(&[3, 0, 4]);
+        for counts in [[0, 8, 0], [5, 0, 0], [1, 1, 0], [0, 0, 0]] {
+            assert_eq!(s.taken(&counts), s.take(&counts).0);
+        }
     }
 
     #[test]

@@ -25,8 +25,8 @@ use rayon::prelude::*;
 
 use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{
-    largest_slice, Alloc, Cluster, PipeStage, StageCoster, StageDevices, SuffixLatency,
-    WarmupPolicy,
+    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
+    SuffixLatency, WarmupPolicy,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
@@ -202,35 +202,60 @@ pub fn search(
             space,
         })
         .collect();
-    // Up to 16 GPUs every run and micro-batch size searches on its own, so
-    // each size contributes its best plan as a candidate. Above, the sizes
-    // of a run share its best formula value for pruning (far less work): a
-    // size that cannot reach it is cut and only the run's best is a
-    // candidate, though the walk below still visits the other sizes.
+    // One DP run per micro-batch size serves every pass: its entries carry
+    // the strictest memory rule they fit (loosest first: one micro-batch,
+    // then policy A's depths, then B's).
+    let mut by_looseness: Vec<usize> = (0..contexts.len()).collect();
+    by_looseness.sort_by_key(|&p| match contexts[p].policy {
+        WarmupPolicy::Auto => 0,
+        WarmupPolicy::A => 1,
+        WarmupPolicy::B => 2,
+    });
+    let rules: Vec<WarmupPolicy> = by_looseness.iter().map(|&p| contexts[p].policy).collect();
+    // Up to 16 GPUs every micro-batch size searches on its own, so each
+    // size contributes its best plan per pass as a candidate. Above, the
+    // sizes share each pass's best formula value for pruning (far less
+    // work): a size that cannot reach it is cut and only the pass's best is
+    // a candidate, though the walk below still visits the other sizes.
     let sizes_alone = cluster.num_devices() <= AUTO_FULL_MAX_DEVICES;
-    // One incumbent per run and size, or one per run shared by its sizes.
-    let incumbents: Vec<AtomicU64> = (0..contexts.len() * sizes.len())
+    // One bound per pass, per size or shared by the sizes.
+    let bound_sets = if sizes_alone { sizes.len() } else { 1 };
+    let incumbents: Vec<AtomicU64> = (0..bound_sets * rules.len())
         .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
         .collect();
-    let runs: Vec<(usize, usize)> = (0..contexts.len())
-        .flat_map(|p| (0..sizes.len()).map(move |k| (p, k)))
-        .collect();
-    let mut results: Vec<(usize, u32, Option<Found>, usize, u64)> = runs
-        .par_iter()
-        .map(|&(p, k)| {
+    let covering_ctx = &contexts[contexts.len() - 1];
+    let runs: Vec<Vec<PassResult>> = (0..sizes.len())
+        .into_par_iter()
+        .map(|k| {
             let b = sizes[k];
-            let incumbent = &incumbents[if sizes_alone { p * sizes.len() + k } else { p }];
+            let set = if sizes_alone { k } else { 0 };
+            let bounds = &incumbents[set * rules.len()..(set + 1) * rules.len()];
             let mut dp = Dp::new(
-                &contexts[p],
+                covering_ctx,
                 b,
                 gbs / b,
                 Objective::Latency,
-                Some(incumbent),
+                rules.clone(),
+                Some(bounds),
             );
             let found = dp.run();
-            (p, b, found, dp.states.len(), dp.stages_costed)
+            // Work is counted once, on the covering pass's row.
+            let covering = contexts.len() - 1;
+            found
+                .into_iter()
+                .zip(&by_looseness)
+                .map(|(f, &p)| {
+                    let (states, costed) = if p == covering {
+                        (dp.states.len(), dp.stages_costed)
+                    } else {
+                        (0, 0)
+                    };
+                    (p, b, f, states, costed)
+                })
+                .collect()
         })
         .collect();
+    let mut results: Vec<PassResult> = runs.into_iter().flatten().collect();
     if !sizes_alone {
         // Which sizes survive a shared bound depends on thread timing; each
         // run's best does not (the DP is exact, ties broken by fewer stages,
@@ -378,7 +403,7 @@ pub fn search(
         }
         let ctx = &contexts[covering];
         let m = gbs / b;
-        let mut dp = Dp::new(ctx, b, m, Objective::Latency, None);
+        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
         let mut visit = |steps: &[Step], value: f64| -> f64 {
             let found = Found {
                 value,
@@ -460,8 +485,15 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
     let least = sizes
         .iter()
         .filter_map(|&b| {
-            let mut dp = Dp::new(ctx, b, gbs / b, Objective::PeakMemory, None);
-            dp.run().map(|f| (b, f))
+            let mut dp = Dp::new(
+                ctx,
+                b,
+                gbs / b,
+                Objective::PeakMemory,
+                vec![ctx.policy],
+                None,
+            );
+            dp.run().pop().flatten().map(|f| (b, f))
         })
         .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
     let gib = |x: f64| x / (1u64 << 30) as f64;
@@ -573,12 +605,19 @@ struct Entry {
     layer_end: u32,
     policy: Policy,
     replicas: u32,
+    /// The strictest memory rule of the run every stage fits under: an
+    /// index into `Dp::rules`.
+    class: u8,
 }
 
 struct StateData {
     key: State,
     front: Vec<u32>,
 }
+
+/// One pass's outcome at one micro-batch size: (pass index, micro-batch
+/// size, its best plan, DP states made, stages costed).
+type PassResult = (usize, u32, Option<Found>, usize, u64);
 
 /// A complete plan found by one DP run, as placement steps from the last
 /// stage to the first.
@@ -594,7 +633,14 @@ struct Dp<'c, 'a> {
     micro_batch: u32,
     micro_batches: u32,
     objective: Objective,
-    incumbent: Option<&'c AtomicU64>,
+    /// The memory rules (warm-up depths counted in stage memory) this run
+    /// serves at once, loosest first. Each rule's depths are at least the
+    /// previous one's, so a stage that fits under rule c fits under every
+    /// rule before it, and one DP run finds the best plan of each rule.
+    rules: Vec<WarmupPolicy>,
+    /// The best formula value found per rule, shared with other runs; none
+    /// when the run has no bound to prune with.
+    incumbents: Option<&'c [AtomicU64]>,
     states: Vec<StateData>,
     /// index[j]: state id of each cluster state whose suffix starts at layer j.
     index: Vec<FxHashMap<State, u32>>,
@@ -616,8 +662,10 @@ impl<'c, 'a> Dp<'c, 'a> {
         micro_batch: u32,
         micro_batches: u32,
         objective: Objective,
-        incumbent: Option<&'c AtomicU64>,
+        rules: Vec<WarmupPolicy>,
+        incumbents: Option<&'c [AtomicU64]>,
     ) -> Self {
+        debug_assert!(incumbents.is_none_or(|i| i.len() == rules.len()));
         let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
         let n = ctx.layers.num_layers;
         let fastest = ctx
@@ -667,7 +715,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             micro_batch,
             micro_batches,
             objective,
-            incumbent,
+            rules,
+            incumbents,
             states: Vec::new(),
             index: vec![FxHashMap::default(); n + 1],
             entries: Vec::new(),
@@ -684,28 +733,64 @@ impl<'c, 'a> Dp<'c, 'a> {
         (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices())
     }
 
-    fn incumbent(&self) -> f64 {
-        self.incumbent
-            .map_or(f64::INFINITY, |a| f64::from_bits(a.load(Ordering::Relaxed)))
+    /// The largest formula value a suffix of class `class` can still be
+    /// useful at: the best plan known under the loosest rule it could
+    /// improve (rules 0..=class), which is the largest of those bounds.
+    fn incumbent(&self, class: u8) -> f64 {
+        self.incumbents.map_or(f64::INFINITY, |all| {
+            all[..=usize::from(class)]
+                .iter()
+                .map(|a| f64::from_bits(a.load(Ordering::Relaxed)))
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
     }
 
-    fn offer_incumbent(&self, value: f64) {
-        if let Some(a) = self.incumbent {
-            let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                (value < f64::from_bits(old)).then_some(value.to_bits())
-            });
+    /// A complete plan of class `class` is a plan of rules 0..=class.
+    fn offer_incumbent(&self, value: f64, class: u8) {
+        if let Some(all) = self.incumbents {
+            for a in &all[..=usize::from(class)] {
+                let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    (value < f64::from_bits(old)).then_some(value.to_bits())
+                });
+            }
         }
     }
 
     /// Can a suffix with these numbers, still missing layers 0..j, end
-    /// below the best complete plan? Only strictly worse ones are cut, so
-    /// ties survive and the result does not depend on thread timing.
-    /// `free`: GPUs left for layers 0..j.
-    fn promising(&self, latency: SuffixLatency, j: usize, free: u32) -> bool {
+    /// below the best complete plan its class could improve? Only strictly
+    /// worse ones are cut, so ties survive and the result does not depend
+    /// on thread timing. `free`: GPUs left for layers 0..j.
+    fn promising(&self, latency: SuffixLatency, j: usize, free: u32, class: u8) -> bool {
         if self.objective != Objective::Latency {
             return true;
         }
-        self.completion_floor(latency, j, free) <= self.incumbent() * (1.0 + 1e-12)
+        self.completion_floor(latency, j, free) <= self.incumbent(class) * (1.0 + 1e-12)
+    }
+
+    /// K_i counted in the memory of a stage with `stages_from_here` stages
+    /// from it to the end under rule `class`.
+    fn rule_warmup(&self, class: usize, stages_from_here: u32) -> u32 {
+        self.rules[class]
+            .warmup(stages_from_here, self.micro_batches)
+            .unwrap_or(1)
+    }
+
+    /// The strictest rule, at most `ceiling`, under which `cost` (computed
+    /// at any depth) fits with `stages_from_here` stages from it on; None
+    /// when it fits under none.
+    fn fitting_class(
+        &self,
+        cost: &crate::cost::StageCost,
+        start: usize,
+        end: usize,
+        stages_from_here: u32,
+        ceiling: u8,
+    ) -> Option<u8> {
+        (0..=ceiling).rev().find(|&c| {
+            let warmup = self.rule_warmup(usize::from(c), stages_from_here);
+            stage_memory_bytes(self.ctx.layers, start, end, cost.slice, warmup)
+                <= cost.memory_limit_bytes
+        })
     }
 
     /// Ids of the states whose suffix starts at layer `j`, in creation order
@@ -731,7 +816,7 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     /// `a` is at least as good as `b` for every completion of the suffix.
     fn dominates(&self, a: &Entry, b: &Entry) -> bool {
-        if a.stages > b.stages {
+        if a.stages > b.stages || a.class < b.class {
             return false;
         }
         match self.objective {
@@ -762,7 +847,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         front.push(id);
     }
 
-    fn run(&mut self) -> Option<Found> {
+    /// The best plan under each rule (`rules[c]`), if any fits.
+    fn run(&mut self) -> Vec<Option<Found>> {
         let n = self.ctx.layers.num_layers;
         let machines = self.ctx.cluster.group_and_gpus();
         let root_state = self.state_id(n, &State::empty(&machines));
@@ -776,6 +862,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             layer_end: n as u32,
             policy: Policy::FreshFirst,
             replicas: 0,
+            class: (self.rules.len() - 1) as u8,
         };
         self.entries.push(root);
         self.states[root_state as usize].front.push(0);
@@ -793,12 +880,25 @@ impl<'c, 'a> Dp<'c, 'a> {
             .iter()
             .flat_map(|&s| self.states[s as usize].front.clone())
             .collect();
-        let best = finals.into_iter().min_by(|&a, &b| {
-            let (ea, eb) = (&self.entries[a as usize], &self.entries[b as usize]);
-            self.value(ea)
-                .total_cmp(&self.value(eb))
-                .then(ea.stages.cmp(&eb.stages))
-        })?;
+        (0..self.rules.len())
+            .map(|class| {
+                let best = finals
+                    .iter()
+                    .copied()
+                    .filter(|&e| usize::from(self.entries[e as usize].class) >= class)
+                    .min_by(|&a, &b| {
+                        let (ea, eb) = (&self.entries[a as usize], &self.entries[b as usize]);
+                        self.value(ea)
+                            .total_cmp(&self.value(eb))
+                            .then(ea.stages.cmp(&eb.stages))
+                    })?;
+                Some(self.found(best))
+            })
+            .collect()
+    }
+
+    /// The plan ending in entry `best`, as placement steps.
+    fn found(&self, best: u32) -> Found {
         let value = self.value(&self.entries[best as usize]);
         let mut stages = Vec::new();
         let mut cur = best;
@@ -815,7 +915,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             cur = e.parent;
         }
         stages.reverse(); // last pipeline stage first, the order they were placed
-        Some(Found { value, stages })
+        Found { value, stages }
     }
 
     fn value(&self, e: &Entry) -> f64 {
@@ -853,19 +953,20 @@ impl<'c, 'a> Dp<'c, 'a> {
             let mut state = State::empty(machines);
             let mut latency = SuffixLatency::EMPTY;
             let mut adjacent: Alloc = Vec::new();
-            let mut fits = true;
+            let mut class = Some((self.rules.len() - 1) as u8);
             for (idx, w) in bounds.windows(2).enumerate().rev() {
                 // Only plans of the search space: a bound from outside it
                 // could prune every plan inside it.
                 let Some((_, counts)) = self.ctx.placements(&state, r).into_iter().next() else {
-                    fits = false;
+                    class = None;
                     break;
                 };
                 let alloc = counts_to_alloc(&counts);
-                let warmup = self.ctx.memory_warmup(k - idx as u32, self.micro_batches);
-                let cost = self.coster.stage(w[0], w[1], &alloc, warmup, k == 1);
-                if !cost.fits() {
-                    fits = false;
+                let stages_from_here = k - idx as u32;
+                let cost = self.coster.stage(w[0], w[1], &alloc, 1, k == 1);
+                class =
+                    class.and_then(|c| self.fitting_class(&cost, w[0], w[1], stages_from_here, c));
+                if class.is_none() {
                     break;
                 }
                 if !adjacent.is_empty() {
@@ -873,12 +974,12 @@ impl<'c, 'a> Dp<'c, 'a> {
                     latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                 }
                 latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-                let (next, _) = state.take(&counts);
+                let next = state.taken(&counts);
                 adjacent = next.adjacent_alloc();
                 state = next;
             }
-            if fits {
-                self.offer_incumbent(latency.best);
+            if let Some(class) = class {
+                self.offer_incumbent(latency.best, class);
             }
         }
     }
@@ -895,7 +996,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             .front
             .iter()
             .map(|&e| (e, self.entries[e as usize]))
-            .filter(|(_, e)| self.promising(e.latency, j, free))
+            .filter(|(_, e)| self.promising(e.latency, j, free, e.class))
             .collect();
         if suffixes.is_empty() {
             return;
@@ -908,9 +1009,34 @@ impl<'c, 'a> Dp<'c, 'a> {
             devices: StageDevices,
             next_key: State,
             transfer_ms: f64,
+            /// Where the stage may start: `first..end`.
+            first: usize,
+            end: usize,
         }
+        let m = f64::from(self.micro_batches);
+        let prune_above = self.incumbent((self.rules.len() - 1) as u8) * (1.0 + 1e-12);
         let mut options: Vec<Candidate> = Vec::new();
         for r in 1..=free.min(max_replicas) {
+            // Where the stage may start: a stage that takes every GPU left
+            // is the first one; any other may be too, leaving the rest idle
+            // (a plan need not use every GPU: over a slow network fewer GPUs
+            // can be faster).
+            let starts = self.ctx.starts(r, free, j, max_replicas);
+            let (first, last) = (*starts.start(), *starts.end());
+            // The layers in front of the stage keep some GPU busy for at
+            // least M * work_floor[i] / (GPUs left) (a term of the
+            // completion floor), which grows with i: drop the starts where
+            // that alone is above every bound, before placing or costing.
+            let left = free - r;
+            let end = if self.objective == Objective::Latency && left > 0 && first <= last {
+                let floor_above = f64::from(left) * prune_above / m;
+                first + self.work_floor[first..=last].partition_point(|&w| w <= floor_above)
+            } else {
+                last + 1
+            };
+            if first >= end {
+                continue;
+            }
             for (policy, counts) in self.ctx.placements(&key, r) {
                 let alloc = counts_to_alloc(&counts);
                 let transfer_ms = if is_root {
@@ -918,66 +1044,73 @@ impl<'c, 'a> Dp<'c, 'a> {
                 } else {
                     self.coster.transfer(j, &alloc, &adjacent)
                 };
-                let (next_key, _) = key.take(&counts);
+                let next_key = key.taken(&counts);
                 options.push(Candidate {
                     replicas: r,
                     policy,
                     devices: StageDevices::new(self.ctx.cluster, alloc),
                     next_key,
                     transfer_ms,
+                    first,
+                    end,
                 });
             }
         }
-        let m = f64::from(self.micro_batches);
         for opt in &options {
             // Grow the new stage i..j one layer at a time. Its time and memory
             // only grow, so once it alone is slower than the best plan known or
             // does not fit, no larger stage will.
-            // Where the stage may start: a stage that takes every GPU left
-            // is the first one; any other may be too, leaving the rest idle
-            // (a plan need not use every GPU: over a slow network fewer GPUs
-            // can be faster).
-            let starts = self.ctx.starts(opt.replicas, free, j, max_replicas);
-            for i in starts.rev() {
+            for i in (opt.first..opt.end).rev() {
                 let mut next: Option<u32> = None;
-                let mut cached: Option<(u32, crate::cost::StageCost)> = None;
+                // Time does not depend on the warm-up depth, memory is
+                // checked per rule below: cost the stage once.
+                let only_stage = i == 0 && suffixes[0].1.stages == 0;
+                let cost = self.coster.stage_on(i, j, &opt.devices, 1, only_stage);
+                self.stages_costed += 1;
+                let loosest_bound = self.incumbent((self.rules.len() - 1) as u8);
                 let mut stop_growing = false;
                 for (k, &(eid, entry)) in suffixes.iter().enumerate() {
                     let stages = entry.stages + 1;
-                    let warmup = self.ctx.memory_warmup(stages, self.micro_batches);
-                    let cost = match cached {
-                        Some((w, c)) if w == warmup => c,
-                        _ => {
-                            let only_stage = i == 0 && entry.stages == 0;
-                            let c = self.coster.stage_on(i, j, &opt.devices, warmup, only_stage);
-                            self.stages_costed += 1;
-                            cached = Some((warmup, c));
-                            c
+                    let class = match self.fitting_class(&cost, i, j, stages, entry.class) {
+                        Some(class) => class,
+                        // Peak memory ignores limits (to explain infeasibility).
+                        None if self.objective == Objective::PeakMemory => 0,
+                        None => {
+                            // Not even under the loosest rule. More stages
+                            // behind means more micro-batches in flight: the
+                            // remaining suffixes need more memory.
+                            stop_growing |= k == 0;
+                            break;
                         }
                     };
                     if self.objective == Objective::Latency {
-                        if !cost.fits() {
-                            // More stages behind means more micro-batches in
-                            // flight: the remaining suffixes need more memory.
+                        let slowest = m * (cost.fwd_ms + cost.bwd_ms);
+                        if slowest > loosest_bound * (1.0 + 1e-12) {
                             stop_growing |= k == 0;
                             break;
                         }
-                        if m * (cost.fwd_ms + cost.bwd_ms) > self.incumbent() * (1.0 + 1e-12) {
-                            stop_growing |= k == 0;
-                            break;
+                        if slowest > self.incumbent(class) * (1.0 + 1e-12) {
+                            continue;
                         }
                     }
+                    let memory_bytes = stage_memory_bytes(
+                        self.ctx.layers,
+                        i,
+                        j,
+                        cost.slice,
+                        self.rule_warmup(usize::from(class), stages),
+                    );
                     let mut latency = entry.latency;
                     if entry.stages > 0 {
                         let t = opt.transfer_ms;
                         latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                     }
                     latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-                    if !self.promising(latency, i, free - opt.replicas) {
+                    if !self.promising(latency, i, free - opt.replicas, class) {
                         continue;
                     }
                     if i == 0 && self.objective == Objective::Latency {
-                        self.offer_incumbent(latency.best);
+                        self.offer_incumbent(latency.best, class);
                     }
                     let target = match next {
                         Some(t) => t,
@@ -991,7 +1124,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                         target,
                         Entry {
                             latency,
-                            peak_memory: entry.peak_memory.max(cost.memory_bytes),
+                            peak_memory: entry.peak_memory.max(memory_bytes),
                             stages,
                             parent: eid,
                             parent_state: sid,
@@ -999,6 +1132,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                             layer_end: j as u32,
                             policy: opt.policy,
                             replicas: opt.replicas,
+                            class,
                         },
                     );
                 }
@@ -1096,7 +1230,7 @@ impl Dp<'_, '_> {
                 } else {
                     Some(self.coster.transfer(j, &alloc, &adjacent))
                 };
-                let (next, _) = state.take(&counts);
+                let next = state.taken(&counts);
                 let starts = self.ctx.starts(r, free, j, max_replicas);
                 for i in starts.rev() {
                     if walk.nodes_left == 0 {
@@ -1431,7 +1565,7 @@ mod tests {
                             continue;
                         }
                         for (placement, counts) in state.placements(r) {
-                            let (next, _) = state.take(&counts);
+                            let next = state.taken(&counts);
                             let mut steps2 = steps.clone();
                             steps2.push((i, j, state.clone(), placement, r));
                             stack.push((i, next, steps2));
