@@ -1,28 +1,39 @@
+//! Plan once and print the time the search took, without Python: for
+//! profiling the search (`perf record`) and quick timings.
+//!
+//!     cargo run --release -p dapple-core --example plan_once -- \
+//!         profiles/artifact/gnmt-32-pbs-64.json 2x8-nvlink-25gbps 1024 [auto|A|B]
+
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::profile::Profile;
 use dapple_core::search::{search, SearchOptions};
 use dapple_core::topology::Topology;
+
 fn main() {
-    let a: Vec<String> = std::env::args().collect();
-    let p = Profile::from_json(&std::fs::read_to_string(&a[1]).unwrap()).unwrap();
-    let t = Topology::from_spec(&a[2]).unwrap();
-    let mut o = SearchOptions::new(a[3].parse().unwrap());
-    if a.len() > 4 {
-        o.warmup_policy = WarmupPolicy::parse(&a[4]).unwrap();
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 4 {
+        eprintln!("usage: plan_once PROFILE TOPOLOGY GLOBAL_BATCH_SIZE [auto|A|B]");
+        std::process::exit(2);
     }
-    let t0 = std::time::Instant::now();
-    let r = search(&p, &t, &o).unwrap();
-    let e = r.plan.estimate.as_ref().unwrap();
+    let text = std::fs::read_to_string(&args[1]).expect("readable profile");
+    let profile = Profile::from_json(&text).expect("valid profile");
+    let topology = Topology::from_spec(&args[2]).expect("valid topology spec");
+    let mut opts = SearchOptions::new(args[3].parse().expect("global batch size"));
+    if let Some(policy) = args.get(4) {
+        opts.warmup_policy = WarmupPolicy::parse(policy).expect("auto, A or B");
+    }
+    let start = std::time::Instant::now();
+    let result = search(&profile, &topology, &opts).expect("a plan");
+    let elapsed = start.elapsed();
+    let estimate = result.plan.estimate.as_ref().expect("costed");
+    let selection = result.plan.selection.as_ref().expect("searched");
     println!(
-        "{:?} {} sim {:?} states {} costed {} sel {:?}",
-        t0.elapsed(),
-        r.plan.shape(),
-        e.iteration_ms,
-        r.stats.states,
-        r.stats.stages_costed,
-        r.plan
-            .selection
-            .as_ref()
-            .map(|s| (s.optimal, s.lower_bound_ms))
+        "{elapsed:.2?}  {}  simulated {:.1} ms  bound {:.1} ms  optimal {:?}  states {}  stages costed {}",
+        result.plan.shape(),
+        estimate.iteration_ms.unwrap_or(estimate.latency_ms),
+        selection.lower_bound_ms.unwrap_or(f64::NAN),
+        selection.optimal,
+        result.stats.states,
+        result.stats.stages_costed
     );
 }

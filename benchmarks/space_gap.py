@@ -1,0 +1,47 @@
+"""The default search space against the full one, where the full one finishes.
+
+    python benchmarks/space_gap.py 4x8-nvlink-25gbps [8x8-nvlink-25gbps ...] > rows.jsonl
+
+For every shipped profile on each topology, plans in the machine-aligned
+space (the default above 16 GPUs) and in the full space, and prints one JSON
+row per profile as soon as both finish: [profile, topology, GBS, then for
+each space: name, plan shape, simulated ms, selection.optimal, planning
+seconds]. GBS keeps the samples per GPU of the 16-GPU cases
+(benchmarks/plan_speed.py). The full space can take minutes on 8x8; stop
+the script when it has what you need. Rows of the last run:
+benchmarks/results/space_default_vs_full.jsonl, table in
+benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import planner  # noqa: E402
+from plan_speed import ROOT, paper_gbs  # noqa: E402
+
+
+def main() -> None:
+    for topology in sys.argv[1:]:
+        gpus = planner.Topology.resolve(topology).num_devices
+        for path in sorted((Path(ROOT) / "profiles" / "artifact").glob("*.json")):
+            prof = planner.Profile.load(path)
+            per_16, _ = paper_gbs(path.stem, max(prof.batch_sizes))
+            gbs = per_16 * gpus // 16
+            row: list = [path.name, topology, gbs]
+            for space in ("machine-aligned", "full"):
+                start = time.perf_counter()
+                p = planner.plan(prof, topology, gbs, search_space=space)
+                row += [space, p.shape, round(p.iteration_ms, 1), p.data["selection"]["optimal"],
+                        round(time.perf_counter() - start, 2)]
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
