@@ -224,7 +224,7 @@ pub fn search(
         .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
         .collect();
     let covering_ctx = &contexts[contexts.len() - 1];
-    let runs: Vec<Vec<PassResult>> = (0..sizes.len())
+    let runs: Vec<(Vec<PassResult>, Vec<OtherStageCount>)> = (0..sizes.len())
         .into_par_iter()
         .map(|k| {
             let b = sizes[k];
@@ -239,9 +239,25 @@ pub fn search(
                 Some(bounds),
             );
             let found = dp.run();
+            // Up to 16 GPUs, each rule's best plan of every other stage
+            // count is a candidate too: fewer, wider stages can simulate
+            // faster than the formula's best (fewer bubbles).
+            let others: Vec<OtherStageCount> = if sizes_alone {
+                by_looseness
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(class, &p)| {
+                        dp.other_stage_counts(class)
+                            .into_iter()
+                            .map(move |f| (p, b, f))
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             // Work is counted once, on the covering pass's row.
             let covering = contexts.len() - 1;
-            found
+            let rows = found
                 .into_iter()
                 .zip(&by_looseness)
                 .map(|(f, &p)| {
@@ -252,10 +268,13 @@ pub fn search(
                     };
                     (p, b, f, states, costed)
                 })
-                .collect()
+                .collect();
+            (rows, others)
         })
         .collect();
-    let mut results: Vec<PassResult> = runs.into_iter().flatten().collect();
+    let (rows, others): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
+    let others: Vec<OtherStageCount> = others.into_iter().flatten().collect();
+    let mut results: Vec<PassResult> = rows.into_iter().flatten().collect();
     if !sizes_alone {
         // Which sizes survive a shared bound depends on thread timing; each
         // run's best does not (the DP is exact, ties broken by fewer stages,
@@ -329,24 +348,28 @@ pub fn search(
             }
         }
     }
-    let ranked: Vec<Option<(Plan, &'static str)>> = candidates
-        .into_par_iter()
-        .map(|(plan, source)| {
-            let plan = match opts.warmup_policy {
-                WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
-                // Baselines' layouts come uncosted; the search's own are costed.
-                _ if plan.estimate.is_none() => Some(Plan {
-                    estimate: Some(evaluate(&plan, profile)?),
-                    ..plan
-                }),
-                _ => Some(plan),
-            };
-            Ok(plan
-                .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
-                .map(|p| (p, source)))
-        })
-        .collect::<Result<_>>()?;
-    let mut ranked: Vec<(Plan, &'static str)> = ranked.into_iter().flatten().collect();
+    // Each candidate gets its warm-up depths (auto) or its cost (fixed).
+    let cost = |candidates: Vec<(Plan, &'static str)>| -> Result<Vec<(Plan, &'static str)>> {
+        let costed: Vec<Option<(Plan, &'static str)>> = candidates
+            .into_par_iter()
+            .map(|(plan, source)| {
+                let plan = match opts.warmup_policy {
+                    WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
+                    // Baselines' layouts come uncosted; the search's own are costed.
+                    _ if plan.estimate.is_none() => Some(Plan {
+                        estimate: Some(evaluate(&plan, profile)?),
+                        ..plan
+                    }),
+                    _ => Some(plan),
+                };
+                Ok(plan
+                    .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
+                    .map(|p| (p, source)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(costed.into_iter().flatten().collect())
+    };
+    let mut ranked = cost(candidates)?;
     let key = |p: &Plan| {
         let e = p.estimate.as_ref().expect("candidates are costed");
         (
@@ -364,6 +387,18 @@ pub fn search(
             .then(b.micro_batch_size.cmp(&a.micro_batch_size))
     };
     ranked.sort_by(faster);
+    // The other stage counts' best plans, where their bound is below the
+    // fastest simulated so far (else they cannot be faster).
+    let best_so_far = ranked.first().map_or(f64::INFINITY, |(p, _)| key(p).0);
+    let alternatives: Vec<(Plan, &'static str)> = others
+        .iter()
+        .filter(|(_, _, f)| f.value < best_so_far)
+        .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
+        .collect();
+    if !alternatives.is_empty() {
+        ranked.extend(cost(alternatives)?);
+        ranked.sort_by(faster);
+    }
     if ranked.is_empty() {
         return Err(explain_infeasible(&contexts[covering], &sizes, gbs));
     }
@@ -618,6 +653,10 @@ struct StateData {
 /// One pass's outcome at one micro-batch size: (pass index, micro-batch
 /// size, its best plan, DP states made, stages costed).
 type PassResult = (usize, u32, Option<Found>, usize, u64);
+
+/// A pass's best plan of another stage count at one micro-batch size:
+/// (pass index, micro-batch size, plan).
+type OtherStageCount = (usize, u32, Found);
 
 /// A complete plan found by one DP run, as placement steps from the last
 /// stage to the first.
@@ -895,6 +934,39 @@ impl<'c, 'a> Dp<'c, 'a> {
                 Some(self.found(best))
             })
             .collect()
+    }
+
+    /// For rule `class`: the best complete plan of each stage count other
+    /// than that of the rule's best plan, best first.
+    fn other_stage_counts(&self, class: usize) -> Vec<Found> {
+        let mut best_per_count: Vec<Option<u32>> = Vec::new();
+        for s in self.states_starting_at(0) {
+            for &e in &self.states[s as usize].front {
+                let entry = &self.entries[e as usize];
+                if usize::from(entry.class) < class {
+                    continue;
+                }
+                let count = entry.stages as usize;
+                if best_per_count.len() <= count {
+                    best_per_count.resize(count + 1, None);
+                }
+                let slot = &mut best_per_count[count];
+                if slot.is_none_or(|b| self.value(entry) < self.value(&self.entries[b as usize])) {
+                    *slot = Some(e);
+                }
+            }
+        }
+        let mut found: Vec<Found> = best_per_count
+            .into_iter()
+            .flatten()
+            .map(|e| self.found(e))
+            .collect();
+        found.sort_by(|a, b| {
+            a.value
+                .total_cmp(&b.value)
+                .then(a.stages.len().cmp(&b.stages.len()))
+        });
+        found.into_iter().skip(1).collect()
     }
 
     /// The plan ending in entry `best`, as placement steps.
