@@ -16,12 +16,28 @@ from planner.errors import DappleError, DappleIOError, InvalidInputError
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
 
+class FilePath(click.ParamType):
+    """A file name: any text but the empty one. Whether it exists and is a
+    regular file is checked where it is read or written (planner.files),
+    with one-line errors and exit 6, not click's usage message."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("empty path; give a file name", param, ctx)
+        return value
+
+
+FILE_PATH = FilePath()
+
+
 def profile_option(f):
     return click.option(
         "--profile",
         "profile_path",
         required=True,
-        type=click.Path(dir_okay=False),
+        type=FILE_PATH,
         help="Profile JSON (dapple.profile), e.g. profiles/artifact/bert-48-pbs-2.json.",
     )(f)
 
@@ -39,12 +55,12 @@ def plan_options(f):
     f = click.option(
         "--profile",
         "profile_path",
-        type=click.Path(dir_okay=False),
+        type=FILE_PATH,
         default=None,
         help="Profile to cost with. Default: the path recorded in the plan.",
     )(f)
     return click.option(
-        "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="Plan JSON (dapple.plan)."
+        "--plan", "plan_path", required=True, type=FILE_PATH, help="Plan JSON (dapple.plan)."
     )(f)
 
 

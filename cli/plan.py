@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 import planner
+from planner.files import check_writable
 
-from .options import json_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import FILE_PATH, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import plan_table
 
 
@@ -27,7 +28,7 @@ from .render import plan_table
               "auto: full up to 16 GPUs.")
 @click.option("--simulate", "simulate_flag", is_flag=True,
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
 @json_option
 @reports_errors
 def plan_command(
@@ -42,6 +43,8 @@ def plan_command(
     as_json,
 ):
     """Find the plan with the shortest simulated iteration time."""
+    if out_path is not None:
+        check_writable(out_path)  # before the search, not after it
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
     if global_batch_size is None:
@@ -55,13 +58,13 @@ def plan_command(
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
     )
-    if out_path:
+    if out_path is not None:
         result.save(out_path)
     if as_json:
         click.echo(result.text, nl=False)
     else:
         plan_table(result, profile)
-    if out_path:
+    if out_path is not None:
         click.echo(f"plan written to {out_path}", err=True)
     stats = result.search_stats
     if stats is not None:

@@ -6,7 +6,7 @@ import click
 
 import planner
 
-from .options import reports_errors
+from .options import FILE_PATH, reports_errors
 from .profile_model import profile_model_command
 
 
@@ -16,7 +16,7 @@ def profile_group():
 
 
 @profile_group.command("import-artifact")
-@click.argument("graph_txt", type=click.Path(dir_okay=False))
+@click.argument("graph_txt", type=FILE_PATH)
 @click.option("--model", required=True, help="Model name to record, e.g. BERT-48.")
 @click.option("--batch-size", required=True, type=click.IntRange(min=1), help="Batch size the file was measured at.")
 @click.option("--block-pattern", default=None, help="Regex naming the model's own repeated layers (marked kind=block).")
@@ -27,7 +27,7 @@ def profile_group():
 @click.option("--origin", default=None, help="Free text recorded as the profile's source.")
 @click.option("--measured-peak-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Whole-model peak memory measured on one GPU at the profile's batch size; calibrates stored activations.")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
 def import_artifact(
     graph_txt, model, batch_size, block_pattern, param_bytes_scale, optimizer, device, origin, measured_peak_memory_gib, out_path

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .options import PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
+from planner.files import check_writable
+
+from .options import FILE_PATH, PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("model")
@@ -16,7 +18,7 @@ from .options import PositiveIntList, model_kwargs, model_options, reports_error
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU threads torch uses while measuring (1 gives steadier times).")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the factory's (e.g. gpt-4x64).")
-@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+@click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @reports_errors
 def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, warmup, threads, model_name, out_path, quiet):
@@ -26,6 +28,7 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, 
     batch size; the profile is ready for `dapple plan`.
     """
     kwargs = model_kwargs(model_args)
+    check_writable(out_path)  # before measuring, not after
     require_torch("profile model")
     from planner.profiler import check_device, profile_model
     from planner.runtime.models import load_model

@@ -9,11 +9,11 @@ import click
 from planner.regress import load_suite, run_suite, update_suite
 
 from .exit_codes import REGRESSION
-from .options import reports_errors
+from .options import FILE_PATH, reports_errors
 
 
 @click.command("regress")
-@click.argument("suite", type=click.Path(dir_okay=False))
+@click.argument("suite", type=FILE_PATH)
 @click.option("--update", is_flag=True, help="Rewrite the suite's expected times and shapes with today's plans.")
 @reports_errors
 def regress_command(suite, update):

@@ -15,19 +15,19 @@ import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import check_writable, write_atomic
 
-from .options import model_kwargs, model_options, reports_errors, require_torch
+from .options import FILE_PATH, model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("run")
-@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="Plan JSON (dapple.plan).")
+@click.option("--plan", "plan_path", required=True, type=FILE_PATH, help="Plan JSON (dapple.plan).")
 @model_options
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Total training steps (including resumed ones).")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Learning rate.")
 @click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--metrics", "metrics_path", type=FILE_PATH, default=None,
               help="Write per-iteration and per-rank measurements to this JSON file.")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--profile", "profile_path", type=FILE_PATH, default=None,
               help="Profile to estimate and simulate the plan with, recorded in the metrics.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Folder for checkpoints (D/step-<n>/rank-<r>.pt, D/latest).")

@@ -8,15 +8,16 @@ import click
 
 import planner
 from planner.errors import DappleIOError
+from planner.files import output_target, write_all_atomic
 
-from .options import profile_for, plan_options, reports_errors
+from .options import FILE_PATH, profile_for, plan_options, reports_errors
 
 
 def _picture_option(name: str, what: str):
     return click.option(
         f"--{name}",
         f"{name}_path",
-        type=click.Path(dir_okay=False),
+        type=FILE_PATH,
         default=None,
         metavar="OUT",
         help=f"Write {what} to OUT (.png or .svg).",
@@ -55,6 +56,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     # Check every name before any work, so a typo costs nothing and writes nothing.
     for _, path in wanted:
         pictures.picture_format(path)
+        output_target(path)
 
     needs_sim = gantt_path or memory_path
     plan = planner.Plan.load(plan_path)
@@ -70,13 +72,14 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
             click.echo("note: the plan's profile is not available; the diagram omits model layer counts", err=True)
 
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute) if needs_sim else None
+    draw = {
+        "gantt": (lambda out: pictures.gantt(plan, sim, out), "timeline, {schedule}"),
+        "memory": (lambda out: pictures.memory(plan, sim, out), "memory per stage, {schedule}"),
+        "diagram": (lambda out: pictures.diagram(plan, out, profile), "plan on the cluster"),
+    }
+    # All pictures or none: each is drawn to a temporary file beside its
+    # target, and they replace their targets only when every one is drawn.
+    write_all_atomic([(path, draw[kind][0]) for kind, path in wanted])
     for kind, path in wanted:
-        if kind == "gantt":
-            pictures.gantt(plan, sim, path)
-            click.echo(f"wrote {path} (timeline, {sim.data['schedule']})", err=True)
-        elif kind == "memory":
-            pictures.memory(plan, sim, path)
-            click.echo(f"wrote {path} (memory per stage, {sim.data['schedule']})", err=True)
-        else:
-            pictures.diagram(plan, path, profile)
-            click.echo(f"wrote {path} (plan on the cluster)", err=True)
+        what = draw[kind][1].format(schedule=sim.data["schedule"] if sim is not None else "")
+        click.echo(f"wrote {path} ({what})", err=True)

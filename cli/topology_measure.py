@@ -9,9 +9,9 @@ import click
 
 import planner
 from planner.errors import InvalidInputError
-from planner.files import write_atomic
+from planner.files import check_writable, write_atomic
 
-from .options import PositiveIntList, reports_errors, require_torch
+from .options import FILE_PATH, PositiveIntList, reports_errors, require_torch
 
 
 @click.command("measure")
@@ -22,7 +22,7 @@ from .options import PositiveIntList, reports_errors, require_torch
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="Timed messages per size (median kept).")
 @click.option("--name", default=None, help="Topology name. Default: what was measured and when.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", "out_path", type=FILE_PATH, default=None,
               help="Topology JSON to write. Default: print it on stdout.")
 @reports_errors
 def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
@@ -33,6 +33,8 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
     The table on stderr also shows each AllReduce against the cost model's
     ring formula on the fitted link.
     """
+    if out_path is not None:
+        check_writable(out_path)  # before measuring, not after
     require_torch("topology measure")
     from planner.runtime.links import measure_links, topology_of
 
@@ -48,7 +50,7 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
     for r in measured["sizes"]:
         click.echo(f"{r['bytes'] // 1024:>8} {r['p2p_ms']:>9.3f} {r['p2p_fit_ms']:>9.3f} "
                    f"{r['allreduce_ms']:>13.3f} {r['allreduce_model_ms']:>9.3f}", file=err)
-    if out_path:
+    if out_path is not None:
         write_atomic(out_path, topo.text)
         click.echo(f"wrote {out_path}", file=err)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -10,25 +11,86 @@ from typing import BinaryIO, Callable
 from .errors import DappleIOError
 
 
+def special_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is ("directory", "FIFO", ...),
+    from its ``st_mode``; None for a regular file."""
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "special file"
+
+
+def _empty_path_error(role: str) -> DappleIOError:
+    return DappleIOError(f"'': empty {role} path; give a file name")
+
+
 def read_text(path: str | os.PathLike) -> str:
+    """A regular file's UTF-8 text. Directories, FIFOs, devices and sockets
+    are refused without blocking (the file is opened non-blocking and
+    checked before anything is read)."""
+    if str(path) == "":
+        raise _empty_path_error("input")
     try:
-        return Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise DappleIOError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DappleIOError(f"{path}: is a directory, not a file") from None
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        kind = special_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise DappleIOError(f"{path}: is a {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # closed by the file object
+            data = f.read()
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DappleIOError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
-def _temp_beside(path: str | os.PathLike) -> tuple[int, str]:
-    """A new temporary file in ``path``'s folder (open descriptor, name)."""
-    target = Path(path)
+def output_target(path: str | os.PathLike) -> Path:
+    """The file that writing ``path`` replaces, checked before any work.
+
+    A symlink is followed: its target is replaced atomically and the link
+    stays (so a link into a results folder keeps working). Anything that
+    exists and is not a regular file (a directory, FIFO, socket or device)
+    is refused: renaming over it would replace a device node or never
+    reach a reader."""
+    if str(path) == "":
+        raise _empty_path_error("output")
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as e:
+        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    kind = special_kind(mode)
+    if kind is not None:
+        raise DappleIOError(f"{path}: is a {kind}; dapple writes only regular files")
+    return target
+
+
+def _temp_beside(path: str | os.PathLike, target: Path) -> tuple[int, str]:
+    """A new temporary file in ``target``'s folder (open descriptor, name),
+    with ``target``'s extension (picture writers read it)."""
     directory = target.parent if str(target.parent) else Path(".")
     try:
-        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=directory)
     except OSError as e:
         raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
 
@@ -37,7 +99,7 @@ def check_writable(path: str | os.PathLike) -> None:
     """Fail now, as :func:`write_atomic` would later, when ``path`` cannot be
     written (a missing or read-only folder): for outputs written at the end
     of long work."""
-    fd, tmp = _temp_beside(path)
+    fd, tmp = _temp_beside(path, output_target(path))
     os.close(fd)
     os.unlink(tmp)
 
@@ -57,8 +119,8 @@ def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
     """Call ``write(f)`` on a temporary file beside ``path``, flush it to
     disk, then rename it over ``path``: readers see the old file or the new
     one. On any error the temporary file is removed."""
-    target = Path(path)
-    fd, tmp = _temp_beside(path)
+    target = output_target(path)
+    fd, tmp = _temp_beside(path, target)
     try:
         # mkstemp makes the file private; give it the mode a plain open() would.
         umask = os.umask(0)
@@ -74,6 +136,31 @@ def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
         raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
     except BaseException:
         _remove_quietly(tmp)
+        raise
+
+
+def write_all_atomic(outputs: list[tuple[str | os.PathLike, Callable[[str], object]]]) -> None:
+    """Write several files all or none: every target is checked first, then
+    each ``write(temp_path)`` fills a temporary file beside its target (with
+    the target's extension), and only when all have succeeded are they
+    renamed over their targets. On any error every temporary file is
+    removed and no target has changed."""
+    targets = [(path, output_target(path), write) for path, write in outputs]
+    staged: list[tuple[str | os.PathLike, str, Path]] = []
+    try:
+        for path, target, write in targets:
+            fd, tmp = _temp_beside(path, target)
+            os.close(fd)
+            staged.append((path, tmp, target))
+            write(tmp)
+        for path, tmp, target in staged:
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+    except BaseException:
+        for _, tmp, _ in staged:
+            _remove_quietly(tmp)
         raise
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import _core
 from .files import read_text
@@ -41,7 +40,8 @@ class Topology:
         if isinstance(spec_or_path, Topology):
             return spec_or_path
         s = str(spec_or_path)
-        if s.endswith(".json") or os.sep in s or Path(s).is_file():
+        # os.path.isfile is False, not an error, for names too long to be files.
+        if s.endswith(".json") or os.sep in s or os.path.isfile(s):
             return cls.load(s)
         return cls.from_spec(s)
 

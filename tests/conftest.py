@@ -13,7 +13,7 @@ SHARED = ROOT.parent / "shared"
 DAPPLE = Path(sys.executable).parent / "dapple"
 
 
-def run_dapple(*args, cwd=None):
+def run_dapple(*args, cwd=None, timeout=None):
     """Run the installed `dapple` command as users do, in its own process,
     from the repository root (relative profile paths work as in the README)."""
     return subprocess.run(
@@ -21,6 +21,7 @@ def run_dapple(*args, cwd=None):
         capture_output=True,
         text=True,
         cwd=cwd or ROOT,
+        timeout=timeout,
     )
 
 
