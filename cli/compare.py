@@ -10,15 +10,15 @@ from rich.table import Table
 
 import planner
 
-from .options import json_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import count_option_type, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import GIB, console
 
 
 @click.command("compare")
 @profile_option
 @topology_option
-@click.option("--global-batch-size", type=click.IntRange(min=1), required=True, help="Samples per iteration.")
-@click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
+@click.option("--global-batch-size", type=count_option_type(), required=True, help="Samples per iteration.")
+@click.option("--min-micro-batch-size", type=count_option_type(), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @warmup_policy_option
 @json_option

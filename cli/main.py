@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 import planner
 
 from .compare import compare_command
+from .exit_codes import USAGE_ERROR
 from .estimate import estimate_command
 from .plan import plan_command
 from .profile import profile_group
@@ -39,7 +42,27 @@ cli.add_command(run_command)
 
 
 def main():
-    cli(prog_name="dapple")
+    # Usage errors (unknown option, bad value, missing argument) are one
+    # line on stderr and exit 2, like every other error; --help shows usage.
+    try:
+        # Commands end by returning (success) or by sys.exit (errors); what
+        # comes back here is a return value or --help/--version's exit code
+        # 0, never a failure, so success is 0 either way.
+        cli.main(prog_name="dapple", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.format_message(), err=True)  # `dapple` alone: the help
+        sys.exit(USAGE_ERROR)
+    except click.exceptions.UsageError as e:
+        hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(USAGE_ERROR)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)  # as click says it (Ctrl-C)
+        sys.exit(1)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,15 @@ import click
 
 import planner
 from planner.errors import DappleError, DappleIOError, InvalidInputError
+from planner.limits import MAX_COUNT
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
+
+
+def count_option_type(minimum: int = 1) -> click.IntRange:
+    """A sample count in minimum..MAX_COUNT (the core's range): a larger
+    value is a usage error, not an overflow."""
+    return click.IntRange(min=minimum, max=MAX_COUNT)
 
 
 class FilePath(click.ParamType):
@@ -101,8 +108,9 @@ class PositiveIntList(click.ParamType):
             sizes = [int(p) for p in parts]
         except ValueError:
             sizes = None
-        if not sizes or any(b < 1 for b in sizes):
-            self.fail(f"{value!r} is not a comma-separated list of positive integers, e.g. 1,2,4,8", param, ctx)
+        if not sizes or any(b < 1 or b > MAX_COUNT for b in sizes):
+            self.fail(f"{value!r} is not a comma-separated list of integers in 1..{MAX_COUNT}, e.g. 1,2,4,8",
+                      param, ctx)
         return sorted(set(sizes))
 
 

@@ -7,7 +7,7 @@ import click
 import planner
 from planner.files import check_writable
 
-from .options import FILE_PATH, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import FILE_PATH, count_option_type, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import plan_table
 
 
@@ -16,12 +16,12 @@ from .render import plan_table
 @topology_option
 @click.option(
     "--global-batch-size",
-    type=click.IntRange(min=1),
+    type=count_option_type(),
     default=None,
     help="Samples per iteration. Default: the profile's largest measured batch size times the number of GPUs.",
 )
 @warmup_policy_option
-@click.option("--min-micro-batch-size", type=click.IntRange(min=1), default=None,
+@click.option("--min-micro-batch-size", type=count_option_type(), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "

@@ -6,7 +6,7 @@ import click
 
 import planner
 
-from .options import FILE_PATH, reports_errors
+from .options import FILE_PATH, count_option_type, reports_errors
 from .profile_model import profile_model_command
 
 
@@ -18,7 +18,7 @@ def profile_group():
 @profile_group.command("import-artifact")
 @click.argument("graph_txt", type=FILE_PATH)
 @click.option("--model", required=True, help="Model name to record, e.g. BERT-48.")
-@click.option("--batch-size", required=True, type=click.IntRange(min=1), help="Batch size the file was measured at.")
+@click.option("--batch-size", required=True, type=count_option_type(), help="Batch size the file was measured at.")
 @click.option("--block-pattern", default=None, help="Regex naming the model's own repeated layers (marked kind=block).")
 @click.option("--param-bytes-scale", type=float, default=1.0, show_default=True,
               help="Multiply parameter sizes by this (1.048576 for the hand-written VGG-19 file).")

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from . import _core
 from .errors import DappleError, IncompatibleInputsError, InfeasibleError
+from .limits import check_count
 from .plan import Plan, plan
 from .profile import Profile
 from .simulation import simulate
@@ -29,6 +30,9 @@ def baseline(
     whose simulated iteration is shortest and fits: data parallelism on every GPU; GPipe and
     straight pipelines with balanced blocks of layers, one GPU per stage;
     PipeDream's planner (its asynchronous objective), run synchronously."""
+    gbs = check_count("global_batch_size", global_batch_size)
+    if min_micro_batch_size is not None:
+        min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
     return Plan(
@@ -36,7 +40,7 @@ def baseline(
             kind,
             prof.text,
             topo.text,
-            int(global_batch_size),
+            gbs,
             min_micro_batch_size=min_micro_batch_size,
             warmup_policy=warmup_policy,
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from . import _core
 from .files import read_text, write_atomic
+from .limits import check_count
 from .profile import Profile
 from .topology import Topology
 
@@ -126,12 +127,17 @@ def plan(
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
     """
+    gbs = check_count("global_batch_size", global_batch_size)
+    if min_micro_batch_size is not None:
+        min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
+    if micro_batch_sizes is not None:
+        micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
     text, (sizes, states, costed) = _core.plan_search(
         prof.text,
         topo.text,
-        int(global_batch_size),
+        gbs,
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from . import _core
 from .files import read_text, write_atomic
+from .limits import check_count
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def import_artifact_profile(
     text = _core.import_artifact_profile(
         read_text(path),
         model=model,
-        batch_size=batch_size,
+        batch_size=check_count("batch_size", batch_size),
         source=str(path),
         param_bytes_scale=param_bytes_scale,
         block_pattern=block_pattern,
