@@ -143,8 +143,9 @@ def write_all_atomic(outputs: list[tuple[str | os.PathLike, Callable[[str], obje
     """Write several files all or none: every target is checked first, then
     each ``write(temp_path)`` fills a temporary file beside its target (with
     the target's extension), and only when all have succeeded are they
-    renamed over their targets. On any error every temporary file is
-    removed and no target has changed."""
+    renamed over their targets. On an error before the renames every
+    temporary file is removed and no target has changed; the renames stay in
+    each target's own folder, where only a vanished folder can fail one."""
     targets = [(path, output_target(path), write) for path, write in outputs]
     staged: list[tuple[str | os.PathLike, str, Path]] = []
     try:
