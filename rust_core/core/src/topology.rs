@@ -26,6 +26,13 @@ pub const INTRA_LATENCY_US: f64 = 5.0;
 pub const INTER_LATENCY_US: f64 = 20.0;
 /// Inter-machine network when a spec names none (the paper's 25 Gbps).
 pub const DEFAULT_INTER_GBPS: f64 = 25.0;
+/// Most GPUs one machine may have: the search counts a machine's GPUs in
+/// 16 bits, and no real machine comes near.
+pub const MAX_GPUS_PER_MACHINE: u32 = 1024;
+/// Most GPUs a topology may have (2^20): device ids are 32-bit, and every
+/// machine is listed, so a count that wraps or asks for gigabytes is
+/// refused where it enters.
+pub const MAX_DEVICES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -213,13 +220,13 @@ impl Topology {
             }
             _ => return Err(bad("too many parts")),
         }
-        Ok(Topology::homogeneous(
-            spec.trim(),
-            machines,
-            gpus,
-            intra,
-            inter,
-        ))
+        let topology = Topology::homogeneous(spec.trim(), machines, gpus, intra, inter);
+        topology.validate().map_err(|e| {
+            bad(&e
+                .field
+                .map_or(e.message.clone(), |f| format!("{f}: {}", e.message)))
+        })?;
+        Ok(topology)
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -234,8 +241,14 @@ impl Topology {
             if g.machines == 0 {
                 return Err(Error::field(at("machines"), "value 0 must be >= 1"));
             }
-            if g.gpus_per_machine == 0 {
-                return Err(Error::field(at("gpus_per_machine"), "value 0 must be >= 1"));
+            if g.gpus_per_machine == 0 || g.gpus_per_machine > MAX_GPUS_PER_MACHINE {
+                return Err(Error::field(
+                    at("gpus_per_machine"),
+                    format!(
+                        "value {} must be in 1..={MAX_GPUS_PER_MACHINE}",
+                        g.gpus_per_machine
+                    ),
+                ));
             }
             if g.gpu.memory_bytes == 0 {
                 return Err(Error::field(at("gpu.memory_bytes"), "value 0 must be > 0"));
@@ -249,6 +262,17 @@ impl Topology {
                 || at("intra_machine.latency_us"),
                 g.intra_machine.latency_us,
             )?;
+        }
+        let devices: u64 = self
+            .machine_groups
+            .iter()
+            .map(|g| u64::from(g.machines) * u64::from(g.gpus_per_machine))
+            .sum();
+        if devices > MAX_DEVICES {
+            return Err(Error::field(
+                "machine_groups",
+                format!("{devices} GPUs in all is more than the {MAX_DEVICES} dapple plans for"),
+            ));
         }
         check_positive(
             || "inter_machine.bandwidth_gbps".into(),
@@ -328,6 +352,28 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_counts_that_wrap_or_exhaust_memory_are_refused() {
+        for spec in [
+            "65536x65536-nvlink",
+            "99999x99999",
+            "4294967295x1",
+            "1x2000-nvlink",
+        ] {
+            let e = Topology::from_spec(spec).unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::InvalidInput, "{spec}");
+            assert!(e.message.contains(spec), "{spec}: {}", e.message);
+        }
+        assert_eq!(
+            Topology::from_spec("2048x8-nvlink").unwrap().num_devices(),
+            16_384
+        );
+        assert_eq!(
+            Topology::from_spec("1024x1024").unwrap().num_devices(),
+            1 << 20
+        );
+    }
 
     #[test]
     fn specs_and_presets() {
