@@ -37,3 +37,36 @@ def test_usage_errors_are_one_line(dapple):
 def test_gpu_counts_that_would_wrap_are_invalid_specs(dapple, spec):
     r = dapple("topology", "show", spec)
     assert_one_line_error(r, 3, spec)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["layers"][1]["measurements"][0].update(fwd_ms=1e307), "layers[1].measurements[0].fwd_ms"),
+    (lambda d: d["layers"][2]["measurements"][0].update(bwd_ms=2e12), "layers[2].measurements[0].bwd_ms"),
+])
+def test_times_beyond_the_bound_are_invalid_inputs_not_infinite_plans(dapple, small_profile, tmp_path, mutate, field):
+    out = tmp_path / "plan.json"
+    out.write_text("keep me")
+    r = dapple("plan", "--profile", small_profile(mutate), "--topology", "1x2-nvlink",
+               "--global-batch-size", "4", "--out", out, "--json")
+    assert_one_line_error(r, 3, field, "1e12")
+    assert out.read_text() == "keep me" and r.stdout == ""
+
+
+@pytest.mark.parametrize("group, field", [
+    ({"gpu": {"type": "x", "memory_bytes": 17179869184, "relative_speed": 1e-308}}, "gpu.relative_speed"),
+    ({"intra_machine": {"kind": "nvlink", "bandwidth_gbps": 1e-308}}, "intra_machine.bandwidth_gbps"),
+])
+def test_rates_beyond_the_bound_are_invalid_inputs(dapple, tmp_path, group, field):
+    import json
+
+    topo = {
+        "format": "dapple.topology", "schema_version": 1, "name": "t",
+        "machine_groups": [{"machines": 1, "gpus_per_machine": 2,
+                            "gpu": {"type": "V100-16GB", "memory_bytes": 17179869184},
+                            "intra_machine": {"kind": "nvlink", "bandwidth_gbps": 1040.0}, **group}],
+        "inter_machine": {"kind": "ethernet", "bandwidth_gbps": 25.0},
+    }
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(topo))
+    r = dapple("topology", "show", path)
+    assert_one_line_error(r, 3, str(path), field, "1e-9")

@@ -102,24 +102,32 @@ fn nan_hint(text: &str) -> &'static str {
     }
 }
 
-/// Reject NaN, infinities and negatives in a field that must be a
-/// non-negative finite number.
+/// Largest time, rate or latency a file may give (1e12: about 32 years in
+/// milliseconds). With every input below it and above [`MIN_POSITIVE`],
+/// every time, size and memory the planner computes from them stays a
+/// finite number, so an infinite estimate can never be written.
+pub const MAX_MEASURE: f64 = 1e12;
+/// Smallest speed or bandwidth a file may give (1e-9: one bit per second).
+pub const MIN_POSITIVE: f64 = 1e-9;
+
+/// Reject NaN, infinities, negatives and values above [`MAX_MEASURE`] in a
+/// field that must be a non-negative number.
 pub fn check_non_negative(field: impl FnOnce() -> String, value: f64) -> Result<()> {
-    if !value.is_finite() || value < 0.0 {
+    if !(0.0..=MAX_MEASURE).contains(&value) {
         return Err(Error::field(
             field(),
-            format!("value {value} must be a finite number >= 0"),
+            format!("value {value} must be a number in 0..={MAX_MEASURE:e}"),
         ));
     }
     Ok(())
 }
 
-/// Same, but the value must be strictly positive.
+/// Same, but the value must be at least [`MIN_POSITIVE`].
 pub fn check_positive(field: impl FnOnce() -> String, value: f64) -> Result<()> {
-    if !value.is_finite() || value <= 0.0 {
+    if !(MIN_POSITIVE..=MAX_MEASURE).contains(&value) {
         return Err(Error::field(
             field(),
-            format!("value {value} must be a finite number > 0"),
+            format!("value {value} must be a number in {MIN_POSITIVE:e}..={MAX_MEASURE:e}"),
         ));
     }
     Ok(())
