@@ -85,6 +85,8 @@ def profile_for(plan: planner.Plan, plan_path: str, profile_path: str | None) ->
     path = plan.data["inputs"].get("profile_path")
     if path is None:
         raise InvalidInputError(f"{plan_path}: field inputs.profile_path: missing; pass --profile")
+    if path == "":
+        raise InvalidInputError(f"{plan_path}: field inputs.profile_path: value '' is empty; pass --profile")
     if not os.path.isabs(path) and not os.path.exists(path):
         # A relative path in the plan is relative to where planning ran;
         # fall back to the plan file's folder.

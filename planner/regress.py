@@ -56,6 +56,10 @@ def load_suite(path: str | os.PathLike) -> dict:
         suite = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise InvalidInputError(f"{path}: JSON nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise InvalidInputError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(suite, dict):
         raise InvalidInputError(f"{path}: expected a JSON object")
     if suite.get("format") != SUITE_FORMAT:

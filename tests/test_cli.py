@@ -208,3 +208,45 @@ def test_missing_recorded_profile_names_the_plan_field(dapple, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     assert_one_line_error(dapple("simulate", "--plan", path), 6, str(path), "inputs.profile_path", "gone.json")
+
+
+def test_a_device_listed_twice_in_one_stage_says_so(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    plan = json.loads(out.read_text())
+    plan["stages"][0]["devices"][1] = plan["stages"][0]["devices"][0]
+    out.write_text(json.dumps(plan))
+    r = dapple("estimate", "--plan", out, "--profile", BERT)
+    assert_one_line_error(r, 3, str(out), "stages[0].devices", "listed twice")
+
+
+def test_an_empty_recorded_profile_path_names_the_plan_field(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    plan = json.loads(out.read_text())
+    plan["inputs"]["profile_path"] = ""
+    out.write_text(json.dumps(plan))
+    r = dapple("simulate", "--plan", out)
+    assert_one_line_error(r, 3, str(out), "inputs.profile_path", "empty")
+
+
+@pytest.mark.parametrize("text, needle", [("[" * 5000 + "]" * 5000, "nested too deeply"),
+                                           ('{"format": ' + "9" * 5000 + "}", "not readable JSON")])
+def test_regress_suites_that_json_cannot_hold_are_one_line(dapple, tmp_path, text, needle):
+    path = tmp_path / "suite.json"
+    path.write_text(text)
+    r = dapple("regress", path)
+    assert_one_line_error(r, 3, str(path), needle)
+
+
+def test_infeasible_on_mixed_memories_names_the_range(dapple, small_profile, tmp_path):
+    topo = json.loads(dapple("topology", "show", "1x2-nvlink", "--json").stdout)
+    tiny = json.loads(json.dumps(topo["machine_groups"][0]))
+    tiny["gpu"]["memory_bytes"] = 1024
+    topo["machine_groups"].append(tiny)
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(topo))
+    heavy = small_profile(lambda d: [l.update(param_bytes=40 * 2**30) for l in d["layers"]])
+    r = dapple("plan", "--profile", heavy, "--topology", path, "--global-batch-size", "4")
+    # Not "a GPU has 16.00 GiB": the tiny group's GPUs hold 1024 bytes.
+    assert_one_line_error(r, 5, "the GPUs have 1024 bytes to 16.00 GiB")

@@ -391,7 +391,8 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
         return Err(e);
     }
     let mut expected_start = 0;
-    let mut seen = vec![false; num_devices as usize];
+    // The stage that uses each device so far.
+    let mut used_by: Vec<Option<usize>> = vec![None; num_devices as usize];
     let machines = topology.machines();
     let mut allocs: Vec<Alloc> = Vec::with_capacity(plan.stages.len());
     for (i, s) in plan.stages.iter().enumerate() {
@@ -433,11 +434,13 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
                     ),
                 ));
             }
-            if std::mem::replace(&mut seen[d as usize], true) {
-                return Err(Error::field(
-                    at("devices"),
-                    format!("device {d} is used by two stages"),
-                ));
+            if let Some(other) = used_by[d as usize].replace(i) {
+                let why = if other == i {
+                    format!("device {d} is listed twice")
+                } else {
+                    format!("device {d} is used by two stages (also stages[{other}])")
+                };
+                return Err(Error::field(at("devices"), why));
             }
             let m = machines
                 .iter()

@@ -541,13 +541,27 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
             ctx.layers.num_layers
         )),
         Some((b, f)) => {
-            let limit = ctx.cluster.machines.iter().map(|m| m.memory_bytes).fold(0.0, f64::max);
+            let memory = ctx.cluster.machines.iter().map(|m| m.memory_bytes);
+            let largest = memory.clone().fold(0.0, f64::max);
+            let smallest = memory.fold(f64::INFINITY, f64::min);
+            // Small memories read in bytes, not as 0.00 GiB.
+            let size = |x: f64| {
+                if x < f64::from(1u32 << 20) {
+                    format!("{x:.0} bytes")
+                } else {
+                    format!("{:.2} GiB", gib(x))
+                }
+            };
+            let has = if smallest == largest {
+                format!("a GPU has {}", size(largest))
+            } else {
+                format!("the GPUs have {} to {}", size(smallest), size(largest))
+            };
             Error::infeasible(format!(
-                "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {:.2} GiB \
-                 (micro-batch size {b}, {} stage(s)) but a GPU has {:.2} GiB",
-                gib(f.value),
+                "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {} \
+                 (micro-batch size {b}, {} stage(s)) but {has}",
+                size(f.value),
                 f.stages.len(),
-                gib(limit)
             ))
         }
     }
