@@ -522,8 +522,12 @@ pub struct StageCoster<'a> {
     pub cluster: &'a Cluster,
     pub micro_batch: u32,
     pub micro_batches: u32,
-    /// times[slice]: prefix sums at that many samples (index 0 unused).
-    times: Vec<Option<TimePrefix>>,
+    /// The slice sizes a stage can have (`largest_slice` of the micro-batch
+    /// over 1.. replicas), ascending, and the prefix sums at each: one entry
+    /// per distinct slice, not per sample count, so a micro-batch of 2^27
+    /// samples costs a few entries, not gigabytes.
+    slices: Vec<u32>,
+    times: Vec<TimePrefix>,
 }
 
 /// The cost of one computation stage on its devices.
@@ -559,26 +563,28 @@ impl<'a> StageCoster<'a> {
         micro_batches: u32,
     ) -> Self {
         let max_replicas = cluster.num_devices().min(micro_batch).max(1);
-        let mut times: Vec<Option<TimePrefix>> = vec![None; micro_batch as usize + 1];
-        for r in 1..=max_replicas {
-            let s = largest_slice(micro_batch, r) as usize;
-            if times[s].is_none() {
-                times[s] = Some(layers.times_at(s as u32));
-            }
-        }
+        let mut slices: Vec<u32> = (1..=max_replicas)
+            .map(|r| largest_slice(micro_batch, r))
+            .collect();
+        slices.sort_unstable();
+        slices.dedup();
+        let times = slices.iter().map(|&s| layers.times_at(s)).collect();
         StageCoster {
             layers,
             cluster,
             micro_batch,
             micro_batches,
+            slices,
             times,
         }
     }
 
     fn times(&self, slice: u32) -> &TimePrefix {
-        self.times[slice as usize]
-            .as_ref()
-            .expect("every slice size is precomputed")
+        let at = self
+            .slices
+            .binary_search(&slice)
+            .expect("every slice size is precomputed");
+        &self.times[at]
     }
 
     /// Cost of layers `start..end` on `alloc` with `warmup` micro-batches in
