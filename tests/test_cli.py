@@ -157,12 +157,19 @@ def test_bad_topology_file_names_the_field(dapple, tmp_path):
     assert_one_line_error(r, 3, str(path), "inter_machine.bandwidth_gbps", "-25")
 
 
-def test_hand_written_plan_with_overlapping_devices(dapple, tmp_path):
+def edited_plan(dapple, tmp_path, edit):
+    """A plan of BERT-48 on A written by `dapple plan`, changed by
+    ``edit(plan_dict)`` and saved again; its path."""
     out = tmp_path / "plan.json"
-    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
+    assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out).returncode == 0
     plan = json.loads(out.read_text())
-    plan["stages"][1]["devices"][0] = plan["stages"][0]["devices"][0]
+    edit(plan)
     out.write_text(json.dumps(plan))
+    return out
+
+
+def test_hand_written_plan_with_overlapping_devices(dapple, tmp_path):
+    out = edited_plan(dapple, tmp_path, lambda p: p["stages"][1]["devices"].__setitem__(0, p["stages"][0]["devices"][0]))
     r = dapple("estimate", "--plan", out, "--profile", BERT)
     assert_one_line_error(r, 3, str(out), "stages[1].devices", "used by two stages")
 
@@ -174,21 +181,13 @@ def test_usage_errors_exit_2(dapple):
 
 
 def test_plan_whose_warmup_contradicts_its_policy(dapple, tmp_path):
-    out = tmp_path / "plan.json"
-    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
-    plan = json.loads(out.read_text())
-    plan["stages"][0]["warmup_micro_batches"] = 99
-    out.write_text(json.dumps(plan))
+    out = edited_plan(dapple, tmp_path, lambda p: p["stages"][0].update(warmup_micro_batches=99))
     r = dapple("estimate", "--plan", out)
     assert_one_line_error(r, 3, "stages[0].warmup_micro_batches", "99")
 
 
 def test_plan_with_a_foreign_embedded_topology_version(dapple, tmp_path):
-    out = tmp_path / "plan.json"
-    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
-    plan = json.loads(out.read_text())
-    plan["inputs"]["topology"]["schema_version"] = 2
-    out.write_text(json.dumps(plan))
+    out = edited_plan(dapple, tmp_path, lambda p: p["inputs"]["topology"].update(schema_version=2))
     r = dapple("estimate", "--plan", out)
     assert_one_line_error(r, 3, "inputs.topology.schema_version", "2")
 
@@ -211,21 +210,13 @@ def test_missing_recorded_profile_names_the_plan_field(dapple, tmp_path):
 
 
 def test_a_device_listed_twice_in_one_stage_says_so(dapple, tmp_path):
-    out = tmp_path / "plan.json"
-    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
-    plan = json.loads(out.read_text())
-    plan["stages"][0]["devices"][1] = plan["stages"][0]["devices"][0]
-    out.write_text(json.dumps(plan))
+    out = edited_plan(dapple, tmp_path, lambda p: p["stages"][0]["devices"].__setitem__(1, p["stages"][0]["devices"][0]))
     r = dapple("estimate", "--plan", out, "--profile", BERT)
     assert_one_line_error(r, 3, str(out), "stages[0].devices", "listed twice")
 
 
 def test_an_empty_recorded_profile_path_names_the_plan_field(dapple, tmp_path):
-    out = tmp_path / "plan.json"
-    dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out)
-    plan = json.loads(out.read_text())
-    plan["inputs"]["profile_path"] = ""
-    out.write_text(json.dumps(plan))
+    out = edited_plan(dapple, tmp_path, lambda p: p["inputs"].update(profile_path=""))
     r = dapple("simulate", "--plan", out)
     assert_one_line_error(r, 3, str(out), "inputs.profile_path", "empty")
 

@@ -287,6 +287,13 @@ impl WarmupPolicy {
         Some(k.min(micro_batches).max(1))
     }
 
+    /// K_i the search counts in a stage's memory: the fixed policy's, or
+    /// one micro-batch (the least any plan holds) under `Auto`, whose
+    /// depths are chosen after the layout.
+    pub fn memory_depth(self, stages_from_here: u32, micro_batches: u32) -> u32 {
+        self.warmup(stages_from_here, micro_batches).unwrap_or(1)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             WarmupPolicy::A => "A",

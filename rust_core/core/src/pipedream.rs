@@ -158,6 +158,38 @@ impl Table {
     }
 }
 
+/// A range's time on `replicas` workers: its compute plus the weight
+/// synchronisation `4 (r-1) |w| / (B r)` (divided by `sync_divisor`, the
+/// workers per worker where the code divides it), all over `r`.
+fn replicated_time_s(
+    compute_s: f64,
+    parameter_bytes: f64,
+    replicas: usize,
+    bandwidth: f64,
+    sync_divisor: f64,
+) -> f64 {
+    let r = replicas as f64;
+    (compute_s + 4.0 * (r - 1.0) * parameter_bytes / (bandwidth * r) / sync_divisor) / r
+}
+
+/// Sending `bytes` into or out of a stage on `replicas` workers: `2 a / (B r)`.
+fn transfer_time_s(bytes: f64, replicas: usize, bandwidth: f64) -> f64 {
+    2.0 * bytes / (bandwidth * replicas as f64)
+}
+
+/// PipeDream's memory constraint: a stage's activations and weights times
+/// the minibatches in flight, `ceil((workers - used) / replicas)` (`used`:
+/// the workers of the range being solved, this stage's included).
+fn fits_memory(
+    bytes: f64,
+    workers: usize,
+    used: usize,
+    replicas: usize,
+    memory_bytes: f64,
+) -> bool {
+    (workers - used).div_ceil(replicas) as f64 * bytes <= memory_bytes
+}
+
 /// Steps a level's dynamic programme takes, about: PipeDream's is cubic in
 /// the states below the top level and quadratic in the workers.
 pub fn planning_steps(num_states: usize, levels: &[Level]) -> f64 {
@@ -198,8 +230,6 @@ fn solve_level(
     };
     let activation = |i: usize, j: usize| States::range(&states.activation_bytes_prefix, i, j);
     let parameters = |i: usize, j: usize| States::range(&states.parameter_bytes_prefix, i, j);
-    // ceil(x / y) of the code's `math.ceil((num_machines - (m+1)) / m')`.
-    let in_flight = |used: usize, replicas: usize| (w - used).div_ceil(replicas) as f64;
 
     // Every range replicated over m + 1 workers, memory permitting.
     for i in 0..rows {
@@ -207,14 +237,19 @@ fn solve_level(
             let (act, params) = (activation(i, j), parameters(i, j));
             for m in 0..w {
                 let r = m + 1;
-                if in_flight(r, r) * (act + params) > memory_bytes {
+                if !fits_memory(act + params, w, r, r, memory_bytes) {
                     continue;
                 }
-                let sync = 4.0 * m as f64 * params / (bandwidth * r as f64) / workers_per_worker;
                 let idx = a.index(i, j, m);
                 a.cells[idx] = match range_time_s[i][j] {
                     Some(t) => Cell {
-                        time_s: Some((t + sync) / r as f64),
+                        time_s: Some(replicated_time_s(
+                            t,
+                            params,
+                            r,
+                            bandwidth,
+                            workers_per_worker,
+                        )),
                         split: None,
                         replicas: r,
                     },
@@ -239,20 +274,20 @@ fn solve_level(
                     let last_act = activation(k + 1, j);
                     let last_params = parameters(k + 1, j);
                     for replicas in 1..=m {
-                        let r = replicas as f64;
-                        if (last_act + last_params) * in_flight(m + 1, replicas) > memory_bytes {
+                        if !fits_memory(last_act + last_params, w, m + 1, replicas, memory_bytes) {
                             continue;
                         }
                         let Some(before) = a.at(i, k, m - replicas).time_s else {
                             continue;
                         };
                         let last =
-                            (last_compute + 4.0 * (r - 1.0) * last_params / (bandwidth * r)) / r;
-                        let input = 2.0 * states.output_activation_bytes[k] / (bandwidth * r);
+                            replicated_time_s(last_compute, last_params, replicas, bandwidth, 1.0);
+                        let input =
+                            transfer_time_s(states.output_activation_bytes[k], replicas, bandwidth);
                         let mut time = before.max(last).max(input);
                         if j < n - 1 {
-                            time =
-                                time.max(2.0 * states.output_activation_bytes[j] / (bandwidth * r));
+                            let output = states.output_activation_bytes[j];
+                            time = time.max(transfer_time_s(output, replicas, bandwidth));
                         }
                         if best.time_s.is_none_or(|b| b > time * (1.0 + TIE_TOLERANCE)) {
                             best = Cell {
@@ -387,22 +422,23 @@ pub fn one_level_time(
     for &(first, end, replicas) in stages {
         let last = end - 1;
         used += replicas;
-        let r = replicas as f64;
         let compute = States::range(&states.compute_s_prefix, first, last);
         let params = States::range(&states.parameter_bytes_prefix, first, last);
         let act = States::range(&states.activation_bytes_prefix, first, last);
-        if (w.checked_sub(used)?).div_ceil(replicas) as f64 * (act + params) > memory_bytes {
+        if used > w || !fits_memory(act + params, w, used, replicas, memory_bytes) {
             return None;
         }
-        let sync = 4.0 * (r - 1.0) * params / (bandwidth * r);
+        let stage = replicated_time_s(compute, params, replicas, bandwidth, 1.0);
         time = Some(match time {
-            None => (compute + sync) / r,
+            None => stage,
             Some(before) => {
+                let input = states.output_activation_bytes[first - 1];
                 let mut t = before
-                    .max((compute + sync) / r)
-                    .max(2.0 * states.output_activation_bytes[first - 1] / (bandwidth * r));
+                    .max(stage)
+                    .max(transfer_time_s(input, replicas, bandwidth));
                 if last < n - 1 {
-                    t = t.max(2.0 * states.output_activation_bytes[last] / (bandwidth * r));
+                    let output = states.output_activation_bytes[last];
+                    t = t.max(transfer_time_s(output, replicas, bandwidth));
                 }
                 t
             }

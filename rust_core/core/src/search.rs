@@ -603,13 +603,9 @@ impl Context<'_> {
         }
     }
 
-    /// K_i the DP counts in a stage's memory: the fixed policy's, or one
-    /// micro-batch (the least any plan holds) under auto, whose depths are
-    /// chosen after the layout.
+    /// K_i the DP counts in a stage's memory under this context's policy.
     fn memory_warmup(&self, stages_from_here: u32, micro_batches: u32) -> u32 {
-        self.policy
-            .warmup(stages_from_here, micro_batches)
-            .unwrap_or(1)
+        self.policy.memory_depth(stages_from_here, micro_batches)
     }
 
     /// Where a stage of `replicas` GPUs may go from `state`. The stage
@@ -798,6 +794,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         })
     }
 
+    /// The largest bound any suffix is pruned against (the largest of the
+    /// rules' best values so far): above it nothing can be useful.
+    fn loosest_incumbent(&self) -> f64 {
+        self.incumbent((self.rules.len() - 1) as u8)
+    }
+
     /// A complete plan of class `class` is a plan of rules 0..=class.
     fn offer_incumbent(&self, value: f64, class: u8) {
         if let Some(all) = self.incumbents {
@@ -823,9 +825,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// K_i counted in the memory of a stage with `stages_from_here` stages
     /// from it to the end under rule `class`.
     fn rule_warmup(&self, class: usize, stages_from_here: u32) -> u32 {
-        self.rules[class]
-            .warmup(stages_from_here, self.micro_batches)
-            .unwrap_or(1)
+        self.rules[class].memory_depth(stages_from_here, self.micro_batches)
     }
 
     /// The strictest rule, at most `ceiling`, under which `cost` (computed
@@ -1100,7 +1100,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             end: usize,
         }
         let m = f64::from(self.micro_batches);
-        let prune_above = self.incumbent((self.rules.len() - 1) as u8) * (1.0 + 1e-12);
+        let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
         let mut options: Vec<Candidate> = Vec::new();
         for r in 1..=free.min(max_replicas) {
             // Where the stage may start: a stage that takes every GPU left
@@ -1153,7 +1153,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 let only_stage = i == 0 && suffixes[0].1.stages == 0;
                 let cost = self.coster.stage_on(i, j, &opt.devices, 1, only_stage);
                 self.stages_costed += 1;
-                let loosest_bound = self.incumbent((self.rules.len() - 1) as u8);
+                let loosest_bound = self.loosest_incumbent();
                 let mut stop_growing = false;
                 for (k, &(eid, entry)) in suffixes.iter().enumerate() {
                     let stages = entry.stages + 1;
