@@ -94,26 +94,7 @@ def layout_plan(profile: planner.Profile, topology: planner.Topology, gbs: int,
     early-backward dapple plan, at the micro-batch size and warm-up depths
     that simulate fastest and fit (as ``dapple compare`` costs a baseline),
     or None when none fits."""
-    best = None
-    min_slice = min(profile.batch_sizes)
-    widest = max(len(d) for _, _, d in stages)
-    for b in (d for d in range(1, gbs + 1) if gbs % d == 0):
-        if b // widest < min_slice:
-            continue
-        doc = {
-            "format": "dapple.plan", "schema_version": 2, "planner_version": planner.__version__,
-            "inputs": {"model": profile.model, "profile_sha256": profile.sha256, "topology": topology.data,
-                       "global_batch_size": gbs, "options": {"min_micro_batch_size": min_slice}},
-            "micro_batch_size": b, "micro_batches": gbs // b,
-            "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "auto"},
-            # One micro-batch in flight is valid for any layout; the depths
-            # that simulate fastest are chosen below.
-            "stages": [{"layer_start": s, "layer_end": e, "devices": d, "warmup_micro_batches": 1}
-                       for s, e, d in stages],
-        }
-        p = planner.choose_warmups(planner.Plan.from_json(json.dumps(doc)), profile)
-        if p is None or not p.estimate["fits_memory"]:
-            continue
-        if best is None or p.iteration_ms < best.iteration_ms:
-            best = p
-    return best
+    try:
+        return planner.layout_plan(profile, topology, gbs, stages)
+    except planner.InfeasibleError:
+        return None

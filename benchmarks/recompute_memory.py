@@ -24,7 +24,7 @@ from pathlib import Path
 
 import planner
 from planner.profiler import profile_model
-from planner.runtime import executor as ex
+from planner.runtime.launcher import run_plan
 from planner.runtime import models
 
 HERE = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ MBS, M, STEPS, SPLIT = 8, 4, 3, 3
 
 def plan_for(profile: planner.Profile, kind: str) -> planner.Plan:
     """The 3:3 plan on 1x2 in schedule ``kind``, with its estimate."""
-    base = json.loads(planner.plan(profile, "1x2-pcie", global_batch_size=MBS * M).text)
+    base = planner.plan(profile, "1x2-pcie", global_batch_size=MBS * M).core.to_dict()
     base.pop("estimate", None)
     base["micro_batch_size"], base["micro_batches"] = MBS, M
     base["schedule"]["kind"] = kind
@@ -44,7 +44,7 @@ def plan_for(profile: planner.Profile, kind: str) -> planner.Plan:
         {"layer_start": 0, "layer_end": SPLIT, "devices": [0], "warmup_micro_batches": depth[0]},
         {"layer_start": SPLIT, "layer_end": n, "devices": [1], "warmup_micro_batches": depth[1]},
     ]
-    return planner.evaluate(planner.Plan.from_json(json.dumps(base)), profile)
+    return planner.evaluate(planner.Plan.from_dict(base), profile)
 
 
 def main() -> None:
@@ -62,7 +62,7 @@ def main() -> None:
         for recompute in (False, True):
             print(f"{kind}{' + recompute' if recompute else ''} ...", file=sys.stderr)
             sim = planner.simulate(plan, profile, recompute=recompute)
-            run = ex.run_plan(plan.data, factory, spec.loss, batches, STEPS, 0.1, recompute=recompute,
+            run = run_plan(plan, factory, spec.loss, batches, STEPS, 0.1, recompute=recompute,
                               exact_memory=True, start_method="fork")
             for stage in (0, 1):
                 m = run.metrics[stage]  # rank s holds stage s here

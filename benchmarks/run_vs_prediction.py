@@ -35,7 +35,7 @@ from pathlib import Path
 
 import planner
 from planner.profiler import profile_model
-from planner.runtime import executor as ex
+from planner.runtime.launcher import run_plan
 from planner.runtime import links, models
 
 HERE = Path(__file__).resolve().parent
@@ -49,7 +49,7 @@ def one_cycle(spec, factory, batches, steps: int) -> dict:
     measured = links.measure_links(2, repeats=30)
     topologies = {
         "1x2-pcie": planner.Topology.from_spec("1x2-pcie"),
-        "measured": planner.Topology.from_json(json.dumps(links.topology_of(measured))),
+        "measured": links.topology_of(measured),
     }
     plans: dict[tuple, dict] = {}  # the same plan may be chosen on both topologies
     for tname, topo in topologies.items():
@@ -65,10 +65,10 @@ def one_cycle(spec, factory, batches, steps: int) -> dict:
     for key, entry in plans.items():
         p = entry["plan"]
         print(f"  running {p.shape}, {p.micro_batches} x {p.micro_batch_size} ...", file=sys.stderr)
-        run = ex.run_plan(p.data, factory, spec.loss, batches, steps, 0.1, start_method="fork")
+        run = run_plan(p, factory, spec.loss, batches, steps, 0.1, start_method="fork")
         simulated = {}
         for tname, topo in topologies.items():
-            on = planner.Plan.from_json(json.dumps({**p.data, "inputs": {**p.data["inputs"], "topology": topo.data}}))
+            on = planner.Plan.from_dict({**p.data, "inputs": {**p.data["inputs"], "topology": topo.data}})
             simulated[tname] = planner.simulate(planner.evaluate(on, profile), profile).iteration_ms
         rows[f"{p.shape} {p.micro_batches}x{p.micro_batch_size}"] = {
             "chosen_as": entry["chosen_as"],

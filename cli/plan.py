@@ -23,7 +23,7 @@ from .render import plan_table
 @warmup_policy_option
 @click.option("--min-micro-batch-size", type=count_option_type(), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
-@click.option("--search-space", type=click.Choice(["auto", "full", "machine-aligned"]), default="auto", show_default=True,
+@click.option("--search-space", type=click.Choice(planner.SEARCH_SPACES), default=planner.SEARCH_SPACES[0], show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
               "auto: full up to 16 GPUs.")
 @click.option("--simulate", "simulate_flag", is_flag=True,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 
 from rich.console import Console
 from rich.table import Table
 
-from planner import Plan, Profile, Topology
+from planner import Plan, Profile
 from planner.plan import device_ranges
 
 GIB = float(1 << 30)
@@ -26,7 +25,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
     out.print(
         f"{inputs['model']} on {inputs['topology']['name']}, global batch {inputs['global_batch_size']}: "
         f"{plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}, "
-        f"schedule {plan.data['schedule']['kind']} (warm-up policy {plan.data['schedule']['warmup_policy']})"
+        f"schedule {plan.core.schedule_kind} (warm-up policy {plan.core.warmup_policy})"
     )
     if blocks and any(blocks):
         out.print("split (model layers per stage): " + ":".join(str(b) for b in blocks))
@@ -86,7 +85,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
                 f"as pivot, giving {est['paper_latency_ms']:.1f} ms; the largest formula value is used"
             )
         used = sum(len(s["devices"]) for s in plan.stages)
-        total = Topology(json.dumps(plan.data["inputs"]["topology"])).num_devices
+        total = plan.topology.num_devices
         if used < total:
             out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
 

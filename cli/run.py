@@ -4,7 +4,7 @@ per device of the plan."""
 from __future__ import annotations
 
 import functools
-import json
+import math
 import logging
 import os
 import sys
@@ -63,16 +63,15 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
 
     from planner.profiler import check_device
     from planner.runtime import checkpoint as ckpt
-    from planner.runtime import executor as ex
+    from planner.runtime.data import SeededBatches
+    from planner.runtime.launcher import WorkerFailed, launched_by_torchrun, run_plan
+    from planner.runtime.layout import Layout
     from planner.runtime.models import load_model
 
     check_device(device)
     plan = planner.Plan.load(plan_path)
-    try:
-        lay = ex.layout_of(plan.data)
-    except ValueError as e:
-        raise InvalidInputError(f"{plan_path}: {e}") from None
-    if device == "cuda" and not ex.launched_by_torchrun() and torch.cuda.device_count() < lay.world_size:
+    lay = Layout.of(plan)
+    if device == "cuda" and not launched_by_torchrun() and torch.cuda.device_count() < lay.world_size:
         raise IncompatibleInputsError(
             f"{plan_path}: the plan uses {lay.world_size} devices, this machine shows {torch.cuda.device_count()} GPUs"
         )
@@ -100,7 +99,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
 
     factory = functools.partial(load_model, model_spec, **kwargs)
     torch.manual_seed(seed)
-    batches = ex.SeededBatches(factory, lay.global_batch_size, steps, seed)
+    batches = SeededBatches(factory, lay.global_batch_size, steps, seed)
     if start == steps:
         click.echo(f"nothing to do: the checkpoint is already at step {steps}")
         return
@@ -108,14 +107,14 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     # one-line error below says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        result = ex.run_plan(
-            plan.data, factory, spec.loss, batches, steps, lr,
+        result = run_plan(
+            plan, factory, spec.loss, batches, steps, lr,
             optimizer=optimizer, seed=seed, threads=threads,
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
             log=True, recompute=recompute, exact_memory=exact_memory, device=device,
         )
-    except ex.WorkerFailed as e:
+    except WorkerFailed as e:
         raise RunFailedError(str(e)) from None
     if result is None:
         return  # a rank other than 0 under torchrun: rank 0 reports
@@ -138,7 +137,6 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     mean_ms = sum(iter_ms) / len(iter_ms)
     if metrics_path:
         data = {
-            "format": "dapple.run-metrics",
             "plan": plan_path,
             "model": model_spec,
             "model_args": {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v for k, v in kwargs.items()},
@@ -148,13 +146,13 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             "recompute": recompute,
             "exact_memory": exact_memory,
             "iteration_ms": iter_ms,
-            "losses": m0["losses"],
+            "losses": [loss if math.isfinite(loss) else None for loss in m0["losses"]],
             "mean_iteration_ms": mean_ms,
             "estimate_ms": estimate,
             "simulated_ms": simulated,
             "ranks": ranks,
         }
-        write_atomic(metrics_path, json.dumps(data, indent=2) + "\n")
+        write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
     line = (f"ran steps {start + 1}..{steps} on {lay.world_size} processes: final loss {m0['losses'][-1]:.6f}, "
             f"mean iteration {mean_ms:.1f} ms")
     if estimate is not None:

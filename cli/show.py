@@ -26,7 +26,7 @@ def _picture_option(name: str, what: str):
 
 @click.command("show")
 @plan_options
-@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default=None,
+@click.option("--schedule", type=click.Choice(planner.SCHEDULE_KINDS), default=None,
               help="Order of forwards and backwards on each stage (for --gantt and --memory). "
                    "Default: the plan's own.")
 @click.option("--recompute", is_flag=True, help="Keep only stage inputs; re-run forwards before backwards.")

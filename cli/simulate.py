@@ -12,7 +12,7 @@ from .render import GIB, console
 
 @click.command("simulate")
 @plan_options
-@click.option("--schedule", type=click.Choice(["early-backward-1f1b", "gpipe"]), default=None,
+@click.option("--schedule", type=click.Choice(planner.SCHEDULE_KINDS), default=None,
               help="Order of forwards and backwards on each stage. Default: the plan's.")
 @click.option("--recompute", is_flag=True, help="Keep only stage inputs; re-run forwards before backwards.")
 @json_option

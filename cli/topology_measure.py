@@ -3,7 +3,6 @@ and write it as a topology."""
 
 from __future__ import annotations
 
-import json
 
 import click
 
@@ -42,7 +41,7 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
         measured = measure_links(processes, [k * 1024 for k in sizes_kib], repeats)
     except ValueError as e:
         raise InvalidInputError(str(e)) from None
-    topo = planner.Topology.from_json(json.dumps(topology_of(measured, name)))
+    topo = topology_of(measured, name)
     err = click.get_text_stream("stderr")
     click.echo(f"link: latency {measured['latency_us']:.1f} us, bandwidth {measured['bandwidth_gbps']:.2f} Gbit/s "
                f"(fitted to point-to-point, {processes} processes, median of {repeats})", file=err)

@@ -8,7 +8,7 @@ Planning needs no torch; the runtime and profiler import it lazily.
 """
 
 try:
-    from ._core import __version__
+    from ._core import SCHEDULE_KINDS, RunMetrics, __version__
 except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
         "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
         "or use `pip install -e .` to work in the source tree."
     ) from e
-from .compare import BASELINES, baseline, compare
+from .compare import BASELINES, baseline, compare, layout_plan
 from .errors import (
     DappleError,
     DappleIOError,
@@ -26,7 +26,7 @@ from .errors import (
     InvalidInputError,
     RunFailedError,
 )
-from .plan import WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
+from .plan import SEARCH_SPACES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
 from .profile import Profile, calibrate_stored_activations, import_artifact_profile
 from .simulation import Simulation, simulate
 from .topology import PRESETS, Topology
@@ -43,6 +43,9 @@ __all__ = [
     "PRESETS",
     "Profile",
     "RunFailedError",
+    "RunMetrics",
+    "SCHEDULE_KINDS",
+    "SEARCH_SPACES",
     "SearchStats",
     "Simulation",
     "Topology",
@@ -53,6 +56,7 @@ __all__ = [
     "compare",
     "evaluate",
     "import_artifact_profile",
+    "layout_plan",
     "plan",
     "simulate",
 ]

@@ -13,7 +13,8 @@ from .profile import Profile
 from .simulation import simulate
 from .topology import Topology
 
-BASELINES = ("data-parallel", "gpipe", "straight", "pipedream-planner")
+#: The baseline strategies, by name (the core's table).
+BASELINES: tuple[str, ...] = _core.BASELINES
 
 
 def baseline(
@@ -30,19 +31,41 @@ def baseline(
     whose simulated iteration is shortest and fits: data parallelism on every GPU; GPipe and
     straight pipelines with balanced blocks of layers, one GPU per stage;
     PipeDream's planner (its asynchronous objective), run synchronously."""
+    prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
+    return Plan(
+        _core.baseline(kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy)
+    )
+
+
+def _inputs(profile, topology, global_batch_size: int, min_micro_batch_size: int | None):
+    """The profile, topology and sample counts of a call, each checked."""
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
         min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    topo = Topology.resolve(topology)
+    return prof, Topology.resolve(topology), gbs, min_micro_batch_size
+
+
+def layout_plan(
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    stages: list[tuple[int, int, list[int]]],
+    *,
+    schedule: str = "early-backward-1f1b",
+    warmup_policy: str = "auto",
+    min_micro_batch_size: int | None = None,
+) -> Plan:
+    """Any layout (another planner's, a paper's): ``stages`` as
+    ``(layer_start, layer_end, devices)`` each, as the plan it runs fastest
+    as, the micro-batch size (and, under warm-up policy auto, the warm-up
+    depths) whose simulated iteration is shortest and fits, costed the way
+    a baseline is. Raises InfeasibleError when no size fits."""
+    prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
     return Plan(
-        _core.plan_baseline(
-            kind,
-            prof.text,
-            topo.text,
-            gbs,
-            min_micro_batch_size=min_micro_batch_size,
-            warmup_policy=warmup_policy,
+        _core.layout_plan(
+            prof.core, topo.core, gbs, [(s, e, list(d)) for s, e, d in stages], schedule=schedule,
+            warmup_policy=warmup_policy, min_micro_batch_size=min_mbs,
         )
     )
 
@@ -117,7 +140,7 @@ def compare(
                 shape=p.shape,
                 micro_batches=p.micro_batches,
                 micro_batch_size=p.micro_batch_size,
-                schedule=p.data["schedule"]["kind"],
+                schedule=p.core.schedule_kind,
                 simulated_ms=sim.iteration_ms,
                 estimated_ms=p.estimate["latency_ms"],
                 speedup=single / sim.iteration_ms,

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _core
-from .files import read_text, write_atomic
+from .fileobject import FileObject
 from .limits import check_count
 from .profile import Profile
 from .topology import Topology
 
 
 #: Warm-up policies, the default first: "auto" (K_i searched per stage), "A", "B".
-WARMUP_POLICIES: tuple[str, ...] = tuple(_core.warmup_policies())
+WARMUP_POLICIES: tuple[str, ...] = _core.WARMUP_POLICIES
+#: Search spaces, the default first (see :func:`plan`).
+SEARCH_SPACES: tuple[str, ...] = _core.SEARCH_SPACES
 
 
 @dataclass(frozen=True)
@@ -25,25 +26,18 @@ class SearchStats:
 
 
 @dataclass(frozen=True)
-class Plan:
-    text: str
+class Plan(FileObject):
+    """A plan: the core's own object (``core``), checked for its format
+    when read. ``search_stats`` says how much work the search that made it did."""
+
+    core_class = _core.Plan
+    core: _core.Plan
     search_stats: SearchStats | None = None
-    path: str | None = None
-    data: dict = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
-        object.__setattr__(self, "data", json.loads(self.text))
-
-    @classmethod
-    def from_json(cls, text: str, source: str | None = None) -> "Plan":
-        return cls(_core.plan_canonical(text, source), path=source)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Plan":
-        return cls.from_json(read_text(path), str(path))
-
-    def save(self, path: str | os.PathLike) -> None:
-        write_atomic(path, self.text)
+    @property
+    def path(self) -> str | None:
+        """The file it was read from."""
+        return self.core.source
 
     @property
     def stages(self) -> list[dict]:
@@ -59,36 +53,34 @@ class Plan:
         planner minimises (formula (2), ``estimate["latency_ms"]``, is its
         lower bound). None for a plan without an estimate; version 1 plans,
         which were not simulated, give their formula value."""
-        est = self.estimate
-        if est is None:
-            return None
-        return est.get("iteration_ms", est["latency_ms"])
+        return self.core.iteration_ms
 
     @property
     def micro_batch_size(self) -> int:
-        return self.data["micro_batch_size"]
+        return self.core.micro_batch_size
 
     @property
     def micro_batches(self) -> int:
-        return self.data["micro_batches"]
+        return self.core.micro_batches
 
     @property
     def shape(self) -> str:
         """Replication per stage, e.g. ``"8:8"``; ``"16"`` is data parallelism."""
-        return ":".join(str(len(s["devices"])) for s in self.stages)
+        return self.core.shape
 
     @property
     def kind(self) -> str:
         """``"data parallel"``, ``"straight"`` or ``"hybrid"``."""
-        if len(self.stages) == 1:
-            return "data parallel"
-        if all(len(s["devices"]) == 1 for s in self.stages):
-            return "straight"
-        return "hybrid"
+        return self.core.layout_kind
+
+    @property
+    def topology(self) -> Topology:
+        """The cluster the plan was made for."""
+        return Topology(self.core.topology)
 
     def blocks_per_stage(self, profile: Profile) -> list[int]:
         """The model's own layers (profile layers of kind "block") per stage."""
-        return _core.plan_blocks_per_stage(self.text, profile.text)
+        return self.core.blocks_per_stage(profile.core)
 
 
 def device_ranges(ids: list[int]) -> str:
@@ -134,17 +126,16 @@ def plan(
         micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
-    text, (sizes, states, costed) = _core.plan_search(
-        prof.text,
-        topo.text,
+    core, (sizes, states, costed) = _core.search(
+        prof.core,
+        topo.core,
         gbs,
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
-        profile_path=prof.path,
     )
-    return Plan(text, SearchStats(list(sizes), states, costed))
+    return Plan(core, SearchStats(list(sizes), states, costed))
 
 
 def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan:
@@ -152,7 +143,7 @@ def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLik
     model the search uses; returns the plan with a fresh estimate."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    return Plan(_core.plan_evaluate(p.text, prof.text, p.path), path=p.path)
+    return Plan(_core.evaluate(p.core, prof.core))
 
 
 def choose_warmups(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan | None:
@@ -161,5 +152,5 @@ def choose_warmups(plan: Plan | str | os.PathLike, profile: Profile | str | os.P
     fastest within memory, costed; None when no depths fit in memory."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    text = _core.plan_choose_warmups(p.text, prof.text, p.path)
-    return None if text is None else Plan(text, path=p.path)
+    core = _core.choose_warmups(p.core, prof.core)
+    return None if core is None else Plan(core)

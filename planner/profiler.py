@@ -22,7 +22,6 @@ Imports torch only when called; ``import planner`` stays torch-free.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
 import statistics
 import sys
@@ -233,8 +232,6 @@ def profile_model(
 
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {
-        "format": "dapple.profile",
-        "schema_version": 1,
         "model": model_name,
         "source": (
             f"measured by dapple profile on {device_name} {date}: median of {repeats} runs after {warmup} warm-up, "
@@ -244,7 +241,7 @@ def profile_model(
         "optimizer": "adam",
         "layers": layers_out,
     }
-    return Profile.from_json(json.dumps(data))
+    return Profile.from_dict(data)
 
 
 def _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, what):

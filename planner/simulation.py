@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _core
+from .fileobject import FileObject
 from .plan import Plan
 from .profile import Profile
 
 
 @dataclass(frozen=True)
-class Simulation:
+class Simulation(FileObject):
     """Every forward, backward, transfer, AllReduce and optimizer step of one
-    iteration (``tasks``), with per-stage bubble share and memory over time."""
+    iteration (``tasks``), with per-stage bubble share and memory over time:
+    the core's own object (``core``, format ``dapple.simulation``)."""
 
-    text: str
-    data: dict = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "data", json.loads(self.text))
+    core_class = _core.Simulation
+    core: _core.Simulation
 
     @property
     def iteration_ms(self) -> float:
-        return self.data["iteration_ms"]
+        return self.core.iteration_ms
+
+    @property
+    def schedule(self) -> str:
+        return self.core.schedule
+
+    @property
+    def recompute(self) -> bool:
+        return self.core.recompute
 
     @property
     def stages(self) -> list[dict]:
@@ -36,7 +42,7 @@ class Simulation:
 
     @property
     def peak_memory_bytes(self) -> float:
-        return max(s["peak_memory_bytes"] for s in self.stages)
+        return self.core.peak_memory_bytes
 
 
 def simulate(
@@ -57,12 +63,5 @@ def simulate(
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     return Simulation(
-        _core.plan_simulate(
-            p.text,
-            prof.text,
-            schedule=schedule,
-            recompute=recompute,
-            overlap_allreduce=overlap_allreduce,
-            plan_source=p.path,
-        )
+        _core.simulate(p.core, prof.core, schedule=schedule, recompute=recompute, overlap_allreduce=overlap_allreduce)
     )

@@ -2,37 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _core
-from .files import read_text
+from .fileobject import FileObject
 
-PRESETS = {"A": "2x8-nvlink-25gbps", "B": "16x1-25gbps", "C": "16x1-10gbps"}
+#: The paper's clusters by preset name, as specs (the core's table).
+PRESETS: dict[str, str] = dict(_core.PRESETS)
 
 
 @dataclass(frozen=True)
-class Topology:
-    text: str
-    data: dict = field(init=False, repr=False, compare=False)
+class Topology(FileObject):
+    """A validated cluster: the core's own object (``core``)."""
 
-    def __post_init__(self):
-        object.__setattr__(self, "data", json.loads(self.text))
+    core_class = _core.Topology
+    core: _core.Topology
 
     @classmethod
     def from_spec(cls, spec: str) -> "Topology":
-        return cls(_core.topology_from_spec(spec))
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "<json>") -> "Topology":
-        """A Topology from ``dapple.topology`` JSON text, validated;
-        ``source`` names it in errors."""
-        return cls(_core.topology_canonical(text, source))
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "Topology":
-        return cls(_core.topology_canonical(read_text(path), str(path)))
+        return cls(_core.Topology.from_spec(spec))
 
     @classmethod
     def resolve(cls, spec_or_path: "str | os.PathLike | Topology") -> "Topology":
@@ -47,11 +36,11 @@ class Topology:
 
     @property
     def name(self) -> str:
-        return self.data["name"]
+        return self.core.name
 
     @property
     def num_devices(self) -> int:
-        return sum(g["machines"] * g["gpus_per_machine"] for g in self.data["machine_groups"])
+        return self.core.num_devices
 
     def describe(self) -> str:
-        return _core.topology_describe(self.text)
+        return self.core.describe()

@@ -70,6 +70,6 @@ def test_bad_case_input_is_invalid_input_not_a_failed_plan(dapple, tmp_path):
     path = write_suite(tmp_path, [bert_case(topology="2x8-nvlnk")])
     assert_one_line_error(dapple("regress", path), 3, "case 'bert A'", "2x8-nvlnk")
     path = write_suite(tmp_path, [bert_case(min_micro_batch_size="2")])
-    assert_one_line_error(dapple("regress", path), 3, "cases[0].min_micro_batch_size", "'2'")
+    assert_one_line_error(dapple("regress", path), 3, "cases[0].min_micro_batch_size", '"2"')
     path = write_suite(tmp_path, [bert_case(), bert_case(expected_ms=1.0)])
-    assert_one_line_error(dapple("regress", path), 3, "field cases", "'bert A'", "unique")
+    assert_one_line_error(dapple("regress", path), 3, "field cases", '"bert A"', "unique")

@@ -83,6 +83,9 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert "final loss" in res.stdout and "simulated" in res.stdout
     assert "Gloo" not in res.stdout  # stdout holds the summary only
     m = json.loads(out.read_text())
+    # written by the core's own definition of the format, and read back by it
+    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 1)
+    assert planner.RunMetrics.from_json(out.read_text(), str(out)).steps == 3
     assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
     assert len(m["losses"]) == 3 and all(x > 0 for x in m["losses"])
     assert m["estimate_ms"] > 0 and m["simulated_ms"] > 0
@@ -142,14 +145,14 @@ def test_resume_equals_uninterrupted_run(files, tmp_path):
     # and the run trained like one process on the seeded batches (one a step)
     import functools
 
-    from planner.runtime import executor as ex
     from planner.runtime import models
+    from planner.runtime.reference import train_single_process
 
     factory = functools.partial(models.gpt, n_layers=2, d_model=16, n_heads=2, seq=8, vocab=32)
     spec = factory()
     g = torch.Generator().manual_seed(0)
     batches = [spec.make_batch(8, g) for _ in range(6)]
-    ref = ex.train_single_process(factory, spec.loss, batches, 6, 0.01, optimizer="adam")
+    ref = train_single_process(factory, spec.loss, batches, 6, 0.01, optimizer="adam")
     got = {f"{int(k.split('.', 1)[0]) + first}.{k.split('.', 1)[1]}": v
            for r, first in ((0, 0), (1, 2)) for k, v in x[r]["model"].items()}
     assert got.keys() == ref.keys()

@@ -27,14 +27,39 @@ def test_early_backward_two_stages():
     )
 
 
+def layout_plan(mbs, stages, kind="early-backward-1f1b", policy="A", depths=None, gbs=None):
+    """A validated plan (the core checks it as it would a file) on 8
+    devices; stages are (layer_start, layer_end, devices); K_i by ``policy``
+    (M for gpipe) unless ``depths`` gives them (policy auto)."""
+    import planner
+
+    m = (gbs or GBS) // mbs
+    s = len(stages)
+    fixed = {"A": lambda i: min(s - i, m), "B": lambda i: min(2 * (s - i) - 1, m)}
+    depth = (lambda i: m) if kind == "gpipe" else (lambda i: depths[i]) if depths else fixed[policy]
+    return planner.Plan.from_dict({
+        "planner_version": "test",
+        "inputs": {
+            "model": "tiny",
+            "profile_sha256": "",
+            "topology": planner.Topology.from_spec("1x8-pcie").data,
+            "global_batch_size": mbs * m,
+            "options": {"min_micro_batch_size": 1},
+        },
+        "micro_batch_size": mbs,
+        "micro_batches": m,
+        "schedule": {"kind": kind, "warmup_policy": "auto" if depths else policy},
+        "stages": [
+            {"layer_start": a, "layer_end": b, "devices": devs, "warmup_micro_batches": depth(i)}
+            for i, (a, b, devs) in enumerate(stages)
+        ],
+    })
+
+
 def test_early_backward_three_stages_policy_b():
     # policy B: K = min(2(S-i)-1, M) = [5->4, 3, 1]
-    plan = {
-        "micro_batches": 4,
-        "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "B"},
-        "stages": [{}, {}, {}],
-    }
-    assert sch.plan_schedule(plan) == table(
+    plan = layout_plan(3, [(0, 1, [0]), (1, 2, [1]), (2, 3, [2])], policy="B")
+    assert sch.plan_schedule(plan.core) == table(
         """
         stage 0: F0 F1 F2 F3 B0 B1 B2 B3
         stage 1: F0 F1 F2 B0 F3 B1 B2 B3
@@ -50,18 +75,12 @@ def test_gpipe_table():
         stage 1: F0 F1 F2 B2 B1 B0
         """
     )
-    assert sch.plan_schedule(
-        {"micro_batches": 3, "schedule": {"kind": "gpipe"}, "stages": [{}, {}]}
-    ) == sch.gpipe(2, 3)
+    assert sch.plan_schedule(layout_plan(4, [(0, 1, [0]), (1, 2, [1])], kind="gpipe").core) == sch.gpipe(2, 3)
 
 
 def test_plan_warmup_from_stages_and_format():
-    plan = {
-        "micro_batches": 3,
-        "schedule": {"kind": "early-backward-1f1b", "warmup_policy": "A"},
-        "stages": [{"warmup_micro_batches": 3}, {"warmup_micro_batches": 2}, {"warmup_micro_batches": 1}],
-    }
-    assert sch.format_schedule(sch.plan_schedule(plan)) == (
+    plan = layout_plan(4, [(0, 1, [0]), (1, 2, [1]), (2, 3, [2])])
+    assert sch.format_schedule(sch.plan_schedule(plan.core)) == (
         "stage 0: F0 F1 F2 B0 B1 B2\n"
         "stage 1: F0 F1 B0 F2 B1 B2\n"
         "stage 2: F0 B0 F1 B1 F2 B2"
@@ -69,12 +88,14 @@ def test_plan_warmup_from_stages_and_format():
 
 
 def test_bad_schedules_rejected():
+    import planner
+
     with pytest.raises(ValueError, match="deadlock"):
         sch.early_backward(2, 4, [1, 2])  # later stage deeper than earlier, < M
     with pytest.raises(ValueError, match="warm-up depth"):
         sch.early_backward(2, 4, [5, 1])
-    with pytest.raises(ValueError, match="not a schedule"):
-        sch.plan_schedule({"micro_batches": 2, "schedule": {"kind": "pipedream"}, "stages": [{}]})
+    with pytest.raises(planner.InvalidInputError, match="schedule.kind.*not a schedule"):
+        layout_plan(4, [(0, 1, [0])], kind="pipedream")
 
 
 # ----------------------------------------------------------------------------
@@ -82,7 +103,10 @@ def test_bad_schedules_rejected():
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime import executor as ex  # noqa: E402
+from planner.runtime.launcher import run_plan  # noqa: E402
+from planner.runtime.layout import Layout  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from planner.runtime.training import build_layers, prefixed_state  # noqa: E402
 
 LR = 0.1
 STEPS = 5
@@ -114,37 +138,7 @@ def make_batches(steps=STEPS, gbs=GBS):
 
 
 def plan(mbs, stages, kind="early-backward-1f1b"):
-    """A dapple.plan dict with the fields the executor reads; stages are
-    (layer_start, layer_end, devices); K_i by policy A (M for gpipe)."""
-    m = GBS // mbs
-    s = len(stages)
-    return {
-        "format": "dapple.plan",
-        "schema_version": 1,
-        "inputs": {"global_batch_size": GBS},
-        "micro_batch_size": mbs,
-        "micro_batches": m,
-        "schedule": {"kind": kind, "warmup_policy": "A"},
-        "stages": [
-            {
-                "layer_start": a,
-                "layer_end": b,
-                "devices": devs,
-                "warmup_micro_batches": m if kind == "gpipe" else min(s - i, m),
-            }
-            for i, (a, b, devs) in enumerate(stages)
-        ],
-    }
-
-
-def with_warmups(p, depths):
-    """``p`` under warm-up policy auto with the given K_i per stage, as the
-    planner writes searched depths."""
-    p["schema_version"] = 2
-    p["schedule"]["warmup_policy"] = "auto"
-    for st, k in zip(p["stages"], depths):
-        st["warmup_micro_batches"] = k
-    return p
+    return layout_plan(mbs, stages, kind)
 
 
 CASES = {
@@ -160,7 +154,7 @@ CASES = {
     # GPipe order, 2:1 replication
     "gpipe-2:1": plan(3, [(0, 2, [0, 1]), (2, 5, [2])], kind="gpipe"),
     # searched warm-up depths (policy auto), deeper than policy B and not 1 at the end
-    "auto-K-1:1:1": with_warmups(plan(2, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])]), [5, 2, 2]),
+    "auto-K-1:1:1": layout_plan(2, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])], depths=[5, 2, 2]),
 }
 
 
@@ -172,7 +166,7 @@ def batches():
 @pytest.fixture(scope="module")
 def reference(batches):
     torch.set_num_threads(1)
-    return ex.train_single_process(tiny_layers, mse, batches, STEPS, LR)
+    return train_single_process(tiny_layers, mse, batches, STEPS, LR)
 
 
 def max_diff(a, b):
@@ -180,18 +174,19 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_slices_match_cost_model():
-    assert ex.slice_ranges(5, 2) == [(0, 3), (3, 5)]
-    assert ex.slice_ranges(4, 3) == [(0, 2), (2, 3), (3, 4)]
-    assert ex.slice_ranges(6, 3) == [(0, 2), (2, 4), (4, 6)]
-    lay = ex.layout_of(CASES["2:1"])
-    assert lay.rank_of_device == {2: 0, 5: 1, 7: 2}
+def test_layout_as_the_core_gives_it():
+    # micro-batch 3 over devices [5, 2] then [7]: ranks by ascending device
+    # id, slices larger first, each sender sending what the receiver needs.
+    lay = Layout.of(CASES["2:1"])
+    assert lay.devices == (2, 5, 7)
     assert lay.stage_ranks == [[1, 0], [2]]
     assert lay.where(1) == (0, 0) and lay.where(0) == (0, 1) and lay.where(2) == (1, 0)
+    assert [(r.start, r.end) for r in lay.stages[0].replicas] == [(0, 2), (2, 3)]
+    assert [(p.rank, p.start, p.end) for p in lay.replica(2).receives_from] == [(1, 0, 2), (0, 2, 3)]
 
 
 def test_reference_really_trains(batches, reference):
-    init = ex.prefixed_state(ex.build_layers(tiny_layers, 0), 0)
+    init = prefixed_state(build_layers(tiny_layers, 0), 0)
     assert max_diff(init, reference) > 1e-2
 
 
@@ -199,58 +194,52 @@ def test_reference_really_trains(batches, reference):
 def test_plan_matches_single_process(name, batches, reference):
     p = CASES[name]
     t0 = time.time()
-    res = ex.run_plan(
-        p, tiny_layers, mse, batches, STEPS, LR, world_size=ex.layout_of(p).world_size, **FAST
-    )
+    res = run_plan(p, tiny_layers, mse, batches, STEPS, LR, world_size=Layout.of(p).world_size, **FAST)
     print(f"{name}: {time.time() - t0:.1f}s")
     assert max_diff(res.params, reference) < 1e-5
     assert res.replicas_agree(atol=1e-6)
     # Each rank ran its stage's schedule, in order, and held no more
     # micro-batches than it allows (K_i for early-backward, M for GPipe).
-    lay = ex.layout_of(p)
+    lay = Layout.of(p)
     for rank, (stage, _) in res.stage_of_rank.items():
         expected = [f"{k}{m}" for k, m in lay.schedule[stage]]
         expected += ["AR"] if len(lay.stage_ranks[stage]) > 1 else []
         assert res.trace[rank] == expected + ["OPT"]
-        assert res.peak_in_flight[rank] == p["stages"][stage]["warmup_micro_batches"]
+        assert res.peak_in_flight[rank] == p.stages[stage]["warmup_micro_batches"]
 
 
 def test_many_to_many_2_to_3():
     # mbs 5: stage 0 slices [0,3) [3,5); stage 1 slices [0,2) [2,4) [4,5):
     # the middle replica of stage 1 receives from both senders.
     gbs = 10
-    p = plan(5, [(0, 2, [0, 1]), (2, 5, [2, 3, 4])])
-    p["inputs"]["global_batch_size"] = gbs
-    p["micro_batches"] = 2
-    for st, k in zip(p["stages"], [2, 1]):
-        st["warmup_micro_batches"] = k
+    p = layout_plan(5, [(0, 2, [0, 1]), (2, 5, [2, 3, 4])], gbs=gbs)
     b = make_batches(3, gbs)
-    ref = ex.train_single_process(tiny_layers, mse, b, 3, LR)
-    res = ex.run_plan(p, tiny_layers, mse, b, 3, LR, **FAST)
+    ref = train_single_process(tiny_layers, mse, b, 3, LR)
+    res = run_plan(p, tiny_layers, mse, b, 3, LR, **FAST)
     assert max_diff(res.params, ref) < 1e-5
 
 
 def test_adam_matches_single_process(batches):
     p = CASES["1:2"]
-    ref = ex.train_single_process(tiny_layers, mse, batches, 3, 0.01, optimizer="adam")
-    res = ex.run_plan(p, tiny_layers, mse, batches, 3, 0.01, optimizer="adam", **FAST)
+    ref = train_single_process(tiny_layers, mse, batches, 3, 0.01, optimizer="adam")
+    res = run_plan(p, tiny_layers, mse, batches, 3, 0.01, optimizer="adam", **FAST)
     assert max_diff(res.params, ref) < 1e-5
 
 
 def test_without_allreduce_replicas_diverge(batches, reference):
-    res = ex.run_plan(CASES["dp-3"], tiny_layers, mse, batches, STEPS, LR, skip_allreduce=True, **FAST)
+    res = run_plan(CASES["dp-3"], tiny_layers, mse, batches, STEPS, LR, skip_allreduce=True, **FAST)
     assert max_diff(res.params, reference) > 1e-3
     assert not res.replicas_agree(atol=1e-6)
 
 
 def test_world_size_mismatch_rejected(batches):
     with pytest.raises(ValueError, match="world_size"):
-        ex.run_plan(CASES["straight-2"], tiny_layers, mse, batches, 1, LR, world_size=3)
+        run_plan(CASES["straight-2"], tiny_layers, mse, batches, 1, LR, world_size=3)
 
 
 def test_spawn_start_method(batches, reference):
     # The default start method, as with torch.multiprocessing.spawn.
-    res = ex.run_plan(CASES["straight-2"], tiny_layers, mse, batches, STEPS, LR)
+    res = run_plan(CASES["straight-2"], tiny_layers, mse, batches, STEPS, LR)
     assert max_diff(res.params, reference) < 1e-5
 
 
@@ -271,14 +260,14 @@ def test_language_model_spec_2_to_1(factory_name):
     b = [spec.make_batch(GBS, g) for _ in range(3)]
     n = len(spec.layers)
     p = plan(3, [(0, 2, [0, 1]), (2, n, [2])])
-    ref = ex.train_single_process(factory, spec.loss, b, 3, LR)
-    res = ex.run_plan(p, factory, spec.loss, b, 3, LR, **FAST)
+    ref = train_single_process(factory, spec.loss, b, 3, LR)
+    res = run_plan(p, factory, spec.loss, b, 3, LR, **FAST)
     assert max_diff(res.params, ref) < 1e-5
 
 
 @pytest.mark.parametrize("name", ["straight-3", "gpipe-2:1"])
 def test_recompute_matches_single_process(name, batches, reference):
-    res = ex.run_plan(CASES[name], tiny_layers, mse, batches, STEPS, LR, recompute=True, **FAST)
+    res = run_plan(CASES[name], tiny_layers, mse, batches, STEPS, LR, recompute=True, **FAST)
     assert max_diff(res.params, reference) < 1e-5
     assert res.replicas_agree(atol=1e-6)
 
@@ -303,12 +292,8 @@ def test_recompute_lowers_measured_peak_memory():
     mbs, m = 8, 4
     g = torch.Generator().manual_seed(0)
     b = [spec.make_batch(mbs * m, g) for _ in range(2)]
-    p = {
-        "micro_batch_size": mbs, "micro_batches": m, "schedule": {"kind": "gpipe"},
-        "stages": [{"layer_start": 0, "layer_end": 3, "devices": [0], "warmup_micro_batches": m},
-                   {"layer_start": 3, "layer_end": 6, "devices": [1], "warmup_micro_batches": m}],
-    }
-    runs = {rc: ex.run_plan(p, factory, spec.loss, b, 2, LR, recompute=rc, exact_memory=True, **FAST)
+    p = layout_plan(mbs, [(0, 3, [0]), (3, 6, [1])], kind="gpipe", gbs=mbs * m)
+    runs = {rc: run_plan(p, factory, spec.loss, b, 2, LR, recompute=rc, exact_memory=True, **FAST)
             for rc in (False, True)}
     assert max_diff(runs[False].params, runs[True].params) < 1e-6
 

@@ -12,8 +12,8 @@ plans and predictions for local runs rest on measured numbers.
   + bytes / bandwidth`` over the sizes (relative errors) gives the link's
   ``latency_us`` and ``bandwidth_gbps``.
 - AllReduce over all ranks at each size, median of ``repeats``, and what the
-  cost model's ring formula (``2 (n-1)/n bytes / bandwidth + 2 (n-1)
-  latency``) predicts for it from the fitted link: the gap says how far the
+  cost model (``allreduce_ms`` in ``cost.rs``, asked through the measured
+  topology) predicts for it on the fitted link: the gap says how far the
   model is from gloo's own algorithm.
 """
 
@@ -31,7 +31,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..profiler import cpu_name
-from .executor import _free_port
+from ..topology import Topology
+from .launcher import free_port
 
 DEFAULT_SIZES_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 _WARMUP = 5
@@ -94,14 +95,6 @@ def fit_link(sizes_bytes: list[int], seconds: list[float]) -> tuple[float, float
     return max(0.0, float(intercept)) * 1e6, 8.0 / float(slope) / 1e9
 
 
-def ring_allreduce_s(n: int, size_bytes: int, latency_us: float, bandwidth_gbps: float) -> float:
-    """The cost model's AllReduce time among ``n`` ranks on one link
-    (``allreduce_ms`` in ``cost.rs``), in seconds."""
-    if n < 2:
-        return 0.0
-    return 2 * (n - 1) / n * size_bytes * 8 / (bandwidth_gbps * 1e9) + 2 * (n - 1) * latency_us / 1e6
-
-
 def measure_links(processes: int, sizes_bytes: list[int] | None = None, repeats: int = 20) -> dict:
     """Time gloo point-to-point and AllReduce among ``processes`` local
     processes; return the raw medians, the fitted link and the AllReduce
@@ -117,28 +110,24 @@ def measure_links(processes: int, sizes_bytes: list[int] | None = None, repeats:
         raise ValueError(f"fitting a link needs at least two different message sizes, not {sizes}")
     with tempfile.TemporaryDirectory(prefix="dapple-links-") as tmp:
         out = os.path.join(tmp, "links.pt")
-        mp.start_processes(_bench, args=(processes, _free_port(), sizes, repeats, out), nprocs=processes,
+        mp.start_processes(_bench, args=(processes, free_port(), sizes, repeats, out), nprocs=processes,
                            start_method="fork" if platform.system() == "Linux" else "spawn")
         raw = torch.load(out, weights_only=True)
     p2p = [raw["p2p"][s] for s in sizes]
     latency_us, bandwidth_gbps = fit_link(sizes, p2p)
+    measured = {"processes": processes, "repeats": repeats, "latency_us": latency_us, "bandwidth_gbps": bandwidth_gbps}
+    # The cost model's AllReduce on the fitted link, from the core.
+    topology = topology_of(measured)
     rows = []
     for s in sizes:
-        predicted = ring_allreduce_s(processes, s, latency_us, bandwidth_gbps)
         rows.append({
             "bytes": s,
             "p2p_ms": raw["p2p"][s] * 1e3,
             "p2p_fit_ms": (latency_us / 1e6 + s * 8 / (bandwidth_gbps * 1e9)) * 1e3,
             "allreduce_ms": raw["allreduce"][s] * 1e3,
-            "allreduce_model_ms": predicted * 1e3,
+            "allreduce_model_ms": topology.core.allreduce_ms(list(range(processes)), float(s)),
         })
-    return {
-        "processes": processes,
-        "repeats": repeats,
-        "latency_us": latency_us,
-        "bandwidth_gbps": bandwidth_gbps,
-        "sizes": rows,
-    }
+    return {**measured, "sizes": rows}
 
 
 def _host_memory_bytes() -> int:
@@ -148,18 +137,16 @@ def _host_memory_bytes() -> int:
         return 16 << 30
 
 
-def topology_of(measured: dict, name: str | None = None) -> dict:
-    """A ``dapple.topology`` dict: one machine of ``processes`` "GPUs" (the
-    processes), sharing the host's memory equally, joined by the measured
-    link. The name records what was measured and when."""
+def topology_of(measured: dict, name: str | None = None) -> Topology:
+    """One machine of ``processes`` "GPUs" (the processes), sharing the
+    host's memory equally, joined by the measured link. The name records
+    what was measured and when."""
     n = measured["processes"]
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     cpu = cpu_name()
     link = {"kind": "gloo-loopback (measured)", "bandwidth_gbps": round(measured["bandwidth_gbps"], 4),
             "latency_us": round(measured["latency_us"], 2)}
-    return {
-        "format": "dapple.topology",
-        "schema_version": 1,
+    return Topology.from_dict({
         "name": name or f"local 1x{n} gloo processes, measured {date}",
         "machine_groups": [{
             "machines": 1,
@@ -169,4 +156,4 @@ def topology_of(measured: dict, name: str | None = None) -> dict:
         }],
         # One machine: no traffic crosses machines; the same link keeps the file valid.
         "inter_machine": dict(link),
-    }
+    })

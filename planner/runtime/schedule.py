@@ -21,8 +21,7 @@ from .. import _core
 
 Action = tuple[str, int]
 
-EARLY_BACKWARD = "early-backward-1f1b"
-GPIPE = "gpipe"
+EARLY_BACKWARD, GPIPE = _core.SCHEDULE_KINDS
 
 
 def _compute_actions(tokens: list[list[str]]) -> list[list[Action]]:
@@ -40,23 +39,10 @@ def gpipe(num_stages: int, micro_batches: int) -> list[list[Action]]:
     return _compute_actions(_core.schedule_actions(GPIPE, num_stages, micro_batches))
 
 
-def plan_schedule(plan_data: dict) -> list[list[Action]]:
-    """The action lists of a ``dapple.plan`` dict, one per stage.
-
-    Early-backward uses each stage's ``warmup_micro_batches`` when present,
-    else the plan's ``schedule.warmup_policy`` (default ``A``).
-    """
-    stages = plan_data["stages"]
-    m = int(plan_data["micro_batches"])
-    sched = plan_data.get("schedule") or {}
-    kind = sched.get("kind", EARLY_BACKWARD)
-    if kind == GPIPE:
-        return gpipe(len(stages), m)
-    # A stage without warmup_micro_batches gets the policy's K_i (the core's rule).
-    warmup = [int(st["warmup_micro_batches"]) if "warmup_micro_batches" in st else None for st in stages]
-    return _compute_actions(
-        _core.schedule_actions(kind, len(stages), m, warmup, sched.get("warmup_policy", "A"))
-    )
+def plan_schedule(plan: _core.Plan) -> list[list[Action]]:
+    """The action lists of a plan, one per stage: the core's, which the
+    simulator runs too (each stage's own K_i)."""
+    return _compute_actions(plan.actions())
 
 
 def validate(lists: list[list[Action]], micro_batches: int) -> None:

@@ -8,6 +8,7 @@ use dapple_core::cost::WarmupPolicy;
 use dapple_core::profile::Profile;
 use dapple_core::search::{search, SearchOptions};
 use dapple_core::topology::Topology;
+use dapple_core::FileObject;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -12,9 +12,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use regex::Regex;
 
 use crate::error::{Error, Result};
-use crate::profile::{
-    Layer, Measurement, Profile, BLOCK_KIND, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION,
-};
+use crate::profile::{Layer, Measurement, Profile, BLOCK_KIND};
 
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
@@ -114,8 +112,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         .collect();
 
     let profile = Profile {
-        format: PROFILE_FORMAT.to_string(),
-        schema_version: PROFILE_SCHEMA_VERSION,
+        format: crate::format::PROFILE.name.to_string(),
+        schema_version: crate::format::PROFILE.version,
         model: opts.model.clone(),
         source: opts.source.clone(),
         device: opts.device.clone(),

@@ -18,43 +18,23 @@ use rayon::prelude::*;
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
-use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, Schedule, Stage};
+use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Baseline {
-    DataParallel,
-    GPipe,
-    Straight,
-    PipeDream,
-}
-
-impl Baseline {
-    pub const ALL: [Baseline; 4] = [
-        Baseline::DataParallel,
-        Baseline::GPipe,
-        Baseline::Straight,
-        Baseline::PipeDream,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Baseline::DataParallel => "data-parallel",
-            Baseline::GPipe => "gpipe",
-            Baseline::Straight => "straight",
-            Baseline::PipeDream => "pipedream-planner",
-        }
-    }
-
-    pub fn parse(name: &str) -> Result<Baseline> {
-        Baseline::ALL.into_iter().find(|b| b.name() == name).ok_or_else(|| {
-            Error::invalid(format!(
-                "value {name:?} is not a baseline; use data-parallel, gpipe, straight or pipedream-planner"
-            ))
-        })
+crate::named_enum! {
+    /// The strategies `dapple compare` runs beside the search.
+    pub enum Baseline("a baseline") {
+        /// Every GPU runs the whole model.
+        DataParallel = "data-parallel",
+        /// Balanced blocks of layers, one GPU per stage, GPipe's schedule.
+        GPipe = "gpipe",
+        /// Balanced blocks of layers, one GPU per stage, early backward.
+        Straight = "straight",
+        /// PipeDream's own optimizer (`pipedream.rs`), run synchronously.
+        PipeDream = "pipedream-planner",
     }
 }
 
@@ -337,6 +317,9 @@ fn pipedream_states(
     )
 }
 
+/// A layout: each stage's layers `start..end` and its devices.
+pub type StageLayout = (usize, usize, Vec<u32>);
+
 /// The baseline's layout at every micro-batch size it can take (each
 /// device's slice at least `min_slice`), with the K_i of `policy` (one
 /// micro-batch under auto, whose depths are chosen later). Not costed.
@@ -351,16 +334,6 @@ pub fn baseline_layouts(
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(topology);
     let stages = layout(kind, profile, &layers, &cluster, min_slice)?;
-    let schedule_kind = if kind == Baseline::GPipe {
-        ScheduleKind::GPipe
-    } else {
-        ScheduleKind::EarlyBackward1F1B
-    };
-    let widest = stages
-        .iter()
-        .map(|(_, _, d)| d.len() as u32)
-        .max()
-        .unwrap_or(1);
     let inputs = PlanInputs::new(
         profile,
         topology,
@@ -369,8 +342,40 @@ pub fn baseline_layouts(
         kind.name(),
         None,
     );
+    Ok(layout_at_every_size(
+        &inputs,
+        &stages,
+        baseline_schedule(kind),
+        policy,
+    ))
+}
+
+fn baseline_schedule(kind: Baseline) -> ScheduleKind {
+    if kind == Baseline::GPipe {
+        ScheduleKind::GPipe
+    } else {
+        ScheduleKind::EarlyBackward1F1B
+    }
+}
+
+/// `stages` as a plan at every micro-batch size that gives each device at
+/// least `inputs.options.min_micro_batch_size` samples, with the K_i of
+/// `policy` (one micro-batch under auto). Not costed.
+fn layout_at_every_size(
+    inputs: &PlanInputs,
+    stages: &[StageLayout],
+    schedule_kind: ScheduleKind,
+    policy: WarmupPolicy,
+) -> Vec<Plan> {
+    let global_batch_size = inputs.global_batch_size;
+    let min_slice = inputs.options.min_micro_batch_size;
+    let widest = stages
+        .iter()
+        .map(|(_, _, d)| d.len() as u32)
+        .max()
+        .unwrap_or(1);
     let count = stages.len() as u32;
-    Ok((1..=global_batch_size)
+    (1..=global_batch_size)
         .filter(|b| global_batch_size.is_multiple_of(*b) && smallest_slice(*b, widest) >= min_slice)
         .map(|b| {
             let m = global_batch_size / b;
@@ -378,9 +383,9 @@ pub fn baseline_layouts(
                 inputs.clone(),
                 b,
                 m,
-                Schedule {
-                    kind: schedule_kind.name().into(),
-                    warmup_policy: policy.name().into(),
+                ScheduleChoice {
+                    kind: schedule_kind,
+                    warmup_policy: policy,
                 },
                 stages
                     .iter()
@@ -401,7 +406,7 @@ pub fn baseline_layouts(
                     .collect(),
             )
         })
-        .collect())
+        .collect()
 }
 
 /// The baseline's plan at the micro-batch size (and, under warm-up policy
@@ -423,7 +428,60 @@ pub fn baseline_plan(
         min_slice,
         policy,
     )?;
-    let searched = policy == WarmupPolicy::Auto && kind != Baseline::GPipe;
+    fastest_that_fits(
+        layouts,
+        profile,
+        policy,
+        kind.name(),
+        global_batch_size,
+        min_slice,
+    )
+}
+
+/// Any layout (another planner's, a paper's) as the plan it runs fastest
+/// as: the micro-batch size (and, under warm-up policy auto, the warm-up
+/// depths) whose simulated iteration is shortest and fits, costed the way
+/// `dapple compare` costs a baseline. `made_by` is recorded as the plan's
+/// `inputs.options.search_space`.
+#[allow(clippy::too_many_arguments)]
+pub fn layout_plan(
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    stages: &[StageLayout],
+    schedule_kind: ScheduleKind,
+    policy: WarmupPolicy,
+    min_micro_batch_size: Option<u32>,
+    made_by: &str,
+) -> Result<Plan> {
+    let min_slice = profile.min_slice(min_micro_batch_size);
+    let inputs = PlanInputs::new(
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        made_by,
+        None,
+    );
+    let layouts = layout_at_every_size(&inputs, stages, schedule_kind, policy);
+    fastest_that_fits(
+        layouts,
+        profile,
+        policy,
+        made_by,
+        global_batch_size,
+        min_slice,
+    )
+}
+
+fn fastest_that_fits(
+    layouts: Vec<Plan>,
+    profile: &Profile,
+    policy: WarmupPolicy,
+    name: &str,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Result<Plan> {
     // Each micro-batch size is checked and costed like a hand-written plan
     // (which re-hashes the profile each time: well under a millisecond),
     // in parallel; the choice below runs in size order.
@@ -432,6 +490,8 @@ pub fn baseline_plan(
         .map(|plan| {
             let estimate = evaluate(&plan, profile)?;
             let need = estimate.peak_memory_bytes;
+            let searched =
+                policy == WarmupPolicy::Auto && plan.schedule.kind != ScheduleKind::GPipe;
             let costed = if searched {
                 plan_with_chosen_warmups(&plan, profile)?.0
             } else {
@@ -453,28 +513,20 @@ pub fn baseline_plan(
         };
         if best
             .as_ref()
-            .is_none_or(|b| headline_ms(&plan) < headline_ms(b))
+            .is_none_or(|b| plan.iteration_ms() < b.iteration_ms())
         {
             best = Some(plan);
         }
     }
     best.ok_or_else(|| match smallest_need {
         Some(need) => Error::infeasible(format!(
-            "{} does not fit in GPU memory at any micro-batch size: it needs at least {:.2} GiB per GPU",
-            kind.name(),
+            "{name} does not fit in GPU memory at any micro-batch size: it needs at least {:.2} GiB per GPU",
             need / (1u64 << 30) as f64
         )),
         None => Error::incompatible(format!(
-            "{}: no micro-batch size of global batch {global_batch_size} gives every GPU at least {min_slice} samples",
-            kind.name()
+            "{name}: no micro-batch size of global batch {global_batch_size} gives every GPU at least {min_slice} samples"
         )),
     })
-}
-
-/// The simulated iteration of a costed plan.
-fn headline_ms(plan: &Plan) -> f64 {
-    let e = plan.estimate.as_ref().expect("costed plan");
-    e.iteration_ms.unwrap_or(e.latency_ms)
 }
 
 #[cfg(test)]
@@ -507,7 +559,7 @@ mod tests {
         assert_eq!(dp.shape(), "4");
         let gp = baseline_plan(Baseline::GPipe, &p, &t, 8, None, WarmupPolicy::A).unwrap();
         assert_eq!(gp.shape(), "1:1:1:1");
-        assert_eq!(gp.schedule.kind, "gpipe");
+        assert_eq!(gp.schedule.kind, crate::schedule::ScheduleKind::GPipe);
         assert!(gp
             .stages
             .iter()

@@ -17,13 +17,13 @@ pub const DP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
 #[derive(Debug, Clone)]
 pub struct Cluster {
     pub machines: Vec<MachineCost>,
-    /// Machine-group index of each machine (machines of a group are interchangeable).
     pub inter_bytes_per_ms: f64,
     pub inter_latency_ms: f64,
 }
 
 #[derive(Debug, Clone)]
 pub struct MachineCost {
+    /// Machine-group index (machines of a group are interchangeable).
     pub group: usize,
     pub gpus: u32,
     pub first_device: u32,
@@ -65,6 +65,32 @@ impl Cluster {
 
     pub fn num_devices(&self) -> u32 {
         self.machines.iter().map(|m| m.gpus).sum()
+    }
+
+    /// Index of the machine that holds GPU `device`.
+    pub fn machine_of(&self, device: u32) -> Option<usize> {
+        self.machines
+            .iter()
+            .position(|m| device >= m.first_device && device < m.first_device + m.gpus)
+    }
+
+    /// The GPUs per machine of a list of GPU ids.
+    pub fn alloc_of(&self, devices: &[u32]) -> crate::error::Result<Alloc> {
+        let mut alloc: Alloc = Vec::new();
+        for &d in devices {
+            let m = self.machine_of(d).ok_or_else(|| {
+                crate::error::Error::invalid(format!(
+                    "device {d} does not exist: the topology has devices 0..{}",
+                    self.num_devices().saturating_sub(1)
+                ))
+            })?;
+            match alloc.iter_mut().find(|(mm, _)| *mm == m) {
+                Some((_, c)) => *c += 1,
+                None => alloc.push((m, 1)),
+            }
+        }
+        alloc.sort_unstable();
+        Ok(alloc)
     }
 }
 
@@ -249,33 +275,48 @@ pub fn smallest_memory(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Samples of the largest slice when a micro-batch of `micro_batch` is split
-/// evenly over `replicas` devices (slices differ by at most one sample).
+/// How a micro-batch of `micro_batch` samples is split over `replicas`
+/// devices: contiguous `[start, end)` ranges, replica j taking the j-th;
+/// sizes differ by at most one sample, the larger first. The runtime splits
+/// exactly so (`layout.rs`); the cost model prices the largest slice.
+pub fn slice_ranges(micro_batch: u32, replicas: u32) -> Vec<(u32, u32)> {
+    let (size, extra) = (micro_batch / replicas, micro_batch % replicas);
+    let mut start = 0;
+    (0..replicas)
+        .map(|j| {
+            let end = start + size + u32::from(j < extra);
+            let range = (start, end);
+            start = end;
+            range
+        })
+        .collect()
+}
+
+/// Samples of the largest of the `slice_ranges`.
 pub fn largest_slice(micro_batch: u32, replicas: u32) -> u32 {
     micro_batch.div_ceil(replicas)
 }
 
+/// Samples of the smallest of the `slice_ranges`.
 pub fn smallest_slice(micro_batch: u32, replicas: u32) -> u32 {
     micro_batch / replicas
 }
 
-/// Warm-up depth K_i of early-backward scheduling (section V-C).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WarmupPolicy {
-    /// K_i = min(S - i, M).
-    A,
-    /// K_i = min(2(S - i) - 1, M).
-    B,
-    /// K_i chosen per stage by the planner (`warmup::choose_warmups`): the
-    /// depths that simulate fastest within each stage's memory. A plan
-    /// records them; any non-increasing K_0 >= K_1 >= ... in 1..=M is valid.
-    Auto,
+crate::named_enum! {
+    /// Warm-up depth K_i of early-backward scheduling (section V-C).
+    pub enum WarmupPolicy("a warm-up policy") {
+        /// K_i chosen per stage by the planner (`warmup::choose_warmups`): the
+        /// depths that simulate fastest within each stage's memory. A plan
+        /// records them; any non-increasing K_0 >= K_1 >= ... in 1..=M is valid.
+        Auto = "auto",
+        /// K_i = min(S - i, M).
+        A = "A" | "a",
+        /// K_i = min(2(S - i) - 1, M).
+        B = "B" | "b",
+    }
 }
 
 impl WarmupPolicy {
-    /// Every policy, in the order users see them.
-    pub const ALL: [WarmupPolicy; 3] = [WarmupPolicy::Auto, WarmupPolicy::A, WarmupPolicy::B];
-
     /// K_i of a fixed policy; None for `Auto`, whose depths are searched.
     /// `stages_from_here` = S - i, counting stage i itself.
     pub fn warmup(self, stages_from_here: u32, micro_batches: u32) -> Option<u32> {
@@ -292,26 +333,6 @@ impl WarmupPolicy {
     /// depths are chosen after the layout.
     pub fn memory_depth(self, stages_from_here: u32, micro_batches: u32) -> u32 {
         self.warmup(stages_from_here, micro_batches).unwrap_or(1)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WarmupPolicy::A => "A",
-            WarmupPolicy::B => "B",
-            WarmupPolicy::Auto => "auto",
-        }
-    }
-
-    /// "auto", "A" or "B" ("a" and "b" are accepted too).
-    pub fn parse(name: &str) -> crate::error::Result<WarmupPolicy> {
-        match name {
-            "auto" => Ok(WarmupPolicy::Auto),
-            "A" | "a" => Ok(WarmupPolicy::A),
-            "B" | "b" => Ok(WarmupPolicy::B),
-            other => Err(crate::error::Error::invalid(format!(
-                "value {other:?} is not a warm-up policy; use auto, A or B"
-            ))),
-        }
     }
 }
 
@@ -676,6 +697,27 @@ impl<'a> StageCoster<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn slices_are_contiguous_larger_first_and_priced_by_their_extremes() {
+        assert_eq!(slice_ranges(5, 3), vec![(0, 2), (2, 4), (4, 5)]);
+        assert_eq!(slice_ranges(4, 4), vec![(0, 1), (1, 2), (2, 3), (3, 4)]);
+        for micro_batch in 1..40 {
+            for replicas in 1..=micro_batch {
+                let ranges = slice_ranges(micro_batch, replicas);
+                assert_eq!(ranges[0].0, 0);
+                assert_eq!(ranges[ranges.len() - 1].1, micro_batch);
+                assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0));
+                let sizes: Vec<u32> = ranges.iter().map(|(a, b)| b - a).collect();
+                assert!(sizes.windows(2).all(|w| w[0] >= w[1]));
+                assert_eq!(sizes[0], largest_slice(micro_batch, replicas));
+                assert_eq!(
+                    sizes[sizes.len() - 1],
+                    smallest_slice(micro_batch, replicas)
+                );
+            }
+        }
+    }
+
     use super::*;
     use crate::topology::Topology;
 

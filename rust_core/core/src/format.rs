@@ -10,18 +10,108 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-/// Parse `text` as the format `format_name` at one of `supported` versions.
-pub fn parse_versioned<T: DeserializeOwned>(
-    text: &str,
-    format_name: &str,
-    supported: &[u32],
-) -> Result<T> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
+/// A file format: its name, the version dapple writes, and the versions it
+/// reads. Every format is declared here and nowhere else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileFormat {
+    pub name: &'static str,
+    pub version: u32,
+    pub reads: &'static [u32],
+}
+
+impl FileFormat {
+    const fn new(name: &'static str, version: u32, reads: &'static [u32]) -> FileFormat {
+        FileFormat {
+            name,
+            version,
+            reads,
+        }
+    }
+}
+
+pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
+pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
+/// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
+/// `bubble_ms` and warm-up policy "auto"; version 1 plans still read.
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 2, &[1, 2]);
+pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 1, &[1]);
+/// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
+/// estimates, which cannot be compared with simulated times.
+pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
+/// What `dapple run --metrics` writes (`metrics.rs`).
+pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 1, &[1]);
+
+/// Every format, for the binding's `FORMATS` table.
+pub const FORMATS: [FileFormat; 6] = [
+    PROFILE,
+    TOPOLOGY,
+    PLAN,
+    SIMULATION,
+    REGRESS_SUITE,
+    RUN_METRICS,
+];
+
+/// The format named `name`.
+pub fn format_named(name: &str) -> Result<FileFormat> {
+    FORMATS.into_iter().find(|f| f.name == name).ok_or_else(|| {
+        Error::invalid(format!(
+            "value {name:?} is not a dapple file format; use {}",
+            crate::names::one_of(&FORMATS.map(|f| f.name))
+        ))
+    })
+}
+
+/// The object of a file format, read from JSON text (`from_json`) or from
+/// plain data (`from_value`, as the binding hands it over), and checked the
+/// same way either way.
+pub trait FileObject: Sized + Serialize + DeserializeOwned {
+    const FORMAT: FileFormat;
+
+    /// Checks beyond the types (ranges, references between fields); every
+    /// read runs them.
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
+        Self::from_value(value)
+    }
+
+    /// From the data a file holds, `format` and `schema_version` included.
+    fn from_value(value: serde_json::Value) -> Result<Self> {
+        let read: Self = parse_value(value, Self::FORMAT)?;
+        read.check()?;
+        Ok(read)
+    }
+
+    /// From plain data without the envelope: this dapple's `format` and
+    /// `schema_version` are filled in where absent, so a writer never
+    /// spells them.
+    fn from_parts(mut value: serde_json::Value) -> Result<Self> {
+        if let serde_json::Value::Object(obj) = &mut value {
+            obj.entry("format")
+                .or_insert_with(|| Self::FORMAT.name.into());
+            obj.entry("schema_version")
+                .or_insert_with(|| Self::FORMAT.version.into());
+        }
+        Self::from_value(value)
+    }
+
+    /// Pretty JSON with a trailing newline, the form every file has.
+    fn to_json(&self) -> String {
+        to_json(self)
+    }
+}
+
+/// Deserialize `value` as `format` at one of the versions it reads, naming
+/// the field of the first error.
+pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value, format: FileFormat) -> Result<T> {
     let obj = value.as_object().ok_or_else(|| {
-        Error::invalid(format!("expected a JSON object for a {format_name} file"))
+        Error::invalid(format!("expected a JSON object for a {} file", format.name))
     })?;
-    check_envelope(obj, format_name, supported)?;
+    check_envelope(obj, format)?;
     let mut track = serde_path_to_error::Track::new();
     let de = serde_path_to_error::Deserializer::new(value, &mut track);
     T::deserialize(de).map_err(|e| {
@@ -39,9 +129,9 @@ pub fn parse_versioned<T: DeserializeOwned>(
 /// of a file embedded in another, such as a plan's topology).
 pub fn check_envelope(
     obj: &serde_json::Map<String, serde_json::Value>,
-    format_name: &str,
-    supported: &[u32],
+    format: FileFormat,
 ) -> Result<()> {
+    let (format_name, supported) = (format.name, format.reads);
     match obj.get("format") {
         Some(serde_json::Value::String(f)) if f == format_name => {}
         Some(other) => {

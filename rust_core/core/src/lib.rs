@@ -9,10 +9,14 @@ pub mod baselines;
 pub mod cost;
 pub mod error;
 pub mod format;
+pub mod layout;
+pub mod metrics;
+pub mod names;
 pub mod pipedream;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+pub mod regress;
 pub mod schedule;
 pub mod search;
 pub mod simulate;
@@ -20,6 +24,7 @@ pub mod topology;
 pub mod warmup;
 
 pub use error::{Error, ErrorKind, Result};
+pub use format::FileObject;
 
 /// Version of the planner, recorded in every plan it writes.
 pub const PLANNER_VERSION: &str = env!("CARGO_PKG_VERSION");

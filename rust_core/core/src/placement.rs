@@ -23,31 +23,17 @@ impl MachineUse {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Policy {
-    /// Take whole fresh machines first: keeps a stage's AllReduce on NVLink.
-    FreshFirst,
-    /// Fill machines that already hold stages first: less fragmentation,
-    /// and the neighbouring stage is likely on the same machine.
-    AppendFirst,
-    /// Spread evenly over the machines in use (all machines when none is):
-    /// activations stay local, AllReduce crosses machines.
-    ScatterFirst,
-}
-
-impl Policy {
-    pub const ALL: [Policy; 3] = [
-        Policy::FreshFirst,
-        Policy::AppendFirst,
-        Policy::ScatterFirst,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::FreshFirst => "fresh-first",
-            Policy::AppendFirst => "append-first",
-            Policy::ScatterFirst => "scatter-first",
-        }
+crate::named_enum! {
+    /// The paper's three placement policies (section IV-B).
+    pub enum Policy("a placement policy") {
+        /// Take whole fresh machines first: keeps a stage's AllReduce on NVLink.
+        FreshFirst = "fresh-first",
+        /// Fill machines that already hold stages first: less fragmentation,
+        /// and the neighbouring stage is likely on the same machine.
+        AppendFirst = "append-first",
+        /// Spread evenly over the machines in use (all machines when none is):
+        /// activations stay local, AllReduce crosses machines.
+        ScatterFirst = "scatter-first",
     }
 }
 

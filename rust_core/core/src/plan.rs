@@ -12,17 +12,11 @@ use crate::cost::{
     StageCoster, WarmupPolicy,
 };
 use crate::error::{Error, Result};
-use crate::format::{check_envelope, parse_versioned, to_json};
+use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
+use crate::placement::Policy;
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
-use crate::schedule::{Schedule as ActionSchedule, ScheduleKind};
-use crate::topology::{Topology, TOPOLOGY_FORMAT, TOPOLOGY_SCHEMA_VERSION};
-
-pub const PLAN_FORMAT: &str = "dapple.plan";
-/// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
-/// `bubble_ms` and warm-up policy "auto"; version 1 plans still read.
-pub const PLAN_SCHEMA_VERSION: u32 = 2;
-const PLAN_SCHEMA_VERSIONS_READ: [u32; 2] = [1, 2];
-pub const SCHEDULE_EARLY_BACKWARD: &str = "early-backward-1f1b";
+use crate::schedule::{Schedule, ScheduleKind};
+use crate::topology::Topology;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,7 +27,7 @@ pub struct Plan {
     pub inputs: PlanInputs,
     pub micro_batch_size: u32,
     pub micro_batches: u32,
-    pub schedule: Schedule,
+    pub schedule: ScheduleChoice,
     pub stages: Vec<Stage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Estimate>,
@@ -45,9 +39,8 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Selection {
-    /// "estimate" (smallest analytic latency) or "simulation" (smallest
-    /// simulated iteration among the best plan of each micro-batch size).
-    pub chosen_by: String,
+    /// How the candidates were ranked.
+    pub chosen_by: ChosenBy,
     /// Candidates compared.
     pub candidates: u32,
     /// Simulated iteration of the chosen plan, when simulated.
@@ -69,6 +62,28 @@ pub struct Selection {
     /// budget and the plan is the fastest found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimal: Option<bool>,
+}
+
+crate::named_enum! {
+    /// What kind of parallelism a plan's layout is.
+    pub enum LayoutKind("a layout kind") {
+        /// One stage on every GPU.
+        DataParallel = "data parallel",
+        /// One GPU per stage.
+        Straight = "straight",
+        /// Several stages, some replicated.
+        Hybrid = "hybrid",
+    }
+}
+
+crate::named_enum! {
+    /// How a planner ranked its candidates.
+    pub enum ChosenBy("a ranking") {
+        /// Smallest formula (2) value (plans of version 1).
+        Estimate = "estimate",
+        /// Shortest simulated iteration.
+        Simulation = "simulation",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,14 +137,17 @@ pub struct PlanOptions {
     pub search_space: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Which schedule a plan runs: its kind and the rule its warm-up depths
+/// follow (the action lists themselves are `schedule::Schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Schedule {
+pub struct ScheduleChoice {
     /// "early-backward-1f1b" (DAPPLE) or "gpipe" (all forwards, then all
     /// backwards; every micro-batch is in flight at once).
-    pub kind: String,
-    /// "A": K_i = min(S - i, M); "B": K_i = min(2(S - i) - 1, M).
-    pub warmup_policy: String,
+    pub kind: ScheduleKind,
+    /// "auto": K_i chosen per stage; "A": K_i = min(S - i, M); "B":
+    /// K_i = min(2(S - i) - 1, M).
+    pub warmup_policy: WarmupPolicy,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,7 +162,7 @@ pub struct Stage {
     pub warmup_micro_batches: u32,
     /// Placement policy that put the stage on its devices, when the planner did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement: Option<String>,
+    pub placement: Option<Policy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,9 +198,17 @@ pub struct Estimate {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelinePosition {
-    /// "stage" or "transfer" (transfer i sits between stages i and i+1).
-    pub kind: String,
+    pub kind: PositionKind,
     pub index: usize,
+}
+
+crate::named_enum! {
+    /// What sits at a position of the pipeline.
+    pub enum PositionKind("a pipeline position") {
+        Stage = "stage",
+        /// Transfer i sits between stages i and i+1.
+        Transfer = "transfer",
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,18 +237,35 @@ pub struct TransferEstimate {
     pub bwd_ms: f64,
 }
 
+impl FileObject for Plan {
+    const FORMAT: FileFormat = PLAN;
+
+    /// The embedded topology is a topology file of its own: same checks.
+    /// Whether the stages fit the topology and a profile is checked where
+    /// the plan is used (`check_layout`, `evaluate`).
+    fn check(&self) -> Result<()> {
+        let topology = &self.inputs.topology;
+        if let serde_json::Value::Object(obj) =
+            serde_json::to_value(topology).expect("plain data always serializes")
+        {
+            check_envelope(&obj, TOPOLOGY).map_err(|e| e.under("inputs.topology"))?;
+        }
+        topology.validate().map_err(|e| e.under("inputs.topology"))
+    }
+}
+
 impl Plan {
     /// A plan of this dapple version, not yet costed or selected.
     pub fn new(
         inputs: PlanInputs,
         micro_batch_size: u32,
         micro_batches: u32,
-        schedule: Schedule,
+        schedule: ScheduleChoice,
         stages: Vec<Stage>,
     ) -> Plan {
         Plan {
-            format: PLAN_FORMAT.into(),
-            schema_version: PLAN_SCHEMA_VERSION,
+            format: PLAN.name.into(),
+            schema_version: PLAN.version,
             planner_version: crate::PLANNER_VERSION.into(),
             inputs,
             micro_batch_size,
@@ -234,36 +277,22 @@ impl Plan {
         }
     }
 
-    pub fn from_json(text: &str) -> Result<Plan> {
-        let p: Plan = parse_versioned(text, PLAN_FORMAT, &PLAN_SCHEMA_VERSIONS_READ)?;
-        // The embedded topology is a topology file of its own: same checks.
-        let topology = &p.inputs.topology;
-        if let serde_json::Value::Object(obj) =
-            serde_json::to_value(topology).expect("plain data always serializes")
-        {
-            check_envelope(&obj, TOPOLOGY_FORMAT, &[TOPOLOGY_SCHEMA_VERSION])
-                .map_err(|e| e.under("inputs.topology"))?;
+    /// The simulated iteration, the plan's headline; version 1 plans, which
+    /// were not simulated, give their formula value. None without an estimate.
+    pub fn iteration_ms(&self) -> Option<f64> {
+        self.estimate
+            .as_ref()
+            .map(|e| e.iteration_ms.unwrap_or(e.latency_ms))
+    }
+
+    pub fn layout_kind(&self) -> LayoutKind {
+        if self.stages.len() == 1 {
+            LayoutKind::DataParallel
+        } else if self.stages.iter().all(|s| s.devices.len() == 1) {
+            LayoutKind::Straight
+        } else {
+            LayoutKind::Hybrid
         }
-        topology
-            .validate()
-            .map_err(|e| e.under("inputs.topology"))?;
-        Ok(p)
-    }
-
-    pub fn to_json(&self) -> String {
-        to_json(self)
-    }
-
-    pub fn schedule_kind(&self) -> Result<ScheduleKind> {
-        self.schedule
-            .kind
-            .parse()
-            .map_err(|e: Error| e.under("schedule.kind"))
-    }
-
-    pub fn warmup_policy(&self) -> Result<WarmupPolicy> {
-        WarmupPolicy::parse(&self.schedule.warmup_policy)
-            .map_err(|e| e.under("schedule.warmup_policy"))
     }
 
     /// "8:8"-style shape: replication of each stage.
@@ -356,8 +385,19 @@ pub(crate) fn stage_costs(
 /// Check that `plan` can run `profile` on its topology; returns each
 /// stage's GPUs per machine and the warm-up policy.
 pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, WarmupPolicy)> {
+    let allocs = check_layout(plan, Some(profile))?;
+    Ok((allocs, plan.schedule.warmup_policy))
+}
+
+/// Check that `plan`'s stages can run on its topology: batch sizes that
+/// agree, stages that follow each other from layer 0, devices that exist
+/// and are used once, slices of at least the minimum, and warm-up depths
+/// its schedule can run. With `profile`, also that the plan was made from
+/// it and covers its layers; without, the layer count is the runtime's to
+/// check against the model. Returns each stage's GPUs per machine.
+pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>> {
     let topology = &plan.inputs.topology;
-    let n = profile.layers.len();
+    let n = profile.map(|p| p.layers.len());
     let num_devices = topology.num_devices();
     if plan.stages.is_empty() {
         return Err(Error::field("stages", "a plan needs at least one stage"));
@@ -378,22 +418,26 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
             ),
         ));
     }
-    let kind = plan.schedule_kind()?;
-    let policy = plan.warmup_policy()?;
+    let ScheduleChoice {
+        kind,
+        warmup_policy: policy,
+    } = plan.schedule;
     let expected_hash = &plan.inputs.profile_sha256;
-    if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
-        let mut e = Error::incompatible(format!(
-            "the plan was made from another profile (sha256 {}..., this one is {}...)",
-            &expected_hash[..expected_hash.len().min(12)],
-            &profile.sha256()[..12]
-        ));
-        e.field = Some("inputs.profile_sha256".into());
-        return Err(e);
+    if let Some(profile) = profile {
+        if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
+            let mut e = Error::incompatible(format!(
+                "the plan was made from another profile (sha256 {}..., this one is {}...)",
+                &expected_hash[..expected_hash.len().min(12)],
+                &profile.sha256()[..12]
+            ));
+            e.field = Some("inputs.profile_sha256".into());
+            return Err(e);
+        }
     }
     let mut expected_start = 0;
     // The stage that uses each device so far.
     let mut used_by: Vec<Option<usize>> = vec![None; num_devices as usize];
-    let machines = topology.machines();
+    let cluster = Cluster::new(topology);
     let mut allocs: Vec<Alloc> = Vec::with_capacity(plan.stages.len());
     for (i, s) in plan.stages.iter().enumerate() {
         let at = |f: &str| format!("stages[{i}].{f}");
@@ -406,14 +450,17 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
                 ),
             ));
         }
-        if s.layer_end <= s.layer_start || s.layer_end > n {
-            return Err(Error::field(
-                at("layer_end"),
-                format!(
-                    "value {} must be in {}..={n} (the profile has {n} layers)",
-                    s.layer_end,
+        if s.layer_end <= s.layer_start || n.is_some_and(|n| s.layer_end > n) {
+            let range = match n {
+                Some(n) => format!(
+                    "in {}..={n} (the profile has {n} layers)",
                     s.layer_start + 1
                 ),
+                None => format!("above layer_start {}", s.layer_start),
+            };
+            return Err(Error::field(
+                at("layer_end"),
+                format!("value {} must be {range}", s.layer_end),
             ));
         }
         expected_start = s.layer_end;
@@ -423,17 +470,10 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
                 "a stage needs at least one device",
             ));
         }
-        let mut alloc: Alloc = Vec::new();
+        let alloc = cluster
+            .alloc_of(&s.devices)
+            .map_err(|e| e.under(&at("devices")))?;
         for &d in &s.devices {
-            if d >= num_devices {
-                return Err(Error::field(
-                    at("devices"),
-                    format!(
-                        "device {d} does not exist: the topology has devices 0..{}",
-                        num_devices - 1
-                    ),
-                ));
-            }
             if let Some(other) = used_by[d as usize].replace(i) {
                 let why = if other == i {
                     format!("device {d} is listed twice")
@@ -442,16 +482,7 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
                 };
                 return Err(Error::field(at("devices"), why));
             }
-            let m = machines
-                .iter()
-                .position(|m| d >= m.first_device && d < m.first_device + m.gpus)
-                .unwrap();
-            match alloc.iter_mut().find(|(mm, _)| *mm == m) {
-                Some((_, c)) => *c += 1,
-                None => alloc.push((m, 1)),
-            }
         }
-        alloc.sort_unstable();
         let replicas = alloc_size(&alloc);
         let min_slice = plan.inputs.options.min_micro_batch_size;
         if smallest_slice(plan.micro_batch_size, replicas) < min_slice.max(1) {
@@ -508,13 +539,13 @@ pub(crate) fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, Warmu
         }
         allocs.push(alloc);
     }
-    if expected_start != n {
-        return Err(Error::field(
+    match n {
+        Some(n) if expected_start != n => Err(Error::field(
             format!("stages[{}].layer_end", plan.stages.len() - 1),
             format!("value {expected_start}: the stages must cover all {n} layers of the profile"),
-        ));
+        )),
+        _ => Ok(allocs),
     }
-    Ok((allocs, policy))
 }
 
 /// Cost a plan whose stages have already been checked: formula (2) and
@@ -591,21 +622,21 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
 /// The action lists a checked plan runs: its own schedule kind and K_i, or
 /// `kind` instead. Early backward over a GPipe plan takes the K_i of the
 /// plan's fixed policy (policy A when it has none).
-pub(crate) fn plan_schedule(plan: &Plan, kind: Option<ScheduleKind>) -> Result<ActionSchedule> {
-    let own = plan.schedule_kind()?;
+pub fn plan_schedule(plan: &Plan, kind: Option<ScheduleKind>) -> Result<Schedule> {
+    let own = plan.schedule.kind;
     let s_count = plan.stages.len();
     match kind.unwrap_or(own) {
-        ScheduleKind::GPipe => ActionSchedule::gpipe(s_count, plan.micro_batches),
+        ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches),
         ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
             let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();
-            ActionSchedule::early_backward(s_count, plan.micro_batches, &warmup)
+            Schedule::early_backward(s_count, plan.micro_batches, &warmup)
         }
         ScheduleKind::EarlyBackward1F1B => {
-            let policy = match plan.warmup_policy()? {
+            let policy = match plan.schedule.warmup_policy {
                 WarmupPolicy::Auto => WarmupPolicy::A,
                 fixed => fixed,
             };
-            ActionSchedule::early_backward_with_policy(s_count, plan.micro_batches, policy)
+            Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)
         }
     }
 }
@@ -615,11 +646,10 @@ pub(crate) fn plan_schedule(plan: &Plan, kind: Option<ScheduleKind>) -> Result<A
 fn position(pipe_index: usize) -> PipelinePosition {
     PipelinePosition {
         kind: if pipe_index.is_multiple_of(2) {
-            "stage"
+            PositionKind::Stage
         } else {
-            "transfer"
-        }
-        .to_string(),
+            PositionKind::Transfer
+        },
         index: pipe_index / 2,
     }
 }

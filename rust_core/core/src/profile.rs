@@ -12,10 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::format::{check_non_negative, parse_versioned, to_json};
-
-pub const PROFILE_FORMAT: &str = "dapple.profile";
-pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
 
 /// Value of `Layer::kind` that marks the model's own repeated layers
 /// (BERT encoder layers, GNMT LSTM layers, AmoebaNet cells). Plans report
@@ -112,15 +109,73 @@ pub fn optimizer_state_slots(optimizer: &str) -> Option<u32> {
     }
 }
 
-impl Profile {
-    pub fn from_json(text: &str) -> Result<Profile> {
-        let p: Profile = parse_versioned(text, PROFILE_FORMAT, &[PROFILE_SCHEMA_VERSION])?;
-        p.validate()?;
-        Ok(p)
-    }
+impl FileObject for Profile {
+    const FORMAT: FileFormat = PROFILE;
 
-    pub fn to_json(&self) -> String {
-        to_json(self)
+    fn check(&self) -> Result<()> {
+        self.validate()
+    }
+}
+
+impl Profile {
+    /// The profile with every layer's stored-activation bytes scaled so that
+    /// one GPU training the whole model at `batch_size` needs
+    /// `peak_memory_bytes`.
+    ///
+    /// Profiles that only record layer outputs miss what layers keep inside
+    /// (attention maps, dropout masks, gates): a transformer layer keeps many
+    /// times its output. A measured whole-model peak pins the total down; it
+    /// is spread over layers in proportion to their outputs, after the model
+    /// state (weights, gradients, optimizer slots) is taken off.
+    pub fn calibrated_stored_activations(
+        &self,
+        peak_memory_bytes: f64,
+        batch_size: u32,
+    ) -> Result<Profile> {
+        let sizes = self.batch_sizes();
+        let Some(k) = sizes.iter().position(|&b| b == batch_size) else {
+            return Err(Error::invalid(format!(
+                "batch size {batch_size} is not a profiled batch size ({sizes:?}); cannot calibrate"
+            )));
+        };
+        let state = LayerCosts::new(self).model_state_bytes(0, self.layers.len());
+        let outputs: f64 = self
+            .layers
+            .iter()
+            .map(|l| l.measurements[k].activation_bytes as f64)
+            .sum();
+        const GIB: f64 = (1u64 << 30) as f64;
+        if peak_memory_bytes.partial_cmp(&state) != Some(std::cmp::Ordering::Greater)
+            || outputs == 0.0
+        {
+            return Err(Error::invalid(format!(
+                "measured peak memory {:.2} GiB is not above the model state {:.2} GiB \
+                 (weights, gradients and {} state); cannot calibrate",
+                peak_memory_bytes / GIB,
+                state / GIB,
+                self.optimizer
+            )));
+        }
+        let factor = (peak_memory_bytes - state) / outputs;
+        let mut out = self.clone();
+        for m in out
+            .layers
+            .iter_mut()
+            .flat_map(|l| l.measurements.iter_mut())
+        {
+            m.stored_activation_bytes = Some((m.activation_bytes as f64 * factor).round() as u64);
+        }
+        let note = format!(
+            "stored activations = {factor:.2} x layer outputs, so that the whole model at batch \
+             {batch_size} needs {:.2} GiB",
+            peak_memory_bytes / GIB
+        );
+        out.source = Some(match &self.source {
+            Some(s) if !s.is_empty() => format!("{s}; {note}"),
+            _ => note,
+        });
+        out.validate()?;
+        Ok(out)
     }
 
     /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
@@ -414,8 +469,8 @@ mod tests {
 
     pub(crate) fn chain_profile(times: &[(f64, f64)], batch: u32) -> Profile {
         Profile {
-            format: PROFILE_FORMAT.into(),
-            schema_version: PROFILE_SCHEMA_VERSION,
+            format: PROFILE.name.into(),
+            schema_version: PROFILE.version,
             model: "test".into(),
             source: None,
             device: None,

@@ -91,39 +91,14 @@ impl FromStr for Action {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ScheduleKind {
-    #[serde(rename = "early-backward-1f1b")]
-    EarlyBackward1F1B,
-    #[serde(rename = "gpipe")]
-    GPipe,
-}
-
-impl ScheduleKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ScheduleKind::EarlyBackward1F1B => "early-backward-1f1b",
-            ScheduleKind::GPipe => "gpipe",
-        }
-    }
-}
-
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ScheduleKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<ScheduleKind> {
-        match s {
-            "early-backward-1f1b" => Ok(ScheduleKind::EarlyBackward1F1B),
-            "gpipe" => Ok(ScheduleKind::GPipe),
-            other => Err(Error::invalid(format!(
-                "value {other:?} is not a schedule; use early-backward-1f1b or gpipe"
-            ))),
-        }
+crate::named_enum! {
+    /// How each stage orders its forwards and backwards.
+    pub enum ScheduleKind("a schedule") {
+        /// DAPPLE's early backward (1F1B): K_i forwards, then one backward
+        /// and one forward in turn.
+        EarlyBackward1F1B = "early-backward-1f1b",
+        /// All forwards, then all backwards; every micro-batch is in flight at once.
+        GPipe = "gpipe",
     }
 }
 

@@ -31,10 +31,10 @@ use crate::cost::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::placement::{counts_to_alloc, Policy, State};
 use crate::plan::{
-    estimate_stages, evaluate, Plan, PlanInputs, Schedule, Selection, Stage,
-    SCHEDULE_EARLY_BACKWARD,
+    estimate_stages, evaluate, ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage,
 };
 use crate::profile::{LayerCosts, Profile};
+use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
@@ -65,19 +65,20 @@ impl SearchOptions {
     }
 }
 
-/// Which stage replications and placements the search tries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchSpace {
-    /// Every GPU count for every stage, all three placement policies.
-    Full,
-    /// Stages get a divisor of a machine's GPUs or whole machines, placed
-    /// fresh-first or append-first, at most two machines partly used. On
-    /// many machines the full space has too many ways to leave machines
-    /// partly used (8x8 GPUs: 8.8 million states); this keeps the search
-    /// to about a minute at 1024 GPUs.
-    MachineAligned,
-    /// Full up to 16 GPUs (the paper's clusters), machine-aligned above.
-    Auto,
+crate::named_enum! {
+    /// Which stage replications and placements the search tries.
+    pub enum SearchSpace("a search space") {
+        /// Full up to 16 GPUs (the paper's clusters), machine-aligned above.
+        Auto = "auto",
+        /// Every GPU count for every stage, all three placement policies.
+        Full = "full",
+        /// Stages get a divisor of a machine's GPUs or whole machines, placed
+        /// fresh-first or append-first, at most two machines partly used. On
+        /// many machines the full space has too many ways to leave machines
+        /// partly used (8x8 GPUs: 8.8 million states); this keeps the search
+        /// to about a minute at 1024 GPUs.
+        MachineAligned = "machine-aligned",
+    }
 }
 
 /// Stages the layout walk may cost, and tasks it may simulate to cost
@@ -94,25 +95,6 @@ const LEAF_OVERHEAD_TASKS: u64 = 10_000;
 const AUTO_FULL_MAX_DEVICES: u32 = 16;
 
 impl SearchSpace {
-    pub fn name(self) -> &'static str {
-        match self {
-            SearchSpace::Full => "full",
-            SearchSpace::MachineAligned => "machine-aligned",
-            SearchSpace::Auto => "auto",
-        }
-    }
-
-    pub fn parse(name: &str) -> Result<SearchSpace> {
-        match name {
-            "full" => Ok(SearchSpace::Full),
-            "machine-aligned" => Ok(SearchSpace::MachineAligned),
-            "auto" => Ok(SearchSpace::Auto),
-            other => Err(Error::invalid(format!(
-                "value {other:?} is not a search space; use full, machine-aligned or auto"
-            ))),
-        }
-    }
-
     fn resolve(self, cluster: &Cluster) -> SearchSpace {
         match self {
             SearchSpace::Auto if cluster.num_devices() > AUTO_FULL_MAX_DEVICES => {
@@ -503,7 +485,7 @@ pub fn search(
     // A baseline's layout is recorded as this search's plan.
     plan.inputs = inputs;
     plan.selection = Some(Selection {
-        chosen_by: "simulation".into(),
+        chosen_by: ChosenBy::Simulation,
         candidates,
         simulated_ms: Some(chosen_ms),
         estimate_rank,
@@ -1459,13 +1441,13 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
                 layer_end: *end,
                 devices,
                 warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(policy.name().to_string()),
+                placement: Some(*policy),
             }
         })
         .collect();
-    let schedule = Schedule {
-        kind: SCHEDULE_EARLY_BACKWARD.into(),
-        warmup_policy: ctx.policy.name().into(),
+    let schedule = ScheduleChoice {
+        kind: ScheduleKind::EarlyBackward1F1B,
+        warmup_policy: ctx.policy,
     };
     let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
     let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
@@ -1484,15 +1466,16 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
 mod tests {
     use super::*;
     use crate::cost::smallest_slice;
+    use crate::format::PROFILE;
     use crate::plan::{evaluate, PlanOptions};
-    use crate::profile::{Layer, Measurement, PROFILE_FORMAT, PROFILE_SCHEMA_VERSION};
+    use crate::profile::{Layer, Measurement};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     fn random_profile(rng: &mut StdRng, layers: usize) -> Profile {
         Profile {
-            format: PROFILE_FORMAT.into(),
-            schema_version: PROFILE_SCHEMA_VERSION,
+            format: PROFILE.name.into(),
+            schema_version: PROFILE.version,
             model: "random".into(),
             source: None,
             device: None,
@@ -1617,9 +1600,9 @@ mod tests {
                         },
                         b,
                         gbs / b,
-                        Schedule {
-                            kind: SCHEDULE_EARLY_BACKWARD.into(),
-                            warmup_policy: policy.name().into(),
+                        ScheduleChoice {
+                            kind: ScheduleKind::EarlyBackward1F1B,
+                            warmup_policy: policy,
                         },
                         plan_stages,
                     );

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::StageCost;
 use crate::error::{Error, Result};
+use crate::format::{FileFormat, FileObject, SIMULATION};
 use crate::plan::{plan_schedule, stage_costs, with_coster, Plan};
 use crate::profile::LayerCosts;
 use crate::profile::Profile;
@@ -34,20 +35,22 @@ pub struct SimStage {
     pub memory_limit_bytes: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskKind {
-    Forward,
-    Backward,
-    /// Activations from stage `stage` to `stage + 1`.
-    SendForward,
-    /// Gradients from stage `stage + 1` back to `stage`.
-    SendBackward,
-    AllReduce,
-    OptimizerStep,
+crate::named_enum! {
+    /// What a simulated task does.
+    pub enum TaskKind("a task kind") {
+        Forward = "forward",
+        Backward = "backward",
+        /// Activations from stage `stage` to `stage + 1`.
+        SendForward = "send_forward",
+        /// Gradients from stage `stage + 1` back to `stage`.
+        SendBackward = "send_backward",
+        AllReduce = "all_reduce",
+        OptimizerStep = "optimizer_step",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Task {
     pub stage: usize,
     pub kind: TaskKind,
@@ -58,6 +61,7 @@ pub struct Task {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StageTimeline {
     /// Time spent in forward and backward passes.
     pub compute_ms: f64,
@@ -71,13 +75,21 @@ pub struct StageTimeline {
     pub memory: Vec<(f64, f64)>,
 }
 
+/// One simulated iteration, as `dapple simulate --json` writes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Simulation {
-    pub schedule: String,
+    pub format: String,
+    pub schema_version: u32,
+    pub schedule: ScheduleKind,
     pub recompute: bool,
     pub iteration_ms: f64,
     pub stages: Vec<StageTimeline>,
     pub tasks: Vec<Task>,
+}
+
+impl FileObject for Simulation {
+    const FORMAT: FileFormat = SIMULATION;
 }
 
 impl Simulation {
@@ -348,7 +360,9 @@ pub fn simulate_stages(
         })
         .collect();
     Ok(Simulation {
-        schedule: schedule.kind.name().to_string(),
+        format: SIMULATION.name.into(),
+        schema_version: SIMULATION.version,
+        schedule: schedule.kind,
         recompute,
         iteration_ms,
         stages: timelines,

@@ -9,12 +9,17 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::{check_non_negative, check_positive, parse_versioned, to_json};
-
-pub const TOPOLOGY_FORMAT: &str = "dapple.topology";
-pub const TOPOLOGY_SCHEMA_VERSION: u32 = 1;
+use crate::format::{check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY};
 
 /// V100 with 16 GiB, the GPU of the paper's experiments.
+/// The paper's clusters (Table III) by preset name, as specs; `from_spec`
+/// also reads `config-a` and lower case.
+pub const PRESETS: [(&str, &str); 3] = [
+    ("A", "2x8-nvlink-25gbps"),
+    ("B", "16x1-25gbps"),
+    ("C", "16x1-10gbps"),
+];
+
 pub const DEFAULT_GPU_TYPE: &str = "V100-16GB";
 pub const DEFAULT_GPU_MEMORY_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 /// DGX-1 NVLink, the paper's "up to 130 GB/s" (130 GB/s = 1040 Gbit/s).
@@ -91,22 +96,20 @@ pub struct Machine {
     pub first_device: u32,
 }
 
+impl FileObject for Topology {
+    const FORMAT: FileFormat = TOPOLOGY;
+
+    fn check(&self) -> Result<()> {
+        self.validate()
+    }
+}
+
 impl Topology {
-    pub fn from_json(text: &str) -> Result<Topology> {
-        let t: Topology = parse_versioned(text, TOPOLOGY_FORMAT, &[TOPOLOGY_SCHEMA_VERSION])?;
-        t.validate()?;
-        Ok(t)
-    }
-
-    pub fn to_json(&self) -> String {
-        to_json(self)
-    }
-
     /// A homogeneous cluster of `machines` x `gpus` GPUs.
     pub fn homogeneous(name: &str, machines: u32, gpus: u32, intra: Link, inter: Link) -> Topology {
         Topology {
-            format: TOPOLOGY_FORMAT.into(),
-            schema_version: TOPOLOGY_SCHEMA_VERSION,
+            format: TOPOLOGY.name.into(),
+            schema_version: TOPOLOGY.version,
             name: name.into(),
             machine_groups: vec![MachineGroup {
                 machines,
@@ -130,12 +133,13 @@ impl Topology {
     /// `B` = `16x1-25gbps`, `C` = `16x1-10gbps` (the paper's Table III).
     pub fn from_spec(spec: &str) -> Result<Topology> {
         let lower = spec.trim().to_ascii_lowercase();
-        let expanded = match lower.as_str() {
-            "a" | "config-a" => "2x8-nvlink-25gbps",
-            "b" | "config-b" => "16x1-25gbps",
-            "c" | "config-c" => "16x1-10gbps",
-            other => other,
-        };
+        let expanded = PRESETS
+            .iter()
+            .find(|(name, _)| {
+                let name = name.to_ascii_lowercase();
+                lower == name || lower == format!("config-{name}")
+            })
+            .map_or(lower.as_str(), |(_, preset)| preset);
         let bad = |why: &str| {
             Error::invalid(format!(
                 "topology spec {spec:?} is not valid: {why}; expected MxG[-nvlink|-pcie][-<n>gbps|-ib] \

@@ -212,8 +212,8 @@ pub fn plan_with_chosen_warmups(plan: &Plan, profile: &Profile) -> Result<(Optio
     };
     let (depths, simulations) = (chosen.depths, chosen.simulations);
     let mut chosen = plan.clone();
-    chosen.schedule.kind = ScheduleKind::EarlyBackward1F1B.name().into();
-    chosen.schedule.warmup_policy = WarmupPolicy::Auto.name().into();
+    chosen.schedule.kind = ScheduleKind::EarlyBackward1F1B;
+    chosen.schedule.warmup_policy = WarmupPolicy::Auto;
     for (stage, k) in chosen.stages.iter_mut().zip(depths) {
         stage.warmup_micro_batches = k;
     }

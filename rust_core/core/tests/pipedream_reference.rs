@@ -16,6 +16,7 @@ use dapple_core::baselines::{baseline_layout, Baseline, Layout, PipeDreamProblem
 use dapple_core::pipedream::one_level_time;
 use dapple_core::profile::Profile;
 use dapple_core::topology::Topology;
+use dapple_core::FileObject;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {

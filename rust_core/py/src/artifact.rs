@@ -1,10 +1,11 @@
 use dapple_core::artifact::{import_graph_txt, ImportOptions};
 use pyo3::prelude::*;
 
-use crate::profile::with_source;
-use crate::to_py_err;
+use crate::profile::PyProfile;
+use crate::{to_py_err, with_source};
 
-/// Convert a DAPPLE artifact (PipeDream graph.txt) profile to profile JSON.
+/// A profile from a DAPPLE artifact (PipeDream graph.txt) file's text;
+/// `source` names the file in errors.
 #[pyfunction]
 #[pyo3(signature = (text, *, model, batch_size, source=None, param_bytes_scale=1.0, block_pattern=None, origin=None, device=None, optimizer="adam"))]
 #[allow(clippy::too_many_arguments)]
@@ -18,7 +19,7 @@ fn import_artifact_profile(
     origin: Option<String>,
     device: Option<String>,
     optimizer: &str,
-) -> PyResult<String> {
+) -> PyResult<PyProfile> {
     let opts = ImportOptions {
         model,
         batch_size,
@@ -29,7 +30,7 @@ fn import_artifact_profile(
         optimizer: optimizer.to_string(),
     };
     let p = import_graph_txt(text, &opts).map_err(|e| to_py_err(with_source(e, source)))?;
-    Ok(p.to_json())
+    Ok(PyProfile::new(p, None))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,45 +1,83 @@
-use dapple_core::baselines::{baseline_plan, Baseline};
+use dapple_core::baselines::{baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout};
 use dapple_core::cost::WarmupPolicy;
-use dapple_core::profile::Profile;
-use dapple_core::topology::Topology;
+use dapple_core::schedule::ScheduleKind;
 use pyo3::prelude::*;
 
+use crate::plan::PyPlan;
+use crate::profile::PyProfile;
 use crate::to_py_err;
+use crate::topology::PyTopology;
 
-/// A baseline strategy's plan ("data-parallel", "gpipe", "straight",
-/// "pipedream-planner") at its fastest micro-batch size that fits.
+/// A baseline strategy's plan (one of `BASELINES`) at its fastest
+/// micro-batch size that fits.
 #[pyfunction]
-#[pyo3(signature = (kind, profile_text, topology_text, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
-fn plan_baseline(
+#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
+fn baseline(
     py: Python<'_>,
     kind: &str,
-    profile_text: &str,
-    topology_text: &str,
+    profile: &PyProfile,
+    topology: &PyTopology,
     global_batch_size: u32,
     min_micro_batch_size: Option<u32>,
     warmup_policy: &str,
-) -> PyResult<String> {
+) -> PyResult<PyPlan> {
     let kind = Baseline::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
-    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
-    let topology = Topology::from_json(topology_text).map_err(to_py_err)?;
     let policy =
         WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
     let plan = py
         .detach(|| {
             baseline_plan(
                 kind,
-                &profile,
-                &topology,
+                &profile.inner,
+                &topology.inner,
                 global_batch_size,
                 min_micro_batch_size,
                 policy,
             )
         })
         .map_err(to_py_err)?;
-    Ok(plan.to_json())
+    Ok(crate::Wraps::wrap(plan, None))
+}
+
+/// Any layout, `stages` as (layer_start, layer_end, devices) each, as the
+/// plan it runs fastest as: the micro-batch size (and, under warm-up policy
+/// auto, the warm-up depths) whose simulated iteration is shortest and fits.
+#[pyfunction]
+#[pyo3(signature = (profile, topology, global_batch_size, stages, *, schedule="early-backward-1f1b", warmup_policy="auto", min_micro_batch_size=None, made_by="layout"))]
+#[allow(clippy::too_many_arguments)]
+fn layout_plan(
+    py: Python<'_>,
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    stages: Vec<StageLayout>,
+    schedule: &str,
+    warmup_policy: &str,
+    min_micro_batch_size: Option<u32>,
+    made_by: &str,
+) -> PyResult<PyPlan> {
+    let kind = ScheduleKind::parse(schedule).map_err(|e| to_py_err(e.under("schedule")))?;
+    let policy =
+        WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
+    let plan = py
+        .detach(|| {
+            plan_of_layout(
+                &profile.inner,
+                &topology.inner,
+                global_batch_size,
+                &stages,
+                kind,
+                policy,
+                min_micro_batch_size,
+                made_by,
+            )
+        })
+        .map_err(to_py_err)?;
+    Ok(crate::Wraps::wrap(plan, None))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(plan_baseline, m)?)?;
+    m.add_function(wrap_pyfunction!(baseline, m)?)?;
+    m.add_function(wrap_pyfunction!(layout_plan, m)?)?;
     Ok(())
 }

@@ -1,17 +1,26 @@
 //! Python binding of dapple-core: the only crate that knows about pyo3.
 //!
-//! Values cross the boundary as JSON text (the one parser per format lives
-//! in the core) and plain numbers. Core errors become the exception classes
-//! of `planner.errors`, mapped once in `to_py_err`.
+//! The core's validated objects cross the boundary as frozen classes
+//! (`Profile`, `Topology`, `Plan`, `Simulation`) that wrap them, as
+//! huggingface tokenizers does; JSON text appears only where a file is read
+//! (`from_json`) or written (`to_json`). The tables of names users and files
+//! spell (warm-up policies, baselines, presets, formats) come from the core.
+//! Core errors become the exception classes of `planner.errors`, mapped once
+//! in `to_py_err`.
 
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
 
 mod artifact;
 mod baselines;
+mod convert;
+mod metrics;
 mod plan;
 mod profile;
+mod regress;
 mod schedule;
 mod search;
+mod simulation;
 mod topology;
 
 /// Raise a core error as the matching `planner.errors` class.
@@ -41,14 +50,150 @@ pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
     })
 }
 
+/// The error, naming `source` (a file) unless it names one already.
+pub(crate) fn with_source(e: dapple_core::Error, source: Option<&str>) -> dapple_core::Error {
+    match source {
+        Some(s) => e.in_source(s),
+        None => e,
+    }
+}
+
+/// A frozen class that wraps a core file object (`FileObject`), and the
+/// file it was read from.
+pub(crate) trait Wraps: Sized {
+    type Core: dapple_core::FileObject;
+    fn wrap(core: Self::Core, source: Option<String>) -> Self;
+    fn core(&self) -> &Self::Core;
+}
+
+/// A frozen class that wraps the core's file object `$core` and the file it
+/// was read from: `pub struct $class { inner, source }`, with `Wraps`.
+macro_rules! file_object_class {
+    ($(#[$doc:meta])* $class:ident($core:ty, $name:literal)) => {
+        $(#[$doc])*
+        #[pyclass(frozen, module = "planner._core", name = $name)]
+        pub struct $class {
+            pub(crate) inner: $core,
+            /// The file it was read from, named in errors.
+            #[pyo3(get)]
+            source: Option<String>,
+        }
+
+        impl $crate::Wraps for $class {
+            type Core = $core;
+            fn wrap(inner: $core, source: Option<String>) -> Self {
+                $class { inner, source }
+            }
+            fn core(&self) -> &$core {
+                &self.inner
+            }
+        }
+    };
+}
+pub(crate) use file_object_class;
+
+/// The `#[pymethods]` of a class that wraps a file object: `from_json` and
+/// `from_dict` (read and checked by the core, `source` naming the file in
+/// errors), `to_json` and `to_dict`, then the class's own methods.
+macro_rules! file_object_methods {
+    ($class:ty { $($own:tt)* }) => {
+        #[pymethods]
+        impl $class {
+            /// Parse and check JSON text; `source` names the file in errors.
+            #[staticmethod]
+            #[pyo3(signature = (text, source=None))]
+            fn from_json(text: &str, source: Option<String>) -> PyResult<Self> {
+                let core = <<Self as $crate::Wraps>::Core as dapple_core::FileObject>::from_json(text)
+                    .map_err(|e| $crate::to_py_err($crate::with_source(e, source.as_deref())))?;
+                Ok(<Self as $crate::Wraps>::wrap(core, source))
+            }
+
+            /// Check plain data (dicts and lists); `format` and
+            /// `schema_version` may be left out: this dapple's are filled in.
+            #[staticmethod]
+            #[pyo3(signature = (data, source=None))]
+            fn from_dict(data: &Bound<'_, PyAny>, source: Option<String>) -> PyResult<Self> {
+                let value = $crate::convert::from_python(data)?;
+                let core = <<Self as $crate::Wraps>::Core as dapple_core::FileObject>::from_parts(value)
+                    .map_err(|e| $crate::to_py_err($crate::with_source(e, source.as_deref())))?;
+                Ok(<Self as $crate::Wraps>::wrap(core, source))
+            }
+
+            /// Canonical JSON, the form files hold.
+            fn to_json(&self) -> String {
+                dapple_core::FileObject::to_json($crate::Wraps::core(self))
+            }
+
+            /// Plain Python data (dicts and lists), a copy.
+            fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                $crate::convert::to_python(py, $crate::Wraps::core(self))
+            }
+
+            $($own)*
+        }
+    };
+}
+pub(crate) use file_object_methods;
+
+/// Check the `format` and `schema_version` of plain data (a file's top
+/// object) against the format named `format_name`, by the core's table.
+#[pyfunction]
+#[pyo3(signature = (data, format_name, source=None))]
+fn check_envelope(
+    data: &Bound<'_, PyAny>,
+    format_name: &str,
+    source: Option<&str>,
+) -> PyResult<()> {
+    let format = dapple_core::format::format_named(format_name).map_err(to_py_err)?;
+    let value = convert::from_python(data)?;
+    let fields = value.as_object().ok_or_else(|| {
+        to_py_err(with_source(
+            dapple_core::Error::invalid(format!("expected a JSON object for a {format_name} file")),
+            source,
+        ))
+    })?;
+    dapple_core::format::check_envelope(fields, format)
+        .map_err(|e| to_py_err(with_source(e, source)))
+}
+
+fn names<'py>(py: Python<'py>, names: Vec<&'static str>) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(py, names)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    use dapple_core::baselines::Baseline;
+    use dapple_core::cost::WarmupPolicy;
+    use dapple_core::placement::Policy;
+    use dapple_core::schedule::ScheduleKind;
+    use dapple_core::search::SearchSpace;
+
+    let py = m.py();
     m.add("__version__", dapple_core::PLANNER_VERSION)?;
+    m.add("WARMUP_POLICIES", names(py, WarmupPolicy::names())?)?;
+    m.add("BASELINES", names(py, Baseline::names())?)?;
+    m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
+    m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
+    m.add("PLACEMENT_POLICIES", names(py, Policy::names())?)?;
+    let presets = PyDict::new(py);
+    for (name, spec) in dapple_core::topology::PRESETS {
+        presets.set_item(name, spec)?;
+    }
+    m.add("PRESETS", presets)?;
+    let formats = PyDict::new(py);
+    for f in dapple_core::format::FORMATS {
+        formats.set_item(f.name, (f.version, f.reads.to_vec()))?;
+    }
+    m.add("FORMATS", formats)?;
     profile::register(m)?;
     topology::register(m)?;
     artifact::register(m)?;
     baselines::register(m)?;
     plan::register(m)?;
+    simulation::register(m)?;
+    metrics::register(m)?;
+    regress::register(m)?;
+    m.add_function(wrap_pyfunction!(check_envelope, m)?)?;
     search::register(m)?;
     schedule::register(m)?;
     Ok(())

@@ -1,100 +1,149 @@
+use dapple_core::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, evaluate, Plan};
-use dapple_core::profile::Profile;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::simulate::{simulate, SimulationOptions};
 use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;
 
-use crate::profile::with_source;
-use crate::to_py_err;
+use crate::profile::PyProfile;
+use crate::topology::PyTopology;
+use crate::{to_py_err, with_source};
 
-/// Validate plan JSON; returns it in canonical form.
-#[pyfunction]
-#[pyo3(signature = (text, source=None))]
-fn plan_canonical(text: &str, source: Option<&str>) -> PyResult<String> {
-    let p = Plan::from_json(text).map_err(|e| to_py_err(with_source(e, source)))?;
-    Ok(p.to_json())
+crate::file_object_class!(
+    /// A plan (`dapple.plan`), checked for its format. Whether it fits a
+    /// profile is checked where it is costed (`evaluate`, `simulate`).
+    PyPlan(Plan, "Plan")
+);
+
+impl PyPlan {
+    /// A core error about this plan, naming its file.
+    pub(crate) fn err(&self, e: dapple_core::Error) -> PyErr {
+        to_py_err(with_source(e, self.source.as_deref()))
+    }
 }
 
+crate::file_object_methods!(PyPlan {
+    /// GPUs per stage, e.g. "8:8"; "16" is data parallelism.
+    #[getter]
+    fn shape(&self) -> String {
+        self.inner.shape()
+    }
+
+    /// "data parallel", "straight" or "hybrid".
+    #[getter]
+    fn layout_kind(&self) -> &'static str {
+        self.inner.layout_kind().name()
+    }
+
+    #[getter]
+    fn num_stages(&self) -> usize {
+        self.inner.stages.len()
+    }
+
+    #[getter]
+    fn micro_batch_size(&self) -> u32 {
+        self.inner.micro_batch_size
+    }
+
+    #[getter]
+    fn micro_batches(&self) -> u32 {
+        self.inner.micro_batches
+    }
+
+    #[getter]
+    fn global_batch_size(&self) -> u32 {
+        self.inner.inputs.global_batch_size
+    }
+
+    #[getter]
+    fn model(&self) -> &str {
+        &self.inner.inputs.model
+    }
+
+    #[getter]
+    fn schedule_kind(&self) -> &'static str {
+        self.inner.schedule.kind.name()
+    }
+
+    #[getter]
+    fn warmup_policy(&self) -> &'static str {
+        self.inner.schedule.warmup_policy.name()
+    }
+
+    /// Simulated iteration time, the headline (formula (2) for version 1
+    /// plans); None without an estimate.
+    #[getter]
+    fn iteration_ms(&self) -> Option<f64> {
+        self.inner.iteration_ms()
+    }
+
+    /// The cluster the plan was made for.
+    #[getter]
+    fn topology(&self) -> PyTopology {
+        crate::Wraps::wrap(self.inner.inputs.topology.clone(), None)
+    }
+
+    /// The profile's "block" layers (the model's own layers) per stage.
+    fn blocks_per_stage(&self, profile: &PyProfile) -> Vec<usize> {
+        blocks_per_stage(&profile.inner, &self.inner)
+    }
+
+    /// Each stage's actions as tokens ("F3", "B2", "AR", "OPT"): the lists
+    /// the simulator runs and the runtime executes. `schedule`: another kind
+    /// than the plan's own (early backward then takes the K_i of the plan's
+    /// fixed policy, or policy A's).
+    #[pyo3(signature = (schedule=None))]
+    fn actions(&self, schedule: Option<&str>) -> PyResult<Vec<Vec<String>>> {
+        let kind = schedule
+            .map(ScheduleKind::parse)
+            .transpose()
+            .map_err(|e| to_py_err(e.under("schedule")))?;
+        let lists = dapple_core::plan::plan_schedule(&self.inner, kind).map_err(|e| self.err(e))?;
+        Ok(crate::schedule::tokens(&lists))
+    }
+
+    /// What each process of a run does (`layout.rs`): used devices by
+    /// rank, and per stage its layers, actions and replicas (rank, samples,
+    /// who it receives from and sends to), as plain data.
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let layout = RunLayout::of(&self.inner).map_err(|e| self.err(e))?;
+        crate::convert::to_python(py, &layout)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Plan({:?}, {}, {} x {})",
+            self.inner.inputs.model,
+            self.inner.shape(),
+            self.inner.micro_batches,
+            self.inner.micro_batch_size
+        )
+    }
+});
+
 /// Cost a plan against a profile; returns the plan with a fresh estimate.
-#[pyfunction]
-#[pyo3(signature = (plan_text, profile_text, plan_source=None))]
-fn plan_evaluate(
-    py: Python<'_>,
-    plan_text: &str,
-    profile_text: &str,
-    plan_source: Option<&str>,
-) -> PyResult<String> {
-    let mut plan =
-        Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+#[pyfunction(name = "evaluate")]
+fn evaluate_plan(py: Python<'_>, plan: &PyPlan, profile: &PyProfile) -> PyResult<PyPlan> {
     let estimate = py
-        .detach(|| evaluate(&plan, &profile))
-        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    plan.estimate = Some(estimate);
-    Ok(plan.to_json())
+        .detach(|| evaluate(&plan.inner, &profile.inner))
+        .map_err(|e| plan.err(e))?;
+    let mut costed = plan.inner.clone();
+    costed.estimate = Some(estimate);
+    Ok(crate::Wraps::wrap(costed, plan.source.clone()))
 }
 
 /// The plan under warm-up policy auto, with the depths that simulate
 /// fastest within memory, costed; None when no depths fit.
 #[pyfunction]
-#[pyo3(signature = (plan_text, profile_text, plan_source=None))]
-fn plan_choose_warmups(
-    py: Python<'_>,
-    plan_text: &str,
-    profile_text: &str,
-    plan_source: Option<&str>,
-) -> PyResult<Option<String>> {
-    let plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
+fn choose_warmups(py: Python<'_>, plan: &PyPlan, profile: &PyProfile) -> PyResult<Option<PyPlan>> {
     let (chosen, _) = py
-        .detach(|| plan_with_chosen_warmups(&plan, &profile))
-        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    Ok(chosen.map(|p| p.to_json()))
-}
-
-/// Count of the profile's "block" layers in each stage of the plan.
-#[pyfunction]
-fn plan_blocks_per_stage(plan_text: &str, profile_text: &str) -> PyResult<Vec<usize>> {
-    let plan = Plan::from_json(plan_text).map_err(to_py_err)?;
-    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
-    Ok(blocks_per_stage(&profile, &plan))
-}
-
-/// Simulate one iteration of a plan; returns the simulation as JSON.
-#[pyfunction]
-#[pyo3(signature = (plan_text, profile_text, *, schedule=None, recompute=false, overlap_allreduce=true, plan_source=None))]
-fn plan_simulate(
-    py: Python<'_>,
-    plan_text: &str,
-    profile_text: &str,
-    schedule: Option<&str>,
-    recompute: bool,
-    overlap_allreduce: bool,
-    plan_source: Option<&str>,
-) -> PyResult<String> {
-    let plan = Plan::from_json(plan_text).map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    let profile = Profile::from_json(profile_text).map_err(to_py_err)?;
-    let kind: Option<ScheduleKind> = schedule
-        .map(str::parse)
-        .transpose()
-        .map_err(|e: dapple_core::Error| to_py_err(e.under("schedule")))?;
-    let opts = SimulationOptions {
-        schedule: kind,
-        recompute,
-        overlap_allreduce,
-    };
-    let sim = py
-        .detach(|| simulate(&plan, &profile, opts))
-        .map_err(|e| to_py_err(with_source(e, plan_source)))?;
-    Ok(dapple_core::format::to_json(&sim))
+        .detach(|| plan_with_chosen_warmups(&plan.inner, &profile.inner))
+        .map_err(|e| plan.err(e))?;
+    Ok(chosen.map(|p| crate::Wraps::wrap(p, plan.source.clone())))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(plan_simulate, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_canonical, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_evaluate, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_choose_warmups, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_blocks_per_stage, m)?)?;
+    m.add_class::<PyPlan>()?;
+    m.add_function(wrap_pyfunction!(evaluate_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_warmups, m)?)?;
     Ok(())
 }

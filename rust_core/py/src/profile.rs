@@ -3,39 +3,97 @@ use pyo3::prelude::*;
 
 use crate::to_py_err;
 
-/// Validate profile JSON; returns it in canonical form. `source` names the
-/// file in error messages.
-#[pyfunction]
-#[pyo3(signature = (text, source=None))]
-fn profile_canonical(text: &str, source: Option<&str>) -> PyResult<String> {
-    let p = Profile::from_json(text).map_err(|e| to_py_err(with_source(e, source)))?;
-    Ok(p.to_json())
+/// A validated profile (`dapple.profile`). Built from JSON once; every
+/// function of this module takes it as it is.
+#[pyclass(frozen, module = "planner._core", name = "Profile")]
+pub struct PyProfile {
+    pub(crate) inner: Profile,
+    /// The file it was read from, named in errors and recorded in plans.
+    #[pyo3(get)]
+    source: Option<String>,
+    /// SHA-256 of the canonical form, computed once.
+    #[pyo3(get)]
+    sha256: String,
 }
 
-/// SHA-256 of the canonical form of a profile.
-#[pyfunction]
-fn profile_sha256(text: &str) -> PyResult<String> {
-    Ok(Profile::from_json(text).map_err(to_py_err)?.sha256())
-}
-
-/// Bytes of weights, gradients and optimizer state of the whole model, as
-/// the cost model counts them (per replica).
-#[pyfunction]
-fn profile_model_state_bytes(text: &str) -> PyResult<f64> {
-    let p = Profile::from_json(text).map_err(to_py_err)?;
-    Ok(LayerCosts::new(&p).model_state_bytes(0, p.layers.len()))
-}
-
-pub(crate) fn with_source(e: dapple_core::Error, source: Option<&str>) -> dapple_core::Error {
-    match source {
-        Some(s) => e.in_source(s),
-        None => e,
+impl crate::Wraps for PyProfile {
+    type Core = Profile;
+    fn wrap(core: Profile, source: Option<String>) -> Self {
+        PyProfile::new(core, source)
+    }
+    fn core(&self) -> &Profile {
+        &self.inner
     }
 }
 
+impl PyProfile {
+    pub(crate) fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
+    pub(crate) fn new(inner: Profile, source: Option<String>) -> PyProfile {
+        let sha256 = inner.sha256();
+        PyProfile {
+            inner,
+            source,
+            sha256,
+        }
+    }
+}
+
+crate::file_object_methods!(PyProfile {
+    #[getter]
+    fn model(&self) -> &str {
+        &self.inner.model
+    }
+
+    #[getter]
+    fn device(&self) -> Option<&str> {
+        self.inner.device.as_deref()
+    }
+
+    #[getter]
+    fn num_layers(&self) -> usize {
+        self.inner.layers.len()
+    }
+
+    /// Profiled batch sizes, ascending.
+    #[getter]
+    fn batch_sizes(&self) -> Vec<u32> {
+        self.inner.batch_sizes()
+    }
+
+    /// Bytes of weights, gradients and optimizer state of the whole model,
+    /// as the cost model counts them (per replica).
+    fn model_state_bytes(&self) -> f64 {
+        LayerCosts::new(&self.inner).model_state_bytes(0, self.inner.layers.len())
+    }
+
+    /// This profile with stored-activation bytes scaled so that one GPU
+    /// training the whole model at `batch_size` needs `peak_memory_bytes`.
+    fn calibrated_stored_activations(
+        &self,
+        peak_memory_bytes: f64,
+        batch_size: u32,
+    ) -> PyResult<PyProfile> {
+        let p = self
+            .inner
+            .calibrated_stored_activations(peak_memory_bytes, batch_size)
+            .map_err(to_py_err)?;
+        Ok(PyProfile::new(p, None))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Profile({:?}, {} layers, sha256 {}...)",
+            self.inner.model,
+            self.inner.layers.len(),
+            &self.sha256[..12]
+        )
+    }
+});
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(profile_canonical, m)?)?;
-    m.add_function(wrap_pyfunction!(profile_sha256, m)?)?;
-    m.add_function(wrap_pyfunction!(profile_model_state_bytes, m)?)?;
+    m.add_class::<PyProfile>()?;
     Ok(())
 }

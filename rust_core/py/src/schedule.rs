@@ -1,50 +1,32 @@
-use dapple_core::cost::WarmupPolicy;
 use dapple_core::schedule::{Action, Schedule, ScheduleKind, StageSchedule};
 use pyo3::prelude::*;
 
 use crate::to_py_err;
 
 /// Action lists of a schedule, one per stage, as tokens ("F3", "B2", "AR",
-/// "OPT"). Early backward takes K_i per stage from `warmup`; a missing list,
-/// or a `None` in it, means the K_i of `warmup_policy` ("A" or "B"; "auto"
-/// has no rule, so every depth must be given).
+/// "OPT"). Early backward takes K_i of stage i from `warmup[i]`; GPipe
+/// needs none. A plan's own lists come from `Plan.actions`.
 #[pyfunction]
-#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None, warmup_policy="A"))]
+#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None))]
 fn schedule_actions(
     kind: &str,
     num_stages: usize,
     micro_batches: u32,
-    warmup: Option<Vec<Option<u32>>>,
-    warmup_policy: &str,
+    warmup: Option<Vec<u32>>,
 ) -> PyResult<Vec<Vec<String>>> {
-    let kind: ScheduleKind = kind.parse().map_err(to_py_err)?;
-    let schedule = match kind {
-        ScheduleKind::GPipe => Schedule::gpipe(num_stages, micro_batches),
-        ScheduleKind::EarlyBackward1F1B => {
-            let policy = WarmupPolicy::parse(warmup_policy)
-                .map_err(|e| to_py_err(e.under("warmup_policy")))?;
-            let given = warmup.unwrap_or_else(|| vec![None; num_stages]);
-            if given.len() != num_stages {
-                return Err(to_py_err(dapple_core::Error::invalid(format!(
-                    "{} warm-up depths for {num_stages} stages",
-                    given.len()
-                ))));
-            }
-            let depths: Vec<u32> = given
-                .iter()
-                .enumerate()
-                .map(|(i, k)| {
-                    k.or_else(|| policy.warmup((num_stages - i) as u32, micro_batches))
-                        .ok_or_else(|| {
-                            to_py_err(dapple_core::Error::field(
-                                format!("stages[{i}].warmup_micro_batches"),
-                                "missing: warm-up policy auto has no rule to fill it in",
-                            ))
-                        })
-                })
-                .collect::<PyResult<_>>()?;
+    let kind = ScheduleKind::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
+    let schedule = match (kind, warmup) {
+        (ScheduleKind::GPipe, _) => Schedule::gpipe(num_stages, micro_batches),
+        (ScheduleKind::EarlyBackward1F1B, Some(depths)) if depths.len() == num_stages => {
             Schedule::early_backward(num_stages, micro_batches, &depths)
         }
+        (ScheduleKind::EarlyBackward1F1B, given) => Err(dapple_core::Error::field(
+            "warmup",
+            format!(
+                "early backward needs one warm-up depth per stage: {num_stages} stages, {} depths",
+                given.map_or(0, |d| d.len())
+            ),
+        )),
     }
     .map_err(to_py_err)?;
     Ok(tokens(&schedule))
@@ -75,7 +57,7 @@ fn schedule_validate(lists: Vec<Vec<String>>, micro_batches: u32) -> PyResult<()
     schedule.validate().map_err(to_py_err)
 }
 
-fn tokens(schedule: &Schedule) -> Vec<Vec<String>> {
+pub(crate) fn tokens(schedule: &Schedule) -> Vec<Vec<String>> {
     schedule
         .stages
         .iter()

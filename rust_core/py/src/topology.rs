@@ -1,32 +1,62 @@
 use dapple_core::topology::Topology;
 use pyo3::prelude::*;
 
-use crate::profile::with_source;
+use dapple_core::cost::{allreduce_ms, Cluster};
+
 use crate::to_py_err;
 
-/// Topology JSON from a short spec (`2x8-nvlink`) or preset name (`A`).
-#[pyfunction]
-fn topology_from_spec(spec: &str) -> PyResult<String> {
-    Ok(Topology::from_spec(spec).map_err(to_py_err)?.to_json())
-}
+crate::file_object_class!(
+    /// A validated cluster (`dapple.topology`).
+    PyTopology(Topology, "Topology")
+);
 
-/// Validate topology JSON; returns it in canonical form.
-#[pyfunction]
-#[pyo3(signature = (text, source=None))]
-fn topology_canonical(text: &str, source: Option<&str>) -> PyResult<String> {
-    let t = Topology::from_json(text).map_err(|e| to_py_err(with_source(e, source)))?;
-    Ok(t.to_json())
-}
+crate::file_object_methods!(PyTopology {
+    /// From a short spec (`2x8-nvlink`) or a preset name (`A`).
+    #[staticmethod]
+    fn from_spec(spec: &str) -> PyResult<PyTopology> {
+        let inner = Topology::from_spec(spec).map_err(to_py_err)?;
+        Ok(crate::Wraps::wrap(inner, None))
+    }
 
-/// One-line description of a topology.
-#[pyfunction]
-fn topology_describe(text: &str) -> PyResult<String> {
-    Ok(Topology::from_json(text).map_err(to_py_err)?.describe())
-}
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    #[getter]
+    fn num_devices(&self) -> u32 {
+        self.inner.num_devices()
+    }
+
+    #[getter]
+    fn num_machines(&self) -> usize {
+        self.inner.num_machines()
+    }
+
+    /// Index of the machine that holds GPU `device`; None past the last GPU.
+    fn machine_of(&self, device: u32) -> Option<usize> {
+        self.inner.machine_of(device)
+    }
+
+    /// The cost model's AllReduce of `bytes` among GPUs `devices`, in ms:
+    /// what `dapple topology measure` sets beside the measured one.
+    fn allreduce_ms(&self, devices: Vec<u32>, bytes: f64) -> PyResult<f64> {
+        let cluster = Cluster::new(&self.inner);
+        let alloc = cluster.alloc_of(&devices).map_err(to_py_err)?;
+        Ok(allreduce_ms(&cluster, &alloc, bytes))
+    }
+
+    /// One line: machines, GPUs, links.
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Topology({:?}, {} GPUs)", self.inner.name, self.inner.num_devices())
+    }
+});
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(topology_from_spec, m)?)?;
-    m.add_function(wrap_pyfunction!(topology_canonical, m)?)?;
-    m.add_function(wrap_pyfunction!(topology_describe, m)?)?;
+    m.add_class::<PyTopology>()?;
     Ok(())
 }

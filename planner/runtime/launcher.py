@@ -1,0 +1,332 @@
+"""Starting a run: one process per rank, spawned here and watched, or one
+rank of a run torchrun started; then the ranks' results gathered into one
+:class:`RunResult`. The training itself is ``worker.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..plan import Plan
+from .layout import Layout
+from .memory import return_freed_memory
+from .worker import Job, backend, run_rank
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel kill this worker when the process that started
+    it dies, so a killed `dapple run` leaves no worker training on (and
+    writing checkpoints) behind it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1  # linux/prctl.h
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker(rank: int, world_size: int, port: int, job: Job, parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    if job.log:
+        # Keep the parent's stdout for its own output: gloo prints connection
+        # notices there.
+        sys.stdout.flush()
+        os.dup2(2, 1)
+    torch.set_num_threads(job.threads)
+    if job.exact_memory:
+        return_freed_memory()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(backend(job.device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=job.timeout_s))
+    try:
+        result = run_rank(rank, job)
+        torch.save(result, os.path.join(job.out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process torchrun (or another launcher speaking its
+    protocol) started: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` are all set."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _run_this_rank(lay: Layout, job: Job) -> RunResult | None:
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size != lay.world_size:
+        raise ValueError(
+            f"torchrun started {world_size} processes (WORLD_SIZE) but the plan uses {lay.world_size} devices"
+        )
+    torch.set_num_threads(job.threads)
+    if job.exact_memory:
+        return_freed_memory()
+    # As in _worker: gloo prints connection notices on stdout, which is for
+    # rank 0's summary only, so stdout goes to stderr while the run lasts
+    # (for good on the other ranks).
+    saved_stdout = None
+    if job.log:
+        sys.stdout.flush()
+        saved_stdout = os.dup(1) if rank == 0 else None
+        os.dup2(2, 1)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend(job.device), rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=job.timeout_s))
+    try:
+        try:
+            result = run_rank(rank, job)
+        except Exception as e:  # noqa: BLE001 - any failure of this rank ends the run, named
+            raise WorkerFailed(rank, f"{type(e).__name__}: {_last_line(str(e))}") from e
+        gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+        if saved_stdout is not None:
+            sys.stdout.flush()
+            os.dup2(saved_stdout, 1)
+            os.close(saved_stdout)
+    if rank != 0:
+        return None
+    return _result_of(lay, dict(enumerate(gathered)))
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a process group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunResult:
+    """``params``: the trained model, ``"<layer index>.<name>"`` -> tensor,
+    taken from replica 0 of each stage. ``per_rank``: each rank's stage state.
+    ``stage_of_rank``: rank -> (stage, replica). ``trace``: rank -> actions
+    run in the first iteration (``"F0"``, ``"B0"``, ..., ``"AR"`` when the
+    stage is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
+    micro-batches whose activations the rank held at once.
+
+    ``metrics``: rank -> ``{"stage", "replica", "iteration_ms", "losses",
+    "compute_ms", "bubble_ms", "phase_ms", "peak_memory_bytes",
+    "memory_before_bytes", "memory_source"}``. ``iteration_ms`` runs from
+    a barrier to the end of the loss reduction. ``phase_ms`` splits each
+    iteration into lists, one value an iteration: ``compute`` (the schedule's
+    forwards and backwards, less the waits in receives), ``recv_wait`` (the
+    waits: bubbles and transfers), ``send_wait`` (waiting for the
+    iteration's sends to finish), ``allreduce`` (the stage's gradients),
+    ``optimizer`` (the step) and ``end_sync`` (the loss reduction that ends
+    the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
+    the iterations of the iteration time outside receives and inside them."""
+
+    params: dict[str, torch.Tensor]
+    per_rank: dict[int, dict[str, torch.Tensor]]
+    stage_of_rank: dict[int, tuple[int, int]]
+    trace: dict[int, list[str]]
+    peak_in_flight: dict[int, int]
+    metrics: dict[int, dict] = field(default_factory=dict)
+
+    def replicas_agree(self, atol: float = 0.0) -> bool:
+        by_stage: dict[int, list[dict]] = {}
+        for r, (s, _) in self.stage_of_rank.items():
+            by_stage.setdefault(s, []).append(self.per_rank[r])
+        for states in by_stage.values():
+            for other in states[1:]:
+                for k, v in states[0].items():
+                    if not torch.allclose(v, other[k], rtol=0, atol=atol):
+                        return False
+        return True
+
+
+def _collect(lay: Layout, out_dir: str) -> RunResult:
+    return _result_of(lay, {
+        r: torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
+        for r in range(lay.world_size)
+    })
+
+
+def _result_of(lay: Layout, loaded: dict[int, dict]) -> RunResult:
+    per_rank = {r: v["state"] for r, v in loaded.items()}
+    params: dict[str, torch.Tensor] = {}
+    for ranks in lay.stage_ranks:
+        params.update(per_rank[ranks[0]])
+    return RunResult(
+        params=params,
+        per_rank=per_rank,
+        stage_of_rank={r: lay.where(r) for r in range(lay.world_size)},
+        trace={r: v["trace"] for r, v in loaded.items()},
+        peak_in_flight={r: v["peak_in_flight"] for r, v in loaded.items()},
+        metrics={r: v.get("metrics", {}) for r, v in loaded.items()},
+    )
+
+
+def run_plan(
+    plan: Plan,
+    layers_factory: Callable[[], Any],
+    loss_fn: Callable,
+    batches: list,
+    steps: int,
+    lr: float,
+    world_size: int | None = None,
+    *,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    loss_reduction: str = "mean",
+    threads: int = 1,
+    out_dir: str | None = None,
+    skip_allreduce: bool = False,
+    start_method: str = "spawn",
+    start_step: int = 0,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
+    log: bool = False,
+    timeout_s: float = 30.0,
+    recompute: bool = False,
+    exact_memory: bool = False,
+    device: str = "cpu",
+) -> RunResult | None:
+    """Train for ``steps`` iterations following ``plan`` (a validated
+    :class:`planner.Plan`; its layout comes from the core, ``layout.py``), on
+    one process per used device.
+
+    ``batches``: global batches ``(inputs, targets)`` of
+    ``micro_batch_size * micro_batches`` samples along dim 0; iteration i uses
+    ``batches[i % len(batches)]``. ``layers_factory`` (picklable, e.g. a
+    module-level function) builds the model; called after
+    ``torch.manual_seed(seed)`` on every rank. ``loss_fn(output, target)``
+    is the loss of a slice, a mean over its samples (``loss_reduction="mean"``)
+    or a sum (``"sum"``). ``optimizer``: ``"sgd"`` or ``"adam"``.
+
+    ``start_step``: resume from the checkpoint of that step in
+    ``checkpoint_dir`` (see :mod:`planner.runtime.checkpoint`) and run
+    iterations ``start_step .. steps-1``. ``checkpoint_every`` K > 0 saves
+    every rank's stage after each K-th step. ``log``: rank 0 prints a line
+    per iteration to stderr (and workers' stdout goes to stderr). A test
+    hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
+    1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
+    and receives.
+
+    ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; rank r on GPU r, or on
+    GPU ``LOCAL_RANK`` under torchrun; local processes are then spawned).
+
+    ``recompute``: keep only each stage's input during the forward and re-run
+    the stage's forward in its backward (``torch.utils.checkpoint``); the
+    result is the same up to rounding. ``exact_memory``: make each worker's C
+    allocator return freed memory at once, so the measured peak memory
+    (:mod:`planner.runtime.memory`) follows the live tensors; slower.
+
+    Launched normally, spawns the processes, watches them, and returns a
+    :class:`RunResult`; if a worker raises or dies, the others are stopped
+    and :class:`WorkerFailed` names the rank.
+    Launched by torchrun (:func:`launched_by_torchrun`), runs this process's
+    rank only and returns the result on rank 0 (``None`` elsewhere), gathered
+    over the process group; torchrun watches the processes. A rank that
+    raises raises :class:`WorkerFailed` naming itself.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: use cpu or cuda")
+    lay = Layout.of(plan)
+    if world_size is not None and world_size != lay.world_size:
+        raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
+    job = Job(
+        layout=lay,
+        layers_factory=layers_factory,
+        loss_fn=loss_fn,
+        batches=batches,
+        steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        seed=seed,
+        loss_reduction=loss_reduction,
+        skip_allreduce=skip_allreduce,
+        threads=threads,
+        start_step=start_step,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        log=log,
+        timeout_s=timeout_s,
+        recompute=recompute,
+        exact_memory=exact_memory,
+        device=device,
+    )
+
+    if launched_by_torchrun():
+        return _run_this_rank(lay, job)
+
+    if device == "cuda":
+        if torch.cuda.device_count() < lay.world_size:
+            raise ValueError(f"the plan uses {lay.world_size} devices, {torch.cuda.device_count()} GPUs are visible")
+        start_method = "spawn"  # CUDA does not survive fork
+    with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
+        job.out_dir = out_dir or tmp
+        port = free_port()
+        context = mp.start_processes(
+            _worker,
+            args=(lay.world_size, port, job, os.getpid()),
+            nprocs=lay.world_size,
+            join=False,
+            start_method=start_method,
+        )
+        _watch(context)
+        return _collect(lay, job.out_dir)
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process raised or died; ``rank`` names it, ``reason`` says how."""
+
+    def __init__(self, rank: int, reason: str):
+        super().__init__(f"rank {rank} failed: {reason}")
+        self.rank = rank
+        self.reason = reason
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+def _watch(context) -> None:
+    """Poll the workers once a second until all exit. On the first failure
+    (torch stops the others in ``join``) raise WorkerFailed; whatever happens,
+    no worker outlives this call."""
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    try:
+        while not context.join(timeout=1):
+            pass
+    except ProcessRaisedException as e:
+        raise WorkerFailed(e.error_index, _last_line(str(e))) from None
+    except ProcessExitedException as e:
+        code = e.exit_code
+        how = f"killed by signal {e.signal_name}" if code is not None and code < 0 else f"exited with code {code}"
+        raise WorkerFailed(e.error_index, f"process {e.pid} {how}") from None
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + 5
+        for p in context.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1)

@@ -1,0 +1,67 @@
+"""Point-to-point transport between stages: the wire format of activations
+and gradients (a shape header, then the data) and the tags that keep
+micro-batches and directions apart.
+
+Sends are non-blocking (``isend``) and waited for at the end of the
+iteration; receives block. Since every rank follows its stage's action list,
+which the core's lock-step check proves deadlock-free, every receive is
+eventually matched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+#: Header: [dtype code, ndim, up to 7 dims].
+HEADER_LENGTH = 9
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
+
+
+def tag(micro_batch: int, backward: bool, part: int) -> int:
+    """Distinct per (micro-batch, direction); part 0 is the header, 1 the data."""
+    return micro_batch * 4 + (2 if backward else 0) + part
+
+
+class PointToPoint:
+    """One rank's sends and receives to other stages' ranks."""
+
+    def __init__(self, device: torch.device):
+        self.device = device  # NCCL moves only tensors on the rank's GPU, headers too
+        self.pending: list[tuple[Any, torch.Tensor]] = []
+        self.recv_s = 0.0  # time spent blocked in receives
+
+    def _recv(self, t: torch.Tensor, src: int, tag_: int) -> None:
+        t0 = time.perf_counter()
+        dist.recv(t, src, tag=tag_)
+        self.recv_s += time.perf_counter() - t0
+
+    def send(self, t: torch.Tensor, dst: int, m: int, backward: bool, header: bool) -> None:
+        t = t.detach().contiguous()
+        if header:
+            if t.dim() > HEADER_LENGTH - 2:
+                raise ValueError(f"tensors of {t.dim()} dimensions cannot cross a stage")
+            h = torch.tensor([DTYPES.index(t.dtype), t.dim(), *t.shape] + [0] * (HEADER_LENGTH - 2 - t.dim()),
+                             dtype=torch.int64, device=self.device)
+            self.pending.append((dist.isend(h, dst, tag=tag(m, backward, 0)), h))
+        self.pending.append((dist.isend(t, dst, tag=tag(m, backward, 1)), t))
+
+    def recv_with_header(self, src: int, m: int, backward: bool) -> torch.Tensor:
+        h = torch.zeros(HEADER_LENGTH, dtype=torch.int64, device=self.device)
+        self._recv(h, src, tag(m, backward, 0))
+        header = h.tolist()
+        shape = header[2 : 2 + header[1]]
+        t = torch.empty(shape, dtype=DTYPES[header[0]], device=self.device)
+        self._recv(t, src, tag(m, backward, 1))
+        return t
+
+    def recv_into(self, t: torch.Tensor, src: int, m: int, backward: bool) -> None:
+        self._recv(t, src, tag(m, backward, 1))
+
+    def wait_all(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()

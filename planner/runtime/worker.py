@@ -1,0 +1,282 @@
+"""One rank's training loop: its stage's layers, its action list, the
+sends and receives to the neighbouring stages, the gradient AllReduce among
+the stage's replicas and the optimizer step.
+
+Per iteration (one global batch): the global batch is split into M
+micro-batches of ``micro_batch_size`` consecutive samples, and each replica
+computes its slice of each (``layout.py``). The last stage's loss on a
+slice of n samples is ``loss_fn(out, tgt) * n / global_batch``
+(``loss_reduction="mean"``) or ``loss_fn(out, tgt) / global_batch``
+(``"sum"``), so the accumulated gradient is that of the mean loss over the
+global batch. Then each stage's gradients are summed over its replicas
+(AllReduce on a process group per stage) and one optimizer step (SGD or
+Adam) is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .data import SeededBatches
+from .layout import Layout
+from .memory import PeakMemory
+from .training import layers_of, make_optimizer, prefixed_state, scaled_loss
+from .transport import PointToPoint
+
+
+@dataclass
+class Job:
+    """Everything a rank needs to train: picklable, handed to launched workers."""
+
+    layout: Layout
+    layers_factory: Callable
+    loss_fn: Callable
+    batches: list
+    steps: int
+    lr: float
+    optimizer: str = "sgd"
+    seed: int = 0
+    loss_reduction: str = "mean"
+    skip_allreduce: bool = False  # testing hook: must break equivalence
+    out_dir: str | None = None
+    threads: int = 1
+    start_step: int = 0  # resume: the step the checkpoint in checkpoint_dir holds
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    log: bool = False  # rank 0 prints one line per iteration to stderr; workers' stdout goes to stderr
+    timeout_s: float = 30.0
+    recompute: bool = False  # keep only each stage's input; re-run the stage's forward in its backward
+    exact_memory: bool = False  # see memory.return_freed_memory
+    device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
+
+
+def backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """The device of ``rank``: the CPU, or the GPU of its local rank
+    (``LOCAL_RANK`` under torchrun, the rank itself for local processes)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if local >= torch.cuda.device_count():
+        raise ValueError(f"rank {rank} needs GPU {local}, only {torch.cuda.device_count()} visible")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def allreduce_grads(params: list[nn.Parameter], group) -> None:
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+def run_rank(rank: int, job: Job) -> dict[str, Any]:
+    """The training loop of one rank; the process group must be up.
+    Returns ``{"state", "trace", "peak_in_flight"}``: the stage's final
+    state, the actions run in the first iteration (``"F0"``, ``"B0"``, ...,
+    ``"AR"``, ``"OPT"``) and the most micro-batches whose activations were
+    held at once."""
+    lay = job.layout
+    stage, replica = lay.where(rank)
+    me = lay.stages[stage].replicas[replica]
+    n_stages = len(lay.stage_ranks)
+    first, last = stage == 0, stage == n_stages - 1
+    a, b = lay.layer_ranges[stage]
+
+    torch.manual_seed(job.seed)
+    made = job.layers_factory()
+    all_layers = layers_of(made)
+    if isinstance(job.batches, SeededBatches):
+        job.batches.use_maker(getattr(made, "make_batch", None))
+    if lay.layer_ranges[-1][1] != len(all_layers):
+        raise ValueError(
+            f"the plan's stages end at layer {lay.layer_ranges[-1][1]}, the model has {len(all_layers)}"
+        )
+    layers = all_layers[a:b]
+    del all_layers, made  # the other stages' layers are not this rank's to keep
+    dev = rank_device(job.device, rank)
+    module = nn.Sequential(*layers).to(dev)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = make_optimizer(params, job.optimizer, job.lr)
+    if job.start_step:
+        from . import checkpoint as ckpt
+
+        saved = ckpt.load_rank(job.checkpoint_dir, job.start_step, rank)
+        if saved["step"] != job.start_step or tuple(saved["layer_range"]) != (a, b):
+            raise ValueError(
+                f"checkpoint step {job.start_step} rank {rank} holds layers {saved['layer_range']} "
+                f"at step {saved['step']}, this plan gives the rank layers {(a, b)}"
+            )
+        module.load_state_dict(saved["model"])
+        if opt is not None:
+            opt.load_state_dict(saved["optimizer"])
+
+    # Process groups: created by every rank, in stage order.
+    groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
+    group = groups[stage]
+
+    mbs, gbs = lay.micro_batch_size, lay.global_batch_size
+    # Who this replica receives its input from and sends its output to, with
+    # the samples [start, end) of each micro-batch they share.
+    prev = [(p.rank, (p.start, p.end)) for p in me.receives_from]
+    nxt = [(p.rank, (p.start, p.end)) for p in me.sends_to]
+    comm = PointToPoint(dev)
+    lo, hi = me.start, me.end
+    trace: list[str] = []
+    peak = 0
+    iteration_ms: list[float] = []
+    losses: list[float] = []
+    compute_s = bubble_s = 0.0
+    # Where each iteration's time went on this rank (see RunResult.metrics).
+    phase_ms: dict[str, list[float]] = {
+        k: [] for k in ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
+    }
+    fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
+    fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
+    # The peak of the training iterations, from the size after the stage and
+    # its optimizer were built (Adam's state arrives with the first step).
+    meter = PeakMemory(cuda=dev.type == "cuda")
+
+    for it in range(job.start_step, job.steps):
+        if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
+            raise RuntimeError(f"injected failure at step {it + 1} (DAPPLE_TEST_FAIL_RANK)")
+        dist.barrier()
+        t_start = time.perf_counter()
+        comm.recv_s = 0.0
+        loss_sum = 0.0
+        x_all, y_all = job.batches[it % len(job.batches)]
+        if x_all.shape[0] != gbs:
+            raise ValueError(f"batch {it} has {x_all.shape[0]} samples, the plan needs {gbs}")
+        for p in params:
+            p.grad = None
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        for kind, m in lay.schedule[stage]:
+            base = m * mbs
+            if it == 0:
+                trace.append(f"{kind}{m}")
+            if kind == "F":
+                if first:
+                    x = x_all[base + lo : base + hi].to(dev)
+                else:
+                    parts = [comm.recv_with_header(src, m, False) for src, _ in prev]
+                    x = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+                    if x.is_floating_point():
+                        x.requires_grad_(True)
+                    inputs[m] = x
+                if job.recompute:
+                    # Stage-level re-computation (GPipe's, and DAPPLE's Table
+                    # VI): only the stage input is kept; the backward re-runs
+                    # the forward, restoring the RNG state it started with.
+                    out = checkpoint(module, x, use_reentrant=False)
+                else:
+                    out = module(x)
+                if last:
+                    y = y_all[base + lo : base + hi].to(dev)
+                    outputs[m] = scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
+                    loss_sum += float(outputs[m].detach())
+                else:
+                    for dst, (s0, s1) in nxt:
+                        comm.send(out[s0 - lo : s1 - lo], dst, m, False, header=True)
+                    outputs[m] = out
+                peak = max(peak, len(outputs))
+            else:
+                out = outputs.pop(m)
+                if last:
+                    grad = None
+                else:
+                    grad = torch.empty_like(out)
+                    for src, (s0, s1) in nxt:
+                        piece = torch.empty_like(out[s0 - lo : s1 - lo])
+                        comm.recv_into(piece, src, m, True)
+                        grad[s0 - lo : s1 - lo] = piece
+                if out.requires_grad:
+                    out.backward(grad)
+                if not first:
+                    x = inputs.pop(m)
+                    g = x.grad if x.grad is not None else torch.zeros_like(x)
+                    for dst, (s0, s1) in prev:
+                        comm.send(g[s0 - lo : s1 - lo], dst, m, True, header=False)
+        t_schedule_end = time.perf_counter()
+        comm.wait_all()
+        t_sent = time.perf_counter()
+        if group is not None and not job.skip_allreduce:
+            allreduce_grads(params, group)
+            if it == 0:
+                trace.append("AR")
+        t_reduced = time.perf_counter()
+        if it == 0:
+            trace.append("OPT")
+        if opt is not None:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            opt.step()
+        t_stepped = time.perf_counter()
+        # The iteration ends when every rank is done; the sum of the last
+        # stage's scaled losses is the mean loss over the global batch.
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=dev)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        t_end = time.perf_counter()
+        elapsed = t_end - t_start
+        for name, seconds in (
+            ("compute", t_schedule_end - t_start - comm.recv_s),
+            ("recv_wait", comm.recv_s),
+            ("send_wait", t_sent - t_schedule_end),
+            ("allreduce", t_reduced - t_sent),
+            ("optimizer", t_stepped - t_reduced),
+            ("end_sync", t_end - t_stepped),
+        ):
+            phase_ms[name].append(seconds * 1e3)
+        iteration_ms.append(elapsed * 1e3)
+        losses.append(float(total[0]))
+        bubble_s += comm.recv_s
+        compute_s += elapsed - comm.recv_s
+        if job.log and rank == 0:
+            print(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms", file=sys.stderr, flush=True)
+        done = it + 1
+        if job.checkpoint_dir and job.checkpoint_every and done % job.checkpoint_every == 0:
+            from . import checkpoint as ckpt
+
+            ckpt.save_rank(job.checkpoint_dir, done, rank, {
+                "step": done,
+                "rank": rank,
+                "stage": stage,
+                "layer_range": [a, b],
+                "model": module.state_dict(),
+                "optimizer": opt.state_dict() if opt is not None else None,
+            })
+            dist.barrier()  # every rank's file is on disk
+            if rank == 0:
+                ckpt.write_latest(job.checkpoint_dir, done)
+    metrics = {
+        "stage": stage,
+        "replica": replica,
+        "iteration_ms": iteration_ms,
+        "losses": losses,
+        "compute_ms": compute_s * 1e3,
+        "bubble_ms": bubble_s * 1e3,
+        "phase_ms": phase_ms,
+        "peak_memory_bytes": meter.peak_bytes(),
+        "memory_before_bytes": meter.baseline_bytes,
+        "memory_source": meter.source,
+    }
+    return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak, "metrics": metrics}

@@ -1,0 +1,202 @@
+//! What each process of a run does, from a plan: the runtime
+//! (`planner/runtime/`) executes this and decides nothing of its own.
+//!
+//! One process (rank) per device the plan uses; rank r runs on the r-th
+//! used device id in ascending order and holds one replica of one stage.
+//! A micro-batch entering a stage of R replicas is split by
+//! `cost::slice_ranges` (the split the cost model prices), replica j taking
+//! the j-th range. Between two stages every sender sends each receiver
+//! exactly the samples their ranges share, and gradients go back the same
+//! way. Each stage runs the action list of the plan's schedule
+//! (`plan::plan_schedule`, which the simulator runs too).
+
+use serde::Serialize;
+
+use crate::cost::slice_ranges;
+use crate::error::Result;
+use crate::plan::{check_layout, plan_schedule, Plan};
+
+/// Samples `[start, end)` of a micro-batch that one rank sends to, or
+/// receives from, another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Peer {
+    pub rank: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplicaLayout {
+    pub rank: u32,
+    /// Samples `[start, end)` of every micro-batch this replica computes.
+    pub start: u32,
+    pub end: u32,
+    /// Ranks of the previous stage this replica's input comes from, in order.
+    pub receives_from: Vec<Peer>,
+    /// Ranks of the next stage its output goes to, in order.
+    pub sends_to: Vec<Peer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StageLayout {
+    pub layer_start: usize,
+    pub layer_end: usize,
+    /// By replica index.
+    pub replicas: Vec<ReplicaLayout>,
+    /// The stage's actions as tokens: "F3", "B2", then "AR" and "OPT".
+    pub actions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunLayout {
+    /// Used device ids, ascending: rank r runs on `devices[r]`.
+    pub devices: Vec<u32>,
+    pub micro_batch_size: u32,
+    pub micro_batches: u32,
+    pub stages: Vec<StageLayout>,
+}
+
+impl RunLayout {
+    /// The layout of a plan, after checking that its stages can run
+    /// (`plan::check_layout`; the layer count is checked against the model).
+    pub fn of(plan: &Plan) -> Result<RunLayout> {
+        check_layout(plan, None)?;
+        let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
+        devices.sort_unstable();
+        let rank_of = |device: u32| devices.binary_search(&device).expect("a used device") as u32;
+        let mbs = plan.micro_batch_size;
+        let ranges: Vec<Vec<(u32, u32)>> = plan
+            .stages
+            .iter()
+            .map(|s| slice_ranges(mbs, s.devices.len() as u32))
+            .collect();
+        // The samples `(start, end)` shares with each replica of stage `other`.
+        let peers = |other: usize, (start, end): (u32, u32)| -> Vec<Peer> {
+            plan.stages[other]
+                .devices
+                .iter()
+                .zip(&ranges[other])
+                .filter_map(|(&d, &(a, b))| {
+                    let (lo, hi) = (a.max(start), b.min(end));
+                    (lo < hi).then(|| Peer {
+                        rank: rank_of(d),
+                        start: lo,
+                        end: hi,
+                    })
+                })
+                .collect()
+        };
+        let schedule = plan_schedule(plan, None)?;
+        let last = plan.stages.len() - 1;
+        let stages = plan
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StageLayout {
+                layer_start: s.layer_start,
+                layer_end: s.layer_end,
+                replicas: s
+                    .devices
+                    .iter()
+                    .zip(&ranges[i])
+                    .map(|(&d, &range)| ReplicaLayout {
+                        rank: rank_of(d),
+                        start: range.0,
+                        end: range.1,
+                        receives_from: if i > 0 { peers(i - 1, range) } else { vec![] },
+                        sends_to: if i < last {
+                            peers(i + 1, range)
+                        } else {
+                            vec![]
+                        },
+                    })
+                    .collect(),
+                actions: schedule.stages[i]
+                    .actions
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+            })
+            .collect();
+        Ok(RunLayout {
+            devices,
+            micro_batch_size: mbs,
+            micro_batches: plan.micro_batches,
+            stages,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::WarmupPolicy;
+    use crate::format::FileObject;
+    use crate::plan::{PlanInputs, PlanOptions, ScheduleChoice, Stage};
+    use crate::schedule::ScheduleKind;
+    use crate::topology::Topology;
+
+    fn plan(mbs: u32, m: u32, stages: &[(usize, usize, &[u32])]) -> Plan {
+        let count = stages.len() as u32;
+        Plan::new(
+            PlanInputs {
+                model: "tiny".into(),
+                profile_sha256: String::new(),
+                profile_path: None,
+                topology: Topology::from_spec("1x8-pcie").unwrap(),
+                global_batch_size: mbs * m,
+                options: PlanOptions {
+                    min_micro_batch_size: 1,
+                    search_space: None,
+                },
+            },
+            mbs,
+            m,
+            ScheduleChoice {
+                kind: ScheduleKind::EarlyBackward1F1B,
+                warmup_policy: WarmupPolicy::A,
+            },
+            stages
+                .iter()
+                .enumerate()
+                .map(|(i, &(a, b, d))| Stage {
+                    layer_start: a,
+                    layer_end: b,
+                    devices: d.to_vec(),
+                    warmup_micro_batches: (count - i as u32).min(m),
+                    placement: None,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn two_to_three_replicas_send_the_samples_they_share() {
+        // Micro-batch 5: stage 0 slices 0-3 and 3-5, stage 1 slices 0-2, 2-4, 4-5.
+        let lay = RunLayout::of(&plan(5, 2, &[(0, 2, &[6, 1]), (2, 5, &[2, 3, 4])])).unwrap();
+        assert_eq!(lay.devices, vec![1, 2, 3, 4, 6]);
+        let first = &lay.stages[0].replicas;
+        assert_eq!((first[0].rank, first[0].start, first[0].end), (4, 0, 3));
+        let peer = |rank, start, end| Peer { rank, start, end };
+        assert_eq!(first[0].sends_to, vec![peer(1, 0, 2), peer(2, 2, 3)]);
+        assert_eq!(first[1].sends_to, vec![peer(2, 3, 4), peer(3, 4, 5)]);
+        let second = &lay.stages[1].replicas;
+        assert_eq!(second[1].receives_from, vec![peer(4, 2, 3), peer(0, 3, 4)]);
+        assert!(first[0].receives_from.is_empty() && second[2].sends_to.is_empty());
+        assert_eq!(lay.stages[1].actions, ["F0", "B0", "F1", "B1", "AR", "OPT"]);
+    }
+
+    #[test]
+    fn a_plan_that_cannot_run_is_refused() {
+        let overlapping = plan(4, 2, &[(0, 2, &[0]), (1, 3, &[1])]);
+        let e = RunLayout::of(&overlapping).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[1].layer_start"));
+        let reused = plan(4, 2, &[(0, 2, &[0]), (2, 3, &[0])]);
+        assert!(RunLayout::of(&reused)
+            .unwrap_err()
+            .to_string()
+            .contains("used by two stages"));
+        let text = plan(4, 2, &[(0, 2, &[0]), (2, 3, &[1])]).to_json();
+        assert!(RunLayout::of(&Plan::from_json(&text).unwrap()).is_ok());
+    }
+}

@@ -1,0 +1,92 @@
+//! What `dapple run --metrics` writes: the steps a run took, their times and
+//! losses, and each rank's memory and time split (`dapple.run-metrics`).
+//! The runtime measures; this is the file's one definition, and reading a
+//! written file back goes through it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{FileFormat, FileObject, RUN_METRICS};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunMetrics {
+    pub format: String,
+    pub schema_version: u32,
+    /// The plan file that ran.
+    pub plan: String,
+    /// The model factory, `MODULE:FUNCTION`, and its arguments.
+    pub model: String,
+    pub model_args: BTreeMap<String, serde_json::Value>,
+    /// The steps this invocation ran: `first_step..=steps` (1-based).
+    pub first_step: u32,
+    pub steps: u32,
+    pub global_batch_size: u32,
+    pub recompute: bool,
+    pub exact_memory: bool,
+    /// One per step, on rank 0: from a barrier to the end of the loss reduction.
+    pub iteration_ms: Vec<f64>,
+    /// The mean loss over each step's global batch; null where it was not a
+    /// number (a diverged run).
+    pub losses: Vec<Option<f64>>,
+    pub mean_iteration_ms: f64,
+    /// The plan's formula estimate and simulated iteration, with `--profile`.
+    pub estimate_ms: Option<f64>,
+    pub simulated_ms: Option<f64>,
+    /// By rank, as a decimal string.
+    pub ranks: BTreeMap<String, RankMetrics>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankMetrics {
+    pub stage: usize,
+    pub replica: usize,
+    /// The rank's peak memory during the steps (see `memory_source`).
+    pub peak_memory_bytes: f64,
+    /// Its memory when the steps began; the difference is what training added.
+    pub memory_before_bytes: f64,
+    /// `rss-since-reset`, `rss-since-start` or `cuda-allocated`.
+    pub memory_source: String,
+    /// Totals over the steps: time outside receives, and blocked in them.
+    pub compute_ms: f64,
+    pub bubble_ms: f64,
+    /// `bubble_ms` over the total iteration time.
+    pub bubble_fraction: f64,
+    /// One value per step for each phase: compute, recv_wait, send_wait,
+    /// allreduce, optimizer, end_sync.
+    pub phase_ms: BTreeMap<String, Vec<f64>>,
+}
+
+impl FileObject for RunMetrics {
+    const FORMAT: FileFormat = RUN_METRICS;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_metrics_read_back_and_strangers_are_refused() {
+        let parts = serde_json::json!({
+            "plan": "p.json", "model": "m:f", "model_args": {"n_layers": 4},
+            "first_step": 1, "steps": 2, "global_batch_size": 8,
+            "recompute": false, "exact_memory": false,
+            "iteration_ms": [10.0, 9.5], "losses": [2.3, null], "mean_iteration_ms": 9.75,
+            "estimate_ms": null, "simulated_ms": 9.0,
+            "ranks": {"0": {"stage": 0, "replica": 0, "peak_memory_bytes": 1e6,
+                            "memory_before_bytes": 5e5, "memory_source": "rss-since-reset",
+                            "compute_ms": 15.0, "bubble_ms": 4.5, "bubble_fraction": 0.23,
+                            "phase_ms": {"compute": [7.0, 8.0]}}}
+        });
+        let metrics = RunMetrics::from_parts(parts.clone()).unwrap();
+        assert_eq!(metrics.format, "dapple.run-metrics");
+        assert_eq!(metrics.schema_version, 1);
+        assert_eq!(RunMetrics::from_json(&metrics.to_json()).unwrap(), metrics);
+        let mut unknown = parts;
+        unknown["surprise"] = serde_json::json!(1);
+        let e = RunMetrics::from_parts(unknown).unwrap_err();
+        assert!(e.to_string().contains("surprise"), "{e}");
+    }
+}
