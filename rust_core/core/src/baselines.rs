@@ -17,8 +17,9 @@ use rayon::prelude::*;
 
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
+use crate::evaluate::evaluate;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
-use crate::plan::{evaluate, warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
+use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;

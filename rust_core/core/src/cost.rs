@@ -74,6 +74,25 @@ impl Cluster {
             .position(|m| device >= m.first_device && device < m.first_device + m.gpus)
     }
 
+    /// GPU ids for stages given as GPUs per machine, in pipeline order:
+    /// each stage takes the next free GPUs of its machines, so stage 0
+    /// starts at its machines' first GPUs.
+    pub fn number_devices(&self, allocs: &[Alloc]) -> Vec<Vec<u32>> {
+        let mut next_free = vec![0u32; self.machines.len()];
+        allocs
+            .iter()
+            .map(|alloc| {
+                let mut devices = Vec::new();
+                for &(m, c) in alloc {
+                    let first = self.machines[m].first_device + next_free[m];
+                    devices.extend(first..first + c);
+                    next_free[m] += c;
+                }
+                devices
+            })
+            .collect()
+    }
+
     /// The GPUs per machine of a list of GPU ids.
     pub fn alloc_of(&self, devices: &[u32]) -> crate::error::Result<Alloc> {
         let mut alloc: Alloc = Vec::new();
@@ -558,19 +577,31 @@ pub struct StageCoster<'a> {
     times: Vec<TimePrefix>,
 }
 
-/// The cost of one computation stage on its devices.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The cost of one computation stage on its devices: what the search
+/// prices, and what a plan's estimate records per stage
+/// (`estimate.stages[i]`, with the simulated `bubble_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StageCost {
-    /// Samples per replica of a micro-batch (the largest slice when uneven).
-    pub slice: u32,
+    /// One micro-batch slice through the stage, on its slowest GPU.
     pub fwd_ms: f64,
     pub bwd_ms: f64,
     /// Full AllReduce time of the stage's gradients.
     pub allreduce_ms: f64,
-    /// Part of it that is not hidden behind backward computation.
+    /// Part of it that is not hidden behind backward computation (equals
+    /// allreduce_ms except for data parallelism, which overlaps it).
     pub exposed_allreduce_ms: f64,
+    /// Per GPU: weights, gradients, optimizer state and the stored
+    /// activations of K_i slices.
     pub memory_bytes: f64,
+    /// Memory of the stage's smallest GPU.
     pub memory_limit_bytes: f64,
+    /// Samples per replica of a micro-batch (the largest slice when uneven).
+    pub slice_size: u32,
+    /// Simulated time the stage's GPUs do no forward or backward work; set
+    /// where a plan is simulated, not by the cost model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bubble_ms: Option<f64>,
 }
 
 impl StageCost {
@@ -658,13 +689,14 @@ impl<'a> StageCoster<'a> {
             allreduce
         };
         StageCost {
-            slice,
             fwd_ms,
             bwd_ms,
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
             memory_limit_bytes: devices.memory_limit_bytes,
+            slice_size: slice,
+            bubble_ms: None,
         }
     }
 

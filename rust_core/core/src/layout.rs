@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::cost::slice_ranges;
 use crate::error::Result;
-use crate::plan::{check_layout, plan_schedule, Plan};
+use crate::evaluate::check_layout;
+use crate::plan::{plan_schedule, Plan};
 
 /// Samples `[start, end)` of a micro-batch that one rank sends to, or
 /// receives from, another.
@@ -58,7 +59,7 @@ pub struct RunLayout {
 
 impl RunLayout {
     /// The layout of a plan, after checking that its stages can run
-    /// (`plan::check_layout`; the layer count is checked against the model).
+    /// (`evaluate::check_layout`; the layer count is checked against the model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();

@@ -2,12 +2,13 @@
 //!
 //! Data flows one way: a [`profile::Profile`] and a [`topology::Topology`]
 //! go into [`search::search`], which returns a [`plan::Plan`]; any plan, from
-//! here or written by hand, can be costed again with [`plan::evaluate`].
+//! here or written by hand, can be costed again with [`evaluate::evaluate`].
 
 pub mod artifact;
 pub mod baselines;
 pub mod cost;
 pub mod error;
+pub mod evaluate;
 pub mod format;
 pub mod layout;
 pub mod metrics;

@@ -29,10 +29,9 @@ use crate::cost::{
     SuffixLatency, WarmupPolicy,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::evaluate::{estimate_stages, evaluate};
 use crate::placement::{counts_to_alloc, Policy, State};
-use crate::plan::{
-    estimate_stages, evaluate, ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage,
-};
+use crate::plan::{ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::topology::Topology;
@@ -131,13 +130,15 @@ pub struct SearchResult {
 /// candidate with the shortest simulated iteration is returned. The
 /// smallest bound over the space is recorded beside it
 /// (`selection.lower_bound_ms`): no plan of the space simulates faster.
+///
+/// `profile` and `topology` are taken as read (`FileObject`), which checks
+/// them; one built by hand must pass its `validate` first.
 pub fn search(
     profile: &Profile,
     topology: &Topology,
     opts: &SearchOptions,
 ) -> Result<SearchResult> {
-    profile.validate()?;
-    topology.validate()?;
+    debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
     let gbs = opts.global_batch_size;
     if gbs == 0 {
         return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
@@ -823,7 +824,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     ) -> Option<u8> {
         (0..=ceiling).rev().find(|&c| {
             let warmup = self.rule_warmup(usize::from(c), stages_from_here);
-            stage_memory_bytes(self.ctx.layers, start, end, cost.slice, warmup)
+            stage_memory_bytes(self.ctx.layers, start, end, cost.slice_size, warmup)
                 <= cost.memory_limit_bytes
         })
     }
@@ -1165,7 +1166,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                         self.ctx.layers,
                         i,
                         j,
-                        cost.slice,
+                        cost.slice_size,
                         self.rule_warmup(usize::from(class), stages),
                     );
                     let mut latency = entry.latency;
@@ -1419,30 +1420,19 @@ fn concrete_allocs(
 
 fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
     let allocs = concrete_allocs(ctx.cluster, &found.stages, |s, r, p| ctx.replay(s, r, p));
-    let mut next_local: Vec<u32> = vec![0; ctx.cluster.machines.len()];
     let count = found.stages.len() as u32;
     let stages: Vec<Stage> = found
         .stages
         .iter()
         .rev()
-        .zip(&allocs)
+        .zip(ctx.cluster.number_devices(&allocs))
         .enumerate()
-        .map(|(i, ((start, end, _, policy, _), alloc))| {
-            let mut devices = Vec::new();
-            for &(machine, c) in alloc {
-                let first = ctx.cluster.machines[machine].first_device;
-                for _ in 0..c {
-                    devices.push(first + next_local[machine]);
-                    next_local[machine] += 1;
-                }
-            }
-            Stage {
-                layer_start: *start,
-                layer_end: *end,
-                devices,
-                warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(*policy),
-            }
+        .map(|(i, ((start, end, _, policy, _), devices))| Stage {
+            layer_start: *start,
+            layer_end: *end,
+            devices,
+            warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
+            placement: Some(*policy),
         })
         .collect();
     let schedule = ScheduleChoice {
@@ -1467,7 +1457,7 @@ mod tests {
     use super::*;
     use crate::cost::smallest_slice;
     use crate::format::PROFILE;
-    use crate::plan::{evaluate, PlanOptions};
+    use crate::plan::PlanOptions;
     use crate::profile::{Layer, Measurement};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -1536,7 +1526,7 @@ mod tests {
             .min_by(f64::total_cmp)
     }
 
-    /// Every plan of the search space, costed by `plan::evaluate`:
+    /// Every plan of the search space, costed by `evaluate::evaluate`:
     /// all partitions, replications and placements, from the last stage.
     /// Returns the smallest formula (2) value and the smallest simulated
     /// iteration (over every valid warm-up vector under policy auto).
@@ -1560,30 +1550,19 @@ mod tests {
                     let allocs =
                         concrete_allocs(&cluster, &steps, |s, r, p| s.place(r, p).unwrap());
                     let count = steps.len() as u32;
-                    // Each stage takes the next free GPUs of its machines.
-                    let mut next = vec![0u32; cluster.machines.len()];
                     let plan_stages: Vec<Stage> = steps
                         .iter()
                         .rev()
-                        .zip(&allocs)
+                        .zip(cluster.number_devices(&allocs))
                         .enumerate()
-                        .map(|(i, ((s, e, _, _, _), alloc))| {
-                            let mut devices = vec![];
-                            for &(m, c) in alloc {
-                                for _ in 0..c {
-                                    devices.push(cluster.machines[m].first_device + next[m]);
-                                    next[m] += 1;
-                                }
-                            }
-                            Stage {
-                                layer_start: *s,
-                                layer_end: *e,
-                                devices,
-                                warmup_micro_batches: policy
-                                    .warmup(count - i as u32, gbs / b)
-                                    .unwrap_or(1),
-                                placement: None,
-                            }
+                        .map(|(i, ((s, e, _, _, _), devices))| Stage {
+                            layer_start: *s,
+                            layer_end: *e,
+                            devices,
+                            warmup_micro_batches: policy
+                                .warmup(count - i as u32, gbs / b)
+                                .unwrap_or(1),
+                            placement: None,
                         })
                         .collect();
                     let plan = Plan::new(

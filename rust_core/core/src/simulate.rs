@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::StageCost;
 use crate::error::{Error, Result};
+use crate::evaluate::{stage_costs, with_coster};
 use crate::format::{FileFormat, FileObject, SIMULATION};
-use crate::plan::{plan_schedule, stage_costs, with_coster, Plan};
+use crate::plan::{plan_schedule, Plan};
 use crate::profile::LayerCosts;
 use crate::profile::Profile;
 use crate::schedule::{early_backward_actions, Action, ActionKind, Schedule, ScheduleKind};
@@ -396,7 +397,7 @@ pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) 
         .iter()
         .zip(costs)
         .map(|(s, c)| {
-            let slice = f64::from(c.slice);
+            let slice = f64::from(c.slice_size);
             SimStage {
                 fwd_ms: c.fwd_ms,
                 bwd_ms: c.bwd_ms,

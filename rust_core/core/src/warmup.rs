@@ -14,7 +14,8 @@
 
 use crate::cost::WarmupPolicy;
 use crate::error::Result;
-use crate::plan::{evaluate, Plan};
+use crate::evaluate::evaluate;
+use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
 use crate::simulate::{early_backward_iteration_ms, sim_inputs, SimStage};

@@ -1,5 +1,6 @@
+use dapple_core::evaluate::evaluate;
 use dapple_core::layout::RunLayout;
-use dapple_core::plan::{blocks_per_stage, evaluate, Plan};
+use dapple_core::plan::{blocks_per_stage, Plan};
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;

@@ -1,0 +1,65 @@
+"""Every JSON file a command writes carries the `format` and
+`schema_version` of the core's table (`planner._core.FORMATS`) and reads
+back through the core's own parser for that format. (`profile model` and
+`topology measure` are read back by `dapple plan` in test_profiler.py and
+test_links.py; `run --metrics` in test_run.py.)"""
+
+import json
+import shutil
+
+import pytest
+
+import planner
+import planner._core as core
+from conftest import PROFILES, SHARED
+
+BERT = PROFILES / "bert-48-pbs-2.json"
+
+
+def read_back(text: str, cls, source: str):
+    data = json.loads(text)
+    version, _ = core.FORMATS[data["format"]]
+    assert data["schema_version"] == version, source
+    return cls.from_json(text, source)
+
+
+def test_plan_out(dapple, tmp_path):
+    out = tmp_path / "p.json"
+    assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", 64, "--out", out).returncode == 0
+    assert read_back(out.read_text(), core.Plan, str(out)).shape == "8:8"
+
+
+def test_simulate_json(dapple, tmp_path):
+    out = tmp_path / "p.json"
+    assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", 64, "--out", out).returncode == 0
+    r = dapple("simulate", "--plan", out, "--json")
+    assert r.returncode == 0, r.stderr
+    sim = read_back(r.stdout, core.Simulation, "stdout")
+    assert sim.iteration_ms == pytest.approx(planner.Plan.load(out).iteration_ms)
+
+
+def test_topology_show_json(dapple):
+    r = dapple("topology", "show", "B", "--json")
+    assert read_back(r.stdout, core.Topology, "stdout").num_devices == 16
+
+
+def test_import_artifact_out(dapple, tmp_path):
+    graph = SHARED / "profiles" / "dapple-artifact" / "bert-48-pbs-2.txt"
+    if not graph.exists():
+        pytest.skip(f"{graph} is not beside this checkout")
+    out = tmp_path / "bert.json"
+    r = dapple("profile", "import-artifact", graph, "--model", "BERT-48", "--batch-size", 2, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert read_back(out.read_text(), core.Profile, str(out)).model == "BERT-48"
+
+
+def test_regress_update(dapple, tmp_path):
+    shutil.copy(BERT, tmp_path / "bert.json")
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({
+        "format": "dapple.regress-suite", "schema_version": 2,
+        "cases": [{"name": "bert A", "profile": "bert.json", "topology": "A", "global_batch_size": 64}],
+    }))
+    assert dapple("regress", suite, "--update").returncode == 0
+    assert read_back(suite.read_text(), core.RegressSuite, str(suite)).num_cases == 1
+    assert json.loads(suite.read_text())["cases"][0]["expected_shape"] == "8:8"
