@@ -99,6 +99,11 @@ def _run_this_rank(lay: Layout, job: Job) -> RunResult | None:
             raise WorkerFailed(rank, f"{type(e).__name__}: {_last_line(str(e))}") from e
         gathered: list[Any] | None = [None] * world_size if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
+        # Every rank past the gather before any tears its connections down:
+        # a rank that destroys the group while rank 0 still reads from it
+        # can abort in gloo at exit ("terminate called without an active
+        # exception", seen once under load in CI).
+        dist.barrier()
     finally:
         if owns_group:
             dist.destroy_process_group()

@@ -7,6 +7,7 @@
 pub mod artifact;
 pub mod baselines;
 pub mod cost;
+mod dp;
 pub mod error;
 pub mod evaluate;
 pub mod format;

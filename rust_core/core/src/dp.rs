@@ -1,0 +1,900 @@
+//! The dynamic program of the search (section IV-C of the paper) over
+//! (layers planned, cluster state), for one micro-batch size, and the walk
+//! over every layout whose bound is below a given time. `search.rs` runs it
+//! per micro-batch size and ranks what it finds by simulation.
+//!
+//! Pipelines are built from the last stage to the first. A partial plan is a
+//! suffix of stages covering layers `j..N`; prepending a stage of layers
+//! `i..j` on GPUs chosen by one of the three placement policies extends it.
+//! The latency formula folds from the back with two numbers per suffix
+//! (`cost::SuffixLatency`), and the memory of a stage depends only on how
+//! many stages follow it (its warm-up depth K_i), so a suffix is summarised
+//! by (stages, latency, steady) and suffixes reaching the same state are
+//! kept only when no other one is at least as good in all three: the search
+//! is exact over its space (partitions x replications x placements x
+//! micro-batch sizes), which `search::tests::search_matches_brute_force`
+//! checks.
+//!
+//! States are symmetry-reduced (`placement::State`): which identical machine
+//! a stage uses is never distinguished, so 2x8 has a handful of states per
+//! layer instead of 2^16.
+
+use rustc_hash::FxHashMap;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cost::{
+    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
+    SuffixLatency, WarmupPolicy,
+};
+use crate::placement::{counts_to_alloc, Policy, State};
+use crate::profile::LayerCosts;
+use crate::search::SearchSpace;
+
+pub(crate) struct Context<'a> {
+    pub(crate) layers: &'a LayerCosts,
+    pub(crate) cluster: &'a Cluster,
+    pub(crate) policy: WarmupPolicy,
+    pub(crate) min_slice: u32,
+    pub(crate) space: SearchSpace,
+}
+
+/// Most partly used machines a machine-aligned state may have.
+pub(crate) const MAX_PARTLY_USED_MACHINES: usize = 2;
+
+impl Context<'_> {
+    /// Layers a stage of `replicas` GPUs ending at layer `j` may start at,
+    /// with `free` GPUs left before it. A stage that takes every GPU left is
+    /// the first one. In the full space any other may be first too, leaving
+    /// GPUs idle (over a slow network fewer GPUs can be faster). In the
+    /// machine-aligned space every GPU is used, so the layers in front must
+    /// be able to take the GPUs left, at most `max_replicas` per layer: on
+    /// large clusters plans that strand GPUs are many and never the fastest.
+    fn starts(
+        &self,
+        replicas: u32,
+        free: u32,
+        j: usize,
+        max_replicas: u32,
+    ) -> std::ops::RangeInclusive<usize> {
+        if replicas == free {
+            0..=0
+        } else if self.space == SearchSpace::Full {
+            0..=j - 1
+        } else {
+            let left = free - replicas;
+            (left.div_ceil(max_replicas).max(1) as usize)..=j - 1
+        }
+    }
+
+    /// K_i the DP counts in a stage's memory under this context's policy.
+    pub(crate) fn memory_warmup(&self, stages_from_here: u32, micro_batches: u32) -> u32 {
+        self.policy.memory_depth(stages_from_here, micro_batches)
+    }
+
+    /// Where a stage of `replicas` GPUs may go from `state`. The stage
+    /// that takes every free GPU (the first one) is always allowed.
+    fn placements(&self, state: &State, replicas: u32) -> Vec<(Policy, Vec<u32>)> {
+        match self.space {
+            SearchSpace::MachineAligned if replicas != state.free() => {
+                state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES)
+            }
+            _ => state.placements(replicas),
+        }
+    }
+
+    /// The placement `policy` gave when the search ran.
+    pub(crate) fn replay(&self, state: &State, replicas: u32, policy: Policy) -> Vec<u32> {
+        self.placements(state, replicas)
+            .into_iter()
+            .find(|(p, _)| *p == policy)
+            .map(|(_, c)| c)
+            .expect("replaying a placement the search made")
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Objective {
+    Latency,
+    /// Smallest per-GPU memory, ignoring limits: only to explain infeasibility.
+    PeakMemory,
+}
+
+pub(crate) const NO_PARENT: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    latency: SuffixLatency,
+    peak_memory: f64,
+    stages: u32,
+    parent: u32,
+    /// State the parent entry belongs to (its placement is computed from it).
+    parent_state: u32,
+    layer_start: u32,
+    layer_end: u32,
+    policy: Policy,
+    replicas: u32,
+    /// The strictest memory rule of the run every stage fits under: an
+    /// index into `Dp::rules`.
+    class: u8,
+}
+
+pub(crate) struct StateData {
+    key: State,
+    front: Vec<u32>,
+}
+
+/// One pass's outcome at one micro-batch size: (pass index, micro-batch
+/// size, its best plan, DP states made, stages costed).
+pub(crate) type PassResult = (usize, u32, Option<Found>, usize, u64);
+
+/// A pass's best plan of another stage count at one micro-batch size:
+/// (pass index, micro-batch size, plan).
+pub(crate) type OtherStageCount = (usize, u32, Found);
+
+/// A complete plan found by one DP run, as placement steps from the last
+/// stage to the first.
+pub(crate) struct Found {
+    pub(crate) value: f64,
+    /// (layer_start, layer_end, parent state, policy, replicas), last stage first.
+    pub(crate) stages: Vec<(usize, usize, State, Policy, u32)>,
+}
+
+pub(crate) struct Dp<'c, 'a> {
+    ctx: &'c Context<'a>,
+    coster: StageCoster<'a>,
+    micro_batch: u32,
+    micro_batches: u32,
+    objective: Objective,
+    /// The memory rules (warm-up depths counted in stage memory) this run
+    /// serves at once, loosest first. Each rule's depths are at least the
+    /// previous one's, so a stage that fits under rule c fits under every
+    /// rule before it, and one DP run finds the best plan of each rule.
+    rules: Vec<WarmupPolicy>,
+    /// The best formula value found per rule, shared with other runs; none
+    /// when the run has no bound to prune with.
+    incumbents: Option<&'c [AtomicU64]>,
+    pub(crate) states: Vec<StateData>,
+    /// index[j]: state id of each cluster state whose suffix starts at layer j.
+    index: Vec<FxHashMap<State, u32>>,
+    entries: Vec<Entry>,
+    pub(crate) stages_costed: u64,
+    /// Lower bounds on the forward (and forward+backward) time of layers
+    /// 0..j whatever stages hold them, for pruning.
+    fwd_floor: Vec<f64>,
+    fwd_bwd_floor: Vec<f64>,
+    /// GPU-time floor of layers 0..j: whatever stages hold them, the GPUs
+    /// spend at least this long on them per micro-batch (r GPUs on a stage
+    /// each spend its per-slice time).
+    work_floor: Vec<f64>,
+}
+
+impl<'c, 'a> Dp<'c, 'a> {
+    pub(crate) fn new(
+        ctx: &'c Context<'a>,
+        micro_batch: u32,
+        micro_batches: u32,
+        objective: Objective,
+        rules: Vec<WarmupPolicy>,
+        incumbents: Option<&'c [AtomicU64]>,
+    ) -> Self {
+        debug_assert!(incumbents.is_none_or(|i| i.len() == rules.len()));
+        let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
+        let n = ctx.layers.num_layers;
+        let fastest = ctx
+            .cluster
+            .machines
+            .iter()
+            .map(|m| m.speed)
+            .fold(0.0, f64::max);
+        let max_replicas = ctx.cluster.num_devices().min(micro_batch);
+        let slices: Vec<u32> = {
+            let mut v: Vec<u32> = (1..=max_replicas)
+                .map(|r| largest_slice(micro_batch, r))
+                .collect();
+            v.dedup();
+            v
+        };
+        let mut fwd_floor = vec![0.0; n + 1];
+        let mut fwd_bwd_floor = vec![0.0; n + 1];
+        let mut work_floor = vec![0.0; n + 1];
+        for l in 0..n {
+            let w = (1..=max_replicas.max(1))
+                .map(|r| {
+                    f64::from(r)
+                        * coster.fwd_bwd_lower_bound(
+                            l,
+                            l + 1,
+                            largest_slice(micro_batch, r),
+                            fastest,
+                        )
+                })
+                .fold(f64::INFINITY, f64::min);
+            work_floor[l + 1] = work_floor[l] + w;
+            let f = slices
+                .iter()
+                .map(|&s| coster.fwd_lower_bound(l, l + 1, s, fastest))
+                .fold(f64::INFINITY, f64::min);
+            let fb = slices
+                .iter()
+                .map(|&s| coster.fwd_bwd_lower_bound(l, l + 1, s, fastest))
+                .fold(f64::INFINITY, f64::min);
+            fwd_floor[l + 1] = fwd_floor[l] + f;
+            fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb;
+        }
+        Dp {
+            ctx,
+            coster,
+            micro_batch,
+            micro_batches,
+            objective,
+            rules,
+            incumbents,
+            states: Vec::new(),
+            index: vec![FxHashMap::default(); n + 1],
+            entries: Vec::new(),
+            stages_costed: 0,
+            fwd_floor,
+            fwd_bwd_floor,
+            work_floor,
+        }
+    }
+
+    /// Most GPUs one stage can use: every replica needs a slice of at
+    /// least the smallest allowed size.
+    fn max_replicas(&self) -> u32 {
+        (self.micro_batch / self.ctx.min_slice).min(self.ctx.cluster.num_devices())
+    }
+
+    /// The largest formula value a suffix of class `class` can still be
+    /// useful at: the best plan known under the loosest rule it could
+    /// improve (rules 0..=class), which is the largest of those bounds.
+    fn incumbent(&self, class: u8) -> f64 {
+        self.incumbents.map_or(f64::INFINITY, |all| {
+            all[..=usize::from(class)]
+                .iter()
+                .map(|a| f64::from_bits(a.load(Ordering::Relaxed)))
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
+    }
+
+    /// The largest bound any suffix is pruned against (the largest of the
+    /// rules' best values so far): above it nothing can be useful.
+    fn loosest_incumbent(&self) -> f64 {
+        self.incumbent((self.rules.len() - 1) as u8)
+    }
+
+    /// A complete plan of class `class` is a plan of rules 0..=class.
+    fn offer_incumbent(&self, value: f64, class: u8) {
+        if let Some(all) = self.incumbents {
+            for a in &all[..=usize::from(class)] {
+                let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    (value < f64::from_bits(old)).then_some(value.to_bits())
+                });
+            }
+        }
+    }
+
+    /// Can a suffix with these numbers, still missing layers 0..j, end
+    /// below the best complete plan its class could improve? Only strictly
+    /// worse ones are cut, so ties survive and the result does not depend
+    /// on thread timing. `free`: GPUs left for layers 0..j.
+    fn promising(&self, latency: SuffixLatency, j: usize, free: u32, class: u8) -> bool {
+        if self.objective != Objective::Latency {
+            return true;
+        }
+        self.completion_floor(latency, j, free) <= self.incumbent(class) * (1.0 + 1e-12)
+    }
+
+    /// K_i counted in the memory of a stage with `stages_from_here` stages
+    /// from it to the end under rule `class`.
+    fn rule_warmup(&self, class: usize, stages_from_here: u32) -> u32 {
+        self.rules[class].memory_depth(stages_from_here, self.micro_batches)
+    }
+
+    /// The strictest rule, at most `ceiling`, under which `cost` (computed
+    /// at any depth) fits with `stages_from_here` stages from it on; None
+    /// when it fits under none.
+    fn fitting_class(
+        &self,
+        cost: &crate::cost::StageCost,
+        start: usize,
+        end: usize,
+        stages_from_here: u32,
+        ceiling: u8,
+    ) -> Option<u8> {
+        (0..=ceiling).rev().find(|&c| {
+            let warmup = self.rule_warmup(usize::from(c), stages_from_here);
+            stage_memory_bytes(self.ctx.layers, start, end, cost.slice_size, warmup)
+                <= cost.memory_limit_bytes
+        })
+    }
+
+    /// Ids of the states whose suffix starts at layer `j`, in creation order
+    /// (ids grow as states are made, so sorting restores it).
+    fn states_starting_at(&self, j: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.index[j].values().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    fn state_id(&mut self, start: usize, key: &State) -> u32 {
+        if let Some(&id) = self.index[start].get(key) {
+            return id;
+        }
+        let id = self.states.len() as u32;
+        self.index[start].insert(key.clone(), id);
+        self.states.push(StateData {
+            key: key.clone(),
+            front: Vec::new(),
+        });
+        id
+    }
+
+    /// `a` is at least as good as `b` for every completion of the suffix.
+    fn dominates(&self, a: &Entry, b: &Entry) -> bool {
+        if a.stages > b.stages || a.class < b.class {
+            return false;
+        }
+        match self.objective {
+            Objective::Latency => {
+                a.latency.best <= b.latency.best && a.latency.steady <= b.latency.steady
+            }
+            Objective::PeakMemory => a.peak_memory <= b.peak_memory,
+        }
+    }
+
+    fn insert(&mut self, state: u32, entry: Entry) {
+        let front = &self.states[state as usize].front;
+        if front
+            .iter()
+            .any(|&e| self.dominates(&self.entries[e as usize], &entry))
+        {
+            return;
+        }
+        let keep: Vec<u32> = front
+            .iter()
+            .copied()
+            .filter(|&e| !self.dominates(&entry, &self.entries[e as usize]))
+            .collect();
+        let id = self.entries.len() as u32;
+        self.entries.push(entry);
+        let front = &mut self.states[state as usize].front;
+        *front = keep;
+        front.push(id);
+    }
+
+    /// The best plan under each rule (`rules[c]`), if any fits.
+    pub(crate) fn run(&mut self) -> Vec<Option<Found>> {
+        let n = self.ctx.layers.num_layers;
+        let machines = self.ctx.cluster.group_and_gpus();
+        let root_state = self.state_id(n, &State::empty(&machines));
+        let root = Entry {
+            latency: SuffixLatency::EMPTY,
+            peak_memory: 0.0,
+            stages: 0,
+            parent: NO_PARENT,
+            parent_state: NO_PARENT,
+            layer_start: n as u32,
+            layer_end: n as u32,
+            policy: Policy::FreshFirst,
+            replicas: 0,
+            class: (self.rules.len() - 1) as u8,
+        };
+        self.entries.push(root);
+        self.states[root_state as usize].front.push(0);
+        let max_replicas = self.max_replicas();
+        if self.objective == Objective::Latency {
+            self.seed_incumbent(&machines, max_replicas);
+        }
+        for j in (1..=n).rev() {
+            for sid in self.states_starting_at(j) {
+                self.expand_state(sid, j, max_replicas);
+            }
+        }
+        let finals: Vec<u32> = self
+            .states_starting_at(0)
+            .iter()
+            .flat_map(|&s| self.states[s as usize].front.clone())
+            .collect();
+        (0..self.rules.len())
+            .map(|class| {
+                let best = finals
+                    .iter()
+                    .copied()
+                    .filter(|&e| usize::from(self.entries[e as usize].class) >= class)
+                    .min_by(|&a, &b| {
+                        let (ea, eb) = (&self.entries[a as usize], &self.entries[b as usize]);
+                        self.value(ea)
+                            .total_cmp(&self.value(eb))
+                            .then(ea.stages.cmp(&eb.stages))
+                    })?;
+                Some(self.found(best))
+            })
+            .collect()
+    }
+
+    /// For rule `class`: the best complete plan of each stage count other
+    /// than that of the rule's best plan, best first.
+    pub(crate) fn other_stage_counts(&self, class: usize) -> Vec<Found> {
+        let mut best_per_count: Vec<Option<u32>> = Vec::new();
+        for s in self.states_starting_at(0) {
+            for &e in &self.states[s as usize].front {
+                let entry = &self.entries[e as usize];
+                if usize::from(entry.class) < class {
+                    continue;
+                }
+                let count = entry.stages as usize;
+                if best_per_count.len() <= count {
+                    best_per_count.resize(count + 1, None);
+                }
+                let slot = &mut best_per_count[count];
+                if slot.is_none_or(|b| self.value(entry) < self.value(&self.entries[b as usize])) {
+                    *slot = Some(e);
+                }
+            }
+        }
+        let mut found: Vec<Found> = best_per_count
+            .into_iter()
+            .flatten()
+            .map(|e| self.found(e))
+            .collect();
+        found.sort_by(|a, b| {
+            a.value
+                .total_cmp(&b.value)
+                .then(a.stages.len().cmp(&b.stages.len()))
+        });
+        found.into_iter().skip(1).collect()
+    }
+
+    /// The plan ending in entry `best`, as placement steps.
+    fn found(&self, best: u32) -> Found {
+        let value = self.value(&self.entries[best as usize]);
+        let mut stages = Vec::new();
+        let mut cur = best;
+        while self.entries[cur as usize].parent != NO_PARENT {
+            let e = self.entries[cur as usize];
+            let parent_key = self.states[e.parent_state as usize].key.clone();
+            stages.push((
+                e.layer_start as usize,
+                e.layer_end as usize,
+                parent_key,
+                e.policy,
+                e.replicas,
+            ));
+            cur = e.parent;
+        }
+        stages.reverse(); // last pipeline stage first, the order they were placed
+        Found { value, stages }
+    }
+
+    fn value(&self, e: &Entry) -> f64 {
+        match self.objective {
+            Objective::Latency => e.latency.best,
+            Objective::PeakMemory => e.peak_memory,
+        }
+    }
+
+    /// Cost a few simple plans (k equal-work stages of G/k GPUs each,
+    /// fresh-first) so that pruning has a bound from the start.
+    fn seed_incumbent(&mut self, machines: &[(usize, u32)], max_replicas: u32) {
+        let n = self.ctx.layers.num_layers;
+        let g = self.ctx.cluster.num_devices();
+        for k in (1..=g.min(n as u32)).filter(|k| g.is_multiple_of(*k)) {
+            let r = g / k;
+            if r > max_replicas {
+                continue;
+            }
+            // Cut where the running work passes each k-th of the total.
+            let slice = largest_slice(self.micro_batch, r);
+            let work = |a: usize, b: usize| self.coster.fwd_bwd_lower_bound(a, b, slice, 1.0);
+            let total = work(0, n);
+            let mut bounds = vec![0usize];
+            for s in 1..k as usize {
+                let target = total * s as f64 / f64::from(k);
+                let prev = *bounds.last().unwrap();
+                let mut cut = prev + 1;
+                while cut < n - (k as usize - s) && work(0, cut) < target {
+                    cut += 1;
+                }
+                bounds.push(cut);
+            }
+            bounds.push(n);
+            let mut state = State::empty(machines);
+            let mut latency = SuffixLatency::EMPTY;
+            let mut adjacent: Alloc = Vec::new();
+            let mut class = Some((self.rules.len() - 1) as u8);
+            for (idx, w) in bounds.windows(2).enumerate().rev() {
+                // Only plans of the search space: a bound from outside it
+                // could prune every plan inside it.
+                let Some((_, counts)) = self.ctx.placements(&state, r).into_iter().next() else {
+                    class = None;
+                    break;
+                };
+                let alloc = counts_to_alloc(&counts);
+                let stages_from_here = k - idx as u32;
+                let cost = self.coster.stage(w[0], w[1], &alloc, 1, k == 1);
+                class =
+                    class.and_then(|c| self.fitting_class(&cost, w[0], w[1], stages_from_here, c));
+                if class.is_none() {
+                    break;
+                }
+                if !adjacent.is_empty() {
+                    let t = self.coster.transfer(w[1], &alloc, &adjacent);
+                    latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
+                }
+                latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+                let next = state.taken(&counts);
+                adjacent = next.adjacent_alloc();
+                state = next;
+            }
+            if let Some(class) = class {
+                self.offer_incumbent(latency.best, class);
+            }
+        }
+    }
+
+    /// Prepend every possible stage to every suffix of state `sid` (which
+    /// starts at layer `j`). Work that does not depend on the suffix (the
+    /// placement, the transfer, the stage cost for a given warm-up depth)
+    /// is done once per state, not once per suffix.
+    fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
+        let key = self.states[sid as usize].key.clone();
+        let free = key.free();
+        let adjacent = key.adjacent_alloc();
+        let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
+            .front
+            .iter()
+            .map(|&e| (e, self.entries[e as usize]))
+            .filter(|(_, e)| self.promising(e.latency, j, free, e.class))
+            .collect();
+        if suffixes.is_empty() {
+            return;
+        }
+        suffixes.sort_by_key(|(_, e)| e.stages);
+        let is_root = suffixes[0].1.stages == 0;
+        struct Candidate {
+            replicas: u32,
+            policy: Policy,
+            devices: StageDevices,
+            next_key: State,
+            transfer_ms: f64,
+            /// Where the stage may start: `first..end`.
+            first: usize,
+            end: usize,
+        }
+        let m = f64::from(self.micro_batches);
+        let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
+        let mut options: Vec<Candidate> = Vec::new();
+        for r in 1..=free.min(max_replicas) {
+            // Where the stage may start: a stage that takes every GPU left
+            // is the first one; any other may be too, leaving the rest idle
+            // (a plan need not use every GPU: over a slow network fewer GPUs
+            // can be faster).
+            let starts = self.ctx.starts(r, free, j, max_replicas);
+            let (first, last) = (*starts.start(), *starts.end());
+            // The layers in front of the stage keep some GPU busy for at
+            // least M * work_floor[i] / (GPUs left) (a term of the
+            // completion floor), which grows with i: drop the starts where
+            // that alone is above every bound, before placing or costing.
+            let left = free - r;
+            let end = if self.objective == Objective::Latency && left > 0 && first <= last {
+                let floor_above = f64::from(left) * prune_above / m;
+                first + self.work_floor[first..=last].partition_point(|&w| w <= floor_above)
+            } else {
+                last + 1
+            };
+            if first >= end {
+                continue;
+            }
+            for (policy, counts) in self.ctx.placements(&key, r) {
+                let alloc = counts_to_alloc(&counts);
+                let transfer_ms = if is_root {
+                    0.0
+                } else {
+                    self.coster.transfer(j, &alloc, &adjacent)
+                };
+                let next_key = key.taken(&counts);
+                options.push(Candidate {
+                    replicas: r,
+                    policy,
+                    devices: StageDevices::new(self.ctx.cluster, alloc),
+                    next_key,
+                    transfer_ms,
+                    first,
+                    end,
+                });
+            }
+        }
+        for opt in &options {
+            // Grow the new stage i..j one layer at a time. Its time and memory
+            // only grow, so once it alone is slower than the best plan known or
+            // does not fit, no larger stage will.
+            for i in (opt.first..opt.end).rev() {
+                let mut next: Option<u32> = None;
+                // Time does not depend on the warm-up depth, memory is
+                // checked per rule below: cost the stage once.
+                let only_stage = i == 0 && suffixes[0].1.stages == 0;
+                let cost = self.coster.stage_on(i, j, &opt.devices, 1, only_stage);
+                self.stages_costed += 1;
+                let loosest_bound = self.loosest_incumbent();
+                let mut stop_growing = false;
+                for (k, &(eid, entry)) in suffixes.iter().enumerate() {
+                    let stages = entry.stages + 1;
+                    let class = match self.fitting_class(&cost, i, j, stages, entry.class) {
+                        Some(class) => class,
+                        // Peak memory ignores limits (to explain infeasibility).
+                        None if self.objective == Objective::PeakMemory => 0,
+                        None => {
+                            // Not even under the loosest rule. More stages
+                            // behind means more micro-batches in flight: the
+                            // remaining suffixes need more memory.
+                            stop_growing |= k == 0;
+                            break;
+                        }
+                    };
+                    if self.objective == Objective::Latency {
+                        let slowest = m * (cost.fwd_ms + cost.bwd_ms);
+                        if slowest > loosest_bound * (1.0 + 1e-12) {
+                            stop_growing |= k == 0;
+                            break;
+                        }
+                        if slowest > self.incumbent(class) * (1.0 + 1e-12) {
+                            continue;
+                        }
+                    }
+                    let memory_bytes = stage_memory_bytes(
+                        self.ctx.layers,
+                        i,
+                        j,
+                        cost.slice_size,
+                        self.rule_warmup(usize::from(class), stages),
+                    );
+                    let mut latency = entry.latency;
+                    if entry.stages > 0 {
+                        let t = opt.transfer_ms;
+                        latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
+                    }
+                    latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+                    if !self.promising(latency, i, free - opt.replicas, class) {
+                        continue;
+                    }
+                    if i == 0 && self.objective == Objective::Latency {
+                        self.offer_incumbent(latency.best, class);
+                    }
+                    let target = match next {
+                        Some(t) => t,
+                        None => {
+                            let t = self.state_id(i, &opt.next_key);
+                            next = Some(t);
+                            t
+                        }
+                    };
+                    self.insert(
+                        target,
+                        Entry {
+                            latency,
+                            peak_memory: entry.peak_memory.max(memory_bytes),
+                            stages,
+                            parent: eid,
+                            parent_state: sid,
+                            layer_start: i as u32,
+                            layer_end: j as u32,
+                            policy: opt.policy,
+                            replicas: opt.replicas,
+                            class,
+                        },
+                    );
+                }
+                if stop_growing {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One placement step of a layout being built from the back:
+/// (layer_start, layer_end, state before, policy, replicas).
+pub(crate) type Step = (usize, usize, State, Policy, u32);
+
+/// Depth-first enumeration of every layout whose formula (2) value is
+/// below a bound that only falls (`LayoutWalk::bound`). Each complete
+/// layout goes to `visit`, which returns the new bound (the best simulated
+/// time so far). Stops early, incomplete (`complete` false), when
+/// `nodes_left` or `work_left` runs out.
+pub(crate) struct LayoutWalk<'w, F: FnMut(&[Step], f64) -> f64> {
+    pub(crate) bound: f64,
+    pub(crate) nodes_left: u64,
+    /// Simulated tasks the costing of complete layouts may still take
+    /// (choosing one layout's warm-up depths simulates it many times).
+    pub(crate) work_left: &'w std::cell::Cell<u64>,
+    pub(crate) complete: bool,
+    pub(crate) visit: &'w mut F,
+}
+
+impl Dp<'_, '_> {
+    /// Walk every layout of this micro-batch size whose bound is below
+    /// `walk.bound`; `walk.complete` says whether it finished within budget.
+    pub(crate) fn walk_layouts<F: FnMut(&[Step], f64) -> f64>(&mut self, walk: &mut LayoutWalk<F>) {
+        let n = self.ctx.layers.num_layers;
+        let machines = self.ctx.cluster.group_and_gpus();
+        let max_replicas = self.max_replicas();
+        let mut steps = Vec::new();
+        self.walk_from(
+            n,
+            &State::empty(&machines),
+            SuffixLatency::EMPTY,
+            0,
+            max_replicas,
+            &mut steps,
+            walk,
+        );
+    }
+
+    /// Smallest formula value any completion of this suffix (still missing
+    /// layers 0..j, with `free` GPUs left) can have.
+    fn completion_floor(&self, latency: SuffixLatency, j: usize, free: u32) -> f64 {
+        let mut floor =
+            (latency.best + self.fwd_floor[j]).max(latency.steady + self.fwd_bwd_floor[j]);
+        if j > 0 && free > 0 {
+            // Some stage of the prefix does at least its share of the work
+            // M times, and formula (2) is at least M (F_q + B_q) for each q.
+            floor = floor.max(f64::from(self.micro_batches) * self.work_floor[j] / f64::from(free));
+        }
+        floor
+    }
+
+    /// Extend the suffix (layers `j..`, on the GPUs `state` has used) by
+    /// every stage that could lead below the bound, most promising first, so
+    /// that fast plans are found early and lower the bound for the rest.
+    #[allow(clippy::too_many_arguments)]
+    fn walk_from<F: FnMut(&[Step], f64) -> f64>(
+        &mut self,
+        j: usize,
+        state: &State,
+        latency: SuffixLatency,
+        stages: u32,
+        max_replicas: u32,
+        steps: &mut Vec<Step>,
+        walk: &mut LayoutWalk<F>,
+    ) {
+        struct Child {
+            floor: f64,
+            start: usize,
+            policy: Policy,
+            replicas: u32,
+            next: State,
+            latency: SuffixLatency,
+        }
+        let free = state.free();
+        let adjacent = state.adjacent_alloc();
+        let m = f64::from(self.micro_batches);
+        let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
+        let mut children: Vec<Child> = Vec::new();
+        for r in 1..=free.min(max_replicas) {
+            for (policy, counts) in self.ctx.placements(state, r) {
+                let alloc = counts_to_alloc(&counts);
+                let transfer = if stages == 0 {
+                    None
+                } else {
+                    Some(self.coster.transfer(j, &alloc, &adjacent))
+                };
+                let next = state.taken(&counts);
+                let starts = self.ctx.starts(r, free, j, max_replicas);
+                for i in starts.rev() {
+                    if walk.nodes_left == 0 {
+                        walk.complete = false;
+                        return;
+                    }
+                    walk.nodes_left -= 1;
+                    let cost = self
+                        .coster
+                        .stage(i, j, &alloc, warmup, i == 0 && stages == 0);
+                    self.stages_costed += 1;
+                    // A longer stage is no faster and no smaller.
+                    if !cost.fits() || m * (cost.fwd_ms + cost.bwd_ms) >= walk.bound {
+                        break;
+                    }
+                    let mut l = latency;
+                    if let Some(t) = transfer {
+                        l = l.prepend(PipeStage::transfer(t), self.micro_batches);
+                    }
+                    l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
+                    let floor = self.completion_floor(l, i, free - r);
+                    if floor < walk.bound {
+                        children.push(Child {
+                            floor,
+                            start: i,
+                            policy,
+                            replicas: r,
+                            next: next.clone(),
+                            latency: l,
+                        });
+                    }
+                }
+            }
+        }
+        // Stable: equal floors keep the order they were made in.
+        children.sort_by(|a, b| a.floor.total_cmp(&b.floor));
+        for c in children {
+            if !walk.complete {
+                return;
+            }
+            if c.floor >= walk.bound {
+                break; // sorted: no later child is below the bound either
+            }
+            steps.push((c.start, j, state.clone(), c.policy, c.replicas));
+            if c.start == 0 {
+                if walk.work_left.get() == 0 {
+                    walk.complete = false;
+                    steps.pop();
+                    return;
+                }
+                walk.bound = (walk.visit)(steps, c.latency.best).min(walk.bound);
+            } else {
+                self.walk_from(
+                    c.start,
+                    &c.next,
+                    c.latency,
+                    stages + 1,
+                    max_replicas,
+                    steps,
+                    walk,
+                );
+            }
+            steps.pop();
+        }
+    }
+}
+
+/// Turn placement steps on canonical states into concrete device ids:
+/// replay them while tracking which real machine each canonical position
+/// is, then number machines of a group and GPUs of a machine in pipeline
+/// order, so stage 0 starts at device 0.
+pub(crate) fn concrete_allocs(
+    cluster: &Cluster,
+    steps: &[(usize, usize, State, Policy, u32)],
+    replay: impl Fn(&State, u32, Policy) -> Vec<u32>,
+) -> Vec<Alloc> {
+    let mut position_to_machine: Vec<usize> = (0..cluster.machines.len()).collect();
+    let mut per_stage: Vec<Alloc> = Vec::new();
+    for (_, _, parent, policy, replicas) in steps {
+        let counts = replay(parent, *replicas, *policy);
+        let mut alloc: Alloc = counts_to_alloc(&counts)
+            .into_iter()
+            .map(|(p, c)| (position_to_machine[p], c))
+            .collect();
+        alloc.sort_unstable();
+        per_stage.push(alloc);
+        let (_, order) = parent.take(&counts);
+        position_to_machine = order.iter().map(|&p| position_to_machine[p]).collect();
+    }
+    per_stage.reverse(); // pipeline order
+                         // Relabel machines within each group by first use in pipeline order.
+    let groups: Vec<usize> = cluster.machines.iter().map(|m| m.group).collect();
+    let mut relabel: Vec<Option<usize>> = vec![None; groups.len()];
+    let mut next_in_group: HashMap<usize, usize> = HashMap::new();
+    for alloc in &per_stage {
+        for &(m, _) in alloc {
+            if relabel[m].is_none() {
+                let g = groups[m];
+                let first_of_group = groups.iter().position(|&x| x == g).unwrap();
+                let k = next_in_group.entry(g).or_insert(0);
+                relabel[m] = Some(first_of_group + *k);
+                *k += 1;
+            }
+        }
+    }
+    per_stage
+        .into_iter()
+        .map(|a| {
+            let mut v: Alloc = a
+                .into_iter()
+                .map(|(m, c)| (relabel[m].expect("used machine"), c))
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect()
+}
