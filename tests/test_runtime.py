@@ -27,10 +27,11 @@ def test_early_backward_two_stages():
     )
 
 
-def layout_plan(mbs, stages, kind="early-backward-1f1b", policy="A", depths=None, gbs=None):
+def layout_plan(mbs, stages, kind="early-backward-1f1b", policy="A", depths=None, gbs=None, slices=None):
     """A validated plan (the core checks it as it would a file) on 8
     devices; stages are (layer_start, layer_end, devices); K_i by ``policy``
-    (M for gpipe) unless ``depths`` gives them (policy auto)."""
+    (M for gpipe) unless ``depths`` gives them (policy auto); ``slices``:
+    each stage's own slices (None for the even split)."""
     import planner
 
     m = (gbs or GBS) // mbs
@@ -50,7 +51,8 @@ def layout_plan(mbs, stages, kind="early-backward-1f1b", policy="A", depths=None
         "micro_batches": m,
         "schedule": {"kind": kind, "warmup_policy": "auto" if depths else policy},
         "stages": [
-            {"layer_start": a, "layer_end": b, "devices": devs, "warmup_micro_batches": depth(i)}
+            {"layer_start": a, "layer_end": b, "devices": devs, "warmup_micro_batches": depth(i),
+             **({"slices": slices[i]} if slices and slices[i] else {})}
             for i, (a, b, devs) in enumerate(stages)
         ],
     })
@@ -153,6 +155,10 @@ CASES = {
     "dp-3": plan(4, [(0, 5, [0, 1, 2])]),
     # GPipe order, 2:1 replication
     "gpipe-2:1": plan(3, [(0, 2, [0, 1]), (2, 5, [2])], kind="gpipe"),
+    # uneven slices (Whale's balancing on mixed GPUs): data parallelism 1+1+2,
+    # and 2:1 with the first stage split 3+1 while the second takes all 4
+    "dp-3-uneven": layout_plan(4, [(0, 5, [0, 1, 2])], slices=[[1, 1, 2]]),
+    "2:1-uneven": layout_plan(4, [(0, 3, [0, 1]), (3, 5, [2])], slices=[[3, 1], None]),
     # searched warm-up depths (policy auto), deeper than policy B and not 1 at the end
     "auto-K-1:1:1": layout_plan(2, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])], depths=[5, 2, 2]),
 }

@@ -15,6 +15,7 @@
 
 use rayon::prelude::*;
 
+use crate::balance::{balanced_slices, BalanceDevice};
 use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
@@ -36,26 +37,43 @@ crate::named_enum! {
         Straight = "straight",
         /// PipeDream's own optimizer (`pipedream.rs`), run synchronously.
         PipeDream = "pipedream-planner",
+        /// Whale's hardware-aware data parallelism: every GPU runs the whole
+        /// model on a slice balanced by speed within memory (`balance.rs`).
+        WhaleDataParallel = "whale-data-parallel",
+        /// Whale's hardware-aware pipeline (section 3.3.2): GPUs ordered by
+        /// memory, largest first (earlier stages hold more micro-batches),
+        /// as many stages as the largest machine has GPUs, each replicated
+        /// over an equal share of the GPUs, layers split so that work over
+        /// each stage's total speed is even, slices balanced within stages.
+        WhalePipeline = "whale-pipeline",
     }
 }
 
 /// Contiguous split of `weights` into `parts` blocks minimising the largest
 /// block sum (block partition of a sequence), as (start, end) ranges.
 pub fn block_partition(weights: &[f64], parts: usize) -> Vec<(usize, usize)> {
+    let parts = parts.clamp(1, weights.len().max(1));
+    weighted_block_partition(weights, &vec![1.0; parts])
+}
+
+/// Contiguous split of `weights` into one block per capacity, in order,
+/// minimising the largest block sum over its capacity: the slowest stage
+/// when block k runs at speed `capacities[k]`.
+pub fn weighted_block_partition(weights: &[f64], capacities: &[f64]) -> Vec<(usize, usize)> {
     let n = weights.len();
-    let parts = parts.clamp(1, n.max(1));
+    let parts = capacities.len().clamp(1, n.max(1));
     let mut prefix = vec![0.0; n + 1];
     for (i, w) in weights.iter().enumerate() {
         prefix[i + 1] = prefix[i] + w;
     }
-    // best[k][j]: smallest largest-block over splits of the first j items into k blocks.
+    // best[k][j]: smallest largest block time over splits of the first j items into k blocks.
     let mut best = vec![vec![f64::INFINITY; n + 1]; parts + 1];
     let mut cut = vec![vec![0usize; n + 1]; parts + 1];
     best[0][0] = 0.0;
     for k in 1..=parts {
         for j in k..=n {
             for i in (k - 1)..j {
-                let v = best[k - 1][i].max(prefix[j] - prefix[i]);
+                let v = best[k - 1][i].max((prefix[j] - prefix[i]) / capacities[k - 1]);
                 if v < best[k][j] {
                     best[k][j] = v;
                     cut[k][j] = i;
@@ -105,7 +123,7 @@ fn layout(
     let n = layers.num_layers;
     let g = cluster.num_devices();
     Ok(match kind {
-        Baseline::DataParallel => vec![(0, n, (0..g).collect())],
+        Baseline::DataParallel | Baseline::WhaleDataParallel => vec![(0, n, (0..g).collect())],
         Baseline::GPipe | Baseline::Straight => {
             let t = layers.times_at(min_slice);
             let work: Vec<f64> = (0..n).map(|l| t.fwd(l, l + 1) + t.bwd(l, l + 1)).collect();
@@ -116,7 +134,41 @@ fn layout(
                 .collect()
         }
         Baseline::PipeDream => pipedream_layout(profile, layers, cluster, min_slice)?,
+        Baseline::WhalePipeline => whale_pipeline_layout(layers, cluster, min_slice),
     })
+}
+
+/// Whale's pipeline (`Baseline::WhalePipeline`) on this cluster.
+fn whale_pipeline_layout(layers: &LayerCosts, cluster: &Cluster, min_slice: u32) -> Layout {
+    let n = layers.num_layers;
+    let mut devices: Vec<u32> = (0..cluster.num_devices()).collect();
+    let machine =
+        |d: u32| &cluster.machines[cluster.machine_of(d).expect("a device of the cluster")];
+    devices.sort_by(|&a, &b| {
+        machine(b)
+            .memory_bytes
+            .total_cmp(&machine(a).memory_bytes)
+            .then(a.cmp(&b))
+    });
+    let largest_machine = cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1);
+    let stages = (largest_machine as usize).clamp(1, n.max(1));
+    let replicas = devices.len() / stages;
+    let groups: Vec<Vec<u32>> = devices
+        .chunks(replicas)
+        .take(stages)
+        .map(<[u32]>::to_vec)
+        .collect();
+    let capacities: Vec<f64> = groups
+        .iter()
+        .map(|g| g.iter().map(|&d| machine(d).speed).sum())
+        .collect();
+    let t = layers.times_at(min_slice);
+    let work: Vec<f64> = (0..n).map(|l| t.fwd(l, l + 1) + t.bwd(l, l + 1)).collect();
+    weighted_block_partition(&work, &capacities)
+        .into_iter()
+        .zip(groups)
+        .map(|((s, e), g)| (s, e, g))
+        .collect()
 }
 
 /// Work above which the PipeDream baseline refuses to plan: its dynamic
@@ -343,12 +395,41 @@ pub fn baseline_layouts(
         kind.name(),
         None,
     );
-    Ok(layout_at_every_size(
-        &inputs,
-        &stages,
-        baseline_schedule(kind),
-        policy,
-    ))
+    let mut plans = layout_at_every_size(&inputs, &stages, baseline_schedule(kind), policy);
+    if matches!(kind, Baseline::WhaleDataParallel | Baseline::WhalePipeline) {
+        for plan in &mut plans {
+            balance_slices(plan, &layers, &cluster, min_slice);
+        }
+    }
+    Ok(plans)
+}
+
+/// Each stage's slices by Whale's Algorithm 1 (`balance.rs`): in proportion
+/// to its GPUs' speeds, then shifted within their memories, counting the
+/// stage's K_i micro-batches in flight. A stage that cannot be balanced
+/// keeps the even split (its estimate then says it does not fit); on GPUs
+/// of one kind the balanced split is the even one.
+fn balance_slices(plan: &mut Plan, layers: &LayerCosts, cluster: &Cluster, min_slice: u32) {
+    let micro_batch = plan.micro_batch_size;
+    for stage in &mut plan.stages {
+        let (start, end) = (stage.layer_start, stage.layer_end);
+        let devices: Vec<BalanceDevice> = stage
+            .devices
+            .iter()
+            .map(|&d| {
+                let machine =
+                    &cluster.machines[cluster.machine_of(d).expect("a layout's own device")];
+                BalanceDevice {
+                    speed: machine.speed,
+                    memory_bytes: machine.memory_bytes,
+                    fixed_bytes: layers.model_state_bytes(start, end),
+                    bytes_per_sample: f64::from(stage.warmup_micro_batches)
+                        * layers.stored_bytes_per_sample(start, end),
+                }
+            })
+            .collect();
+        stage.slices = balanced_slices(&devices, micro_batch, min_slice).ok();
+    }
 }
 
 fn baseline_schedule(kind: Baseline) -> ScheduleKind {
@@ -403,6 +484,7 @@ fn layout_at_every_size(
                         )
                         .unwrap_or(1),
                         placement: None,
+                        slices: None,
                     })
                     .collect(),
             )

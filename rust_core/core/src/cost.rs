@@ -67,6 +67,13 @@ impl Cluster {
         self.machines.iter().map(|m| m.gpus).sum()
     }
 
+    /// Whether GPUs differ in speed or memory.
+    pub fn is_mixed(&self) -> bool {
+        self.machines
+            .windows(2)
+            .any(|w| w[0].speed != w[1].speed || w[0].memory_bytes != w[1].memory_bytes)
+    }
+
     /// Index of the machine that holds GPU `device`.
     pub fn machine_of(&self, device: u32) -> Option<usize> {
         self.machines
@@ -300,12 +307,18 @@ pub fn smallest_memory(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
 /// exactly so (`layout.rs`); the cost model prices the largest slice.
 pub fn slice_ranges(micro_batch: u32, replicas: u32) -> Vec<(u32, u32)> {
     let (size, extra) = (micro_batch / replicas, micro_batch % replicas);
+    let sizes: Vec<u32> = (0..replicas).map(|j| size + u32::from(j < extra)).collect();
+    ranges_of(&sizes)
+}
+
+/// Contiguous `[start, end)` ranges of slices of these sizes, in order.
+pub fn ranges_of(sizes: &[u32]) -> Vec<(u32, u32)> {
     let mut start = 0;
-    (0..replicas)
-        .map(|j| {
-            let end = start + size + u32::from(j < extra);
-            let range = (start, end);
-            start = end;
+    sizes
+        .iter()
+        .map(|&size| {
+            let range = (start, start + size);
+            start += size;
             range
         })
         .collect()
@@ -577,6 +590,14 @@ pub struct StageCoster<'a> {
     times: Vec<TimePrefix>,
 }
 
+/// The replica of a stage that finishes last: its times (at its slice) and
+/// its GPU's speed.
+#[derive(Clone, Copy)]
+struct Pace<'t> {
+    times: &'t TimePrefix,
+    speed: f64,
+}
+
 /// The cost of one computation stage on its devices: what the search
 /// prices, and what a plan's estimate records per stage
 /// (`estimate.stages[i]`, with the simulated `bubble_ms`).
@@ -596,7 +617,9 @@ pub struct StageCost {
     pub memory_bytes: f64,
     /// Memory of the stage's smallest GPU.
     pub memory_limit_bytes: f64,
-    /// Samples per replica of a micro-batch (the largest slice when uneven).
+    /// Samples per replica of a micro-batch: with even slices the largest;
+    /// with a stage's own `slices`, those of the device with the least room
+    /// (the one `memory_bytes` is of).
     pub slice_size: u32,
     /// Simulated time the stage's GPUs do no forward or backward work; set
     /// where a plan is simulated, not by the cost model.
@@ -671,10 +694,84 @@ impl<'a> StageCoster<'a> {
         only_stage: bool,
     ) -> StageCost {
         let slice = largest_slice(self.micro_batch, devices.replicas);
-        let times = self.times(slice);
-        let speed = devices.speed;
-        let fwd_ms = times.fwd(start, end) / speed;
-        let bwd_ms = times.bwd(start, end) / speed;
+        let pace = Pace {
+            times: self.times(slice),
+            speed: devices.speed,
+        };
+        self.priced(
+            start,
+            end,
+            devices,
+            &pace,
+            only_stage,
+            (slice, devices.memory_limit_bytes, warmup),
+        )
+    }
+
+    /// [`StageCoster::stage`] with device `devices[j]` taking `slices[j]`
+    /// samples of each micro-batch (uneven slices on mixed GPUs). Each
+    /// replica computes its own slice at its own speed; the stage is as
+    /// fast as its slowest replica (the next stage needs every slice), so
+    /// its times are the largest replica's. Its memory is that of the
+    /// device closest to its limit, with that device's slice and limit.
+    pub fn stage_sliced(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &[u32],
+        slices: &[u32],
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
+        let alloc = self.cluster.alloc_of(devices).expect("checked devices");
+        let stage = StageDevices::new(self.cluster, alloc);
+        let machine =
+            |d: u32| &self.cluster.machines[self.cluster.machine_of(d).expect("checked device")];
+        // The replica that finishes last, and the device with the least room.
+        let time = |j: usize| {
+            let times = self.layers.times_at(slices[j]);
+            times.fwd(start, end) / machine(devices[j]).speed
+                + times.bwd(start, end) / machine(devices[j]).speed
+        };
+        let slowest = (0..devices.len())
+            .max_by(|&a, &b| time(a).total_cmp(&time(b)))
+            .expect("a stage has devices");
+        let fullness = |j: usize| {
+            stage_memory_bytes(self.layers, start, end, slices[j], warmup)
+                / machine(devices[j]).memory_bytes
+        };
+        let fullest = (0..devices.len())
+            .max_by(|&a, &b| fullness(a).total_cmp(&fullness(b)))
+            .expect("a stage has devices");
+        let pace = Pace {
+            times: &self.layers.times_at(slices[slowest]),
+            speed: machine(devices[slowest]).speed,
+        };
+        let limit = machine(devices[fullest]).memory_bytes;
+        self.priced(
+            start,
+            end,
+            &stage,
+            &pace,
+            only_stage,
+            (slices[fullest], limit, warmup),
+        )
+    }
+
+    /// The cost of layers `start..end` on `devices` at the pace of the
+    /// replica that finishes last, with the memory of `(slice, limit,
+    /// warmup)`: the device with the least room holds `warmup` slices of
+    /// `slice` samples in `limit` bytes.
+    fn priced(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        pace: &Pace,
+        only_stage: bool,
+        (slice, limit, warmup): (u32, f64, u32),
+    ) -> StageCost {
+        let Pace { times, speed } = *pace;
         let allreduce = devices.allreduce.ms(self.layers.param_bytes(start, end));
         let exposed = if only_stage && devices.replicas > 1 {
             exposed_allreduce_with_overlap(
@@ -689,12 +786,12 @@ impl<'a> StageCoster<'a> {
             allreduce
         };
         StageCost {
-            fwd_ms,
-            bwd_ms,
+            fwd_ms: times.fwd(start, end) / speed,
+            bwd_ms: times.bwd(start, end) / speed,
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
-            memory_limit_bytes: devices.memory_limit_bytes,
+            memory_limit_bytes: limit,
             slice_size: slice,
             bubble_ms: None,
         }
@@ -729,6 +826,61 @@ impl<'a> StageCoster<'a> {
 
 #[cfg(test)]
 mod tests {
+    /// Two machines of 2 GPUs: the second group's GPUs at `speed` and
+    /// `memory` bytes.
+    fn mixed(speed: f64, memory: u64) -> Topology {
+        let mut t = Topology::from_spec("2x2-nvlink").unwrap();
+        let mut slow = t.machine_groups[0].clone();
+        t.machine_groups[0].machines = 1;
+        slow.machines = 1;
+        slow.gpu.relative_speed = speed;
+        slow.gpu.memory_bytes = memory;
+        slow.gpu.gpu_type = "slow".into();
+        t.machine_groups.push(slow);
+        t
+    }
+
+    #[test]
+    fn even_slices_given_cost_what_the_even_split_costs() {
+        let p = crate::profile::chain_profile(&[(1.0, 2.0), (3.0, 4.0), (2.0, 2.0)], 1);
+        let layers = LayerCosts::new(&p);
+        let t = Topology::from_spec("1x4-nvlink").unwrap();
+        let cluster = Cluster::new(&t);
+        let coster = StageCoster::new(&layers, &cluster, 8, 4);
+        let even = coster.stage(0, 3, &[(0, 4)], 2, false);
+        let given = coster.stage_sliced(0, 3, &[0, 1, 2, 3], &[2, 2, 2, 2], 2, false);
+        assert_eq!(even, given);
+    }
+
+    #[test]
+    fn uneven_slices_follow_each_replica_speed_and_memory() {
+        // Time linear in the batch: 1 ms forward and 2 ms backward per sample.
+        let p = crate::profile::chain_profile(&[(1.0, 2.0)], 1);
+        let layers = LayerCosts::new(&p);
+        let t = mixed(0.5, 16 << 30);
+        let cluster = Cluster::new(&t);
+        let coster = StageCoster::new(&layers, &cluster, 12, 1);
+        // Devices 0, 1 at speed 1; 2, 3 at speed 0.5. Even: 3 samples each,
+        // the slow ones take 3 / 0.5 = 6 ms forward. Balanced 4, 4, 2, 2:
+        // every replica 4 ms.
+        let even = coster.stage_sliced(0, 1, &[0, 1, 2, 3], &[3, 3, 3, 3], 1, false);
+        let balanced = coster.stage_sliced(0, 1, &[0, 1, 2, 3], &[4, 4, 2, 2], 1, false);
+        assert_eq!((even.fwd_ms, even.bwd_ms), (6.0, 12.0));
+        assert_eq!((balanced.fwd_ms, balanced.bwd_ms), (4.0, 8.0));
+        // The lock-step cost of the even split is the slowest GPU at the largest slice.
+        assert_eq!(coster.stage(0, 1, &[(0, 2), (1, 2)], 1, false).fwd_ms, 6.0);
+        // Memory: the fuller device is a fast one (4 samples, same limits).
+        assert_eq!(balanced.slice_size, 4);
+        let small = mixed(0.5, 1 << 20);
+        let cluster = Cluster::new(&small);
+        let coster = StageCoster::new(&layers, &cluster, 12, 1);
+        let tight = coster.stage_sliced(0, 1, &[0, 1, 2, 3], &[4, 4, 2, 2], 1, false);
+        assert_eq!(
+            (tight.slice_size, tight.memory_limit_bytes),
+            (2, f64::from(1 << 20))
+        );
+    }
+
     #[test]
     fn slices_are_contiguous_larger_first_and_priced_by_their_extremes() {
         assert_eq!(slice_ranges(5, 3), vec![(0, 2), (2, 4), (4, 5)]);

@@ -52,15 +52,49 @@ pub(crate) fn stage_costs(
         if i > 0 {
             transfers_ms.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
         }
-        stages.push(coster.stage(
-            s.layer_start,
-            s.layer_end,
-            alloc,
-            s.warmup_micro_batches,
-            overlap,
-        ));
+        stages.push(match &s.slices {
+            Some(slices) => coster.stage_sliced(
+                s.layer_start,
+                s.layer_end,
+                &s.devices,
+                slices,
+                s.warmup_micro_batches,
+                overlap,
+            ),
+            None => coster.stage(
+                s.layer_start,
+                s.layer_end,
+                alloc,
+                s.warmup_micro_batches,
+                overlap,
+            ),
+        });
     }
     (stages, transfers_ms)
+}
+
+/// A stage's own slices: one per device, each at least `min_slice`,
+/// summing to the micro-batch.
+fn check_slices(slices: &[u32], devices: usize, micro_batch: u32, min_slice: u32) -> Result<()> {
+    if slices.len() != devices {
+        return Err(Error::invalid(format!(
+            "{} slices for {devices} devices: give one per device, in the order of devices",
+            slices.len()
+        )));
+    }
+    if let Some((j, &small)) = slices.iter().enumerate().find(|(_, &s)| s < min_slice) {
+        return Err(Error::invalid(format!(
+            "slice {j} has {small} samples, below the minimum {min_slice} (the profile's smallest \
+             measured batch size unless --min-micro-batch-size says otherwise)"
+        )));
+    }
+    let total: u64 = slices.iter().map(|&s| u64::from(s)).sum();
+    if total != u64::from(micro_batch) {
+        return Err(Error::invalid(format!(
+            "value {slices:?} adds up to {total} samples, not the micro-batch size {micro_batch}"
+        )));
+    }
+    Ok(())
 }
 
 /// Check that `plan` can run `profile` on its topology; returns each
@@ -166,7 +200,15 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         }
         let replicas = alloc_size(&alloc);
         let min_slice = plan.inputs.options.min_micro_batch_size;
-        if smallest_slice(plan.micro_batch_size, replicas) < min_slice.max(1) {
+        if let Some(slices) = &s.slices {
+            check_slices(
+                slices,
+                s.devices.len(),
+                plan.micro_batch_size,
+                min_slice.max(1),
+            )
+            .map_err(|e| e.under(&at("slices")))?;
+        } else if smallest_slice(plan.micro_batch_size, replicas) < min_slice.max(1) {
             return Err(Error::field(
                 at("devices"),
                 format!(

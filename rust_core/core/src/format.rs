@@ -32,8 +32,9 @@ impl FileFormat {
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
-/// `bubble_ms` and warm-up policy "auto"; version 1 plans still read.
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 2, &[1, 2]);
+/// `bubble_ms` and warm-up policy "auto"; version 3 adds per-device
+/// `stages[i].slices`. Older plans still read.
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 3, &[1, 2, 3]);
 pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 1, &[1]);
 /// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.

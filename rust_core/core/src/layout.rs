@@ -3,16 +3,16 @@
 //!
 //! One process (rank) per device the plan uses; rank r runs on the r-th
 //! used device id in ascending order and holds one replica of one stage.
-//! A micro-batch entering a stage of R replicas is split by
-//! `cost::slice_ranges` (the split the cost model prices), replica j taking
-//! the j-th range. Between two stages every sender sends each receiver
+//! A micro-batch entering a stage of R replicas is split by the stage's own
+//! `slices` (uneven, for mixed GPUs) or else evenly by `cost::slice_ranges`:
+//! the split the cost model prices; replica j takes the j-th range. Between two stages every sender sends each receiver
 //! exactly the samples their ranges share, and gradients go back the same
 //! way. Each stage runs the action list of the plan's schedule
 //! (`plan::plan_schedule`, which the simulator runs too).
 
 use serde::Serialize;
 
-use crate::cost::slice_ranges;
+use crate::cost::{ranges_of, slice_ranges};
 use crate::error::Result;
 use crate::evaluate::check_layout;
 use crate::plan::{plan_schedule, Plan};
@@ -69,7 +69,10 @@ impl RunLayout {
         let ranges: Vec<Vec<(u32, u32)>> = plan
             .stages
             .iter()
-            .map(|s| slice_ranges(mbs, s.devices.len() as u32))
+            .map(|s| match &s.slices {
+                Some(sizes) => ranges_of(sizes),
+                None => slice_ranges(mbs, s.devices.len() as u32),
+            })
             .collect();
         // The samples `(start, end)` shares with each replica of stage `other`.
         let peers = |other: usize, (start, end): (u32, u32)| -> Vec<Peer> {
@@ -166,6 +169,7 @@ mod tests {
                     devices: d.to_vec(),
                     warmup_micro_batches: (count - i as u32).min(m),
                     placement: None,
+                    slices: None,
                 })
                 .collect(),
         )
@@ -185,6 +189,30 @@ mod tests {
         assert_eq!(second[1].receives_from, vec![peer(4, 2, 3), peer(0, 3, 4)]);
         assert!(first[0].receives_from.is_empty() && second[2].sends_to.is_empty());
         assert_eq!(lay.stages[1].actions, ["F0", "B0", "F1", "B1", "AR", "OPT"]);
+    }
+
+    #[test]
+    fn a_stages_own_slices_split_its_micro_batches() {
+        let mut p = plan(6, 2, &[(0, 2, &[0, 1]), (2, 5, &[2])]);
+        p.stages[0].slices = Some(vec![4, 2]);
+        let lay = RunLayout::of(&p).unwrap();
+        let first = &lay.stages[0].replicas;
+        assert_eq!(
+            [
+                (first[0].start, first[0].end),
+                (first[1].start, first[1].end)
+            ],
+            [(0, 4), (4, 6)]
+        );
+        let peer = |rank, start, end| Peer { rank, start, end };
+        assert_eq!(
+            lay.stages[1].replicas[0].receives_from,
+            vec![peer(0, 0, 4), peer(1, 4, 6)]
+        );
+        p.stages[0].slices = Some(vec![4, 1]);
+        let e = RunLayout::of(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[0].slices"));
+        assert!(e.message.contains("adds up to 5"), "{}", e.message);
     }
 
     #[test]

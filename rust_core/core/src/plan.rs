@@ -158,6 +158,12 @@ pub struct Stage {
     /// Placement policy that put the stage on its devices, when the planner did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Policy>,
+    /// Samples of each micro-batch each device takes, in `devices` order,
+    /// summing to the micro-batch size: uneven slices for GPUs of unequal
+    /// speed or memory (Whale's balancing, `balance.rs`). Absent: the even
+    /// split of `cost::slice_ranges`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slices: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -303,7 +303,13 @@ pub fn search(
     // pipeline has a stage per layer and PipeDream's DP is quadratic in the
     // GPUs; there the search's own candidates and the walk must do.
     if sizes_alone {
-        for kind in [Baseline::Straight, Baseline::PipeDream] {
+        // On GPUs of several kinds, Whale's balanced data parallelism and
+        // pipeline too: their uneven slices are outside the search's own space.
+        let mut kinds = vec![Baseline::Straight, Baseline::PipeDream];
+        if cluster.is_mixed() {
+            kinds.extend([Baseline::WhaleDataParallel, Baseline::WhalePipeline]);
+        }
+        for kind in kinds {
             // A baseline that does not apply to this cluster (PipeDream's
             // planner on machines of unequal size) offers no candidate.
             let layouts =
@@ -551,6 +557,7 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
             devices,
             warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
             placement: Some(*policy),
+            slices: None,
         })
         .collect();
     let schedule = ScheduleChoice {
@@ -682,6 +689,7 @@ mod tests {
                                 .warmup(count - i as u32, gbs / b)
                                 .unwrap_or(1),
                             placement: None,
+                            slices: None,
                         })
                         .collect();
                     let plan = Plan::new(
