@@ -41,9 +41,12 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
 @click.option("--exact-memory", is_flag=True,
               help="Return freed memory to the system at once, so the measured peak follows live tensors "
                    "(glibc only; slower).")
+@click.option("--slowdown", "slowdowns", multiple=True, metavar="RANK=FACTOR",
+              help="Experiment only: rank RANK's forwards and backwards take FACTOR times as long (it sleeps "
+                   "the difference), so one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).")
 @reports_errors
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, metrics_path, profile_path,
-                checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory):
+                checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory, slowdowns):
     """Train a model on CPU following a plan: one gloo process per device.
 
     Prints one line per iteration (step, loss, time) on stderr and a summary
@@ -57,6 +60,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     if (checkpoint_every or resume) and not checkpoint_dir:
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
     kwargs = model_kwargs(model_args)
+    slowdown = slowdown_of(slowdowns)
     if metrics_path:
         check_writable(metrics_path)  # before the run, not after it
     torch = require_torch("run")
@@ -71,6 +75,9 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     check_device(device)
     plan = planner.Plan.load(plan_path)
     lay = Layout.of(plan)
+    if any(r >= lay.world_size for r in slowdown):
+        raise click.BadParameter(f"rank {max(slowdown)} is not a rank of the plan (0..{lay.world_size - 1})",
+                                 param_hint="'--slowdown'")
     if device == "cuda" and not launched_by_torchrun() and torch.cuda.device_count() < lay.world_size:
         raise IncompatibleInputsError(
             f"{plan_path}: the plan uses {lay.world_size} devices, this machine shows {torch.cuda.device_count()} GPUs"
@@ -112,7 +119,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             optimizer=optimizer, seed=seed, threads=threads,
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
-            log=True, recompute=recompute, exact_memory=exact_memory, device=device,
+            log=True, recompute=recompute, exact_memory=exact_memory, device=device, slowdown=slowdown,
         )
     except WorkerFailed as e:
         raise RunFailedError(str(e)) from None
@@ -163,3 +170,19 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
         click.echo(f"rank {r} (stage {m['stage']}): compute {m['compute_ms']:.1f} ms, bubbles "
                    f"{m['bubble_fraction'] * 100:.1f}%, peak memory {m['peak_memory_bytes'] / 2**20:.1f} MiB "
                    f"({(m['peak_memory_bytes'] - m['memory_before_bytes']) / 2**20:+.1f} MiB in training)")
+
+
+def slowdown_of(values: tuple[str, ...]) -> dict[int, float]:
+    """``{rank: factor}`` from --slowdown RANK=FACTOR items (factor >= 1)."""
+    out: dict[int, float] = {}
+    for item in values:
+        rank, sep, factor = item.partition("=")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            r, f = -1, 0.0
+        if not sep or r < 0 or not 1.0 <= f <= 1000.0:
+            raise click.BadParameter(f"{item!r} is not RANK=FACTOR with a rank >= 0 and a factor in 1..1000",
+                                     param_hint="'--slowdown'")
+        out[r] = f
+    return out

@@ -324,3 +324,11 @@ def test_unwritable_metrics_fail_before_the_run(files, tmp_path):
     assert res.returncode == 6, res.stderr
     assert "cannot write" in one_error_line(res.stderr)
     assert "step 1/" not in res.stderr  # no step ran
+
+
+@pytest.mark.parametrize("value, needle", [("1=0.5", "factor in 1..1000"), ("one=2", "RANK=FACTOR"),
+                                           ("7=2", "rank 7 is not a rank of the plan")])
+def test_bad_slowdown_is_a_usage_error(files, value, needle):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--slowdown", value)
+    assert res.returncode == 2, res.stderr
+    assert needle in one_error_line(res.stderr)

@@ -238,6 +238,12 @@ def test_without_allreduce_replicas_diverge(batches, reference):
     assert not res.replicas_agree(atol=1e-6)
 
 
+def test_a_slowed_rank_trains_the_same(batches, reference):
+    # The experiment hook (docs/heterogeneous.md) only adds time.
+    res = run_plan(CASES["dp-3-uneven"], tiny_layers, mse, batches, STEPS, LR, slowdown={2: 3.0}, **FAST)
+    assert max_diff(res.params, reference) < 1e-5
+
+
 def test_world_size_mismatch_rejected(batches):
     with pytest.raises(ValueError, match="world_size"):
         run_plan(CASES["straight-2"], tiny_layers, mse, batches, 1, LR, world_size=3)

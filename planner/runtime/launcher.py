@@ -209,6 +209,7 @@ def run_plan(
     recompute: bool = False,
     exact_memory: bool = False,
     device: str = "cpu",
+    slowdown: dict[int, float] | None = None,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan`` (a validated
     :class:`planner.Plan`; its layout comes from the core, ``layout.py``), on
@@ -230,6 +231,10 @@ def run_plan(
     hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
     1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
     and receives.
+
+    ``slowdown``: experiment only, ``{rank: factor}``: that rank's forwards
+    and backwards take ``factor`` times as long (it sleeps the difference),
+    so one machine can stand for GPUs of unequal speed.
 
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; rank r on GPU r, or on
     GPU ``LOCAL_RANK`` under torchrun; local processes are then spawned).
@@ -273,6 +278,7 @@ def run_plan(
         recompute=recompute,
         exact_memory=exact_memory,
         device=device,
+        slowdown=dict(slowdown or {}),
     )
 
     if launched_by_torchrun():

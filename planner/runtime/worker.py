@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -57,6 +57,10 @@ class Job:
     recompute: bool = False  # keep only each stage's input; re-run the stage's forward in its backward
     exact_memory: bool = False  # see memory.return_freed_memory
     device: str = "cpu"  # "cpu" (gloo) or "cuda" (NCCL, one GPU per rank)
+    # Experiment only (off by default): rank -> factor; that rank sleeps
+    # (factor - 1) times each forward's and backward's own time after it, so
+    # one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).
+    slowdown: dict[int, float] = field(default_factory=dict)
 
 
 def backend(device: str) -> str:
@@ -154,6 +158,16 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
     # The peak of the training iterations, from the size after the stage and
     # its optimizer were built (Adam's state arrives with the first step).
     meter = PeakMemory(cuda=dev.type == "cuda")
+    slow = job.slowdown.get(rank, 1.0)
+
+    def computed(work):
+        """``work()``, made ``slow`` times longer when the experiment asks."""
+        if slow == 1.0:
+            return work()
+        t0 = time.perf_counter()
+        result = work()
+        time.sleep((slow - 1.0) * (time.perf_counter() - t0))
+        return result
 
     for it in range(job.start_step, job.steps):
         if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
@@ -186,9 +200,9 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
                     # Stage-level re-computation (GPipe's, and DAPPLE's Table
                     # VI): only the stage input is kept; the backward re-runs
                     # the forward, restoring the RNG state it started with.
-                    out = checkpoint(module, x, use_reentrant=False)
+                    out = computed(lambda: checkpoint(module, x, use_reentrant=False))
                 else:
-                    out = module(x)
+                    out = computed(lambda: module(x))
                 if last:
                     y = y_all[base + lo : base + hi].to(dev)
                     outputs[m] = scaled_loss(job.loss_fn, out, y, hi - lo, gbs, job.loss_reduction)
@@ -209,7 +223,7 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
                         comm.recv_into(piece, src, m, True)
                         grad[s0 - lo : s1 - lo] = piece
                 if out.requires_grad:
-                    out.backward(grad)
+                    computed(lambda: out.backward(grad))
                 if not first:
                     x = inputs.pop(m)
                     g = x.grad if x.grad is not None else torch.zeros_like(x)
