@@ -241,3 +241,14 @@ def test_infeasible_on_mixed_memories_names_the_range(dapple, small_profile, tmp
     r = dapple("plan", "--profile", heavy, "--topology", path, "--global-batch-size", "4")
     # Not "a GPU has 16.00 GiB": the tiny group's GPUs hold 1024 bytes.
     assert_one_line_error(r, 5, "the GPUs have 1024 bytes to 16.00 GiB")
+
+
+def test_a_key_given_twice_is_refused(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", "64", "--out", out).returncode == 0
+    text = out.read_text()
+    twice = text.replace('"micro_batches": ', '"micro_batches": 1, "micro_batches": ', 1)
+    assert twice != text
+    out.write_text(twice)
+    assert_one_line_error(dapple("estimate", "--plan", out, "--profile", BERT), 3, str(out),
+                          "duplicate field `micro_batches`")

@@ -77,7 +77,13 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     fn from_json(text: &str) -> Result<Self> {
         let value: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
-        Self::from_value(value)
+        let read: Self = parse_value(value, Self::FORMAT)?;
+        // A key given twice is lost in the value above (the last one wins);
+        // read into the struct straight from the text, which refuses it.
+        let mut de = serde_json::Deserializer::from_str(text);
+        let _: Self = tracked(serde_path_to_error::deserialize(&mut de))?;
+        read.check()?;
+        Ok(read)
     }
 
     /// From the data a file holds, `format` and `schema_version` included.
@@ -113,11 +119,16 @@ pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value, format: FileFo
         Error::invalid(format!("expected a JSON object for a {} file", format.name))
     })?;
     check_envelope(obj, format)?;
-    let mut track = serde_path_to_error::Track::new();
-    let de = serde_path_to_error::Deserializer::new(value, &mut track);
-    T::deserialize(de).map_err(|e| {
-        let path = track.path().to_string();
-        let msg = e.to_string();
+    tracked(serde_path_to_error::deserialize(value))
+}
+
+/// A deserialisation's result, its error naming the field it happened at.
+fn tracked<T, E: std::fmt::Display>(
+    read: std::result::Result<T, serde_path_to_error::Error<E>>,
+) -> Result<T> {
+    read.map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.inner().to_string();
         if path.is_empty() || path == "." {
             Error::invalid(msg)
         } else {

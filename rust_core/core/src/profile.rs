@@ -504,6 +504,31 @@ mod tests {
     }
 
     #[test]
+    fn a_key_given_twice_is_refused_by_field() {
+        let text = chain_profile(&[(1.0, 2.0)], 2).to_json();
+        let twice = text.replacen("\"fwd_ms\": 1.0,", "\"fwd_ms\": 1.0, \"fwd_ms\": 9.0,", 1);
+        assert_ne!(text, twice);
+        let e = Profile::from_json(&twice).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("layers[0].measurements[0]"));
+        assert!(
+            e.message.contains("duplicate field `fwd_ms`"),
+            "{}",
+            e.message
+        );
+        let top = text.replacen(
+            "\"model\": \"test\",",
+            "\"model\": \"test\", \"model\": \"x\",",
+            1,
+        );
+        let e = Profile::from_json(&top).unwrap_err();
+        assert!(
+            e.message.contains("duplicate field `model`"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
     fn unknown_version_is_rejected_by_name() {
         let p = chain_profile(&[(1.0, 2.0)], 2);
         let text = p
