@@ -11,6 +11,7 @@
 | 6 | I/O error: a file could not be read or written |
 | 7 | regression: `dapple regress` found a slower or infeasible plan |
 | 8 | run failed: a worker of `dapple run` raised or died |
+| 9 | limit: the work asked for is over a documented limit (the micro-batch passes one simulation runs, `MAX_PASSES` in `schedule.rs`; the tasks a timeline draws, `MAX_TASKS_DRAWN` in `pictures.py`); the message says what to do |
 """
 
 from planner.errors import (
@@ -19,6 +20,7 @@ from planner.errors import (
     IncompatibleInputsError,
     InfeasibleError,
     InvalidInputError,
+    LimitExceededError,
     RunFailedError,
 )
 
@@ -31,6 +33,7 @@ INFEASIBLE = 5
 IO_ERROR = 6
 REGRESSION = 7
 RUN_FAILED = 8
+LIMIT_EXCEEDED = 9
 
 _BY_CLASS = [
     (InvalidInputError, INVALID_INPUT),
@@ -38,6 +41,7 @@ _BY_CLASS = [
     (InfeasibleError, INFEASIBLE),
     (DappleIOError, IO_ERROR),
     (RunFailedError, RUN_FAILED),
+    (LimitExceededError, LIMIT_EXCEEDED),
 ]
 
 

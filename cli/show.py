@@ -71,6 +71,8 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
             profile = None
             click.echo("note: the plan's profile is not available; the diagram omits model layer counts", err=True)
 
+    if gantt_path:
+        pictures.check_timeline_size(plan, gantt_path)  # before simulating, and naming the target
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute) if needs_sim else None
     draw = {
         "gantt": (lambda out: pictures.gantt(plan, sim, out), "timeline, {schedule}"),
@@ -81,5 +83,5 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     # target, and they replace their targets only when every one is drawn.
     write_all_atomic([(path, draw[kind][0]) for kind, path in wanted])
     for kind, path in wanted:
-        what = draw[kind][1].format(schedule=sim.data["schedule"] if sim is not None else "")
+        what = draw[kind][1].format(schedule=sim.schedule if sim is not None else "")
         click.echo(f"wrote {path} ({what})", err=True)

@@ -28,7 +28,7 @@ def simulate_command(plan_path, profile_path, schedule, recompute, as_json):
     out = console()
     out.print(
         f"{plan.data['inputs']['model']} {plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of "
-        f"{plan.micro_batch_size}, {sim.data['schedule']}{' with re-computation' if recompute else ''}"
+        f"{plan.micro_batch_size}, {sim.schedule}{' with re-computation' if recompute else ''}"
     )
     gap = (sim.iteration_ms / est["latency_ms"] - 1.0) * 100.0
     out.print(

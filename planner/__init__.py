@@ -24,6 +24,7 @@ from .errors import (
     IncompatibleInputsError,
     InfeasibleError,
     InvalidInputError,
+    LimitExceededError,
     RunFailedError,
 )
 from .plan import SEARCH_SPACES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
@@ -39,6 +40,7 @@ __all__ = [
     "IncompatibleInputsError",
     "InfeasibleError",
     "InvalidInputError",
+    "LimitExceededError",
     "Plan",
     "PRESETS",
     "Profile",

@@ -10,6 +10,7 @@ SEARCH_SPACES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
+MAX_PASSES: int
 FORMATS: dict[str, tuple[int, list[int]]]
 
 class Profile:
@@ -74,6 +75,8 @@ class Simulation:
     peak_memory_bytes: float
     schedule: str
     recompute: bool
+    stages: list[dict]
+    tasks: list[dict]
     @staticmethod
     def from_json(text: str, source: str | None = None) -> Simulation: ...
     @staticmethod

@@ -48,6 +48,13 @@ class DappleIOError(DappleError):
     code = "io_error"
 
 
+class LimitExceededError(DappleError):
+    """The work asked for is over a documented limit (e.g. the micro-batch
+    passes one simulation runs); the message says which and what to do."""
+
+    code = "limit_exceeded"
+
+
 class RunFailedError(DappleError):
     """A worker of `dapple run` raised or died; the run was stopped."""
 

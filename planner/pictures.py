@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from .errors import DappleError, InvalidInputError
+from .errors import DappleError, InvalidInputError, LimitExceededError
 from .files import write_atomic_bytes
 from .plan import Plan, device_ranges
 from .profile import Profile
@@ -24,6 +24,9 @@ from .simulation import Simulation
 
 FORMATS = {".png": "png", ".svg": "svg"}
 GIB = float(1 << 30)
+#: Most tasks a timeline draws: matplotlib takes about 0.5 ms a task here
+#: (6.9 s for 15,000), so the limit keeps a picture to about 10 s.
+MAX_TASKS_DRAWN = 20_000
 DPI = 110
 
 # Fig. 4 of the paper: blue forwards, green backwards, gray bubbles.
@@ -48,6 +51,20 @@ def picture_format(path: str | os.PathLike) -> str:
     return FORMATS[ext]
 
 
+def check_timeline_size(plan: Plan, path: str | os.PathLike) -> None:
+    """Refuse (LimitExceededError) a timeline of more than MAX_TASKS_DRAWN
+    tasks, counted from the plan before any task is read: there can be
+    millions. ``path`` is the picture named in the error."""
+    n, m = len(plan.stages), plan.micro_batches
+    links = max(n - 1, 0)
+    count = 2 * m * (n + links) + 2 * n  # passes and transfers both ways, AllReduce and optimizer steps
+    if count > MAX_TASKS_DRAWN:
+        raise LimitExceededError(
+            f"{path}: the timeline would draw about {count} tasks ({n} stages x {m} micro-batches), "
+            f"over the limit of {MAX_TASKS_DRAWN}; draw a plan with fewer micro-batches"
+        )
+
+
 def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
     """The simulated iteration: one row per stage, a thin row per link."""
     fmt = picture_format(path)
@@ -55,6 +72,7 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
     stages = plan.stages
     n = len(stages)
     total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
+    check_timeline_size(plan, path)
     tasks = sim.tasks
 
     # Row geometry in data units (y grows downwards): a stage row of height
@@ -144,9 +162,9 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
 
-    recompute = sim.data.get("recompute")
+    recompute = sim.recompute
     _title(fig, left, 0.22,
-           f"{_model(plan)} {plan.kind} {plan.shape}: {sim.data.get('schedule', '')}"
+           f"{_model(plan)} {plan.kind} {plan.shape}: {sim.schedule}"
            f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
     _legend_line(fig, left / fig_w, 1 - 0.6 / fig_h, [
@@ -175,7 +193,7 @@ def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
     y_top = max(limits + peaks) * 1.12
     shared_limit = len(set(limits)) == 1
     title = (f"{_model(plan)} {plan.kind} {plan.shape}: memory of one GPU per stage, "
-             f"{sim.data.get('schedule', '')}{' with re-computation' if sim.data.get('recompute') else ''}, "
+             f"{sim.schedule}{' with re-computation' if sim.recompute else ''}, "
              f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
 
     def series(st):

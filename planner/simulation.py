@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import _core
 from .fileobject import FileObject
@@ -32,13 +33,15 @@ class Simulation(FileObject):
     def recompute(self) -> bool:
         return self.core.recompute
 
-    @property
+    @cached_property
     def stages(self) -> list[dict]:
-        return self.data["stages"]
+        """Each stage's timeline: bubbles and memory over time."""
+        return self.core.stages
 
-    @property
+    @cached_property
     def tasks(self) -> list[dict]:
-        return self.data["tasks"]
+        """Every forward, backward, transfer, AllReduce and optimizer step."""
+        return self.core.tasks
 
     @property
     def peak_memory_bytes(self) -> float:

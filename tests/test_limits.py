@@ -6,6 +6,7 @@ import pytest
 
 import planner
 from conftest import PROFILES, assert_one_line_error
+from planner._core import MAX_PASSES
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 PLAN_ARGS = ["plan", "--profile", BERT, "--topology", "A"]
@@ -70,3 +71,49 @@ def test_rates_beyond_the_bound_are_invalid_inputs(dapple, tmp_path, group, fiel
     path.write_text(json.dumps(topo))
     r = dapple("topology", "show", path)
     assert_one_line_error(r, 3, str(path), field, "1e-9")
+
+
+def test_a_plan_over_the_simulation_limit_is_refused_not_run(dapple, small_profile, tmp_path):
+    # One GPU, micro-batches of one sample: 2^23 micro-batches, over MAX_PASSES (2^18).
+    import json
+
+    profile = small_profile()
+    out = tmp_path / "p.json"
+    assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", out,
+                  "--warmup-policy", "A").returncode == 0
+    plan = json.loads(out.read_text())
+    big = 2**23
+    plan.pop("estimate", None)
+    plan.pop("selection", None)
+    plan["inputs"]["global_batch_size"] = big
+    plan["micro_batch_size"], plan["micro_batches"] = 1, big
+    plan["stages"][-1]["warmup_micro_batches"] = 1
+    out.write_text(json.dumps(plan))
+    for command in ("simulate", "estimate"):
+        r = dapple(command, "--plan", out, "--profile", profile)
+        assert_one_line_error(r, 9, str(out), "field micro_batches", f"over the limit of {MAX_PASSES}")
+
+
+def test_the_search_leaves_out_sizes_over_the_simulation_limit():
+    # 2^27 samples: micro-batches of 32 (the profile's smallest) would make
+    # 2^22 micro-batches; the search starts where they are MAX_PASSES.
+    p = planner.plan(PROFILES / "vgg-19-pbs-32.json", "A", 2**27)
+    sizes = p.search_stats.micro_batch_sizes
+    assert min(sizes) == 2**27 // MAX_PASSES and p.micro_batches * len(p.stages) <= MAX_PASSES
+
+
+def test_a_timeline_too_big_to_draw_is_refused_and_nothing_is_written(dapple, tmp_path):
+    bert = PROFILES / "bert-48-pbs-2.json"
+    d = planner.baseline("straight", bert, "1x2-nvlink", 64, warmup_policy="A").core.to_dict()
+    del d["estimate"]
+    m = 10_000
+    d["inputs"].update(global_batch_size=2 * m, profile_path=str(bert))
+    d["micro_batch_size"], d["micro_batches"] = 2, m
+    for i, s in enumerate(d["stages"]):
+        s["warmup_micro_batches"] = min(len(d["stages"]) - i, m)
+    plan = tmp_path / "p.json"
+    planner.Plan.from_dict(d).save(plan)
+    picture = tmp_path / "g.png"
+    r = dapple("show", "--plan", plan, "--gantt", picture, "--memory", tmp_path / "m.png")
+    assert_one_line_error(r, 9, str(picture), "over the limit of 20000")
+    assert not picture.exists() and not (tmp_path / "m.png").exists()

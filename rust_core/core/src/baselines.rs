@@ -22,7 +22,7 @@ use crate::evaluate::evaluate;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::ScheduleKind;
+use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
@@ -459,6 +459,7 @@ fn layout_at_every_size(
     let count = stages.len() as u32;
     (1..=global_batch_size)
         .filter(|b| global_batch_size.is_multiple_of(*b) && smallest_slice(*b, widest) >= min_slice)
+        .filter(|b| within_passes(stages.len(), global_batch_size / b))
         .map(|b| {
             let m = global_batch_size / b;
             Plan::new(

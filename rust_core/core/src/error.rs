@@ -17,6 +17,8 @@ pub enum ErrorKind {
     Infeasible,
     /// Reading or writing a file failed.
     Io,
+    /// The work asked for is over a documented limit (`schedule::MAX_PASSES`).
+    Limit,
 }
 
 impl ErrorKind {
@@ -27,6 +29,7 @@ impl ErrorKind {
             ErrorKind::Incompatible => "incompatible_inputs",
             ErrorKind::Infeasible => "infeasible",
             ErrorKind::Io => "io_error",
+            ErrorKind::Limit => "limit_exceeded",
         }
     }
 }
@@ -65,6 +68,9 @@ impl Error {
     }
     pub fn infeasible(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Infeasible, message)
+    }
+    pub fn limit(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Limit, message)
     }
     /// Attach the file the error is about, unless one is already set.
     pub fn in_source(mut self, source: impl Into<String>) -> Self {

@@ -13,7 +13,7 @@ use crate::plan::{
     TransferEstimate,
 };
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::ScheduleKind;
+use crate::schedule::{check_passes, ScheduleKind};
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
@@ -31,6 +31,7 @@ pub(crate) fn with_coster<R>(
     f: impl FnOnce(&StageCoster, &[Alloc], WarmupPolicy) -> R,
 ) -> Result<R> {
     let (allocs, policy) = check(plan, profile)?;
+    check_passes(plan.stages.len(), plan.micro_batches).map_err(|e| e.under("micro_batches"))?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(&plan.inputs.topology);
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);

@@ -152,7 +152,34 @@ fn check_shape(num_stages: usize, micro_batches: u32) -> Result<()> {
             "a schedule needs at least one stage and one micro-batch, got {num_stages} and {micro_batches}"
         )));
     }
-    Ok(())
+    check_passes(num_stages, micro_batches)
+}
+
+/// Most micro-batch passes (stages x micro-batches) one schedule may hold.
+/// Simulating a schedule costs time and memory in proportion to them, and
+/// the search simulates each candidate many times to choose its warm-up
+/// depths. At the limit `dapple simulate` takes 0.8 s and 285 MB, and a
+/// search over sizes up to it (BERT-48, 2^21 samples on 2x8) 6.5 s and
+/// 190 MB (`benchmarks/README.md`). A plan above it is refused
+/// (`ErrorKind::Limit`); the search and the baselines leave out the
+/// micro-batch sizes that would pass it.
+pub const MAX_PASSES: u64 = 1 << 18;
+
+/// Whether `num_stages` x `micro_batches` is within [`MAX_PASSES`].
+pub fn within_passes(num_stages: usize, micro_batches: u32) -> bool {
+    num_stages as u64 * u64::from(micro_batches) <= MAX_PASSES
+}
+
+/// [`within_passes`], or a limit error saying what to do.
+pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
+    if within_passes(num_stages, micro_batches) {
+        return Ok(());
+    }
+    Err(Error::limit(format!(
+        "{num_stages} stages x {micro_batches} micro-batches is over the limit of {MAX_PASSES} \
+         micro-batch passes one simulation runs (its time and memory grow with them); \
+         use fewer, larger micro-batches"
+    )))
 }
 
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {

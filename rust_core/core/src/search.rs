@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
 use crate::plan::{ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::ScheduleKind;
+use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
@@ -142,8 +142,11 @@ pub fn search(
             }
             list.iter().copied().filter(|&b| b >= min_slice).collect()
         }
+        // Sizes whose micro-batches alone pass the simulation limit are left
+        // out (`schedule::MAX_PASSES`); so are, below, plans whose stages
+        // times micro-batches do.
         None => (1..=gbs)
-            .filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice)
+            .filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice && within_passes(1, gbs / b))
             .collect(),
     };
     if sizes.is_empty() {
@@ -293,7 +296,9 @@ pub fn search(
     let mut candidates: Vec<(Plan, &'static str)> = results
         .iter()
         .filter_map(|(p, b, found, _, _)| {
-            let f = found.as_ref()?;
+            let f = found
+                .as_ref()
+                .filter(|f| within_passes(f.stages.len(), gbs / b))?;
             Some((build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         })
         .collect();
@@ -367,7 +372,7 @@ pub fn search(
     let best_so_far = ranked.first().map_or(f64::INFINITY, |(p, _)| key(p).0);
     let alternatives: Vec<(Plan, &'static str)> = others
         .iter()
-        .filter(|(_, _, f)| f.value < best_so_far)
+        .filter(|(_, b, f)| f.value < best_so_far && within_passes(f.stages.len(), gbs / b))
         .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         .collect();
     if !alternatives.is_empty() {
@@ -415,6 +420,9 @@ pub fn search(
         let m = gbs / b;
         let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
         let mut visit = |steps: &[Step], value: f64| -> f64 {
+            if !within_passes(steps.len(), m) {
+                return f64::INFINITY; // not simulated: over the limit
+            }
             let found = Found {
                 value,
                 stages: steps.to_vec(),

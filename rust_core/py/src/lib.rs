@@ -31,6 +31,7 @@ pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
             dapple_core::ErrorKind::Incompatible => "IncompatibleInputsError",
             dapple_core::ErrorKind::Infeasible => "InfeasibleError",
             dapple_core::ErrorKind::Io => "DappleIOError",
+            dapple_core::ErrorKind::Limit => "LimitExceededError",
         };
         let built = py
             .import("planner.errors")
@@ -180,6 +181,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         presets.set_item(name, spec)?;
     }
     m.add("PRESETS", presets)?;
+    m.add("MAX_PASSES", dapple_core::schedule::MAX_PASSES)?;
     let formats = PyDict::new(py);
     for f in dapple_core::format::FORMATS {
         formats.set_item(f.name, (f.version, f.reads.to_vec()))?;

@@ -34,6 +34,19 @@ crate::file_object_methods!(PySimulation {
         self.inner.recompute
     }
 
+    /// Each stage's timeline (bubbles, memory over time), as plain data:
+    /// without the tasks, which can be millions.
+    #[getter]
+    fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::convert::to_python(py, &self.inner.stages)
+    }
+
+    /// Every task, as plain data.
+    #[getter]
+    fn tasks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::convert::to_python(py, &self.inner.tasks)
+    }
+
     fn __repr__(&self) -> String {
         format!("Simulation({}, {:.3} ms)", self.inner.schedule, self.inner.iteration_ms)
     }
