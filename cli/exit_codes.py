@@ -14,15 +14,7 @@
 | 9 | limit: the work asked for is over a documented limit (the micro-batch passes one simulation runs, `MAX_PASSES` in `schedule.rs`; the tasks a timeline draws, `MAX_TASKS_DRAWN` in `pictures.py`); the message says what to do |
 """
 
-from planner.errors import (
-    DappleError,
-    DappleIOError,
-    IncompatibleInputsError,
-    InfeasibleError,
-    InvalidInputError,
-    LimitExceededError,
-    RunFailedError,
-)
+from planner import errors
 
 OK = 0
 INTERNAL_ERROR = 1
@@ -36,16 +28,16 @@ RUN_FAILED = 8
 LIMIT_EXCEEDED = 9
 
 _BY_CLASS = [
-    (InvalidInputError, INVALID_INPUT),
-    (IncompatibleInputsError, INCOMPATIBLE_INPUTS),
-    (InfeasibleError, INFEASIBLE),
-    (DappleIOError, IO_ERROR),
-    (RunFailedError, RUN_FAILED),
-    (LimitExceededError, LIMIT_EXCEEDED),
+    (errors.InvalidInputError, INVALID_INPUT),
+    (errors.IncompatibleInputsError, INCOMPATIBLE_INPUTS),
+    (errors.InfeasibleError, INFEASIBLE),
+    (errors.DappleIOError, IO_ERROR),
+    (errors.RunFailedError, RUN_FAILED),
+    (errors.LimitExceededError, LIMIT_EXCEEDED),
 ]
 
 
-def exit_code_for(error: DappleError) -> int:
+def exit_code_for(error: errors.DappleError) -> int:
     for cls, code in _BY_CLASS:
         if isinstance(error, cls):
             return code

@@ -255,10 +255,12 @@ def _class_loss(logits, targets):
 
 
 def _check_sizes(**sizes):
+    """Every size a positive integer, and the heads dividing the width."""
     for k, v in sizes.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise InvalidInputError(f"{k} must be a positive integer, not {v!r}")
-
+    if "n_heads" in sizes and sizes["d_model"] % sizes["n_heads"]:
+        raise InvalidInputError(f"d_model {sizes['d_model']} is not a multiple of n_heads {sizes['n_heads']}")
 
 
 def _language_model(emb: nn.Module, blocks: list[nn.Module], head: nn.Module, name: str, config: dict) -> ModelSpec:
@@ -285,8 +287,6 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
     self-attention, pre-LayerNorm), ``lm_head``. Inputs: random token ids
     ``(batch, seq)``; targets: the next token of each position."""
     _check_sizes(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab)
-    if d_model % n_heads:
-        raise InvalidInputError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
     with _seeded(seed):
         emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
         blocks = [TransformerBlock(d_model, n_heads, seq, causal=True, pre_ln=True) for _ in range(n_layers)]
@@ -315,8 +315,6 @@ def bert(
     ``classifier`` on the first token. Inputs: random token ids; targets:
     random class labels."""
     _check_sizes(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, n_classes=n_classes)
-    if d_model % n_heads:
-        raise InvalidInputError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
     with _seeded(seed):
         emb = _TokenEmbedding(vocab, seq, d_model, norm=True)
         blocks = [TransformerBlock(d_model, n_heads, seq, causal=False, pre_ln=False) for _ in range(n_layers)]
@@ -433,16 +431,6 @@ class _HFBlock(nn.Module):
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
-class _HFHead(nn.Module):
-    def __init__(self, ln_f: nn.Module, lm_head: nn.Module):
-        super().__init__()
-        self.ln_f = ln_f
-        self.lm_head = lm_head
-
-    def forward(self, x):
-        return self.lm_head(self.ln_f(x))
-
-
 def hf_gpt2(n_layers: int = 2, d_model: int = 64, n_heads: int = 4, seq: int = 32, vocab: int = 256, seed: int = 0) -> ModelSpec:
     """A tiny GPT-2 from ``transformers.GPT2Config`` with random weights (no
     hub access): ``embedding``, ``block0`` .., ``lm_head`` (untied from the
@@ -471,6 +459,6 @@ def hf_gpt2(n_layers: int = 2, d_model: int = 64, n_heads: int = 4, seq: int = 3
             except TypeError:
                 block = GPT2Block(config)
             blocks.append(_HFBlock(block))
-        head = _HFHead(nn.LayerNorm(d_model, eps=config.layer_norm_epsilon), nn.Linear(d_model, vocab, bias=False))
+        head = nn.Sequential(nn.LayerNorm(d_model, eps=config.layer_norm_epsilon), nn.Linear(d_model, vocab, bias=False))
     config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
     return _language_model(emb, blocks, head, f"hf-gpt2-{n_layers}x{d_model}", config)

@@ -52,16 +52,6 @@ pub const FORMATS: [FileFormat; 6] = [
     RUN_METRICS,
 ];
 
-/// The format named `name`.
-pub fn format_named(name: &str) -> Result<FileFormat> {
-    FORMATS.into_iter().find(|f| f.name == name).ok_or_else(|| {
-        Error::invalid(format!(
-            "value {name:?} is not a dapple file format; use {}",
-            crate::names::one_of(&FORMATS.map(|f| f.name))
-        ))
-    })
-}
-
 /// The object of a file format, read from JSON text (`from_json`) or from
 /// plain data (`from_value`, as the binding hands it over), and checked the
 /// same way either way.

@@ -136,27 +136,6 @@ macro_rules! file_object_methods {
 }
 pub(crate) use file_object_methods;
 
-/// Check the `format` and `schema_version` of plain data (a file's top
-/// object) against the format named `format_name`, by the core's table.
-#[pyfunction]
-#[pyo3(signature = (data, format_name, source=None))]
-fn check_envelope(
-    data: &Bound<'_, PyAny>,
-    format_name: &str,
-    source: Option<&str>,
-) -> PyResult<()> {
-    let format = dapple_core::format::format_named(format_name).map_err(to_py_err)?;
-    let value = convert::from_python(data)?;
-    let fields = value.as_object().ok_or_else(|| {
-        to_py_err(with_source(
-            dapple_core::Error::invalid(format!("expected a JSON object for a {format_name} file")),
-            source,
-        ))
-    })?;
-    dapple_core::format::check_envelope(fields, format)
-        .map_err(|e| to_py_err(with_source(e, source)))
-}
-
 fn names<'py>(py: Python<'py>, names: Vec<&'static str>) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(py, names)
 }
@@ -195,7 +174,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     simulation::register(m)?;
     metrics::register(m)?;
     regress::register(m)?;
-    m.add_function(wrap_pyfunction!(check_envelope, m)?)?;
     search::register(m)?;
     schedule::register(m)?;
     Ok(())
