@@ -92,15 +92,41 @@ impl Error {
 }
 
 impl fmt::Display for Error {
-    /// One line: `file: field X: message`.
+    /// One line: `file: field X: message`. Control characters (a newline in
+    /// a key or value of the input, say) are written escaped, so the line
+    /// stays one line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut line = String::new();
         if let Some(src) = &self.source {
-            write!(f, "{src}: ")?;
+            line.push_str(&format!("{src}: "));
         }
         if let Some(field) = &self.field {
-            write!(f, "field {field}: ")?;
+            line.push_str(&format!("field {field}: "));
         }
-        write!(f, "{}", self.message)
+        line.push_str(&self.message);
+        for c in line.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_is_one_line_whatever_the_input_holds() {
+        let mut e = Error::field("inputs.\n", "unknown field `\n\t`");
+        e.source = Some("a\rb.json".into());
+        assert_eq!(
+            e.to_string(),
+            "a\\rb.json: field inputs.\\n: unknown field `\\n\\t`"
+        );
     }
 }
 

@@ -143,7 +143,8 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
             let mut e = Error::incompatible(format!(
                 "the plan was made from another profile (sha256 {}..., this one is {}...)",
-                &expected_hash[..expected_hash.len().min(12)],
+                // Characters, not bytes: a hand-edited hash may not be ASCII.
+                expected_hash.chars().take(12).collect::<String>(),
                 &profile.sha256()[..12]
             ));
             e.field = Some("inputs.profile_sha256".into());
