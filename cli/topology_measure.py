@@ -3,10 +3,8 @@ and write it as a topology."""
 
 from __future__ import annotations
 
-
 import click
 
-import planner
 from planner.errors import InvalidInputError
 from planner.files import check_writable, write_atomic
 

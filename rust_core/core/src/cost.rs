@@ -727,14 +727,16 @@ impl<'a> StageCoster<'a> {
         let stage = StageDevices::new(self.cluster, alloc);
         let machine =
             |d: u32| &self.cluster.machines[self.cluster.machine_of(d).expect("checked device")];
-        // The replica that finishes last, and the device with the least room.
-        let time = |j: usize| {
-            let times = self.layers.times_at(slices[j]);
-            times.fwd(start, end) / machine(devices[j]).speed
-                + times.bwd(start, end) / machine(devices[j]).speed
-        };
+        // The replica that finishes last (each replica's prefix sums are
+        // built once), and the device with the least room.
+        let replica_ms: Vec<f64> = (0..devices.len())
+            .map(|j| {
+                let times = self.layers.times_at(slices[j]);
+                (times.fwd(start, end) + times.bwd(start, end)) / machine(devices[j]).speed
+            })
+            .collect();
         let slowest = (0..devices.len())
-            .max_by(|&a, &b| time(a).total_cmp(&time(b)))
+            .max_by(|&a, &b| replica_ms[a].total_cmp(&replica_ms[b]))
             .expect("a stage has devices");
         let fullness = |j: usize| {
             stage_memory_bytes(self.layers, start, end, slices[j], warmup)

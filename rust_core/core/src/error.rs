@@ -115,6 +115,8 @@ impl fmt::Display for Error {
     }
 }
 
+impl std::error::Error for Error {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +131,3 @@ mod tests {
         );
     }
 }
-
-impl std::error::Error for Error {}

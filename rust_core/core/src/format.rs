@@ -65,13 +65,20 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     }
 
     fn from_json(text: &str) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text)
+        // The envelope first, so that another kind of file is named as
+        // such; then the struct straight from the text, which also refuses
+        // a key given twice (a JSON value would keep the last one).
+        let Envelope(fields) = serde_json::from_str(text)
             .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
-        let read: Self = parse_value(value, Self::FORMAT)?;
-        // A key given twice is lost in the value above (the last one wins);
-        // read into the struct straight from the text, which refuses it.
+        let fields = fields.ok_or_else(|| {
+            Error::invalid(format!(
+                "expected a JSON object for a {} file",
+                Self::FORMAT.name
+            ))
+        })?;
+        check_envelope(&fields, Self::FORMAT)?;
         let mut de = serde_json::Deserializer::from_str(text);
-        let _: Self = tracked(serde_path_to_error::deserialize(&mut de))?;
+        let read: Self = tracked(serde_path_to_error::deserialize(&mut de))?;
         read.check()?;
         Ok(read)
     }
@@ -99,6 +106,64 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     /// Pretty JSON with a trailing newline, the form every file has.
     fn to_json(&self) -> String {
         to_json(self)
+    }
+}
+
+/// A file's `format` and `schema_version`, read without building the rest
+/// of the file; None when the file is valid JSON but not an object.
+struct Envelope(Option<serde_json::Map<String, serde_json::Value>>);
+
+impl<'de> serde::Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Envelope;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Envelope, A::Error> {
+                let mut fields = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "format" || key == "schema_version" {
+                        fields.insert(key, map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Envelope(Some(fields)))
+            }
+            // Not an object: read to its end as values (so bad or too deep
+            // JSON is still called so), then refused as not an object.
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Envelope, A::Error> {
+                while seq.next_element::<serde_json::Value>()?.is_some() {}
+                Ok(Envelope(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Envelope, E> {
+                Ok(Envelope(None))
+            }
+        }
+        d.deserialize_any(Fields)
     }
 }
 
