@@ -48,7 +48,7 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
             f"{r.micro_batches} x {r.micro_batch_size}",
             r.schedule,
             f"{r.simulated_ms:.1f}",
-            f"{r.estimated_ms:.1f}",
+            "-" if r.estimated_ms is None else f"{r.estimated_ms:.1f}",
             f"{r.speedup:.2f}x",
             f"{r.peak_memory_bytes / GIB:.2f}",
         )

@@ -14,29 +14,49 @@ from .render import GIB, console
 @plan_options
 @click.option("--schedule", type=click.Choice(planner.SCHEDULE_KINDS), default=None,
               help="Order of forwards and backwards on each stage. Default: the plan's.")
-@click.option("--recompute", is_flag=True, help="Keep only stage inputs; re-run forwards before backwards.")
+@click.option("--recompute", is_flag=True,
+              help="Keep only stage inputs; re-run forwards before backwards (asynchronous schedules always do).")
+@click.option("--actions", "show_actions", is_flag=True,
+              help="Print each stage's action list instead, with the weights every pass uses "
+                   "(F4@0+2: version 0, predicted 2 updates ahead).")
 @json_option
 @reports_errors
-def simulate_command(plan_path, profile_path, schedule, recompute, as_json):
-    """Simulate one training iteration of a plan, task by task."""
+def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, as_json):
+    """Simulate one training iteration of a plan, task by task.
+
+    An asynchronous schedule (xpipe, pipedream, spectrain, async) runs
+    mini-batches back to back without a flush; its iteration is the
+    steady-state time of one mini-batch."""
     plan, profile = load_plan_and_profile(plan_path, profile_path)
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute)
     if as_json:
         click.echo(sim.text, nl=False)
         return
-    est = planner.evaluate(plan, profile).estimate
+    if show_actions:
+        click.echo(plan.core.weights_table(schedule, sim.mini_batches))
+        return
     out = console()
     out.print(
         f"{plan.data['inputs']['model']} {plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of "
-        f"{plan.micro_batch_size}, {sim.schedule}{' with re-computation' if recompute else ''}"
+        f"{plan.micro_batch_size}, {sim.schedule}{' with re-computation' if sim.recompute else ''}"
     )
-    gap = (sim.iteration_ms / est["latency_ms"] - 1.0) * 100.0
-    out.print(
-        f"simulated iteration {sim.iteration_ms:.1f} ms; formula (2) lower bound {est['latency_ms']:.1f} ms ({gap:+.1f}%)"
-    )
+    samples_per_s = plan.micro_batch_size * plan.micro_batches / sim.iteration_ms * 1e3
+    if sim.mini_batches > 1:
+        out.print(
+            f"steady state: {sim.iteration_ms:.1f} ms per mini-batch ({samples_per_s:.1f} samples/s), "
+            f"over {sim.mini_batches} mini-batches without a flush ({sim.span_ms:.1f} ms)"
+        )
+    else:
+        est = planner.evaluate(plan, profile).estimate
+        gap = (sim.iteration_ms / est["latency_ms"] - 1.0) * 100.0
+        out.print(
+            f"simulated iteration {sim.iteration_ms:.1f} ms ({samples_per_s:.1f} samples/s); "
+            f"formula (2) lower bound {est['latency_ms']:.1f} ms ({gap:+.1f}%)"
+        )
     for i, st in enumerate(sim.stages):
+        copies = f", {st['peak_weight_copies']} weight copies" if sim.mini_batches > 1 else ""
         out.print(
             f"stage {i}: busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "
             f"peak memory {st['peak_memory_bytes'] / GIB:.2f} / {st['memory_limit_bytes'] / GIB:.0f} GiB, "
-            f"{st['peak_in_flight']} micro-batches in flight"
+            f"{st['peak_in_flight']} micro-batches in flight{copies}"
         )

@@ -8,7 +8,7 @@ Planning needs no torch; the runtime and profiler import it lazily.
 """
 
 try:
-    from ._core import SCHEDULE_KINDS, RunMetrics, __version__
+    from ._core import ASYNCHRONOUS_SCHEDULES, SCHEDULE_KINDS, RunMetrics, __version__
 except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
@@ -34,6 +34,7 @@ from .topology import PRESETS, Topology
 
 __all__ = [
     "__version__",
+    "ASYNCHRONOUS_SCHEDULES",
     "BASELINES",
     "DappleError",
     "DappleIOError",

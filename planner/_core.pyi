@@ -8,6 +8,8 @@ WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
+ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
+ASYNCHRONOUS_ROWS_ON: str
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 MAX_PASSES: int
@@ -66,7 +68,11 @@ class Plan:
     def to_json(self) -> str: ...
     def to_dict(self) -> dict: ...
     def blocks_per_stage(self, profile: Profile) -> list[int]: ...
-    def actions(self, schedule: str | None = None) -> list[list[str]]: ...
+    def actions(self, schedule: str | None = None, mini_batches: int | None = None) -> list[list[str]]: ...
+    def weights_table(self, schedule: str | None = None, mini_batches: int | None = None) -> str: ...
+    def pass_weights(
+        self, schedule: str | None = None, mini_batches: int | None = None
+    ) -> list[list[tuple[str, int, int, int]]]: ...
     def layout(self) -> dict: ...
 
 class Simulation:
@@ -75,6 +81,8 @@ class Simulation:
     peak_memory_bytes: float
     schedule: str
     recompute: bool
+    mini_batches: int
+    span_ms: float | None
     stages: list[dict]
     tasks: list[dict]
     @staticmethod
@@ -156,5 +164,7 @@ def layout_plan(
     min_micro_batch_size: int | None = None,
     made_by: str = "layout",
 ) -> Plan: ...
-def schedule_actions(kind: str, num_stages: int, micro_batches: int, warmup: list[int] | None = None) -> list[list[str]]: ...
+def schedule_actions(
+    kind: str, num_stages: int, micro_batches: int, warmup: list[int] | None = None, mini_batches: int = 1
+) -> list[list[str]]: ...
 def schedule_validate(lists: list[list[str]], micro_batches: int) -> None: ...

@@ -97,9 +97,14 @@ def compare(
     searched: Plan | None = None,
 ) -> list[Row]:
     """One row per strategy: DAPPLE's searched plan, data parallelism
-    without and with AllReduce overlap, GPipe, a straight pipeline and
-    PipeDream's planner. Times are simulated iterations; speedups are over
-    one GPU running every micro-batch in turn. ``warmup_policy`` applies to
+    without and with AllReduce overlap, GPipe, a straight pipeline,
+    PipeDream's planner and the other baselines, then each asynchronous
+    schedule (``ASYNCHRONOUS_SCHEDULES``) run on the plan of the baseline
+    ``_core.ASYNCHRONOUS_ROWS_ON`` (GPipe's), as the XPipe paper runs every
+    method on one partition. Times are simulated
+    iterations (an asynchronous schedule's steady-state time per
+    mini-batch, with re-computation; its formula (2) bound is None);
+    speedups are over one GPU running every micro-batch in turn. ``warmup_policy`` applies to
     DAPPLE's plan and to every early-backward baseline. ``searched``: the result of
     :func:`planner.plan` for the same inputs, when the caller has it already
     (the search is the expensive part)."""
@@ -132,21 +137,35 @@ def compare(
         if isinstance(p, DappleError):
             rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(p)))
             continue
-        sim = simulate(p, prof, overlap_allreduce=overlap)
-        single = p.estimate["single_device_ms"]
-        rows.append(
-            Row(
-                strategy=name,
-                shape=p.shape,
-                micro_batches=p.micro_batches,
-                micro_batch_size=p.micro_batch_size,
-                schedule=p.core.schedule_kind,
-                simulated_ms=sim.iteration_ms,
-                estimated_ms=p.estimate["latency_ms"],
-                speedup=single / sim.iteration_ms,
-                peak_memory_bytes=sim.peak_memory_bytes,
-            )
-        )
+        rows.append(_row(name, p, simulate(p, prof, overlap_allreduce=overlap), p.estimate["latency_ms"]))
     if all(r.error for r in rows):
         raise made["dapple"]  # no strategy has a plan: the inputs are the problem
+    on = _core.ASYNCHRONOUS_ROWS_ON
+    base = made.get(on)
+    for kind in _core.ASYNCHRONOUS_SCHEDULES:
+        name = f"{kind} ({on}'s plan)"
+        if not isinstance(base, Plan):
+            rows.append(Row(name, None, None, None, None, None, None, None, None, error=f"no {on} plan: {base}"))
+            continue
+        try:
+            sim = simulate(base, prof, schedule=kind)
+        except DappleError as e:  # the steady state is over the work limit
+            rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(e)))
+            continue
+        rows.append(_row(name, base, sim, None))
     return rows
+
+
+def _row(name: str, p: Plan, sim, estimated_ms: float | None) -> Row:
+    """The row of plan ``p`` as simulated in ``sim``."""
+    return Row(
+        strategy=name,
+        shape=p.shape,
+        micro_batches=p.micro_batches,
+        micro_batch_size=p.micro_batch_size,
+        schedule=sim.schedule,
+        simulated_ms=sim.iteration_ms,
+        estimated_ms=estimated_ms,
+        speedup=p.estimate["single_device_ms"] / sim.iteration_ms,
+        peak_memory_bytes=sim.peak_memory_bytes,
+    )

@@ -16,7 +16,9 @@ from .profile import Profile
 class Simulation(FileObject):
     """Every forward, backward, transfer, AllReduce and optimizer step of one
     iteration (``tasks``), with per-stage bubble share and memory over time:
-    the core's own object (``core``, format ``dapple.simulation``)."""
+    the core's own object (``core``, format ``dapple.simulation``). An
+    asynchronous schedule runs ``mini_batches`` without a flush, and its
+    ``iteration_ms`` is the steady-state time of one mini-batch."""
 
     core_class = _core.Simulation
     core: _core.Simulation
@@ -32,6 +34,14 @@ class Simulation(FileObject):
     @property
     def recompute(self) -> bool:
         return self.core.recompute
+
+    @property
+    def mini_batches(self) -> int:
+        return self.core.mini_batches
+
+    @property
+    def span_ms(self) -> float | None:
+        return self.core.span_ms
 
     @cached_property
     def stages(self) -> list[dict]:
@@ -59,8 +69,10 @@ def simulate(
     """Simulate ``plan`` with the same stage costs as its estimate.
 
     ``schedule``: None for the plan's own, "early-backward-1f1b" (DAPPLE,
-    warm-up depth from the plan's policy) or "gpipe" (all forwards, then
-    all backwards). ``recompute``: keep only each stage's input and re-run
+    warm-up depth from the plan's policy), "gpipe" (all forwards, then
+    all backwards), or an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``:
+    "xpipe", "pipedream", "spectrain", "async"), which always re-computes.
+    ``recompute``: keep only each stage's input and re-run
     the forward before the backward. ``overlap_allreduce``: whether a
     data-parallel plan hides its AllReduce behind the last backward."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)

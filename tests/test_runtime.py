@@ -97,7 +97,10 @@ def test_bad_schedules_rejected():
     with pytest.raises(ValueError, match="warm-up depth"):
         sch.early_backward(2, 4, [5, 1])
     with pytest.raises(planner.InvalidInputError, match="schedule.kind.*not a schedule"):
-        layout_plan(4, [(0, 1, [0])], kind="pipedream")
+        layout_plan(4, [(0, 1, [0])], kind="zigzag")
+    # A plan names a synchronous schedule; an asynchronous one runs over it.
+    with pytest.raises(planner.InvalidInputError, match='schedule.kind: value "xpipe" is asynchronous'):
+        Layout.of(layout_plan(4, [(0, 1, [0])], kind="xpipe"))
 
 
 # ----------------------------------------------------------------------------

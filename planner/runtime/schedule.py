@@ -21,7 +21,7 @@ from .. import _core
 
 Action = tuple[str, int]
 
-EARLY_BACKWARD, GPIPE = _core.SCHEDULE_KINDS
+EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
 
 def _compute_actions(tokens: list[list[str]]) -> list[list[Action]]:

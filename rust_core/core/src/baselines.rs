@@ -432,6 +432,11 @@ fn balance_slices(plan: &mut Plan, layers: &LayerCosts, cluster: &Cluster, min_s
     }
 }
 
+/// The baseline whose plan `dapple compare` runs each asynchronous
+/// schedule on: the XPipe paper runs every method on one partition, and
+/// compares XPipe with GPipe.
+pub const ASYNCHRONOUS_ROWS_ON: Baseline = Baseline::GPipe;
+
 fn baseline_schedule(kind: Baseline) -> ScheduleKind {
     if kind == Baseline::GPipe {
         ScheduleKind::GPipe

@@ -138,6 +138,17 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         kind,
         warmup_policy: policy,
     } = plan.schedule;
+    if kind.is_asynchronous() {
+        // The cost model's memory and bound are those of a synchronous
+        // iteration; an asynchronous schedule is simulated over one.
+        return Err(Error::field(
+            "schedule.kind",
+            format!(
+                "value \"{kind}\" is asynchronous: a plan names a synchronous schedule, and \
+                 `dapple simulate --schedule {kind}` or `dapple run --schedule {kind}` runs it asynchronously"
+            ),
+        ));
+    }
     let expected_hash = &plan.inputs.profile_sha256;
     if let Some(profile) = profile {
         if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
@@ -231,6 +242,9 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
                     ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
                     ScheduleKind::EarlyBackward1F1B => {
                         format!("warm-up policy {} gives this stage", policy.name())
+                    }
+                    asynchronous => {
+                        format!("{asynchronous} runs one micro-batch ahead per stage from here")
                     }
                 };
                 return Err(Error::field(

@@ -35,7 +35,9 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// `bubble_ms` and warm-up policy "auto"; version 3 adds per-device
 /// `stages[i].slices`. Older plans still read.
 pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 3, &[1, 2, 3]);
-pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 1, &[1]);
+/// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
+/// per-stage `peak_weight_copies`.
+pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 2, &[1, 2]);
 /// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::cost::{ranges_of, slice_ranges};
 use crate::error::Result;
 use crate::evaluate::check_layout;
-use crate::plan::{plan_schedule, Plan};
+use crate::plan::{plan_schedule_over, Plan};
 
 /// Samples `[start, end)` of a micro-batch that one rank sends to, or
 /// receives from, another.
@@ -90,7 +90,8 @@ impl RunLayout {
                 })
                 .collect()
         };
-        let schedule = plan_schedule(plan, None)?;
+        // One mini-batch: an asynchronous run's lists come from `plan_schedule_over`.
+        let schedule = plan_schedule_over(plan, None, 1)?;
         let last = plan.stages.len() - 1;
         let stages = plan
             .stages

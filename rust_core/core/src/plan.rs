@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
-use crate::schedule::{Schedule, ScheduleKind};
+use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,8 +289,10 @@ impl Plan {
 }
 
 /// Micro-batches stage i runs forward before its first backward (K_i):
-/// the warm-up policy's for early backward, all of them for GPipe; None
-/// where the depth is the plan's own choice (policy auto).
+/// the warm-up policy's for early backward, all of them for GPipe, one per
+/// stage from here for the asynchronous kinds (PipeDream's 1F1B, which
+/// runs across mini-batches and so is not capped by M); None where the
+/// depth is the plan's own choice (policy auto).
 pub fn warmup_depth(
     kind: ScheduleKind,
     policy: WarmupPolicy,
@@ -300,6 +302,7 @@ pub fn warmup_depth(
     match kind {
         ScheduleKind::EarlyBackward1F1B => policy.warmup(stages_from_here, micro_batches),
         ScheduleKind::GPipe => Some(micro_batches),
+        _ => Some(stages_from_here),
     }
 }
 
@@ -319,11 +322,35 @@ pub fn blocks_per_stage(profile: &Profile, plan: &Plan) -> Vec<usize> {
 
 /// The action lists a checked plan runs: its own schedule kind and K_i, or
 /// `kind` instead. Early backward over a GPipe plan takes the K_i of the
-/// plan's fixed policy (policy A when it has none).
+/// plan's fixed policy (policy A when it has none). An asynchronous kind
+/// runs `schedule::steady_state_mini_batches` mini-batches, enough to
+/// measure its steady state.
 pub fn plan_schedule(plan: &Plan, kind: Option<ScheduleKind>) -> Result<Schedule> {
+    let asynchronous = kind.unwrap_or(plan.schedule.kind).is_asynchronous();
+    let mini_batches = if asynchronous {
+        steady_state_mini_batches(plan.stages.len(), plan.micro_batches)?
+    } else {
+        1
+    };
+    plan_schedule_over(plan, kind, mini_batches)
+}
+
+/// [`plan_schedule`] with an asynchronous kind running `mini_batches`
+/// mini-batches (a run's steps); the synchronous kinds run one.
+pub fn plan_schedule_over(
+    plan: &Plan,
+    kind: Option<ScheduleKind>,
+    mini_batches: u32,
+) -> Result<Schedule> {
     let own = plan.schedule.kind;
     let s_count = plan.stages.len();
     match kind.unwrap_or(own) {
+        asynchronous @ (ScheduleKind::XPipe
+        | ScheduleKind::PipeDream
+        | ScheduleKind::SpecTrain
+        | ScheduleKind::Async) => {
+            Schedule::asynchronous(asynchronous, s_count, plan.micro_batches, mini_batches)
+        }
         ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches),
         ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
             let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();

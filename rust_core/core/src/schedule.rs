@@ -6,6 +6,13 @@
 //! forwards run out, then the remaining backwards. GPipe runs all forwards,
 //! then all backwards in reverse order. Both end with the gradient AllReduce
 //! of the stage and the optimizer step.
+//!
+//! The asynchronous kinds (XPipe, PipeDream's weight stashing, SpecTrain,
+//! asynchronous without prediction) run one list over several mini-batches
+//! without a flush: micro-batch t of the run belongs to mini-batch t / M,
+//! and each stage reduces and updates (AR, OPT) after the backward of each
+//! mini-batch's last micro-batch. Which weights each pass computes with is
+//! read off the list (`Schedule::pass_weights`).
 
 use rustc_hash::FxHashSet;
 use std::fmt;
@@ -92,13 +99,56 @@ impl FromStr for Action {
 }
 
 crate::named_enum! {
-    /// How each stage orders its forwards and backwards.
+    /// How each stage orders its forwards and backwards, and which weights
+    /// they compute with.
     pub enum ScheduleKind("a schedule") {
         /// DAPPLE's early backward (1F1B): K_i forwards, then one backward
         /// and one forward in turn.
         EarlyBackward1F1B = "early-backward-1f1b",
         /// All forwards, then all backwards; every micro-batch is in flight at once.
         GPipe = "gpipe",
+        /// XPipe: asynchronous 1F1B across mini-batches; each mini-batch's
+        /// first micro-batch (its bellwether) predicts the weights the
+        /// mini-batch should see with Adam's moments, for all its micro-batches.
+        XPipe = "xpipe",
+        /// PipeDream's weight stashing: asynchronous 1F1B; a forward uses the
+        /// live weights, its backward the version the forward used.
+        PipeDream = "pipedream",
+        /// SpecTrain: XPipe's pipeline and version differences, predicting
+        /// with the smoothed (momentum) gradient.
+        SpecTrain = "spectrain",
+        /// Asynchronous 1F1B without prediction: every pass on the live weights.
+        Async = "async",
+    }
+}
+
+/// Which weights a forward or backward computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightRule {
+    /// The stage's weights as they are when the pass runs.
+    Live,
+    /// The backward uses the version its forward used (a stored copy once
+    /// the live weights have moved on).
+    Stashed,
+    /// The weights predicted `s` updates ahead from the live version at the
+    /// mini-batch's bellwether pass, cached for its other micro-batches.
+    Predicted,
+}
+
+impl ScheduleKind {
+    /// Kinds that run several mini-batches without a flush between them.
+    pub fn is_asynchronous(self) -> bool {
+        !matches!(self, ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe)
+    }
+
+    pub fn weight_rule(self) -> WeightRule {
+        match self {
+            ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe | ScheduleKind::Async => {
+                WeightRule::Live
+            }
+            ScheduleKind::PipeDream => WeightRule::Stashed,
+            ScheduleKind::XPipe | ScheduleKind::SpecTrain => WeightRule::Predicted,
+        }
     }
 }
 
@@ -111,6 +161,29 @@ pub fn early_backward_actions(k: u32, micro_batches: u32) -> Vec<Action> {
         actions.push(Action::backward(m));
         if m + k < micro_batches {
             actions.push(Action::forward(m + k));
+        }
+    }
+    actions
+}
+
+/// One stage's asynchronous list over `mini_batches` mini-batches of
+/// `micro_batches` each: PipeDream's 1F1B (warm-up depth S - i, the stages
+/// from here, then one backward and one forward in turn) over the run's
+/// micro-batches t = 0 .. N M, with AR and OPT after the backward of each
+/// mini-batch's last micro-batch. The only place this order is written.
+pub fn asynchronous_actions(
+    stages_from_here: u32,
+    micro_batches: u32,
+    mini_batches: u32,
+) -> Vec<Action> {
+    let total = micro_batches * mini_batches;
+    let mut actions = Vec::with_capacity(2 * total as usize + 2 * mini_batches as usize);
+    for a in early_backward_actions(stages_from_here.min(total), total) {
+        actions.push(a);
+        if a.kind == ActionKind::Backward
+            && a.micro_batch.is_some_and(|t| (t + 1) % micro_batches == 0)
+        {
+            actions.extend([Action::ALL_REDUCE, Action::OPTIMIZER_STEP]);
         }
     }
     actions
@@ -141,18 +214,61 @@ impl fmt::Display for StageSchedule {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedule {
     pub kind: ScheduleKind,
+    /// Micro-batches of one mini-batch (one global batch).
     pub micro_batches: u32,
+    /// Mini-batches the lists run: 1 for the synchronous kinds, which flush
+    /// after each; micro-batch t belongs to mini-batch t / `micro_batches`.
+    #[serde(default = "one")]
+    pub mini_batches: u32,
     /// `stages[i].stage == i`, first pipeline stage first.
     pub stages: Vec<StageSchedule>,
 }
 
-fn check_shape(num_stages: usize, micro_batches: u32) -> Result<()> {
-    if num_stages == 0 || micro_batches == 0 {
+fn one() -> u32 {
+    1
+}
+
+/// The weights one forward or backward of a schedule computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassWeights {
+    pub action: Action,
+    /// The mini-batch the pass belongs to: the version (number of updates)
+    /// synchronous training would compute it with.
+    pub mini_batch: u32,
+    /// Updates the stage has applied when the pass runs.
+    pub live_version: u32,
+    /// The version the weights come from: the live one (rule `Live`), the
+    /// forward's (`Stashed`), or the live one at the mini-batch's bellwether
+    /// pass of the same direction (`Predicted`).
+    pub base_version: u32,
+    /// Updates predicted ahead of `base_version` (the version difference s
+    /// of XPipe's formulas (1) and (2)): `mini_batch - base_version` under
+    /// `Predicted`, 0 otherwise. It counts the updates the stage applies
+    /// before the mini-batch's own, never that one.
+    pub predicted_updates: u32,
+}
+
+impl fmt::Display for PassWeights {
+    /// `F4@0+2`: the pass, the version its weights come from, and the
+    /// updates predicted ahead of it when there are any.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.action, self.base_version)?;
+        if self.predicted_updates > 0 {
+            write!(f, "+{}", self.predicted_updates)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_shape(num_stages: usize, micro_batches: u32, mini_batches: u32) -> Result<()> {
+    if num_stages == 0 || micro_batches == 0 || mini_batches == 0 {
         return Err(Error::invalid(format!(
-            "a schedule needs at least one stage and one micro-batch, got {num_stages} and {micro_batches}"
+            "a schedule needs at least one stage, one micro-batch and one mini-batch, \
+             got {num_stages}, {micro_batches} and {mini_batches}"
         )));
     }
-    check_passes(num_stages, micro_batches)
+    let total = u64::from(micro_batches) * u64::from(mini_batches);
+    check_passes(num_stages, u32::try_from(total).unwrap_or(u32::MAX))
 }
 
 /// Most micro-batch passes (stages x micro-batches) one schedule may hold.
@@ -182,6 +298,41 @@ pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
     )))
 }
 
+/// A synchronous schedule from lists without AR and OPT, validated.
+/// Mini-batches an asynchronous schedule is simulated over to measure its
+/// steady state: `fill` mini-batches to fill the pipeline (its warm-up
+/// spans 2S - 1 micro-batch passes on the first stage), a window of at
+/// least 4 (and as many as `fill`), and `fill` more so that the window
+/// ends before the pipeline drains. Fewer where [`MAX_PASSES`] allows no
+/// more, but never a window under one mini-batch.
+pub fn steady_state_mini_batches(num_stages: usize, micro_batches: u32) -> Result<u32> {
+    let m = u64::from(micro_batches.max(1));
+    let fill = (2 * num_stages.max(1) as u64 - 1).div_ceil(m) + 1;
+    let wanted = 2 * fill + fill.max(4);
+    let allowed = MAX_PASSES / (m * num_stages.max(1) as u64);
+    if allowed < 2 * fill + 2 {
+        return Err(Error::limit(format!(
+            "an asynchronous schedule of {num_stages} stages x {micro_batches} micro-batches needs {} \
+             mini-batches to reach its steady state, over the limit of {MAX_PASSES} micro-batch passes \
+             one simulation runs; use fewer, larger micro-batches",
+            2 * fill + 2
+        )));
+    }
+    Ok(wanted.min(allowed) as u32)
+}
+
+/// The mini-batches whose updates on the first stage bound the measured
+/// window of a run of `mini_batches`: (first, last), after the fill and
+/// before the drain as in [`steady_state_mini_batches`]; first == last when
+/// the run is too short to have one.
+pub fn steady_state_window(num_stages: usize, micro_batches: u32, mini_batches: u32) -> (u32, u32) {
+    let m = u64::from(micro_batches.max(1));
+    let fill = (2 * num_stages.max(1) as u64 - 1).div_ceil(m) + 1;
+    let last = mini_batches.saturating_sub(1);
+    let fill = fill.min(u64::from(last / 2)) as u32;
+    (fill, last - fill)
+}
+
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {
     let stages = lists
         .into_iter()
@@ -194,6 +345,7 @@ fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Re
     let schedule = Schedule {
         kind,
         micro_batches,
+        mini_batches: 1,
         stages,
     };
     schedule.validate()?;
@@ -210,7 +362,7 @@ impl Schedule {
         micro_batches: u32,
         warmup: &[u32],
     ) -> Result<Schedule> {
-        check_shape(num_stages, micro_batches)?;
+        check_shape(num_stages, micro_batches, 1)?;
         if warmup.len() != num_stages {
             return Err(Error::invalid(format!(
                 "{} warm-up depths given for {num_stages} stages",
@@ -250,9 +402,113 @@ impl Schedule {
 
     /// GPipe: F0 .. F(M-1), then B(M-1) .. B0, on every stage.
     pub fn gpipe(num_stages: usize, micro_batches: u32) -> Result<Schedule> {
-        check_shape(num_stages, micro_batches)?;
+        check_shape(num_stages, micro_batches, 1)?;
         let one = gpipe_actions(micro_batches);
         finish(ScheduleKind::GPipe, micro_batches, vec![one; num_stages])
+    }
+
+    /// An asynchronous kind over `mini_batches` mini-batches of
+    /// `micro_batches` each (`asynchronous_actions` on every stage).
+    pub fn asynchronous(
+        kind: ScheduleKind,
+        num_stages: usize,
+        micro_batches: u32,
+        mini_batches: u32,
+    ) -> Result<Schedule> {
+        if !kind.is_asynchronous() {
+            return Err(Error::invalid(format!(
+                "schedule {kind} is not asynchronous"
+            )));
+        }
+        check_shape(num_stages, micro_batches, mini_batches)?;
+        let stages = (0..num_stages)
+            .map(|stage| StageSchedule {
+                stage,
+                actions: asynchronous_actions(
+                    (num_stages - stage) as u32,
+                    micro_batches,
+                    mini_batches,
+                ),
+            })
+            .collect();
+        let schedule = Schedule {
+            kind,
+            micro_batches,
+            mini_batches,
+            stages,
+        };
+        schedule.validate()?;
+        Ok(schedule)
+    }
+
+    /// Micro-batches the lists run: M per mini-batch.
+    pub fn total_micro_batches(&self) -> u32 {
+        self.micro_batches * self.mini_batches
+    }
+
+    /// The weights each forward and backward of stage `stage` computes
+    /// with, in list order, read off the list: the live version counts the
+    /// OPTs before the pass. Panics if `stage` is out of range; assumes a
+    /// validated schedule.
+    pub fn pass_weights(&self, stage: usize) -> Vec<PassWeights> {
+        let rule = self.kind.weight_rule();
+        let total = self.total_micro_batches() as usize;
+        let mut forward_version = vec![0u32; total];
+        // The live version at each mini-batch's bellwether pass, per direction.
+        let mut bellwether: [Vec<Option<u32>>; 2] = [
+            vec![None; self.mini_batches as usize],
+            vec![None; self.mini_batches as usize],
+        ];
+        let mut live = 0u32;
+        let mut out = Vec::with_capacity(2 * total);
+        for &action in &self.stages[stage].actions {
+            let Some(t) = action.micro_batch else {
+                live += u32::from(action.kind == ActionKind::OptimizerStep);
+                continue;
+            };
+            let mini_batch = t / self.micro_batches;
+            let backward = action.kind == ActionKind::Backward;
+            let first = *bellwether[usize::from(backward)][mini_batch as usize].get_or_insert(live);
+            let base_version = match (rule, backward) {
+                (WeightRule::Live, _) | (WeightRule::Stashed, false) => live,
+                (WeightRule::Stashed, true) => forward_version[t as usize],
+                (WeightRule::Predicted, _) => first,
+            };
+            if !backward {
+                forward_version[t as usize] = live;
+            }
+            let predicted_updates = match rule {
+                WeightRule::Predicted => mini_batch.saturating_sub(first),
+                _ => 0,
+            };
+            out.push(PassWeights {
+                action,
+                mini_batch,
+                live_version: live,
+                base_version,
+                predicted_updates,
+            });
+        }
+        out
+    }
+
+    /// Each stage's passes with their weights, `stage 0: F0@0 F1@0 B0@0 ...`
+    /// (AR and OPT as in the action lists).
+    pub fn weights_table(&self) -> String {
+        (0..self.stages.len())
+            .map(|stage| {
+                let mut passes = self.pass_weights(stage).into_iter();
+                let mut line = format!("stage {stage}:");
+                for a in &self.stages[stage].actions {
+                    match a.micro_batch {
+                        Some(_) => line += &format!(" {}", passes.next().expect("one per pass")),
+                        None => line += &format!(" {a}"),
+                    }
+                }
+                line
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Largest number of micro-batches whose forward is done and backward not
@@ -271,12 +527,20 @@ impl Schedule {
         peak
     }
 
-    /// Checks each stage's list on its own (every F and B of 0..M exactly
-    /// once, B_m after F_m, one AR after the last backward, OPT last), then
-    /// runs all stages together with unit durations to prove the schedule
-    /// cannot deadlock under pipeline dependencies.
+    /// Checks each stage's list on its own (every F and B of the run's
+    /// micro-batches exactly once, B_t after F_t, one AR and then one OPT
+    /// per mini-batch after its last backward and before any backward of
+    /// the next, nothing after the last OPT), then runs all stages together
+    /// with unit durations to prove the schedule cannot deadlock under
+    /// pipeline dependencies.
     pub fn validate(&self) -> Result<()> {
-        check_shape(self.stages.len(), self.micro_batches)?;
+        check_shape(self.stages.len(), self.micro_batches, self.mini_batches)?;
+        if !self.kind.is_asynchronous() && self.mini_batches > 1 {
+            return Err(Error::invalid(format!(
+                "schedule {} flushes after each mini-batch; it cannot run {} at once",
+                self.kind, self.mini_batches
+            )));
+        }
         for (i, s) in self.stages.iter().enumerate() {
             if s.stage != i {
                 return Err(Error::invalid(format!(
@@ -291,13 +555,26 @@ impl Schedule {
     }
 
     fn validate_stage(&self, s: &StageSchedule) -> std::result::Result<(), String> {
-        let m_count = self.micro_batches as usize;
-        let (mut fwd, mut bwd) = (vec![None; m_count], vec![None; m_count]);
-        let (mut ar, mut opt) = (None, None);
+        let total = self.total_micro_batches();
+        let (m, n_mini) = (self.micro_batches, self.mini_batches as usize);
+        let (mut fwd, mut bwd) = (vec![None; total as usize], vec![None; total as usize]);
+        // Positions of the AR and the OPT of mini-batch 0, 1, ...
+        let (mut ars, mut opts): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+        // "of mini-batch n" only where there are several.
+        let of = |n: usize| {
+            if n_mini > 1 {
+                format!(" of mini-batch {n}")
+            } else {
+                String::new()
+            }
+        };
         for (i, a) in s.actions.iter().enumerate() {
             let at = |what: &str| format!("action {i} ({a}) {what}");
-            if let Some(j) = opt {
-                return Err(at(&format!("comes after OPT (action {j})")));
+            if opts.len() == n_mini {
+                return Err(at(&format!(
+                    "comes after OPT (action {})",
+                    opts[n_mini - 1]
+                )));
             }
             let slot = match (a.kind, a.micro_batch) {
                 (ActionKind::Forward | ActionKind::Backward, None) => {
@@ -306,21 +583,38 @@ impl Schedule {
                 (ActionKind::AllReduce | ActionKind::OptimizerStep, Some(_)) => {
                     return Err(at("must not have a micro-batch"))
                 }
-                (_, Some(m)) if m >= self.micro_batches => {
-                    return Err(at(&format!("is out of range 0..{}", self.micro_batches)))
+                (_, Some(t)) if t >= total => {
+                    return Err(at(&format!("is out of range 0..{total}")))
                 }
-                (ActionKind::Forward, Some(m)) => &mut fwd[m as usize],
-                (ActionKind::Backward, Some(m)) => {
-                    if fwd[m as usize].is_none() {
-                        return Err(at(&format!("comes before F{m}")));
+                (ActionKind::Forward, Some(t)) => &mut fwd[t as usize],
+                (ActionKind::Backward, Some(t)) => {
+                    if fwd[t as usize].is_none() {
+                        return Err(at(&format!("comes before F{t}")));
                     }
-                    if let Some(j) = ar {
-                        return Err(format!("action {j} (AR) comes before B{m}"));
+                    let mini = (t / m) as usize;
+                    if let Some(&j) = ars.get(mini) {
+                        return Err(format!("action {j} (AR{}) comes before B{t}", of(mini)));
                     }
-                    &mut bwd[m as usize]
+                    if mini > opts.len() {
+                        return Err(at(&format!("comes before the OPT{}", of(opts.len()))));
+                    }
+                    &mut bwd[t as usize]
                 }
-                (ActionKind::AllReduce, None) => &mut ar,
-                (ActionKind::OptimizerStep, None) => &mut opt,
+                (ActionKind::AllReduce, None) => {
+                    if ars.len() > opts.len() {
+                        return Err(at(&format!("duplicates action {}", ars[ars.len() - 1])));
+                    }
+                    ars.push(i);
+                    continue;
+                }
+                (ActionKind::OptimizerStep, None) => {
+                    if ars.len() == opts.len() {
+                        let n = opts.len();
+                        return Err(at(&format!("comes before the AR{}", of(n))));
+                    }
+                    opts.push(i);
+                    continue;
+                }
             };
             if let Some(j) = *slot {
                 return Err(at(&format!("duplicates action {j}")));
@@ -330,16 +624,18 @@ impl Schedule {
         let missing = |letter: &str, v: &[Option<usize>]| {
             v.iter()
                 .position(Option::is_none)
-                .map(|m| format!("{letter}{m} is missing"))
+                .map(|t| format!("{letter}{t} is missing"))
         };
         if let Some(msg) = missing("F", &fwd).or_else(|| missing("B", &bwd)) {
             return Err(msg);
         }
-        match (ar, opt) {
-            (None, _) => Err("AR is missing".into()),
-            (_, None) => Err("OPT is missing".into()),
-            _ => Ok(()),
+        if ars.len() < n_mini {
+            return Err(format!("AR{} is missing", of(ars.len())));
         }
+        if opts.len() < n_mini {
+            return Err(format!("OPT{} is missing", of(opts.len())));
+        }
+        Ok(())
     }
 
     /// Lock-step simulation: in each unit of time every stage whose next
@@ -422,6 +718,7 @@ mod tests {
         Schedule {
             kind,
             micro_batches: m,
+            mini_batches: 1,
             stages,
         }
     }
@@ -524,7 +821,8 @@ mod tests {
             (3, "stage 0: F0 F1 B0 B2 F2 B1 AR OPT", "stage 0: action 3 (B2) comes before F2"),
             (2, "stage 0: F0 B0 F1 AR B1 OPT",     "stage 0: action 3 (AR) comes before B1"),
             (2, "stage 0: F0 B0 F1 B1 AR AR OPT",  "stage 0: action 5 (AR) duplicates action 4"),
-            (2, "stage 0: F0 B0 F1 B1 OPT AR",     "stage 0: action 5 (AR) comes after OPT (action 4)"),
+            (2, "stage 0: F0 B0 F1 B1 OPT AR",     "stage 0: action 4 (OPT) comes before the AR"),
+            (2, "stage 0: F0 B0 F1 B1 AR OPT F0",  "stage 0: action 6 (F0) comes after OPT (action 5)"),
             (2, "stage 0: F0 B0 F1 B1 AR",         "stage 0: OPT is missing"),
             (2, "stage 0: F0 B0 F2 B1 AR OPT",     "stage 0: action 2 (F2) is out of range 0..2"),
         ] {
@@ -550,5 +848,155 @@ mod tests {
         assert!(Schedule::early_backward(2, 4, &[2, 5]).is_err());
         assert!(Schedule::early_backward(2, 4, &[2]).is_err());
         assert!(Schedule::gpipe(0, 4).is_err());
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn asynchronous_schedules_as_tables() {
+        // PipeDream's 1F1B over 4 mini-batches of 2: warm-up S - i, an
+        // update after each mini-batch's last backward, no flush.
+        let xpipe = Schedule::asynchronous(ScheduleKind::XPipe, 4, 2, 4).unwrap();
+        assert_eq!(xpipe.to_string(), lines("
+            stage 0: F0 F1 F2 F3 B0 F4 B1 AR OPT F5 B2 F6 B3 AR OPT F7 B4 B5 AR OPT B6 B7 AR OPT
+            stage 1: F0 F1 F2 B0 F3 B1 AR OPT F4 B2 F5 B3 AR OPT F6 B4 F7 B5 AR OPT B6 B7 AR OPT
+            stage 2: F0 F1 B0 F2 B1 AR OPT F3 B2 F4 B3 AR OPT F5 B4 F6 B5 AR OPT F7 B6 B7 AR OPT
+            stage 3: F0 B0 F1 B1 AR OPT F2 B2 F3 B3 AR OPT F4 B4 F5 B5 AR OPT F6 B6 F7 B7 AR OPT").join("\n"));
+        // The weights of each pass: `@v` the version they come from, `+s`
+        // the updates predicted ahead by the mini-batch's bellwether.
+        assert_eq!(xpipe.weights_table(), lines("
+            stage 0: F0@0 F1@0 F2@0+1 F3@0+1 B0@0 F4@0+2 B1@0 AR OPT F5@0+2 B2@1 F6@1+2 B3@1 AR OPT F7@1+2 B4@2 B5@2 AR OPT B6@3 B7@3 AR OPT
+            stage 1: F0@0 F1@0 F2@0+1 B0@0 F3@0+1 B1@0 AR OPT F4@1+1 B2@1 F5@1+1 B3@1 AR OPT F6@2+1 B4@2 F7@2+1 B5@2 AR OPT B6@3 B7@3 AR OPT
+            stage 2: F0@0 F1@0 B0@0 F2@0+1 B1@0 AR OPT F3@0+1 B2@1 F4@1+1 B3@1 AR OPT F5@1+1 B4@2 F6@2+1 B5@2 AR OPT F7@2+1 B6@3 B7@3 AR OPT
+            stage 3: F0@0 B0@0 F1@0 B1@0 AR OPT F2@1 B2@1 F3@1 B3@1 AR OPT F4@2 B4@2 F5@2 B5@2 AR OPT F6@3 B6@3 F7@3 B7@3 AR OPT").join("\n"));
+        // Weight stashing: a backward uses its forward's version (stage 0's
+        // B4 runs on version 0 though the live weights are at 2).
+        let stash = Schedule::asynchronous(ScheduleKind::PipeDream, 4, 2, 3).unwrap();
+        assert_eq!(stash.weights_table(), lines("
+            stage 0: F0@0 F1@0 F2@0 F3@0 B0@0 F4@0 B1@0 AR OPT F5@1 B2@0 B3@0 AR OPT B4@0 B5@1 AR OPT
+            stage 1: F0@0 F1@0 F2@0 B0@0 F3@0 B1@0 AR OPT F4@1 B2@0 F5@1 B3@0 AR OPT B4@1 B5@1 AR OPT
+            stage 2: F0@0 F1@0 B0@0 F2@0 B1@0 AR OPT F3@1 B2@0 F4@1 B3@1 AR OPT F5@2 B4@1 B5@2 AR OPT
+            stage 3: F0@0 B0@0 F1@0 B1@0 AR OPT F2@1 B2@1 F3@1 B3@1 AR OPT F4@2 B4@2 F5@2 B5@2 AR OPT").join("\n"));
+        let live = Schedule::asynchronous(ScheduleKind::Async, 4, 2, 3).unwrap();
+        assert_eq!(live.weights_table().lines().next().unwrap(),
+            "stage 0: F0@0 F1@0 F2@0 F3@0 B0@0 F4@0 B1@0 AR OPT F5@1 B2@1 B3@1 AR OPT B4@2 B5@2 AR OPT");
+    }
+
+    /// XPipe's version differences (s of formulas (1) and (2)) of each
+    /// stage's mini-batches: (forward, backward), read off the schedule.
+    fn version_differences(s: &Schedule) -> Vec<Vec<(u32, u32)>> {
+        (0..s.stages.len())
+            .map(|stage| {
+                let mut out = vec![(u32::MAX, u32::MAX); s.mini_batches as usize];
+                for p in s.pass_weights(stage) {
+                    let slot = &mut out[p.mini_batch as usize];
+                    match p.action.kind {
+                        ActionKind::Forward => slot.0 = p.predicted_updates,
+                        _ => slot.1 = p.predicted_updates,
+                    }
+                }
+                out
+            })
+            .collect()
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn xpipe_version_differences_of_figure_1() {
+        // Figure 1(a): 4 GPUs, 2 micro-batches per mini-batch.
+        let a = Schedule::asynchronous(ScheduleKind::XPipe, 4, 2, 4).unwrap();
+        assert_eq!(version_differences(&a), [
+            vec![(0, 0), (1, 0), (2, 0), (2, 0)],
+            vec![(0, 0), (1, 0), (1, 0), (1, 0)],
+            vec![(0, 0), (1, 0), (1, 0), (1, 0)],
+            vec![(0, 0), (0, 0), (0, 0), (0, 0)],
+        ]);
+        // The paper's sentence: GPU 0 runs the forward of the fifth
+        // micro-batch (index 4) on the initial weights, and by its backward
+        // the weights were updated twice, after the backwards of the second
+        // and the fourth (indices 1 and 3).
+        let gpu0 = a.pass_weights(0);
+        let pass = |kind, t| gpu0.iter().find(|p| p.action == Action::new(kind, Some(t))).unwrap();
+        assert_eq!(pass(ActionKind::Forward, 4).live_version, 0);
+        assert_eq!(pass(ActionKind::Backward, 4).live_version, 2);
+        let updated_after: Vec<String> = a.stages[0].actions.windows(2)
+            .filter(|w| w[1] == Action::ALL_REDUCE)
+            .map(|w| w[0].to_string())
+            .take(2)
+            .collect();
+        assert_eq!(updated_after, ["B1", "B3"]);
+        // Figure 1(b): 4 micro-batches per mini-batch.
+        let b = Schedule::asynchronous(ScheduleKind::XPipe, 4, 4, 3).unwrap();
+        assert_eq!(version_differences(&b), [
+            vec![(0, 0), (1, 0), (1, 0)],
+            vec![(0, 0), (1, 0), (1, 0)],
+            vec![(0, 0), (1, 0), (1, 0)],
+            vec![(0, 0), (0, 0), (0, 0)],
+        ]);
+    }
+
+    #[test]
+    fn xpipe_version_differences_follow_the_closed_form() {
+        // s_forward(stage k, mini-batch n) = min(n, ceil((S - 1 - k) / M)),
+        // s_backward = 0: the backward of mini-batch n comes after the
+        // update of n - 1 on every stage.
+        for n_stages in 1..=6usize {
+            for m in 1..=5u32 {
+                let s = Schedule::asynchronous(ScheduleKind::SpecTrain, n_stages, m, 6).unwrap();
+                for (k, row) in version_differences(&s).iter().enumerate() {
+                    for (n, &(fwd, bwd)) in row.iter().enumerate() {
+                        let expected = (n as u32).min(((n_stages - 1 - k) as u32).div_ceil(m));
+                        assert_eq!(
+                            (fwd, bwd),
+                            (expected, 0),
+                            "S={n_stages} M={m} stage {k} mini-batch {n}"
+                        );
+                    }
+                }
+            }
+        }
+        // One stage: nothing to predict, every pass on the live weights.
+        let one = Schedule::asynchronous(ScheduleKind::XPipe, 1, 3, 4).unwrap();
+        assert!(one
+            .pass_weights(0)
+            .iter()
+            .all(|p| p.predicted_updates == 0 && p.base_version == p.mini_batch));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn validate_rejects_bad_asynchronous_lists() {
+        let asynchronous = |m: u32, n: u32, text: &str| {
+            let mut s = table(m, text);
+            (s.kind, s.mini_batches) = (ScheduleKind::Async, n);
+            s.validate().unwrap_err().message
+        };
+        assert_eq!(asynchronous(1, 2, "stage 0: F0 B0 F1 B1 AR OPT AR OPT"),
+            "stage 0: action 3 (B1) comes before the OPT of mini-batch 0");
+        assert_eq!(asynchronous(1, 2, "stage 0: F0 F1 B0 AR OPT AR B1 OPT"),
+            "stage 0: action 5 (AR of mini-batch 1) comes before B1");
+        assert_eq!(asynchronous(1, 2, "stage 0: F0 B0 AR OPT F1 B1 AR"),
+            "stage 0: OPT of mini-batch 1 is missing");
+        assert_eq!(asynchronous(2, 2, "stage 0: F0 F1 B0 B1 AR OPT F2 B2 AR OPT"),
+            "stage 0: F3 is missing");
+        // Only the asynchronous kinds run several mini-batches.
+        let mut s = Schedule::asynchronous(ScheduleKind::XPipe, 2, 2, 2).unwrap();
+        assert!(s.validate().is_ok());
+        s.kind = ScheduleKind::GPipe;
+        assert_eq!(s.validate().unwrap_err().message, "schedule gpipe flushes after each mini-batch; it cannot run 2 at once");
+        assert!(Schedule::asynchronous(ScheduleKind::GPipe, 2, 2, 2).is_err());
+        assert!(Schedule::asynchronous(ScheduleKind::XPipe, 2, 2, 0).is_err());
+        let err = Schedule::asynchronous(ScheduleKind::XPipe, 64, 4096, 2).unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::Limit);
+    }
+
+    #[test]
+    fn steady_state_runs_fit_the_work_limit() {
+        assert_eq!(steady_state_mini_batches(4, 2).unwrap(), 2 * 5 + 5);
+        assert_eq!(steady_state_window(4, 2, 15), (5, 9));
+        assert_eq!(steady_state_mini_batches(1, 1).unwrap(), 2 * 2 + 4);
+        // Near the limit the window shrinks, never below one mini-batch.
+        assert_eq!(steady_state_mini_batches(3, 12_483).unwrap(), 7);
+        assert_eq!(steady_state_window(3, 12_483, 7), (2, 4));
+        assert!(steady_state_mini_batches(64, 4096).is_err());
     }
 }

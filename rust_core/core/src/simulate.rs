@@ -7,6 +7,14 @@
 //! its gradients after its last backward and then steps its optimizer.
 //! All replicas of a stage run the same list on their slices in lockstep,
 //! so a stage is simulated once with the time of its largest slice.
+//!
+//! An asynchronous schedule (XPipe, PipeDream, SpecTrain, async) runs many
+//! mini-batches without a flush; its `iteration_ms` is the steady-state
+//! time of one mini-batch, measured between two updates of the first stage
+//! after the pipeline has filled and before it drains. Its passes re-run
+//! the forward in the backward (each pass may use other weights, as in the
+//! XPipe paper's implementation), and memory counts the weight copies its
+//! rule keeps: stashed versions, cached predictions.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +25,10 @@ use crate::format::{FileFormat, FileObject, SIMULATION};
 use crate::plan::{plan_schedule, Plan};
 use crate::profile::LayerCosts;
 use crate::profile::Profile;
-use crate::schedule::{early_backward_actions, Action, ActionKind, Schedule, ScheduleKind};
+use crate::schedule::{
+    early_backward_actions, steady_state_window, Action, ActionKind, Schedule, ScheduleKind,
+    WeightRule,
+};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -29,6 +40,8 @@ pub struct SimStage {
     pub optimizer_ms: f64,
     /// Weights, gradients and optimizer state: held all the time.
     pub model_state_bytes: f64,
+    /// One copy of the stage's weights (a stashed or predicted version).
+    pub weight_bytes: f64,
     /// Kept from a micro-batch's forward to its backward.
     pub stored_bytes: f64,
     /// The stage's input for one micro-batch slice: all that re-computation keeps.
@@ -72,6 +85,10 @@ pub struct StageTimeline {
     pub memory_limit_bytes: f64,
     /// Most micro-batches between their forward and their backward at once.
     pub peak_in_flight: u32,
+    /// Most copies of the weights held besides the live ones (stashed or
+    /// predicted versions of an asynchronous schedule); 0 when synchronous.
+    #[serde(default)]
+    pub peak_weight_copies: u32,
     /// (time ms, bytes) after every change of the stage's memory.
     pub memory: Vec<(f64, f64)>,
 }
@@ -84,9 +101,22 @@ pub struct Simulation {
     pub schema_version: u32,
     pub schedule: ScheduleKind,
     pub recompute: bool,
+    /// One iteration; for an asynchronous schedule, the steady-state time
+    /// of one mini-batch.
     pub iteration_ms: f64,
+    /// Mini-batches simulated: 1, or an asynchronous schedule's run.
+    #[serde(default = "one")]
+    pub mini_batches: u32,
+    /// When the last task ends: `iteration_ms` for a synchronous schedule.
+    /// Absent in version 1 files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_ms: Option<f64>,
     pub stages: Vec<StageTimeline>,
     pub tasks: Vec<Task>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl FileObject for Simulation {
@@ -291,6 +321,7 @@ pub fn early_backward_iteration_ms(
 
 /// Simulate `schedule` on stages with the given costs; `transfer_ms[i]` is
 /// the time to move one micro-batch between stage i and i+1, either way.
+/// An asynchronous schedule always re-computes (see the module's notes).
 pub fn simulate_stages(
     stages: &[SimStage],
     transfer_ms: &[f64],
@@ -298,6 +329,7 @@ pub fn simulate_stages(
     recompute: bool,
 ) -> Result<Simulation> {
     schedule.validate()?;
+    let recompute = recompute || schedule.kind.is_asynchronous();
     let s_count = stages.len();
     if schedule.stages.len() != s_count || transfer_ms.len() + 1 != s_count {
         return Err(Error::invalid(format!(
@@ -312,11 +344,11 @@ pub fn simulate_stages(
         .map(|s| s.actions.as_slice())
         .collect();
     let mut trace = Trace::default();
-    let iteration_ms = run_lists(
+    let span_ms = run_lists(
         stages,
         transfer_ms,
         &lists,
-        schedule.micro_batches,
+        schedule.total_micro_batches(),
         recompute,
         Some(&mut trace),
     )
@@ -332,10 +364,21 @@ pub fn simulate_stages(
         mut memory_events,
         compute,
     } = trace;
+    let iteration_ms = mini_batch_ms(schedule, &tasks, span_ms);
     let timelines = (0..s_count)
         .map(|s| {
             let st = &stages[s];
             let mut events = std::mem::take(&mut memory_events[s]);
+            let copies = weight_copy_events(schedule, s, &tasks);
+            let mut peak_copies = 0u32;
+            let mut now_copies = 0i64;
+            let mut copy_events: Vec<(f64, i64)> = copies;
+            copy_events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for &(t, d) in &copy_events {
+                now_copies += d;
+                peak_copies = peak_copies.max(now_copies as u32);
+                events.push((t, d as f64 * st.weight_bytes));
+            }
             // Memory freed at an instant can be reused at that instant.
             events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
             let mut bytes = st.model_state_bytes;
@@ -348,14 +391,15 @@ pub fn simulate_stages(
             }
             StageTimeline {
                 compute_ms: compute[s],
-                bubble_fraction: if iteration_ms > 0.0 {
-                    1.0 - compute[s] / iteration_ms
+                bubble_fraction: if span_ms > 0.0 {
+                    1.0 - compute[s] / span_ms
                 } else {
                     0.0
                 },
                 peak_memory_bytes: peak,
                 memory_limit_bytes: st.memory_limit_bytes,
                 peak_in_flight: schedule.peak_in_flight(s),
+                peak_weight_copies: peak_copies,
                 memory,
             }
         })
@@ -366,9 +410,103 @@ pub fn simulate_stages(
         schedule: schedule.kind,
         recompute,
         iteration_ms,
+        mini_batches: schedule.mini_batches,
+        span_ms: Some(span_ms),
         stages: timelines,
         tasks,
     })
+}
+
+/// The time of one mini-batch: the whole span for one, otherwise the mean
+/// gap between the first stage's updates inside the steady-state window
+/// (`schedule::steady_state_window`), or over the whole run where it is
+/// too short to have one.
+fn mini_batch_ms(schedule: &Schedule, tasks: &[Task], span_ms: f64) -> f64 {
+    let n = schedule.mini_batches;
+    if n <= 1 {
+        return span_ms;
+    }
+    let updates: Vec<f64> = tasks
+        .iter()
+        .filter(|t| t.stage == 0 && t.kind == TaskKind::OptimizerStep)
+        .map(|t| t.end_ms)
+        .collect();
+    let (first, last) = steady_state_window(schedule.stages.len(), schedule.micro_batches, n);
+    if last > first {
+        (updates[last as usize] - updates[first as usize]) / f64::from(last - first)
+    } else {
+        span_ms / f64::from(n)
+    }
+}
+
+/// (time, +1 / -1) whenever stage `stage` starts or stops holding a copy of
+/// its weights besides the live ones, under the schedule's weight rule:
+/// a stashed version from the update that moves the live weights past it
+/// to the end of the last backward that uses it; a predicted version from
+/// the start of the mini-batch's bellwether pass to the end of its last
+/// pass in that direction (none when nothing is predicted ahead).
+fn weight_copy_events(schedule: &Schedule, stage: usize, tasks: &[Task]) -> Vec<(f64, i64)> {
+    let rule = schedule.kind.weight_rule();
+    if rule == WeightRule::Live {
+        return Vec::new();
+    }
+    let total = schedule.total_micro_batches() as usize;
+    let (mut start, mut end) = (vec![[0.0f64; 2]; total], vec![[0.0f64; 2]; total]);
+    let mut update_end = Vec::with_capacity(schedule.mini_batches as usize);
+    for t in tasks.iter().filter(|t| t.stage == stage) {
+        match (t.kind, t.micro_batch) {
+            (TaskKind::Forward, Some(m)) => {
+                (start[m as usize][0], end[m as usize][0]) = (t.start_ms, t.end_ms)
+            }
+            (TaskKind::Backward, Some(m)) => {
+                (start[m as usize][1], end[m as usize][1]) = (t.start_ms, t.end_ms)
+            }
+            (TaskKind::OptimizerStep, _) => update_end.push(t.end_ms),
+            _ => {}
+        }
+    }
+    let mut events = Vec::new();
+    let passes = schedule.pass_weights(stage);
+    match rule {
+        WeightRule::Stashed => {
+            // Version v is copied when update v + 1 moves the live weights on,
+            // if a backward still needs it then.
+            let mut last_use = vec![f64::NEG_INFINITY; schedule.mini_batches as usize];
+            for p in passes
+                .iter()
+                .filter(|p| p.action.kind == ActionKind::Backward)
+            {
+                let t = p.action.micro_batch.unwrap_or(0) as usize;
+                let v = p.base_version as usize;
+                last_use[v] = last_use[v].max(end[t][1]);
+            }
+            for (v, &used_until) in last_use.iter().enumerate() {
+                if let Some(&moved) = update_end.get(v) {
+                    if used_until > moved {
+                        events.extend([(moved, 1), (used_until, -1)]);
+                    }
+                }
+            }
+        }
+        WeightRule::Predicted => {
+            // One cache per (mini-batch, direction) predicted ahead.
+            let mut span: std::collections::BTreeMap<(u32, usize), (f64, f64)> = Default::default();
+            for p in passes.iter().filter(|p| p.predicted_updates > 0) {
+                let t = p.action.micro_batch.unwrap_or(0) as usize;
+                let dir = usize::from(p.action.kind == ActionKind::Backward);
+                let e = span
+                    .entry((p.mini_batch, dir))
+                    .or_insert((start[t][dir], end[t][dir]));
+                e.0 = e.0.min(start[t][dir]);
+                e.1 = e.1.max(end[t][dir]);
+            }
+            for (from, to) in span.into_values() {
+                events.extend([(from, 1), (to, -1)]);
+            }
+        }
+        WeightRule::Live => {}
+    }
+    events
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -404,6 +542,7 @@ pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) 
                 allreduce_ms: c.exposed_allreduce_ms,
                 optimizer_ms: 0.0,
                 model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
+                weight_bytes: layers.param_bytes(s.layer_start, s.layer_end),
                 stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
                 input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
                 memory_limit_bytes: c.memory_limit_bytes,
@@ -447,6 +586,7 @@ mod tests {
                 allreduce_ms: 0.0,
                 optimizer_ms: 0.0,
                 model_state_bytes: 100.0,
+                weight_bytes: 40.0,
                 stored_bytes: 10.0,
                 input_bytes: 1.0,
                 memory_limit_bytes: 1e9,
@@ -548,5 +688,90 @@ mod tests {
         for st in &sim.stages {
             assert!((st.bubble_fraction - 3.0 / 7.0).abs() < 1e-12);
         }
+    }
+
+    fn asynchronous(kind: ScheduleKind, stages: &[SimStage], m: u32) -> Simulation {
+        let s = stages.len();
+        let n = crate::schedule::steady_state_mini_batches(s, m).unwrap();
+        let schedule = Schedule::asynchronous(kind, s, m, n).unwrap();
+        simulate_stages(stages, &vec![0.0; s - 1], &schedule, false).unwrap()
+    }
+
+    #[test]
+    fn asynchronous_steady_state_is_the_busiest_stage() {
+        // Equal stages, free links: once full, every stage runs each
+        // micro-batch's forward, re-computed forward and backward, then
+        // its AllReduce and update, for every M: no bubble per mini-batch,
+        // where GPipe pays (S - 1) passes of each.
+        for kind in [
+            ScheduleKind::XPipe,
+            ScheduleKind::PipeDream,
+            ScheduleKind::SpecTrain,
+            ScheduleKind::Async,
+        ] {
+            for s in 1..=5 {
+                for m in 1..=6u32 {
+                    let mut stages = equal_stages(s, 1.0, 2.0);
+                    for st in &mut stages {
+                        (st.allreduce_ms, st.optimizer_ms) = (0.5, 0.25);
+                    }
+                    let sim = asynchronous(kind, &stages, m);
+                    assert!(sim.recompute);
+                    let expected = f64::from(m) * (1.0 + 1.0 + 2.0) + 0.75;
+                    assert!(
+                        (sim.iteration_ms - expected).abs() < 1e-9,
+                        "{kind} S={s} M={m}: {}",
+                        sim.iteration_ms
+                    );
+                    assert!(
+                        sim.span_ms.unwrap() > sim.iteration_ms * f64::from(sim.mini_batches - 1)
+                    );
+                }
+            }
+        }
+        // The slowest stage sets the pace.
+        let mut stages = equal_stages(3, 1.0, 2.0);
+        stages[1].bwd_ms = 5.0;
+        assert_eq!(
+            asynchronous(ScheduleKind::XPipe, &stages, 4).iteration_ms,
+            4.0 * 7.0
+        );
+    }
+
+    #[test]
+    fn asynchronous_memory_counts_weight_copies() {
+        // 4 stages of 40-byte weights, one micro-batch per mini-batch:
+        // PipeDream stashes a version per later stage still to return
+        // (S - 1 - k on stage k); XPipe caches one prediction where it
+        // predicts; without prediction nothing is copied.
+        let stages = equal_stages(4, 1.0, 2.0);
+        let copies = |kind, m| {
+            let sim = asynchronous(kind, &stages, m);
+            let live = asynchronous(ScheduleKind::Async, &stages, m);
+            // The copies add to the peak, though not always all of them
+            // (XPipe's cache lives during forwards, the re-computed
+            // activations during backwards).
+            for (a, b) in sim.stages.iter().zip(&live.stages) {
+                let extra = a.peak_memory_bytes - b.peak_memory_bytes;
+                assert!(extra <= f64::from(a.peak_weight_copies) * 40.0, "{kind}");
+                assert_eq!(extra > 0.0, a.peak_weight_copies > 0, "{kind}");
+            }
+            sim.stages
+                .iter()
+                .map(|st| st.peak_weight_copies)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(copies(ScheduleKind::PipeDream, 1), [3, 2, 1, 0]);
+        assert_eq!(copies(ScheduleKind::PipeDream, 2), [2, 1, 1, 0]);
+        assert_eq!(copies(ScheduleKind::XPipe, 1), [1, 1, 1, 0]);
+        assert_eq!(copies(ScheduleKind::XPipe, 4), [1, 1, 1, 0]);
+        assert_eq!(copies(ScheduleKind::Async, 2), [0, 0, 0, 0]);
+        let sync =
+            simulate_stages(&stages, &[0.0; 3], &Schedule::gpipe(4, 2).unwrap(), false).unwrap();
+        assert!(sync.stages.iter().all(|st| st.peak_weight_copies == 0));
+        assert_eq!(
+            (sync.mini_batches, sync.span_ms),
+            (1, Some(sync.iteration_ms))
+        );
     }
 }

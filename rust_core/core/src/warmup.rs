@@ -235,6 +235,7 @@ mod tests {
             allreduce_ms: 0.0,
             optimizer_ms: 0.0,
             model_state_bytes: state,
+            weight_bytes: state / 4.0,
             stored_bytes: stored,
             input_bytes: 0.0,
             memory_limit_bytes: limit,

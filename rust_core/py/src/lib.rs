@@ -154,6 +154,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BASELINES", names(py, Baseline::names())?)?;
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
+    let asynchronous: Vec<&str> = ScheduleKind::ALL
+        .iter()
+        .filter(|k| k.is_asynchronous())
+        .map(|k| k.name())
+        .collect();
+    m.add("ASYNCHRONOUS_SCHEDULES", names(py, asynchronous)?)?;
+    m.add(
+        "ASYNCHRONOUS_ROWS_ON",
+        dapple_core::baselines::ASYNCHRONOUS_ROWS_ON.name(),
+    )?;
     m.add("PLACEMENT_POLICIES", names(py, Policy::names())?)?;
     let presets = PyDict::new(py);
     for (name, spec) in dapple_core::topology::PRESETS {

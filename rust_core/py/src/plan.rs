@@ -16,6 +16,23 @@ crate::file_object_class!(
 );
 
 impl PyPlan {
+    /// The plan's schedule, or `kind`'s, over `mini_batches` when asynchronous.
+    fn schedule(
+        &self,
+        kind: Option<&str>,
+        mini_batches: Option<u32>,
+    ) -> PyResult<dapple_core::schedule::Schedule> {
+        let kind = kind
+            .map(ScheduleKind::parse)
+            .transpose()
+            .map_err(|e| to_py_err(e.under("schedule")))?;
+        match mini_batches {
+            Some(n) => dapple_core::plan::plan_schedule_over(&self.inner, kind, n),
+            None => dapple_core::plan::plan_schedule(&self.inner, kind),
+        }
+        .map_err(|e| self.err(e))
+    }
+
     /// A core error about this plan, naming its file.
     pub(crate) fn err(&self, e: dapple_core::Error) -> PyErr {
         to_py_err(with_source(e, self.source.as_deref()))
@@ -91,15 +108,40 @@ crate::file_object_methods!(PyPlan {
     /// Each stage's actions as tokens ("F3", "B2", "AR", "OPT"): the lists
     /// the simulator runs and the runtime executes. `schedule`: another kind
     /// than the plan's own (early backward then takes the K_i of the plan's
-    /// fixed policy, or policy A's).
-    #[pyo3(signature = (schedule=None))]
-    fn actions(&self, schedule: Option<&str>) -> PyResult<Vec<Vec<String>>> {
-        let kind = schedule
-            .map(ScheduleKind::parse)
-            .transpose()
-            .map_err(|e| to_py_err(e.under("schedule")))?;
-        let lists = dapple_core::plan::plan_schedule(&self.inner, kind).map_err(|e| self.err(e))?;
+    /// fixed policy, or policy A's). `mini_batches`: how many an
+    /// asynchronous kind runs (default: the simulator's steady-state run).
+    #[pyo3(signature = (schedule=None, mini_batches=None))]
+    fn actions(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<Vec<Vec<String>>> {
+        let lists = self.schedule(schedule, mini_batches)?;
         Ok(crate::schedule::tokens(&lists))
+    }
+
+    /// Each stage's list with the weights of every pass, `stage 0: F0@0
+    /// F1@0+1 ... AR OPT` (`Schedule::weights_table`); arguments as `actions`.
+    #[pyo3(signature = (schedule=None, mini_batches=None))]
+    fn weights_table(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<String> {
+        Ok(self.schedule(schedule, mini_batches)?.weights_table())
+    }
+
+    /// Each stage's forwards and backwards with the weights they compute
+    /// with, as (token, mini-batch, base version, updates predicted ahead)
+    /// in list order (`Schedule::pass_weights`); arguments as `actions`.
+    #[pyo3(signature = (schedule=None, mini_batches=None))]
+    fn pass_weights(
+        &self,
+        schedule: Option<&str>,
+        mini_batches: Option<u32>,
+    ) -> PyResult<Vec<Vec<(String, u32, u32, u32)>>> {
+        let lists = self.schedule(schedule, mini_batches)?;
+        Ok((0..lists.stages.len())
+            .map(|stage| {
+                lists
+                    .pass_weights(stage)
+                    .into_iter()
+                    .map(|p| (p.action.to_string(), p.mini_batch, p.base_version, p.predicted_updates))
+                    .collect()
+            })
+            .collect())
     }
 
     /// What each process of a run does (`layout.rs`): used devices by

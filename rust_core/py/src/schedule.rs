@@ -5,22 +5,27 @@ use crate::to_py_err;
 
 /// Action lists of a schedule, one per stage, as tokens ("F3", "B2", "AR",
 /// "OPT"). Early backward takes K_i of stage i from `warmup[i]`; GPipe
-/// needs none. A plan's own lists come from `Plan.actions`.
+/// needs none; an asynchronous kind runs `mini_batches`. A plan's own lists
+/// come from `Plan.actions`.
 #[pyfunction]
-#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None))]
+#[pyo3(signature = (kind, num_stages, micro_batches, warmup=None, mini_batches=1))]
 fn schedule_actions(
     kind: &str,
     num_stages: usize,
     micro_batches: u32,
     warmup: Option<Vec<u32>>,
+    mini_batches: u32,
 ) -> PyResult<Vec<Vec<String>>> {
     let kind = ScheduleKind::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
     let schedule = match (kind, warmup) {
         (ScheduleKind::GPipe, _) => Schedule::gpipe(num_stages, micro_batches),
+        (asynchronous, _) if asynchronous.is_asynchronous() => {
+            Schedule::asynchronous(asynchronous, num_stages, micro_batches, mini_batches)
+        }
         (ScheduleKind::EarlyBackward1F1B, Some(depths)) if depths.len() == num_stages => {
             Schedule::early_backward(num_stages, micro_batches, &depths)
         }
-        (ScheduleKind::EarlyBackward1F1B, given) => Err(dapple_core::Error::field(
+        (_, given) => Err(dapple_core::Error::field(
             "warmup",
             format!(
                 "early backward needs one warm-up depth per stage: {num_stages} stages, {} depths",
@@ -52,6 +57,7 @@ fn schedule_validate(lists: Vec<Vec<String>>, micro_batches: u32) -> PyResult<()
     let schedule = Schedule {
         kind: ScheduleKind::EarlyBackward1F1B,
         micro_batches,
+        mini_batches: 1,
         stages,
     };
     schedule.validate().map_err(to_py_err)

@@ -34,6 +34,18 @@ crate::file_object_methods!(PySimulation {
         self.inner.recompute
     }
 
+    /// Mini-batches simulated: 1, or an asynchronous schedule's run.
+    #[getter]
+    fn mini_batches(&self) -> u32 {
+        self.inner.mini_batches
+    }
+
+    /// When the last task ends (absent in version 1 files).
+    #[getter]
+    fn span_ms(&self) -> Option<f64> {
+        self.inner.span_ms
+    }
+
     /// Each stage's timeline (bubbles, memory over time), as plain data:
     /// without the tasks, which can be millions.
     #[getter]
