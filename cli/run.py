@@ -15,6 +15,8 @@ import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import check_writable, write_atomic
 
+from planner.runtime.optimizers import OPTIMIZERS, check_optimizer
+
 from .options import FILE_PATH, model_kwargs, model_options, reports_errors, require_torch
 
 
@@ -23,7 +25,12 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
 @model_options
 @click.option("--steps", type=click.IntRange(min=1), required=True, help="Total training steps (including resumed ones).")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Learning rate.")
-@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="sgd", show_default=True)
+@click.option("--optimizer", type=click.Choice(tuple(OPTIMIZERS)), default="sgd", show_default=True,
+              help="sgd, momentum (SGD with momentum 0.9), rmsprop (momentum 0.9) or adam.")
+@click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
+              help="Train asynchronously instead of with the plan's schedule: xpipe (Adam-based weight "
+                   "prediction), pipedream (weight stashing), spectrain (momentum-based prediction, needs "
+                   "--optimizer momentum) or async (no prediction); docs/xpipe.md.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
 @click.option("--metrics", "metrics_path", type=FILE_PATH, default=None,
               help="Write per-iteration and per-rank measurements to this JSON file.")
@@ -45,7 +52,7 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
               help="Experiment only: rank RANK's forwards and backwards take FACTOR times as long (it sleeps "
                    "the difference), so one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).")
 @reports_errors
-def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, metrics_path, profile_path,
+def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, metrics_path, profile_path,
                 checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory, slowdowns):
     """Train a model on CPU following a plan: one gloo process per device.
 
@@ -61,6 +68,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
     kwargs = model_kwargs(model_args)
     slowdown = slowdown_of(slowdowns)
+    check_optimizer(schedule, optimizer)
     if metrics_path:
         check_writable(metrics_path)  # before the run, not after it
     torch = require_torch("run")
@@ -102,7 +110,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
     if profile_path:
         profile = planner.Profile.load(profile_path)
         estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
-        simulated = planner.simulate(plan, profile, recompute=recompute).iteration_ms
+        simulated = planner.simulate(plan, profile, schedule=schedule, recompute=recompute).iteration_ms
 
     factory = functools.partial(load_model, model_spec, **kwargs)
     torch.manual_seed(seed)
@@ -120,6 +128,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
             log=True, recompute=recompute, exact_memory=exact_memory, device=device, slowdown=slowdown,
+            schedule=schedule,
         )
     except WorkerFailed as e:
         raise RunFailedError(str(e)) from None
@@ -128,6 +137,12 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
 
     m0 = result.metrics[0]
     iter_ms = m0["iteration_ms"]
+    losses = result.losses
+    if schedule is not None:
+        # Only the last stage knows an asynchronous step's loss, and only
+        # once the run is over: the step lines come now.
+        for i, (loss, ms) in enumerate(zip(losses, iter_ms)):
+            click.echo(f"step {start + i + 1}/{steps} loss {loss:.6f} {ms:.1f} ms", err=True)
     ranks = {}
     for r, m in sorted(result.metrics.items()):
         ranks[str(r)] = {
@@ -150,17 +165,20 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, seed, m
             "first_step": start + 1,
             "steps": steps,
             "global_batch_size": lay.global_batch_size,
-            "recompute": recompute,
+            "recompute": recompute or schedule is not None,
+            "optimizer": optimizer,
+            "schedule": schedule,
             "exact_memory": exact_memory,
             "iteration_ms": iter_ms,
-            "losses": [loss if math.isfinite(loss) else None for loss in m0["losses"]],
+            "losses": [loss if math.isfinite(loss) else None for loss in losses],
             "mean_iteration_ms": mean_ms,
             "estimate_ms": estimate,
             "simulated_ms": simulated,
             "ranks": ranks,
         }
         write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
-    line = (f"ran steps {start + 1}..{steps} on {lay.world_size} processes: final loss {m0['losses'][-1]:.6f}, "
+    how = f", {schedule}" if schedule else ""
+    line = (f"ran steps {start + 1}..{steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
             f"mean iteration {mean_ms:.1f} ms")
     if estimate is not None:
         line += f" (estimate {estimate:.1f} ms"

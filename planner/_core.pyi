@@ -10,6 +10,7 @@ SEARCH_SPACES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
+SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 MAX_PASSES: int

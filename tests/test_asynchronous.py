@@ -65,3 +65,158 @@ def test_a_plan_names_a_synchronous_schedule(dapple, gpipe_plan, tmp_path):
     path.write_text(json.dumps(d))
     r = dapple("simulate", "--plan", path, "--profile", BERT)
     assert_one_line_error(r, 3, str(path), "schedule.kind", '"xpipe" is asynchronous', "--schedule xpipe")
+
+
+# ----------------------------------------------------------------------------
+# The runtime: dapple run --schedule
+
+torch = pytest.importorskip("torch")
+
+from planner.runtime.launcher import run_plan  # noqa: E402
+from planner.runtime.prediction import PREDICTORS, AdamPrediction, MomentumPrediction  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
+
+STEPS = 6
+THREE_STAGES = [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])]
+
+
+def optimizer_for(kind):
+    return "momentum" if planner._core.SCHEDULE_PREDICTORS.get(kind) == "momentum" else "sgd"
+
+
+def test_predictors_are_the_cores_and_the_optimizer_tables():
+    from planner.runtime.optimizers import PREDICTS_FOR
+
+    assert set(PREDICTORS) == set(PREDICTS_FOR) == set(planner._core.SCHEDULE_PREDICTORS.values())
+
+
+def test_adam_prediction_against_a_hand_computation():
+    # One parameter w = 1.0, Adam (lr 0.1) after gradients 0.5 then -0.2:
+    #   m = 0.9 * (0.1 * 0.5) + 0.1 * -0.2 = 0.025, v = 0.999 * 0.001 * 0.25 + 0.001 * 0.04 = 0.00028975
+    #   m_hat = 0.025 / (1 - 0.81) = 0.131578947, v_hat = 0.00028975 / (1 - 0.998001) = 0.144947474
+    #   3 updates ahead: w - 3 * 0.1 * m_hat / (sqrt(v_hat) + 1e-8) = w - 0.103679...
+    w = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    opt = torch.optim.Adam([w], lr=0.1)
+    predictor = AdamPrediction([w], opt)
+    assert predictor.predict(3)[0].item() == 1.0  # nothing to extrapolate yet
+    for g in (0.5, -0.2):
+        w.grad = torch.tensor([g], dtype=torch.float64)
+        predictor.observe()
+        opt.step()
+    m_hat, v_hat = 0.025 / 0.19, 0.00028975 / (1 - 0.999**2)
+    expected = w.item() - 3 * 0.1 * m_hat / (v_hat**0.5 + 1e-8)
+    assert predictor.predict(3)[0].item() == pytest.approx(expected, abs=1e-12)
+    assert predictor.predict(0)[0].item() == w.item()
+    # With momentum SGD the predictor keeps the same moments itself.
+    v = torch.nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
+    sgd = torch.optim.SGD([v], lr=0.1, momentum=0.9)
+    own = AdamPrediction([v], sgd)
+    for g in (0.5, -0.2):
+        v.grad = torch.tensor([g], dtype=torch.float64)
+        own.observe()
+        sgd.step()
+    assert own.predict(3)[0].item() == pytest.approx(v.item() - 3 * 0.1 * m_hat / (v_hat**0.5 + 1e-8), abs=1e-12)
+    # SpecTrain: the momentum buffer after 0.5 then -0.2 is 0.9 * 0.5 - 0.2 = 0.25.
+    spec = MomentumPrediction([v], sgd)
+    assert spec.predict(2)[0].item() == pytest.approx(v.item() - 2 * 0.1 * 0.25, abs=1e-12)
+    with pytest.raises(ValueError, match="momentum"):
+        MomentumPrediction([w], opt)
+
+
+@pytest.fixture(scope="module")
+def batches():
+    torch.set_num_threads(1)
+    return make_batches(STEPS)
+
+
+@pytest.mark.parametrize("kind", planner.ASYNCHRONOUS_SCHEDULES)
+def test_one_stage_trains_like_one_process(kind, batches):
+    # One stage has nothing in flight across an update: every kind is plain training.
+    opt = optimizer_for(kind)
+    ref = train_single_process(tiny_layers, mse, batches, STEPS, 0.1, optimizer=opt)
+    r = run_plan(layout_plan(4, [(0, 5, [0])]), tiny_layers, mse, batches, STEPS, 0.1, schedule=kind,
+                 optimizer=opt, **FAST)
+    assert max_diff(r.params, ref) < 1e-6
+    assert len(r.losses) == STEPS
+
+
+def test_xpipe_with_learning_rate_zero_is_plain_training(batches):
+    ref = train_single_process(tiny_layers, mse, batches, STEPS, 0.0, optimizer="adam")
+    sync = run_plan(layout_plan(4, THREE_STAGES), tiny_layers, mse, batches, STEPS, 0.0, optimizer="adam", **FAST)
+    r = run_plan(layout_plan(4, THREE_STAGES), tiny_layers, mse, batches, STEPS, 0.0, schedule="xpipe",
+                 optimizer="adam", **FAST)
+    assert max_diff(r.params, ref) < 1e-6
+    assert r.losses == pytest.approx(sync.losses, abs=1e-6)
+
+
+class Shift(torch.nn.Module):
+    """y = x + b: with a loss linear in the output, every gradient is constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        return x + self.b
+
+
+def shifts():
+    return [Shift() for _ in range(4)]
+
+
+def linear_loss(out, target):
+    return (out * target).mean()
+
+
+def test_adam_prediction_is_exact_when_gradients_are_constant():
+    # Constant gradients make Adam's bias-corrected moments exact from the
+    # first step, so XPipe predicts every version without error once there
+    # are moments: each forward sees the weights synchronous training would,
+    # and so do the losses. Mini-batch 1's bellwether runs before the first
+    # update (4 stages, 4 micro-batches: s = 1, no moments yet) and uses the
+    # initial weights. Without prediction (and with stale stashed weights)
+    # the losses differ throughout.
+    g = torch.Generator().manual_seed(7)
+    one = (torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g))
+    data = [one] * STEPS
+    stages = [(0, 1, [0]), (1, 2, [1]), (2, 3, [2]), (3, 4, [3])]
+    plan = layout_plan(2, stages, gbs=8)
+    sync = run_plan(plan, shifts, linear_loss, data, STEPS, 0.05, optimizer="adam", **FAST)
+    xpipe = run_plan(plan, shifts, linear_loss, data, STEPS, 0.05, optimizer="adam", schedule="xpipe", **FAST)
+    assert xpipe.losses[:1] + xpipe.losses[2:] == pytest.approx(sync.losses[:1] + sync.losses[2:], abs=1e-6)
+    assert abs(xpipe.losses[1] - sync.losses[1]) > 1e-3
+    for kind in ("pipedream", "async"):
+        stale = run_plan(plan, shifts, linear_loss, data, STEPS, 0.05, optimizer="adam", schedule=kind, **FAST)
+        assert max(abs(a - b) for a, b in zip(stale.losses, sync.losses)) > 1e-3, kind
+    # All kinds take the same (constant) gradients, so the weights agree.
+    assert max_diff(xpipe.params, sync.params) < 1e-6
+
+
+def test_replicated_stages_reduce_each_mini_batch(batches):
+    # 2:1 with micro-batch 3 split 2 + 1: the replicas end equal.
+    plan = layout_plan(3, [(0, 3, [0, 1]), (3, 5, [2])])
+    r = run_plan(plan, tiny_layers, mse, batches, STEPS, 0.1, schedule="pipedream", **FAST)
+    assert r.replicas_agree(atol=1e-6) and len(r.losses) == STEPS
+    assert r.trace[2][:4] == ["F0", "B0", "F1", "B1"]
+
+
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(batches, tmp_path):
+    plan = layout_plan(4, THREE_STAGES)
+    common = dict(schedule="xpipe", optimizer="momentum", checkpoint_every=3, **FAST)
+    full = run_plan(plan, tiny_layers, mse, batches, STEPS, 0.1, checkpoint_dir=str(tmp_path / "a"), **common)
+    run_plan(plan, tiny_layers, mse, batches, 3, 0.1, checkpoint_dir=str(tmp_path / "b"), **common)
+    saved = torch.load(tmp_path / "b" / "step-3" / "rank-0.pt", weights_only=True)
+    assert saved["predictor"]["step"] == 3  # XPipe's own moments travel with the checkpoint
+    resumed = run_plan(plan, tiny_layers, mse, batches, STEPS, 0.1, checkpoint_dir=str(tmp_path / "b"),
+                       start_step=3, **common)
+    assert max_diff(resumed.params, full.params) < 1e-6
+    assert resumed.losses == pytest.approx(full.losses[3:], abs=1e-6)
+
+
+def test_spectrain_without_momentum_is_refused(dapple, tmp_path):
+    path = tmp_path / "plan.json"
+    layout_plan(4, THREE_STAGES).save(path)
+    r = dapple("run", "--plan", path, "--model", "planner.runtime.models:gpt", "--steps", 2,
+               "--schedule", "spectrain", "--optimizer", "adam")
+    assert_one_line_error(r, 4, "--optimizer", "'adam'", "spectrain")

@@ -84,7 +84,7 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert "Gloo" not in res.stdout  # stdout holds the summary only
     m = json.loads(out.read_text())
     # written by the core's own definition of the format, and read back by it
-    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 1)
+    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 2)
     assert planner.RunMetrics.from_json(out.read_text(), str(out)).steps == 3
     assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
     assert len(m["losses"]) == 3 and all(x > 0 for x in m["losses"])
@@ -100,6 +100,23 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     # the last stage waits for the first one's activations every iteration
     assert m["ranks"]["1"]["bubble_ms"] > 0
     assert m["recompute"] is False
+
+
+def test_run_asynchronously(files, tmp_path):
+    out = tmp_path / "m.json"
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 4, "--metrics", out, "--profile", files["profile"],
+              "--schedule", "xpipe", "--optimizer", "rmsprop", "--lr", "0.001")
+    assert res.returncode == 0, res.stderr
+    steps = [ln for ln in res.stderr.splitlines() if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == ["1/4", "2/4", "3/4", "4/4"]
+    assert ", xpipe: final loss" in res.stdout
+    m = json.loads(out.read_text())
+    assert (m["schedule"], m["optimizer"], m["recompute"]) == ("xpipe", "rmsprop", True)
+    assert len(m["losses"]) == 4 and all(x > 0 for x in m["losses"])
+    assert len(m["iteration_ms"]) == 4 and all(t > 0 for t in m["iteration_ms"])
+    # the simulated time is the steady state of one mini-batch
+    sim = planner.simulate(files["plan"], files["profile"], schedule="xpipe")
+    assert m["simulated_ms"] == pytest.approx(sim.iteration_ms)
 
 
 def test_run_with_recompute(files, tmp_path):

@@ -18,9 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .. import _core
 from ..plan import Plan
 from .layout import Layout
 from .memory import return_freed_memory
+from .optimizers import check_optimizer
+from .schedule import asynchronous_passes, segments
 from .worker import Job, backend, run_rank
 
 
@@ -151,6 +154,17 @@ class RunResult:
     peak_in_flight: dict[int, int]
     metrics: dict[int, dict] = field(default_factory=dict)
 
+    @property
+    def losses(self) -> list[float]:
+        """The mean loss over each step's global batch: rank 0's (every
+        rank reduces it at the end of a synchronous iteration), or under an
+        asynchronous schedule the sum of the last stage's replicas' parts."""
+        if not self.metrics.get(0, {}).get("asynchronous"):
+            return list(self.metrics.get(0, {}).get("losses", []))
+        last = max(s for s, _ in self.stage_of_rank.values())
+        parts = [self.metrics[r]["losses"] for r, (s, _) in sorted(self.stage_of_rank.items()) if s == last]
+        return [sum(values) for values in zip(*parts)]
+
     def replicas_agree(self, atol: float = 0.0) -> bool:
         by_stage: dict[int, list[dict]] = {}
         for r, (s, _) in self.stage_of_rank.items():
@@ -210,6 +224,7 @@ def run_plan(
     exact_memory: bool = False,
     device: str = "cpu",
     slowdown: dict[int, float] | None = None,
+    schedule: str | None = None,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan`` (a validated
     :class:`planner.Plan`; its layout comes from the core, ``layout.py``), on
@@ -221,7 +236,7 @@ def run_plan(
     module-level function) builds the model; called after
     ``torch.manual_seed(seed)`` on every rank. ``loss_fn(output, target)``
     is the loss of a slice, a mean over its samples (``loss_reduction="mean"``)
-    or a sum (``"sum"``). ``optimizer``: ``"sgd"`` or ``"adam"``.
+    or a sum (``"sum"``). ``optimizer``: a name of ``optimizers.OPTIMIZERS``.
 
     ``start_step``: resume from the checkpoint of that step in
     ``checkpoint_dir`` (see :mod:`planner.runtime.checkpoint`) and run
@@ -238,6 +253,12 @@ def run_plan(
 
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; rank r on GPU r, or on
     GPU ``LOCAL_RANK`` under torchrun; local processes are then spawned).
+
+    ``schedule``: an asynchronous kind (``_core.ASYNCHRONOUS_SCHEDULES``:
+    XPipe, PipeDream's weight stashing, SpecTrain, async) to train with
+    instead of the plan's synchronous schedule (``asynchronous.py``); each
+    checkpoint drains the pipeline. ``optimizer`` must be one it predicts
+    for (``optimizers.check_optimizer``).
 
     ``recompute``: keep only each stage's input during the forward and re-run
     the stage's forward in its backward (``torch.utils.checkpoint``); the
@@ -258,6 +279,13 @@ def run_plan(
     lay = Layout.of(plan)
     if world_size is not None and world_size != lay.world_size:
         raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
+    passes = None
+    if schedule is not None:
+        if schedule not in _core.ASYNCHRONOUS_SCHEDULES:
+            raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
+        check_optimizer(schedule, optimizer)
+        lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every)}
+        passes = {n: asynchronous_passes(plan.core, schedule, n) for n in lengths}
     job = Job(
         layout=lay,
         layers_factory=layers_factory,
@@ -279,6 +307,8 @@ def run_plan(
         exact_memory=exact_memory,
         device=device,
         slowdown=dict(slowdown or {}),
+        schedule=schedule,
+        passes=passes,
     )
 
     if launched_by_torchrun():

@@ -11,15 +11,25 @@ each micro-batch.
   one backward and one forward until the forwards run out, then the
   remaining backwards.
 - GPipe: F0 .. F(M-1), then B(M-1) .. B0 on every stage.
+- asynchronous kinds (``_core.ASYNCHRONOUS_SCHEDULES``): one list over many
+  mini-batches with ``AR`` and ``OPT`` after each, and the weights of each
+  pass (:func:`asynchronous_passes`).
 
 No torch here. Errors are ``planner.InvalidInputError`` (a ``ValueError``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _core
 
 Action = tuple[str, int]
+
+#: One action of an asynchronous list: ("F" | "B" | "AR" | "OPT", micro-batch
+#: of the run, its mini-batch, the weight version the pass starts from,
+#: updates predicted ahead of it); the last four are None for AR and OPT.
+Pass = tuple[str, Any, Any, Any, Any]
 
 EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
@@ -54,3 +64,38 @@ def validate(lists: list[list[Action]], micro_batches: int) -> None:
 def format_schedule(lists: list[list[Action]]) -> str:
     """``stage 0: F0 F1 B0 ...`` lines, as the core prints them, without AR/OPT."""
     return "\n".join(f"stage {s}: " + " ".join(f"{k}{m}" for k, m in actions) for s, actions in enumerate(lists))
+
+
+def asynchronous_passes(plan: _core.Plan, schedule: str, mini_batches: int) -> list[list[Pass]]:
+    """Each stage's list under asynchronous ``schedule`` over
+    ``mini_batches``, with the weights of every pass: the core's action
+    lists and ``pass_weights`` side by side."""
+    out = []
+    for tokens, weights in zip(plan.actions(schedule, mini_batches), plan.pass_weights(schedule, mini_batches)):
+        passes = iter(weights)
+        stage: list[Pass] = []
+        for token in tokens:
+            if token in ("AR", "OPT"):
+                stage.append((token, None, None, None, None))
+                continue
+            same, n, base, ahead = next(passes)
+            assert same == token, (same, token)
+            stage.append((token[0], int(token[1:]), n, base, ahead))
+        out.append(stage)
+    return out
+
+
+def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges of mini-batches from ``start`` to ``steps``, cut at
+    every multiple of each positive number in ``every``: an asynchronous
+    run drains at each cut (a checkpoint, an evaluation)."""
+    cuts = {steps}
+    for k in every:
+        if k > 0:
+            cuts.update(range((start // k + 1) * k, steps, k))
+    out, a = [], start
+    for b in sorted(cuts):
+        if b > a:
+            out.append((a, b))
+            a = b
+    return out

@@ -27,13 +27,15 @@ def layers_of(made: Any) -> list[nn.Module]:
 
 
 def make_optimizer(params, optimizer: str, lr: float):
-    """SGD or Adam over ``params``; None when there are none."""
+    """The optimizer named ``optimizer`` (``optimizers.OPTIMIZERS``) over
+    ``params``; None when there are none."""
+    from .optimizers import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use {', '.join(OPTIMIZERS)}")
     params = list(params)
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr) if params else None
-    if optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr) if params else None
-    raise ValueError(f"unknown optimizer {optimizer!r}; use sgd or adam")
+    cls, kwargs = OPTIMIZERS[optimizer]
+    return getattr(torch.optim, cls)(params, lr=lr, **kwargs) if params else None
 
 
 def scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str):

@@ -3,7 +3,7 @@ and gradients (a shape header, then the data) and the tags that keep
 micro-batches and directions apart.
 
 Sends are non-blocking (``isend``) and waited for at the end of the
-iteration; receives block. Since every rank follows its stage's action list,
+iteration (of the run, for an asynchronous schedule); receives block. Since every rank follows its stage's action list,
 which the core's lock-step check proves deadlock-free, every receive is
 eventually matched.
 """
@@ -60,6 +60,11 @@ class PointToPoint:
 
     def recv_into(self, t: torch.Tensor, src: int, m: int, backward: bool) -> None:
         self._recv(t, src, tag(m, backward, 1))
+
+    def reap(self) -> None:
+        """Forget the sends that have completed (a long asynchronous run
+        waits for its sends only at the end)."""
+        self.pending = [(w, t) for w, t in self.pending if not w.is_completed()]
 
     def wait_all(self) -> None:
         for work, _ in self.pending:

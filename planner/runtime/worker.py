@@ -9,8 +9,9 @@ slice of n samples is ``loss_fn(out, tgt) * n / global_batch``
 (``loss_reduction="mean"``) or ``loss_fn(out, tgt) / global_batch``
 (``"sum"``), so the accumulated gradient is that of the mean loss over the
 global batch. Then each stage's gradients are summed over its replicas
-(AllReduce on a process group per stage) and one optimizer step (SGD or
-Adam) is taken.
+(AllReduce on a process group per stage) and one optimizer step
+(``optimizers.py``) is taken. An asynchronous schedule runs
+``asynchronous.py``'s loop instead, on the same ``RankSetup``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class Job:
     # (factor - 1) times each forward's and backward's own time after it, so
     # one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).
     slowdown: dict[int, float] = field(default_factory=dict)
+    # An asynchronous schedule (xpipe, pipedream, spectrain, async) to run
+    # instead of the plan's own; its action lists, one per stage, for the
+    # mini-batches from start_step to steps (asynchronous.py).
+    schedule: str | None = None
+    passes: list | None = None
 
 
 def backend(device: str) -> str:
@@ -92,17 +98,73 @@ def allreduce_grads(params: list[nn.Parameter], group) -> None:
         offset += n
 
 
-def run_rank(rank: int, job: Job) -> dict[str, Any]:
-    """The training loop of one rank; the process group must be up.
-    Returns ``{"state", "trace", "peak_in_flight"}``: the stage's final
-    state, the actions run in the first iteration (``"F0"``, ``"B0"``, ...,
-    ``"AR"``, ``"OPT"``) and the most micro-batches whose activations were
-    held at once."""
+@dataclass
+class RankSetup:
+    """What one rank holds once its process group is up: its stage's layers
+    and optimizer, its peers and its transport. Shared by the synchronous
+    loop (``run_rank``) and the asynchronous one (``asynchronous.py``)."""
+
+    rank: int
+    stage: int
+    replica: int
+    first: bool
+    last: bool
+    layer_range: tuple[int, int]
+    dev: torch.device
+    layers: list[nn.Module]
+    module: nn.Module
+    params: list[nn.Parameter]
+    opt: Any
+    group: Any
+    #: (rank, (start, end)): who this replica receives its input from and
+    #: sends its output to, with the samples of each micro-batch they share.
+    prev: list[tuple[int, tuple[int, int]]]
+    nxt: list[tuple[int, tuple[int, int]]]
+    comm: PointToPoint
+    #: Samples [lo, hi) of every micro-batch this replica computes.
+    lo: int
+    hi: int
+    meter: PeakMemory
+    slow: float
+    #: Saved state beyond the model and the optimizer, from the checkpoint
+    #: resumed (None when starting afresh).
+    resumed: dict | None = None
+
+    def computed(self, work):
+        """``work()``, made ``slow`` times longer when the experiment asks."""
+        if self.slow == 1.0:
+            return work()
+        t0 = time.perf_counter()
+        result = work()
+        time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+        return result
+
+    def save_checkpoint(self, job: Job, done: int, **extra) -> None:
+        """Save this rank's stage after ``done`` steps; rank 0 marks the step
+        complete once every rank has saved."""
+        from . import checkpoint as ckpt
+
+        ckpt.save_rank(job.checkpoint_dir, done, self.rank, {
+            "step": done,
+            "rank": self.rank,
+            "stage": self.stage,
+            "layer_range": list(self.layer_range),
+            "model": self.module.state_dict(),
+            "optimizer": self.opt.state_dict() if self.opt is not None else None,
+            **extra,
+        })
+        dist.barrier()  # every rank's file is on disk
+        if self.rank == 0:
+            ckpt.write_latest(job.checkpoint_dir, done)
+
+
+def open_rank(rank: int, job: Job) -> RankSetup:
+    """Build this rank's stage (from the checkpoint when resuming), its
+    process groups and its peers; the process group must be up."""
     lay = job.layout
     stage, replica = lay.where(rank)
     me = lay.stages[stage].replicas[replica]
     n_stages = len(lay.stage_ranks)
-    first, last = stage == 0, stage == n_stages - 1
     a, b = lay.layer_ranges[stage]
 
     torch.manual_seed(job.seed)
@@ -120,30 +182,67 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = make_optimizer(params, job.optimizer, job.lr)
+    resumed = None
     if job.start_step:
         from . import checkpoint as ckpt
 
-        saved = ckpt.load_rank(job.checkpoint_dir, job.start_step, rank)
-        if saved["step"] != job.start_step or tuple(saved["layer_range"]) != (a, b):
+        resumed = ckpt.load_rank(job.checkpoint_dir, job.start_step, rank)
+        if resumed["step"] != job.start_step or tuple(resumed["layer_range"]) != (a, b):
             raise ValueError(
-                f"checkpoint step {job.start_step} rank {rank} holds layers {saved['layer_range']} "
-                f"at step {saved['step']}, this plan gives the rank layers {(a, b)}"
+                f"checkpoint step {job.start_step} rank {rank} holds layers {resumed['layer_range']} "
+                f"at step {resumed['step']}, this plan gives the rank layers {(a, b)}"
             )
-        module.load_state_dict(saved["model"])
+        module.load_state_dict(resumed["model"])
         if opt is not None:
-            opt.load_state_dict(saved["optimizer"])
+            opt.load_state_dict(resumed["optimizer"])
 
     # Process groups: created by every rank, in stage order.
     groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
-    group = groups[stage]
+    return RankSetup(
+        rank=rank,
+        stage=stage,
+        replica=replica,
+        first=stage == 0,
+        last=stage == n_stages - 1,
+        layer_range=(a, b),
+        dev=dev,
+        layers=layers,
+        module=module,
+        params=params,
+        opt=opt,
+        group=groups[stage],
+        prev=[(p.rank, (p.start, p.end)) for p in me.receives_from],
+        nxt=[(p.rank, (p.start, p.end)) for p in me.sends_to],
+        comm=PointToPoint(dev),
+        lo=me.start,
+        hi=me.end,
+        # The peak of the training iterations, from the size after the stage
+        # and its optimizer were built (Adam's state arrives with the first step).
+        meter=PeakMemory(cuda=dev.type == "cuda"),
+        slow=job.slowdown.get(rank, 1.0),
+        resumed=resumed,
+    )
 
+
+def run_rank(rank: int, job: Job) -> dict[str, Any]:
+    """The training loop of one rank; the process group must be up.
+    Returns ``{"state", "trace", "peak_in_flight"}``: the stage's final
+    state, the actions run in the first iteration (``"F0"``, ``"B0"``, ...,
+    ``"AR"``, ``"OPT"``) and the most micro-batches whose activations were
+    held at once. An asynchronous schedule runs ``asynchronous.py``'s loop."""
+    if job.schedule is not None:
+        from .asynchronous import run_asynchronous
+
+        return run_asynchronous(open_rank(rank, job), job)
+    lay = job.layout
+    ctx = open_rank(rank, job)
+    stage, replica = ctx.stage, ctx.replica
+    first, last = ctx.first, ctx.last
+    a, _ = ctx.layer_range
+    layers, module, params, opt, group = ctx.layers, ctx.module, ctx.params, ctx.opt, ctx.group
+    prev, nxt, comm, lo, hi = ctx.prev, ctx.nxt, ctx.comm, ctx.lo, ctx.hi
+    dev, meter, computed = ctx.dev, ctx.meter, ctx.computed
     mbs, gbs = lay.micro_batch_size, lay.global_batch_size
-    # Who this replica receives its input from and sends its output to, with
-    # the samples [start, end) of each micro-batch they share.
-    prev = [(p.rank, (p.start, p.end)) for p in me.receives_from]
-    nxt = [(p.rank, (p.start, p.end)) for p in me.sends_to]
-    comm = PointToPoint(dev)
-    lo, hi = me.start, me.end
     trace: list[str] = []
     peak = 0
     iteration_ms: list[float] = []
@@ -155,20 +254,6 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
     }
     fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
     fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
-    # The peak of the training iterations, from the size after the stage and
-    # its optimizer were built (Adam's state arrives with the first step).
-    meter = PeakMemory(cuda=dev.type == "cuda")
-    slow = job.slowdown.get(rank, 1.0)
-
-    def computed(work):
-        """``work()``, made ``slow`` times longer when the experiment asks."""
-        if slow == 1.0:
-            return work()
-        t0 = time.perf_counter()
-        result = work()
-        time.sleep((slow - 1.0) * (time.perf_counter() - t0))
-        return result
-
     for it in range(job.start_step, job.steps):
         if fail_rank is not None and int(fail_rank) == rank and it + 1 == fail_step:
             raise RuntimeError(f"injected failure at step {it + 1} (DAPPLE_TEST_FAIL_RANK)")
@@ -268,19 +353,7 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
             print(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms", file=sys.stderr, flush=True)
         done = it + 1
         if job.checkpoint_dir and job.checkpoint_every and done % job.checkpoint_every == 0:
-            from . import checkpoint as ckpt
-
-            ckpt.save_rank(job.checkpoint_dir, done, rank, {
-                "step": done,
-                "rank": rank,
-                "stage": stage,
-                "layer_range": [a, b],
-                "model": module.state_dict(),
-                "optimizer": opt.state_dict() if opt is not None else None,
-            })
-            dist.barrier()  # every rank's file is on disk
-            if rank == 0:
-                ckpt.write_latest(job.checkpoint_dir, done)
+            ctx.save_checkpoint(job, done)
     metrics = {
         "stage": stage,
         "replica": replica,

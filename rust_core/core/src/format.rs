@@ -41,8 +41,9 @@ pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 2, &[1, 
 /// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
-/// What `dapple run --metrics` writes (`metrics.rs`).
-pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 1, &[1]);
+/// What `dapple run --metrics` writes (`metrics.rs`). Version 2 adds
+/// `optimizer`, `schedule` and `evaluations`.
+pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 2, &[1, 2]);
 
 /// Every format, for the binding's `FORMATS` table.
 pub const FORMATS: [FileFormat; 6] = [

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::format::{FileFormat, FileObject, RUN_METRICS};
+use crate::schedule::ScheduleKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +26,16 @@ pub struct RunMetrics {
     pub global_batch_size: u32,
     pub recompute: bool,
     pub exact_memory: bool,
-    /// One per step, on rank 0: from a barrier to the end of the loss reduction.
+    /// The optimizer's name (absent in version 1 files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
+    /// The asynchronous schedule the run trained with instead of the
+    /// plan's own (`dapple run --schedule`); absent when it was the plan's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleKind>,
+    /// One per step, on rank 0: from a barrier to the end of the loss
+    /// reduction; under an asynchronous schedule, from one update of rank 0
+    /// to the next.
     pub iteration_ms: Vec<f64>,
     /// The mean loss over each step's global batch; null where it was not a
     /// number (a diverged run).
@@ -36,6 +46,22 @@ pub struct RunMetrics {
     pub simulated_ms: Option<f64>,
     /// By rank, as a decimal string.
     pub ranks: BTreeMap<String, RankMetrics>,
+    /// The model on the validation split after every `--eval-every` steps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evaluations: Vec<Evaluation>,
+}
+
+/// The trained model on the validation split after `step` steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    pub step: u32,
+    /// Mean loss over the validation samples.
+    pub loss: Option<f64>,
+    /// Share of validation samples classified right, where the model
+    /// classifies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,8 +108,15 @@ mod tests {
         });
         let metrics = RunMetrics::from_parts(parts.clone()).unwrap();
         assert_eq!(metrics.format, "dapple.run-metrics");
-        assert_eq!(metrics.schema_version, 1);
+        assert_eq!(metrics.schema_version, 2);
+        assert_eq!((metrics.schedule, metrics.evaluations.len()), (None, 0));
         assert_eq!(RunMetrics::from_json(&metrics.to_json()).unwrap(), metrics);
+        let mut curves = parts.clone();
+        curves["schedule"] = serde_json::json!("xpipe");
+        curves["evaluations"] = serde_json::json!([{"step": 2, "loss": 0.5, "accuracy": 0.9}]);
+        let read = RunMetrics::from_parts(curves).unwrap();
+        assert_eq!(read.schedule, Some(ScheduleKind::XPipe));
+        assert_eq!(RunMetrics::from_json(&read.to_json()).unwrap(), read);
         let mut unknown = parts;
         unknown["surprise"] = serde_json::json!(1);
         let e = RunMetrics::from_parts(unknown).unwrap_err();

@@ -323,6 +323,9 @@ pub struct LayerCosts {
     /// (p in 1..num_layers); entry 0 and num_layers are 0.
     cut_per_sample: Vec<f64>,
     pub optimizer_slots: u32,
+    /// Whether the optimizer keeps Adam's two moments, which XPipe's
+    /// prediction then reads instead of keeping its own.
+    pub keeps_adam_moments: bool,
 }
 
 /// Per-batch-size prefix sums of forward and backward time.
@@ -396,6 +399,7 @@ impl LayerCosts {
             stored_prefix: prefix(&stored_per_sample),
             cut_per_sample,
             optimizer_slots: optimizer_state_slots(&profile.optimizer).unwrap_or(2),
+            keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
 

@@ -135,7 +135,28 @@ pub enum WeightRule {
     Predicted,
 }
 
+crate::named_enum! {
+    /// How a predicting schedule extrapolates a stage's weights s updates
+    /// ahead (the runtime's `planner/runtime/prediction.py`).
+    pub enum Predictor("a predictor") {
+        /// XPipe (formulas (3), (4)): s Adam steps with the current
+        /// bias-corrected moments of the mini-batch gradients.
+        Adam = "adam",
+        /// SpecTrain: s steps along momentum SGD's smoothed gradient.
+        Momentum = "momentum",
+    }
+}
+
 impl ScheduleKind {
+    /// The predictor of a kind whose passes use predicted weights.
+    pub fn predictor(self) -> Option<Predictor> {
+        match self {
+            ScheduleKind::XPipe => Some(Predictor::Adam),
+            ScheduleKind::SpecTrain => Some(Predictor::Momentum),
+            _ => None,
+        }
+    }
+
     /// Kinds that run several mini-batches without a flush between them.
     pub fn is_asynchronous(self) -> bool {
         !matches!(self, ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe)
@@ -143,11 +164,9 @@ impl ScheduleKind {
 
     pub fn weight_rule(self) -> WeightRule {
         match self {
-            ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe | ScheduleKind::Async => {
-                WeightRule::Live
-            }
+            _ if self.predictor().is_some() => WeightRule::Predicted,
             ScheduleKind::PipeDream => WeightRule::Stashed,
-            ScheduleKind::XPipe | ScheduleKind::SpecTrain => WeightRule::Predicted,
+            _ => WeightRule::Live,
         }
     }
 }

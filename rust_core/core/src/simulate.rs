@@ -14,7 +14,8 @@
 //! after the pipeline has filled and before it drains. Its passes re-run
 //! the forward in the backward (each pass may use other weights, as in the
 //! XPipe paper's implementation), and memory counts the weight copies its
-//! rule keeps: stashed versions, cached predictions.
+//! rule keeps (stashed versions, cached predictions) and the Adam moments
+//! XPipe's prediction keeps when the optimizer has none.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +27,8 @@ use crate::plan::{plan_schedule, Plan};
 use crate::profile::LayerCosts;
 use crate::profile::Profile;
 use crate::schedule::{
-    early_backward_actions, steady_state_window, Action, ActionKind, Schedule, ScheduleKind,
-    WeightRule,
+    early_backward_actions, steady_state_window, Action, ActionKind, Predictor, Schedule,
+    ScheduleKind, WeightRule,
 };
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
@@ -42,6 +43,9 @@ pub struct SimStage {
     pub model_state_bytes: f64,
     /// One copy of the stage's weights (a stashed or predicted version).
     pub weight_bytes: f64,
+    /// Adam's moments XPipe's prediction keeps itself, held all the time:
+    /// two copies of the weights, none when the optimizer has them.
+    pub own_adam_moments_bytes: f64,
     /// Kept from a micro-batch's forward to its backward.
     pub stored_bytes: f64,
     /// The stage's input for one micro-batch slice: all that re-computation keeps.
@@ -382,6 +386,9 @@ pub fn simulate_stages(
             // Memory freed at an instant can be reused at that instant.
             events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
             let mut bytes = st.model_state_bytes;
+            if schedule.kind.predictor() == Some(Predictor::Adam) {
+                bytes += st.own_adam_moments_bytes;
+            }
             let mut peak = bytes;
             let mut memory = vec![(0.0, bytes)];
             for (t, delta) in events {
@@ -543,6 +550,11 @@ pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) 
                 optimizer_ms: 0.0,
                 model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
                 weight_bytes: layers.param_bytes(s.layer_start, s.layer_end),
+                own_adam_moments_bytes: if layers.keeps_adam_moments {
+                    0.0
+                } else {
+                    2.0 * layers.param_bytes(s.layer_start, s.layer_end)
+                },
                 stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
                 input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
                 memory_limit_bytes: c.memory_limit_bytes,
@@ -587,6 +599,7 @@ mod tests {
                 optimizer_ms: 0.0,
                 model_state_bytes: 100.0,
                 weight_bytes: 40.0,
+                own_adam_moments_bytes: 0.0,
                 stored_bytes: 10.0,
                 input_bytes: 1.0,
                 memory_limit_bytes: 1e9,

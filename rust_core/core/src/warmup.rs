@@ -236,6 +236,7 @@ mod tests {
             optimizer_ms: 0.0,
             model_state_bytes: state,
             weight_bytes: state / 4.0,
+            own_adam_moments_bytes: 0.0,
             stored_bytes: stored,
             input_bytes: 0.0,
             memory_limit_bytes: limit,

@@ -160,6 +160,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|k| k.name())
         .collect();
     m.add("ASYNCHRONOUS_SCHEDULES", names(py, asynchronous)?)?;
+    let predictors = PyDict::new(py);
+    for kind in ScheduleKind::ALL {
+        if let Some(p) = kind.predictor() {
+            predictors.set_item(kind.name(), p.name())?;
+        }
+    }
+    m.add("SCHEDULE_PREDICTORS", predictors)?;
     m.add(
         "ASYNCHRONOUS_ROWS_ON",
         dapple_core::baselines::ASYNCHRONOUS_ROWS_ON.name(),
