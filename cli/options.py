@@ -57,8 +57,11 @@ def topology_option(f):
     )(f)
 
 
-def plan_options(f):
-    """--plan, and --profile defaulting to the profile the plan records."""
+def plan_options(f=None, *, required: bool = True):
+    """--plan, and --profile defaulting to the profile the plan records.
+    ``@plan_options(required=False)`` where a command can do without a plan."""
+    if f is None:
+        return lambda g: plan_options(g, required=required)
     f = click.option(
         "--profile",
         "profile_path",
@@ -67,7 +70,7 @@ def plan_options(f):
         help="Profile to cost with. Default: the path recorded in the plan.",
     )(f)
     return click.option(
-        "--plan", "plan_path", required=True, type=FILE_PATH, help="Plan JSON (dapple.plan)."
+        "--plan", "plan_path", required=required, type=FILE_PATH, help="Plan JSON (dapple.plan)."
     )(f)
 
 

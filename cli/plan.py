@@ -26,6 +26,9 @@ from .render import plan_table
 @click.option("--search-space", type=click.Choice(planner.SEARCH_SPACES), default=planner.SEARCH_SPACES[0], show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
               "auto: full up to 16 GPUs.")
+@click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
+              help="Plan for an asynchronous schedule instead (xpipe, pipedream, spectrain, async): the uniform "
+                   "pipeline with the fastest steady state that fits; docs/xpipe.md.")
 @click.option("--simulate", "simulate_flag", is_flag=True,
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
@@ -38,6 +41,7 @@ def plan_command(
     warmup_policy,
     min_micro_batch_size,
     search_space,
+    schedule,
     simulate_flag,
     out_path,
     as_json,
@@ -57,6 +61,7 @@ def plan_command(
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
+        schedule=schedule,
     )
     if out_path is not None:
         result.save(out_path)

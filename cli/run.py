@@ -32,6 +32,9 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
                    "prediction), pipedream (weight stashing), spectrain (momentum-based prediction, needs "
                    "--optimizer momentum) or async (no prediction); docs/xpipe.md.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
+@click.option("--eval-every", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Score the model on the validation split its factory declares after every K steps "
+                   "(e.g. planner.runtime.models:digits); the results go to --metrics.")
 @click.option("--metrics", "metrics_path", type=FILE_PATH, default=None,
               help="Write per-iteration and per-rank measurements to this JSON file.")
 @click.option("--profile", "profile_path", type=FILE_PATH, default=None,
@@ -52,7 +55,8 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
               help="Experiment only: rank RANK's forwards and backwards take FACTOR times as long (it sleeps "
                    "the difference), so one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).")
 @reports_errors
-def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, metrics_path, profile_path,
+def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, eval_every, metrics_path,
+                profile_path,
                 checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory, slowdowns):
     """Train a model on CPU following a plan: one gloo process per device.
 
@@ -76,12 +80,16 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     from planner.profiler import check_device
     from planner.runtime import checkpoint as ckpt
     from planner.runtime.data import SeededBatches
+    from planner.runtime.evaluation import declares_validation, eval_line
     from planner.runtime.launcher import WorkerFailed, launched_by_torchrun, run_plan
     from planner.runtime.layout import Layout
     from planner.runtime.models import load_model
 
     check_device(device)
     plan = planner.Plan.load(plan_path)
+    if schedule is None and plan.core.schedule_kind in planner.ASYNCHRONOUS_SCHEDULES:
+        schedule = plan.core.schedule_kind  # the plan was made for it (dapple plan --schedule)
+        check_optimizer(schedule, optimizer)
     lay = Layout.of(plan)
     if any(r >= lay.world_size for r in slowdown):
         raise click.BadParameter(f"rank {max(slowdown)} is not a rank of the plan (0..{lay.world_size - 1})",
@@ -91,6 +99,8 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
             f"{plan_path}: the plan uses {lay.world_size} devices, this machine shows {torch.cuda.device_count()} GPUs"
         )
     spec = load_model(model_spec, **kwargs)
+    if eval_every and not declares_validation(spec):
+        raise IncompatibleInputsError(f"--eval-every: model {model_spec} declares no validation split")
     n_layers = len(spec.layers)
     if lay.layer_ranges[-1][1] != n_layers:
         raise IncompatibleInputsError(
@@ -128,7 +138,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
             start_method="fork" if sys.platform.startswith("linux") else "spawn",
             start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
             log=True, recompute=recompute, exact_memory=exact_memory, device=device, slowdown=slowdown,
-            schedule=schedule,
+            schedule=schedule, eval_every=eval_every or 0,
         )
     except WorkerFailed as e:
         raise RunFailedError(str(e)) from None
@@ -141,8 +151,11 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     if schedule is not None:
         # Only the last stage knows an asynchronous step's loss, and only
         # once the run is over: the step lines come now.
+        evaluated = {e["step"]: e for e in m0["evaluations"]}
         for i, (loss, ms) in enumerate(zip(losses, iter_ms)):
             click.echo(f"step {start + i + 1}/{steps} loss {loss:.6f} {ms:.1f} ms", err=True)
+            if start + i + 1 in evaluated:
+                click.echo(eval_line(evaluated[start + i + 1]), err=True)
     ranks = {}
     for r, m in sorted(result.metrics.items()):
         ranks[str(r)] = {
@@ -175,6 +188,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
             "estimate_ms": estimate,
             "simulated_ms": simulated,
             "ranks": ranks,
+            "evaluations": m0["evaluations"],
         }
         write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
     how = f", {schedule}" if schedule else ""

@@ -1,4 +1,5 @@
-"""``dapple show``: pictures of a plan and of its simulated iteration."""
+"""``dapple show``: pictures of a plan and of its simulated iteration, and
+learning curves of runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import click
 
 import planner
 from planner.errors import DappleIOError
-from planner.files import output_target, write_all_atomic
+from planner.files import output_target, read_text, write_all_atomic
 
 from .options import FILE_PATH, profile_for, plan_options, reports_errors
 
@@ -25,7 +26,7 @@ def _picture_option(name: str, what: str):
 
 
 @click.command("show")
-@plan_options
+@plan_options(required=False)
 @click.option("--schedule", type=click.Choice(planner.SCHEDULE_KINDS), default=None,
               help="Order of forwards and backwards on each stage (for --gantt and --memory). "
                    "Default: the plan's own.")
@@ -33,20 +34,34 @@ def _picture_option(name: str, what: str):
 @_picture_option("gantt", "the simulated timeline of one iteration (like Fig. 4 of the DAPPLE paper)")
 @_picture_option("memory", "the memory of each stage over the iteration")
 @_picture_option("diagram", "the plan drawn on the cluster's machines and GPUs")
+@click.option("--metrics", "metrics_paths", type=FILE_PATH, multiple=True,
+              help="Run metrics (dapple run --metrics with --eval-every) for --curves; repeat for several runs.")
+@_picture_option("curves", "the validation loss and accuracy of the --metrics runs (one curve per schedule "
+                           "and optimizer: the mean, and the band from lowest to highest over its runs)")
+@click.option("--steps-per-epoch", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Draw --curves against epochs of this many steps instead of steps.")
 @reports_errors
-def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memory_path, diagram_path):
-    """Draw a plan: its simulated timeline, memory over time, or placement.
+def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memory_path, diagram_path,
+                 metrics_paths, curves_path, steps_per_epoch):
+    """Draw a plan: its simulated timeline, memory over time, or placement;
+    or the learning curves of runs.
 
     The picture format follows each file's extension: .png or .svg.
 
     \b
     dapple show --plan plan.json --gantt gantt.png --memory memory.svg --diagram plan.png
+    dapple show --metrics xpipe.json --metrics sync.json --curves curves.png
     """
     from planner import pictures
 
-    wanted = [(k, p) for k, p in (("gantt", gantt_path), ("memory", memory_path), ("diagram", diagram_path)) if p]
+    wanted = [(k, p) for k, p in (("gantt", gantt_path), ("memory", memory_path), ("diagram", diagram_path),
+                                  ("curves", curves_path)) if p]
     if not wanted:
-        raise click.UsageError("nothing to draw: give at least one of --gantt, --memory, --diagram")
+        raise click.UsageError("nothing to draw: give at least one of --gantt, --memory, --diagram, --curves")
+    if curves_path and not metrics_paths:
+        raise click.UsageError("--curves draws the runs of --metrics: give at least one")
+    if any(k != "curves" for k, _ in wanted) and not plan_path:
+        raise click.UsageError("--gantt, --memory and --diagram draw a plan: give --plan")
     seen = {}
     for kind, path in wanted:
         key = os.path.abspath(path)
@@ -58,9 +73,12 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
         pictures.picture_format(path)
         output_target(path)
 
+    runs = [planner.RunMetrics.from_json(read_text(p), p).to_dict() for p in metrics_paths] if curves_path else []
     needs_sim = gantt_path or memory_path
-    plan = planner.Plan.load(plan_path)
-    if needs_sim or profile_path:
+    plan = planner.Plan.load(plan_path) if plan_path else None
+    if plan is None:
+        profile = None
+    elif needs_sim or profile_path:
         profile = profile_for(plan, plan_path, profile_path)
     else:
         # The diagram only uses the profile for layer counts: do without it
@@ -78,6 +96,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
         "gantt": (lambda out: pictures.gantt(plan, sim, out), "timeline, {schedule}"),
         "memory": (lambda out: pictures.memory(plan, sim, out), "memory per stage, {schedule}"),
         "diagram": (lambda out: pictures.diagram(plan, out, profile), "plan on the cluster"),
+        "curves": (lambda out: pictures.curves(runs, out, steps_per_epoch), "learning curves"),
     }
     # All pictures or none: each is drawn to a temporary file beside its
     # target, and they replace their targets only when every one is drawn.

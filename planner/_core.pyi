@@ -154,6 +154,14 @@ def baseline(
     min_micro_batch_size: int | None = None,
     warmup_policy: str = "auto",
 ) -> Plan: ...
+def asynchronous_plan(
+    schedule: str,
+    profile: Profile,
+    topology: Topology,
+    global_batch_size: int,
+    *,
+    min_micro_batch_size: int | None = None,
+) -> Plan: ...
 def layout_plan(
     profile: Profile,
     topology: Topology,

@@ -401,6 +401,48 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     _save(fig, path, fmt)
 
 
+def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | None = None) -> None:
+    """Validation loss and accuracy against training steps (or epochs, with
+    ``steps_per_epoch``) of runs' metrics (``dapple.run-metrics`` data with
+    ``evaluations``). Runs with the same schedule and optimizer are one
+    curve: the mean over them, and the band from the lowest to the highest
+    when there are several (seeds)."""
+    fmt = picture_format(path)
+    _, Figure, _, _ = _matplotlib()
+    groups: dict[str, list[dict]] = {}
+    for i, run in enumerate(runs):
+        if not run.get("evaluations"):
+            raise InvalidInputError(f"metrics {i + 1} of {len(runs)} hold no evaluations (run with --eval-every)")
+        label = f"{run.get('schedule') or 'synchronous'}, {run.get('optimizer') or 'sgd'}"
+        groups.setdefault(label, []).append(run)
+    has_accuracy = any(e.get("accuracy") is not None for r in runs for e in r["evaluations"])
+    panels = [("validation loss", "loss")] + ([("validation accuracy", "accuracy")] if has_accuracy else [])
+    fig_w, fig_h = 5.2 * len(panels) + 0.6, 4.4
+    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+    colors = _stage_colors(max(len(groups), 1)) if len(groups) <= 4 else [None] * len(groups)
+    for k, (title, key) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        for (label, members), color in zip(groups.items(), colors):
+            steps = sorted({e["step"] for r in members for e in r["evaluations"]})
+            # The values of every member at each step it was evaluated.
+            at = {s: [e[key] for r in members for e in r["evaluations"] if e["step"] == s and e[key] is not None]
+                  for s in steps}
+            xs = [s / steps_per_epoch if steps_per_epoch else s for s in steps if at[s]]
+            values = [at[s] for s in steps if at[s]]
+            mean = [sum(v) / len(v) for v in values]
+            line = ax.plot(xs, mean, label=f"{label} ({len(members)})", color=color, linewidth=1.6)[0]
+            if len(members) > 1:
+                ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(),
+                                alpha=0.18, linewidth=0)
+        ax.set_title(title, fontsize=10.5)
+        ax.set_xlabel("epoch" if steps_per_epoch else "step")
+        ax.grid(alpha=0.3)
+        if k == len(panels) - 1:
+            ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    _save(fig, path, fmt)
+
+
 def _matplotlib():
     try:
         import matplotlib

@@ -104,6 +104,7 @@ def plan(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    schedule: str | None = None,
 ) -> Plan:
     """Search the plan with the shortest simulated iteration that fits in memory.
 
@@ -118,6 +119,11 @@ def plan(
     (full up to 16 GPUs). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
+    ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan
+    for instead: the uniform pipeline whose steady state is fastest within
+    memory (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``);
+    ``warmup_policy``, ``micro_batch_sizes`` and ``search_space`` are the
+    synchronous search's and do not apply.
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
@@ -126,6 +132,9 @@ def plan(
         micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
+    if schedule is not None:
+        return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
+                                            min_micro_batch_size=min_micro_batch_size))
     core, (sizes, states, costed) = _core.search(
         prof.core,
         topo.core,

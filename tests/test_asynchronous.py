@@ -58,13 +58,31 @@ def test_simulate_command_reports_the_steady_state_and_the_weights_of_each_pass(
     assert " AR OPT " in lines[0] and "+1" in lines[0]
 
 
-def test_a_plan_names_a_synchronous_schedule(dapple, gpipe_plan, tmp_path):
+def test_a_plan_for_an_asynchronous_schedule(dapple, gpipe_plan, tmp_path):
+    # dapple plan --schedule xpipe: the uniform pipeline with the fastest
+    # steady state that fits, which simulates, estimates and runs as xpipe.
+    out = tmp_path / "xpipe.json"
+    r = dapple("plan", "--profile", BERT, "--topology", "1x4-nvlink", "--global-batch-size", 32,
+               "--schedule", "xpipe", "--out", out)
+    assert r.returncode == 0, r.stderr
+    plan = planner.Plan.load(out)
+    assert plan.core.schedule_kind == "xpipe"
+    assert [s["warmup_micro_batches"] for s in plan.stages] == list(range(len(plan.stages), 0, -1))
+    sim = planner.simulate(plan, BERT)
+    assert (sim.schedule, sim.mini_batches > 1) == ("xpipe", True)
+    assert plan.iteration_ms == pytest.approx(sim.iteration_ms)
+    assert plan.estimate["latency_ms"] <= plan.iteration_ms * (1 + 1e-9)
+    # no synchronous plan of the same inputs runs xpipe faster in its steady state
+    for kind in ("gpipe", "straight", "data-parallel"):
+        other = planner.baseline(kind, BERT, "1x4-nvlink", 32)
+        assert plan.iteration_ms <= planner.simulate(other, BERT, schedule="xpipe").iteration_ms * (1 + 1e-9), kind
+    # A hand-edited asynchronous plan with another schedule's depths is refused by name.
     d = planner.Plan.load(gpipe_plan).core.to_dict()
     d["schedule"]["kind"] = "xpipe"
-    path = tmp_path / "xpipe.json"
-    path.write_text(json.dumps(d))
-    r = dapple("simulate", "--plan", path, "--profile", BERT)
-    assert_one_line_error(r, 3, str(path), "schedule.kind", '"xpipe" is asynchronous', "--schedule xpipe")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    r = dapple("simulate", "--plan", bad, "--profile", BERT)
+    assert_one_line_error(r, 3, str(bad), "stages[0].warmup_micro_batches", "xpipe runs one micro-batch ahead")
 
 
 # ----------------------------------------------------------------------------
@@ -220,3 +238,82 @@ def test_spectrain_without_momentum_is_refused(dapple, tmp_path):
     r = dapple("run", "--plan", path, "--model", "planner.runtime.models:gpt", "--steps", 2,
                "--schedule", "spectrain", "--optimizer", "adam")
     assert_one_line_error(r, 4, "--optimizer", "'adam'", "spectrain")
+
+
+# ----------------------------------------------------------------------------
+# Learning curves: a model that declares a data set, --eval-every, --curves
+
+
+def digits_factory():
+    from planner.runtime import models
+
+    return models.load_model("planner.runtime.models:digits")
+
+
+def test_the_digits_model_declares_its_split():
+    spec = digits_factory()
+    x_val, y_val = spec.validation()
+    assert (spec.train_size, len(y_val), x_val.shape[1]) == (1438, 359, 64)
+    assert spec.classifies and len(spec.layers) == 4 and float(x_val.max()) <= 1.0
+    x, y = spec.make_batch(32, torch.Generator().manual_seed(0))
+    assert x.shape == (32, 64) and set(y.tolist()) <= set(range(10))
+    # the split is fixed: the same digits whatever the seed of the model
+    from planner.runtime import models
+
+    assert torch.equal(models.digits(seed=3).validation()[0], x_val)
+
+
+@pytest.mark.parametrize("schedule", [None, "xpipe"])
+def test_evaluations_score_the_model_trained_so_far(schedule):
+    from planner.runtime.data import SeededBatches
+    from planner.runtime.training import layers_of
+
+    spec = digits_factory()
+    plan = layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16)
+    batches = SeededBatches(digits_factory, 16, 6, 0)
+    r = run_plan(plan, digits_factory, spec.loss, batches, 6, 0.05, optimizer="adam", schedule=schedule,
+                 eval_every=3, **FAST)
+    evaluations = r.metrics[0]["evaluations"]
+    assert [e["step"] for e in evaluations] == [3, 6]
+    model = torch.nn.Sequential(*layers_of(digits_factory()))
+    model.load_state_dict(r.params)
+    x, y = spec.validation()
+    with torch.no_grad():
+        out = model(x)
+    assert evaluations[-1]["loss"] == pytest.approx(float(spec.loss(out, y)), abs=1e-6)
+    assert evaluations[-1]["accuracy"] == pytest.approx(float((out.argmax(-1) == y).float().mean()))
+    assert evaluations[0]["loss"] != evaluations[1]["loss"]
+
+
+def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
+    plan = tmp_path / "plan.json"
+    layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16).save(plan)
+    model = ["--model", "planner.runtime.models:digits", "--optimizer", "adam", "--lr", "0.01", "--steps", 4,
+             "--eval-every", 2]
+    files = []
+    for schedule in (None, "xpipe"):
+        out = tmp_path / f"{schedule}.json"
+        extra = ["--schedule", schedule] if schedule else []
+        r = dapple("run", "--plan", plan, *model, *extra, "--metrics", out)
+        assert r.returncode == 0, r.stderr
+        assert sum(line.startswith("eval after step") for line in r.stderr.splitlines()) == 2
+        data = json.loads(out.read_text())
+        assert [e["step"] for e in data["evaluations"]] == [2, 4]
+        files += ["--metrics", out]
+    picture = tmp_path / "curves.png"
+    r = dapple("show", *files, "--curves", picture, "--steps-per-epoch", 2)
+    assert r.returncode == 0, r.stderr
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # bad requests: one line each, and nothing written
+    r = dapple("show", "--curves", tmp_path / "c2.png")
+    assert r.returncode == 2 and "--metrics" in r.stderr
+    r = dapple("show", *files, "--gantt", tmp_path / "g.png")
+    assert r.returncode == 2 and "--plan" in r.stderr
+    bare = json.loads((tmp_path / "None.json").read_text())
+    del bare["evaluations"]
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    r = dapple("show", "--metrics", tmp_path / "bare.json", "--curves", tmp_path / "c3.png")
+    assert_one_line_error(r, 3, "no evaluations", "--eval-every")
+    assert not (tmp_path / "c2.png").exists() and not (tmp_path / "c3.png").exists()
+    r = dapple("run", "--plan", plan, "--model", "planner.runtime.models:gpt", "--steps", 2, "--eval-every", 1)
+    assert_one_line_error(r, 4, "--eval-every", "declares no validation split")

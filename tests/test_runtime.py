@@ -98,9 +98,10 @@ def test_bad_schedules_rejected():
         sch.early_backward(2, 4, [5, 1])
     with pytest.raises(planner.InvalidInputError, match="schedule.kind.*not a schedule"):
         layout_plan(4, [(0, 1, [0])], kind="zigzag")
-    # A plan names a synchronous schedule; an asynchronous one runs over it.
-    with pytest.raises(planner.InvalidInputError, match='schedule.kind: value "xpipe" is asynchronous'):
-        Layout.of(layout_plan(4, [(0, 1, [0])], kind="xpipe"))
+    # An asynchronous plan warms up one micro-batch per stage from here,
+    # whatever M: policy B's depths are not its own.
+    with pytest.raises(planner.InvalidInputError, match="warmup_micro_batches.*xpipe runs one micro-batch ahead"):
+        Layout.of(layout_plan(2, [(0, 1, [0]), (1, 5, [1])], kind="xpipe", policy="B"))
 
 
 # ----------------------------------------------------------------------------

@@ -18,7 +18,8 @@ into the live parameters, which the optimizer updates.
 
 A run is cut into segments at every checkpoint and evaluation step; each
 segment is one asynchronous list, so the pipeline drains at its end (a
-checkpoint holds no micro-batch in flight).
+checkpoint holds no micro-batch in flight, and an evaluation scores one
+version of every stage).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from .. import _core
+from .evaluation import evaluate
 from .prediction import PREDICTORS
 from .schedule import Pass, segments
 from .training import prefixed_state, scaled_loss
@@ -56,13 +58,18 @@ def run_asynchronous(ctx: RankSetup, job: Job) -> dict[str, Any]:
     compute_s = 0.0
     ctx.comm.recv_s = 0.0
     t_run = time.perf_counter()
-    for a, b in segments(job.start_step, job.steps, job.checkpoint_every):
+    evaluations: list[dict] = []
+    for a, b in segments(job.start_step, job.steps, job.checkpoint_every, job.eval_every):
         seg_losses, seg_ms, seg_peak, seg_compute = _segment(ctx, job, a, job.passes[b - a][ctx.stage], predictor,
                                                              names, trace if a == job.start_step else None)
         iteration_ms += seg_ms
         losses += seg_losses
         peak = max(peak, seg_peak)
         compute_s += seg_compute
+        if job.eval_every and b % job.eval_every == 0:
+            evaluated = evaluate(ctx, job, b)
+            if evaluated is not None:
+                evaluations.append(evaluated)
         if job.checkpoint_dir and job.checkpoint_every and b % job.checkpoint_every == 0:
             ctx.save_checkpoint(job, b, predictor=predictor.state_dict() if predictor is not None else None)
     total_s = time.perf_counter() - t_run
@@ -78,6 +85,7 @@ def run_asynchronous(ctx: RankSetup, job: Job) -> dict[str, Any]:
         "memory_before_bytes": ctx.meter.baseline_bytes,
         "memory_source": ctx.meter.source,
         "asynchronous": True,
+        "evaluations": evaluations,
     }
     return {"state": prefixed_state(ctx.layers, ctx.layer_range[0]), "trace": trace, "peak_in_flight": peak,
             "metrics": metrics}
@@ -193,6 +201,11 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
             wants_input_grad = not ctx.first and x.is_floating_point()
             x = x.detach().requires_grad_(wants_input_grad)
             leaves = [v.detach().requires_grad_(True) for v in w]
+            for leaf, p in zip(leaves, live):
+                # Accumulate straight into the live gradient, parameter by
+                # parameter during the backward, as autograd does for a
+                # module's own parameters: no second set of gradients.
+                leaf.grad = p.grad
             with torch.random.fork_rng(devices=[]):
                 torch.set_rng_state(rng.pop(t))
                 with torch.enable_grad():
@@ -208,19 +221,20 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
                             ctx.comm.recv_into(piece, src, t, True)
                             grad_out[s0 - lo : s1 - lo] = piece
             targets = leaves + ([x] if wants_input_grad else [])
-            grads = (ctx.computed(lambda: torch.autograd.grad(out, targets, grad_outputs=grad_out,
-                                                               allow_unused=True))
-                     if out.requires_grad and targets else [None] * len(targets))
-            for p, g in zip(live, grads[: len(leaves)]):
-                if g is not None:
-                    p.grad = g if p.grad is None else p.grad + g
+            if out.requires_grad and targets:
+                ctx.computed(lambda: torch.autograd.backward(out, grad_out, inputs=targets))
+            for p, leaf in zip(live, leaves):
+                p.grad = leaf.grad
             if not ctx.first:
-                g = grads[-1] if wants_input_grad and grads[-1] is not None else torch.zeros_like(x)
+                g = x.grad if wants_input_grad and x.grad is not None else torch.zeros_like(x)
                 for dst, (s0, s1) in ctx.prev:
                     ctx.comm.send(g[s0 - lo : s1 - lo], dst, t, True, header=False)
             if last_use.get(base) == i:
                 del stash[base]
         compute_s += time.perf_counter() - t0 - (ctx.comm.recv_s - recv_before)
+        # Let go of this pass's weights and tensors before the next pass
+        # makes its own (a prediction would otherwise exist twice).
+        w = leaves = out = grad_out = x = None
     ctx.comm.wait_all()
     dist.barrier()  # the segment ends drained on every rank
     losses = [loss_by_mini_batch.get(n, 0.0) for n in range(len(ms))]

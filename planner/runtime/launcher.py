@@ -225,6 +225,7 @@ def run_plan(
     device: str = "cpu",
     slowdown: dict[int, float] | None = None,
     schedule: str | None = None,
+    eval_every: int = 0,
 ) -> RunResult | None:
     """Train for ``steps`` iterations following ``plan`` (a validated
     :class:`planner.Plan`; its layout comes from the core, ``layout.py``), on
@@ -260,6 +261,11 @@ def run_plan(
     checkpoint drains the pipeline. ``optimizer`` must be one it predicts
     for (``optimizers.check_optimizer``).
 
+    ``eval_every`` K > 0: after every K-th step, score the model on the
+    validation split its factory declares (``evaluation.py``); rank 0's
+    ``metrics[0]["evaluations"]`` holds ``{"step", "loss", "accuracy"}``
+    each time. An asynchronous run drains there too.
+
     ``recompute``: keep only each stage's input during the forward and re-run
     the stage's forward in its backward (``torch.utils.checkpoint``); the
     result is the same up to rounding. ``exact_memory``: make each worker's C
@@ -280,11 +286,13 @@ def run_plan(
     if world_size is not None and world_size != lay.world_size:
         raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
     passes = None
+    if schedule is None and plan.core.schedule_kind in _core.ASYNCHRONOUS_SCHEDULES:
+        schedule = plan.core.schedule_kind  # a plan made for an asynchronous schedule
     if schedule is not None:
         if schedule not in _core.ASYNCHRONOUS_SCHEDULES:
             raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
         check_optimizer(schedule, optimizer)
-        lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every)}
+        lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every, eval_every)}
         passes = {n: asynchronous_passes(plan.core, schedule, n) for n in lengths}
     job = Job(
         layout=lay,
@@ -309,6 +317,7 @@ def run_plan(
         slowdown=dict(slowdown or {}),
         schedule=schedule,
         passes=passes,
+        eval_every=eval_every,
     )
 
     if launched_by_torchrun():

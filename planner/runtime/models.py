@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from ..errors import InvalidInputError
 
-__all__ = ["ModelSpec", "load_model", "gpt", "bert", "vgg", "hf_gpt2", "TransformerBlock"]
+__all__ = ["ModelSpec", "load_model", "gpt", "bert", "vgg", "hf_gpt2", "digits", "TransformerBlock"]
 
 
 @dataclass
@@ -44,7 +44,13 @@ class ModelSpec:
     ``blocks``: names of the model's own repeated layers (profile kind
     ``"block"``). ``name``: the model name a profile records by default.
     ``model``: optionally the whole model as one module, whose forward equals
-    running the layers one after another (used by tests)."""
+    running the layers one after another (used by tests).
+
+    A model trained on a data set declares it: ``validation()`` gives the
+    held-out split ``(inputs, targets)``, ``train_size`` the samples of the
+    training split (``make_batch`` draws from it; an epoch is
+    ``train_size / batch`` steps), and ``classifies`` whether the output's
+    argmax is a class to score accuracy with."""
 
     layers: list[tuple[str, nn.Module]]
     loss: Callable[[Any, Any], torch.Tensor]
@@ -53,6 +59,9 @@ class ModelSpec:
     name: str = ""
     model: nn.Module | None = None
     config: dict = field(default_factory=dict)
+    validation: Callable[[], tuple[Any, Any]] | None = None
+    train_size: int | None = None
+    classifies: bool = False
 
     @property
     def layer_names(self) -> list[str]:
@@ -293,6 +302,57 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
         head = _LMHead(d_model, vocab)
     config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
     return _language_model(emb, blocks, head, f"gpt-{n_layers}x{d_model}", config)
+
+
+def _digits_split(validation_share: float = 0.2):
+    """scikit-learn's handwritten digits (1,797 8x8 images, shipped inside
+    the package: no download), pixels scaled to [0, 1], split once with a
+    fixed permutation into training and validation samples."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise InvalidInputError("the digits model needs scikit-learn: pip install 'dapple[torch]'") from None
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    n_val = round(len(y) * validation_share)
+    val, train = order[:n_val], order[n_val:]
+    return (x[train], y[train]), (x[val], y[val])
+
+
+def digits(n_layers: int = 4, hidden: int = 64, seed: int = 0) -> ModelSpec:
+    """A classifier of scikit-learn's handwritten digits: ``fc0`` ..
+    ``fc{n-2}`` (linear + ReLU), ``head`` (linear to 10 classes). Batches
+    are drawn from the training split (1,438 samples) without replacement
+    within a batch; ``validation()`` is the other 359."""
+    _check_sizes(n_layers=n_layers, hidden=hidden)
+    if n_layers < 2:
+        raise InvalidInputError(f"n_layers must be at least 2 (hidden layers and a head), not {n_layers}")
+    (x_train, y_train), held_out = _digits_split()
+    with _seeded(seed):
+        widths = [x_train.shape[1]] + [hidden] * (n_layers - 1)
+        layers = [(f"fc{i}", nn.Sequential(nn.Linear(widths[i], widths[i + 1]), nn.ReLU()))
+                  for i in range(n_layers - 1)]
+        layers.append(("head", nn.Linear(widths[-1], 10)))
+
+    def make_batch(batch_size: int, generator: torch.Generator):
+        if batch_size > len(y_train):
+            raise InvalidInputError(f"a batch of {batch_size} is more than the {len(y_train)} training digits")
+        pick = torch.randperm(len(y_train), generator=generator)[:batch_size]
+        return x_train[pick], y_train[pick]
+
+    return ModelSpec(
+        layers=layers,
+        loss=_class_loss,
+        make_batch=make_batch,
+        blocks=frozenset(name for name, _ in layers[:-1]),
+        name=f"digits-{n_layers}x{hidden}",
+        config=dict(n_layers=n_layers, hidden=hidden, seed=seed),
+        validation=lambda: held_out,
+        train_size=len(y_train),
+        classifies=True,
+    )
 
 
 class _ClassifierHead(nn.Module):

@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .data import SeededBatches
+from .evaluation import eval_line, evaluate
 from .layout import Layout
 from .memory import PeakMemory
 from .training import layers_of, make_optimizer, prefixed_state, scaled_loss
@@ -66,7 +67,9 @@ class Job:
     # instead of the plan's own; its action lists, one per stage, for the
     # mini-batches from start_step to steps (asynchronous.py).
     schedule: str | None = None
-    passes: list | None = None
+    passes: dict | None = None
+    # Score the model on its validation split every K steps (evaluation.py).
+    eval_every: int = 0
 
 
 def backend(device: str) -> str:
@@ -252,6 +255,7 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
     phase_ms: dict[str, list[float]] = {
         k: [] for k in ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
     }
+    evaluations: list[dict] = []  # rank 0's, every job.eval_every steps
     fail_rank = os.environ.get("DAPPLE_TEST_FAIL_RANK")
     fail_step = int(os.environ.get("DAPPLE_TEST_FAIL_STEP", "1"))
     for it in range(job.start_step, job.steps):
@@ -352,6 +356,12 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
         if job.log and rank == 0:
             print(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms", file=sys.stderr, flush=True)
         done = it + 1
+        if job.eval_every and done % job.eval_every == 0:
+            evaluated = evaluate(ctx, job, done)
+            if evaluated is not None:
+                evaluations.append(evaluated)
+                if job.log:
+                    print(eval_line(evaluated), file=sys.stderr, flush=True)
         if job.checkpoint_dir and job.checkpoint_every and done % job.checkpoint_every == 0:
             ctx.save_checkpoint(job, done)
     metrics = {
@@ -365,5 +375,6 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
         "peak_memory_bytes": meter.peak_bytes(),
         "memory_before_bytes": meter.baseline_bytes,
         "memory_source": meter.source,
+        "evaluations": evaluations,
     }
     return {"state": prefixed_state(layers, a), "trace": trace, "peak_in_flight": peak, "metrics": metrics}

@@ -448,7 +448,7 @@ fn baseline_schedule(kind: Baseline) -> ScheduleKind {
 /// `stages` as a plan at every micro-batch size that gives each device at
 /// least `inputs.options.min_micro_batch_size` samples, with the K_i of
 /// `policy` (one micro-batch under auto). Not costed.
-fn layout_at_every_size(
+pub(crate) fn layout_at_every_size(
     inputs: &PlanInputs,
     stages: &[StageLayout],
     schedule_kind: ScheduleKind,
@@ -563,7 +563,7 @@ pub fn layout_plan(
     )
 }
 
-fn fastest_that_fits(
+pub(crate) fn fastest_that_fits(
     layouts: Vec<Plan>,
     profile: &Profile,
     policy: WarmupPolicy,

@@ -13,7 +13,7 @@ use crate::plan::{
     TransferEstimate,
 };
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::{check_passes, ScheduleKind};
+use crate::schedule::{check_passes, steady_state_mini_batches, ScheduleKind};
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
@@ -32,6 +32,11 @@ pub(crate) fn with_coster<R>(
 ) -> Result<R> {
     let (allocs, policy) = check(plan, profile)?;
     check_passes(plan.stages.len(), plan.micro_batches).map_err(|e| e.under("micro_batches"))?;
+    if plan.schedule.kind.is_asynchronous() {
+        // Its steady state is simulated over many mini-batches.
+        steady_state_mini_batches(plan.stages.len(), plan.micro_batches)
+            .map_err(|e| e.under("micro_batches"))?;
+    }
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::new(&plan.inputs.topology);
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
@@ -138,17 +143,6 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         kind,
         warmup_policy: policy,
     } = plan.schedule;
-    if kind.is_asynchronous() {
-        // The cost model's memory and bound are those of a synchronous
-        // iteration; an asynchronous schedule is simulated over one.
-        return Err(Error::field(
-            "schedule.kind",
-            format!(
-                "value \"{kind}\" is asynchronous: a plan names a synchronous schedule, and \
-                 `dapple simulate --schedule {kind}` or `dapple run --schedule {kind}` runs it asynchronously"
-            ),
-        ));
-    }
     let expected_hash = &plan.inputs.profile_sha256;
     if let Some(profile) = profile {
         if !expected_hash.is_empty() && *expected_hash != profile.sha256() {
@@ -309,8 +303,11 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         pipe.push(c.as_pipe_stage());
         stages.push(*c);
     }
-    let lat = pipeline_latency(&pipe, plan.micro_batches);
     let sim_stages = crate::simulate::sim_stages(coster.layers, plan, &costs);
+    if plan.schedule.kind.is_asynchronous() {
+        return asynchronous_estimate(coster, plan, stages, transfers, &sim_stages, &transfers_ms);
+    }
+    let lat = pipeline_latency(&pipe, plan.micro_batches);
     // A checked plan's own schedule always builds and runs.
     let simulation = plan_schedule(plan, None).and_then(|schedule| {
         crate::simulate::simulate_stages(&sim_stages, &transfers_ms, &schedule, false)
@@ -326,10 +323,7 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
     };
     let headline = iteration_ms.unwrap_or(lat.latency_ms);
     let single = coster.single_device_ms();
-    let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
-    let fits = stages
-        .iter()
-        .all(|s| s.memory_bytes <= s.memory_limit_bytes);
+    let (peak, fits) = peak_and_fit(&stages);
     Estimate {
         iteration_ms,
         latency_ms: lat.latency_ms,
@@ -347,6 +341,75 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         stages,
         transfers,
     }
+}
+
+/// The estimate of a plan with an asynchronous schedule: its simulated
+/// steady state (`iteration_ms`, time per mini-batch) and the bound it
+/// cannot beat, the busiest stage or link per mini-batch (every forward,
+/// re-computed forward and backward, and the AllReduce; or every transfer
+/// one way), in `latency_ms` and `steady_ms`, with no warm-up or ending
+/// (the pipeline never drains). Memory is the simulation's: inputs kept for
+/// re-computation, weight copies, XPipe's own moments.
+fn asynchronous_estimate(
+    coster: &StageCoster,
+    plan: &Plan,
+    mut stages: Vec<StageCost>,
+    transfers: Vec<TransferEstimate>,
+    sim_stages: &[crate::simulate::SimStage],
+    transfers_ms: &[f64],
+) -> Estimate {
+    let m = f64::from(plan.micro_batches);
+    let simulation = plan_schedule(plan, None).and_then(|schedule| {
+        crate::simulate::simulate_stages(sim_stages, transfers_ms, &schedule, true)
+    });
+    let sim = match simulation {
+        Ok(sim) => sim,
+        Err(e) => unreachable!("a checked plan simulates: {e}"),
+    };
+    // Pipe positions as formula (2) numbers them: stage i at 2i, the link
+    // after it at 2i + 1.
+    let mut busiest = (0.0f64, 0usize);
+    for (i, (st, timeline)) in stages.iter_mut().zip(&sim.stages).enumerate() {
+        let work = m * (2.0 * st.fwd_ms + st.bwd_ms) + st.exposed_allreduce_ms;
+        st.memory_bytes = timeline.peak_memory_bytes;
+        st.bubble_ms = Some((sim.iteration_ms - m * (2.0 * st.fwd_ms + st.bwd_ms)).max(0.0));
+        if work > busiest.0 {
+            busiest = (work, 2 * i);
+        }
+    }
+    for (i, t) in transfers_ms.iter().enumerate() {
+        if m * t > busiest.0 {
+            busiest = (m * t, 2 * i + 1);
+        }
+    }
+    let single = coster.single_device_ms();
+    let (peak, fits) = peak_and_fit(&stages);
+    Estimate {
+        iteration_ms: Some(sim.iteration_ms),
+        latency_ms: busiest.0,
+        warmup_ms: 0.0,
+        steady_ms: busiest.0,
+        ending_ms: 0.0,
+        pivot: position(busiest.1),
+        paper_pivot: position(busiest.1),
+        paper_latency_ms: busiest.0,
+        single_device_ms: single,
+        speedup: single / sim.iteration_ms,
+        samples_per_second: f64::from(plan.inputs.global_batch_size) / sim.iteration_ms * 1e3,
+        peak_memory_bytes: peak,
+        fits_memory: fits,
+        stages,
+        transfers,
+    }
+}
+
+/// The largest stage memory, and whether every stage fits its GPU.
+fn peak_and_fit(stages: &[StageCost]) -> (f64, bool) {
+    let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
+    let fits = stages
+        .iter()
+        .all(|s| s.memory_bytes <= s.memory_limit_bytes);
+    (peak, fits)
 }
 
 /// Pipe-stage index (computation and communication interleaved) to a

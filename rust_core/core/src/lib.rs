@@ -5,6 +5,7 @@
 //! here or written by hand, can be costed again with [`evaluate::evaluate`].
 
 pub mod artifact;
+pub mod asynchronous;
 pub mod balance;
 pub mod baselines;
 pub mod cost;

@@ -76,7 +76,35 @@ fn layout_plan(
     Ok(crate::Wraps::wrap(plan, None))
 }
 
+/// The plan for an asynchronous schedule (`asynchronous.rs`): the fastest
+/// uniform pipeline in its steady state that fits.
+#[pyfunction]
+#[pyo3(signature = (schedule, profile, topology, global_batch_size, *, min_micro_batch_size=None))]
+fn asynchronous_plan(
+    py: Python<'_>,
+    schedule: &str,
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+) -> PyResult<PyPlan> {
+    let kind = ScheduleKind::parse(schedule).map_err(|e| to_py_err(e.under("schedule")))?;
+    let plan = py
+        .detach(|| {
+            dapple_core::asynchronous::asynchronous_plan(
+                kind,
+                &profile.inner,
+                &topology.inner,
+                global_batch_size,
+                min_micro_batch_size,
+            )
+        })
+        .map_err(to_py_err)?;
+    Ok(crate::Wraps::wrap(plan, None))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(asynchronous_plan, m)?)?;
     m.add_function(wrap_pyfunction!(baseline, m)?)?;
     m.add_function(wrap_pyfunction!(layout_plan, m)?)?;
     Ok(())

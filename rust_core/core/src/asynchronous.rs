@@ -1,0 +1,137 @@
+//! Planning for an asynchronous schedule (`dapple plan --schedule xpipe`).
+//!
+//! Once an asynchronous pipeline is full it never drains, so a mini-batch
+//! takes as long as its busiest stage needs for it: M forwards, M
+//! re-computed forwards and M backwards, and the AllReduce of its
+//! replicas. The objective is that bottleneck, simulated
+//! (`schedule::steady_state_mini_batches`), within memory counted the
+//! asynchronous way (inputs kept for re-computation, stashed or predicted
+//! weight copies, XPipe's own moments; `simulate.rs`).
+//!
+//! Candidates: uniform pipelines, S stages of G / S consecutive GPUs for
+//! every S dividing the G GPUs (up to one layer a stage), layers split by
+//! block partition so the largest per-sample stage work (2 forwards and a
+//! backward, over its replicas) is smallest; each at every micro-batch
+//! size. The fastest that fits is the plan. The DP search of the
+//! synchronous planner (`search.rs`) is not used: its objective is the
+//! flushed iteration.
+
+use crate::baselines::{block_partition, fastest_that_fits, layout_at_every_size};
+use crate::cost::{Cluster, WarmupPolicy};
+use crate::error::{Error, Result};
+use crate::plan::{Plan, PlanInputs};
+use crate::profile::{LayerCosts, Profile};
+use crate::schedule::ScheduleKind;
+use crate::topology::Topology;
+
+/// The fastest uniform pipeline that fits for asynchronous `kind`; its
+/// plan names `kind` and its estimate is the steady state
+/// (`evaluate::asynchronous_estimate`).
+pub fn asynchronous_plan(
+    kind: ScheduleKind,
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+) -> Result<Plan> {
+    if !kind.is_asynchronous() {
+        return Err(Error::field(
+            "schedule",
+            format!(
+                "value \"{kind}\" is not asynchronous; the synchronous kinds are the search's own"
+            ),
+        ));
+    }
+    let min_slice = profile.min_slice(min_micro_batch_size);
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::new(topology);
+    let gpus = cluster.num_devices();
+    let n = layers.num_layers;
+    let t = layers.times_at(min_slice);
+    let work: Vec<f64> = (0..n)
+        .map(|l| 2.0 * t.fwd(l, l + 1) + t.bwd(l, l + 1))
+        .collect();
+    let inputs = PlanInputs::new(
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        kind.name(),
+        None,
+    );
+    let mut candidates = Vec::new();
+    for stages in (1..=gpus.min(n as u32)).filter(|s| gpus.is_multiple_of(*s)) {
+        let per_stage = gpus / stages;
+        let layout: Vec<(usize, usize, Vec<u32>)> = block_partition(&work, stages as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (s, e))| {
+                let first = i as u32 * per_stage;
+                (s, e, (first..first + per_stage).collect())
+            })
+            .collect();
+        candidates.extend(layout_at_every_size(
+            &inputs,
+            &layout,
+            kind,
+            WarmupPolicy::A,
+        ));
+    }
+    fastest_that_fits(
+        candidates,
+        profile,
+        WarmupPolicy::A,
+        kind.name(),
+        global_batch_size,
+        min_slice,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evaluate::evaluate;
+    use crate::profile::chain_profile;
+
+    #[test]
+    fn the_plan_is_the_fastest_uniform_pipeline_in_its_steady_state() {
+        let profile = chain_profile(&[(1.0, 2.0); 8], 1);
+        let topology = Topology::from_spec("1x4-nvlink").unwrap();
+        let plan =
+            asynchronous_plan(ScheduleKind::XPipe, &profile, &topology, 32, Some(1)).unwrap();
+        assert_eq!(plan.schedule.kind, ScheduleKind::XPipe);
+        let estimate = plan.estimate.clone().unwrap();
+        assert!(estimate.fits_memory);
+        // Its steady state is no slower than that of every other candidate.
+        let again = evaluate(&plan, &profile).unwrap();
+        assert_eq!(again.iteration_ms, estimate.iteration_ms);
+        for s in [1u32, 2, 4] {
+            let per = 4 / s;
+            let stages: Vec<(usize, usize, Vec<u32>)> = (0..s)
+                .map(|i| {
+                    let l = (8 / s) as usize;
+                    (
+                        i as usize * l,
+                        (i as usize + 1) * l,
+                        (i * per..(i + 1) * per).collect(),
+                    )
+                })
+                .collect();
+            let other = crate::baselines::layout_plan(
+                &profile,
+                &topology,
+                32,
+                &stages,
+                ScheduleKind::XPipe,
+                WarmupPolicy::A,
+                Some(1),
+                "test",
+            )
+            .unwrap();
+            assert!(plan.iteration_ms() <= other.iteration_ms(), "{s} stages");
+        }
+        // The bound is the busiest stage's work per mini-batch.
+        assert!(estimate.latency_ms <= estimate.iteration_ms.unwrap() * (1.0 + 1e-9));
+        assert!(asynchronous_plan(ScheduleKind::GPipe, &profile, &topology, 32, None).is_err());
+    }
+}
