@@ -17,9 +17,9 @@ paper's robustness study (SpecTrain, which needs momentum SGD, sits out).
 
 The validation split (359 digits) is scored after every epoch (45 steps of
 32 of the 1,438 training digits). Writes
-benchmarks/results/xpipe_learning-<optimizer>.json and
-docs/pictures/xpipe-curves-<optimizer>.png, and prints the final and best
-accuracy per mode (mean, lowest and highest over the seeds).
+benchmarks/results/xpipe_learning-<optimizer>-lr<lr>.json and
+docs/pictures/xpipe-curves-<optimizer>-lr<lr>.png, and prints the final
+and best accuracy per mode (mean, lowest and highest over the seeds).
 
     python benchmarks/xpipe_learning.py [--epochs 12] [--seeds 3] [--optimizer momentum --lr 0.05]
 """
@@ -114,8 +114,9 @@ def main() -> None:
     (HERE / "results").mkdir(exist_ok=True)
     out = {"epochs": args.epochs, "steps_per_epoch": steps_per_epoch, "global_batch_size": GBS,
            "micro_batches": MICRO_BATCHES, "lr": lr, "optimizer": optimizer, "runs": runs}
-    (HERE / "results" / f"xpipe_learning-{optimizer}.json").write_text(json.dumps(out, indent=1) + "\n")
-    picture = HERE.parent / "docs" / "pictures" / f"xpipe-curves-{optimizer}.png"
+    tag = f"{optimizer}-lr{lr:g}"
+    (HERE / "results" / f"xpipe_learning-{tag}.json").write_text(json.dumps(out, indent=1) + "\n")
+    picture = HERE.parent / "docs" / "pictures" / f"xpipe-curves-{tag}.png"
     pictures.curves([r for rs in runs.values() for r in rs], picture, steps_per_epoch)
     print(f"\nwrote {picture}", file=sys.stderr)
 

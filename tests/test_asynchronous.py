@@ -317,3 +317,13 @@ def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
     assert not (tmp_path / "c2.png").exists() and not (tmp_path / "c3.png").exists()
     r = dapple("run", "--plan", plan, "--model", "planner.runtime.models:gpt", "--steps", 2, "--eval-every", 1)
     assert_one_line_error(r, 4, "--eval-every", "declares no validation split")
+
+
+def test_a_run_too_long_to_list_at_once_is_a_limit_error(dapple, tmp_path):
+    # 2 stages x 2 micro-batches: one asynchronous list holds at most
+    # MAX_PASSES / 4 = 65,536 mini-batches; checkpoints or evaluations cut it.
+    plan = tmp_path / "plan.json"
+    layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16).save(plan)
+    r = dapple("run", "--plan", plan, "--model", "planner.runtime.models:digits", "--steps", 70_000,
+               "--schedule", "xpipe")
+    assert_one_line_error(r, 9, "--steps", "70000 mini-batches", "at most 65536", "--checkpoint-every")

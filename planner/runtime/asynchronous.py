@@ -113,7 +113,10 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
     cache: dict[tuple[int, int], list[torch.Tensor]] = {}
     left: dict[tuple[int, int], int] = {}  # passes of (mini-batch, direction) still to run here
     inputs: dict[int, torch.Tensor] = {}
-    rng: dict[int, torch.Tensor] = {}
+    # The random state each forward started from (the CPU's, and the GPU's
+    # on CUDA), so the backward's re-run draws the same dropout masks.
+    rng: dict[int, tuple] = {}
+    cuda = [ctx.dev] if ctx.dev.type == "cuda" else []
     batches: dict[int, Any] = {}
     loss_by_mini_batch: dict[int, float] = {}
     ms: list[float] = []
@@ -184,7 +187,7 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
             else:
                 parts = [ctx.comm.recv_with_header(src, t, False) for src, _ in ctx.prev]
                 x = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
-            rng[t] = torch.get_rng_state()
+            rng[t] = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in cuda])
             with torch.no_grad():
                 out = ctx.computed(lambda: run(w, x))
             if ctx.last:
@@ -206,8 +209,11 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
                 # parameter during the backward, as autograd does for a
                 # module's own parameters: no second set of gradients.
                 leaf.grad = p.grad
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(rng.pop(t))
+            with torch.random.fork_rng(devices=cuda):
+                cpu_state, gpu_states = rng.pop(t)
+                torch.set_rng_state(cpu_state)
+                for d, state in zip(cuda, gpu_states):
+                    torch.cuda.set_rng_state(state, d)
                 with torch.enable_grad():
                     out = ctx.computed(lambda: run(leaves, x))
                     if ctx.last:

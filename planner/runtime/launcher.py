@@ -23,7 +23,7 @@ from ..plan import Plan
 from .layout import Layout
 from .memory import return_freed_memory
 from .optimizers import check_optimizer
-from .schedule import asynchronous_passes, segments
+from .schedule import asynchronous_passes, check_segment_lengths, segments
 from .worker import Job, backend, run_rank
 
 
@@ -293,6 +293,7 @@ def run_plan(
             raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
         check_optimizer(schedule, optimizer)
         lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every, eval_every)}
+        check_segment_lengths(len(lay.stages), lay.micro_batches, max(lengths))
         passes = {n: asynchronous_passes(plan.core, schedule, n) for n in lengths}
     job = Job(
         layout=lay,
