@@ -219,6 +219,14 @@ def test_replicated_stages_reduce_each_mini_batch(batches):
     assert r.trace[2][:4] == ["F0", "B0", "F1", "B1"]
 
 
+@pytest.mark.parametrize("kind", planner.ASYNCHRONOUS_SCHEDULES)
+def test_a_stage_without_parameters_runs(kind, batches):
+    # Stage 1 is a Tanh alone: no weights to stash or predict, no optimizer.
+    plan = layout_plan(3, [(0, 1, [0]), (1, 2, [1]), (2, 5, [2])])
+    r = run_plan(plan, tiny_layers, mse, batches, STEPS, 0.1, schedule=kind, optimizer=optimizer_for(kind), **FAST)
+    assert len(r.losses) == STEPS and all(loss == loss for loss in r.losses)
+
+
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(batches, tmp_path):
     plan = layout_plan(4, THREE_STAGES)
     common = dict(schedule="xpipe", optimizer="momentum", checkpoint_every=3, **FAST)

@@ -134,7 +134,9 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
         return batches[n]
 
     def weights(kind: str, n: int, base: int, ahead: int) -> list[torch.Tensor]:
-        if ahead > 0 and predictor is not None:
+        if ahead > 0 and predictor is None:
+            return live  # a stage without parameters: nothing to predict
+        if ahead > 0:
             key = (n, 0 if kind == "F" else 1)
             if key not in cache:  # the bellwether predicts for its mini-batch
                 cache[key] = predictor.predict(ahead)
