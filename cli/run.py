@@ -115,11 +115,14 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
 
-    estimate = plan.estimate["latency_ms"] if plan.estimate else None
+    # The plan's bound describes its own schedule: none for another one.
+    own_schedule = schedule is None or schedule == plan.core.schedule_kind
+    estimate = plan.estimate["latency_ms"] if plan.estimate and own_schedule else None
     simulated = None
     if profile_path:
         profile = planner.Profile.load(profile_path)
-        estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
+        if own_schedule:
+            estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
         simulated = planner.simulate(plan, profile, schedule=schedule, recompute=recompute).iteration_ms
 
     factory = functools.partial(load_model, model_spec, **kwargs)

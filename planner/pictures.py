@@ -413,7 +413,8 @@ def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | N
     for i, run in enumerate(runs):
         if not run.get("evaluations"):
             raise InvalidInputError(f"metrics {i + 1} of {len(runs)} hold no evaluations (run with --eval-every)")
-        label = f"{run.get('schedule') or 'synchronous'}, {run.get('optimizer') or 'sgd'}"
+        # Version 1 metrics did not record the optimizer.
+        label = f"{run.get('schedule') or 'synchronous'}, {run.get('optimizer') or 'optimizer unknown'}"
         groups.setdefault(label, []).append(run)
     has_accuracy = any(e.get("accuracy") is not None for r in runs for e in r["evaluations"])
     panels = [("validation loss", "loss")] + ([("validation accuracy", "accuracy")] if has_accuracy else [])

@@ -55,7 +55,7 @@ def run_asynchronous(ctx: RankSetup, job: Job) -> dict[str, Any]:
     losses: list[float] = []
     trace: list[str] = []
     peak = 0
-    compute_s = 0.0
+    compute_s = aside_s = 0.0
     ctx.comm.recv_s = 0.0
     t_run = time.perf_counter()
     evaluations: list[dict] = []
@@ -66,13 +66,15 @@ def run_asynchronous(ctx: RankSetup, job: Job) -> dict[str, Any]:
         losses += seg_losses
         peak = max(peak, seg_peak)
         compute_s += seg_compute
+        t_aside = time.perf_counter()  # scoring and saving are not training time
         if job.eval_every and b % job.eval_every == 0:
             evaluated = evaluate(ctx, job, b)
             if evaluated is not None:
                 evaluations.append(evaluated)
         if job.checkpoint_dir and job.checkpoint_every and b % job.checkpoint_every == 0:
             ctx.save_checkpoint(job, b, predictor=predictor.state_dict() if predictor is not None else None)
-    total_s = time.perf_counter() - t_run
+        aside_s += time.perf_counter() - t_aside
+    total_s = time.perf_counter() - t_run - aside_s
     metrics = {
         "stage": ctx.stage,
         "replica": ctx.replica,

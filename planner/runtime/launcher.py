@@ -283,6 +283,8 @@ def run_plan(
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: use cpu or cuda")
     lay = Layout.of(plan)
+    if not 0 <= start_step < steps:
+        raise ValueError(f"nothing to run: start_step {start_step} is not below steps {steps}")
     if world_size is not None and world_size != lay.world_size:
         raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
     passes = None

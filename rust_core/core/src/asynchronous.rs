@@ -21,7 +21,7 @@ use crate::cost::{Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, PlanInputs};
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::ScheduleKind;
+use crate::schedule::{steady_state_mini_batches, ScheduleKind};
 use crate::topology::Topology;
 
 /// The fastest uniform pipeline that fits for asynchronous `kind`; its
@@ -70,12 +70,14 @@ pub fn asynchronous_plan(
                 (s, e, (first..first + per_stage).collect())
             })
             .collect();
-        candidates.extend(layout_at_every_size(
-            &inputs,
-            &layout,
-            kind,
-            WarmupPolicy::A,
-        ));
+        // A micro-batch size too fine to reach a steady state within the
+        // work limit is left out, as the synchronous search leaves out
+        // sizes over it.
+        candidates.extend(
+            layout_at_every_size(&inputs, &layout, kind, WarmupPolicy::A)
+                .into_iter()
+                .filter(|p| steady_state_mini_batches(p.stages.len(), p.micro_batches).is_ok()),
+        );
     }
     fastest_that_fits(
         candidates,
@@ -133,5 +135,10 @@ mod tests {
         // The bound is the busiest stage's work per mini-batch.
         assert!(estimate.latency_ms <= estimate.iteration_ms.unwrap() * (1.0 + 1e-9));
         assert!(asynchronous_plan(ScheduleKind::GPipe, &profile, &topology, 32, None).is_err());
+        // Micro-batches of 1 over 8 stages are too many to reach a steady
+        // state within the work limit: left out, not an error.
+        let big = Topology::from_spec("1x8-nvlink").unwrap();
+        let plan = asynchronous_plan(ScheduleKind::XPipe, &profile, &big, 8192, Some(1)).unwrap();
+        assert!(steady_state_mini_batches(plan.stages.len(), plan.micro_batches).is_ok());
     }
 }

@@ -29,8 +29,9 @@ pub struct RunMetrics {
     /// The optimizer's name (absent in version 1 files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer: Option<String>,
-    /// The asynchronous schedule the run trained with instead of the
-    /// plan's own (`dapple run --schedule`); absent when it was the plan's.
+    /// The asynchronous schedule the run trained with (`dapple run
+    /// --schedule`, or an asynchronous plan's own); absent for a
+    /// synchronous run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleKind>,
     /// One per step, on rank 0: from a barrier to the end of the loss

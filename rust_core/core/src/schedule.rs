@@ -317,7 +317,6 @@ pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
     )))
 }
 
-/// A synchronous schedule from lists without AR and OPT, validated.
 /// Mini-batches an asynchronous schedule is simulated over to measure its
 /// steady state: `fill` mini-batches to fill the pipeline (its warm-up
 /// spans 2S - 1 micro-batch passes on the first stage), a window of at
@@ -326,8 +325,10 @@ pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
 /// more, but never a window under one mini-batch.
 pub fn steady_state_mini_batches(num_stages: usize, micro_batches: u32) -> Result<u32> {
     let m = u64::from(micro_batches.max(1));
-    let fill = (2 * num_stages.max(1) as u64 - 1).div_ceil(m) + 1;
-    let wanted = 2 * fill + fill.max(4);
+    let fill = fill_mini_batches(num_stages, micro_batches);
+    // The window runs from the update ending mini-batch `fill` to the one
+    // ending mini-batch N - 1 - fill: at least 4 mini-batches apart.
+    let wanted = 2 * fill + fill.max(4) + 1;
     let allowed = MAX_PASSES / (m * num_stages.max(1) as u64);
     if allowed < 2 * fill + 2 {
         return Err(Error::limit(format!(
@@ -340,18 +341,24 @@ pub fn steady_state_mini_batches(num_stages: usize, micro_batches: u32) -> Resul
     Ok(wanted.min(allowed) as u32)
 }
 
+/// Mini-batches an asynchronous pipeline takes to fill: its first stage
+/// warms up over 2S - 1 micro-batch passes.
+fn fill_mini_batches(num_stages: usize, micro_batches: u32) -> u64 {
+    (2 * num_stages.max(1) as u64 - 1).div_ceil(u64::from(micro_batches.max(1))) + 1
+}
+
 /// The mini-batches whose updates on the first stage bound the measured
 /// window of a run of `mini_batches`: (first, last), after the fill and
 /// before the drain as in [`steady_state_mini_batches`]; first == last when
 /// the run is too short to have one.
 pub fn steady_state_window(num_stages: usize, micro_batches: u32, mini_batches: u32) -> (u32, u32) {
-    let m = u64::from(micro_batches.max(1));
-    let fill = (2 * num_stages.max(1) as u64 - 1).div_ceil(m) + 1;
+    let fill = fill_mini_batches(num_stages, micro_batches);
     let last = mini_batches.saturating_sub(1);
     let fill = fill.min(u64::from(last / 2)) as u32;
     (fill, last - fill)
 }
 
+/// A synchronous schedule from lists without AR and OPT, validated.
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {
     let stages = lists
         .into_iter()
@@ -1010,9 +1017,12 @@ mod tests {
 
     #[test]
     fn steady_state_runs_fit_the_work_limit() {
-        assert_eq!(steady_state_mini_batches(4, 2).unwrap(), 2 * 5 + 5);
-        assert_eq!(steady_state_window(4, 2, 15), (5, 9));
-        assert_eq!(steady_state_mini_batches(1, 1).unwrap(), 2 * 2 + 4);
+        // 4 stages of 2: 5 to fill, a window of 5, 5 to drain, and the update ending it.
+        assert_eq!(steady_state_mini_batches(4, 2).unwrap(), 2 * 5 + 5 + 1);
+        assert_eq!(steady_state_window(4, 2, 16), (5, 10));
+        // The window is at least 4 mini-batches.
+        assert_eq!(steady_state_mini_batches(1, 1).unwrap(), 2 * 2 + 4 + 1);
+        assert_eq!(steady_state_window(1, 1, 9), (2, 6));
         // Near the limit the window shrinks, never below one mini-batch.
         assert_eq!(steady_state_mini_batches(3, 12_483).unwrap(), 7);
         assert_eq!(steady_state_window(3, 12_483, 7), (2, 4));
