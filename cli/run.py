@@ -72,7 +72,6 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         raise click.UsageError("--checkpoint-every and --resume need --checkpoint-dir")
     kwargs = model_kwargs(model_args)
     slowdown = slowdown_of(slowdowns)
-    check_optimizer(schedule, optimizer)
     if metrics_path:
         check_writable(metrics_path)  # before the run, not after it
     torch = require_torch("run")
@@ -84,12 +83,12 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     from planner.runtime.launcher import WorkerFailed, launched_by_torchrun, run_plan
     from planner.runtime.layout import Layout
     from planner.runtime.models import load_model
+    from planner.runtime.schedule import run_schedule
 
     check_device(device)
     plan = planner.Plan.load(plan_path)
-    if schedule is None and plan.core.schedule_kind in planner.ASYNCHRONOUS_SCHEDULES:
-        schedule = plan.core.schedule_kind  # the plan was made for it (dapple plan --schedule)
-        check_optimizer(schedule, optimizer)
+    schedule = run_schedule(plan.core, schedule)
+    check_optimizer(schedule, optimizer)  # before the model is built
     lay = Layout.of(plan)
     if any(r >= lay.world_size for r in slowdown):
         raise click.BadParameter(f"rank {max(slowdown)} is not a rank of the plan (0..{lay.world_size - 1})",

@@ -219,6 +219,18 @@ def test_replicated_stages_reduce_each_mini_batch(batches):
     assert r.trace[2][:4] == ["F0", "B0", "F1", "B1"]
 
 
+def test_a_plan_made_for_an_asynchronous_schedule_trains_with_it(batches):
+    from planner.runtime.schedule import run_schedule
+
+    own = layout_plan(4, THREE_STAGES, kind="xpipe")
+    sync = layout_plan(4, THREE_STAGES)
+    assert (run_schedule(own.core, None), run_schedule(sync.core, None)) == ("xpipe", None)
+    assert run_schedule(own.core, "async") == "async"
+    r = run_plan(own, tiny_layers, mse, batches, STEPS, 0.1, **FAST)
+    given = run_plan(sync, tiny_layers, mse, batches, STEPS, 0.1, schedule="xpipe", **FAST)
+    assert r.metrics[0]["asynchronous"] and max_diff(r.params, given.params) == 0.0
+
+
 @pytest.mark.parametrize("kind", planner.ASYNCHRONOUS_SCHEDULES)
 def test_a_stage_without_parameters_runs(kind, batches):
     # Stage 1 is a Tanh alone: no weights to stash or predict, no optimizer.

@@ -104,11 +104,9 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
     live = ctx.params
     # Versions a later backward uses after the live weights move past them,
     # and the last backward of each: PipeDream's stash.
-    stash_needed, last_use, version = set(), {}, 0
-    for i, (kind, _, _, base, ahead) in enumerate(passes):
-        if kind == "OPT":
-            version += 1
-        elif kind == "B" and ahead == 0 and base != version:
+    stash_needed, last_use = set(), {}
+    for i, (kind, _, _, live_version, base, ahead) in enumerate(passes):
+        if kind == "B" and ahead == 0 and base != live_version:
             stash_needed.add(base)
             last_use[base] = i
     stash: dict[int, list[torch.Tensor]] = {}
@@ -135,7 +133,7 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
             batches[n] = (x_all, y_all)
         return batches[n]
 
-    def weights(kind: str, n: int, base: int, ahead: int) -> list[torch.Tensor]:
+    def weights(kind: str, n: int, live_version: int, base: int, ahead: int) -> list[torch.Tensor]:
         if ahead > 0 and predictor is None:
             return live  # a stage without parameters: nothing to predict
         if ahead > 0:
@@ -148,14 +146,14 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
             if left[key] == 0:
                 del cache[key], left[key]
             return w
-        if base != version:
+        if base != live_version:
             return stash[base]
         return live
 
     def run(w: list[torch.Tensor], x: torch.Tensor):
         return functional_call(ctx.module, dict(zip(names, w)), (x,))
 
-    for i, (kind, t, n, base, ahead) in enumerate(passes):
+    for i, (kind, t, n, live_version, base, ahead) in enumerate(passes):
         if trace is not None and version == 0:  # the actions up to the first update
             trace.append(kind if t is None else f"{kind}{t}")
         if kind == "AR":
@@ -183,7 +181,7 @@ def _segment(ctx: RankSetup, job: Job, first_step: int, passes: list[Pass], pred
             continue
         j = t % m_count  # the micro-batch within its mini-batch
         base_sample = j * mbs
-        w = weights(kind, n, base, ahead)
+        w = weights(kind, n, live_version, base, ahead)
         t0, recv_before = time.perf_counter(), ctx.comm.recv_s
         if kind == "F":
             if ctx.first:

@@ -23,7 +23,7 @@ from ..plan import Plan
 from .layout import Layout
 from .memory import return_freed_memory
 from .optimizers import check_optimizer
-from .schedule import asynchronous_passes, check_segment_lengths, segments
+from .schedule import asynchronous_passes, check_segment_lengths, run_schedule, segments
 from .worker import Job, backend, run_rank
 
 
@@ -288,8 +288,7 @@ def run_plan(
     if world_size is not None and world_size != lay.world_size:
         raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
     passes = None
-    if schedule is None and plan.core.schedule_kind in _core.ASYNCHRONOUS_SCHEDULES:
-        schedule = plan.core.schedule_kind  # a plan made for an asynchronous schedule
+    schedule = run_schedule(plan.core, schedule)
     if schedule is not None:
         if schedule not in _core.ASYNCHRONOUS_SCHEDULES:
             raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")

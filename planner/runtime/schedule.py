@@ -27,9 +27,10 @@ from .. import _core
 Action = tuple[str, int]
 
 #: One action of an asynchronous list: ("F" | "B" | "AR" | "OPT", micro-batch
-#: of the run, its mini-batch, the weight version the pass starts from,
-#: updates predicted ahead of it); the last four are None for AR and OPT.
-Pass = tuple[str, Any, Any, Any, Any]
+#: of the run, its mini-batch, the stage's live version when it runs, the
+#: weight version the pass starts from, updates predicted ahead of it); the
+#: last five are None for AR and OPT.
+Pass = tuple[str, Any, Any, Any, Any, Any]
 
 EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
@@ -76,11 +77,11 @@ def asynchronous_passes(plan: _core.Plan, schedule: str, mini_batches: int) -> l
         stage: list[Pass] = []
         for token in tokens:
             if token in ("AR", "OPT"):
-                stage.append((token, None, None, None, None))
+                stage.append((token, None, None, None, None, None))
                 continue
-            same, n, base, ahead = next(passes)
+            same, n, live, base, ahead = next(passes)
             assert same == token, (same, token)
-            stage.append((token[0], int(token[1:]), n, base, ahead))
+            stage.append((token[0], int(token[1:]), n, live, base, ahead))
         out.append(stage)
     return out
 
@@ -115,3 +116,13 @@ def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:
             out.append((a, b))
             a = b
     return out
+
+
+def run_schedule(plan: _core.Plan, schedule: str | None) -> str | None:
+    """The asynchronous schedule a run of ``plan`` trains with: ``schedule``
+    when given, else the plan's own kind when it is asynchronous (a plan
+    made by ``dapple plan --schedule``), else None (the plan's synchronous
+    schedule)."""
+    if schedule is None and plan.schedule_kind in _core.ASYNCHRONOUS_SCHEDULES:
+        return plan.schedule_kind
+    return schedule

@@ -124,21 +124,30 @@ crate::file_object_methods!(PyPlan {
     }
 
     /// Each stage's forwards and backwards with the weights they compute
-    /// with, as (token, mini-batch, base version, updates predicted ahead)
-    /// in list order (`Schedule::pass_weights`); arguments as `actions`.
+    /// with, as (token, mini-batch, live version, base version, updates
+    /// predicted ahead) in list order (`Schedule::pass_weights`); arguments
+    /// as `actions`.
     #[pyo3(signature = (schedule=None, mini_batches=None))]
     fn pass_weights(
         &self,
         schedule: Option<&str>,
         mini_batches: Option<u32>,
-    ) -> PyResult<Vec<Vec<(String, u32, u32, u32)>>> {
+    ) -> PyResult<Vec<Vec<(String, u32, u32, u32, u32)>>> {
         let lists = self.schedule(schedule, mini_batches)?;
         Ok((0..lists.stages.len())
             .map(|stage| {
                 lists
                     .pass_weights(stage)
                     .into_iter()
-                    .map(|p| (p.action.to_string(), p.mini_batch, p.base_version, p.predicted_updates))
+                    .map(|p| {
+                        (
+                            p.action.to_string(),
+                            p.mini_batch,
+                            p.live_version,
+                            p.base_version,
+                            p.predicted_updates,
+                        )
+                    })
                     .collect()
             })
             .collect())
