@@ -19,11 +19,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .. import _core
+from ..errors import LimitExceededError
 from ..plan import Plan
 from .layout import Layout
 from .memory import return_freed_memory
 from .optimizers import check_optimizer
-from .schedule import asynchronous_passes, check_segment_lengths, run_schedule, segments
+from .schedule import asynchronous_passes, run_schedule, segments
 from .worker import Job, backend, run_rank
 
 
@@ -294,8 +295,12 @@ def run_plan(
             raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
         check_optimizer(schedule, optimizer)
         lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every, eval_every)}
-        check_segment_lengths(len(lay.stages), lay.micro_batches, max(lengths))
-        passes = {n: asynchronous_passes(plan.core, schedule, n) for n in lengths}
+        try:
+            passes = {n: asynchronous_passes(plan.core, schedule, n) for n in sorted(lengths, reverse=True)}
+        except LimitExceededError as e:
+            # A segment (the steps between two checkpoints or evaluations) is one list.
+            raise LimitExceededError(f"--steps: {e}; cut the run with --checkpoint-every or --eval-every "
+                                     "(each drains the pipeline)") from None
     job = Job(
         layout=lay,
         layers_factory=layers_factory,

@@ -86,22 +86,6 @@ def asynchronous_passes(plan: _core.Plan, schedule: str, mini_batches: int) -> l
     return out
 
 
-def check_segment_lengths(num_stages: int, micro_batches: int, mini_batches: int) -> None:
-    """An asynchronous run lists every pass of a segment (the mini-batches
-    between two checkpoints or evaluations) at once, within the core's
-    ``MAX_PASSES``: raise LimitExceededError naming ``--steps`` otherwise."""
-    from ..errors import LimitExceededError
-
-    most = _core.MAX_PASSES // (num_stages * micro_batches)
-    if mini_batches > most:
-        raise LimitExceededError(
-            f"--steps: {mini_batches} mini-batches without a checkpoint or evaluation between them: an "
-            f"asynchronous run of {num_stages} stages x {micro_batches} micro-batches lists at most {most} at once "
-            f"({_core.MAX_PASSES} passes); cut the run with --checkpoint-every or --eval-every (each drains the "
-            "pipeline)"
-        )
-
-
 def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:
     """``[a, b)`` ranges of mini-batches from ``start`` to ``steps``, cut at
     every multiple of each positive number in ``every``: an asynchronous

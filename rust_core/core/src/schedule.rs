@@ -446,6 +446,14 @@ impl Schedule {
                 "schedule {kind} is not asynchronous"
             )));
         }
+        let most = MAX_PASSES / (num_stages.max(1) as u64 * u64::from(micro_batches.max(1)));
+        if u64::from(mini_batches) > most {
+            return Err(Error::limit(format!(
+                "{mini_batches} mini-batches of {num_stages} stages x {micro_batches} micro-batches \
+                 are over the {MAX_PASSES} micro-batch passes one list holds: at most {most} \
+                 mini-batches at once"
+            )));
+        }
         check_shape(num_stages, micro_batches, mini_batches)?;
         let stages = (0..num_stages)
             .map(|stage| StageSchedule {
@@ -1013,6 +1021,7 @@ mod tests {
         assert!(Schedule::asynchronous(ScheduleKind::XPipe, 2, 2, 0).is_err());
         let err = Schedule::asynchronous(ScheduleKind::XPipe, 64, 4096, 2).unwrap_err();
         assert_eq!(err.kind, crate::ErrorKind::Limit);
+        assert!(err.message.ends_with("at most 1 mini-batches at once"), "{}", err.message);
     }
 
     #[test]
