@@ -101,9 +101,13 @@ def profile_for(plan: planner.Plan, plan_path: str, profile_path: str | None) ->
 
 
 class PositiveIntList(click.ParamType):
-    """Comma-separated positive integers, e.g. ``1,2,4,8``; sorted, duplicates dropped."""
+    """Comma-separated positive integers up to ``most``, e.g. ``1,2,4,8``;
+    sorted, duplicates dropped."""
 
     name = "SIZES"
+
+    def __init__(self, most: int = MAX_COUNT):
+        self.most = most
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
@@ -113,8 +117,8 @@ class PositiveIntList(click.ParamType):
             sizes = [int(p) for p in parts]
         except ValueError:
             sizes = None
-        if not sizes or any(b < 1 or b > MAX_COUNT for b in sizes):
-            self.fail(f"{value!r} is not a comma-separated list of integers in 1..{MAX_COUNT}, e.g. 1,2,4,8",
+        if not sizes or any(b < 1 or b > self.most for b in sizes):
+            self.fail(f"{value!r} is not a comma-separated list of integers in 1..{self.most}, e.g. 1,2,4,8",
                       param, ctx)
         return sorted(set(sizes))
 

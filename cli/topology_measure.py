@@ -11,13 +11,21 @@ from planner.files import check_writable, write_atomic
 from .options import FILE_PATH, PositiveIntList, reports_errors, require_torch
 
 
+# Bounds on the work one measurement may start: every process imports torch
+# (about 150 MB each), every size is a tensor in each of them, and every
+# repeat is one message per size.
+MAX_PROCESSES = 128
+MAX_SIZE_KIB = 1 << 20  # 1 GiB
+MAX_REPEATS = 10_000
+
+
 @click.command("measure")
-@click.option("--processes", type=click.IntRange(min=2), default=2, show_default=True,
-              help="Local gloo processes, the 'GPUs' of the topology.")
-@click.option("--sizes-kib", "sizes_kib", type=PositiveIntList(), default="4,64,1024,4096,16384", show_default=True,
-              help="Message sizes to time, in KiB.")
-@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Timed messages per size (median kept).")
+@click.option("--processes", type=click.IntRange(2, MAX_PROCESSES), default=2, show_default=True,
+              help=f"Local gloo processes, the 'GPUs' of the topology (2..{MAX_PROCESSES}).")
+@click.option("--sizes-kib", "sizes_kib", type=PositiveIntList(most=MAX_SIZE_KIB), default="4,64,1024,4096,16384",
+              show_default=True, help=f"Message sizes to time, in KiB (each 1..{MAX_SIZE_KIB}).")
+@click.option("--repeats", type=click.IntRange(1, MAX_REPEATS), default=20, show_default=True,
+              help=f"Timed messages per size, median kept (1..{MAX_REPEATS}).")
 @click.option("--name", default=None, help="Topology name. Default: what was measured and when.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None,
               help="Topology JSON to write. Default: print it on stdout.")

@@ -49,3 +49,13 @@ def test_measured_topology_is_valid_and_plans(dapple, tmp_path):
 def test_measure_needs_two_sizes(dapple):
     r = dapple("topology", "measure", "--repeats", 1, "--sizes-kib", "64")
     assert_one_line_error(r, 3, "two different message sizes", "65536")
+
+
+@pytest.mark.parametrize("option, value", [("--processes", 129), ("--repeats", 10_001),
+                                           ("--sizes-kib", "4,1048577")])
+def test_measure_work_is_bounded(dapple, option, value):
+    # Refused before any process starts: one line, usage exit code.
+    r = dapple("topology", "measure", option, value)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and option in lines[0] and str(value) in lines[0], r.stderr
