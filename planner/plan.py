@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from . import _core
+from .errors import IncompatibleInputsError
 from .fileobject import FileObject
 from .limits import check_count
 from .profile import Profile
@@ -121,9 +122,10 @@ def plan(
     search proved it optimal (``docs/cost-model.md``).
     ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan
     for instead: the uniform pipeline whose steady state is fastest within
-    memory (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``);
+    memory (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
     ``warmup_policy``, ``micro_batch_sizes`` and ``search_space`` are the
-    synchronous search's and do not apply.
+    synchronous search's: giving one with ``schedule`` is an
+    IncompatibleInputsError naming it.
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
@@ -133,6 +135,15 @@ def plan(
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
     if schedule is not None:
+        # The defaults are the first of each name table; anything else was asked for.
+        for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
+                                     ("search_space", search_space, SEARCH_SPACES[0]),
+                                     ("micro_batch_sizes", micro_batch_sizes, None)):
+            if value != default:
+                raise IncompatibleInputsError(
+                    f"{name}: value {value!r} applies to the synchronous search, not to planning for "
+                    f"schedule {schedule} (uniform pipelines by their steady state)"
+                )
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
     core, (sizes, states, costed) = _core.search(

@@ -76,6 +76,12 @@ def test_a_plan_for_an_asynchronous_schedule(dapple, gpipe_plan, tmp_path):
     for kind in ("gpipe", "straight", "data-parallel"):
         other = planner.baseline(kind, BERT, "1x4-nvlink", 32)
         assert plan.iteration_ms <= planner.simulate(other, BERT, schedule="xpipe").iteration_ms * (1 + 1e-9), kind
+    # The synchronous search's options do not apply: asked for, they are refused by name.
+    r = dapple("plan", "--profile", BERT, "--topology", "1x4-nvlink", "--global-batch-size", 32,
+               "--schedule", "xpipe", "--warmup-policy", "B")
+    assert_one_line_error(r, 4, "warmup_policy", "'B'", "schedule xpipe")
+    with pytest.raises(planner.IncompatibleInputsError, match="search_space: value 'full'"):
+        planner.plan(BERT, "1x4-nvlink", 32, schedule="xpipe", search_space="full")
     # A hand-edited asynchronous plan with another schedule's depths is refused by name.
     d = planner.Plan.load(gpipe_plan).core.to_dict()
     d["schedule"]["kind"] = "xpipe"
