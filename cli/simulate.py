@@ -28,12 +28,14 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
     mini-batches back to back without a flush; its iteration is the
     steady-state time of one mini-batch."""
     plan, profile = load_plan_and_profile(plan_path, profile_path)
+    if show_actions:
+        # The lists the simulation would run (an asynchronous kind over its
+        # steady-state run): nothing to simulate.
+        click.echo(plan.core.weights_table(schedule))
+        return
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute)
     if as_json:
         click.echo(sim.text, nl=False)
-        return
-    if show_actions:
-        click.echo(plan.core.weights_table(schedule, sim.mini_batches))
         return
     out = console()
     out.print(

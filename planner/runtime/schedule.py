@@ -69,21 +69,10 @@ def format_schedule(lists: list[list[Action]]) -> str:
 
 def asynchronous_passes(plan: _core.Plan, schedule: str, mini_batches: int) -> list[list[Pass]]:
     """Each stage's list under asynchronous ``schedule`` over
-    ``mini_batches``, with the weights of every pass: the core's action
-    lists and ``pass_weights`` side by side."""
-    out = []
-    for tokens, weights in zip(plan.actions(schedule, mini_batches), plan.pass_weights(schedule, mini_batches)):
-        passes = iter(weights)
-        stage: list[Pass] = []
-        for token in tokens:
-            if token in ("AR", "OPT"):
-                stage.append((token, None, None, None, None, None))
-                continue
-            same, n, live, base, ahead = next(passes)
-            assert same == token, (same, token)
-            stage.append((token[0], int(token[1:]), n, live, base, ahead))
-        out.append(stage)
-    return out
+    ``mini_batches``, with the weights of every pass (the core's
+    ``pass_weights``)."""
+    return [[(kind, *(weights or (None,) * 5)) for kind, weights in stage]
+            for stage in plan.pass_weights(schedule, mini_batches)]
 
 
 def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:

@@ -1,7 +1,7 @@
 use dapple_core::evaluate::evaluate;
 use dapple_core::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, Plan};
-use dapple_core::schedule::ScheduleKind;
+use dapple_core::schedule::{ActionKind, ScheduleKind};
 use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;
 
@@ -123,30 +123,35 @@ crate::file_object_methods!(PyPlan {
         Ok(self.schedule(schedule, mini_batches)?.weights_table())
     }
 
-    /// Each stage's forwards and backwards with the weights they compute
-    /// with, as (token, mini-batch, live version, base version, updates
-    /// predicted ahead) in list order (`Schedule::pass_weights`); arguments
-    /// as `actions`.
+    /// Each stage's actions in list order with the weights of its passes:
+    /// (kind, micro-batch, mini-batch, live version, base version, updates
+    /// predicted ahead) for a forward ("F") or backward ("B"), the last
+    /// five None for "AR" and "OPT" (`Schedule::pass_weights`); arguments as
+    /// `actions`. One schedule is built for both.
     #[pyo3(signature = (schedule=None, mini_batches=None))]
+    #[allow(clippy::type_complexity)]
     fn pass_weights(
         &self,
         schedule: Option<&str>,
         mini_batches: Option<u32>,
-    ) -> PyResult<Vec<Vec<(String, u32, u32, u32, u32)>>> {
+    ) -> PyResult<Vec<Vec<(String, Option<(u32, u32, u32, u32, u32)>)>>> {
         let lists = self.schedule(schedule, mini_batches)?;
-        Ok((0..lists.stages.len())
+        Ok(lists
+            .stages
+            .iter()
             .map(|stage| {
-                lists
-                    .pass_weights(stage)
-                    .into_iter()
-                    .map(|p| {
-                        (
-                            p.action.to_string(),
-                            p.mini_batch,
-                            p.live_version,
-                            p.base_version,
-                            p.predicted_updates,
-                        )
+                let mut passes = lists.pass_weights(stage.stage).into_iter();
+                stage
+                    .actions
+                    .iter()
+                    .map(|a| match a.micro_batch {
+                        Some(t) => {
+                            let p = passes.next().expect("one weight per pass");
+                            let kind = if a.kind == ActionKind::Forward { "F" } else { "B" };
+                            let w = (t, p.mini_batch, p.live_version, p.base_version, p.predicted_updates);
+                            (kind.to_string(), Some(w))
+                        }
+                        None => (a.to_string(), None),
                     })
                     .collect()
             })
