@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
+from planner.files import check_writable
 
 from .options import FILE_PATH, count_option_type, reports_errors
 from .profile_model import profile_model_command
@@ -48,6 +49,26 @@ def import_artifact(
     profile.save(out_path)
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)
+
+
+@profile_group.command("merge")
+@click.argument("profile_paths", nargs=-1, required=True, type=FILE_PATH, metavar="PROFILE...")
+@click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
+@reports_errors
+def merge(profile_paths, out_path):
+    """One profile of a model timed on several GPU types.
+
+    Give one profile per GPU type, each naming its `device`; the first gives
+    the memory figures, and topologies' `relative_speed` is relative to it.
+    A topology group whose GPU type is one of these runs at that type's own
+    measured times (per-layer speed ratios may differ between types).
+    """
+    if len(profile_paths) < 2:
+        raise click.UsageError("give at least two profiles, one per GPU type")
+    check_writable(out_path)
+    merged = planner.merge_profiles([planner.Profile.load(p) for p in profile_paths])
+    merged.save(out_path)
+    click.echo(f"{out_path}: {merged.model} timed on {', '.join(map(str, merged.devices))}", err=True)
 
 
 profile_group.add_command(profile_model_command, "model")

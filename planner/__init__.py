@@ -28,7 +28,7 @@ from .errors import (
     RunFailedError,
 )
 from .plan import SEARCH_SPACES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
-from .profile import Profile, calibrate_stored_activations, import_artifact_profile
+from .profile import Profile, calibrate_stored_activations, import_artifact_profile, merge_profiles
 from .simulation import Simulation, simulate
 from .topology import PRESETS, Topology
 
@@ -59,6 +59,7 @@ __all__ = [
     "compare",
     "evaluate",
     "import_artifact_profile",
+    "merge_profiles",
     "layout_plan",
     "plan",
     "simulate",

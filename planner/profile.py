@@ -41,6 +41,24 @@ class Profile(FileObject):
     def sha256(self) -> str:
         return self.core.sha256
 
+    @property
+    def devices(self) -> list[str | None]:
+        """GPU types whose layer times it holds: its own ``device`` first,
+        then ``other_devices``."""
+        return self.core.devices
+
+
+def merge_profiles(profiles: list[Profile]) -> Profile:
+    """One profile holding every profile's layer times, each as those of
+    its GPU type (``other_devices``): the first gives the memory figures and
+    is the device topologies' ``relative_speed`` refers to. The profiles
+    must be of one model (same layers and parameters) and name their
+    device; an error names the file it is about."""
+    merged = profiles[0].core
+    for other in profiles[1:]:
+        merged = merged.with_times_of(other.core)
+    return Profile(merged)
+
 
 def import_artifact_profile(
     path: str | os.PathLike,

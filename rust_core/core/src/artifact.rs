@@ -119,6 +119,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         device: opts.device.clone(),
         optimizer: opts.optimizer.clone(),
         layers,
+        other_devices: Vec::new(),
     };
     profile.validate()?;
     Ok(profile)

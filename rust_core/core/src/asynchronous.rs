@@ -44,7 +44,7 @@ pub fn asynchronous_plan(
     }
     let min_slice = profile.min_slice(min_micro_batch_size);
     let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(topology);
+    let cluster = Cluster::for_model(topology, &layers)?;
     let gpus = cluster.num_devices();
     let n = layers.num_layers;
     let t = layers.times_at(min_slice);

@@ -15,8 +15,7 @@
 
 use rayon::prelude::*;
 
-use crate::balance::{balanced_slices, BalanceDevice};
-use crate::cost::{smallest_slice, Cluster, WarmupPolicy};
+use crate::cost::{smallest_slice, Cluster, StageCoster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
@@ -103,13 +102,9 @@ pub fn baseline_layout(
     topology: &Topology,
     min_slice: u32,
 ) -> Result<Layout> {
-    layout(
-        kind,
-        profile,
-        &LayerCosts::new(profile),
-        &Cluster::new(topology),
-        min_slice,
-    )
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::for_model(topology, &layers)?;
+    layout(kind, profile, &layers, &cluster, min_slice)
 }
 
 /// The layout of a baseline on this cluster.
@@ -158,9 +153,15 @@ fn whale_pipeline_layout(layers: &LayerCosts, cluster: &Cluster, min_slice: u32)
         .take(stages)
         .map(<[u32]>::to_vec)
         .collect();
+    // A GPU's capacity is its speed on the whole model.
+    let coster = StageCoster::new(layers, cluster, min_slice, 1);
+    let speed = |d: u32| {
+        let m = cluster.machine_of(d).expect("a device of the cluster");
+        coster.speed_on(m, 0, n, min_slice)
+    };
     let capacities: Vec<f64> = groups
         .iter()
-        .map(|g| g.iter().map(|&d| machine(d).speed).sum())
+        .map(|g| g.iter().map(|&d| speed(d)).sum())
         .collect();
     let t = layers.times_at(min_slice);
     let work: Vec<f64> = (0..n).map(|l| t.fwd(l, l + 1) + t.bwd(l, l + 1)).collect();
@@ -195,12 +196,9 @@ impl PipeDreamProblem {
     /// speed, then the machines at the network's; states are the layers
     /// PipeDream keeps, in dapple's order, at `batch` samples per GPU.
     pub fn new(profile: &Profile, topology: &Topology, batch: u32) -> Result<PipeDreamProblem> {
-        PipeDreamProblem::on(
-            profile,
-            &LayerCosts::new(profile),
-            &Cluster::new(topology),
-            batch,
-        )
+        let layers = LayerCosts::new(profile);
+        let cluster = Cluster::for_model(topology, &layers)?;
+        PipeDreamProblem::on(profile, &layers, &cluster, batch)
     }
 
     fn on(
@@ -323,10 +321,10 @@ fn pipedream_states(
         .collect();
     let kept: Vec<usize> = (0..n).filter(|&l| !dropped[l]).collect();
     let times = layers.times_at(batch);
-    let speed = cluster
-        .machines
-        .iter()
-        .map(|m| m.speed)
+    // PipeDream plans for one GPU type: the slowest, on the whole model.
+    let coster = StageCoster::new(layers, cluster, batch, 1);
+    let speed = (0..cluster.machines.len())
+        .map(|m| coster.speed_on(m, 0, n, batch))
         .fold(f64::INFINITY, f64::min);
     let activation = |l: usize| profile.layers[l].activation_bytes_per_sample() * f64::from(batch);
     let compute_s: Vec<f64> = kept
@@ -385,7 +383,7 @@ pub fn baseline_layouts(
     policy: WarmupPolicy,
 ) -> Result<Vec<Plan>> {
     let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(topology);
+    let cluster = Cluster::for_model(topology, &layers)?;
     let stages = layout(kind, profile, &layers, &cluster, min_slice)?;
     let inputs = PlanInputs::new(
         profile,
@@ -410,25 +408,20 @@ pub fn baseline_layouts(
 /// keeps the even split (its estimate then says it does not fit); on GPUs
 /// of one kind the balanced split is the even one.
 fn balance_slices(plan: &mut Plan, layers: &LayerCosts, cluster: &Cluster, min_slice: u32) {
-    let micro_batch = plan.micro_batch_size;
+    let coster = StageCoster::new(layers, cluster, plan.micro_batch_size, plan.micro_batches);
     for stage in &mut plan.stages {
-        let (start, end) = (stage.layer_start, stage.layer_end);
-        let devices: Vec<BalanceDevice> = stage
+        let machines: Vec<usize> = stage
             .devices
             .iter()
-            .map(|&d| {
-                let machine =
-                    &cluster.machines[cluster.machine_of(d).expect("a layout's own device")];
-                BalanceDevice {
-                    speed: machine.speed,
-                    memory_bytes: machine.memory_bytes,
-                    fixed_bytes: layers.model_state_bytes(start, end),
-                    bytes_per_sample: f64::from(stage.warmup_micro_batches)
-                        * layers.stored_bytes_per_sample(start, end),
-                }
-            })
+            .map(|&d| cluster.machine_of(d).expect("a layout's own device"))
             .collect();
-        stage.slices = balanced_slices(&devices, micro_batch, min_slice).ok();
+        stage.slices = coster.balanced_slices(
+            stage.layer_start,
+            stage.layer_end,
+            &machines,
+            stage.warmup_micro_batches,
+            min_slice,
+        );
     }
 }
 

@@ -4,8 +4,24 @@
 //! Everything here is a pure function of plain numbers; the search and the
 //! plan evaluator both call it, so a plan costs the same however it was made.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+
+use crate::balance::{balanced_slices, BalanceDevice};
+use crate::error::{Error, Input, Result};
 use crate::profile::{LayerCosts, TimePrefix};
 use crate::topology::Topology;
+
+/// The timed GPU types, quoted, for messages.
+fn timed_names(devices: &[Option<&str>]) -> String {
+    devices
+        .iter()
+        .map(|d| format!("{:?}", d.unwrap_or("unnamed")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Bytes per millisecond of one Gbit/s.
 const BYTES_PER_MS_PER_GBPS: f64 = 1e9 / 8.0 / 1e3;
@@ -28,34 +44,111 @@ pub struct MachineCost {
     pub gpus: u32,
     pub first_device: u32,
     pub memory_bytes: f64,
+    /// Whose layer times its GPUs run at: an index into the profile's
+    /// timed GPU types (`LayerCosts::devices`), 0 for the profile's own.
+    pub timing: usize,
+    /// Speed relative to those times: the group's `relative_speed`, or 1
+    /// where its GPU type was timed itself.
     pub speed: f64,
     pub intra_bytes_per_ms: f64,
     pub intra_latency_ms: f64,
 }
 
+impl MachineCost {
+    /// Whether the two machines' GPUs are alike for the cost model: the
+    /// same times, speed and memory.
+    fn same_gpus(&self, other: &MachineCost) -> bool {
+        self.timing == other.timing
+            && self.speed == other.speed
+            && self.memory_bytes == other.memory_bytes
+    }
+}
+
 impl Cluster {
+    /// The cluster for a profile that times one GPU type: every GPU runs
+    /// the profile's times over its group's `relative_speed` (1 where
+    /// absent). Link costs do not depend on the profile at all.
     pub fn new(t: &Topology) -> Cluster {
+        Cluster::matched(t, &[None]).expect("one timed device matches every group")
+    }
+
+    /// The cluster as the cost model sees it for `layers`' model: each
+    /// group's GPUs run at the times of the GPU type of that name the
+    /// profile timed, else at the profile's own device's times over the
+    /// group's `relative_speed`. With several timed types, a group of
+    /// another type must give its `relative_speed` (relative to the
+    /// profile's own device), and every other timed type must be a group's.
+    pub fn for_model(t: &Topology, layers: &LayerCosts) -> Result<Cluster> {
+        Cluster::matched(t, &layers.devices())
+    }
+
+    fn matched(t: &Topology, devices: &[Option<&str>]) -> Result<Cluster> {
+        let timing_of = |g: usize| -> Result<(usize, f64)> {
+            let gpu = &t.machine_groups[g].gpu;
+            if let Some(k) = devices
+                .iter()
+                .position(|&d| d == Some(gpu.gpu_type.as_str()))
+            {
+                return Ok((k, 1.0));
+            }
+            match gpu.relative_speed {
+                Some(speed) => Ok((0, speed)),
+                None if devices.len() == 1 => Ok((0, 1.0)),
+                None => {
+                    let mut e = Error::incompatible(format!(
+                        "is absent and GPU type {:?} is none of those the profile timed ({}); \
+                         give its speed relative to {} or time the model on it",
+                        gpu.gpu_type,
+                        timed_names(devices),
+                        devices[0].unwrap_or("the profile's device"),
+                    ));
+                    e.field = Some(format!("machine_groups[{g}].gpu.relative_speed"));
+                    Err(e.about(Input::Topology))
+                }
+            }
+        };
+        let timings: Vec<(usize, f64)> = (0..t.machine_groups.len())
+            .map(timing_of)
+            .collect::<Result<_>>()?;
+        for (k, device) in devices.iter().enumerate().skip(1) {
+            if !timings.iter().any(|&(used, _)| used == k) {
+                let mut e = Error::incompatible(format!(
+                    "value {:?} is no GPU type of topology {:?} ({}); a device no group has is a typing mistake",
+                    device.unwrap_or_default(),
+                    t.name,
+                    t.machine_groups
+                        .iter()
+                        .map(|g| format!("{:?}", g.gpu.gpu_type))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                e.field = Some(format!("other_devices[{}].device", k - 1));
+                return Err(e.about(Input::Profile));
+            }
+        }
         let machines = t
             .machines()
             .into_iter()
             .map(|m| {
                 let g = &t.machine_groups[m.group];
+                let (timing, speed) = timings[m.group];
                 MachineCost {
                     group: m.group,
                     gpus: m.gpus,
                     first_device: m.first_device,
                     memory_bytes: g.gpu.memory_bytes as f64,
-                    speed: g.gpu.relative_speed,
+                    timing,
+                    speed,
                     intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
                     intra_latency_ms: g.intra_machine.latency_us / 1e3,
                 }
             })
             .collect();
-        Cluster {
+        Ok(Cluster {
             machines,
             inter_bytes_per_ms: t.inter_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
             inter_latency_ms: t.inter_machine.latency_us / 1e3,
-        }
+        })
     }
 
     /// (machine group, GPUs) of each machine: what placement states count.
@@ -69,9 +162,7 @@ impl Cluster {
 
     /// Whether GPUs differ in speed or memory.
     pub fn is_mixed(&self) -> bool {
-        self.machines
-            .windows(2)
-            .any(|w| w[0].speed != w[1].speed || w[0].memory_bytes != w[1].memory_bytes)
+        self.machines.windows(2).any(|w| !w[0].same_gpus(&w[1]))
     }
 
     /// Index of the machine that holds GPU `device`.
@@ -207,21 +298,44 @@ impl AllreduceCurve {
 pub struct StageDevices {
     pub alloc: Alloc,
     pub replicas: u32,
-    /// The slowest GPU's relative speed: replicas move in lock step.
-    pub speed: f64,
+    /// The distinct (timing, speed) pairs of its GPUs (`MachineCost`):
+    /// with even slices the replicas move in lock step at the slowest.
+    pub paces: Vec<(usize, f64)>,
     pub memory_limit_bytes: f64,
     pub allreduce: AllreduceCurve,
+    /// Whether its GPUs differ in times, speed or memory: the search gives
+    /// such a stage Whale's balanced slices (`StageCoster::searched_slices`).
+    pub mixed: bool,
 }
 
 impl StageDevices {
     pub fn new(cluster: &Cluster, alloc: Alloc) -> StageDevices {
+        let mut paces: Vec<(usize, f64)> = Vec::new();
+        for &(m, _) in &alloc {
+            let pace = (cluster.machines[m].timing, cluster.machines[m].speed);
+            if !paces.contains(&pace) {
+                paces.push(pace);
+            }
+        }
+        let first = alloc.first().map(|&(m, _)| &cluster.machines[m]);
         StageDevices {
             replicas: alloc_size(&alloc),
-            speed: slowest_speed(cluster, &alloc),
+            paces,
             memory_limit_bytes: smallest_memory(cluster, &alloc),
             allreduce: AllreduceCurve::new(cluster, &alloc),
+            mixed: alloc
+                .iter()
+                .any(|&(m, _)| first.is_some_and(|f| !f.same_gpus(&cluster.machines[m]))),
             alloc,
         }
+    }
+
+    /// The machine of each replica, in device order.
+    fn replica_machines(&self) -> Vec<usize> {
+        self.alloc
+            .iter()
+            .flat_map(|&(m, c)| std::iter::repeat_n(m, c as usize))
+            .collect()
     }
 }
 
@@ -282,15 +396,6 @@ pub fn transfer_ms(
         slowest += cluster.inter_latency_ms;
     }
     slowest
-}
-
-/// Slowest relative speed among the machines of `alloc`: a replicated
-/// stage waits for its slowest replica.
-pub fn slowest_speed(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
-    alloc
-        .iter()
-        .map(|&(m, _)| cluster.machines[m].speed)
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// Smallest GPU memory among the machines of `alloc`.
@@ -582,12 +687,18 @@ pub struct StageCoster<'a> {
     pub cluster: &'a Cluster,
     pub micro_batch: u32,
     pub micro_batches: u32,
-    /// The slice sizes a stage can have (`largest_slice` of the micro-batch
-    /// over 1.. replicas), ascending, and the prefix sums at each: one entry
-    /// per distinct slice, not per sample count, so a micro-batch of 2^27
+    /// The slice sizes an evenly split stage can have (`largest_slice` of
+    /// the micro-batch over 1.. replicas), ascending, and the prefix sums at
+    /// each for every timing the cluster's GPUs run at: one entry per
+    /// distinct slice, not per sample count, so a micro-batch of 2^27
     /// samples costs a few entries, not gigabytes.
     slices: Vec<u32>,
-    times: Vec<TimePrefix>,
+    times: Vec<Vec<Rc<TimePrefix>>>,
+    /// Prefix sums at the other slice sizes uneven slices use, made on
+    /// first use: (timing, slice) -> times.
+    uneven: RefCell<FxHashMap<(usize, u32), Rc<TimePrefix>>>,
+    /// The distinct (timing, speed) pairs of the cluster's GPUs.
+    cluster_paces: Vec<(usize, f64)>,
 }
 
 /// The replica of a stage that finishes last: its times (at its slice) and
@@ -596,6 +707,13 @@ pub struct StageCoster<'a> {
 struct Pace<'t> {
     times: &'t TimePrefix,
     speed: f64,
+}
+
+impl Pace<'_> {
+    /// Forward and backward time of layers `start..end`.
+    fn ms(&self, start: usize, end: usize) -> f64 {
+        (self.times.fwd(start, end) + self.times.bwd(start, end)) / self.speed
+    }
 }
 
 /// The cost of one computation stage on its devices: what the search
@@ -650,7 +768,26 @@ impl<'a> StageCoster<'a> {
             .collect();
         slices.sort_unstable();
         slices.dedup();
-        let times = slices.iter().map(|&s| layers.times_at(s)).collect();
+        let mut cluster_paces: Vec<(usize, f64)> = Vec::new();
+        for m in &cluster.machines {
+            if !cluster_paces.contains(&(m.timing, m.speed)) {
+                cluster_paces.push((m.timing, m.speed));
+            }
+        }
+        let timings = layers.devices().len();
+        let used = |t: usize| t == 0 || cluster_paces.iter().any(|&(used, _)| used == t);
+        let times = (0..timings)
+            .map(|t| {
+                if used(t) {
+                    slices
+                        .iter()
+                        .map(|&s| Rc::new(layers.times_on(t, s)))
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         StageCoster {
             layers,
             cluster,
@@ -658,20 +795,38 @@ impl<'a> StageCoster<'a> {
             micro_batches,
             slices,
             times,
+            uneven: RefCell::new(FxHashMap::default()),
+            cluster_paces,
         }
     }
 
-    fn times(&self, slice: u32) -> &TimePrefix {
+    /// Times on `timing` at an even slice size.
+    fn times(&self, timing: usize, slice: u32) -> &TimePrefix {
         let at = self
             .slices
             .binary_search(&slice)
             .expect("every slice size is precomputed");
-        &self.times[at]
+        &self.times[timing][at]
+    }
+
+    /// Times on `timing` at any slice size.
+    fn any_times(&self, timing: usize, slice: u32) -> Rc<TimePrefix> {
+        if let Ok(at) = self.slices.binary_search(&slice) {
+            if let Some(t) = self.times[timing].get(at) {
+                return Rc::clone(t);
+            }
+        }
+        self.uneven
+            .borrow_mut()
+            .entry((timing, slice))
+            .or_insert_with(|| Rc::new(self.layers.times_on(timing, slice)))
+            .clone()
     }
 
     /// Cost of layers `start..end` on `alloc` with `warmup` micro-batches in
-    /// flight. `only_stage`: the stage is the whole model (data
-    /// parallelism), whose AllReduce overlaps the last backward pass.
+    /// flight, every replica taking an even slice. `only_stage`: the stage
+    /// is the whole model (data parallelism), whose AllReduce overlaps the
+    /// last backward pass.
     pub fn stage(
         &self,
         start: usize,
@@ -684,7 +839,9 @@ impl<'a> StageCoster<'a> {
         self.stage_on(start, end, &devices, warmup, only_stage)
     }
 
-    /// [`StageCoster::stage`] on devices already summarised.
+    /// [`StageCoster::stage`] on devices already summarised: the replicas
+    /// move in lock step at the pace of the GPU type slowest on these
+    /// layers.
     pub fn stage_on(
         &self,
         start: usize,
@@ -694,10 +851,15 @@ impl<'a> StageCoster<'a> {
         only_stage: bool,
     ) -> StageCost {
         let slice = largest_slice(self.micro_batch, devices.replicas);
-        let pace = Pace {
-            times: self.times(slice),
-            speed: devices.speed,
-        };
+        let pace = devices
+            .paces
+            .iter()
+            .map(|&(timing, speed)| Pace {
+                times: self.times(timing, slice),
+                speed,
+            })
+            .max_by(|a, b| a.ms(start, end).total_cmp(&b.ms(start, end)))
+            .expect("a stage has devices");
         self.priced(
             start,
             end,
@@ -708,12 +870,104 @@ impl<'a> StageCoster<'a> {
         )
     }
 
+    /// The slices the search gives layers `start..end` on `devices`: none
+    /// (the even split) on GPUs alike; on mixed GPUs Whale's balanced
+    /// slices with one micro-batch in flight, the least any plan holds, or
+    /// the even split when no balanced one fits. A plan keeps these slices
+    /// whatever its warm-up depths; memory then caps the depths
+    /// (`warmup::deepest_warmups`).
+    pub fn searched_slices(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        min_slice: u32,
+    ) -> Option<Vec<u32>> {
+        if !devices.mixed {
+            return None;
+        }
+        self.balanced_slices(start, end, &devices.replica_machines(), 1, min_slice)
+    }
+
+    /// Whale's Algorithm 1 (`balance.rs`) for layers `start..end` on the
+    /// GPUs of these machines (one entry per replica) with `warmup`
+    /// micro-batches in flight. A GPU's speed is its rate on these layers
+    /// at the even slice, relative to the profile's own device; None when
+    /// no split fits.
+    pub fn balanced_slices(
+        &self,
+        start: usize,
+        end: usize,
+        replica_machines: &[usize],
+        warmup: u32,
+        min_slice: u32,
+    ) -> Option<Vec<u32>> {
+        let even = largest_slice(self.micro_batch, replica_machines.len() as u32);
+        let devices: Vec<BalanceDevice> = replica_machines
+            .iter()
+            .map(|&m| {
+                let machine = &self.cluster.machines[m];
+                BalanceDevice {
+                    speed: self.speed_on(m, start, end, even),
+                    memory_bytes: machine.memory_bytes,
+                    fixed_bytes: self.layers.model_state_bytes(start, end),
+                    bytes_per_sample: f64::from(warmup)
+                        * self.layers.stored_bytes_per_sample(start, end),
+                }
+            })
+            .collect();
+        balanced_slices(&devices, self.micro_batch, min_slice).ok()
+    }
+
+    /// How fast machine `machine`'s GPUs run layers `start..end` at `batch`
+    /// samples, relative to the profile's own device: the group's relative
+    /// speed, times how much faster its own timed type runs these layers
+    /// (per-layer ratios may differ between types). Exactly the relative
+    /// speed where the GPU runs the profile's own times.
+    pub fn speed_on(&self, machine: usize, start: usize, end: usize, batch: u32) -> f64 {
+        let machine = &self.cluster.machines[machine];
+        if machine.timing == 0 {
+            return machine.speed;
+        }
+        let ms = |timing: usize| {
+            let t = self.any_times(timing, batch);
+            t.fwd(start, end) + t.bwd(start, end)
+        };
+        let (own, reference) = (ms(machine.timing), ms(0));
+        if own > 0.0 && reference > 0.0 {
+            machine.speed * reference / own
+        } else {
+            machine.speed
+        }
+    }
+
+    /// The search's cost of layers `start..end` on `devices`, with
+    /// `searched_slices` and `warmup` micro-batches in flight.
+    pub fn stage_searched(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        min_slice: u32,
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
+        match self.searched_slices(start, end, devices, min_slice) {
+            Some(slices) => self.sliced_on(
+                start,
+                end,
+                devices,
+                &devices.replica_machines(),
+                &slices,
+                warmup,
+                only_stage,
+            ),
+            None => self.stage_on(start, end, devices, warmup, only_stage),
+        }
+    }
+
     /// [`StageCoster::stage`] with device `devices[j]` taking `slices[j]`
-    /// samples of each micro-batch (uneven slices on mixed GPUs). Each
-    /// replica computes its own slice at its own speed; the stage is as
-    /// fast as its slowest replica (the next stage needs every slice), so
-    /// its times are the largest replica's. Its memory is that of the
-    /// device closest to its limit, with that device's slice and limit.
+    /// samples of each micro-batch (uneven slices on mixed GPUs).
     pub fn stage_sliced(
         &self,
         start: usize,
@@ -725,38 +979,56 @@ impl<'a> StageCoster<'a> {
     ) -> StageCost {
         let alloc = self.cluster.alloc_of(devices).expect("checked devices");
         let stage = StageDevices::new(self.cluster, alloc);
-        let machine =
-            |d: u32| &self.cluster.machines[self.cluster.machine_of(d).expect("checked device")];
-        // The replica that finishes last (each replica's prefix sums are
-        // built once), and the device with the least room.
-        let replica_ms: Vec<f64> = (0..devices.len())
-            .map(|j| {
-                let times = self.layers.times_at(slices[j]);
-                (times.fwd(start, end) + times.bwd(start, end)) / machine(devices[j]).speed
+        let machines: Vec<usize> = devices
+            .iter()
+            .map(|&d| self.cluster.machine_of(d).expect("checked device"))
+            .collect();
+        self.sliced_on(start, end, &stage, &machines, slices, warmup, only_stage)
+    }
+
+    /// Uneven slices on the GPUs of `machines` (one entry per replica).
+    /// Each replica computes its own slice at its own GPU's times; the
+    /// stage is as fast as its slowest replica (the next stage needs every
+    /// slice), so its times are the slowest replica's. Its memory is that
+    /// of the replica with the least room per sample of its slice, which
+    /// is the first to run out however many micro-batches are in flight
+    /// (every replica holds the same model state).
+    #[allow(clippy::too_many_arguments)]
+    fn sliced_on(
+        &self,
+        start: usize,
+        end: usize,
+        stage: &StageDevices,
+        machines: &[usize],
+        slices: &[u32],
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
+        let machine = |j: usize| &self.cluster.machines[machines[j]];
+        let times: Vec<Rc<TimePrefix>> = (0..machines.len())
+            .map(|j| self.any_times(machine(j).timing, slices[j]))
+            .collect();
+        let paces: Vec<Pace> = (0..machines.len())
+            .map(|j| Pace {
+                times: &times[j],
+                speed: machine(j).speed,
             })
             .collect();
-        let slowest = (0..devices.len())
-            .max_by(|&a, &b| replica_ms[a].total_cmp(&replica_ms[b]))
+        let slowest = (0..machines.len())
+            .max_by(|&a, &b| paces[a].ms(start, end).total_cmp(&paces[b].ms(start, end)))
             .expect("a stage has devices");
-        let fullness = |j: usize| {
-            stage_memory_bytes(self.layers, start, end, slices[j], warmup)
-                / machine(devices[j]).memory_bytes
-        };
-        let fullest = (0..devices.len())
-            .max_by(|&a, &b| fullness(a).total_cmp(&fullness(b)))
+        let state = self.layers.model_state_bytes(start, end);
+        let room_per_sample = |j: usize| (machine(j).memory_bytes - state) / f64::from(slices[j]);
+        let tightest = (0..machines.len())
+            .min_by(|&a, &b| room_per_sample(a).total_cmp(&room_per_sample(b)))
             .expect("a stage has devices");
-        let pace = Pace {
-            times: &self.layers.times_at(slices[slowest]),
-            speed: machine(devices[slowest]).speed,
-        };
-        let limit = machine(devices[fullest]).memory_bytes;
         self.priced(
             start,
             end,
-            &stage,
-            &pace,
+            stage,
+            &paces[slowest],
             only_stage,
-            (slices[fullest], limit, warmup),
+            (slices[tightest], machine(tightest).memory_bytes, warmup),
         )
     }
 
@@ -806,15 +1078,42 @@ impl<'a> StageCoster<'a> {
         transfer_ms(self.cluster, from, to, bytes)
     }
 
-    /// Forward time of layers `start..end` at `slice` samples on the fastest GPU,
-    /// a lower bound for any stage holding those layers with slices this size or larger.
-    pub fn fwd_lower_bound(&self, start: usize, end: usize, slice: u32, fastest: f64) -> f64 {
-        self.times(slice).fwd(start, end) / fastest
+    /// Forward, and forward plus backward, time of layers `start..end` at
+    /// `slice` samples on the GPU of the cluster fastest at them: lower
+    /// bounds for any stage holding those layers whose slowest replica
+    /// takes `slice` samples.
+    pub fn fastest_ms(&self, start: usize, end: usize, slice: u32) -> (f64, f64) {
+        self.cluster_paces
+            .iter()
+            .map(|&(timing, speed)| {
+                let t = self.any_times(timing, slice);
+                let f = t.fwd(start, end) / speed;
+                (f, f + t.bwd(start, end) / speed)
+            })
+            .fold((f64::INFINITY, f64::INFINITY), |a, b| {
+                (a.0.min(b.0), a.1.min(b.1))
+            })
     }
 
-    pub fn fwd_bwd_lower_bound(&self, start: usize, end: usize, slice: u32, fastest: f64) -> f64 {
-        let t = self.times(slice);
-        (t.fwd(start, end) + t.bwd(start, end)) / fastest
+    /// The slice sizes in `min_slice..=micro_batch` at which some layer's
+    /// time on some GPU type is smallest over that range: its ends and
+    /// the measured sizes between (times are linear between those). The
+    /// slowest replica of unevenly sliced stages takes one of the range.
+    pub fn uneven_floor_slices(&self, min_slice: u32) -> Vec<u32> {
+        let top = self.micro_batch.max(min_slice);
+        let mut sizes = vec![min_slice, top];
+        for timing in 0..self.layers.devices().len() {
+            sizes.extend(
+                self.layers
+                    .measured_batch_sizes(timing)
+                    .iter()
+                    .copied()
+                    .filter(|&b| b > min_slice && b < top),
+            );
+        }
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
     }
 
     /// Time of all micro-batches one after another on one GPU of the
@@ -835,7 +1134,7 @@ mod tests {
         let mut slow = t.machine_groups[0].clone();
         t.machine_groups[0].machines = 1;
         slow.machines = 1;
-        slow.gpu.relative_speed = speed;
+        slow.gpu.relative_speed = Some(speed);
         slow.gpu.memory_bytes = memory;
         slow.gpu.gpu_type = "slow".into();
         t.machine_groups.push(slow);
@@ -881,6 +1180,113 @@ mod tests {
             (tight.slice_size, tight.memory_limit_bytes),
             (2, f64::from(1 << 20))
         );
+    }
+
+    /// Two layers timed on the profile's own V100 (1 ms forward, 2 ms
+    /// backward per sample each) and on a "P100" that is 3x slower on layer
+    /// 0 and as fast on layer 1: per-layer ratios of its own.
+    fn two_types() -> (crate::profile::Profile, Topology) {
+        use crate::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
+        let mut p = crate::profile::chain_profile(&[(1.0, 2.0), (1.0, 2.0)], 1);
+        p.device = Some("V100".into());
+        p.other_devices = vec![DeviceTimes {
+            device: "P100".into(),
+            source: None,
+            layers: [3.0, 1.0]
+                .iter()
+                .enumerate()
+                .map(|(i, &slower)| LayerTimes {
+                    name: format!("l{i}"),
+                    measurements: vec![TimeMeasurement {
+                        batch_size: 1,
+                        fwd_ms: slower,
+                        bwd_ms: 2.0 * slower,
+                    }],
+                })
+                .collect(),
+        }];
+        p.validate().unwrap();
+        let mut t = mixed(1.0, 16 << 30);
+        t.machine_groups[0].gpu.gpu_type = "V100".into();
+        t.machine_groups[1].gpu.gpu_type = "P100".into();
+        t.machine_groups[1].gpu.relative_speed = None;
+        (p, t)
+    }
+
+    #[test]
+    fn each_gpu_type_runs_its_own_measured_times() {
+        let (p, t) = two_types();
+        let layers = LayerCosts::new(&p);
+        let cluster = Cluster::for_model(&t, &layers).unwrap();
+        assert_eq!(
+            cluster
+                .machines
+                .iter()
+                .map(|m| (m.timing, m.speed))
+                .collect::<Vec<_>>(),
+            vec![(0, 1.0), (1, 1.0)]
+        );
+        let coster = StageCoster::new(&layers, &cluster, 4, 1);
+        // Two samples a replica.
+        let on = |alloc: &[(usize, u32)], start, end| {
+            let c = coster.stage(start, end, alloc, 1, false);
+            (c.fwd_ms, c.bwd_ms)
+        };
+        assert_eq!(on(&[(0, 2)], 0, 1), (2.0, 4.0));
+        assert_eq!(on(&[(1, 2)], 0, 1), (6.0, 12.0));
+        assert_eq!(on(&[(1, 2)], 1, 2), (2.0, 4.0));
+        // Both types, even slices: the P100 sets the pace (6 + 2 ms
+        // forward against the V100's 2 + 2).
+        assert_eq!(on(&[(0, 1), (1, 1)], 0, 2), (8.0, 16.0));
+        // The search balances by each type's speed on the stage's layers:
+        // on layer 0 the V100s are 3x as fast, on layer 1 equally fast.
+        let devices = StageDevices::new(&cluster, vec![(0, 2), (1, 2)]);
+        let coster = StageCoster::new(&layers, &cluster, 16, 1);
+        assert_eq!(
+            coster.searched_slices(0, 1, &devices, 1),
+            Some(vec![6, 6, 2, 2])
+        );
+        assert_eq!(
+            coster.searched_slices(1, 2, &devices, 1),
+            Some(vec![4, 4, 4, 4])
+        );
+        let balanced = coster.stage_searched(0, 1, &devices, 1, 1, false);
+        assert_eq!((balanced.fwd_ms, balanced.bwd_ms), (6.0, 12.0));
+        // GPUs alike keep the even split.
+        let alike = StageDevices::new(&cluster, vec![(1, 2)]);
+        assert_eq!(coster.searched_slices(0, 2, &alike, 1), None);
+    }
+
+    #[test]
+    fn gpu_types_the_profile_and_topology_do_not_share_are_named() {
+        let (p, mut t) = two_types();
+        // A group of a third type with no speed: which times would it run?
+        t.machine_groups[1].gpu.gpu_type = "K80".into();
+        let e = Cluster::for_model(&t, &LayerCosts::new(&p)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Incompatible);
+        assert_eq!(
+            e.field.as_deref(),
+            Some("machine_groups[1].gpu.relative_speed")
+        );
+        assert!(
+            e.message.contains("\"K80\"") && e.message.contains("\"P100\""),
+            "{e}"
+        );
+        // With a speed it runs the profile's own times, but then the P100
+        // times belong to no group: most likely a typing mistake.
+        t.machine_groups[1].gpu.relative_speed = Some(0.5);
+        let e = Cluster::for_model(&t, &LayerCosts::new(&p)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("other_devices[0].device"));
+        assert!(e.message.contains("\"P100\""), "{e}");
+        // A profile of one type runs any group at its relative speed, 1
+        // where absent, as before.
+        let one = crate::profile::chain_profile(&[(1.0, 2.0)], 1);
+        t.machine_groups[1].gpu.relative_speed = None;
+        let cluster = Cluster::for_model(&t, &LayerCosts::new(&one)).unwrap();
+        assert!(cluster
+            .machines
+            .iter()
+            .all(|m| (m.timing, m.speed) == (0, 1.0)));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
     SuffixLatency, WarmupPolicy,
 };
-use crate::placement::{counts_to_alloc, Policy, State};
+use crate::placement::{counts_to_alloc, Placement, Policy, State};
 use crate::profile::LayerCosts;
 use crate::search::SearchSpace;
 
@@ -74,7 +74,7 @@ impl Context<'_> {
 
     /// Where a stage of `replicas` GPUs may go from `state`. The stage
     /// that takes every free GPU (the first one) is always allowed.
-    fn placements(&self, state: &State, replicas: u32) -> Vec<(Policy, Vec<u32>)> {
+    fn placements(&self, state: &State, replicas: u32) -> Vec<(Placement, Vec<u32>)> {
         match self.space {
             SearchSpace::MachineAligned if replicas != state.free() => {
                 state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES)
@@ -84,10 +84,10 @@ impl Context<'_> {
     }
 
     /// The placement `policy` gave when the search ran.
-    pub(crate) fn replay(&self, state: &State, replicas: u32, policy: Policy) -> Vec<u32> {
+    pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<u32> {
         self.placements(state, replicas)
             .into_iter()
-            .find(|(p, _)| *p == policy)
+            .find(|(p, _)| *p == placement)
             .map(|(_, c)| c)
             .expect("replaying a placement the search made")
     }
@@ -112,7 +112,7 @@ pub(crate) struct Entry {
     parent_state: u32,
     layer_start: u32,
     layer_end: u32,
-    policy: Policy,
+    placement: Placement,
     replicas: u32,
     /// The strictest memory rule of the run every stage fits under: an
     /// index into `Dp::rules`.
@@ -137,7 +137,7 @@ pub(crate) type OtherStageCount = (usize, u32, Found);
 pub(crate) struct Found {
     pub(crate) value: f64,
     /// (layer_start, layer_end, parent state, policy, replicas), last stage first.
-    pub(crate) stages: Vec<(usize, usize, State, Policy, u32)>,
+    pub(crate) stages: Vec<(usize, usize, State, Placement, u32)>,
 }
 
 pub(crate) struct Dp<'c, 'a> {
@@ -181,12 +181,6 @@ impl<'c, 'a> Dp<'c, 'a> {
         debug_assert!(incumbents.is_none_or(|i| i.len() == rules.len()));
         let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
         let n = ctx.layers.num_layers;
-        let fastest = ctx
-            .cluster
-            .machines
-            .iter()
-            .map(|m| m.speed)
-            .fold(0.0, f64::max);
         let max_replicas = ctx.cluster.num_devices().min(micro_batch);
         let slices: Vec<u32> = {
             let mut v: Vec<u32> = (1..=max_replicas)
@@ -195,30 +189,33 @@ impl<'c, 'a> Dp<'c, 'a> {
             v.dedup();
             v
         };
+        // On mixed GPUs a stage may have uneven slices: its slowest
+        // replica takes some size of the allowed range.
+        let uneven = if ctx.cluster.is_mixed() {
+            coster.uneven_floor_slices(ctx.min_slice)
+        } else {
+            Vec::new()
+        };
         let mut fwd_floor = vec![0.0; n + 1];
         let mut fwd_bwd_floor = vec![0.0; n + 1];
         let mut work_floor = vec![0.0; n + 1];
         for l in 0..n {
+            let uneven_floor = uneven
+                .iter()
+                .map(|&s| coster.fastest_ms(l, l + 1, s))
+                .fold((f64::INFINITY, f64::INFINITY), |a, b| {
+                    (a.0.min(b.0), a.1.min(b.1))
+                });
             let w = (1..=max_replicas.max(1))
                 .map(|r| {
-                    f64::from(r)
-                        * coster.fwd_bwd_lower_bound(
-                            l,
-                            l + 1,
-                            largest_slice(micro_batch, r),
-                            fastest,
-                        )
+                    f64::from(r) * coster.fastest_ms(l, l + 1, largest_slice(micro_batch, r)).1
                 })
-                .fold(f64::INFINITY, f64::min);
+                .fold(uneven_floor.1, f64::min);
             work_floor[l + 1] = work_floor[l] + w;
-            let f = slices
+            let (f, fb) = slices
                 .iter()
-                .map(|&s| coster.fwd_lower_bound(l, l + 1, s, fastest))
-                .fold(f64::INFINITY, f64::min);
-            let fb = slices
-                .iter()
-                .map(|&s| coster.fwd_bwd_lower_bound(l, l + 1, s, fastest))
-                .fold(f64::INFINITY, f64::min);
+                .map(|&s| coster.fastest_ms(l, l + 1, s))
+                .fold(uneven_floor, |a, b| (a.0.min(b.0), a.1.min(b.1)));
             fwd_floor[l + 1] = fwd_floor[l] + f;
             fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb;
         }
@@ -377,7 +374,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             parent_state: NO_PARENT,
             layer_start: n as u32,
             layer_end: n as u32,
-            policy: Policy::FreshFirst,
+            placement: Placement::of(Policy::FreshFirst),
             replicas: 0,
             class: (self.rules.len() - 1) as u8,
         };
@@ -459,7 +456,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 e.layer_start as usize,
                 e.layer_end as usize,
                 parent_key,
-                e.policy,
+                e.placement,
                 e.replicas,
             ));
             cur = e.parent;
@@ -487,7 +484,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             }
             // Cut where the running work passes each k-th of the total.
             let slice = largest_slice(self.micro_batch, r);
-            let work = |a: usize, b: usize| self.coster.fwd_bwd_lower_bound(a, b, slice, 1.0);
+            let work = |a: usize, b: usize| self.coster.fastest_ms(a, b, slice).1;
             let total = work(0, n);
             let mut bounds = vec![0usize];
             for s in 1..k as usize {
@@ -513,7 +510,10 @@ impl<'c, 'a> Dp<'c, 'a> {
                 };
                 let alloc = counts_to_alloc(&counts);
                 let stages_from_here = k - idx as u32;
-                let cost = self.coster.stage(w[0], w[1], &alloc, 1, k == 1);
+                let devices = StageDevices::new(self.ctx.cluster, alloc.clone());
+                let cost =
+                    self.coster
+                        .stage_searched(w[0], w[1], &devices, self.ctx.min_slice, 1, k == 1);
                 class =
                     class.and_then(|c| self.fitting_class(&cost, w[0], w[1], stages_from_here, c));
                 if class.is_none() {
@@ -555,7 +555,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         let is_root = suffixes[0].1.stages == 0;
         struct Candidate {
             replicas: u32,
-            policy: Policy,
+            placement: Placement,
             devices: StageDevices,
             next_key: State,
             transfer_ms: f64,
@@ -587,7 +587,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             if first >= end {
                 continue;
             }
-            for (policy, counts) in self.ctx.placements(&key, r) {
+            for (placement, counts) in self.ctx.placements(&key, r) {
                 let alloc = counts_to_alloc(&counts);
                 let transfer_ms = if is_root {
                     0.0
@@ -597,7 +597,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 let next_key = key.taken(&counts);
                 options.push(Candidate {
                     replicas: r,
-                    policy,
+                    placement,
                     devices: StageDevices::new(self.ctx.cluster, alloc),
                     next_key,
                     transfer_ms,
@@ -615,7 +615,14 @@ impl<'c, 'a> Dp<'c, 'a> {
                 // Time does not depend on the warm-up depth, memory is
                 // checked per rule below: cost the stage once.
                 let only_stage = i == 0 && suffixes[0].1.stages == 0;
-                let cost = self.coster.stage_on(i, j, &opt.devices, 1, only_stage);
+                let cost = self.coster.stage_searched(
+                    i,
+                    j,
+                    &opt.devices,
+                    self.ctx.min_slice,
+                    1,
+                    only_stage,
+                );
                 self.stages_costed += 1;
                 let loosest_bound = self.loosest_incumbent();
                 let mut stop_growing = false;
@@ -680,7 +687,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                             parent_state: sid,
                             layer_start: i as u32,
                             layer_end: j as u32,
-                            policy: opt.policy,
+                            placement: opt.placement,
                             replicas: opt.replicas,
                             class,
                         },
@@ -696,7 +703,7 @@ impl<'c, 'a> Dp<'c, 'a> {
 
 /// One placement step of a layout being built from the back:
 /// (layer_start, layer_end, state before, policy, replicas).
-pub(crate) type Step = (usize, usize, State, Policy, u32);
+pub(crate) type Step = (usize, usize, State, Placement, u32);
 
 /// Depth-first enumeration of every layout whose formula (2) value is
 /// below a bound that only falls (`LayoutWalk::bound`). Each complete
@@ -762,7 +769,7 @@ impl Dp<'_, '_> {
         struct Child {
             floor: f64,
             start: usize,
-            policy: Policy,
+            placement: Placement,
             replicas: u32,
             next: State,
             latency: SuffixLatency,
@@ -773,13 +780,14 @@ impl Dp<'_, '_> {
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
         let mut children: Vec<Child> = Vec::new();
         for r in 1..=free.min(max_replicas) {
-            for (policy, counts) in self.ctx.placements(state, r) {
+            for (placement, counts) in self.ctx.placements(state, r) {
                 let alloc = counts_to_alloc(&counts);
                 let transfer = if stages == 0 {
                     None
                 } else {
                     Some(self.coster.transfer(j, &alloc, &adjacent))
                 };
+                let devices = StageDevices::new(self.ctx.cluster, alloc);
                 let next = state.taken(&counts);
                 let starts = self.ctx.starts(r, free, j, max_replicas);
                 for i in starts.rev() {
@@ -788,9 +796,14 @@ impl Dp<'_, '_> {
                         return;
                     }
                     walk.nodes_left -= 1;
-                    let cost = self
-                        .coster
-                        .stage(i, j, &alloc, warmup, i == 0 && stages == 0);
+                    let cost = self.coster.stage_searched(
+                        i,
+                        j,
+                        &devices,
+                        self.ctx.min_slice,
+                        warmup,
+                        i == 0 && stages == 0,
+                    );
                     self.stages_costed += 1;
                     // A longer stage is no faster and no smaller.
                     if !cost.fits() || m * (cost.fwd_ms + cost.bwd_ms) >= walk.bound {
@@ -806,7 +819,7 @@ impl Dp<'_, '_> {
                         children.push(Child {
                             floor,
                             start: i,
-                            policy,
+                            placement,
                             replicas: r,
                             next: next.clone(),
                             latency: l,
@@ -824,7 +837,7 @@ impl Dp<'_, '_> {
             if c.floor >= walk.bound {
                 break; // sorted: no later child is below the bound either
             }
-            steps.push((c.start, j, state.clone(), c.policy, c.replicas));
+            steps.push((c.start, j, state.clone(), c.placement, c.replicas));
             if c.start == 0 {
                 if walk.work_left.get() == 0 {
                     walk.complete = false;
@@ -854,8 +867,8 @@ impl Dp<'_, '_> {
 /// order, so stage 0 starts at device 0.
 pub(crate) fn concrete_allocs(
     cluster: &Cluster,
-    steps: &[(usize, usize, State, Policy, u32)],
-    replay: impl Fn(&State, u32, Policy) -> Vec<u32>,
+    steps: &[(usize, usize, State, Placement, u32)],
+    replay: impl Fn(&State, u32, Placement) -> Vec<u32>,
 ) -> Vec<Alloc> {
     let mut position_to_machine: Vec<usize> = (0..cluster.machines.len()).collect();
     let mut per_stage: Vec<Alloc> = Vec::new();

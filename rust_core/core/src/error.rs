@@ -34,11 +34,22 @@ impl ErrorKind {
     }
 }
 
+/// Which of the inputs used together an error is about, where the core
+/// does not know their files (a profile and a topology are matched in
+/// `cost::Cluster::for_model`): the caller names that input's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    Profile,
+    Topology,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Error {
     pub kind: ErrorKind,
     /// File (or other source) the error is about, if any.
     pub source: Option<String>,
+    /// The input `field` is in, where `source` is not known here.
+    pub input: Option<Input>,
     /// Dotted path of the offending field, e.g. `layers[3].measurements[0].fwd_ms`.
     pub field: Option<String>,
     pub message: String,
@@ -51,6 +62,7 @@ impl Error {
         Error {
             kind,
             source: None,
+            input: None,
             field: None,
             message: message.into(),
         }
@@ -77,6 +89,11 @@ impl Error {
         if self.source.is_none() {
             self.source = Some(source.into());
         }
+        self
+    }
+    /// Say which input the error is about.
+    pub fn about(mut self, input: Input) -> Self {
+        self.input = Some(input);
         self
     }
     /// Prefix the field path with `prefix` (used when a nested object is

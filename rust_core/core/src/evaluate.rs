@@ -38,7 +38,7 @@ pub(crate) fn with_coster<R>(
             .map_err(|e| e.under("micro_batches"))?;
     }
     let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(&plan.inputs.topology);
+    let cluster = Cluster::for_model(&plan.inputs.topology, &layers)?;
     let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
     Ok(f(&coster, &allocs, policy))
 }

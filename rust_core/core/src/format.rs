@@ -29,6 +29,9 @@ impl FileFormat {
     }
 }
 
+/// The optional `other_devices` (the model's layer times on more GPU
+/// types) came without a new version: a dapple that predates it refuses
+/// such a file by naming the field, and reads every other profile.
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage

@@ -37,6 +37,26 @@ crate::named_enum! {
     }
 }
 
+/// Where a stage goes: one of the paper's policies, and on a cluster of
+/// several machine groups (mixed GPUs), optionally the group whose machines
+/// it takes first. The search thus places stages on GPU types knowing
+/// their speed and memory (Whale section 3.3.2); on one group it is the
+/// policy alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Placement {
+    pub policy: Policy,
+    pub group: Option<u16>,
+}
+
+impl Placement {
+    pub const fn of(policy: Policy) -> Placement {
+        Placement {
+            policy,
+            group: None,
+        }
+    }
+}
+
 /// Canonical cluster state: machines sorted by (group, used, adjacent).
 /// Because the group comes first and group sizes never change, position p
 /// always holds a machine of the same group as concrete machine p.
@@ -107,22 +127,27 @@ impl State {
         State(moved)
     }
 
-    /// Where `policy` puts a stage of `want` GPUs, as counts per position;
-    /// None when fewer than `want` GPUs are free.
-    pub fn place(&self, want: u32, policy: Policy) -> Option<Vec<u32>> {
+    /// Where `placement` puts a stage of `want` GPUs, as counts per
+    /// position; None when fewer than `want` GPUs are free (in its group,
+    /// for a group's scatter).
+    pub fn place(&self, want: u32, placement: Placement) -> Option<Vec<u32>> {
         if want == 0 || want > self.free() {
             return None;
         }
         let machines = &self.0;
-        let fresh: Vec<usize> = (0..machines.len())
+        // A group's machines first, keeping the order within each part.
+        let preferred = |p: &usize| placement.group.is_some_and(|g| machines[*p].group != g);
+        let mut fresh: Vec<usize> = (0..machines.len())
             .filter(|&p| machines[p].used == 0)
             .collect();
+        fresh.sort_by_key(preferred);
         let mut partial: Vec<usize> = (0..machines.len())
             .filter(|&p| machines[p].used > 0 && machines[p].free() > 0)
             .collect();
         // Next to the neighbouring stage first, then the fullest machine.
         partial.sort_by_key(|&p| {
             (
+                preferred(&p),
                 std::cmp::Reverse(machines[p].adjacent),
                 machines[p].free(),
                 p,
@@ -139,7 +164,7 @@ impl State {
                 *left -= take;
             }
         };
-        match policy {
+        match placement.policy {
             Policy::FreshFirst => {
                 fill(&fresh, &mut counts, &mut left);
                 fill(&partial, &mut counts, &mut left);
@@ -149,6 +174,11 @@ impl State {
                 fill(&fresh, &mut counts, &mut left);
             }
             Policy::ScatterFirst => {
+                // A group's scatter stays inside the group.
+                if let Some(g) = placement.group {
+                    fresh.retain(|&p| machines[p].group == g);
+                    partial.retain(|&p| machines[p].group == g);
+                }
                 let partial_free: u32 =
                     partial.iter().map(|&p| u32::from(machines[p].free())).sum();
                 let mut spread: Vec<usize> = partial.clone();
@@ -176,13 +206,27 @@ impl State {
     }
 
     /// Distinct placements of `want` GPUs over all policies, each with the
-    /// first policy that produced it.
-    pub fn placements(&self, want: u32) -> Vec<(Policy, Vec<u32>)> {
-        let mut out: Vec<(Policy, Vec<u32>)> = Vec::with_capacity(3);
-        for policy in Policy::ALL {
-            if let Some(c) = self.place(want, policy) {
-                if !out.iter().any(|(_, o)| *o == c) {
-                    out.push((policy, c));
+    /// first placement that produced it: the policies alone, then, where
+    /// the machines are of several groups, each policy preferring each
+    /// group.
+    pub fn placements(&self, want: u32) -> Vec<(Placement, Vec<u32>)> {
+        let mut groups: Vec<u16> = self.0.iter().map(|m| m.group).collect();
+        groups.dedup(); // sorted: the state is ordered by group
+        let preferences = std::iter::once(None).chain(
+            groups
+                .iter()
+                .copied()
+                .map(Some)
+                .filter(|_| groups.len() > 1),
+        );
+        let mut out: Vec<(Placement, Vec<u32>)> = Vec::with_capacity(3);
+        for group in preferences {
+            for policy in Policy::ALL {
+                let placement = Placement { policy, group };
+                if let Some(c) = self.place(want, placement) {
+                    if !out.iter().any(|(_, o)| *o == c) {
+                        out.push((placement, c));
+                    }
                 }
             }
         }
@@ -196,7 +240,7 @@ impl State {
     /// machine, either a partly used one (append-first) or a fresh one
     /// (fresh-first) as long as at most `max_partial` machines end up partly
     /// used. This keeps the number of distinct states small on big clusters.
-    pub fn aligned_placements(&self, want: u32, max_partial: usize) -> Vec<(Policy, Vec<u32>)> {
+    pub fn aligned_placements(&self, want: u32, max_partial: usize) -> Vec<(Placement, Vec<u32>)> {
         let machines = &self.0;
         let per_machine = machines
             .iter()
@@ -214,7 +258,7 @@ impl State {
                 }
             }
             if need == 0 {
-                out.push((Policy::FreshFirst, counts));
+                out.push((Placement::of(Policy::FreshFirst), counts));
             }
             return out;
         }
@@ -236,14 +280,14 @@ impl State {
         {
             let mut c = vec![0u32; machines.len()];
             c[p] = want;
-            out.push((Policy::AppendFirst, c));
+            out.push((Placement::of(Policy::AppendFirst), c));
         }
         let partly_used = machines.iter().filter(|m| partial(m)).count();
         if partly_used < max_partial || want == per_machine {
             if let Some(p) = machines.iter().position(|m| m.used == 0) {
                 let mut c = vec![0u32; machines.len()];
                 c[p] = want;
-                out.push((Policy::FreshFirst, c));
+                out.push((Placement::of(Policy::FreshFirst), c));
             }
         }
         out
@@ -271,29 +315,50 @@ mod tests {
     #[test]
     fn fresh_first_takes_whole_machines() {
         let s = two_by_eight();
-        assert_eq!(s.place(8, Policy::FreshFirst), Some(vec![8, 0]));
-        assert_eq!(s.place(10, Policy::FreshFirst), Some(vec![8, 2]));
+        assert_eq!(
+            s.place(8, Placement::of(Policy::FreshFirst)),
+            Some(vec![8, 0])
+        );
+        assert_eq!(
+            s.place(10, Placement::of(Policy::FreshFirst)),
+            Some(vec![8, 2])
+        );
         let (s2, _) = s.take(&[0, 3]);
         // The partly used machine sorts last; a fresh one is first.
         assert_eq!(s2.0[1].used, 3);
-        assert_eq!(s2.place(6, Policy::FreshFirst), Some(vec![6, 0]));
-        assert_eq!(s2.place(6, Policy::AppendFirst), Some(vec![1, 5]));
+        assert_eq!(
+            s2.place(6, Placement::of(Policy::FreshFirst)),
+            Some(vec![6, 0])
+        );
+        assert_eq!(
+            s2.place(6, Placement::of(Policy::AppendFirst)),
+            Some(vec![1, 5])
+        );
     }
 
     #[test]
     fn scatter_first_spreads_evenly() {
         let s = two_by_eight();
-        assert_eq!(s.place(8, Policy::ScatterFirst), Some(vec![4, 4]));
-        assert_eq!(s.place(3, Policy::ScatterFirst), Some(vec![2, 1]));
+        assert_eq!(
+            s.place(8, Placement::of(Policy::ScatterFirst)),
+            Some(vec![4, 4])
+        );
+        assert_eq!(
+            s.place(3, Placement::of(Policy::ScatterFirst)),
+            Some(vec![2, 1])
+        );
         let (s2, _) = s.take(&[4, 4]);
-        assert_eq!(s2.place(8, Policy::ScatterFirst), Some(vec![4, 4]));
+        assert_eq!(
+            s2.place(8, Placement::of(Policy::ScatterFirst)),
+            Some(vec![4, 4])
+        );
     }
 
     #[test]
     fn asking_for_too_much_gives_none() {
         let s = two_by_eight();
-        assert_eq!(s.place(17, Policy::FreshFirst), None);
-        assert_eq!(s.place(0, Policy::FreshFirst), None);
+        assert_eq!(s.place(17, Placement::of(Policy::FreshFirst)), None);
+        assert_eq!(s.place(0, Placement::of(Policy::FreshFirst)), None);
     }
 
     #[test]

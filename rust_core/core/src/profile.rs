@@ -39,6 +39,42 @@ pub struct Profile {
     #[serde(default = "default_optimizer")]
     pub optimizer: String,
     pub layers: Vec<Layer>,
+    /// The same model timed on other GPU types: a
+    /// topology group whose GPU type is one of these runs at these times
+    /// instead of `device`'s times over its `relative_speed`, so per-layer
+    /// speed ratios may differ between types. Sizes and memory come from
+    /// `layers`: they do not depend on the GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_devices: Vec<DeviceTimes>,
+}
+
+/// The model's layer times measured on one more GPU type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceTimes {
+    /// GPU type, matched to a topology group's `gpu.type`.
+    pub device: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// One entry per layer of the profile, in the same order and with the
+    /// same names.
+    pub layers: Vec<LayerTimes>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerTimes {
+    pub name: String,
+    /// Ascending batch sizes, the same for every layer of this device.
+    pub measurements: Vec<TimeMeasurement>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeMeasurement {
+    pub batch_size: u32,
+    pub fwd_ms: f64,
+    pub bwd_ms: f64,
 }
 
 fn default_optimizer() -> String {
@@ -178,6 +214,76 @@ impl Profile {
         Ok(out)
     }
 
+    /// This profile with `other`'s layer times added as those of its GPU
+    /// type (`dapple profile merge`), and any types `other` itself holds.
+    /// `other` must be the same model: the same layers, by name and order,
+    /// with the same parameter bytes. Its memory figures are not kept:
+    /// sizes do not depend on the GPU.
+    pub fn with_times_of(&self, other: &Profile) -> Result<Profile> {
+        let Some(device) = other.device.clone().filter(|d| !d.trim().is_empty()) else {
+            return Err(Error::field(
+                "device",
+                "is absent: name the GPU type its times were measured on",
+            ));
+        };
+        if other.layers.len() != self.layers.len() {
+            return Err(Error::field(
+                "layers",
+                format!(
+                    "has {} layers where the first profile has {}; merge profiles of one model",
+                    other.layers.len(),
+                    self.layers.len()
+                ),
+            ));
+        }
+        for (i, (theirs, ours)) in other.layers.iter().zip(&self.layers).enumerate() {
+            if theirs.name != ours.name {
+                return Err(Error::field(
+                    format!("layers[{i}].name"),
+                    format!(
+                        "value {:?} differs from the first profile's {:?}; merge profiles of one model",
+                        theirs.name, ours.name
+                    ),
+                ));
+            }
+            if theirs.param_bytes != ours.param_bytes {
+                return Err(Error::field(
+                    format!("layers[{i}].param_bytes"),
+                    format!(
+                        "value {} differs from the first profile's {}; merge profiles of one model",
+                        theirs.param_bytes, ours.param_bytes
+                    ),
+                ));
+            }
+        }
+        let mut merged = self.clone();
+        merged.other_devices.push(DeviceTimes {
+            device,
+            source: other.source.clone(),
+            layers: other
+                .layers
+                .iter()
+                .map(|l| LayerTimes {
+                    name: l.name.clone(),
+                    measurements: l
+                        .measurements
+                        .iter()
+                        .map(|m| TimeMeasurement {
+                            batch_size: m.batch_size,
+                            fwd_ms: m.fwd_ms,
+                            bwd_ms: m.bwd_ms,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        });
+        merged
+            .other_devices
+            .extend(other.other_devices.iter().cloned());
+        merged.validate()?;
+        Ok(merged)
+    }
+
     /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
     /// evaluated against the profile it was made from.
     pub fn sha256(&self) -> String {
@@ -301,6 +407,111 @@ impl Profile {
                 ));
             }
         }
+        self.validate_other_devices()
+    }
+
+    /// Each other device times the same layers, by name and order, at
+    /// ascending batch sizes shared by its layers, with some compute time;
+    /// device names are distinct and the profile names its own device.
+    fn validate_other_devices(&self) -> Result<()> {
+        if self.other_devices.is_empty() {
+            return Ok(());
+        }
+        let own =
+            match self.device.as_deref() {
+                Some(d) if !d.trim().is_empty() => d,
+                _ => return Err(Error::field(
+                    "device",
+                    "must name the GPU type `layers` were timed on when other_devices are given",
+                )),
+            };
+        let mut seen = vec![own];
+        for (d, other) in self.other_devices.iter().enumerate() {
+            let at = |f: &str| format!("other_devices[{d}].{f}");
+            if other.device.trim().is_empty() {
+                return Err(Error::field(at("device"), "must not be empty"));
+            }
+            if seen.contains(&other.device.as_str()) {
+                return Err(Error::field(
+                    at("device"),
+                    format!(
+                        "value {:?} is given twice; each GPU type is timed once",
+                        other.device
+                    ),
+                ));
+            }
+            seen.push(&other.device);
+            if other.layers.len() != self.layers.len() {
+                return Err(Error::field(
+                    at("layers"),
+                    format!(
+                        "has {} layers where the profile has {}; time every layer",
+                        other.layers.len(),
+                        self.layers.len()
+                    ),
+                ));
+            }
+            let sizes: Vec<u32> = other.layers[0]
+                .measurements
+                .iter()
+                .map(|m| m.batch_size)
+                .collect();
+            for (i, (layer, own_layer)) in other.layers.iter().zip(&self.layers).enumerate() {
+                let lat = |f: &str| format!("other_devices[{d}].layers[{i}].{f}");
+                if layer.name != own_layer.name {
+                    return Err(Error::field(
+                        lat("name"),
+                        format!(
+                            "value {:?} differs from layers[{i}].name {:?}; list the same layers in the same order",
+                            layer.name, own_layer.name
+                        ),
+                    ));
+                }
+                if layer.measurements.is_empty() {
+                    return Err(Error::field(
+                        lat("measurements"),
+                        "needs at least one measurement",
+                    ));
+                }
+                let these: Vec<u32> = layer.measurements.iter().map(|m| m.batch_size).collect();
+                if these != sizes {
+                    return Err(Error::field(
+                        lat("measurements"),
+                        format!(
+                            "batch sizes {these:?} differ from its layer 0's {sizes:?}; every layer of a device must be measured at the same batch sizes"
+                        ),
+                    ));
+                }
+                for (k, m) in layer.measurements.iter().enumerate() {
+                    let mat =
+                        |f: &str| format!("other_devices[{d}].layers[{i}].measurements[{k}].{f}");
+                    if m.batch_size == 0 {
+                        return Err(Error::field(mat("batch_size"), "value 0 must be >= 1"));
+                    }
+                    if k > 0 && m.batch_size <= layer.measurements[k - 1].batch_size {
+                        return Err(Error::field(
+                            mat("batch_size"),
+                            format!("value {} must be larger than the previous one; list batch sizes in ascending order", m.batch_size),
+                        ));
+                    }
+                    check_non_negative(|| mat("fwd_ms"), m.fwd_ms)?;
+                    check_non_negative(|| mat("bwd_ms"), m.bwd_ms)?;
+                }
+            }
+            for (k, &b) in sizes.iter().enumerate() {
+                let total: f64 = other
+                    .layers
+                    .iter()
+                    .map(|l| l.measurements[k].fwd_ms + l.measurements[k].bwd_ms)
+                    .sum();
+                if total <= 0.0 {
+                    return Err(Error::field(
+                        format!("other_devices[{d}].layers[*].measurements[{k}]"),
+                        format!("every layer takes 0 ms at batch size {b}; a device needs some compute time"),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -311,10 +522,9 @@ impl Profile {
 #[derive(Debug, Clone)]
 pub struct LayerCosts {
     pub num_layers: usize,
-    pub batch_sizes: Vec<u32>,
-    /// fwd[k][i]: forward ms of layer i at batch_sizes[k].
-    fwd: Vec<Vec<f64>>,
-    bwd: Vec<Vec<f64>>,
+    /// The layer times of each GPU type the profile measured: the
+    /// profile's own `device` first, then `other_devices` in order.
+    timings: Vec<Timing>,
     /// Per-sample bytes kept for backward, per layer.
     stored_per_sample: Vec<f64>,
     param_prefix: Vec<f64>,
@@ -326,6 +536,76 @@ pub struct LayerCosts {
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
+}
+
+/// One GPU type's measured layer times.
+#[derive(Debug, Clone)]
+struct Timing {
+    device: Option<String>,
+    batch_sizes: Vec<u32>,
+    /// fwd[k][i]: forward ms of layer i at batch_sizes[k].
+    fwd: Vec<Vec<f64>>,
+    bwd: Vec<Vec<f64>>,
+}
+
+impl Timing {
+    fn new<'m>(
+        device: Option<String>,
+        layers: impl ExactSizeIterator<Item = Vec<(u32, f64, f64)>>,
+    ) -> Timing {
+        let n = layers.len();
+        let mut batch_sizes = Vec::new();
+        let (mut fwd, mut bwd): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (Vec::new(), Vec::new());
+        for (i, measured) in layers.enumerate() {
+            if i == 0 {
+                batch_sizes = measured.iter().map(|m| m.0).collect();
+                fwd = vec![vec![0.0; n]; batch_sizes.len()];
+                bwd = vec![vec![0.0; n]; batch_sizes.len()];
+            }
+            for (k, &(_, f, b)) in measured.iter().enumerate() {
+                fwd[k][i] = f;
+                bwd[k][i] = b;
+            }
+        }
+        Timing {
+            device,
+            batch_sizes,
+            fwd,
+            bwd,
+        }
+    }
+
+    /// Per-layer times at `batch` samples, as prefix sums (see
+    /// [`LayerCosts::times_at`]).
+    fn prefix_at(&self, batch: u32) -> TimePrefix {
+        let n = self.fwd.first().map_or(0, Vec::len);
+        let mut f = vec![0.0; n + 1];
+        let mut b = vec![0.0; n + 1];
+        for i in 0..n {
+            f[i + 1] = f[i] + self.interpolate(&self.fwd, i, batch);
+            b[i + 1] = b[i] + self.interpolate(&self.bwd, i, batch);
+        }
+        TimePrefix { fwd: f, bwd: b }
+    }
+
+    fn interpolate(&self, table: &[Vec<f64>], layer: usize, batch: u32) -> f64 {
+        let sizes = &self.batch_sizes;
+        let x = f64::from(batch);
+        let last = sizes.len() - 1;
+        if batch <= sizes[0] {
+            return table[0][layer] * x / f64::from(sizes[0]);
+        }
+        if batch >= sizes[last] {
+            return table[last][layer] * x / f64::from(sizes[last]);
+        }
+        let k = sizes
+            .iter()
+            .position(|&s| s >= batch)
+            .expect("inside the measured range");
+        let (x0, x1) = (f64::from(sizes[k - 1]), f64::from(sizes[k]));
+        let (y0, y1) = (table[k - 1][layer], table[k][layer]);
+        y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    }
 }
 
 /// Per-batch-size prefix sums of forward and backward time.
@@ -347,17 +627,29 @@ impl TimePrefix {
 impl LayerCosts {
     pub fn new(profile: &Profile) -> LayerCosts {
         let n = profile.layers.len();
-        let batch_sizes = profile.batch_sizes();
-        let nb = batch_sizes.len();
-        let mut fwd = vec![vec![0.0; n]; nb];
-        let mut bwd = vec![vec![0.0; n]; nb];
+        let mut timings = vec![Timing::new(
+            profile.device.clone(),
+            profile.layers.iter().map(|l| {
+                l.measurements
+                    .iter()
+                    .map(|m| (m.batch_size, m.fwd_ms, m.bwd_ms))
+                    .collect()
+            }),
+        )];
+        for other in &profile.other_devices {
+            timings.push(Timing::new(
+                Some(other.device.clone()),
+                other.layers.iter().map(|l| {
+                    l.measurements
+                        .iter()
+                        .map(|m| (m.batch_size, m.fwd_ms, m.bwd_ms))
+                        .collect()
+                }),
+            ));
+        }
         let mut stored_per_sample = vec![0.0; n];
         let mut act_per_sample = vec![0.0; n];
         for (i, layer) in profile.layers.iter().enumerate() {
-            for (k, m) in layer.measurements.iter().enumerate() {
-                fwd[k][i] = m.fwd_ms;
-                bwd[k][i] = m.bwd_ms;
-            }
             act_per_sample[i] = layer.activation_bytes_per_sample();
             stored_per_sample[i] = layer.stored_bytes_per_sample();
         }
@@ -391,9 +683,7 @@ impl LayerCosts {
         }
         LayerCosts {
             num_layers: n,
-            batch_sizes,
-            fwd,
-            bwd,
+            timings,
             stored_per_sample: stored_per_sample.clone(),
             param_prefix: prefix(&params),
             stored_prefix: prefix(&stored_per_sample),
@@ -403,7 +693,8 @@ impl LayerCosts {
         }
     }
 
-    /// Per-layer forward/backward time at `batch` samples, as prefix sums.
+    /// Per-layer forward/backward time at `batch` samples on the profile's
+    /// own device, as prefix sums.
     ///
     /// Between two measured batch sizes the time is interpolated linearly;
     /// above the largest it is scaled linearly from the largest; below the
@@ -411,33 +702,26 @@ impl LayerCosts {
     /// asks for sizes below the smallest when the user allowed it, because
     /// linear scaling makes tiny micro-batches look free.
     pub fn times_at(&self, batch: u32) -> TimePrefix {
-        let n = self.num_layers;
-        let mut f = vec![0.0; n + 1];
-        let mut b = vec![0.0; n + 1];
-        for i in 0..n {
-            f[i + 1] = f[i] + self.interpolate(&self.fwd, i, batch);
-            b[i + 1] = b[i] + self.interpolate(&self.bwd, i, batch);
-        }
-        TimePrefix { fwd: f, bwd: b }
+        self.times_on(0, batch)
     }
 
-    fn interpolate(&self, table: &[Vec<f64>], layer: usize, batch: u32) -> f64 {
-        let sizes = &self.batch_sizes;
-        let x = f64::from(batch);
-        let last = sizes.len() - 1;
-        if batch <= sizes[0] {
-            return table[0][layer] * x / f64::from(sizes[0]);
-        }
-        if batch >= sizes[last] {
-            return table[last][layer] * x / f64::from(sizes[last]);
-        }
-        let k = sizes
-            .iter()
-            .position(|&s| s >= batch)
-            .expect("inside the measured range");
-        let (x0, x1) = (f64::from(sizes[k - 1]), f64::from(sizes[k]));
-        let (y0, y1) = (table[k - 1][layer], table[k][layer]);
-        y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    /// [`LayerCosts::times_at`] on GPU type `timing` (an index into
+    /// [`LayerCosts::devices`]).
+    pub fn times_on(&self, timing: usize, batch: u32) -> TimePrefix {
+        self.timings[timing].prefix_at(batch)
+    }
+
+    /// The GPU types the profile timed, its own device first.
+    pub fn devices(&self) -> Vec<Option<&str>> {
+        self.timings.iter().map(|t| t.device.as_deref()).collect()
+    }
+
+    /// Batch sizes GPU type `timing` was measured at, ascending. Between
+    /// them a layer's time is linear in the batch, and outside them
+    /// proportional to it, so its smallest time over a range of batch
+    /// sizes is at one of these or at the range's ends.
+    pub fn measured_batch_sizes(&self, timing: usize) -> &[u32] {
+        &self.timings[timing].batch_sizes
     }
 
     pub fn param_bytes(&self, start: usize, end: usize) -> f64 {
@@ -479,6 +763,7 @@ mod tests {
             source: None,
             device: None,
             optimizer: "adam".into(),
+            other_devices: Vec::new(),
             layers: times
                 .iter()
                 .enumerate()
@@ -584,6 +869,78 @@ mod tests {
         assert_eq!(c.times_at(3).fwd(0, 1), 5.0);
         assert_eq!(c.times_at(8).fwd(0, 1), 12.0);
         assert_eq!(c.times_at(1).bwd(0, 1), 4.0);
+    }
+
+    #[test]
+    fn other_devices_time_the_same_layers() {
+        use super::{DeviceTimes, LayerTimes, TimeMeasurement};
+        let mut p = chain_profile(&[(1.0, 2.0), (3.0, 4.0)], 2);
+        let times = |name: &str, batch: u32, fwd_ms: f64| LayerTimes {
+            name: name.into(),
+            measurements: vec![TimeMeasurement {
+                batch_size: batch,
+                fwd_ms,
+                bwd_ms: 1.0,
+            }],
+        };
+        p.other_devices = vec![DeviceTimes {
+            device: "P100".into(),
+            source: None,
+            layers: vec![times("l0", 4, 2.0), times("l1", 4, 5.0)],
+        }];
+        let field = |p: &Profile| p.validate().unwrap_err().field.unwrap();
+        // The profile must name its own device.
+        assert_eq!(field(&p), "device");
+        p.device = Some("V100".into());
+        p.validate().unwrap();
+        // Another device's batch sizes may differ from the profile's.
+        let costs = LayerCosts::new(&p);
+        assert_eq!(costs.devices(), vec![Some("V100"), Some("P100")]);
+        assert_eq!(costs.times_on(1, 2).fwd(0, 2), 3.5);
+        assert_eq!(costs.times_on(0, 2).fwd(0, 2), 4.0);
+        let mut bad = p.clone();
+        bad.other_devices[0].layers[1].name = "other".into();
+        assert_eq!(field(&bad), "other_devices[0].layers[1].name");
+        let mut bad = p.clone();
+        bad.other_devices[0].layers.pop();
+        assert_eq!(field(&bad), "other_devices[0].layers");
+        let mut bad = p.clone();
+        bad.other_devices[0].device = "V100".into();
+        assert_eq!(field(&bad), "other_devices[0].device");
+        let mut bad = p.clone();
+        bad.other_devices[0].layers[0].measurements[0].fwd_ms = -1.0;
+        assert_eq!(
+            field(&bad),
+            "other_devices[0].layers[0].measurements[0].fwd_ms"
+        );
+        let mut bad = p.clone();
+        bad.other_devices[0].layers[1].measurements[0].batch_size = 8;
+        assert_eq!(field(&bad), "other_devices[0].layers[1].measurements");
+        // Round trip.
+        assert_eq!(Profile::from_json(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn profiles_of_one_model_merge_into_one_with_several_devices() {
+        let mut v100 = chain_profile(&[(1.0, 2.0), (3.0, 4.0)], 2);
+        v100.device = Some("V100".into());
+        let mut p100 = chain_profile(&[(2.0, 4.0), (5.0, 9.0)], 2);
+        p100.device = Some("P100".into());
+        let merged = v100.with_times_of(&p100).unwrap();
+        assert_eq!(merged.layers, v100.layers);
+        let costs = LayerCosts::new(&merged);
+        assert_eq!(costs.times_on(1, 2).bwd(0, 2), 13.0);
+        // Merging what is already there, or another model, is refused by field.
+        let field = |r: Result<Profile>| r.unwrap_err().field.unwrap();
+        assert_eq!(
+            field(merged.with_times_of(&p100)),
+            "other_devices[1].device"
+        );
+        let mut other = p100.clone();
+        other.layers[1].param_bytes += 1;
+        assert_eq!(field(v100.with_times_of(&other)), "layers[1].param_bytes");
+        other.device = None;
+        assert_eq!(field(v100.with_times_of(&other)), "device");
     }
 
     #[test]

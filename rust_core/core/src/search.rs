@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use rayon::prelude::*;
 
 use crate::baselines::{baseline_layouts, Baseline};
-use crate::cost::{Cluster, StageCoster, WarmupPolicy};
+use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
 use crate::dp::{
     concrete_allocs, Context, Dp, Found, LayoutWalk, Objective, OtherStageCount, PassResult, Step,
 };
@@ -156,7 +156,7 @@ pub fn search(
         )));
     }
     let layers = LayerCosts::new(profile);
-    let cluster = Cluster::new(topology);
+    let cluster = Cluster::for_model(topology, &layers)?;
     let space = opts.search_space.resolve(&cluster);
     // The run whose memory rule admits every plan of the space comes last:
     // its bounds are the space's.
@@ -553,27 +553,36 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
 fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
     let allocs = concrete_allocs(ctx.cluster, &found.stages, |s, r, p| ctx.replay(s, r, p));
     let count = found.stages.len() as u32;
+    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
     let stages: Vec<Stage> = found
         .stages
         .iter()
         .rev()
         .zip(ctx.cluster.number_devices(&allocs))
+        .zip(&allocs)
         .enumerate()
-        .map(|(i, ((start, end, _, policy, _), devices))| Stage {
-            layer_start: *start,
-            layer_end: *end,
-            devices,
-            warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-            placement: Some(*policy),
-            slices: None,
-        })
+        .map(
+            |(i, (((start, end, _, policy, _), devices), alloc))| Stage {
+                layer_start: *start,
+                layer_end: *end,
+                devices,
+                warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
+                placement: Some(policy.policy),
+                // Replicas are numbered machine by machine, as the alloc lists them.
+                slices: coster.searched_slices(
+                    *start,
+                    *end,
+                    &StageDevices::new(ctx.cluster, alloc.clone()),
+                    ctx.min_slice,
+                ),
+            },
+        )
         .collect();
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,
         warmup_policy: ctx.policy,
     };
     let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
-    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
     let estimate = estimate_stages(&coster, &plan, &allocs);
     debug_assert!(
         (estimate.latency_ms - found.value).abs() <= 1e-6 * found.value.abs().max(1.0),
@@ -590,7 +599,7 @@ mod tests {
     use super::*;
     use crate::cost::smallest_slice;
     use crate::format::PROFILE;
-    use crate::placement::{Policy, State};
+    use crate::placement::{Placement, State};
     use crate::plan::PlanOptions;
     use crate::profile::{Layer, Measurement};
     use rand::rngs::StdRng;
@@ -604,6 +613,7 @@ mod tests {
             source: None,
             device: None,
             optimizer: "adam".into(),
+            other_devices: Vec::new(),
             layers: (0..layers)
                 .map(|i| Layer {
                     name: format!("l{i}"),
@@ -671,13 +681,15 @@ mod tests {
         policy: WarmupPolicy,
     ) -> Option<(f64, f64)> {
         let n = profile.layers.len();
-        let cluster = Cluster::new(topology);
+        let layer_costs = LayerCosts::new(profile);
+        let cluster = Cluster::for_model(topology, &layer_costs).unwrap();
         let machines = cluster.group_and_gpus();
         let mut best: Option<(f64, f64)> = None;
         let min_slice = profile.min_batch_size();
         for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {
+            let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
             // (layer j the suffix starts at, state, steps so far)
-            let mut stack: Vec<(usize, State, Vec<(usize, usize, State, Policy, u32)>)> =
+            let mut stack: Vec<(usize, State, Vec<(usize, usize, State, Placement, u32)>)> =
                 vec![(n, State::empty(&machines), vec![])];
             while let Some((j, state, steps)) = stack.pop() {
                 if j == 0 {
@@ -688,8 +700,9 @@ mod tests {
                         .iter()
                         .rev()
                         .zip(cluster.number_devices(&allocs))
+                        .zip(&allocs)
                         .enumerate()
-                        .map(|(i, ((s, e, _, _, _), devices))| Stage {
+                        .map(|(i, (((s, e, _, _, _), devices), alloc))| Stage {
                             layer_start: *s,
                             layer_end: *e,
                             devices,
@@ -697,7 +710,13 @@ mod tests {
                                 .warmup(count - i as u32, gbs / b)
                                 .unwrap_or(1),
                             placement: None,
-                            slices: None,
+                            // Mixed GPUs take Whale's balanced slices.
+                            slices: coster.searched_slices(
+                                *s,
+                                *e,
+                                &StageDevices::new(&cluster, alloc.clone()),
+                                min_slice,
+                            ),
                         })
                         .collect();
                     let plan = Plan::new(
@@ -768,6 +787,118 @@ mod tests {
         let mut topology = Topology::from_spec(&spec).unwrap();
         topology.machine_groups[0].gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
         (spec, topology)
+    }
+
+    /// `random_topology` with its last machine made of slower GPUs with
+    /// other memory (Whale's mixed clusters); every other case the profile
+    /// times that GPU type itself, with per-layer speed ratios of its own.
+    fn random_mixed(
+        rng: &mut StdRng,
+        shape: &str,
+        case: usize,
+        profile: &mut Profile,
+    ) -> (String, Topology) {
+        let (spec, mut topology) = random_topology(rng, shape, case);
+        // Small models on part of the cases, where replicas on both kinds
+        // of GPU are worth their AllReduce.
+        if case % 3 != 0 {
+            for l in &mut profile.layers {
+                l.param_bytes /= 100;
+            }
+        }
+        let mut slow = topology.machine_groups[0].clone();
+        topology.machine_groups[0].machines -= 1;
+        slow.machines = 1;
+        slow.gpu.gpu_type = "slow".into();
+        slow.gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
+        if case % 2 == 0 {
+            slow.gpu.relative_speed = Some(rng.gen_range(0.3..0.9));
+        } else {
+            profile.device = Some(crate::topology::DEFAULT_GPU_TYPE.into());
+            profile.other_devices = vec![crate::profile::DeviceTimes {
+                device: "slow".into(),
+                source: None,
+                layers: profile
+                    .layers
+                    .iter()
+                    .map(|l| crate::profile::LayerTimes {
+                        name: l.name.clone(),
+                        measurements: l
+                            .measurements
+                            .iter()
+                            .map(|m| crate::profile::TimeMeasurement {
+                                batch_size: m.batch_size,
+                                fwd_ms: m.fwd_ms * rng.gen_range(1.1..3.0),
+                                bwd_ms: m.bwd_ms * rng.gen_range(1.1..3.0),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            }];
+        }
+        if topology.machine_groups[0].machines == 0 {
+            topology.machine_groups.remove(0);
+        }
+        topology.machine_groups.push(slow);
+        topology.validate().unwrap();
+        profile.validate().unwrap();
+        (format!("{spec} with one slow machine"), topology)
+    }
+
+    /// On mixed GPUs (one machine slower, with other memory, at a relative
+    /// speed or at times of its own) the search's space holds Whale's
+    /// balanced slices, and it still returns the simulated optimum of that
+    /// space, or a candidate from outside it that is faster still.
+    #[test]
+    fn search_finds_the_simulated_optimum_on_mixed_gpus() {
+        let mut rng = StdRng::seed_from_u64(20261124);
+        let shapes = ["2x1", "2x2", "3x1", "2x3", "3x2"];
+        let mut uneven = 0;
+        for case in 0..60 {
+            let layers = rng.gen_range(1..=4);
+            let mut profile = random_profile(&mut rng, layers);
+            let (spec, topology) =
+                random_mixed(&mut rng, shapes[case % shapes.len()], case, &mut profile);
+            let gbs = [4, 6, 8][case % 3];
+            let mut opts = SearchOptions::new(gbs);
+            opts.search_space = SearchSpace::Full;
+            let expected = brute_force(&profile, &topology, gbs, WarmupPolicy::Auto);
+            match (expected, search(&profile, &topology, &opts)) {
+                (None, Err(_)) => {}
+                (Some((bound, optimum)), Ok(r)) => {
+                    let sim = r.plan.estimate.as_ref().unwrap().iteration_ms.unwrap();
+                    let selection = r.plan.selection.as_ref().unwrap();
+                    let what = format!(
+                        "case {case} ({spec}, {layers} layers, gbs {gbs}): search {sim} ({}, from {:?}), optimum {optimum}",
+                        r.plan.shape(),
+                        selection.source
+                    );
+                    assert!(sim <= optimum * (1.0 + 1e-9), "{what}");
+                    if selection.source.as_deref() == Some("search") {
+                        assert!((sim - optimum).abs() <= 1e-9 * optimum, "{what}");
+                    }
+                    assert!((selection.lower_bound_ms.unwrap() - bound).abs() <= 1e-9 * bound);
+                    uneven += r
+                        .plan
+                        .stages
+                        .iter()
+                        .filter(|s| {
+                            s.slices
+                                .as_ref()
+                                .is_some_and(|v| v.iter().min() != v.iter().max())
+                        })
+                        .count();
+                    let again = evaluate(&r.plan, &profile).unwrap();
+                    assert_eq!(Some(&again), r.plan.estimate.as_ref(), "{what}");
+                }
+                (e, g) => panic!(
+                    "case {case}: brute force {e:?}, search {:?}",
+                    g.map(|r| r.plan.shape())
+                ),
+            }
+        }
+        // The cases do exercise uneven slices.
+        assert!(uneven > 10, "{uneven} stages with uneven slices");
     }
 
     #[test]

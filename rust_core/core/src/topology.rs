@@ -67,13 +67,13 @@ pub struct Gpu {
     #[serde(rename = "type")]
     pub gpu_type: String,
     pub memory_bytes: u64,
-    /// Speed relative to the GPU the profile was measured on (1.0 = same).
-    #[serde(default = "one")]
-    pub relative_speed: f64,
-}
-
-fn one() -> f64 {
-    1.0
+    /// Speed relative to the GPU the profile was measured on (2.0 = twice
+    /// as fast). Absent: a GPU type the profile timed runs at its own
+    /// measured times; any other runs at the profile's device's speed when
+    /// the profile times one device, and must be given when it times
+    /// several (`cost::Cluster::for_model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relative_speed: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,7 +117,7 @@ impl Topology {
                 gpu: Gpu {
                     gpu_type: DEFAULT_GPU_TYPE.into(),
                     memory_bytes: DEFAULT_GPU_MEMORY_BYTES,
-                    relative_speed: 1.0,
+                    relative_speed: None,
                 },
                 intra_machine: intra,
             }],
@@ -257,7 +257,9 @@ impl Topology {
             if g.gpu.memory_bytes == 0 {
                 return Err(Error::field(at("gpu.memory_bytes"), "value 0 must be > 0"));
             }
-            check_positive(|| at("gpu.relative_speed"), g.gpu.relative_speed)?;
+            if let Some(speed) = g.gpu.relative_speed {
+                check_positive(|| at("gpu.relative_speed"), speed)?;
+            }
             check_positive(
                 || at("intra_machine.bandwidth_gbps"),
                 g.intra_machine.bandwidth_gbps,
@@ -332,13 +334,16 @@ impl Topology {
             .machine_groups
             .iter()
             .map(|g| {
+                let speed = g
+                    .gpu
+                    .relative_speed
+                    .map_or(String::new(), |s| format!(", speed {s}"));
                 format!(
-                    "{} x {} {} ({:.1} GiB, speed {}), {} {} Gbps",
+                    "{} x {} {} ({:.1} GiB{speed}), {} {} Gbps",
                     g.machines,
                     g.gpus_per_machine,
                     g.gpu.gpu_type,
                     g.gpu.memory_bytes as f64 / (1u64 << 30) as f64,
-                    g.gpu.relative_speed,
                     g.intra_machine.kind,
                     g.intra_machine.bandwidth_gbps
                 )
@@ -424,7 +429,7 @@ mod tests {
         let t = Topology::from_spec("2x8-nvlink").unwrap();
         assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
         let mut bad = t.clone();
-        bad.machine_groups[0].gpu.relative_speed = 0.0;
+        bad.machine_groups[0].gpu.relative_speed = Some(0.0);
         let e = Topology::from_json(&bad.to_json()).unwrap_err();
         assert_eq!(
             e.field.as_deref(),

@@ -5,8 +5,8 @@ use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
 use crate::profile::PyProfile;
-use crate::to_py_err;
 use crate::topology::PyTopology;
+use crate::{to_py_err, with_inputs};
 
 /// A baseline strategy's plan (one of `BASELINES`) at its fastest
 /// micro-batch size that fits.
@@ -35,7 +35,7 @@ fn baseline(
                 policy,
             )
         })
-        .map_err(to_py_err)?;
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
     Ok(crate::Wraps::wrap(plan, None))
 }
 
@@ -72,7 +72,7 @@ fn layout_plan(
                 made_by,
             )
         })
-        .map_err(to_py_err)?;
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
     Ok(crate::Wraps::wrap(plan, None))
 }
 
@@ -99,7 +99,7 @@ fn asynchronous_plan(
                 min_micro_batch_size,
             )
         })
-        .map_err(to_py_err)?;
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
     Ok(crate::Wraps::wrap(plan, None))
 }
 

@@ -51,6 +51,22 @@ pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
     })
 }
 
+/// An error of a profile and topology used together, naming the file of
+/// the one it is about (a spec topology has none; its name is in the
+/// message).
+pub(crate) fn with_inputs(
+    e: dapple_core::Error,
+    profile: &profile::PyProfile,
+    topology: &topology::PyTopology,
+) -> dapple_core::Error {
+    let source = match e.input {
+        Some(dapple_core::error::Input::Profile) => profile.source(),
+        Some(dapple_core::error::Input::Topology) => topology.source.as_deref(),
+        None => None,
+    };
+    with_source(e, source)
+}
+
 /// The error, naming `source` (a file) unless it names one already.
 pub(crate) fn with_source(e: dapple_core::Error, source: Option<&str>) -> dapple_core::Error {
     match source {
@@ -77,7 +93,7 @@ macro_rules! file_object_class {
             pub(crate) inner: $core,
             /// The file it was read from, named in errors.
             #[pyo3(get)]
-            source: Option<String>,
+            pub(crate) source: Option<String>,
         }
 
         impl $crate::Wraps for $class {

@@ -83,6 +83,30 @@ crate::file_object_methods!(PyProfile {
         Ok(PyProfile::new(p, None))
     }
 
+    /// This profile with `other`'s layer times as those of its GPU type;
+    /// an error in `other` names its file.
+    fn with_times_of(&self, other: &PyProfile) -> PyResult<PyProfile> {
+        let p = self
+            .inner
+            .with_times_of(&other.inner)
+            .map_err(|e| match &other.source {
+                Some(path) => e.in_source(path.clone()),
+                None => e,
+            })
+            .map_err(to_py_err)?;
+        Ok(PyProfile::new(p, None))
+    }
+
+    /// GPU types whose layer times the profile holds, its own first.
+    #[getter]
+    fn devices(&self) -> Vec<Option<String>> {
+        LayerCosts::new(&self.inner)
+            .devices()
+            .into_iter()
+            .map(|d| d.map(str::to_string))
+            .collect()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Profile({:?}, {} layers, sha256 {}...)",

@@ -4,8 +4,8 @@ use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
 use crate::profile::PyProfile;
-use crate::to_py_err;
 use crate::topology::PyTopology;
+use crate::{to_py_err, with_inputs};
 
 /// Micro-batch sizes tried, states created, stages costed.
 type Stats = (Vec<u32>, usize, u64);
@@ -36,7 +36,7 @@ fn search(
     opts.profile_path = profile.source().map(str::to_string);
     let result = py
         .detach(|| search_plan(&profile.inner, &topology.inner, &opts))
-        .map_err(to_py_err)?;
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
     let s = result.stats;
     Ok((
         crate::Wraps::wrap(result.plan, None),
