@@ -53,3 +53,94 @@ def test_slices_that_do_not_fit_the_plan_name_the_field(dapple, tmp_path, slices
     out = tmp_path / "p.json"
     out.write_text(json.dumps(plan))
     assert_one_line_error(dapple("estimate", "--plan", out, "--profile", BERT), 3, str(out), "stages[0].slices", needle)
+
+
+WHALE_8 = ROOT / "profiles" / "topologies" / "whale-4v100-4p100.json"
+
+
+def _timed_on(tmp_path, device, scale_of_layer, name):
+    """The shipped BERT-48 profile as if measured on `device`: every
+    layer's times multiplied by `scale_of_layer(i)`."""
+    data = json.loads(BERT.read_text())
+    data["device"] = device
+    for i, layer in enumerate(data["layers"]):
+        for m in layer["measurements"]:
+            m["fwd_ms"] *= scale_of_layer(i)
+            m["bwd_ms"] *= scale_of_layer(i)
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _merged(dapple, tmp_path, scale_of_layer):
+    p100 = _timed_on(tmp_path, "P100-16GB", scale_of_layer, "p100.json")
+    out = tmp_path / "both.json"
+    result = dapple("profile", "merge", BERT, p100, "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_gpu_type_timed_on_its_own_runs_at_its_measured_times(dapple, tmp_path):
+    speed = planner.Topology.load(WHALE_8).data["machine_groups"][1]["gpu"]["relative_speed"]
+    # P100 times that are the V100's over the topology's relative speed cost
+    # exactly what the relative speed does: the measured times replace it.
+    merged = planner.Profile.load(_merged(dapple, tmp_path, lambda i: 1 / speed))
+    assert merged.devices == ["V100-16GB", "P100-16GB"]
+    by_speed = planner.plan(BERT, WHALE_8, 64)
+    by_times = planner.plan(merged, WHALE_8, 64)
+    assert by_times.shape == by_speed.shape
+    assert by_times.iteration_ms == pytest.approx(by_speed.iteration_ms, rel=1e-9)
+
+
+def test_per_layer_speed_ratios_are_the_types_own(dapple, tmp_path):
+    # A P100 twice as slow on the first half of the model, as fast on the rest.
+    n = len(json.loads(BERT.read_text())["layers"])
+    merged = _merged(dapple, tmp_path, lambda i: 2.0 if i < n // 2 else 1.0)
+    front, back = (0, n // 2), (n // 2, n)
+    v100_only = planner.layout_plan(BERT, WHALE_8, 64, [(*front, [0]), (*back, [1])])
+    on_p100 = planner.layout_plan(merged, WHALE_8, 64, [(*front, [4]), (*back, [5])])
+    back_on_p100 = planner.layout_plan(merged, WHALE_8, 64, [(*front, [0]), (*back, [5])])
+    # Per sample (the profile is measured at one batch size, so times are
+    # proportional to it); each layout has its own best micro-batch size.
+    fwd = [[s["fwd_ms"] / s["slice_size"] for s in p.estimate["stages"]] for p in (v100_only, on_p100, back_on_p100)]
+    assert fwd[1][0] == pytest.approx(2 * fwd[0][0]) and fwd[1][1] == pytest.approx(fwd[0][1])
+    assert fwd[2] == pytest.approx(fwd[0])
+    # Replicated over both types, the search splits each stage's samples by
+    # the speed on its own layers.
+    plan = planner.plan(merged, WHALE_8, 64)
+    assert plan.iteration_ms <= planner.baseline("whale-pipeline", merged, WHALE_8, 64).iteration_ms * (1 + 1e-9)
+
+
+def test_a_timed_type_no_group_has_and_a_group_no_profile_times_are_named(dapple, tmp_path):
+    from conftest import assert_one_line_error
+
+    merged = _merged(dapple, tmp_path, lambda i: 1.5)
+    result = dapple("plan", "--profile", merged, "--topology", "2x8-nvlink", "--global-batch-size", "64")
+    assert_one_line_error(result, 4, str(merged), "other_devices[0].device", '"P100-16GB"')
+    topology = json.loads(WHALE_8.read_text())
+    topology["machine_groups"][1]["gpu"]["type"] = "K80"
+    del topology["machine_groups"][1]["gpu"]["relative_speed"]
+    k80 = tmp_path / "k80.json"
+    k80.write_text(json.dumps(topology))
+    result = dapple("plan", "--profile", merged, "--topology", k80, "--global-batch-size", "64")
+    assert_one_line_error(result, 4, str(k80), "machine_groups[1].gpu.relative_speed", '"K80"')
+    # With one GPU type in the profile, a group without a speed runs at its speed.
+    assert dapple("plan", "--profile", BERT, "--topology", k80, "--global-batch-size", "64").returncode == 0
+
+
+def test_merging_profiles_of_another_model_names_the_file_and_field(dapple, tmp_path):
+    from conftest import assert_one_line_error
+
+    other = json.loads(BERT.read_text())
+    other["device"] = "P100-16GB"
+    other["layers"][3]["param_bytes"] += 1
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    out = tmp_path / "both.json"
+    result = dapple("profile", "merge", BERT, path, "--out", out)
+    assert_one_line_error(result, 3, str(path), "layers[3].param_bytes")
+    assert not out.exists()
+    del other["device"]
+    other["layers"][3]["param_bytes"] -= 1
+    path.write_text(json.dumps(other))
+    assert_one_line_error(dapple("profile", "merge", BERT, path, "--out", out), 3, str(path), "field device")
