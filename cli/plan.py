@@ -6,6 +6,7 @@ import click
 
 import planner
 from planner.files import check_writable
+from planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
 
 from .options import FILE_PATH, count_option_type, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import plan_table
@@ -26,6 +27,9 @@ from .render import plan_table
 @click.option("--search-space", type=click.Choice(planner.SEARCH_SPACES), default=planner.SEARCH_SPACES[0], show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
               "auto: full up to 16 GPUs.")
+@click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
+              help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
+                   "the search stops with exit 9.")
 @click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
               help="Plan for an asynchronous schedule instead (xpipe, pipedream, spectrain, async): the uniform "
                    "pipeline with the fastest steady state that fits; docs/xpipe.md.")
@@ -41,6 +45,7 @@ def plan_command(
     warmup_policy,
     min_micro_batch_size,
     search_space,
+    max_search_gib,
     schedule,
     simulate_flag,
     out_path,
@@ -62,6 +67,7 @@ def plan_command(
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
         schedule=schedule,
+        max_search_gib=max_search_gib,
     )
     if out_path is not None:
         result.save(out_path)

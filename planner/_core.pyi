@@ -14,6 +14,7 @@ SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 MAX_PASSES: int
+DEFAULT_MAX_SEARCH_BYTES: int
 FORMATS: dict[str, tuple[int, list[int]]]
 
 class Profile:
@@ -136,6 +137,7 @@ def search(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    max_search_bytes: int | None = None,
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 
+from . import _core
 from .errors import InvalidInputError
 
 #: The largest batch or micro-batch size: the core counts samples in 32 bits.
@@ -20,3 +21,21 @@ def check_count(field: str, value: object, minimum: int = 1) -> int:
     if count is None or isinstance(value, bool) or not minimum <= count <= MAX_COUNT:
         raise InvalidInputError(f"field {field}: value {value!r} must be an integer in {minimum}..{MAX_COUNT}")
     return count
+
+
+#: Most memory the search's tables may take by default (the core's
+#: ``DEFAULT_MAX_SEARCH_BYTES``), in GiB, and the most an option may ask for.
+DEFAULT_MAX_SEARCH_GIB = _core.DEFAULT_MAX_SEARCH_BYTES / 2**30
+MAX_SEARCH_GIB = 1024.0
+
+
+def check_search_gib(field: str, value: object) -> float:
+    """``value`` as a search memory limit in GiB, above 0 and at most
+    ``MAX_SEARCH_GIB``, or an invalid-input error naming ``field``."""
+    try:
+        gib = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        gib = float("nan")
+    if isinstance(value, bool) or not 0 < gib <= MAX_SEARCH_GIB:
+        raise InvalidInputError(f"field {field}: value {value!r} must be a number of GiB in (0, {MAX_SEARCH_GIB:g}]")
+    return gib

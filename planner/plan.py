@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from . import _core
 from .errors import IncompatibleInputsError
 from .fileobject import FileObject
-from .limits import check_count
+from .limits import check_count, check_search_gib
 from .profile import Profile
 from .topology import Topology
 
@@ -106,6 +106,7 @@ def plan(
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
     schedule: str | None = None,
+    max_search_gib: float | None = None,
 ) -> Plan:
     """Search the plan with the shortest simulated iteration that fits in memory.
 
@@ -123,22 +124,27 @@ def plan(
     ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan
     for instead: the uniform pipeline whose steady state is fastest within
     memory (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
-    ``warmup_policy``, ``micro_batch_sizes`` and ``search_space`` are the
-    synchronous search's: giving one with ``schedule`` is an
+    ``warmup_policy``, ``micro_batch_sizes``, ``search_space`` and
+    ``max_search_gib`` are the synchronous search's: giving one with ``schedule`` is an
     IncompatibleInputsError naming it.
+    ``max_search_gib``: most memory the search's tables may take (default
+    ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
+    :class:`planner.errors.LimitExceededError` saying how far it got.
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
         min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
     if micro_batch_sizes is not None:
         micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
+    max_search_bytes = None if max_search_gib is None else int(check_search_gib("max_search_gib", max_search_gib) * 2**30)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
     if schedule is not None:
         # The defaults are the first of each name table; anything else was asked for.
         for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
                                      ("search_space", search_space, SEARCH_SPACES[0]),
-                                     ("micro_batch_sizes", micro_batch_sizes, None)):
+                                     ("micro_batch_sizes", micro_batch_sizes, None),
+                                     ("max_search_gib", max_search_gib, None)):
             if value != default:
                 raise IncompatibleInputsError(
                     f"{name}: value {value!r} applies to the synchronous search, not to planning for "
@@ -154,6 +160,7 @@ def plan(
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
+        max_search_bytes=max_search_bytes,
     )
     return Plan(core, SearchStats(list(sizes), states, costed))
 

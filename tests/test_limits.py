@@ -117,3 +117,20 @@ def test_a_timeline_too_big_to_draw_is_refused_and_nothing_is_written(dapple, tm
     r = dapple("show", "--plan", plan, "--gantt", picture, "--memory", tmp_path / "m.png")
     assert_one_line_error(r, 9, str(picture), "over the limit of 20000")
     assert not picture.exists() and not (tmp_path / "m.png").exists()
+
+
+def test_the_search_stops_at_its_memory_limit_with_one_line(dapple, tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("kept\n")
+    args = ["plan", "--profile", PROFILES / "bert-48-pbs-2.json", "--topology", "2x8-nvlink",
+            "--global-batch-size", "64", "--out", out]
+    # 0.001 GiB (1 MiB) of tables is too little for BERT-48 on 16 GPUs.
+    r = dapple(*args, "--max-search-gib", "0.001")
+    assert_one_line_error(r, 9, "the search's tables reached", "past the limit of 0.00 GiB", "--max-search-gib")
+    assert out.read_text() == "kept\n"
+    # The default leaves room for it, and a limit is a positive number of GiB.
+    assert dapple(*args).returncode == 0
+    for bad in ("0", "-1", "2000", "x"):
+        assert dapple(*args, "--max-search-gib", bad).returncode == 2
+    with pytest.raises(planner.InvalidInputError, match="max_search_gib"):
+        planner.plan(PROFILES / "bert-48-pbs-2.json", "2x8-nvlink", 64, max_search_gib=0)

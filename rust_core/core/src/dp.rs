@@ -93,6 +93,35 @@ impl Context<'_> {
     }
 }
 
+/// The memory the DP tables of one search may take, shared by its runs
+/// (one per micro-batch size, in parallel): each run charges the states
+/// and entries it makes as it makes them, and gives them back when it is
+/// dropped. A run that would pass the limit stops, and the search fails
+/// with a limit error instead of growing without bound.
+pub(crate) struct MemoryBudget {
+    used: AtomicU64,
+    pub(crate) limit_bytes: u64,
+    /// Set once some run was stopped: the largest use it saw.
+    pub(crate) exceeded_at_bytes: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub(crate) fn new(limit_bytes: u64) -> MemoryBudget {
+        MemoryBudget {
+            used: AtomicU64::new(0),
+            limit_bytes,
+            exceeded_at_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn exceeded(&self) -> Option<u64> {
+        match self.exceeded_at_bytes.load(Ordering::Relaxed) {
+            0 => None,
+            bytes => Some(bytes),
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum Objective {
     Latency,
@@ -167,6 +196,19 @@ pub(crate) struct Dp<'c, 'a> {
     /// spend at least this long on them per micro-batch (r GPUs on a stage
     /// each spend its per-slice time).
     work_floor: Vec<f64>,
+    budget: Option<&'c MemoryBudget>,
+    /// Bytes this run has charged to the budget.
+    charged: u64,
+    /// The budget ran out: the run stopped and its results mean nothing.
+    pub(crate) stopped: bool,
+}
+
+impl Drop for Dp<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.budget {
+            b.used.fetch_sub(self.charged, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<'c, 'a> Dp<'c, 'a> {
@@ -234,6 +276,27 @@ impl<'c, 'a> Dp<'c, 'a> {
             fwd_floor,
             fwd_bwd_floor,
             work_floor,
+            budget: None,
+            charged: 0,
+            stopped: false,
+        }
+    }
+
+    /// Charge the tables this run makes to `budget`.
+    pub(crate) fn with_budget(mut self, budget: &'c MemoryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Charge `bytes` of new table memory; past the limit the run stops.
+    fn charge(&mut self, bytes: u64) {
+        if let Some(b) = self.budget {
+            self.charged += bytes;
+            let now = b.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+            if now > b.limit_bytes {
+                self.stopped = true;
+                b.exceeded_at_bytes.fetch_max(now, Ordering::Relaxed);
+            }
         }
     }
 
@@ -319,6 +382,15 @@ impl<'c, 'a> Dp<'c, 'a> {
         if let Some(&id) = self.index[start].get(key) {
             return id;
         }
+        // The state is kept twice (in the index and the list), with its
+        // machines on the heap, plus the index's slot.
+        let machines = key.0.len() * std::mem::size_of::<crate::placement::MachineUse>();
+        self.charge(
+            (std::mem::size_of::<StateData>()
+                + 2 * (std::mem::size_of::<State>() + machines)
+                + std::mem::size_of::<u32>()
+                + 16) as u64,
+        );
         let id = self.states.len() as u32;
         self.index[start].insert(key.clone(), id);
         self.states.push(StateData {
@@ -354,6 +426,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             .copied()
             .filter(|&e| !self.dominates(&entry, &self.entries[e as usize]))
             .collect();
+        self.charge((std::mem::size_of::<Entry>() + std::mem::size_of::<u32>()) as u64);
         let id = self.entries.len() as u32;
         self.entries.push(entry);
         let front = &mut self.states[state as usize].front;
@@ -386,6 +459,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         for j in (1..=n).rev() {
             for sid in self.states_starting_at(j) {
+                if self.stopped {
+                    return self.rules.iter().map(|_| None).collect();
+                }
                 self.expand_state(sid, j, max_replicas);
             }
         }

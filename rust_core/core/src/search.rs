@@ -13,7 +13,8 @@ use rayon::prelude::*;
 use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
 use crate::dp::{
-    concrete_allocs, Context, Dp, Found, LayoutWalk, Objective, OtherStageCount, PassResult, Step,
+    concrete_allocs, Context, Dp, Found, LayoutWalk, MemoryBudget, Objective, OtherStageCount,
+    PassResult, Step,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
@@ -35,7 +36,16 @@ pub struct SearchOptions {
     pub search_space: SearchSpace,
     /// Recorded in the plan.
     pub profile_path: Option<String>,
+    /// Most memory the DP's tables may take (`DEFAULT_MAX_SEARCH_BYTES`);
+    /// past it the search stops with a limit error.
+    pub max_search_bytes: u64,
 }
+
+/// Default of `SearchOptions::max_search_bytes` (`dapple plan
+/// --max-search-gib`): 1 GiB, so that a search stays within 2 GiB. The
+/// default space never comes near it on the shipped profiles (83 MB on
+/// 128x8); the full space on 32x8 passes it in about half a minute.
+pub const DEFAULT_MAX_SEARCH_BYTES: u64 = 1 << 30;
 
 impl SearchOptions {
     pub fn new(global_batch_size: u32) -> Self {
@@ -46,6 +56,7 @@ impl SearchOptions {
             micro_batch_sizes: None,
             search_space: SearchSpace::Auto,
             profile_path: None,
+            max_search_bytes: DEFAULT_MAX_SEARCH_BYTES,
         }
     }
 }
@@ -196,6 +207,7 @@ pub fn search(
         .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
         .collect();
     let covering_ctx = &contexts[contexts.len() - 1];
+    let budget = MemoryBudget::new(opts.max_search_bytes);
     let runs: Vec<(Vec<PassResult>, Vec<OtherStageCount>)> = (0..sizes.len())
         .into_par_iter()
         .map(|k| {
@@ -209,7 +221,8 @@ pub fn search(
                 Objective::Latency,
                 rules.clone(),
                 Some(bounds),
-            );
+            )
+            .with_budget(&budget);
             let found = dp.run();
             // Up to 16 GPUs, each rule's best plan of every other stage
             // count is a candidate too: fewer, wider stages can simulate
@@ -244,6 +257,14 @@ pub fn search(
             (rows, others)
         })
         .collect();
+    if let Some(bytes) = budget.exceeded() {
+        return Err(search_memory_limit(
+            bytes,
+            opts.max_search_bytes,
+            &cluster,
+            space,
+        ));
+    }
     let (rows, others): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
     let others: Vec<OtherStageCount> = others.into_iter().flatten().collect();
     let mut results: Vec<PassResult> = rows.into_iter().flatten().collect();
@@ -283,7 +304,12 @@ pub fn search(
         .filter_map(|r| r.2.as_ref().map(|f| f.value))
         .fold(f64::INFINITY, f64::min);
     if !lower_bound_ms.is_finite() {
-        return Err(explain_infeasible(&contexts[covering], &sizes, gbs));
+        return Err(explain_infeasible(
+            &contexts[covering],
+            &sizes,
+            gbs,
+            &budget,
+        ));
     }
     let inputs = PlanInputs::new(
         profile,
@@ -380,7 +406,12 @@ pub fn search(
         ranked.sort_by(faster);
     }
     if ranked.is_empty() {
-        return Err(explain_infeasible(&contexts[covering], &sizes, gbs));
+        return Err(explain_infeasible(
+            &contexts[covering],
+            &sizes,
+            gbs,
+            &budget,
+        ));
     }
     // Every other layout whose bound is below the best simulated time could
     // still simulate faster: walk them all, per micro-batch size, each walk
@@ -497,9 +528,27 @@ pub fn search(
     Ok(SearchResult { plan, stats })
 }
 
+/// The search stopped at its memory limit: how far it got, and what to do.
+fn search_memory_limit(bytes: u64, limit: u64, cluster: &Cluster, space: SearchSpace) -> Error {
+    let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
+    let advice = if space == SearchSpace::Full {
+        "use the default space (--search-space auto: machine-aligned above 16 GPUs)"
+    } else {
+        "use fewer micro-batch sizes"
+    };
+    Error::limit(format!(
+        "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \
+         {advice}, or raise the limit (--max-search-gib)",
+        gib(bytes),
+        cluster.num_devices(),
+        space.name(),
+        gib(limit),
+    ))
+}
+
 /// Why no plan came out: either no plan of the space uses every GPU with
 /// the allowed slices, or none fits in memory; say which, with numbers.
-fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
+fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBudget) -> Error {
     let least = sizes
         .iter()
         .filter_map(|&b| {
@@ -510,10 +559,16 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32) -> Error {
                 Objective::PeakMemory,
                 vec![ctx.policy],
                 None,
-            );
-            dp.run().pop().flatten().map(|f| (b, f))
+            )
+            .with_budget(budget);
+            let found = dp.run().pop().flatten();
+            found.map(|f| (b, f))
         })
         .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
+    // Past the limit a run stops and finds nothing: say so instead.
+    if let Some(bytes) = budget.exceeded() {
+        return search_memory_limit(bytes, budget.limit_bytes, ctx.cluster, ctx.space);
+    }
     let gib = |x: f64| x / (1u64 << 30) as f64;
     match least {
         None => Error::incompatible(format!(
@@ -982,6 +1037,20 @@ mod tests {
                 ),
             }
         }
+    }
+
+    #[test]
+    fn the_search_stops_at_its_memory_limit() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let profile = random_profile(&mut rng, 8);
+        let topology = Topology::from_spec("2x4-nvlink").unwrap();
+        let mut opts = SearchOptions::new(8);
+        opts.search_space = SearchSpace::Full;
+        assert!(search(&profile, &topology, &opts).is_ok());
+        opts.max_search_bytes = 4096;
+        let e = search(&profile, &topology, &opts).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Limit);
+        assert!(e.message.contains("--max-search-gib"), "{e}");
     }
 
     #[test]

@@ -194,6 +194,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("PRESETS", presets)?;
     m.add("MAX_PASSES", dapple_core::schedule::MAX_PASSES)?;
+    m.add(
+        "DEFAULT_MAX_SEARCH_BYTES",
+        dapple_core::search::DEFAULT_MAX_SEARCH_BYTES,
+    )?;
     let formats = PyDict::new(py);
     for f in dapple_core::format::FORMATS {
         formats.set_item(f.name, (f.version, f.reads.to_vec()))?;

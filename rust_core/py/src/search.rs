@@ -15,7 +15,7 @@ type Stats = (Vec<u32>, usize, u64);
 /// searching.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto"))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", max_search_bytes=None))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -25,6 +25,7 @@ fn search(
     min_micro_batch_size: Option<u32>,
     micro_batch_sizes: Option<Vec<u32>>,
     search_space: &str,
+    max_search_bytes: Option<u64>,
 ) -> PyResult<(PyPlan, Stats)> {
     let mut opts = SearchOptions::new(global_batch_size);
     opts.warmup_policy =
@@ -34,6 +35,9 @@ fn search(
     opts.search_space =
         SearchSpace::parse(search_space).map_err(|e| to_py_err(e.under("search_space")))?;
     opts.profile_path = profile.source().map(str::to_string);
+    if let Some(bytes) = max_search_bytes {
+        opts.max_search_bytes = bytes;
+    }
     let result = py
         .detach(|| search_plan(&profile.inner, &topology.inner, &opts))
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
