@@ -10,7 +10,7 @@ from rich.table import Table
 
 import planner
 
-from .options import count_option_type, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import count_option_type, json_option, max_passes_option, profile_option, reports_errors, topology_option, warmup_policy_option
 from .render import GIB, console
 
 
@@ -22,6 +22,7 @@ from .render import GIB, console
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @warmup_policy_option
 @json_option
+@max_passes_option
 @reports_errors
 def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, warmup_policy, as_json):
     """Compare strategies by simulated iteration time."""

@@ -6,13 +6,14 @@ import click
 
 import planner
 
-from .options import json_option, load_plan_and_profile, plan_options, reports_errors
+from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
 from .render import plan_table
 
 
 @click.command("estimate")
 @plan_options
 @json_option
+@max_passes_option
 @reports_errors
 def estimate_command(plan_path, profile_path, as_json):
     """Estimate a plan, also one written by hand or by another planner."""

@@ -12,7 +12,7 @@ import click
 
 import planner
 from planner.errors import DappleError, DappleIOError, InvalidInputError
-from planner.limits import MAX_COUNT
+from planner.limits import MAX_COUNT, MAX_PASSES, MAX_PASSES_CEILING, set_max_passes
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
@@ -168,6 +168,24 @@ def warmup_policy_option(f):
         show_default=True,
         help="Warm-up depth K_i of each stage: auto = searched per stage within memory; "
         "A = S-i, B = 2(S-i)-1 micro-batches (section V-C).",
+    )(f)
+
+
+def max_passes_option(f):
+    """``--max-passes``: the limit on the micro-batch passes one simulation
+    runs, for this command (set before anything else runs)."""
+
+    def set_limit(ctx, param, value):
+        if value is not None:
+            set_max_passes(value)
+        return value
+
+    return click.option(
+        "--max-passes", type=click.IntRange(min=1, max=MAX_PASSES_CEILING), default=None, expose_value=False,
+        is_eager=True, callback=set_limit,
+        help=f"Most micro-batch passes (stages x micro-batches) one simulation runs (default {MAX_PASSES}); "
+             "a plan over it is refused with exit 9, and the search leaves out micro-batch sizes over it. "
+             "About 1.1 KB of memory a pass.",
     )(f)
 
 

@@ -8,7 +8,16 @@ import planner
 from planner.files import check_writable
 from planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
 
-from .options import FILE_PATH, count_option_type, json_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import (
+    FILE_PATH,
+    count_option_type,
+    json_option,
+    max_passes_option,
+    profile_option,
+    reports_errors,
+    topology_option,
+    warmup_policy_option,
+)
 from .render import plan_table
 
 
@@ -37,6 +46,7 @@ from .render import plan_table
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
 @json_option
+@max_passes_option
 @reports_errors
 def plan_command(
     profile_path,

@@ -9,12 +9,13 @@ import click
 from planner.regress import load_suite, run_suite, update_suite
 
 from .exit_codes import REGRESSION
-from .options import FILE_PATH, reports_errors
+from .options import FILE_PATH, max_passes_option, reports_errors
 
 
 @click.command("regress")
 @click.argument("suite", type=FILE_PATH)
 @click.option("--update", is_flag=True, help="Rewrite the suite's expected times and shapes with today's plans.")
+@max_passes_option
 @reports_errors
 def regress_command(suite, update):
     """Plan every case of SUITE; fail when a plan got slower or infeasible."""

@@ -17,7 +17,7 @@ from planner.files import check_writable, write_atomic
 
 from planner.runtime.optimizers import OPTIMIZERS, check_optimizer
 
-from .options import FILE_PATH, model_kwargs, model_options, reports_errors, require_torch
+from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("run")
@@ -54,6 +54,7 @@ from .options import FILE_PATH, model_kwargs, model_options, reports_errors, req
 @click.option("--slowdown", "slowdowns", multiple=True, metavar="RANK=FACTOR",
               help="Experiment only: rank RANK's forwards and backwards take FACTOR times as long (it sleeps "
                    "the difference), so one machine can stand for GPUs of unequal speed (docs/heterogeneous.md).")
+@max_passes_option
 @reports_errors
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, eval_every, metrics_path,
                 profile_path,

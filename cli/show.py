@@ -11,7 +11,9 @@ import planner
 from planner.errors import DappleIOError
 from planner.files import output_target, read_text, write_all_atomic
 
-from .options import FILE_PATH, profile_for, plan_options, reports_errors
+from planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
+
+from .options import FILE_PATH, max_passes_option, plan_options, profile_for, reports_errors
 
 
 def _picture_option(name: str, what: str):
@@ -40,9 +42,12 @@ def _picture_option(name: str, what: str):
                            "and optimizer: the mean, and the band from lowest to highest over its runs)")
 @click.option("--steps-per-epoch", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Draw --curves against epochs of this many steps instead of steps.")
+@click.option("--max-tasks-drawn", type=click.IntRange(min=1, max=MAX_TASKS_DRAWN_CEILING), default=MAX_TASKS_DRAWN,
+              show_default=True, help="Most tasks --gantt draws; a larger timeline is refused with exit 9.")
+@max_passes_option
 @reports_errors
 def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memory_path, diagram_path,
-                 metrics_paths, curves_path, steps_per_epoch):
+                 metrics_paths, curves_path, steps_per_epoch, max_tasks_drawn):
     """Draw a plan: its simulated timeline, memory over time, or placement;
     or the learning curves of runs.
 
@@ -90,10 +95,10 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
             click.echo("note: the plan's profile is not available; the diagram omits model layer counts", err=True)
 
     if gantt_path:
-        pictures.check_timeline_size(plan, gantt_path)  # before simulating, and naming the target
+        pictures.check_timeline_size(plan, gantt_path, max_tasks_drawn)  # before simulating, and naming the target
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute) if needs_sim else None
     draw = {
-        "gantt": (lambda out: pictures.gantt(plan, sim, out), "timeline, {schedule}"),
+        "gantt": (lambda out: pictures.gantt(plan, sim, out, max_tasks_drawn), "timeline, {schedule}"),
         "memory": (lambda out: pictures.memory(plan, sim, out), "memory per stage, {schedule}"),
         "diagram": (lambda out: pictures.diagram(plan, out, profile), "plan on the cluster"),
         "curves": (lambda out: pictures.curves(runs, out, steps_per_epoch), "learning curves"),

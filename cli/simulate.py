@@ -6,7 +6,7 @@ import click
 
 import planner
 
-from .options import json_option, load_plan_and_profile, plan_options, reports_errors
+from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
 from .render import GIB, console
 
 
@@ -20,6 +20,7 @@ from .render import GIB, console
               help="Print each stage's action list instead, with the weights every pass uses "
                    "(F4@0+2: version 0, predicted 2 updates ahead).")
 @json_option
+@max_passes_option
 @reports_errors
 def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, as_json):
     """Simulate one training iteration of a plan, task by task.

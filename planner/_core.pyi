@@ -14,6 +14,7 @@ SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 MAX_PASSES: int
+MAX_PASSES_CEILING: int
 DEFAULT_MAX_SEARCH_BYTES: int
 FORMATS: dict[str, tuple[int, list[int]]]
 
@@ -181,3 +182,4 @@ def schedule_actions(
     kind: str, num_stages: int, micro_batches: int, warmup: list[int] | None = None, mini_batches: int = 1
 ) -> list[list[str]]: ...
 def schedule_validate(lists: list[list[str]], micro_batches: int) -> None: ...
+def set_max_passes(passes: int) -> None: ...

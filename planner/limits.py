@@ -39,3 +39,23 @@ def check_search_gib(field: str, value: object) -> float:
     if isinstance(value, bool) or not 0 < gib <= MAX_SEARCH_GIB:
         raise InvalidInputError(f"field {field}: value {value!r} must be a number of GiB in (0, {MAX_SEARCH_GIB:g}]")
     return gib
+
+
+#: Most tasks a timeline picture (``dapple show --gantt``) draws by default,
+#: and the most ``--max-tasks-drawn`` may ask for (drawing takes about 3 ms
+#: a task).
+MAX_TASKS_DRAWN = 20_000
+MAX_TASKS_DRAWN_CEILING = 1_000_000
+
+#: Micro-batch passes (stages x micro-batches) one simulation runs by
+#: default, and the most ``--max-passes`` may ask for: the core's
+#: (``schedule.rs``), about 1.1 KB of memory a pass.
+MAX_PASSES = _core.MAX_PASSES
+MAX_PASSES_CEILING = _core.MAX_PASSES_CEILING
+
+
+def set_max_passes(passes: int) -> None:
+    """Raise (or lower) the limit on the micro-batch passes one simulation
+    runs, for the rest of this process: plans over it are refused with
+    LimitExceededError, and the search leaves out micro-batch sizes over it."""
+    _core.set_max_passes(passes)

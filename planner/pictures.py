@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .errors import DappleError, InvalidInputError, LimitExceededError
 from .files import write_atomic_bytes
+from .limits import MAX_TASKS_DRAWN
 from .plan import Plan, device_ranges
 from .profile import Profile
 from .simulation import Simulation
@@ -26,7 +27,6 @@ FORMATS = {".png": "png", ".svg": "svg"}
 GIB = float(1 << 30)
 #: Most tasks a timeline draws: matplotlib takes about 0.5 ms a task here
 #: (6.9 s for 15,000), so the limit keeps a picture to about 10 s.
-MAX_TASKS_DRAWN = 20_000
 DPI = 110
 
 # Fig. 4 of the paper: blue forwards, green backwards, gray bubbles.
@@ -51,28 +51,29 @@ def picture_format(path: str | os.PathLike) -> str:
     return FORMATS[ext]
 
 
-def check_timeline_size(plan: Plan, path: str | os.PathLike) -> None:
-    """Refuse (LimitExceededError) a timeline of more than MAX_TASKS_DRAWN
+def check_timeline_size(plan: Plan, path: str | os.PathLike, max_tasks: int = MAX_TASKS_DRAWN) -> None:
+    """Refuse (LimitExceededError) a timeline of more than ``max_tasks``
     tasks, counted from the plan before any task is read: there can be
     millions. ``path`` is the picture named in the error."""
     n, m = len(plan.stages), plan.micro_batches
     links = max(n - 1, 0)
     count = 2 * m * (n + links) + 2 * n  # passes and transfers both ways, AllReduce and optimizer steps
-    if count > MAX_TASKS_DRAWN:
+    if count > max_tasks:
         raise LimitExceededError(
             f"{path}: the timeline would draw about {count} tasks ({n} stages x {m} micro-batches), "
-            f"over the limit of {MAX_TASKS_DRAWN}; draw a plan with fewer micro-batches"
+            f"over the limit of {max_tasks}; draw a plan with fewer micro-batches, or raise the limit "
+            "(--max-tasks-drawn)"
         )
 
 
-def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
+def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int = MAX_TASKS_DRAWN) -> None:
     """The simulated iteration: one row per stage, a thin row per link."""
     fmt = picture_format(path)
     _, Figure, Rectangle, _ = _matplotlib()
     stages = plan.stages
     n = len(stages)
     total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
-    check_timeline_size(plan, path)
+    check_timeline_size(plan, path, max_tasks)
     tasks = sim.tasks
 
     # Row geometry in data units (y grows downwards): a stage row of height

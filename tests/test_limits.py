@@ -134,3 +134,40 @@ def test_the_search_stops_at_its_memory_limit_with_one_line(dapple, tmp_path):
         assert dapple(*args, "--max-search-gib", bad).returncode == 2
     with pytest.raises(planner.InvalidInputError, match="max_search_gib"):
         planner.plan(PROFILES / "bert-48-pbs-2.json", "2x8-nvlink", 64, max_search_gib=0)
+
+
+def test_a_limit_can_be_raised_for_one_command(dapple, small_profile, tmp_path):
+    import json
+
+    profile = small_profile()
+    out = tmp_path / "p.json"
+    assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", out,
+                  "--warmup-policy", "A").returncode == 0
+    plan = json.loads(out.read_text())
+    over = MAX_PASSES + 1  # one stage
+    plan.pop("estimate", None)
+    plan.pop("selection", None)
+    plan["inputs"]["global_batch_size"] = over
+    plan["micro_batch_size"], plan["micro_batches"] = 1, over
+    out.write_text(json.dumps(plan))
+    assert dapple("estimate", "--plan", out, "--profile", profile).returncode == 9
+    raised = dapple("estimate", "--plan", out, "--profile", profile, "--max-passes", str(over))
+    assert raised.returncode == 0, raised.stderr
+    # Ranges: at least one pass, at most the ceiling; a timeline's tasks likewise.
+    from planner.limits import MAX_PASSES_CEILING, MAX_TASKS_DRAWN_CEILING
+
+    for bad in ("0", str(MAX_PASSES_CEILING + 1)):
+        assert dapple("estimate", "--plan", out, "--profile", profile, "--max-passes", bad).returncode == 2
+    for bad in ("0", str(MAX_TASKS_DRAWN_CEILING + 1)):
+        r = dapple("show", "--plan", out, "--gantt", tmp_path / "g.png", "--max-tasks-drawn", bad)
+        assert r.returncode == 2 and not (tmp_path / "g.png").exists()
+
+
+def test_a_timeline_limit_is_the_callers_to_set():
+    from planner.pictures import check_timeline_size
+
+    plan = planner.baseline("straight", PROFILES / "bert-48-pbs-2.json", "1x2-nvlink", 64, warmup_policy="A")
+    tasks = 2 * plan.micro_batches * (2 * len(plan.stages) - 1) + 2 * len(plan.stages)
+    check_timeline_size(plan, "g.png", max_tasks=tasks)
+    with pytest.raises(planner.LimitExceededError, match="--max-tasks-drawn"):
+        check_timeline_size(plan, "g.png", max_tasks=tasks - 1)

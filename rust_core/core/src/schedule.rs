@@ -17,6 +17,7 @@
 use rustc_hash::FxHashSet;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -290,19 +291,43 @@ fn check_shape(num_stages: usize, micro_batches: u32, mini_batches: u32) -> Resu
     check_passes(num_stages, u32::try_from(total).unwrap_or(u32::MAX))
 }
 
-/// Most micro-batch passes (stages x micro-batches) one schedule may hold.
-/// Simulating a schedule costs time and memory in proportion to them, and
-/// the search simulates each candidate many times to choose its warm-up
-/// depths. At the limit `dapple simulate` takes 0.8 s and 285 MB, and a
-/// search over sizes up to it (BERT-48, 2^21 samples on 2x8) 6.5 s and
-/// 190 MB (`benchmarks/README.md`). A plan above it is refused
-/// (`ErrorKind::Limit`); the search and the baselines leave out the
-/// micro-batch sizes that would pass it.
+/// Most micro-batch passes (stages x micro-batches) one schedule may hold,
+/// by default. Simulating a schedule costs time and memory in proportion to
+/// them (about 1.1 KB a pass), and the search simulates each candidate many
+/// times to choose its warm-up depths. At the limit `dapple simulate` takes
+/// 0.8 s and 285 MB, and a search over sizes up to it (BERT-48, 2^21
+/// samples on 2x8) 6.5 s and 190 MB (`benchmarks/README.md`). A plan above
+/// it is refused (`ErrorKind::Limit`); the search and the baselines leave
+/// out the micro-batch sizes that would pass it. `set_max_passes` raises it
+/// for the process (`--max-passes`), up to [`MAX_PASSES_CEILING`].
 pub const MAX_PASSES: u64 = 1 << 18;
 
-/// Whether `num_stages` x `micro_batches` is within [`MAX_PASSES`].
+/// The most `set_max_passes` accepts: 2^24 passes, about 18 GB to simulate.
+pub const MAX_PASSES_CEILING: u64 = 1 << 24;
+
+static PASSES_LIMIT: AtomicU64 = AtomicU64::new(MAX_PASSES);
+
+/// The limit on the micro-batch passes of one schedule in this process.
+pub fn max_passes() -> u64 {
+    PASSES_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Set the limit of [`max_passes`] for this process: a command-line
+/// option's, for one command. 1..=[`MAX_PASSES_CEILING`].
+pub fn set_max_passes(passes: u64) -> Result<()> {
+    if !(1..=MAX_PASSES_CEILING).contains(&passes) {
+        return Err(Error::field(
+            "max_passes",
+            format!("value {passes} must be in 1..={MAX_PASSES_CEILING}"),
+        ));
+    }
+    PASSES_LIMIT.store(passes, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether `num_stages` x `micro_batches` is within [`max_passes`].
 pub fn within_passes(num_stages: usize, micro_batches: u32) -> bool {
-    num_stages as u64 * u64::from(micro_batches) <= MAX_PASSES
+    num_stages as u64 * u64::from(micro_batches) <= max_passes()
 }
 
 /// [`within_passes`], or a limit error saying what to do.
@@ -311,9 +336,10 @@ pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
         return Ok(());
     }
     Err(Error::limit(format!(
-        "{num_stages} stages x {micro_batches} micro-batches is over the limit of {MAX_PASSES} \
+        "{num_stages} stages x {micro_batches} micro-batches is over the limit of {} \
          micro-batch passes one simulation runs (its time and memory grow with them); \
-         use fewer, larger micro-batches"
+         use fewer, larger micro-batches, or raise the limit (--max-passes)",
+        max_passes()
     )))
 }
 
@@ -321,7 +347,7 @@ pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
 /// steady state: `fill` mini-batches to fill the pipeline (its warm-up
 /// spans 2S - 1 micro-batch passes on the first stage), a window of at
 /// least 4 (and as many as `fill`), and `fill` more so that the window
-/// ends before the pipeline drains. Fewer where [`MAX_PASSES`] allows no
+/// ends before the pipeline drains. Fewer where [`max_passes`] allows no
 /// more, but never a window under one mini-batch.
 pub fn steady_state_mini_batches(num_stages: usize, micro_batches: u32) -> Result<u32> {
     let m = u64::from(micro_batches.max(1));
@@ -329,12 +355,13 @@ pub fn steady_state_mini_batches(num_stages: usize, micro_batches: u32) -> Resul
     // The window runs from the update ending mini-batch `fill` to the one
     // ending mini-batch N - 1 - fill: at least 4 mini-batches apart.
     let wanted = 2 * fill + fill.max(4) + 1;
-    let allowed = MAX_PASSES / (m * num_stages.max(1) as u64);
+    let limit = max_passes();
+    let allowed = limit / (m * num_stages.max(1) as u64);
     if allowed < 2 * fill + 2 {
         return Err(Error::limit(format!(
             "an asynchronous schedule of {num_stages} stages x {micro_batches} micro-batches needs {} \
-             mini-batches to reach its steady state, over the limit of {MAX_PASSES} micro-batch passes \
-             one simulation runs; use fewer, larger micro-batches",
+             mini-batches to reach its steady state, over the limit of {limit} micro-batch passes \
+             one simulation runs; use fewer, larger micro-batches, or raise the limit (--max-passes)",
             2 * fill + 2
         )));
     }
@@ -446,11 +473,12 @@ impl Schedule {
                 "schedule {kind} is not asynchronous"
             )));
         }
-        let most = MAX_PASSES / (num_stages.max(1) as u64 * u64::from(micro_batches.max(1)));
+        let limit = max_passes();
+        let most = limit / (num_stages.max(1) as u64 * u64::from(micro_batches.max(1)));
         if u64::from(mini_batches) > most {
             return Err(Error::limit(format!(
                 "{mini_batches} mini-batches of {num_stages} stages x {micro_batches} micro-batches \
-                 are over the {MAX_PASSES} micro-batch passes one list holds: at most {most} \
+                 are over the {limit} micro-batch passes one list holds: at most {most} \
                  mini-batches at once"
             )));
         }

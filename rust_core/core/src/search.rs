@@ -532,9 +532,9 @@ pub fn search(
 fn search_memory_limit(bytes: u64, limit: u64, cluster: &Cluster, space: SearchSpace) -> Error {
     let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
     let advice = if space == SearchSpace::Full {
-        "use the default space (--search-space auto: machine-aligned above 16 GPUs)"
+        "use the machine-aligned space (--search-space machine-aligned), or merge layers in the profile"
     } else {
-        "use fewer micro-batch sizes"
+        "merge layers in the profile"
     };
     Error::limit(format!(
         "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \

@@ -67,6 +67,13 @@ pub(crate) fn with_inputs(
     with_source(e, source)
 }
 
+/// Set the limit on the micro-batch passes one simulation runs, for this
+/// process (`schedule::set_max_passes`).
+#[pyfunction]
+fn set_max_passes(passes: u64) -> PyResult<()> {
+    dapple_core::schedule::set_max_passes(passes).map_err(to_py_err)
+}
+
 /// The error, naming `source` (a file) unless it names one already.
 pub(crate) fn with_source(e: dapple_core::Error, source: Option<&str>) -> dapple_core::Error {
     match source {
@@ -194,6 +201,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("PRESETS", presets)?;
     m.add("MAX_PASSES", dapple_core::schedule::MAX_PASSES)?;
+    m.add(
+        "MAX_PASSES_CEILING",
+        dapple_core::schedule::MAX_PASSES_CEILING,
+    )?;
+    m.add_function(wrap_pyfunction!(set_max_passes, m)?)?;
     m.add(
         "DEFAULT_MAX_SEARCH_BYTES",
         dapple_core::search::DEFAULT_MAX_SEARCH_BYTES,
