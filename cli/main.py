@@ -26,7 +26,8 @@ def cli():
     """Plan synchronous pipeline + data parallel training (DAPPLE).
 
     Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input,
-    4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression, 8 run failed.
+    4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression, 8 run failed,
+    9 over a work limit (each has an option to raise it).
     """
 
 

@@ -139,8 +139,14 @@ def test_any_topology_spec_is_read_or_refused_by_code(spec):
 def test_a_hash_that_is_not_ascii_is_a_named_mismatch_not_a_panic():
     # Found by the 20,000-example run: the mismatch message cut the hash at
     # byte 12, inside a multi-byte character, and the core panicked.
+    # Such a hash is now refused where the plan is read (the schema's
+    # pattern); a well-formed other hash is still a named mismatch.
     doc = json.loads(json.dumps(PLAN))
     doc["inputs"]["profile_sha256"] = "򽾤¹󔓝\\§\"󆍜"
+    with pytest.raises(planner.InvalidInputError, match="field inputs.profile_sha256") as refused:
+        planner.Plan.from_dict(doc)
+    assert "\n" not in str(refused.value)
+    doc["inputs"]["profile_sha256"] = "0" * 64
     plan = planner.Plan.from_dict(doc)
     with pytest.raises(planner.IncompatibleInputsError, match="made from another profile"):
         planner.evaluate(plan, planner.Profile.from_json(json.dumps(PROFILE)))

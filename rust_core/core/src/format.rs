@@ -85,13 +85,17 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
         check_envelope(&fields, Self::FORMAT)?;
         let mut de = serde_json::Deserializer::from_str(text);
         let read: Self = tracked(serde_path_to_error::deserialize(&mut de))?;
+        let input: serde_json::Value = serde_json::from_str(text).expect("read as JSON just above");
+        check_objects(&input, &to_value(&read), "")?;
         read.check()?;
         Ok(read)
     }
 
     /// From the data a file holds, `format` and `schema_version` included.
     fn from_value(value: serde_json::Value) -> Result<Self> {
+        let input = value.clone();
         let read: Self = parse_value(value, Self::FORMAT)?;
+        check_objects(&input, &to_value(&read), "")?;
         read.check()?;
         Ok(read)
     }
@@ -170,6 +174,49 @@ impl<'de> serde::Deserialize<'de> for Envelope {
             }
         }
         d.deserialize_any(Fields)
+    }
+}
+
+fn to_value<T: Serialize>(read: &T) -> serde_json::Value {
+    serde_json::to_value(read).expect("plain data always serializes")
+}
+
+/// Objects stay objects. Serde also reads a struct from an array of its
+/// fields in order (`"options": [5]` as `{"min_micro_batch_size": 5}`),
+/// which no schema allows: wherever what was read is an object, the input
+/// must have been one.
+fn check_objects(input: &serde_json::Value, read: &serde_json::Value, path: &str) -> Result<()> {
+    use serde_json::Value;
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (input, read) {
+        (Value::Object(given), Value::Object(kept)) => {
+            for (key, value) in kept {
+                if let Some(original) = given.get(key) {
+                    check_objects(original, value, &at(key))?;
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(given), Value::Array(kept)) => given
+            .iter()
+            .zip(kept)
+            .enumerate()
+            .try_for_each(|(i, (g, k))| check_objects(g, k, &format!("{path}[{i}]"))),
+        (Value::Array(_), Value::Object(_)) => {
+            let message = "invalid type: sequence, expected an object with named fields";
+            Err(if path.is_empty() {
+                Error::invalid(message)
+            } else {
+                Error::field(path, message)
+            })
+        }
+        _ => Ok(()),
     }
 }
 

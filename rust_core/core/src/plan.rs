@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{StageCost, WarmupPolicy};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
@@ -223,9 +223,9 @@ pub struct TransferEstimate {
 impl FileObject for Plan {
     const FORMAT: FileFormat = PLAN;
 
-    /// The embedded topology is a topology file of its own: same checks.
-    /// Whether the stages fit the topology and a profile is checked where
-    /// the plan is used (`check_layout`, `evaluate`).
+    /// The embedded topology is a topology file of its own: same checks;
+    /// the stages must run on it (`check_layout`). Whether they fit a
+    /// profile is checked where the plan is costed (`evaluate`).
     fn check(&self) -> Result<()> {
         let topology = &self.inputs.topology;
         if let serde_json::Value::Object(obj) =
@@ -233,7 +233,70 @@ impl FileObject for Plan {
         {
             check_envelope(&obj, TOPOLOGY).map_err(|e| e.under("inputs.topology"))?;
         }
-        topology.validate().map_err(|e| e.under("inputs.topology"))
+        topology
+            .validate()
+            .map_err(|e| e.under("inputs.topology"))?;
+        let hash = &self.inputs.profile_sha256;
+        if !(hash.is_empty()
+            || (hash.len() == 64
+                && hash
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))))
+        {
+            return Err(Error::field(
+                "inputs.profile_sha256",
+                format!("value {hash:?} must be 64 lowercase hex digits, or empty for unknown"),
+            ));
+        }
+        // Its stages on its own topology (what needs the profile is checked
+        // where the plan is costed).
+        crate::evaluate::check_layout(self, None)?;
+        // Times, sizes, ratios and counts: an estimate or selection read
+        // from a file holds no negative number (the schema's minimum 0).
+        let recorded = [
+            ("estimate", self.estimate.as_ref().map(serde_json::to_value)),
+            (
+                "selection",
+                self.selection.as_ref().map(serde_json::to_value),
+            ),
+        ];
+        for (field, value) in recorded {
+            if let Some(value) = value {
+                check_no_negative(&value.expect("plain data always serializes"), field)?;
+            }
+        }
+        if self.inputs.options.min_micro_batch_size == 0 {
+            return Err(Error::field(
+                "inputs.options.min_micro_batch_size",
+                "value 0 must be >= 1",
+            ));
+        }
+        if let Some(estimate) = &self.estimate {
+            if let Some(i) = estimate.stages.iter().position(|s| s.slice_size == 0) {
+                return Err(Error::field(
+                    format!("estimate.stages[{i}].slice_size"),
+                    "value 0 must be >= 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every number in `value` is at least 0; else an error naming its path.
+fn check_no_negative(value: &serde_json::Value, path: &str) -> Result<()> {
+    match value {
+        serde_json::Value::Number(n) if n.as_f64().is_some_and(|x| x < 0.0) => {
+            Err(Error::field(path, format!("value {n} must be >= 0")))
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| check_no_negative(v, &format!("{path}[{i}]"))),
+        serde_json::Value::Object(fields) => fields
+            .iter()
+            .try_for_each(|(k, v)| check_no_negative(v, &format!("{path}.{k}"))),
+        _ => Ok(()),
     }
 }
 
