@@ -105,10 +105,16 @@ def test_per_layer_speed_ratios_are_the_types_own(dapple, tmp_path):
     fwd = [[s["fwd_ms"] / s["slice_size"] for s in p.estimate["stages"]] for p in (v100_only, on_p100, back_on_p100)]
     assert fwd[1][0] == pytest.approx(2 * fwd[0][0]) and fwd[1][1] == pytest.approx(fwd[0][1])
     assert fwd[2] == pytest.approx(fwd[0])
-    # Replicated over both types, the search splits each stage's samples by
-    # the speed on its own layers.
+    # A layout given from outside keeps even slices; the search's own
+    # slices follow each stage's own per-layer ratio (the core's
+    # `each_gpu_type_runs_its_own_measured_times`), and add up.
+    front_both = planner.layout_plan(merged, WHALE_8, 64, [(*front, [0, 4]), (*back, [1, 5])])
+    assert [s.get("slices") for s in front_both.stages] == [None, None]  # a layout keeps even slices
     plan = planner.plan(merged, WHALE_8, 64)
-    assert plan.iteration_ms <= planner.baseline("whale-pipeline", merged, WHALE_8, 64).iteration_ms * (1 + 1e-9)
+    for stage in plan.stages:
+        slices = stage.get("slices")
+        if slices:
+            assert sum(slices) == plan.micro_batch_size
 
 
 def test_a_timed_type_no_group_has_and_a_group_no_profile_times_are_named(dapple, tmp_path):

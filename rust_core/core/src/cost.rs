@@ -701,8 +701,7 @@ pub struct StageCoster<'a> {
     cluster_paces: Vec<(usize, f64)>,
 }
 
-/// The replica of a stage that finishes last: its times (at its slice) and
-/// its GPU's speed.
+/// One replica's pace: its times (at its slice) and its GPU's speed.
 #[derive(Clone, Copy)]
 struct Pace<'t> {
     times: &'t TimePrefix,
@@ -710,9 +709,11 @@ struct Pace<'t> {
 }
 
 impl Pace<'_> {
-    /// Forward and backward time of layers `start..end`.
-    fn ms(&self, start: usize, end: usize) -> f64 {
-        (self.times.fwd(start, end) + self.times.bwd(start, end)) / self.speed
+    fn fwd(&self, start: usize, end: usize) -> f64 {
+        self.times.fwd(start, end) / self.speed
+    }
+    fn bwd(&self, start: usize, end: usize) -> f64 {
+        self.times.bwd(start, end) / self.speed
     }
 }
 
@@ -851,23 +852,19 @@ impl<'a> StageCoster<'a> {
         only_stage: bool,
     ) -> StageCost {
         let slice = largest_slice(self.micro_batch, devices.replicas);
-        let pace = devices
-            .paces
-            .iter()
-            .map(|&(timing, speed)| Pace {
-                times: self.times(timing, slice),
-                speed,
-            })
-            .max_by(|a, b| a.ms(start, end).total_cmp(&b.ms(start, end)))
-            .expect("a stage has devices");
-        self.priced(
-            start,
-            end,
-            devices,
-            &pace,
-            only_stage,
-            (slice, devices.memory_limit_bytes, warmup),
-        )
+        let pace = |&(timing, speed): &(usize, f64)| Pace {
+            times: self.times(timing, slice),
+            speed,
+        };
+        let memory = (slice, devices.memory_limit_bytes, warmup);
+        match devices.paces.as_slice() {
+            // GPUs of one kind (the search's hot path): no list to build.
+            [one] => self.priced(start, end, devices, &[pace(one)], only_stage, memory),
+            many => {
+                let paces: Vec<Pace> = many.iter().map(pace).collect();
+                self.priced(start, end, devices, &paces, only_stage, memory)
+            }
+        }
     }
 
     /// The slices the search gives layers `start..end` on `devices`: none
@@ -1014,9 +1011,6 @@ impl<'a> StageCoster<'a> {
                 speed: machine(j).speed,
             })
             .collect();
-        let slowest = (0..machines.len())
-            .max_by(|&a, &b| paces[a].ms(start, end).total_cmp(&paces[b].ms(start, end)))
-            .expect("a stage has devices");
         let state = self.layers.model_state_bytes(start, end);
         let room_per_sample = |j: usize| (machine(j).memory_bytes - state) / f64::from(slices[j]);
         let tightest = (0..machines.len())
@@ -1026,26 +1020,29 @@ impl<'a> StageCoster<'a> {
             start,
             end,
             stage,
-            &paces[slowest],
+            &paces,
             only_stage,
             (slices[tightest], machine(tightest).memory_bytes, warmup),
         )
     }
 
-    /// The cost of layers `start..end` on `devices` at the pace of the
-    /// replica that finishes last, with the memory of `(slice, limit,
-    /// warmup)`: the device with the least room holds `warmup` slices of
-    /// `slice` samples in `limit` bytes.
+    /// The cost of layers `start..end` on `devices` whose replicas run at
+    /// `paces`, with the memory of `(slice, limit, warmup)`: the device with
+    /// the least room holds `warmup` slices of `slice` samples in `limit`
+    /// bytes. The next stage needs every replica's slice, so the forward
+    /// takes the slowest replica's forward and the backward the slowest
+    /// backward (with per-type times these may be two replicas); a gradient
+    /// bucket is ready when every replica has passed its layers.
     fn priced(
         &self,
         start: usize,
         end: usize,
         devices: &StageDevices,
-        pace: &Pace,
+        paces: &[Pace],
         only_stage: bool,
         (slice, limit, warmup): (u32, f64, u32),
     ) -> StageCost {
-        let Pace { times, speed } = *pace;
+        let slowest = |ms: &dyn Fn(&Pace) -> f64| paces.iter().map(ms).fold(0.0, f64::max);
         let allreduce = devices.allreduce.ms(self.layers.param_bytes(start, end));
         let exposed = if only_stage && devices.replicas > 1 {
             exposed_allreduce_with_overlap(
@@ -1054,14 +1051,19 @@ impl<'a> StageCoster<'a> {
                 self.layers,
                 start,
                 end,
-                |l| times.bwd(l, l + 1) / speed,
+                |l| match paces {
+                    [one] => one.bwd(l, l + 1),
+                    // Backward runs from the last layer down: the slowest
+                    // replica's time to get through layer l, less through l + 1.
+                    _ => slowest(&|p| p.bwd(l, end)) - slowest(&|p| p.bwd(l + 1, end)),
+                },
             )
         } else {
             allreduce
         };
         StageCost {
-            fwd_ms: times.fwd(start, end) / speed,
-            bwd_ms: times.bwd(start, end) / speed,
+            fwd_ms: slowest(&|p| p.fwd(start, end)),
+            bwd_ms: slowest(&|p| p.bwd(start, end)),
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
@@ -1255,6 +1257,37 @@ mod tests {
         // GPUs alike keep the even split.
         let alike = StageDevices::new(&cluster, vec![(1, 2)]);
         assert_eq!(coster.searched_slices(0, 2, &alike, 1), None);
+    }
+
+    #[test]
+    fn forward_and_backward_wait_each_for_their_slowest_replica() {
+        use crate::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
+        // Per sample: the V100 runs forward 3, backward 1; the P100
+        // forward 1, backward 3.5. Together the stage's forward waits for
+        // the V100 and its backward for the P100.
+        let (mut p, t) = two_types();
+        p.layers.truncate(1);
+        p.layers[0].measurements[0].fwd_ms = 3.0;
+        p.layers[0].measurements[0].bwd_ms = 1.0;
+        p.other_devices = vec![DeviceTimes {
+            device: "P100".into(),
+            source: None,
+            layers: vec![LayerTimes {
+                name: "l0".into(),
+                measurements: vec![TimeMeasurement {
+                    batch_size: 1,
+                    fwd_ms: 1.0,
+                    bwd_ms: 3.5,
+                }],
+            }],
+        }];
+        let layers = LayerCosts::new(&p);
+        let cluster = Cluster::for_model(&t, &layers).unwrap();
+        let coster = StageCoster::new(&layers, &cluster, 2, 1);
+        let even = coster.stage(0, 1, &[(0, 1), (1, 1)], 1, false);
+        assert_eq!((even.fwd_ms, even.bwd_ms), (3.0, 3.5));
+        let sliced = coster.stage_sliced(0, 1, &[0, 2], &[1, 1], 1, false);
+        assert_eq!((sliced.fwd_ms, sliced.bwd_ms), (3.0, 3.5));
     }
 
     #[test]

@@ -248,11 +248,21 @@ impl<'c, 'a> Dp<'c, 'a> {
                 .fold((f64::INFINITY, f64::INFINITY), |a, b| {
                     (a.0.min(b.0), a.1.min(b.1))
                 });
+            // Unevenly sliced, r replicas held for the slowest one's time
+            // spend at least the sum of their own times, so at least the
+            // micro-batch at the fastest time per sample (per sample, a
+            // layer's time is monotone between measured sizes, so its least
+            // is at one of `uneven`).
+            let uneven_work = uneven
+                .iter()
+                .map(|&s| coster.fastest_ms(l, l + 1, s).1 / f64::from(s))
+                .fold(f64::INFINITY, f64::min)
+                * f64::from(micro_batch);
             let w = (1..=max_replicas.max(1))
                 .map(|r| {
                     f64::from(r) * coster.fastest_ms(l, l + 1, largest_slice(micro_batch, r)).1
                 })
-                .fold(uneven_floor.1, f64::min);
+                .fold(uneven_work, f64::min);
             work_floor[l + 1] = work_floor[l] + w;
             let (f, fb) = slices
                 .iter()

@@ -219,6 +219,9 @@ impl Profile {
     /// `other` must be the same model: the same layers, by name and order,
     /// with the same parameter bytes. Its memory figures are not kept:
     /// sizes do not depend on the GPU.
+    ///
+    /// Errors are about `other` (its fields), except that this profile
+    /// must name its own device first ([`Profile::check_merge_base`]).
     pub fn with_times_of(&self, other: &Profile) -> Result<Profile> {
         let Some(device) = other.device.clone().filter(|d| !d.trim().is_empty()) else {
             return Err(Error::field(
@@ -226,6 +229,22 @@ impl Profile {
                 "is absent: name the GPU type its times were measured on",
             ));
         };
+        let timed = LayerCosts::new(self);
+        let theirs = std::iter::once(("device".to_string(), device.as_str())).chain(
+            other
+                .other_devices
+                .iter()
+                .enumerate()
+                .map(|(k, d)| (format!("other_devices[{k}].device"), d.device.as_str())),
+        );
+        for (field, name) in theirs {
+            if timed.devices().contains(&Some(name)) {
+                return Err(Error::field(
+                    field,
+                    format!("value {name:?} is timed already; merge each GPU type once"),
+                ));
+            }
+        }
         if other.layers.len() != self.layers.len() {
             return Err(Error::field(
                 "layers",
@@ -282,6 +301,18 @@ impl Profile {
             .extend(other.other_devices.iter().cloned());
         merged.validate()?;
         Ok(merged)
+    }
+
+    /// A profile others' times can be merged into names its own device.
+    pub fn check_merge_base(&self) -> Result<()> {
+        match self.device.as_deref() {
+            Some(d) if !d.trim().is_empty() => Ok(()),
+            _ => Err(Error::field(
+                "device",
+                "is absent: name the GPU type its times were measured on; the first profile's \
+                 device is the one the others are merged beside",
+            )),
+        }
     }
 
     /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
@@ -932,10 +963,9 @@ mod tests {
         assert_eq!(costs.times_on(1, 2).bwd(0, 2), 13.0);
         // Merging what is already there, or another model, is refused by field.
         let field = |r: Result<Profile>| r.unwrap_err().field.unwrap();
-        assert_eq!(
-            field(merged.with_times_of(&p100)),
-            "other_devices[1].device"
-        );
+        assert_eq!(field(merged.with_times_of(&p100)), "device");
+        let base = chain_profile(&[(1.0, 1.0)], 2).check_merge_base();
+        assert_eq!(base.unwrap_err().field.as_deref(), Some("device"));
         let mut other = p100.clone();
         other.layers[1].param_bytes += 1;
         assert_eq!(field(v100.with_times_of(&other)), "layers[1].param_bytes");

@@ -84,8 +84,11 @@ crate::file_object_methods!(PyProfile {
     }
 
     /// This profile with `other`'s layer times as those of its GPU type;
-    /// an error in `other` names its file.
+    /// an error names the file it is about.
     fn with_times_of(&self, other: &PyProfile) -> PyResult<PyProfile> {
+        self.inner
+            .check_merge_base()
+            .map_err(|e| to_py_err(crate::with_source(e, self.source.as_deref())))?;
         let p = self
             .inner
             .with_times_of(&other.inner)
