@@ -73,22 +73,26 @@ def test_rates_beyond_the_bound_are_invalid_inputs(dapple, tmp_path, group, fiel
     assert_one_line_error(r, 3, str(path), field, "1e-9")
 
 
-def test_a_plan_over_the_simulation_limit_is_refused_not_run(dapple, small_profile, tmp_path):
-    # One GPU, micro-batches of one sample: 2^23 micro-batches, over MAX_PASSES (2^18).
+def _one_gpu_plan(dapple, profile, path, micro_batches):
+    """A one-stage plan on one GPU with `micro_batches` micro-batches of one sample."""
     import json
 
-    profile = small_profile()
-    out = tmp_path / "p.json"
-    assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", out,
+    assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", path,
                   "--warmup-policy", "A").returncode == 0
-    plan = json.loads(out.read_text())
-    big = 2**23
+    plan = json.loads(path.read_text())
     plan.pop("estimate", None)
     plan.pop("selection", None)
-    plan["inputs"]["global_batch_size"] = big
-    plan["micro_batch_size"], plan["micro_batches"] = 1, big
+    plan["inputs"]["global_batch_size"] = micro_batches
+    plan["micro_batch_size"], plan["micro_batches"] = 1, micro_batches
     plan["stages"][-1]["warmup_micro_batches"] = 1
-    out.write_text(json.dumps(plan))
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_a_plan_over_the_simulation_limit_is_refused_not_run(dapple, small_profile, tmp_path):
+    # One GPU, micro-batches of one sample: 2^23 micro-batches, over MAX_PASSES (2^18).
+    profile = small_profile()
+    out = _one_gpu_plan(dapple, profile, tmp_path / "p.json", 2**23)
     for command in ("simulate", "estimate"):
         r = dapple(command, "--plan", out, "--profile", profile)
         assert_one_line_error(r, 9, str(out), "field micro_batches", f"over the limit of {MAX_PASSES}")
@@ -137,19 +141,9 @@ def test_the_search_stops_at_its_memory_limit_with_one_line(dapple, tmp_path):
 
 
 def test_a_limit_can_be_raised_for_one_command(dapple, small_profile, tmp_path):
-    import json
-
     profile = small_profile()
-    out = tmp_path / "p.json"
-    assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", out,
-                  "--warmup-policy", "A").returncode == 0
-    plan = json.loads(out.read_text())
     over = MAX_PASSES + 1  # one stage
-    plan.pop("estimate", None)
-    plan.pop("selection", None)
-    plan["inputs"]["global_batch_size"] = over
-    plan["micro_batch_size"], plan["micro_batches"] = 1, over
-    out.write_text(json.dumps(plan))
+    out = _one_gpu_plan(dapple, profile, tmp_path / "p.json", over)
     assert dapple("estimate", "--plan", out, "--profile", profile).returncode == 9
     raised = dapple("estimate", "--plan", out, "--profile", profile, "--max-passes", str(over))
     assert raised.returncode == 0, raised.stderr

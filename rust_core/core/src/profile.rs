@@ -284,15 +284,7 @@ impl Profile {
                 .iter()
                 .map(|l| LayerTimes {
                     name: l.name.clone(),
-                    measurements: l
-                        .measurements
-                        .iter()
-                        .map(|m| TimeMeasurement {
-                            batch_size: m.batch_size,
-                            fwd_ms: m.fwd_ms,
-                            bwd_ms: m.bwd_ms,
-                        })
-                        .collect(),
+                    measurements: l.measurements.iter().map(TimeMeasurement::of).collect(),
                 })
                 .collect(),
         });
@@ -384,35 +376,9 @@ impl Profile {
             if layer.name.trim().is_empty() {
                 return Err(Error::field(at("name"), "must not be empty"));
             }
-            if layer.measurements.is_empty() {
-                return Err(Error::field(
-                    at("measurements"),
-                    "needs at least one measurement",
-                ));
-            }
-            let these: Vec<u32> = layer.measurements.iter().map(|m| m.batch_size).collect();
-            if these != sizes {
-                return Err(Error::field(
-                    at("measurements"),
-                    format!(
-                        "batch sizes {these:?} differ from layer 0's {sizes:?}; every layer must be measured at the same batch sizes"
-                    ),
-                ));
-            }
-            for (k, m) in layer.measurements.iter().enumerate() {
-                let mat = |f: &str| format!("layers[{i}].measurements[{k}].{f}");
-                if m.batch_size == 0 {
-                    return Err(Error::field(mat("batch_size"), "value 0 must be >= 1"));
-                }
-                if k > 0 && m.batch_size <= layer.measurements[k - 1].batch_size {
-                    return Err(Error::field(
-                        mat("batch_size"),
-                        format!("value {} must be larger than the previous one; list batch sizes in ascending order", m.batch_size),
-                    ));
-                }
-                check_non_negative(|| mat("fwd_ms"), m.fwd_ms)?;
-                check_non_negative(|| mat("bwd_ms"), m.bwd_ms)?;
-            }
+            let times: Vec<TimeMeasurement> =
+                layer.measurements.iter().map(TimeMeasurement::of).collect();
+            check_times(&format!("layers[{i}]"), &times, &sizes)?;
             if let Some(inputs) = &layer.inputs {
                 for (k, &src) in inputs.iter().enumerate() {
                     if src >= i {
@@ -424,20 +390,12 @@ impl Profile {
                 }
             }
         }
-        // A model that takes no time cannot be planned (speedups divide by it).
-        for (k, &b) in sizes.iter().enumerate() {
-            let total: f64 = self
-                .layers
+        check_some_time("layers", &sizes, |k| {
+            self.layers
                 .iter()
                 .map(|l| l.measurements[k].fwd_ms + l.measurements[k].bwd_ms)
-                .sum();
-            if total <= 0.0 {
-                return Err(Error::field(
-                    format!("layers[*].measurements[{k}]"),
-                    format!("every layer takes 0 ms at batch size {b}; a profile needs some compute time"),
-                ));
-            }
-        }
+                .sum()
+        })?;
         self.validate_other_devices()
     }
 
@@ -498,52 +456,82 @@ impl Profile {
                         ),
                     ));
                 }
-                if layer.measurements.is_empty() {
-                    return Err(Error::field(
-                        lat("measurements"),
-                        "needs at least one measurement",
-                    ));
-                }
-                let these: Vec<u32> = layer.measurements.iter().map(|m| m.batch_size).collect();
-                if these != sizes {
-                    return Err(Error::field(
-                        lat("measurements"),
-                        format!(
-                            "batch sizes {these:?} differ from its layer 0's {sizes:?}; every layer of a device must be measured at the same batch sizes"
-                        ),
-                    ));
-                }
-                for (k, m) in layer.measurements.iter().enumerate() {
-                    let mat =
-                        |f: &str| format!("other_devices[{d}].layers[{i}].measurements[{k}].{f}");
-                    if m.batch_size == 0 {
-                        return Err(Error::field(mat("batch_size"), "value 0 must be >= 1"));
-                    }
-                    if k > 0 && m.batch_size <= layer.measurements[k - 1].batch_size {
-                        return Err(Error::field(
-                            mat("batch_size"),
-                            format!("value {} must be larger than the previous one; list batch sizes in ascending order", m.batch_size),
-                        ));
-                    }
-                    check_non_negative(|| mat("fwd_ms"), m.fwd_ms)?;
-                    check_non_negative(|| mat("bwd_ms"), m.bwd_ms)?;
-                }
+                check_times(
+                    &format!("other_devices[{d}].layers[{i}]"),
+                    &layer.measurements,
+                    &sizes,
+                )?;
             }
-            for (k, &b) in sizes.iter().enumerate() {
-                let total: f64 = other
+            check_some_time(&format!("other_devices[{d}].layers"), &sizes, |k| {
+                other
                     .layers
                     .iter()
                     .map(|l| l.measurements[k].fwd_ms + l.measurements[k].bwd_ms)
-                    .sum();
-                if total <= 0.0 {
-                    return Err(Error::field(
-                        format!("other_devices[{d}].layers[*].measurements[{k}]"),
-                        format!("every layer takes 0 ms at batch size {b}; a device needs some compute time"),
-                    ));
-                }
-            }
+                    .sum()
+            })?;
         }
         Ok(())
+    }
+}
+
+/// One layer's measured times at `at` (`layers[3]`): at least one, at
+/// `sizes` (its layer 0's batch sizes), ascending from 1, times in range.
+fn check_times(at: &str, measured: &[TimeMeasurement], sizes: &[u32]) -> Result<()> {
+    if measured.is_empty() {
+        return Err(Error::field(
+            format!("{at}.measurements"),
+            "needs at least one measurement",
+        ));
+    }
+    let these: Vec<u32> = measured.iter().map(|m| m.batch_size).collect();
+    if these != sizes {
+        return Err(Error::field(
+            format!("{at}.measurements"),
+            format!(
+                "batch sizes {these:?} differ from layer 0's {sizes:?}; every layer must be measured at the same batch sizes"
+            ),
+        ));
+    }
+    for (k, m) in measured.iter().enumerate() {
+        let mat = |f: &str| format!("{at}.measurements[{k}].{f}");
+        if m.batch_size == 0 {
+            return Err(Error::field(mat("batch_size"), "value 0 must be >= 1"));
+        }
+        if k > 0 && m.batch_size <= measured[k - 1].batch_size {
+            return Err(Error::field(
+                mat("batch_size"),
+                format!("value {} must be larger than the previous one; list batch sizes in ascending order", m.batch_size),
+            ));
+        }
+        check_non_negative(|| mat("fwd_ms"), m.fwd_ms)?;
+        check_non_negative(|| mat("bwd_ms"), m.bwd_ms)?;
+    }
+    Ok(())
+}
+
+/// A model that takes no time cannot be planned (speedups divide by it):
+/// `total_ms(k)`, all layers at `sizes[k]`, is above 0 for every k.
+fn check_some_time(layers: &str, sizes: &[u32], total_ms: impl Fn(usize) -> f64) -> Result<()> {
+    for (k, &b) in sizes.iter().enumerate() {
+        if total_ms(k) <= 0.0 {
+            return Err(Error::field(
+                format!("{layers}[*].measurements[{k}]"),
+                format!(
+                    "every layer takes 0 ms at batch size {b}; the model needs some compute time"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl TimeMeasurement {
+    fn of(m: &Measurement) -> TimeMeasurement {
+        TimeMeasurement {
+            batch_size: m.batch_size,
+            fwd_ms: m.fwd_ms,
+            bwd_ms: m.bwd_ms,
+        }
     }
 }
 
@@ -580,22 +568,22 @@ struct Timing {
 }
 
 impl Timing {
-    fn new<'m>(
+    fn new(
         device: Option<String>,
-        layers: impl ExactSizeIterator<Item = Vec<(u32, f64, f64)>>,
+        layers: impl ExactSizeIterator<Item = Vec<TimeMeasurement>>,
     ) -> Timing {
         let n = layers.len();
         let mut batch_sizes = Vec::new();
         let (mut fwd, mut bwd): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (Vec::new(), Vec::new());
         for (i, measured) in layers.enumerate() {
             if i == 0 {
-                batch_sizes = measured.iter().map(|m| m.0).collect();
+                batch_sizes = measured.iter().map(|m| m.batch_size).collect();
                 fwd = vec![vec![0.0; n]; batch_sizes.len()];
                 bwd = vec![vec![0.0; n]; batch_sizes.len()];
             }
-            for (k, &(_, f, b)) in measured.iter().enumerate() {
-                fwd[k][i] = f;
-                bwd[k][i] = b;
+            for (k, m) in measured.iter().enumerate() {
+                fwd[k][i] = m.fwd_ms;
+                bwd[k][i] = m.bwd_ms;
             }
         }
         Timing {
@@ -660,22 +648,15 @@ impl LayerCosts {
         let n = profile.layers.len();
         let mut timings = vec![Timing::new(
             profile.device.clone(),
-            profile.layers.iter().map(|l| {
-                l.measurements
-                    .iter()
-                    .map(|m| (m.batch_size, m.fwd_ms, m.bwd_ms))
-                    .collect()
-            }),
+            profile
+                .layers
+                .iter()
+                .map(|l| l.measurements.iter().map(TimeMeasurement::of).collect()),
         )];
         for other in &profile.other_devices {
             timings.push(Timing::new(
                 Some(other.device.clone()),
-                other.layers.iter().map(|l| {
-                    l.measurements
-                        .iter()
-                        .map(|m| (m.batch_size, m.fwd_ms, m.bwd_ms))
-                        .collect()
-                }),
+                other.layers.iter().map(|l| l.measurements.clone()),
             ));
         }
         let mut stored_per_sample = vec![0.0; n];
