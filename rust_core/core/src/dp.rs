@@ -83,7 +83,7 @@ impl Context<'_> {
         }
     }
 
-    /// The placement `policy` gave when the search ran.
+    /// The GPUs `placement` gave when the search ran.
     pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<u32> {
         self.placements(state, replicas)
             .into_iter()
@@ -165,7 +165,7 @@ pub(crate) type OtherStageCount = (usize, u32, Found);
 /// stage to the first.
 pub(crate) struct Found {
     pub(crate) value: f64,
-    /// (layer_start, layer_end, parent state, policy, replicas), last stage first.
+    /// (layer_start, layer_end, parent state, placement, replicas), last stage first.
     pub(crate) stages: Vec<(usize, usize, State, Placement, u32)>,
 }
 
@@ -788,7 +788,7 @@ impl<'c, 'a> Dp<'c, 'a> {
 }
 
 /// One placement step of a layout being built from the back:
-/// (layer_start, layer_end, state before, policy, replicas).
+/// (layer_start, layer_end, state before, placement, replicas).
 pub(crate) type Step = (usize, usize, State, Placement, u32);
 
 /// Depth-first enumeration of every layout whose formula (2) value is
