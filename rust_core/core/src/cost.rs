@@ -58,10 +58,24 @@ impl MachineCost {
     /// Whether the two machines' GPUs are alike for the cost model: the
     /// same times, speed and memory.
     fn same_gpus(&self, other: &MachineCost) -> bool {
-        self.timing == other.timing
-            && self.speed == other.speed
-            && self.memory_bytes == other.memory_bytes
+        self.pace() == other.pace() && self.memory_bytes == other.memory_bytes
     }
+
+    /// The (timing, speed) its GPUs run at.
+    fn pace(&self) -> (usize, f64) {
+        (self.timing, self.speed)
+    }
+}
+
+/// The distinct (timing, speed) pairs of these machines, in first-seen order.
+fn distinct_paces<'m>(machines: impl Iterator<Item = &'m MachineCost>) -> Vec<(usize, f64)> {
+    let mut paces: Vec<(usize, f64)> = Vec::new();
+    for m in machines {
+        if !paces.contains(&m.pace()) {
+            paces.push(m.pace());
+        }
+    }
+    paces
 }
 
 impl Cluster {
@@ -310,13 +324,7 @@ pub struct StageDevices {
 
 impl StageDevices {
     pub fn new(cluster: &Cluster, alloc: Alloc) -> StageDevices {
-        let mut paces: Vec<(usize, f64)> = Vec::new();
-        for &(m, _) in &alloc {
-            let pace = (cluster.machines[m].timing, cluster.machines[m].speed);
-            if !paces.contains(&pace) {
-                paces.push(pace);
-            }
-        }
+        let paces = distinct_paces(alloc.iter().map(|&(m, _)| &cluster.machines[m]));
         let first = alloc.first().map(|&(m, _)| &cluster.machines[m]);
         StageDevices {
             replicas: alloc_size(&alloc),
@@ -769,12 +777,7 @@ impl<'a> StageCoster<'a> {
             .collect();
         slices.sort_unstable();
         slices.dedup();
-        let mut cluster_paces: Vec<(usize, f64)> = Vec::new();
-        for m in &cluster.machines {
-            if !cluster_paces.contains(&(m.timing, m.speed)) {
-                cluster_paces.push((m.timing, m.speed));
-            }
-        }
+        let cluster_paces = distinct_paces(cluster.machines.iter());
         let timings = layers.devices().len();
         let used = |t: usize| t == 0 || cluster_paces.iter().any(|&(used, _)| used == t);
         let times = (0..timings)
@@ -900,16 +903,23 @@ impl<'a> StageCoster<'a> {
         min_slice: u32,
     ) -> Option<Vec<u32>> {
         let even = largest_slice(self.micro_batch, replica_machines.len() as u32);
+        let fixed_bytes = self.layers.model_state_bytes(start, end);
+        let bytes_per_sample = f64::from(warmup) * self.layers.stored_bytes_per_sample(start, end);
+        // Replicas come machine by machine: each machine's speed once.
+        let mut last: Option<(usize, f64)> = None;
         let devices: Vec<BalanceDevice> = replica_machines
             .iter()
             .map(|&m| {
-                let machine = &self.cluster.machines[m];
+                let speed = match last {
+                    Some((seen, speed)) if seen == m => speed,
+                    _ => self.speed_on(m, start, end, even),
+                };
+                last = Some((m, speed));
                 BalanceDevice {
-                    speed: self.speed_on(m, start, end, even),
-                    memory_bytes: machine.memory_bytes,
-                    fixed_bytes: self.layers.model_state_bytes(start, end),
-                    bytes_per_sample: f64::from(warmup)
-                        * self.layers.stored_bytes_per_sample(start, end),
+                    speed,
+                    memory_bytes: self.cluster.machines[m].memory_bytes,
+                    fixed_bytes,
+                    bytes_per_sample,
                 }
             })
             .collect();
@@ -949,16 +959,14 @@ impl<'a> StageCoster<'a> {
         warmup: u32,
         only_stage: bool,
     ) -> StageCost {
-        match self.searched_slices(start, end, devices, min_slice) {
-            Some(slices) => self.sliced_on(
-                start,
-                end,
-                devices,
-                &devices.replica_machines(),
-                &slices,
-                warmup,
-                only_stage,
-            ),
+        if !devices.mixed {
+            return self.stage_on(start, end, devices, warmup, only_stage);
+        }
+        let machines = devices.replica_machines();
+        match self.balanced_slices(start, end, &machines, 1, min_slice) {
+            Some(slices) => {
+                self.sliced_on(start, end, devices, &machines, &slices, warmup, only_stage)
+            }
             None => self.stage_on(start, end, devices, warmup, only_stage),
         }
     }

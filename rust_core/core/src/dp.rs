@@ -200,7 +200,7 @@ pub(crate) struct Dp<'c, 'a> {
     /// Bytes this run has charged to the budget.
     charged: u64,
     /// The budget ran out: the run stopped and its results mean nothing.
-    pub(crate) stopped: bool,
+    stopped: bool,
 }
 
 impl Drop for Dp<'_, '_> {

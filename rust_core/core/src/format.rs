@@ -71,31 +71,38 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     }
 
     fn from_json(text: &str) -> Result<Self> {
-        // The envelope first, so that another kind of file is named as
-        // such; then the struct straight from the text, which also refuses
-        // a key given twice (a JSON value would keep the last one).
-        let Envelope(fields) = serde_json::from_str(text)
+        // The text as plain data first: the envelope is checked on it, so
+        // that another kind of file is named as such, and so are the
+        // shapes of what is read. Then the struct straight from the text,
+        // which also refuses a key given twice (plain data keeps the last).
+        let input: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| Error::invalid(format!("not valid JSON ({e}){}", nan_hint(text))))?;
-        let fields = fields.ok_or_else(|| {
+        let mut de = serde_json::Deserializer::from_str(text);
+        Self::read_checked(&input, || {
+            tracked(serde_path_to_error::deserialize(&mut de))
+        })
+    }
+
+    /// From the data a file holds, `format` and `schema_version` included.
+    fn from_value(value: serde_json::Value) -> Result<Self> {
+        Self::read_checked(&value, || tracked(serde_path_to_error::deserialize(&value)))
+    }
+
+    /// `read` once `input`'s envelope is this format's, then its shapes and
+    /// `check`.
+    fn read_checked(
+        input: &serde_json::Value,
+        read: impl FnOnce() -> Result<Self>,
+    ) -> Result<Self> {
+        let fields = input.as_object().ok_or_else(|| {
             Error::invalid(format!(
                 "expected a JSON object for a {} file",
                 Self::FORMAT.name
             ))
         })?;
-        check_envelope(&fields, Self::FORMAT)?;
-        let mut de = serde_json::Deserializer::from_str(text);
-        let read: Self = tracked(serde_path_to_error::deserialize(&mut de))?;
-        let input: serde_json::Value = serde_json::from_str(text).expect("read as JSON just above");
-        check_objects(&input, &to_value(&read), "")?;
-        read.check()?;
-        Ok(read)
-    }
-
-    /// From the data a file holds, `format` and `schema_version` included.
-    fn from_value(value: serde_json::Value) -> Result<Self> {
-        let input = value.clone();
-        let read: Self = parse_value(value, Self::FORMAT)?;
-        check_objects(&input, &to_value(&read), "")?;
+        check_envelope(fields, Self::FORMAT)?;
+        let read = read()?;
+        check_objects(input, &to_value(&read), "")?;
         read.check()?;
         Ok(read)
     }
@@ -116,64 +123,6 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     /// Pretty JSON with a trailing newline, the form every file has.
     fn to_json(&self) -> String {
         to_json(self)
-    }
-}
-
-/// A file's `format` and `schema_version`, read without building the rest
-/// of the file; None when the file is valid JSON but not an object.
-struct Envelope(Option<serde_json::Map<String, serde_json::Value>>);
-
-impl<'de> serde::Deserialize<'de> for Envelope {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = Envelope;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Envelope, A::Error> {
-                let mut fields = serde_json::Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if key == "format" || key == "schema_version" {
-                        fields.insert(key, map.next_value()?);
-                    } else {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                    }
-                }
-                Ok(Envelope(Some(fields)))
-            }
-            // Not an object: read to its end as values (so bad or too deep
-            // JSON is still called so), then refused as not an object.
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> std::result::Result<Envelope, A::Error> {
-                while seq.next_element::<serde_json::Value>()?.is_some() {}
-                Ok(Envelope(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-            fn visit_str<E>(self, _: &str) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-            fn visit_unit<E>(self) -> std::result::Result<Envelope, E> {
-                Ok(Envelope(None))
-            }
-        }
-        d.deserialize_any(Fields)
     }
 }
 
@@ -218,16 +167,6 @@ fn check_objects(input: &serde_json::Value, read: &serde_json::Value, path: &str
         }
         _ => Ok(()),
     }
-}
-
-/// Deserialize `value` as `format` at one of the versions it reads, naming
-/// the field of the first error.
-pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value, format: FileFormat) -> Result<T> {
-    let obj = value.as_object().ok_or_else(|| {
-        Error::invalid(format!("expected a JSON object for a {} file", format.name))
-    })?;
-    check_envelope(obj, format)?;
-    tracked(serde_path_to_error::deserialize(value))
 }
 
 /// A deserialisation's result, its error naming the field it happened at.

@@ -223,14 +223,14 @@ impl Profile {
     /// Errors are about `other` (its fields), except that this profile
     /// must name its own device first ([`Profile::check_merge_base`]).
     pub fn with_times_of(&self, other: &Profile) -> Result<Profile> {
-        let Some(device) = other.device.clone().filter(|d| !d.trim().is_empty()) else {
+        let Some(device) = other.named_device() else {
             return Err(Error::field(
                 "device",
                 "is absent: name the GPU type its times were measured on",
             ));
         };
-        let timed = LayerCosts::new(self);
-        let theirs = std::iter::once(("device".to_string(), device.as_str())).chain(
+        let timed = self.timed_devices();
+        let theirs = std::iter::once(("device".to_string(), device)).chain(
             other
                 .other_devices
                 .iter()
@@ -238,7 +238,7 @@ impl Profile {
                 .map(|(k, d)| (format!("other_devices[{k}].device"), d.device.as_str())),
         );
         for (field, name) in theirs {
-            if timed.devices().contains(&Some(name)) {
+            if timed.contains(&Some(name)) {
                 return Err(Error::field(
                     field,
                     format!("value {name:?} is timed already; merge each GPU type once"),
@@ -277,7 +277,7 @@ impl Profile {
         }
         let mut merged = self.clone();
         merged.other_devices.push(DeviceTimes {
-            device,
+            device: device.to_string(),
             source: other.source.clone(),
             layers: other
                 .layers
@@ -297,14 +297,27 @@ impl Profile {
 
     /// A profile others' times can be merged into names its own device.
     pub fn check_merge_base(&self) -> Result<()> {
-        match self.device.as_deref() {
-            Some(d) if !d.trim().is_empty() => Ok(()),
-            _ => Err(Error::field(
+        match self.named_device() {
+            Some(_) => Ok(()),
+            None => Err(Error::field(
                 "device",
                 "is absent: name the GPU type its times were measured on; the first profile's \
                  device is the one the others are merged beside",
             )),
         }
+    }
+
+    /// The GPU type `layers` were timed on, when named (not blank).
+    pub fn named_device(&self) -> Option<&str> {
+        self.device.as_deref().filter(|d| !d.trim().is_empty())
+    }
+
+    /// Every GPU type the profile times: its own `device` first, then
+    /// `other_devices` in order.
+    pub fn timed_devices(&self) -> Vec<Option<&str>> {
+        std::iter::once(self.device.as_deref())
+            .chain(self.other_devices.iter().map(|d| Some(d.device.as_str())))
+            .collect()
     }
 
     /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
@@ -406,14 +419,12 @@ impl Profile {
         if self.other_devices.is_empty() {
             return Ok(());
         }
-        let own =
-            match self.device.as_deref() {
-                Some(d) if !d.trim().is_empty() => d,
-                _ => return Err(Error::field(
-                    "device",
-                    "must name the GPU type `layers` were timed on when other_devices are given",
-                )),
-            };
+        let Some(own) = self.named_device() else {
+            return Err(Error::field(
+                "device",
+                "must name the GPU type `layers` were timed on when other_devices are given",
+            ));
+        };
         let mut seen = vec![own];
         for (d, other) in self.other_devices.iter().enumerate() {
             let at = |f: &str| format!("other_devices[{d}].{f}");

@@ -257,13 +257,8 @@ pub fn search(
             (rows, others)
         })
         .collect();
-    if let Some(bytes) = budget.exceeded() {
-        return Err(search_memory_limit(
-            bytes,
-            opts.max_search_bytes,
-            &cluster,
-            space,
-        ));
+    if let Some(e) = search_memory_limit(&budget, &cluster, space) {
+        return Err(e);
     }
     let (rows, others): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
     let others: Vec<OtherStageCount> = others.into_iter().flatten().collect();
@@ -528,22 +523,27 @@ pub fn search(
     Ok(SearchResult { plan, stats })
 }
 
-/// The search stopped at its memory limit: how far it got, and what to do.
-fn search_memory_limit(bytes: u64, limit: u64, cluster: &Cluster, space: SearchSpace) -> Error {
+/// Where a run stopped at the budget: how far the tables got, and what to do.
+fn search_memory_limit(
+    budget: &MemoryBudget,
+    cluster: &Cluster,
+    space: SearchSpace,
+) -> Option<Error> {
+    let bytes = budget.exceeded()?;
     let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
     let advice = if space == SearchSpace::Full {
         "use the machine-aligned space (--search-space machine-aligned), or merge layers in the profile"
     } else {
         "merge layers in the profile"
     };
-    Error::limit(format!(
+    Some(Error::limit(format!(
         "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \
          {advice}, or raise the limit (--max-search-gib)",
         gib(bytes),
         cluster.num_devices(),
         space.name(),
-        gib(limit),
-    ))
+        gib(budget.limit_bytes),
+    )))
 }
 
 /// Why no plan came out: either no plan of the space uses every GPU with
@@ -561,13 +561,12 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBud
                 None,
             )
             .with_budget(budget);
-            let found = dp.run().pop().flatten();
-            found.map(|f| (b, f))
+            dp.run().pop().flatten().map(|f| (b, f))
         })
         .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
     // Past the limit a run stops and finds nothing: say so instead.
-    if let Some(bytes) = budget.exceeded() {
-        return search_memory_limit(bytes, budget.limit_bytes, ctx.cluster, ctx.space);
+    if let Some(e) = search_memory_limit(budget, ctx.cluster, ctx.space) {
+        return e;
     }
     let gib = |x: f64| x / (1u64 << 30) as f64;
     match least {
@@ -617,12 +616,12 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
         .zip(&allocs)
         .enumerate()
         .map(
-            |(i, (((start, end, _, policy, _), devices), alloc))| Stage {
+            |(i, (((start, end, _, placement, _), devices), alloc))| Stage {
                 layer_start: *start,
                 layer_end: *end,
                 devices,
                 warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(policy.policy),
+                placement: Some(placement.policy),
                 // Replicas are numbered machine by machine, as the alloc lists them.
                 slices: coster.searched_slices(
                     *start,

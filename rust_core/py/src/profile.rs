@@ -103,8 +103,8 @@ crate::file_object_methods!(PyProfile {
     /// GPU types whose layer times the profile holds, its own first.
     #[getter]
     fn devices(&self) -> Vec<Option<String>> {
-        LayerCosts::new(&self.inner)
-            .devices()
+        self.inner
+            .timed_devices()
             .into_iter()
             .map(|d| d.map(str::to_string))
             .collect()
