@@ -347,28 +347,28 @@ impl StageDevices {
     }
 }
 
+/// One machine's part in a transfer between two stages: its GPUs on the
+/// sending and on the receiving stage, for `machines` machines alike
+/// (`machine` is one of them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransferShare {
+    pub machine: usize,
+    pub senders: u32,
+    pub receivers: u32,
+    pub machines: u32,
+}
+
 /// Time to move a micro-batch's `bytes` of activations (or their gradients)
 /// from a stage on `from` to a stage on `to`, split/concat included.
-///
-/// Samples are laid out so that each machine keeps as much as it can
-/// locally; what must change machines leaves and enters through each
-/// machine's network link, the rest moves over the intra-machine link. All
-/// links work in parallel, so the slowest link decides.
 pub fn transfer_ms(
     cluster: &Cluster,
     from: &[(usize, u32)],
     to: &[(usize, u32)],
     bytes: f64,
 ) -> f64 {
-    if bytes <= 0.0 {
-        return 0.0;
-    }
-    let r_from = f64::from(alloc_size(from));
-    let r_to = f64::from(alloc_size(to));
-    let mut slowest: f64 = 0.0;
-    let mut crosses = false;
     // Both allocations list machines ascending: walk them side by side, each
     // machine with its GPUs on either side (0 where it has none).
+    let mut shares: Vec<TransferShare> = Vec::with_capacity(from.len() + to.len());
     let (mut x, mut y) = (0, 0);
     while x < from.len() || y < to.len() {
         let m = match (from.get(x), to.get(y)) {
@@ -385,8 +385,39 @@ pub fn transfer_ms(
             _ => 0,
         };
         let (senders, receivers) = (gpus_on(from, &mut x), gpus_on(to, &mut y));
-        let a = f64::from(senders) / r_from;
-        let b = f64::from(receivers) / r_to;
+        shares.push(TransferShare {
+            machine: m,
+            senders,
+            receivers,
+            machines: 1,
+        });
+    }
+    transfer_over(cluster, &shares, bytes)
+}
+
+/// [`transfer_ms`] given each machine's share.
+///
+/// Samples are laid out so that each machine keeps as much as it can
+/// locally; what must change machines leaves and enters through each
+/// machine's network link, the rest moves over the intra-machine link. All
+/// links work in parallel, so the slowest link decides.
+pub fn transfer_over(cluster: &Cluster, shares: &[TransferShare], bytes: f64) -> f64 {
+    if bytes <= 0.0 {
+        return 0.0;
+    }
+    let total = |side: fn(&TransferShare) -> u32| -> f64 {
+        shares
+            .iter()
+            .map(|s| f64::from(side(s)) * f64::from(s.machines))
+            .sum()
+    };
+    let r_from = total(|s| s.senders);
+    let r_to = total(|s| s.receivers);
+    let mut slowest: f64 = 0.0;
+    let mut crosses = false;
+    for s in shares.iter().filter(|s| s.machines > 0) {
+        let a = f64::from(s.senders) / r_from;
+        let b = f64::from(s.receivers) / r_to;
         let local = a.min(b) * bytes;
         let leaving = (a - a.min(b)) * bytes;
         let entering = (b - a.min(b)) * bytes;
@@ -395,8 +426,8 @@ pub fn transfer_ms(
             slowest = slowest.max(leaving.max(entering) / cluster.inter_bytes_per_ms);
         }
         if local > 0.0 {
-            let mc = &cluster.machines[m];
-            let per_link = local / f64::from(senders.min(receivers));
+            let mc = &cluster.machines[s.machine];
+            let per_link = local / f64::from(s.senders.min(s.receivers));
             slowest = slowest.max(per_link / mc.intra_bytes_per_ms + mc.intra_latency_ms);
         }
     }
@@ -1084,8 +1115,17 @@ impl<'a> StageCoster<'a> {
     /// Activation (forward) or gradient (backward) transfer across the cut
     /// before layer `position`, for one micro-batch.
     pub fn transfer(&self, position: usize, from: &[(usize, u32)], to: &[(usize, u32)]) -> f64 {
-        let bytes = self.layers.cut_bytes_per_sample(position) * f64::from(self.micro_batch);
-        transfer_ms(self.cluster, from, to, bytes)
+        transfer_ms(self.cluster, from, to, self.cut_bytes(position))
+    }
+
+    /// [`StageCoster::transfer`] given each machine's share.
+    pub fn transfer_over(&self, position: usize, shares: &[TransferShare]) -> f64 {
+        transfer_over(self.cluster, shares, self.cut_bytes(position))
+    }
+
+    /// Bytes of one micro-batch crossing the cut before layer `position`.
+    fn cut_bytes(&self, position: usize) -> f64 {
+        self.layers.cut_bytes_per_sample(position) * f64::from(self.micro_batch)
     }
 
     /// Forward, and forward plus backward, time of layers `start..end` at

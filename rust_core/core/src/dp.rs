@@ -23,11 +23,13 @@ use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::rc::Rc;
+
 use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
-    SuffixLatency, WarmupPolicy,
+    SuffixLatency, TransferShare, WarmupPolicy,
 };
-use crate::placement::{counts_to_alloc, Placement, Policy, State};
+use crate::placement::{Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::search::SearchSpace;
 
@@ -40,7 +42,7 @@ pub(crate) struct Context<'a> {
 }
 
 /// Most partly used machines a machine-aligned state may have.
-pub(crate) const MAX_PARTLY_USED_MACHINES: usize = 2;
+pub(crate) const MAX_PARTLY_USED_MACHINES: u32 = 2;
 
 impl Context<'_> {
     /// Layers a stage of `replicas` GPUs ending at layer `j` may start at,
@@ -72,9 +74,40 @@ impl Context<'_> {
         self.policy.memory_depth(stages_from_here, micro_batches)
     }
 
+    /// GPU counts a stage may have from `state`, ascending: every count up
+    /// to `max_replicas` in the full space; in the machine-aligned space a
+    /// divisor of a machine's GPUs or whole machines, and every GPU left
+    /// (the first stage).
+    fn replica_counts(&self, state: &State, max_replicas: u32) -> Vec<u32> {
+        let free = state.free();
+        let most = free.min(max_replicas);
+        match self.space {
+            SearchSpace::MachineAligned => {
+                let per_machine = state
+                    .0
+                    .iter()
+                    .map(|(m, _)| u32::from(m.capacity))
+                    .max()
+                    .unwrap_or(1);
+                let mut counts: Vec<u32> = (1..per_machine)
+                    .filter(|d| per_machine.is_multiple_of(*d))
+                    .chain((per_machine..=most).step_by(per_machine as usize))
+                    .filter(|&r| r <= most)
+                    .collect();
+                if free <= max_replicas && counts.last() != Some(&free) {
+                    counts.push(free);
+                    counts.sort_unstable();
+                    counts.dedup();
+                }
+                counts
+            }
+            _ => (1..=most).collect(),
+        }
+    }
+
     /// Where a stage of `replicas` GPUs may go from `state`. The stage
     /// that takes every free GPU (the first one) is always allowed.
-    fn placements(&self, state: &State, replicas: u32) -> Vec<(Placement, Vec<u32>)> {
+    fn placements(&self, state: &State, replicas: u32) -> Vec<(Placement, Vec<Take>)> {
         match self.space {
             SearchSpace::MachineAligned if replicas != state.free() => {
                 state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES)
@@ -84,7 +117,7 @@ impl Context<'_> {
     }
 
     /// The GPUs `placement` gave when the search ran.
-    pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<u32> {
+    pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<Take> {
         self.placements(state, replicas)
             .into_iter()
             .find(|(p, _)| *p == placement)
@@ -199,6 +232,12 @@ pub(crate) struct Dp<'c, 'a> {
     budget: Option<&'c MemoryBudget>,
     /// Bytes this run has charged to the budget.
     charged: u64,
+    /// The devices of each stage shape placed so far: a stage's cost
+    /// depends on how many GPUs it has on how many machines of each group,
+    /// not on which machines.
+    shapes: FxHashMap<Vec<(u16, u32, u32)>, Rc<StageDevices>>,
+    /// The first machine of each group (groups are contiguous).
+    group_first: Vec<usize>,
     /// The budget ran out: the run stopped and its results mean nothing.
     stopped: bool,
 }
@@ -288,8 +327,28 @@ impl<'c, 'a> Dp<'c, 'a> {
             work_floor,
             budget: None,
             charged: 0,
+            shapes: FxHashMap::default(),
+            group_first: group_firsts(ctx.cluster),
             stopped: false,
         }
+    }
+
+    /// What a stage taking `takes` from `state` runs on, from the cache.
+    fn devices(&mut self, state: &State, takes: &[Take]) -> Rc<StageDevices> {
+        let mut shape: Vec<(u16, u32, u32)> = takes
+            .iter()
+            .map(|t| (state.0[t.class].0.group, t.gpus, t.machines))
+            .collect();
+        shape.sort_unstable();
+        if let Some(d) = self.shapes.get(&shape) {
+            return Rc::clone(d);
+        }
+        let d = Rc::new(StageDevices::new(
+            self.ctx.cluster,
+            representative_alloc(&self.group_first, &shape),
+        ));
+        self.shapes.insert(shape, Rc::clone(&d));
+        d
     }
 
     /// Charge the tables this run makes to `budget`.
@@ -394,7 +453,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         // The state is kept twice (in the index and the list), with its
         // machines on the heap, plus the index's slot.
-        let machines = key.0.len() * std::mem::size_of::<crate::placement::MachineUse>();
+        let machines = key.0.len() * std::mem::size_of::<(crate::placement::MachineUse, u32)>();
         self.charge(
             (std::mem::size_of::<StateData>()
                 + 2 * (std::mem::size_of::<State>() + machines)
@@ -474,6 +533,16 @@ impl<'c, 'a> Dp<'c, 'a> {
                 }
                 self.expand_state(sid, j, max_replicas);
             }
+        }
+        if std::env::var("DP_DEBUG").is_ok() {
+            eprintln!(
+                "b={} m={} states={} costed={} entries={}",
+                self.micro_batch,
+                self.micro_batches,
+                self.states.len(),
+                self.stages_costed,
+                self.entries.len()
+            );
         }
         let finals: Vec<u32> = self
             .states_starting_at(0)
@@ -585,18 +654,16 @@ impl<'c, 'a> Dp<'c, 'a> {
             bounds.push(n);
             let mut state = State::empty(machines);
             let mut latency = SuffixLatency::EMPTY;
-            let mut adjacent: Alloc = Vec::new();
             let mut class = Some((self.rules.len() - 1) as u8);
             for (idx, w) in bounds.windows(2).enumerate().rev() {
                 // Only plans of the search space: a bound from outside it
                 // could prune every plan inside it.
-                let Some((_, counts)) = self.ctx.placements(&state, r).into_iter().next() else {
+                let Some((_, takes)) = self.ctx.placements(&state, r).into_iter().next() else {
                     class = None;
                     break;
                 };
-                let alloc = counts_to_alloc(&counts);
                 let stages_from_here = k - idx as u32;
-                let devices = StageDevices::new(self.ctx.cluster, alloc.clone());
+                let devices = self.devices(&state, &takes);
                 let cost =
                     self.coster
                         .stage_searched(w[0], w[1], &devices, self.ctx.min_slice, 1, k == 1);
@@ -605,14 +672,14 @@ impl<'c, 'a> Dp<'c, 'a> {
                 if class.is_none() {
                     break;
                 }
-                if !adjacent.is_empty() {
-                    let t = self.coster.transfer(w[1], &alloc, &adjacent);
+                if stages_from_here > 1 {
+                    // Not the last stage: it sends to the one placed before.
+                    let shares = transfer_shares(&self.group_first, &state, &takes);
+                    let t = self.coster.transfer_over(w[1], &shares);
                     latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                 }
                 latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-                let next = state.taken(&counts);
-                adjacent = next.adjacent_alloc();
-                state = next;
+                state = state.taken(&takes);
             }
             if let Some(class) = class {
                 self.offer_incumbent(latency.best, class);
@@ -627,7 +694,6 @@ impl<'c, 'a> Dp<'c, 'a> {
     fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
         let key = self.states[sid as usize].key.clone();
         let free = key.free();
-        let adjacent = key.adjacent_alloc();
         let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
             .front
             .iter()
@@ -642,7 +708,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         struct Candidate {
             replicas: u32,
             placement: Placement,
-            devices: StageDevices,
+            devices: Rc<StageDevices>,
             next_key: State,
             transfer_ms: f64,
             /// Where the stage may start: `first..end`.
@@ -652,7 +718,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         let m = f64::from(self.micro_batches);
         let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
         let mut options: Vec<Candidate> = Vec::new();
-        for r in 1..=free.min(max_replicas) {
+        for r in self.ctx.replica_counts(&key, max_replicas) {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
             // (a plan need not use every GPU: over a slow network fewer GPUs
@@ -673,18 +739,18 @@ impl<'c, 'a> Dp<'c, 'a> {
             if first >= end {
                 continue;
             }
-            for (placement, counts) in self.ctx.placements(&key, r) {
-                let alloc = counts_to_alloc(&counts);
+            for (placement, takes) in self.ctx.placements(&key, r) {
                 let transfer_ms = if is_root {
                     0.0
                 } else {
-                    self.coster.transfer(j, &alloc, &adjacent)
+                    let shares = transfer_shares(&self.group_first, &key, &takes);
+                    self.coster.transfer_over(j, &shares)
                 };
-                let next_key = key.taken(&counts);
+                let next_key = key.taken(&takes);
                 options.push(Candidate {
                     replicas: r,
                     placement,
-                    devices: StageDevices::new(self.ctx.cluster, alloc),
+                    devices: self.devices(&key, &takes),
                     next_key,
                     transfer_ms,
                     first,
@@ -861,20 +927,19 @@ impl Dp<'_, '_> {
             latency: SuffixLatency,
         }
         let free = state.free();
-        let adjacent = state.adjacent_alloc();
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
         let mut children: Vec<Child> = Vec::new();
-        for r in 1..=free.min(max_replicas) {
-            for (placement, counts) in self.ctx.placements(state, r) {
-                let alloc = counts_to_alloc(&counts);
+        for r in self.ctx.replica_counts(state, max_replicas) {
+            for (placement, takes) in self.ctx.placements(state, r) {
                 let transfer = if stages == 0 {
                     None
                 } else {
-                    Some(self.coster.transfer(j, &alloc, &adjacent))
+                    let shares = transfer_shares(&self.group_first, state, &takes);
+                    Some(self.coster.transfer_over(j, &shares))
                 };
-                let devices = StageDevices::new(self.ctx.cluster, alloc);
-                let next = state.taken(&counts);
+                let devices = self.devices(state, &takes);
+                let next = state.taken(&takes);
                 let starts = self.ctx.starts(r, free, j, max_replicas);
                 for i in starts.rev() {
                     if walk.nodes_left == 0 {
@@ -947,6 +1012,64 @@ impl Dp<'_, '_> {
     }
 }
 
+/// The first machine of each group, by group index (groups are
+/// contiguous in device order).
+fn group_firsts(cluster: &Cluster) -> Vec<usize> {
+    let mut first: Vec<usize> = Vec::new();
+    for (m, mc) in cluster.machines.iter().enumerate() {
+        if first.len() <= mc.group {
+            first.resize(mc.group + 1, m);
+        }
+    }
+    first
+}
+
+/// Machines standing for a stage shape ((group, GPUs each, machines),
+/// sorted): the first free ones of each group, in device order. Machines of
+/// a group cost alike, so any would do.
+fn representative_alloc(group_first: &[usize], shape: &[(u16, u32, u32)]) -> Alloc {
+    let mut next_of_group = group_first.to_vec();
+    let mut alloc: Alloc = Vec::with_capacity(shape.iter().map(|s| s.2 as usize).sum());
+    for &(group, gpus, machines) in shape {
+        let next = &mut next_of_group[usize::from(group)];
+        for m in *next..*next + machines as usize {
+            alloc.push((m, gpus));
+        }
+        *next += machines as usize;
+    }
+    alloc.sort_unstable();
+    alloc
+}
+
+/// Each machine class's share of the transfer from a stage taking `takes`
+/// from `state` to the stage placed before it (the state's adjacent GPUs).
+fn transfer_shares(group_first: &[usize], state: &State, takes: &[Take]) -> Vec<TransferShare> {
+    let mut shares = Vec::with_capacity(state.0.len() + takes.len());
+    for (c, &(m, count)) in state.0.iter().enumerate() {
+        let machine = group_first[usize::from(m.group)];
+        let receivers = u32::from(m.adjacent);
+        let mut taken = 0;
+        for t in takes.iter().filter(|t| t.class == c) {
+            shares.push(TransferShare {
+                machine,
+                senders: t.gpus,
+                receivers,
+                machines: t.machines,
+            });
+            taken += t.machines;
+        }
+        if receivers > 0 && taken < count {
+            shares.push(TransferShare {
+                machine,
+                senders: 0,
+                receivers,
+                machines: count - taken,
+            });
+        }
+    }
+    shares
+}
+
 /// Turn placement steps on canonical states into concrete device ids:
 /// replay them while tracking which real machine each canonical position
 /// is, then number machines of a group and GPUs of a machine in pipeline
@@ -954,20 +1077,21 @@ impl Dp<'_, '_> {
 pub(crate) fn concrete_allocs(
     cluster: &Cluster,
     steps: &[(usize, usize, State, Placement, u32)],
-    replay: impl Fn(&State, u32, Placement) -> Vec<u32>,
+    replay: impl Fn(&State, u32, Placement) -> Vec<Take>,
 ) -> Vec<Alloc> {
-    let mut position_to_machine: Vec<usize> = (0..cluster.machines.len()).collect();
+    let (_, mut class_machines) = State::with_machines(&cluster.group_and_gpus());
     let mut per_stage: Vec<Alloc> = Vec::new();
     for (_, _, parent, policy, replicas) in steps {
-        let counts = replay(parent, *replicas, *policy);
-        let mut alloc: Alloc = counts_to_alloc(&counts)
-            .into_iter()
-            .map(|(p, c)| (position_to_machine[p], c))
+        let takes = replay(parent, *replicas, *policy);
+        let (_, next, given) = parent.take_machines(&class_machines, &takes);
+        let mut alloc: Alloc = takes
+            .iter()
+            .zip(&given)
+            .flat_map(|(t, machines)| machines.iter().map(move |&m| (m, t.gpus)))
             .collect();
         alloc.sort_unstable();
         per_stage.push(alloc);
-        let (_, order) = parent.take(&counts);
-        position_to_machine = order.iter().map(|&p| position_to_machine[p]).collect();
+        class_machines = next;
     }
     per_stage.reverse(); // pipeline order
                          // Relabel machines within each group by first use in pipeline order.

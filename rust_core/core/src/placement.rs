@@ -4,8 +4,12 @@
 //! Machines of one group are interchangeable, so the search never asks
 //! *which* machine but only *what kind*: a machine is described by its group,
 //! its size, how many GPUs are taken and how many of those belong to the
-//! neighbouring stage (the one a new stage will talk to). Sorting these
-//! descriptions gives one canonical state for all symmetric placements.
+//! neighbouring stage (the one a new stage will talk to). Machines alike in
+//! all four form one class, kept once with its machine count, and the sorted
+//! classes are one canonical state for all symmetric placements. A state's
+//! size is its number of classes, not of machines: in the machine-aligned
+//! space that is a handful whether the cluster has 4 machines or 2,048, so
+//! placing, hashing and costing a stage do not grow with the cluster.
 
 /// One machine as the placement sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -18,7 +22,7 @@ pub struct MachineUse {
 }
 
 impl MachineUse {
-    fn free(&self) -> u16 {
+    pub fn free(&self) -> u16 {
         self.capacity - self.used
     }
 }
@@ -57,160 +61,303 @@ impl Placement {
     }
 }
 
-/// Canonical cluster state: machines sorted by (group, used, adjacent).
-/// Because the group comes first and group sizes never change, position p
-/// always holds a machine of the same group as concrete machine p.
+/// Part of a placement: `gpus` GPUs on each of `machines` machines of the
+/// state's class `class`. Takes of one class use its machines front to
+/// back, in the order the placement lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Take {
+    pub class: usize,
+    pub gpus: u32,
+    pub machines: u32,
+}
+
+/// Canonical cluster state: classes of alike machines sorted by (group,
+/// capacity, used, adjacent), each with its machine count (at least one).
+/// Listing every class's machines in order gives the machines' positions:
+/// position p always holds a machine of the same group as concrete
+/// machine p (groups come first and their sizes never change).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct State(pub Vec<MachineUse>);
+pub struct State(pub Vec<(MachineUse, u32)>);
+
+/// Merge sorted runs of equal machines into classes (`pieces` sorted by
+/// machine, stably): counts add, and `join` merges what rides along.
+fn merge_runs<T>(
+    pieces: Vec<(MachineUse, T)>,
+    mut join: impl FnMut(&mut T, T),
+) -> Vec<(MachineUse, T)> {
+    let mut out: Vec<(MachineUse, T)> = Vec::with_capacity(pieces.len());
+    for (m, x) in pieces {
+        match out.last_mut() {
+            Some((last, acc)) if *last == m => join(acc, x),
+            _ => out.push((m, x)),
+        }
+    }
+    out
+}
 
 impl State {
     /// All machines free. `machines[i] = (group, gpus)` in device-id order,
     /// groups contiguous and ascending.
     pub fn empty(machines: &[(usize, u32)]) -> State {
-        State(
-            machines
-                .iter()
-                .map(|&(g, n)| MachineUse {
+        State::with_machines(machines).0
+    }
+
+    /// [`State::empty`], and the machine ids of each class in position order.
+    pub fn with_machines(machines: &[(usize, u32)]) -> (State, Vec<Vec<usize>>) {
+        let mut pieces: Vec<(MachineUse, Vec<usize>)> = machines
+            .iter()
+            .enumerate()
+            .map(|(id, &(g, n))| {
+                let m = MachineUse {
                     group: g as u16,
                     capacity: n as u16,
                     used: 0,
                     adjacent: 0,
-                })
+                };
+                (m, vec![id])
+            })
+            .collect();
+        pieces.sort_by_key(|p| p.0);
+        let merged = merge_runs(pieces, |acc, ids| acc.extend(ids));
+        let state = State(
+            merged
+                .iter()
+                .map(|(m, ids)| (*m, ids.len() as u32))
                 .collect(),
-        )
+        );
+        (state, merged.into_iter().map(|(_, ids)| ids).collect())
     }
 
     pub fn free(&self) -> u32 {
-        self.0.iter().map(|m| u32::from(m.free())).sum()
+        self.0
+            .iter()
+            .map(|(m, count)| u32::from(m.free()) * count)
+            .sum()
     }
 
-    /// The neighbouring stage as (position, gpus), positions ascending.
-    pub fn adjacent_alloc(&self) -> Vec<(usize, u32)> {
+    /// Machines that hold some GPUs but still have free ones.
+    pub fn partly_used_machines(&self) -> u32 {
+        self.0
+            .iter()
+            .filter(|(m, _)| m.used > 0 && m.free() > 0)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    /// The machines after a stage takes `takes`, as pieces (machine after,
+    /// class before, machines) in the old positions' order: a class's taken
+    /// machines in the order of its takes, then its untaken ones.
+    fn pieces(&self, takes: &[Take]) -> Vec<(MachineUse, usize, u32)> {
+        let mut out = Vec::with_capacity(self.0.len() + takes.len());
+        for (c, &(m, count)) in self.0.iter().enumerate() {
+            let mut taken = 0;
+            for t in takes.iter().filter(|t| t.class == c) {
+                let after = MachineUse {
+                    used: m.used + t.gpus as u16,
+                    adjacent: t.gpus as u16,
+                    ..m
+                };
+                out.push((after, c, t.machines));
+                taken += t.machines;
+            }
+            debug_assert!(
+                taken <= count,
+                "a placement took more machines than its class has"
+            );
+            if taken < count {
+                out.push((MachineUse { adjacent: 0, ..m }, c, count - taken));
+            }
+        }
+        out
+    }
+
+    /// The canonical state after a stage takes `takes`.
+    pub fn taken(&self, takes: &[Take]) -> State {
+        let mut pieces: Vec<(MachineUse, u32)> = self
+            .pieces(takes)
+            .into_iter()
+            .map(|(m, _, n)| (m, n))
+            .collect();
+        pieces.sort_unstable_by_key(|p| p.0);
+        State(merge_runs(pieces, |acc, n| *acc += n))
+    }
+
+    /// [`State::taken`], following concrete machines: `ids[c]` lists the
+    /// machines of class c in position order. Returns the new state, its
+    /// classes' machines, and the machines each take got.
+    pub fn take_machines(
+        &self,
+        ids: &[Vec<usize>],
+        takes: &[Take],
+    ) -> (State, Vec<Vec<usize>>, Vec<Vec<usize>>) {
+        let mut cursor = vec![0usize; self.0.len()];
+        let mut given: Vec<Vec<usize>> = Vec::with_capacity(takes.len());
+        for t in takes {
+            let from = cursor[t.class];
+            cursor[t.class] += t.machines as usize;
+            given.push(ids[t.class][from..cursor[t.class]].to_vec());
+        }
+        let mut cursor = vec![0usize; self.0.len()];
+        let mut pieces: Vec<(MachineUse, Vec<usize>)> = self
+            .pieces(takes)
+            .into_iter()
+            .map(|(m, c, n)| {
+                let from = cursor[c];
+                cursor[c] += n as usize;
+                (m, ids[c][from..cursor[c]].to_vec())
+            })
+            .collect();
+        // Stable: alike machines keep their old positions' order.
+        pieces.sort_by_key(|p| p.0);
+        let merged = merge_runs(pieces, |acc, more| acc.extend(more));
+        let state = State(merged.iter().map(|(m, v)| (*m, v.len() as u32)).collect());
+        (state, merged.into_iter().map(|(_, v)| v).collect(), given)
+    }
+
+    /// The neighbouring stage's machines on one class: (class, GPUs on
+    /// each, machines), classes ascending.
+    pub fn adjacent_takes(&self) -> Vec<Take> {
         self.0
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.adjacent > 0)
-            .map(|(p, m)| (p, u32::from(m.adjacent)))
-            .collect()
-    }
-
-    /// The machines after taking `counts[p]` GPUs of each position, in
-    /// the old positions' order (not canonical yet).
-    fn moved(&self, counts: &[u32]) -> Vec<MachineUse> {
-        self.0
-            .iter()
-            .zip(counts)
-            .map(|(m, &c)| MachineUse {
-                used: m.used + c as u16,
-                adjacent: c as u16,
-                ..*m
+            .filter(|(_, (m, _))| m.adjacent > 0)
+            .map(|(c, &(m, count))| Take {
+                class: c,
+                gpus: u32::from(m.adjacent),
+                machines: count,
             })
             .collect()
     }
 
-    /// Take `counts[p]` GPUs of each position. Returns the canonical new
-    /// state and, for each new position, the old position it came from.
-    pub fn take(&self, counts: &[u32]) -> (State, Vec<usize>) {
-        let moved = self.moved(counts);
-        let mut order: Vec<usize> = (0..moved.len()).collect();
-        order.sort_by_key(|&i| moved[i]);
-        let sorted = order.iter().map(|&i| moved[i]).collect();
-        (State(sorted), order)
-    }
-
-    /// The canonical state after taking `counts[p]` GPUs of each position:
-    /// `take` without the positions, which only a replay needs (equal
-    /// machines are interchangeable, so an unstable sort gives the same state).
-    pub fn taken(&self, counts: &[u32]) -> State {
-        let mut moved = self.moved(counts);
-        moved.sort_unstable();
-        State(moved)
-    }
-
-    /// Where `placement` puts a stage of `want` GPUs, as counts per
-    /// position; None when fewer than `want` GPUs are free (in its group,
-    /// for a group's scatter).
-    pub fn place(&self, want: u32, placement: Placement) -> Option<Vec<u32>> {
+    /// Where `placement` puts a stage of `want` GPUs; None when fewer than
+    /// `want` GPUs are free (in its group, for a group's scatter).
+    pub fn place(&self, want: u32, placement: Placement) -> Option<Vec<Take>> {
         if want == 0 || want > self.free() {
             return None;
         }
-        let machines = &self.0;
+        let classes = &self.0;
+        let free = |c: usize| u32::from(classes[c].0.free());
+        let count = |c: usize| classes[c].1;
         // A group's machines first, keeping the order within each part.
-        let preferred = |p: &usize| placement.group.is_some_and(|g| machines[*p].group != g);
-        let mut fresh: Vec<usize> = (0..machines.len())
-            .filter(|&p| machines[p].used == 0)
+        let preferred = |c: &usize| placement.group.is_some_and(|g| classes[*c].0.group != g);
+        let mut fresh: Vec<usize> = (0..classes.len())
+            .filter(|&c| classes[c].0.used == 0)
             .collect();
         fresh.sort_by_key(preferred);
-        let mut partial: Vec<usize> = (0..machines.len())
-            .filter(|&p| machines[p].used > 0 && machines[p].free() > 0)
+        let mut partial: Vec<usize> = (0..classes.len())
+            .filter(|&c| classes[c].0.used > 0 && free(c) > 0)
             .collect();
         // Next to the neighbouring stage first, then the fullest machine.
-        partial.sort_by_key(|&p| {
+        partial.sort_by_key(|&c| {
             (
-                preferred(&p),
-                std::cmp::Reverse(machines[p].adjacent),
-                machines[p].free(),
-                p,
+                preferred(&c),
+                std::cmp::Reverse(classes[c].0.adjacent),
+                free(c),
+                c,
             )
         });
-        let mut counts = vec![0u32; machines.len()];
+        let mut takes: Vec<Take> = Vec::new();
         let mut left = want;
-        let fill = |order: &[usize], counts: &mut Vec<u32>, left: &mut u32| {
-            for &p in order {
-                let take = u32::from(machines[p].free())
-                    .saturating_sub(counts[p])
-                    .min(*left);
-                counts[p] += take;
-                *left -= take;
+        // Each machine in turn takes what it has free, until none is wanted.
+        let fill = |order: &[usize], takes: &mut Vec<Take>, left: &mut u32| {
+            for &c in order {
+                if *left == 0 {
+                    break;
+                }
+                let whole = (*left / free(c)).min(count(c));
+                if whole > 0 {
+                    takes.push(Take {
+                        class: c,
+                        gpus: free(c),
+                        machines: whole,
+                    });
+                    *left -= whole * free(c);
+                }
+                if whole < count(c) && *left > 0 {
+                    takes.push(Take {
+                        class: c,
+                        gpus: *left,
+                        machines: 1,
+                    });
+                    *left = 0;
+                }
             }
         };
         match placement.policy {
             Policy::FreshFirst => {
-                fill(&fresh, &mut counts, &mut left);
-                fill(&partial, &mut counts, &mut left);
+                fill(&fresh, &mut takes, &mut left);
+                fill(&partial, &mut takes, &mut left);
             }
             Policy::AppendFirst => {
-                fill(&partial, &mut counts, &mut left);
-                fill(&fresh, &mut counts, &mut left);
+                fill(&partial, &mut takes, &mut left);
+                fill(&fresh, &mut takes, &mut left);
             }
             Policy::ScatterFirst => {
                 // A group's scatter stays inside the group.
                 if let Some(g) = placement.group {
-                    fresh.retain(|&p| machines[p].group == g);
-                    partial.retain(|&p| machines[p].group == g);
+                    fresh.retain(|&c| classes[c].0.group == g);
+                    partial.retain(|&c| classes[c].0.group == g);
                 }
-                let partial_free: u32 =
-                    partial.iter().map(|&p| u32::from(machines[p].free())).sum();
+                let partial_free: u32 = partial.iter().map(|&c| free(c) * count(c)).sum();
                 let mut spread: Vec<usize> = partial.clone();
                 if partial.is_empty() || partial_free < want {
                     spread.extend(&fresh);
                 }
-                // One GPU at a time, round robin, so the stage is even over
-                // the machines it touches.
-                while left > 0 {
-                    let mut progressed = false;
-                    for &p in &spread {
-                        if left > 0 && counts[p] < u32::from(machines[p].free()) {
-                            counts[p] += 1;
-                            left -= 1;
-                            progressed = true;
-                        }
-                    }
-                    if !progressed {
-                        break;
+                // One GPU at a time, round robin over the machines in
+                // order, so the stage is even over the machines it touches:
+                // after t whole rounds each machine has min(free, t), and
+                // the last round's GPUs go to the first machines with room.
+                let level =
+                    |t: u32| -> u32 { spread.iter().map(|&c| free(c).min(t) * count(c)).sum() };
+                let most = spread.iter().map(|&c| free(c)).max().unwrap_or(0);
+                if level(most) < want {
+                    return None;
+                }
+                // The most whole rounds that do not pass `want`.
+                let (mut lo, mut hi) = (0u32, most);
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    if level(mid) <= want {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
                     }
                 }
+                let rounds = lo;
+                let mut extra = want - level(rounds);
+                for &c in &spread {
+                    if free(c) > rounds {
+                        let plus = extra.min(count(c));
+                        extra -= plus;
+                        for (gpus, machines) in [(rounds + 1, plus), (rounds, count(c) - plus)] {
+                            if gpus > 0 && machines > 0 {
+                                takes.push(Take {
+                                    class: c,
+                                    gpus,
+                                    machines,
+                                });
+                            }
+                        }
+                    } else {
+                        takes.push(Take {
+                            class: c,
+                            gpus: free(c),
+                            machines: count(c),
+                        });
+                    }
+                }
+                left = extra;
             }
         }
-        (left == 0).then_some(counts)
+        (left == 0).then_some(takes)
     }
 
     /// Distinct placements of `want` GPUs over all policies, each with the
     /// first placement that produced it: the policies alone, then, where
     /// the machines are of several groups, each policy preferring each
     /// group.
-    pub fn placements(&self, want: u32) -> Vec<(Placement, Vec<u32>)> {
-        let mut groups: Vec<u16> = self.0.iter().map(|m| m.group).collect();
+    pub fn placements(&self, want: u32) -> Vec<(Placement, Vec<Take>)> {
+        let mut groups: Vec<u16> = self.0.iter().map(|(m, _)| m.group).collect();
         groups.dedup(); // sorted: the state is ordered by group
         let preferences = std::iter::once(None).chain(
             groups
@@ -219,89 +366,92 @@ impl State {
                 .map(Some)
                 .filter(|_| groups.len() > 1),
         );
-        let mut out: Vec<(Placement, Vec<u32>)> = Vec::with_capacity(3);
+        let mut out: Vec<(Placement, Vec<Take>)> = Vec::with_capacity(3);
+        // Takes that differ only in order place the same GPUs.
+        let mut seen: Vec<Vec<Take>> = Vec::with_capacity(3);
         for group in preferences {
             for policy in Policy::ALL {
                 let placement = Placement { policy, group };
-                if let Some(c) = self.place(want, placement) {
-                    if !out.iter().any(|(_, o)| *o == c) {
-                        out.push((placement, c));
+                if let Some(takes) = self.place(want, placement) {
+                    let mut sorted = takes.clone();
+                    sorted.sort_unstable();
+                    if !seen.contains(&sorted) {
+                        seen.push(sorted);
+                        out.push((placement, takes));
                     }
                 }
             }
         }
         out
     }
-}
 
-impl State {
     /// Placements of the machine-aligned search space: `want` whole fresh
     /// machines (fresh-first), or a divisor of a machine's GPUs inside one
     /// machine, either a partly used one (append-first) or a fresh one
     /// (fresh-first) as long as at most `max_partial` machines end up partly
     /// used. This keeps the number of distinct states small on big clusters.
-    pub fn aligned_placements(&self, want: u32, max_partial: usize) -> Vec<(Placement, Vec<u32>)> {
-        let machines = &self.0;
-        let per_machine = machines
+    pub fn aligned_placements(&self, want: u32, max_partial: u32) -> Vec<(Placement, Vec<Take>)> {
+        let classes = &self.0;
+        let per_machine = classes
             .iter()
-            .map(|m| u32::from(m.capacity))
+            .map(|(m, _)| u32::from(m.capacity))
             .max()
             .unwrap_or(1);
         let mut out = Vec::new();
-        let mut counts = vec![0u32; machines.len()];
         if want.is_multiple_of(per_machine) {
             let mut need = want / per_machine;
-            for (p, m) in machines.iter().enumerate() {
+            let mut takes = Vec::new();
+            for (c, &(m, count)) in classes.iter().enumerate() {
                 if need > 0 && m.used == 0 && u32::from(m.capacity) == per_machine {
-                    counts[p] = per_machine;
-                    need -= 1;
+                    let machines = need.min(count);
+                    takes.push(Take {
+                        class: c,
+                        gpus: per_machine,
+                        machines,
+                    });
+                    need -= machines;
                 }
             }
             if need == 0 {
-                out.push((Placement::of(Policy::FreshFirst), counts));
+                out.push((Placement::of(Policy::FreshFirst), takes));
             }
             return out;
         }
         if per_machine % want != 0 {
             return out;
         }
+        let one = |class: usize| {
+            vec![Take {
+                class,
+                gpus: want,
+                machines: 1,
+            }]
+        };
         let partial = |m: &MachineUse| m.used > 0 && m.free() > 0;
         // Append: the partly used machine next to the neighbouring stage,
         // else the fullest one that still has room.
-        if let Some(p) = (0..machines.len())
-            .filter(|&p| partial(&machines[p]) && u32::from(machines[p].free()) >= want)
-            .min_by_key(|&p| {
+        if let Some(c) = (0..classes.len())
+            .filter(|&c| partial(&classes[c].0) && u32::from(classes[c].0.free()) >= want)
+            .min_by_key(|&c| {
                 (
-                    std::cmp::Reverse(machines[p].adjacent),
-                    machines[p].free(),
-                    p,
+                    std::cmp::Reverse(classes[c].0.adjacent),
+                    classes[c].0.free(),
+                    c,
                 )
             })
         {
-            let mut c = vec![0u32; machines.len()];
-            c[p] = want;
-            out.push((Placement::of(Policy::AppendFirst), c));
+            out.push((Placement::of(Policy::AppendFirst), one(c)));
         }
-        let partly_used = machines.iter().filter(|m| partial(m)).count();
-        if partly_used < max_partial || want == per_machine {
-            if let Some(p) = machines.iter().position(|m| m.used == 0) {
-                let mut c = vec![0u32; machines.len()];
-                c[p] = want;
-                out.push((Placement::of(Policy::FreshFirst), c));
+        if self.partly_used_machines() < max_partial {
+            if let Some(c) = classes
+                .iter()
+                .position(|(m, _)| m.used == 0 && u32::from(m.capacity) >= want)
+            {
+                out.push((Placement::of(Policy::FreshFirst), one(c)));
             }
         }
         out
     }
-}
-
-/// `(position, gpus)` pairs of a counts vector.
-pub fn counts_to_alloc(counts: &[u32]) -> Vec<(usize, u32)> {
-    counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| c > 0)
-        .map(|(p, &c)| (p, c))
-        .collect()
 }
 
 #[cfg(test)]
@@ -312,45 +462,75 @@ mod tests {
         State::empty(&[(0, 8), (0, 8)])
     }
 
+    /// GPUs per machine position (classes' machines in order), as the
+    /// paper's policies are usually drawn.
+    fn per_position(state: &State, takes: &[Take]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (c, &(_, count)) in state.0.iter().enumerate() {
+            let mut class: Vec<u32> = takes
+                .iter()
+                .filter(|t| t.class == c)
+                .flat_map(|t| std::iter::repeat_n(t.gpus, t.machines as usize))
+                .collect();
+            class.resize(count as usize, 0);
+            out.extend(class);
+        }
+        out
+    }
+
+    /// The takes that give `counts` per position (runs of equal counts).
+    fn takes_of(state: &State, counts: &[u32]) -> Vec<Take> {
+        let mut takes: Vec<Take> = Vec::new();
+        let mut p = 0;
+        for (c, &(_, count)) in state.0.iter().enumerate() {
+            for &gpus in &counts[p..p + count as usize] {
+                match takes.last_mut() {
+                    Some(t) if t.class == c && t.gpus == gpus => t.machines += 1,
+                    _ => takes.push(Take {
+                        class: c,
+                        gpus,
+                        machines: 1,
+                    }),
+                }
+            }
+            p += count as usize;
+        }
+        takes.retain(|t| t.gpus > 0);
+        takes
+    }
+
+    fn place(s: &State, want: u32, policy: Policy) -> Option<Vec<u32>> {
+        s.place(want, Placement::of(policy))
+            .map(|t| per_position(s, &t))
+    }
+
     #[test]
     fn fresh_first_takes_whole_machines() {
         let s = two_by_eight();
-        assert_eq!(
-            s.place(8, Placement::of(Policy::FreshFirst)),
-            Some(vec![8, 0])
-        );
-        assert_eq!(
-            s.place(10, Placement::of(Policy::FreshFirst)),
-            Some(vec![8, 2])
-        );
-        let (s2, _) = s.take(&[0, 3]);
+        assert_eq!(place(&s, 8, Policy::FreshFirst), Some(vec![8, 0]));
+        assert_eq!(place(&s, 10, Policy::FreshFirst), Some(vec![8, 2]));
+        let s2 = s.taken(&takes_of(&s, &[0, 3]));
         // The partly used machine sorts last; a fresh one is first.
-        assert_eq!(s2.0[1].used, 3);
-        assert_eq!(
-            s2.place(6, Placement::of(Policy::FreshFirst)),
-            Some(vec![6, 0])
-        );
-        assert_eq!(
-            s2.place(6, Placement::of(Policy::AppendFirst)),
-            Some(vec![1, 5])
-        );
+        assert_eq!(s2.0[1].0.used, 3);
+        assert_eq!(place(&s2, 6, Policy::FreshFirst), Some(vec![6, 0]));
+        assert_eq!(place(&s2, 6, Policy::AppendFirst), Some(vec![1, 5]));
     }
 
     #[test]
     fn scatter_first_spreads_evenly() {
         let s = two_by_eight();
+        assert_eq!(place(&s, 8, Policy::ScatterFirst), Some(vec![4, 4]));
+        assert_eq!(place(&s, 3, Policy::ScatterFirst), Some(vec![2, 1]));
+        let s2 = s.taken(&takes_of(&s, &[4, 4]));
+        assert_eq!(place(&s2, 8, Policy::ScatterFirst), Some(vec![4, 4]));
+        // Five machines of 4 GPUs, one with 1 taken (it sorts after the
+        // four fresh ones): 11 GPUs go round robin, the machine in use
+        // first, so it gets the GPU of the last, partial round.
+        let s = State::empty(&[(0, 4); 5]);
+        let s3 = s.taken(&takes_of(&s, &[1, 0, 0, 0, 0]));
         assert_eq!(
-            s.place(8, Placement::of(Policy::ScatterFirst)),
-            Some(vec![4, 4])
-        );
-        assert_eq!(
-            s.place(3, Placement::of(Policy::ScatterFirst)),
-            Some(vec![2, 1])
-        );
-        let (s2, _) = s.take(&[4, 4]);
-        assert_eq!(
-            s2.place(8, Placement::of(Policy::ScatterFirst)),
-            Some(vec![4, 4])
+            place(&s3, 11, Policy::ScatterFirst),
+            Some(vec![2, 2, 2, 2, 3])
         );
     }
 
@@ -369,18 +549,38 @@ mod tests {
     }
 
     #[test]
-    fn taken_is_take_without_the_positions() {
-        let (s, _) = State::empty(&[(0, 8), (0, 8), (1, 4)]).take(&[3, 0, 4]);
-        for counts in [[0, 8, 0], [5, 0, 0], [1, 1, 0], [0, 0, 0]] {
-            assert_eq!(s.taken(&counts), s.take(&counts).0);
-        }
+    fn alike_machines_are_one_class_however_many() {
+        let few = State::empty(&[(0, 8); 2]);
+        let many = State::empty(&[(0, 8); 2048]);
+        assert_eq!(few.0.len(), 1);
+        assert_eq!(many.0, vec![(few.0[0].0, 2048)]);
+        // 100 whole machines, then a quarter of one: three classes.
+        let (_, takes) = &many.aligned_placements(800, 2)[0];
+        let after = many.taken(takes);
+        assert_eq!(after.0.len(), 2);
+        let (_, takes) = &after.aligned_placements(2, 2)[0];
+        assert_eq!(after.taken(takes).0.len(), 3);
+        assert_eq!(after.taken(takes).free(), 2048 * 8 - 802);
+    }
+
+    #[test]
+    fn following_machines_keeps_their_positions() {
+        let machines = [(0, 8), (0, 8), (1, 4)];
+        let (s, ids) = State::with_machines(&machines);
+        assert_eq!(ids, vec![vec![0, 1], vec![2]]);
+        let takes = takes_of(&s, &[3, 0, 4]);
+        let (next, next_ids, given) = s.take_machines(&ids, &takes);
+        assert_eq!(next, s.taken(&takes));
+        // Machine 1 is fresh and sorts first in its group, then machine 0.
+        assert_eq!(next_ids, vec![vec![1], vec![0], vec![2]]);
+        assert_eq!(given, vec![vec![0], vec![2]]);
     }
 
     #[test]
     fn symmetric_states_are_equal() {
         let s = two_by_eight();
-        let (a, _) = s.take(&[8, 0]);
-        let (b, _) = s.take(&[0, 8]);
+        let a = s.taken(&takes_of(&s, &[8, 0]));
+        let b = s.taken(&takes_of(&s, &[0, 8]));
         assert_eq!(a, b);
     }
 }

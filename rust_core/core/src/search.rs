@@ -820,8 +820,8 @@ mod tests {
                         if smallest_slice(b, r) < min_slice {
                             continue;
                         }
-                        for (placement, counts) in state.placements(r) {
-                            let next = state.taken(&counts);
+                        for (placement, takes) in state.placements(r) {
+                            let next = state.taken(&takes);
                             let mut steps2 = steps.clone();
                             steps2.push((i, j, state.clone(), placement, r));
                             stack.push((i, next, steps2));
