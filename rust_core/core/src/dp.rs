@@ -29,7 +29,7 @@ use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
     SuffixLatency, TransferShare, WarmupPolicy,
 };
-use crate::placement::{Placement, Policy, State, Take};
+use crate::placement::{MachineUse, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::search::SearchSpace;
 
@@ -169,9 +169,10 @@ pub(crate) struct Entry {
     latency: SuffixLatency,
     peak_memory: f64,
     stages: u32,
+    /// Machines of the neighbouring stage where the state leaves it out
+    /// (`DpKey`); more is better.
+    neighbour_machines: u32,
     parent: u32,
-    /// State the parent entry belongs to (its placement is computed from it).
-    parent_state: u32,
     layer_start: u32,
     layer_end: u32,
     placement: Placement,
@@ -181,8 +182,45 @@ pub(crate) struct Entry {
     class: u8,
 }
 
+/// A DP state: the machines used, where the neighbouring stage (the one
+/// the next stage placed sends to) is whole machines of one class, without
+/// it, and that class; how many machines it has is then a number of each
+/// suffix (`Entry::neighbour_machines`). Suffixes whose neighbours differ
+/// only in that count see the same placements and the same states after
+/// them, and a neighbour of more machines receives no slower, so they
+/// compare as one more number instead of filling one state each (the
+/// number of states per layer grows with the machines, not their square).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct DpKey {
+    machines: State,
+    neighbour: Option<MachineUse>,
+}
+
+impl DpKey {
+    /// The key of `state`, and its neighbour's machines (0 when the state
+    /// keeps its neighbour itself).
+    fn of(state: State) -> (DpKey, u32) {
+        match state.adjacent_whole_machines() {
+            Some((rest, class, machines)) => (
+                DpKey {
+                    machines: rest,
+                    neighbour: Some(class),
+                },
+                machines,
+            ),
+            None => (
+                DpKey {
+                    machines: state,
+                    neighbour: None,
+                },
+                0,
+            ),
+        }
+    }
+}
+
 pub(crate) struct StateData {
-    key: State,
+    key: DpKey,
     front: Vec<u32>,
 }
 
@@ -198,8 +236,8 @@ pub(crate) type OtherStageCount = (usize, u32, Found);
 /// stage to the first.
 pub(crate) struct Found {
     pub(crate) value: f64,
-    /// (layer_start, layer_end, parent state, placement, replicas), last stage first.
-    pub(crate) stages: Vec<(usize, usize, State, Placement, u32)>,
+    /// Placement steps, last stage first.
+    pub(crate) stages: Vec<Step>,
 }
 
 pub(crate) struct Dp<'c, 'a> {
@@ -218,9 +256,10 @@ pub(crate) struct Dp<'c, 'a> {
     incumbents: Option<&'c [AtomicU64]>,
     pub(crate) states: Vec<StateData>,
     /// index[j]: state id of each cluster state whose suffix starts at layer j.
-    index: Vec<FxHashMap<State, u32>>,
+    index: Vec<FxHashMap<DpKey, u32>>,
     entries: Vec<Entry>,
     pub(crate) stages_costed: u64,
+    expanded: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
     /// 0..j whatever stages hold them, for pruning.
     fwd_floor: Vec<f64>,
@@ -322,6 +361,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             index: vec![FxHashMap::default(); n + 1],
             entries: Vec::new(),
             stages_costed: 0,
+            expanded: 0,
             fwd_floor,
             fwd_bwd_floor,
             work_floor,
@@ -447,16 +487,17 @@ impl<'c, 'a> Dp<'c, 'a> {
         ids
     }
 
-    fn state_id(&mut self, start: usize, key: &State) -> u32 {
+    fn state_id(&mut self, start: usize, key: &DpKey) -> u32 {
         if let Some(&id) = self.index[start].get(key) {
             return id;
         }
         // The state is kept twice (in the index and the list), with its
         // machines on the heap, plus the index's slot.
-        let machines = key.0.len() * std::mem::size_of::<(crate::placement::MachineUse, u32)>();
+        let machines =
+            key.machines.0.len() * std::mem::size_of::<(crate::placement::MachineUse, u32)>();
         self.charge(
             (std::mem::size_of::<StateData>()
-                + 2 * (std::mem::size_of::<State>() + machines)
+                + 2 * (std::mem::size_of::<DpKey>() + machines)
                 + std::mem::size_of::<u32>()
                 + 16) as u64,
         );
@@ -471,7 +512,7 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     /// `a` is at least as good as `b` for every completion of the suffix.
     fn dominates(&self, a: &Entry, b: &Entry) -> bool {
-        if a.stages > b.stages || a.class < b.class {
+        if a.stages > b.stages || a.class < b.class || a.neighbour_machines < b.neighbour_machines {
             return false;
         }
         match self.objective {
@@ -507,13 +548,13 @@ impl<'c, 'a> Dp<'c, 'a> {
     pub(crate) fn run(&mut self) -> Vec<Option<Found>> {
         let n = self.ctx.layers.num_layers;
         let machines = self.ctx.cluster.group_and_gpus();
-        let root_state = self.state_id(n, &State::empty(&machines));
+        let root_state = self.state_id(n, &DpKey::of(State::empty(&machines)).0);
         let root = Entry {
             latency: SuffixLatency::EMPTY,
             peak_memory: 0.0,
             stages: 0,
+            neighbour_machines: 0,
             parent: NO_PARENT,
-            parent_state: NO_PARENT,
             layer_start: n as u32,
             layer_end: n as u32,
             placement: Placement::of(Policy::FreshFirst),
@@ -536,10 +577,11 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         if std::env::var("DP_DEBUG").is_ok() {
             eprintln!(
-                "b={} m={} states={} costed={} entries={}",
+                "b={} m={} states={} expanded={} costed={} entries={}",
                 self.micro_batch,
                 self.micro_batches,
                 self.states.len(),
+                self.expanded,
                 self.stages_costed,
                 self.entries.len()
             );
@@ -606,11 +648,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         let mut cur = best;
         while self.entries[cur as usize].parent != NO_PARENT {
             let e = self.entries[cur as usize];
-            let parent_key = self.states[e.parent_state as usize].key.clone();
             stages.push((
                 e.layer_start as usize,
                 e.layer_end as usize,
-                parent_key,
                 e.placement,
                 e.replicas,
             ));
@@ -692,7 +732,10 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// placement, the transfer, the stage cost for a given warm-up depth)
     /// is done once per state, not once per suffix.
     fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
-        let key = self.states[sid as usize].key.clone();
+        let DpKey {
+            machines: key,
+            neighbour,
+        } = self.states[sid as usize].key.clone();
         let free = key.free();
         let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
             .front
@@ -703,14 +746,25 @@ impl<'c, 'a> Dp<'c, 'a> {
         if suffixes.is_empty() {
             return;
         }
+        self.expanded += 1;
         suffixes.sort_by_key(|(_, e)| e.stages);
         let is_root = suffixes[0].1.stages == 0;
+        // The neighbour's machine counts among the suffixes, where the key
+        // leaves them out; a stage's transfer is priced once per count.
+        let mut neighbour_counts: Vec<u32> =
+            suffixes.iter().map(|(_, e)| e.neighbour_machines).collect();
+        neighbour_counts.sort_unstable();
+        neighbour_counts.dedup();
         struct Candidate {
             replicas: u32,
             placement: Placement,
             devices: Rc<StageDevices>,
-            next_key: State,
-            transfer_ms: f64,
+            next_key: DpKey,
+            next_neighbour_machines: u32,
+            /// Each class's share of the transfer to the neighbour, and the
+            /// transfer's time for each of `neighbour_counts` once priced.
+            shares: Vec<TransferShare>,
+            transfer_ms: Vec<Option<f64>>,
             /// Where the stage may start: `first..end`.
             first: usize,
             end: usize,
@@ -740,25 +794,26 @@ impl<'c, 'a> Dp<'c, 'a> {
                 continue;
             }
             for (placement, takes) in self.ctx.placements(&key, r) {
-                let transfer_ms = if is_root {
-                    0.0
+                let shares = if is_root {
+                    Vec::new()
                 } else {
-                    let shares = transfer_shares(&self.group_first, &key, &takes);
-                    self.coster.transfer_over(j, &shares)
+                    transfer_shares(&self.group_first, &key, &takes)
                 };
-                let next_key = key.taken(&takes);
+                let (next_key, next_neighbour_machines) = DpKey::of(key.taken(&takes));
                 options.push(Candidate {
                     replicas: r,
                     placement,
                     devices: self.devices(&key, &takes),
                     next_key,
-                    transfer_ms,
+                    next_neighbour_machines,
+                    shares,
+                    transfer_ms: vec![None; neighbour_counts.len()],
                     first,
                     end,
                 });
             }
         }
-        for opt in &options {
+        for opt in &mut options {
             // Grow the new stage i..j one layer at a time. Its time and memory
             // only grow, so once it alone is slower than the best plan known or
             // does not fit, no larger stage will.
@@ -811,7 +866,23 @@ impl<'c, 'a> Dp<'c, 'a> {
                     );
                     let mut latency = entry.latency;
                     if entry.stages > 0 {
-                        let t = opt.transfer_ms;
+                        let w = neighbour_counts
+                            .binary_search(&entry.neighbour_machines)
+                            .expect("every suffix's count is listed");
+                        let t = *opt.transfer_ms[w].get_or_insert_with(|| {
+                            let mut shares = opt.shares.clone();
+                            if let Some(class) = neighbour {
+                                // The neighbour, left out of the key: whole
+                                // machines, apart from the new stage's.
+                                shares.push(TransferShare {
+                                    machine: self.group_first[usize::from(class.group)],
+                                    senders: 0,
+                                    receivers: u32::from(class.capacity),
+                                    machines: entry.neighbour_machines,
+                                });
+                            }
+                            self.coster.transfer_over(j, &shares)
+                        });
                         latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
                     }
                     latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
@@ -835,8 +906,8 @@ impl<'c, 'a> Dp<'c, 'a> {
                             latency,
                             peak_memory: entry.peak_memory.max(memory_bytes),
                             stages,
+                            neighbour_machines: opt.next_neighbour_machines,
                             parent: eid,
-                            parent_state: sid,
                             layer_start: i as u32,
                             layer_end: j as u32,
                             placement: opt.placement,
@@ -854,8 +925,9 @@ impl<'c, 'a> Dp<'c, 'a> {
 }
 
 /// One placement step of a layout being built from the back:
-/// (layer_start, layer_end, state before, placement, replicas).
-pub(crate) type Step = (usize, usize, State, Placement, u32);
+/// (layer_start, layer_end, placement, replicas). Replayed from the empty
+/// cluster in order, steps give the machines (`concrete_allocs`).
+pub(crate) type Step = (usize, usize, Placement, u32);
 
 /// Depth-first enumeration of every layout whose formula (2) value is
 /// below a bound that only falls (`LayoutWalk::bound`). Each complete
@@ -988,7 +1060,7 @@ impl Dp<'_, '_> {
             if c.floor >= walk.bound {
                 break; // sorted: no later child is below the bound either
             }
-            steps.push((c.start, j, state.clone(), c.placement, c.replicas));
+            steps.push((c.start, j, c.placement, c.replicas));
             if c.start == 0 {
                 if walk.work_left.get() == 0 {
                     walk.complete = false;
@@ -1070,20 +1142,20 @@ fn transfer_shares(group_first: &[usize], state: &State, takes: &[Take]) -> Vec<
     shares
 }
 
-/// Turn placement steps on canonical states into concrete device ids:
-/// replay them while tracking which real machine each canonical position
-/// is, then number machines of a group and GPUs of a machine in pipeline
-/// order, so stage 0 starts at device 0.
+/// Turn placement steps into concrete device ids: replay them from the
+/// empty cluster while tracking which real machines each class holds, then
+/// number machines of a group and GPUs of a machine in pipeline order, so
+/// stage 0 starts at device 0.
 pub(crate) fn concrete_allocs(
     cluster: &Cluster,
-    steps: &[(usize, usize, State, Placement, u32)],
+    steps: &[Step],
     replay: impl Fn(&State, u32, Placement) -> Vec<Take>,
 ) -> Vec<Alloc> {
-    let (_, mut class_machines) = State::with_machines(&cluster.group_and_gpus());
+    let (mut state, mut class_machines) = State::with_machines(&cluster.group_and_gpus());
     let mut per_stage: Vec<Alloc> = Vec::new();
-    for (_, _, parent, policy, replicas) in steps {
-        let takes = replay(parent, *replicas, *policy);
-        let (_, next, given) = parent.take_machines(&class_machines, &takes);
+    for (_, _, placement, replicas) in steps {
+        let takes = replay(&state, *replicas, *placement);
+        let (after, next, given) = state.take_machines(&class_machines, &takes);
         let mut alloc: Alloc = takes
             .iter()
             .zip(&given)
@@ -1091,7 +1163,7 @@ pub(crate) fn concrete_allocs(
             .collect();
         alloc.sort_unstable();
         per_stage.push(alloc);
-        class_machines = next;
+        (state, class_machines) = (after, next);
     }
     per_stage.reverse(); // pipeline order
                          // Relabel machines within each group by first use in pipeline order.

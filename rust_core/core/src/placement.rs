@@ -229,6 +229,35 @@ impl State {
             .collect()
     }
 
+    /// Where the neighbouring stage is `w` whole machines of one class and
+    /// nothing else: (this state with those machines no longer marked
+    /// adjacent, their class, w). Two such states equal but for w differ
+    /// only in the next transfer, which is no slower with more machines
+    /// receiving (`dp.rs` uses it to compare suffixes across them).
+    pub fn adjacent_whole_machines(&self) -> Option<(State, MachineUse, u32)> {
+        let mut adjacent = self.0.iter().filter(|(m, _)| m.adjacent > 0);
+        let &(class, w) = adjacent.next()?;
+        if adjacent.next().is_some()
+            || class.used != class.capacity
+            || class.adjacent != class.capacity
+        {
+            return None;
+        }
+        let mut pieces: Vec<(MachineUse, u32)> = self
+            .0
+            .iter()
+            .map(|&(m, n)| {
+                if m == class {
+                    (MachineUse { adjacent: 0, ..m }, n)
+                } else {
+                    (m, n)
+                }
+            })
+            .collect();
+        pieces.sort_by_key(|p| p.0);
+        Some((State(merge_runs(pieces, |acc, n| *acc += n)), class, w))
+    }
+
     /// Where `placement` puts a stage of `want` GPUs; None when fewer than
     /// `want` GPUs are free (in its group, for a group's scatter).
     pub fn place(&self, want: u32, placement: Placement) -> Option<Vec<Take>> {

@@ -616,7 +616,7 @@ fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found)
         .zip(&allocs)
         .enumerate()
         .map(
-            |(i, (((start, end, _, placement, _), devices), alloc))| Stage {
+            |(i, (((start, end, placement, _), devices), alloc))| Stage {
                 layer_start: *start,
                 layer_end: *end,
                 devices,
@@ -653,7 +653,7 @@ mod tests {
     use super::*;
     use crate::cost::smallest_slice;
     use crate::format::PROFILE;
-    use crate::placement::{Placement, State};
+    use crate::placement::State;
     use crate::plan::PlanOptions;
     use crate::profile::{Layer, Measurement};
     use rand::rngs::StdRng;
@@ -743,7 +743,7 @@ mod tests {
         for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {
             let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
             // (layer j the suffix starts at, state, steps so far)
-            let mut stack: Vec<(usize, State, Vec<(usize, usize, State, Placement, u32)>)> =
+            let mut stack: Vec<(usize, State, Vec<Step>)> =
                 vec![(n, State::empty(&machines), vec![])];
             while let Some((j, state, steps)) = stack.pop() {
                 if j == 0 {
@@ -756,7 +756,7 @@ mod tests {
                         .zip(cluster.number_devices(&allocs))
                         .zip(&allocs)
                         .enumerate()
-                        .map(|(i, (((s, e, _, _, _), devices), alloc))| Stage {
+                        .map(|(i, (((s, e, _, _), devices), alloc))| Stage {
                             layer_start: *s,
                             layer_end: *e,
                             devices,
@@ -823,7 +823,7 @@ mod tests {
                         for (placement, takes) in state.placements(r) {
                             let next = state.taken(&takes);
                             let mut steps2 = steps.clone();
-                            steps2.push((i, j, state.clone(), placement, r));
+                            steps2.push((i, j, placement, r));
                             stack.push((i, next, steps2));
                         }
                     }
