@@ -2,18 +2,18 @@
 //! profiling the search (`perf record`) and quick timings.
 //!
 //!     cargo run --release -p dapple-core --example plan_once -- \
-//!         profiles/artifact/gnmt-32-pbs-64.json 2x8-nvlink-25gbps 1024 [auto|A|B]
+//!         profiles/artifact/gnmt-32-pbs-64.json 2x8-nvlink-25gbps 1024 [auto|A|B] [SPACE]
 
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::profile::Profile;
-use dapple_core::search::{search, SearchOptions};
+use dapple_core::search::{search, SearchOptions, SearchSpace};
 use dapple_core::topology::Topology;
 use dapple_core::FileObject;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 4 {
-        eprintln!("usage: plan_once PROFILE TOPOLOGY GLOBAL_BATCH_SIZE [auto|A|B]");
+        eprintln!("usage: plan_once PROFILE TOPOLOGY GLOBAL_BATCH_SIZE [auto|A|B] [SEARCH_SPACE]");
         std::process::exit(2);
     }
     let text = std::fs::read_to_string(&args[1]).expect("readable profile");
@@ -22,6 +22,9 @@ fn main() {
     let mut opts = SearchOptions::new(args[3].parse().expect("global batch size"));
     if let Some(policy) = args.get(4) {
         opts.warmup_policy = WarmupPolicy::parse(policy).expect("auto, A or B");
+    }
+    if let Some(space) = args.get(5) {
+        opts.search_space = SearchSpace::parse(space).expect("auto, full or machine-aligned");
     }
     let start = std::time::Instant::now();
     let result = search(&profile, &topology, &opts).expect("a plan");
