@@ -17,7 +17,9 @@
 //!
 //! States are symmetry-reduced (`placement::State`): which identical machine
 //! a stage uses is never distinguished, so 2x8 has a handful of states per
-//! layer instead of 2^16.
+//! layer instead of 2^16; and where the neighbouring stage is whole
+//! machines, how many is a number of each suffix, not part of the state
+//! (`DpKey`), so states per layer grow with the machines, not their square.
 
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
@@ -74,11 +76,18 @@ impl Context<'_> {
         self.policy.memory_depth(stages_from_here, micro_batches)
     }
 
-    /// GPU counts a stage may have from `state`, ascending: every count up
-    /// to `max_replicas` in the full space; in the machine-aligned space a
-    /// divisor of a machine's GPUs or whole machines, and every GPU left
-    /// (the first stage).
-    fn replica_counts(&self, state: &State, max_replicas: u32) -> Vec<u32> {
+    /// GPU counts a stage may have from `state` with micro-batches of
+    /// `micro_batch` samples, ascending: every count up to `max_replicas`
+    /// in the full space; in the machine-aligned space a divisor of a
+    /// machine's GPUs or whole machines, the fewest of those that give each
+    /// largest slice (more GPUs at the same slice compute no faster), and
+    /// every GPU left (the first stage).
+    pub(crate) fn replica_counts(
+        &self,
+        state: &State,
+        max_replicas: u32,
+        micro_batch: u32,
+    ) -> Vec<u32> {
         let free = state.free();
         let most = free.min(max_replicas);
         match self.space {
@@ -89,10 +98,15 @@ impl Context<'_> {
                     .map(|(m, _)| u32::from(m.capacity))
                     .max()
                     .unwrap_or(1);
+                let mut last_slice = u32::MAX;
                 let mut counts: Vec<u32> = (1..per_machine)
                     .filter(|d| per_machine.is_multiple_of(*d))
                     .chain((per_machine..=most).step_by(per_machine as usize))
                     .filter(|&r| r <= most)
+                    .filter(|&r| {
+                        let slice = largest_slice(micro_batch, r);
+                        std::mem::replace(&mut last_slice, slice) != slice
+                    })
                     .collect();
                 if free <= max_replicas && counts.last() != Some(&free) {
                     counts.push(free);
@@ -259,7 +273,6 @@ pub(crate) struct Dp<'c, 'a> {
     index: Vec<FxHashMap<DpKey, u32>>,
     entries: Vec<Entry>,
     pub(crate) stages_costed: u64,
-    expanded: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
     /// 0..j whatever stages hold them, for pruning.
     fwd_floor: Vec<f64>,
@@ -361,7 +374,6 @@ impl<'c, 'a> Dp<'c, 'a> {
             index: vec![FxHashMap::default(); n + 1],
             entries: Vec::new(),
             stages_costed: 0,
-            expanded: 0,
             fwd_floor,
             fwd_bwd_floor,
             work_floor,
@@ -575,17 +587,6 @@ impl<'c, 'a> Dp<'c, 'a> {
                 self.expand_state(sid, j, max_replicas);
             }
         }
-        if std::env::var("DP_DEBUG").is_ok() {
-            eprintln!(
-                "b={} m={} states={} expanded={} costed={} entries={}",
-                self.micro_batch,
-                self.micro_batches,
-                self.states.len(),
-                self.expanded,
-                self.stages_costed,
-                self.entries.len()
-            );
-        }
         let finals: Vec<u32> = self
             .states_starting_at(0)
             .iter()
@@ -746,7 +747,6 @@ impl<'c, 'a> Dp<'c, 'a> {
         if suffixes.is_empty() {
             return;
         }
-        self.expanded += 1;
         suffixes.sort_by_key(|(_, e)| e.stages);
         let is_root = suffixes[0].1.stages == 0;
         // The neighbour's machine counts among the suffixes, where the key
@@ -772,7 +772,10 @@ impl<'c, 'a> Dp<'c, 'a> {
         let m = f64::from(self.micro_batches);
         let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
         let mut options: Vec<Candidate> = Vec::new();
-        for r in self.ctx.replica_counts(&key, max_replicas) {
+        for r in self
+            .ctx
+            .replica_counts(&key, max_replicas, self.micro_batch)
+        {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
             // (a plan need not use every GPU: over a slow network fewer GPUs
@@ -1002,7 +1005,10 @@ impl Dp<'_, '_> {
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
         let mut children: Vec<Child> = Vec::new();
-        for r in self.ctx.replica_counts(state, max_replicas) {
+        for r in self
+            .ctx
+            .replica_counts(state, max_replicas, self.micro_batch)
+        {
             for (placement, takes) in self.ctx.placements(state, r) {
                 let transfer = if stages == 0 {
                     None
