@@ -124,7 +124,13 @@ impl Context<'_> {
     fn placements(&self, state: &State, replicas: u32) -> Vec<(Placement, Vec<Take>)> {
         match self.space {
             SearchSpace::MachineAligned if replicas != state.free() => {
-                state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES)
+                let mut out = state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES);
+                if let Some(takes) = state.even_scatter(replicas) {
+                    // Never one of those: it touches at least two machines
+                    // partly, or several fresh ones below their size.
+                    out.push((Placement::of(Policy::ScatterFirst), takes));
+                }
+                out
             }
             _ => state.placements(replicas),
         }

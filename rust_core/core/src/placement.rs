@@ -483,6 +483,41 @@ impl State {
     }
 }
 
+impl State {
+    /// The machine-aligned space's scatter: `want` GPUs spread evenly over
+    /// every partly used machine, or over every fresh machine when none is
+    /// partly used, the same number on each. Stages spread so share every
+    /// machine, so activations move over NVLink; the machines stay alike,
+    /// so the state stays small however many there are.
+    pub fn even_scatter(&self, want: u32) -> Option<Vec<Take>> {
+        let partly_used = |m: &MachineUse| m.used > 0 && m.free() > 0;
+        let spread: Vec<usize> = if self.0.iter().any(|(m, _)| partly_used(m)) {
+            (0..self.0.len())
+                .filter(|&c| partly_used(&self.0[c].0))
+                .collect()
+        } else {
+            (0..self.0.len())
+                .filter(|&c| self.0[c].0.used == 0)
+                .collect()
+        };
+        let machines: u32 = spread.iter().map(|&c| self.0[c].1).sum();
+        if machines < 2 || want == 0 || !want.is_multiple_of(machines) {
+            return None;
+        }
+        let gpus = want / machines;
+        spread
+            .iter()
+            .map(|&c| {
+                (u32::from(self.0[c].0.free()) >= gpus).then_some(Take {
+                    class: c,
+                    gpus,
+                    machines: self.0[c].1,
+                })
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -603,6 +638,23 @@ mod tests {
         // Machine 1 is fresh and sorts first in its group, then machine 0.
         assert_eq!(next_ids, vec![vec![1], vec![0], vec![2]]);
         assert_eq!(given, vec![vec![0], vec![2]]);
+    }
+
+    #[test]
+    fn even_scatter_shares_every_machine_or_nothing() {
+        let s = State::empty(&[(0, 8); 4]);
+        // 8 GPUs: 2 on each fresh machine; then 8 more: 2 on each machine
+        // in use, which stay alike (one class).
+        let first = s.even_scatter(8).unwrap();
+        assert_eq!(per_position(&s, &first), vec![2, 2, 2, 2]);
+        let s2 = s.taken(&first);
+        let second = s2.even_scatter(8).unwrap();
+        assert_eq!(s2.taken(&second).0.len(), 1);
+        // Not a multiple of the machines, or more than they have: none.
+        assert_eq!(s2.even_scatter(6), None);
+        assert_eq!(s2.even_scatter(28), None);
+        // One machine is no scatter.
+        assert_eq!(State::empty(&[(0, 8)]).even_scatter(4), None);
     }
 
     #[test]

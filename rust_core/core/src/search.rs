@@ -70,7 +70,8 @@ crate::named_enum! {
         Full = "full",
         /// Stages get a divisor of a machine's GPUs or whole machines (the
         /// fewest that give their largest slice), placed fresh-first or
-        /// append-first, at most two machines partly used, every GPU used.
+        /// append-first with at most two machines partly used, or spread
+        /// evenly over every machine in use (scatter-first); every GPU used.
         /// On many machines the full space has too many ways to leave
         /// machines partly used (8x8 GPUs: 8.8 million states); this plans
         /// 128 layers on 16,384 GPUs in seconds.
