@@ -1,6 +1,7 @@
 """The default search space against the full one, where the full one finishes.
 
     python benchmarks/space_gap.py 4x8-nvlink-25gbps [8x8-nvlink-25gbps ...] > rows.jsonl
+    python benchmarks/space_gap.py --full-from old.jsonl 4x8-nvlink-25gbps > rows.jsonl
 
 For every shipped profile on each topology, plans in the machine-aligned
 space (the default above 16 GPUs) and in the full space, and prints one JSON
@@ -8,7 +9,9 @@ row per profile as soon as both finish: [profile, topology, GBS, then for
 each space: name, plan shape, simulated ms, selection.optimal, planning
 seconds]. GBS keeps the samples per GPU of the 16-GPU cases
 (benchmarks/plan_speed.py). The full space can take minutes on 8x8; stop
-the script when it has what you need. Rows of the last run:
+the script when it has what you need. ``--full-from FILE`` takes the
+full space's columns from an earlier run's rows instead of planning again
+(when only the default space changed). Rows of the last run:
 benchmarks/results/space_default_vs_full.jsonl, table in
 benchmarks/README.md.
 """
@@ -28,7 +31,14 @@ from plan_speed import ROOT, paper_gbs  # noqa: E402
 
 
 def main() -> None:
-    for topology in sys.argv[1:]:
+    args = sys.argv[1:]
+    earlier: dict[tuple[str, str], list] = {}
+    if args[:1] == ["--full-from"]:
+        for line in Path(args[1]).read_text().splitlines():
+            row = json.loads(line)
+            earlier[(row[0], row[1])] = row[8:]
+        args = args[2:]
+    for topology in args:
         gpus = planner.Topology.resolve(topology).num_devices
         for path in sorted((Path(ROOT) / "profiles" / "artifact").glob("*.json")):
             prof = planner.Profile.load(path)
@@ -36,6 +46,9 @@ def main() -> None:
             gbs = per_16 * gpus // 16
             row: list = [path.name, topology, gbs]
             for space in ("machine-aligned", "full"):
+                if space == "full" and (path.name, topology) in earlier:
+                    row += earlier[(path.name, topology)]
+                    continue
                 start = time.perf_counter()
                 p = planner.plan(prof, topology, gbs, search_space=space)
                 row += [space, p.shape, round(p.iteration_ms, 1), p.data["selection"]["optimal"],

@@ -71,7 +71,8 @@ crate::named_enum! {
         /// Stages get a divisor of a machine's GPUs or whole machines (the
         /// fewest that give their largest slice), placed fresh-first or
         /// append-first with at most two machines partly used, or spread
-        /// evenly over every machine in use (scatter-first); every GPU used.
+        /// evenly over every machine in use (scatter-first). As in the full
+        /// space, a plan may leave GPUs idle.
         /// On many machines the full space has too many ways to leave
         /// machines partly used (8x8 GPUs: 8.8 million states); this plans
         /// 128 layers on 16,384 GPUs in seconds.
@@ -548,8 +549,9 @@ fn search_memory_limit(
     )))
 }
 
-/// Why no plan came out: either no plan of the space uses every GPU with
-/// the allowed slices, or none fits in memory; say which, with numbers.
+/// Why no plan came out: none fits in memory (the least any needs, with
+/// numbers), or the space held none at all (a plan may leave GPUs idle, so
+/// one GPU holding every layer is always in it: not expected).
 fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBudget) -> Error {
     let least = sizes
         .iter()
