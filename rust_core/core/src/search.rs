@@ -93,6 +93,14 @@ const LEAF_OVERHEAD_TASKS: u64 = 10_000;
 /// when small batches are less efficient (benchmarks/README.md).
 const AUTO_FULL_MAX_DEVICES: u32 = 16;
 
+/// Largest cluster on which every micro-batch size runs the DP on its own
+/// and gives candidates (its best plans, those of other stage counts, the
+/// baselines' layouts). On 4x8 and 8x8 this finds plans up to 11% faster
+/// than sharing one bound (AmoebaNet-36 on 8x8: 2153.4 ms against 2407.8)
+/// at up to twice the planning time (benchmarks/README.md); above, the
+/// work grows with the sizes times the GPUs.
+const SIZES_ALONE_MAX_DEVICES: u32 = 64;
+
 impl SearchSpace {
     fn resolve(self, cluster: &Cluster) -> SearchSpace {
         match self {
@@ -198,12 +206,12 @@ pub fn search(
         WarmupPolicy::B => 2,
     });
     let rules: Vec<WarmupPolicy> = by_looseness.iter().map(|&p| contexts[p].policy).collect();
-    // Up to 16 GPUs every micro-batch size searches on its own, so each
+    // Up to 64 GPUs every micro-batch size searches on its own, so each
     // size contributes its best plan per pass as a candidate. Above, the
     // sizes share each pass's best formula value for pruning (far less
     // work): a size that cannot reach it is cut and only the pass's best is
     // a candidate, though the walk below still visits the other sizes.
-    let sizes_alone = cluster.num_devices() <= AUTO_FULL_MAX_DEVICES;
+    let sizes_alone = cluster.num_devices() <= SIZES_ALONE_MAX_DEVICES;
     // One bound per pass, per size or shared by the sizes.
     let bound_sets = if sizes_alone { sizes.len() } else { 1 };
     let incumbents: Vec<AtomicU64> = (0..bound_sets * rules.len())
@@ -227,7 +235,7 @@ pub fn search(
             )
             .with_budget(&budget);
             let found = dp.run();
-            // Up to 16 GPUs, each rule's best plan of every other stage
+            // Up to 64 GPUs, each rule's best plan of every other stage
             // count is a candidate too: fewer, wider stages can simulate
             // faster than the formula's best (fewer bubbles).
             let others: Vec<OtherStageCount> = if sizes_alone {
@@ -326,7 +334,7 @@ pub fn search(
             Some((build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         })
         .collect();
-    // The baselines' layouts are candidates too, up to 16 GPUs: there they
+    // The baselines' layouts are candidates too, up to 64 GPUs: there they
     // are cheap, and a plan that loses to a baseline would be a defect the
     // walk's budget could leave in place. On larger clusters a straight
     // pipeline has a stage per layer and PipeDream's DP is quadratic in the
@@ -352,28 +360,61 @@ pub fn search(
             }
         }
     }
-    // Each candidate gets its warm-up depths (auto) or its cost (fixed).
-    let cost = |candidates: Vec<(Plan, &'static str)>| -> Result<Vec<(Plan, &'static str)>> {
-        let costed: Vec<Option<(Plan, &'static str)>> = candidates
+    // Each candidate gets its warm-up depths (auto) or its cost (fixed),
+    // in order of its formula (2) value, a lower bound of its simulated
+    // time whatever its depths: once that is above the fastest simulated so
+    // far, neither it nor any later candidate can be faster, and is not
+    // simulated. Candidates are costed a batch per thread at a time.
+    let cost = |candidates: Vec<(Plan, &'static str)>,
+                mut fastest: f64|
+     -> Result<Vec<(Plan, &'static str)>> {
+        // Baselines' layouts come uncosted; the search's own are costed.
+        let mut bounded: Vec<(Plan, &'static str)> = candidates
             .into_par_iter()
             .map(|(plan, source)| {
-                let plan = match opts.warmup_policy {
-                    WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
-                    // Baselines' layouts come uncosted; the search's own are costed.
-                    _ if plan.estimate.is_none() => Some(Plan {
-                        estimate: Some(evaluate(&plan, profile)?),
-                        ..plan
-                    }),
-                    _ => Some(plan),
-                };
-                Ok(plan
-                    .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
-                    .map(|p| (p, source)))
+                Ok(match plan.estimate {
+                    Some(_) => (plan, source),
+                    None => (
+                        Plan {
+                            estimate: Some(evaluate(&plan, profile)?),
+                            ..plan
+                        },
+                        source,
+                    ),
+                })
             })
             .collect::<Result<_>>()?;
-        Ok(costed.into_iter().flatten().collect())
+        let bound = |p: &Plan| p.estimate.as_ref().expect("bounded").latency_ms;
+        bounded.sort_by(|a, b| bound(&a.0).total_cmp(&bound(&b.0)));
+        let width = rayon::current_num_threads().max(1);
+        let mut costed: Vec<(Plan, &'static str)> = Vec::new();
+        let mut left = bounded.into_iter().peekable();
+        while left.peek().is_some_and(|(p, _)| bound(p) <= fastest) {
+            let batch: Vec<(Plan, &'static str)> =
+                std::iter::from_fn(|| left.next_if(|(p, _)| bound(p) <= fastest))
+                    .take(width)
+                    .collect();
+            let done: Vec<Option<(Plan, &'static str)>> = batch
+                .into_par_iter()
+                .map(|(plan, source)| {
+                    let plan = match opts.warmup_policy {
+                        WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
+                        _ => Some(plan),
+                    };
+                    Ok(plan
+                        .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
+                        .map(|p| (p, source)))
+                })
+                .collect::<Result<_>>()?;
+            for (plan, source) in done.into_iter().flatten() {
+                let simulated = plan.estimate.as_ref().and_then(|e| e.iteration_ms);
+                fastest = fastest.min(simulated.unwrap_or(f64::INFINITY));
+                costed.push((plan, source));
+            }
+        }
+        Ok(costed)
     };
-    let mut ranked = cost(candidates)?;
+    let mut ranked = cost(candidates, f64::INFINITY)?;
     let key = |p: &Plan| {
         let e = p.estimate.as_ref().expect("candidates are costed");
         (
@@ -400,7 +441,7 @@ pub fn search(
         .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         .collect();
     if !alternatives.is_empty() {
-        ranked.extend(cost(alternatives)?);
+        ranked.extend(cost(alternatives, best_so_far)?);
         ranked.sort_by(faster);
     }
     if ranked.is_empty() {
