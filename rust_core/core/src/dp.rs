@@ -382,14 +382,24 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     /// What a stage taking `takes` from `state` runs on, from the cache.
     fn devices(&mut self, state: &State, takes: &[Take]) -> Rc<StageDevices> {
-        let mut shape: Vec<(u16, u32, u32)> = takes
-            .iter()
-            .map(|t| (state.0[t.class].0.group, t.gpus, t.machines))
-            .collect();
+        // A stage is a take or two: a fixed buffer spares an allocation
+        // on every lookup that finds its shape.
+        let mut buffer = [(0u16, 0u32, 0u32); 4];
+        let mut owned = Vec::new();
+        let shape: &mut [(u16, u32, u32)] = if takes.len() <= buffer.len() {
+            &mut buffer[..takes.len()]
+        } else {
+            owned.resize(takes.len(), (0, 0, 0));
+            &mut owned
+        };
+        for (slot, t) in shape.iter_mut().zip(takes) {
+            *slot = (state.0[t.class].0.group, t.gpus, t.machines);
+        }
         shape.sort_unstable();
-        if let Some(d) = self.shapes.get(&shape) {
+        if let Some(d) = self.shapes.get(&*shape) {
             return Rc::clone(d);
         }
+        let shape = shape.to_vec();
         let d = Rc::new(StageDevices::new(
             self.ctx.cluster,
             representative_alloc(&self.group_first, &shape),

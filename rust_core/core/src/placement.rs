@@ -12,13 +12,25 @@
 //! placing, hashing and costing a stage do not grow with the cluster.
 
 /// One machine as the placement sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MachineUse {
     pub group: u16,
     pub capacity: u16,
     pub used: u16,
     /// GPUs of this machine that the most recently placed stage holds.
     pub adjacent: u16,
+}
+
+/// Hashed as one word: states are hashed for every stage the search
+/// places, and four separate fields cost four rounds.
+impl std::hash::Hash for MachineUse {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let word = u64::from(self.group) << 48
+            | u64::from(self.capacity) << 32
+            | u64::from(self.used) << 16
+            | u64::from(self.adjacent);
+        state.write_u64(word);
+    }
 }
 
 impl MachineUse {

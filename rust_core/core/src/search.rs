@@ -95,11 +95,13 @@ const AUTO_FULL_MAX_DEVICES: u32 = 16;
 
 /// Largest cluster on which every micro-batch size runs the DP on its own
 /// and gives candidates (its best plans, those of other stage counts, the
-/// baselines' layouts). On 4x8 and 8x8 this finds plans up to 11% faster
-/// than sharing one bound (AmoebaNet-36 on 8x8: 2153.4 ms against 2407.8)
-/// at up to twice the planning time (benchmarks/README.md); above, the
-/// work grows with the sizes times the GPUs.
-const SIZES_ALONE_MAX_DEVICES: u32 = 64;
+/// baselines' layouts); above, the sizes share one bound.
+const SIZES_ALONE_MAX_DEVICES: u32 = AUTO_FULL_MAX_DEVICES;
+
+/// Largest cluster on which, after the shared-bound runs, every
+/// micro-batch size runs again on its own, pruned at the fastest simulated
+/// time so far, to offer its best plan (`search`).
+const EACH_SIZE_MAX_DEVICES: u32 = 64;
 
 impl SearchSpace {
     fn resolve(self, cluster: &Cluster) -> SearchSpace {
@@ -206,7 +208,7 @@ pub fn search(
         WarmupPolicy::B => 2,
     });
     let rules: Vec<WarmupPolicy> = by_looseness.iter().map(|&p| contexts[p].policy).collect();
-    // Up to 64 GPUs every micro-batch size searches on its own, so each
+    // Up to 16 GPUs every micro-batch size searches on its own, so each
     // size contributes its best plan per pass as a candidate. Above, the
     // sizes share each pass's best formula value for pruning (far less
     // work): a size that cannot reach it is cut and only the pass's best is
@@ -235,7 +237,7 @@ pub fn search(
             )
             .with_budget(&budget);
             let found = dp.run();
-            // Up to 64 GPUs, each rule's best plan of every other stage
+            // Up to 16 GPUs, each rule's best plan of every other stage
             // count is a candidate too: fewer, wider stages can simulate
             // faster than the formula's best (fewer bubbles).
             let others: Vec<OtherStageCount> = if sizes_alone {
@@ -334,7 +336,7 @@ pub fn search(
             Some((build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         })
         .collect();
-    // The baselines' layouts are candidates too, up to 64 GPUs: there they
+    // The baselines' layouts are candidates too, up to 16 GPUs: there they
     // are cheap, and a plan that loses to a baseline would be a defect the
     // walk's budget could leave in place. On larger clusters a straight
     // pipeline has a stage per layer and PipeDream's DP is quadratic in the
@@ -443,6 +445,49 @@ pub fn search(
     if !alternatives.is_empty() {
         ranked.extend(cost(alternatives, best_so_far)?);
         ranked.sort_by(faster);
+    }
+    // Where the sizes shared one bound, only the best formula value's size
+    // gave candidates; another size's best plan may simulate faster. Up to
+    // 64 GPUs each size runs again on its own, pruned at the fastest
+    // simulated time so far (a plan whose formula value is above it cannot
+    // simulate faster), and its best plan under each rule is a candidate.
+    if !sizes_alone && cluster.num_devices() <= EACH_SIZE_MAX_DEVICES {
+        if let Some(fastest) = ranked.first().map(|(p, _)| key(p).0) {
+            let each: Vec<(usize, u32, Found)> = sizes
+                .par_iter()
+                .flat_map_iter(|&b| {
+                    let bounds: Vec<AtomicU64> = rules
+                        .iter()
+                        .map(|_| AtomicU64::new(fastest.to_bits()))
+                        .collect();
+                    let mut dp = Dp::new(
+                        covering_ctx,
+                        b,
+                        gbs / b,
+                        Objective::Latency,
+                        rules.clone(),
+                        Some(&bounds),
+                    )
+                    .with_budget(&budget);
+                    let found = dp.run();
+                    found
+                        .into_iter()
+                        .zip(by_looseness.clone())
+                        .filter_map(move |(f, p)| f.map(|f| (p, b, f)))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            if let Some(e) = search_memory_limit(&budget, &cluster, space) {
+                return Err(e);
+            }
+            let more: Vec<(Plan, &'static str)> = each
+                .iter()
+                .filter(|(_, b, f)| within_passes(f.stages.len(), gbs / b))
+                .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
+                .collect();
+            ranked.extend(cost(more, fastest)?);
+            ranked.sort_by(faster);
+        }
     }
     if ranked.is_empty() {
         return Err(explain_infeasible(
@@ -1180,5 +1225,35 @@ mod tests {
             full.replica_counts(&empty, 200, 200),
             (1..=200).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn a_machine_aligned_plan_may_leave_machines_idle() {
+        // Large parameters over a slow network between machines: AllReduce
+        // across all four machines costs more than it saves, so the fastest
+        // plan leaves machines idle (the space used to forbid it).
+        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 2], 1);
+        for l in &mut p.layers {
+            l.param_bytes = 200_000_000;
+        }
+        let mut t = Topology::from_spec("4x8-nvlink-1gbps").unwrap();
+        t.machine_groups[0].gpu.memory_bytes = 1 << 40;
+        let mut opts = SearchOptions::new(64);
+        opts.search_space = SearchSpace::MachineAligned;
+        let r = search(&p, &t, &opts).unwrap();
+        let used: usize = r.plan.stages.iter().map(|s| s.devices.len()).sum();
+        assert!(used < 32, "{} uses all 32 GPUs", r.plan.shape());
+        // Data parallelism on all 32 GPUs, in the space before, is slower.
+        let all = crate::baselines::baseline_plan(
+            Baseline::DataParallel,
+            &p,
+            &t,
+            64,
+            None,
+            WarmupPolicy::Auto,
+        )
+        .unwrap();
+        let simulated = |plan: &Plan| plan.estimate.as_ref().unwrap().iteration_ms.unwrap();
+        assert!(simulated(&r.plan) < simulated(&all));
     }
 }
