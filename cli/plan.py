@@ -34,8 +34,8 @@ from .render import plan_table
 @click.option("--min-micro-batch-size", type=count_option_type(), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @click.option("--search-space", type=click.Choice(planner.SEARCH_SPACES), default=planner.SEARCH_SPACES[0], show_default=True,
-              help="full: every replication and placement; machine-aligned: a divisor of a machine or whole machines; "
-              "auto: full up to 16 GPUs.")
+              help="full: every replication and placement; machine-aligned: a divisor of a machine, whole machines, "
+              "or an even share of every machine in use; auto: full up to 16 GPUs.")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
