@@ -117,8 +117,8 @@ def plan(
     ``warmup_policy``: "auto" (each stage's warm-up depth K_i searched), or
     the fixed "A" (K_i = S - i) or "B" (K_i = 2(S - i) - 1).
     ``search_space``: "full" (every replication and placement), "machine-
-    aligned" (stages of a divisor of a machine or whole machines) or "auto"
-    (full up to 16 GPUs). The plan's ``selection`` says how it was chosen:
+    aligned" (stages of a divisor of a machine, whole machines, or an even
+    share of every machine in use) or "auto" (full up to 16 GPUs). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
     ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan

@@ -43,7 +43,8 @@ pub(crate) struct Context<'a> {
     pub(crate) space: SearchSpace,
 }
 
-/// Most partly used machines a machine-aligned state may have.
+/// Most partly used machines a stage placed inside one machine may leave
+/// in the machine-aligned space (an even scatter may use every machine).
 pub(crate) const MAX_PARTLY_USED_MACHINES: u32 = 2;
 
 impl Context<'_> {
@@ -68,9 +69,9 @@ impl Context<'_> {
     /// GPU counts a stage may have from `state` with micro-batches of
     /// `micro_batch` samples, ascending: every count up to `max_replicas`
     /// in the full space; in the machine-aligned space a divisor of a
-    /// machine's GPUs or whole machines, the fewest of those that give each
-    /// largest slice (more GPUs at the same slice compute no faster), and
-    /// every GPU left (the first stage).
+    /// machine's GPUs or whole machines, of those that can be placed from
+    /// `state` the fewest that give each largest slice (more GPUs at the
+    /// same slice compute no faster), and every GPU left (the first stage).
     pub(crate) fn replica_counts(
         &self,
         state: &State,
@@ -94,7 +95,11 @@ impl Context<'_> {
                     .filter(|&r| r <= most)
                     .filter(|&r| {
                         let slice = largest_slice(micro_batch, r);
-                        std::mem::replace(&mut last_slice, slice) != slice
+                        let kept = slice != last_slice && !self.placements(state, r).is_empty();
+                        if kept {
+                            last_slice = slice;
+                        }
+                        kept
                     })
                     .collect();
                 if free <= max_replicas && counts.last() != Some(&free) {
@@ -678,9 +683,15 @@ impl<'c, 'a> Dp<'c, 'a> {
     fn seed_incumbent(&mut self, machines: &[(usize, u32)], max_replicas: u32) {
         let n = self.ctx.layers.num_layers;
         let g = self.ctx.cluster.num_devices();
+        let empty = State::empty(machines);
+        let counts = self
+            .ctx
+            .replica_counts(&empty, max_replicas, self.micro_batch);
         for k in (1..=g.min(n as u32)).filter(|k| g.is_multiple_of(*k)) {
             let r = g / k;
-            if r > max_replicas {
+            // Only GPU counts of the search space (the whole cluster, for
+            // one stage, always is).
+            if r > max_replicas || (k > 1 && !counts.contains(&r)) {
                 continue;
             }
             // Cut where the running work passes each k-th of the total.
@@ -698,7 +709,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 bounds.push(cut);
             }
             bounds.push(n);
-            let mut state = State::empty(machines);
+            let mut state = empty.clone();
             let mut latency = SuffixLatency::EMPTY;
             let mut class = Some((self.rules.len() - 1) as u8);
             for (idx, w) in bounds.windows(2).enumerate().rev() {
@@ -739,10 +750,10 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// is done once per state, not once per suffix.
     fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
         let DpKey {
-            machines: key,
+            machines: used,
             neighbour,
         } = self.states[sid as usize].key.clone();
-        let free = key.free();
+        let free = used.free();
         let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
             .front
             .iter()
@@ -754,7 +765,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         suffixes.sort_by_key(|(_, e)| e.stages);
         let is_root = suffixes[0].1.stages == 0;
-        // The neighbour's machine counts among the suffixes, where the key
+        // The neighbour's machine counts among the suffixes, where the used
         // leaves them out; a stage's transfer is priced once per count.
         let mut neighbour_counts: Vec<u32> =
             suffixes.iter().map(|(_, e)| e.neighbour_machines).collect();
@@ -779,7 +790,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         let mut options: Vec<Candidate> = Vec::new();
         for r in self
             .ctx
-            .replica_counts(&key, max_replicas, self.micro_batch)
+            .replica_counts(&used, max_replicas, self.micro_batch)
         {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
@@ -801,17 +812,17 @@ impl<'c, 'a> Dp<'c, 'a> {
             if first >= end {
                 continue;
             }
-            for (placement, takes) in self.ctx.placements(&key, r) {
+            for (placement, takes) in self.ctx.placements(&used, r) {
                 let shares = if is_root {
                     Vec::new()
                 } else {
-                    transfer_shares(&self.group_first, &key, &takes)
+                    transfer_shares(&self.group_first, &used, &takes)
                 };
-                let (next_key, next_neighbour_machines) = DpKey::of(key.taken(&takes));
+                let (next_key, next_neighbour_machines) = DpKey::of(used.taken(&takes));
                 options.push(Candidate {
                     replicas: r,
                     placement,
-                    devices: self.devices(&key, &takes),
+                    devices: self.devices(&used, &takes),
                     next_key,
                     next_neighbour_machines,
                     shares,
@@ -880,7 +891,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                         let t = *opt.transfer_ms[w].get_or_insert_with(|| {
                             let mut shares = opt.shares.clone();
                             if let Some(class) = neighbour {
-                                // The neighbour, left out of the key: whole
+                                // The neighbour, left out of the used: whole
                                 // machines, apart from the new stage's.
                                 shares.push(TransferShare {
                                     machine: self.group_first[usize::from(class.group)],

@@ -37,6 +37,11 @@ impl MachineUse {
     pub fn free(&self) -> u16 {
         self.capacity - self.used
     }
+
+    /// Holds some stage and still has free GPUs.
+    pub fn partly_used(&self) -> bool {
+        self.used > 0 && self.free() > 0
+    }
 }
 
 crate::named_enum! {
@@ -85,9 +90,6 @@ pub struct Take {
 
 /// Canonical cluster state: classes of alike machines sorted by (group,
 /// capacity, used, adjacent), each with its machine count (at least one).
-/// Listing every class's machines in order gives the machines' positions:
-/// position p always holds a machine of the same group as concrete
-/// machine p (groups come first and their sizes never change).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct State(pub Vec<(MachineUse, u32)>);
 
@@ -151,7 +153,7 @@ impl State {
     pub fn partly_used_machines(&self) -> u32 {
         self.0
             .iter()
-            .filter(|(m, _)| m.used > 0 && m.free() > 0)
+            .filter(|(m, _)| m.partly_used())
             .map(|(_, count)| count)
             .sum()
     }
@@ -226,21 +228,6 @@ impl State {
         (state, merged.into_iter().map(|(_, v)| v).collect(), given)
     }
 
-    /// The neighbouring stage's machines on one class: (class, GPUs on
-    /// each, machines), classes ascending.
-    pub fn adjacent_takes(&self) -> Vec<Take> {
-        self.0
-            .iter()
-            .enumerate()
-            .filter(|(_, (m, _))| m.adjacent > 0)
-            .map(|(c, &(m, count))| Take {
-                class: c,
-                gpus: u32::from(m.adjacent),
-                machines: count,
-            })
-            .collect()
-    }
-
     /// Where the neighbouring stage is `w` whole machines of one class and
     /// nothing else: (this state with those machines no longer marked
     /// adjacent, their class, w). Two such states equal but for w differ
@@ -286,7 +273,7 @@ impl State {
             .collect();
         fresh.sort_by_key(preferred);
         let mut partial: Vec<usize> = (0..classes.len())
-            .filter(|&c| classes[c].0.used > 0 && free(c) > 0)
+            .filter(|&c| classes[c].0.partly_used())
             .collect();
         // Next to the neighbouring stage first, then the fullest machine.
         partial.sort_by_key(|&c| {
@@ -468,11 +455,10 @@ impl State {
                 machines: 1,
             }]
         };
-        let partial = |m: &MachineUse| m.used > 0 && m.free() > 0;
         // Append: the partly used machine next to the neighbouring stage,
         // else the fullest one that still has room.
         if let Some(c) = (0..classes.len())
-            .filter(|&c| partial(&classes[c].0) && u32::from(classes[c].0.free()) >= want)
+            .filter(|&c| classes[c].0.partly_used() && u32::from(classes[c].0.free()) >= want)
             .min_by_key(|&c| {
                 (
                     std::cmp::Reverse(classes[c].0.adjacent),
@@ -502,10 +488,9 @@ impl State {
     /// machine, so activations move over NVLink; the machines stay alike,
     /// so the state stays small however many there are.
     pub fn even_scatter(&self, want: u32) -> Option<Vec<Take>> {
-        let partly_used = |m: &MachineUse| m.used > 0 && m.free() > 0;
-        let spread: Vec<usize> = if self.0.iter().any(|(m, _)| partly_used(m)) {
+        let spread: Vec<usize> = if self.0.iter().any(|(m, _)| m.partly_used()) {
             (0..self.0.len())
-                .filter(|&c| partly_used(&self.0[c].0))
+                .filter(|&c| self.0[c].0.partly_used())
                 .collect()
         } else {
             (0..self.0.len())
@@ -538,8 +523,8 @@ mod tests {
         State::empty(&[(0, 8), (0, 8)])
     }
 
-    /// GPUs per machine position (classes' machines in order), as the
-    /// paper's policies are usually drawn.
+    /// GPUs per machine, classes in order and each class's machines front
+    /// to back, as the paper's policies are usually drawn.
     fn per_position(state: &State, takes: &[Take]) -> Vec<u32> {
         let mut out = Vec::new();
         for (c, &(_, count)) in state.0.iter().enumerate() {
@@ -554,7 +539,9 @@ mod tests {
         out
     }
 
-    /// The takes that give `counts` per position (runs of equal counts).
+    /// The takes that give `counts` per machine (classes in order), for
+    /// counts that, within a class, do not grow front to back (takes use a
+    /// class's machines from the front).
     fn takes_of(state: &State, counts: &[u32]) -> Vec<Take> {
         let mut takes: Vec<Take> = Vec::new();
         let mut p = 0;
@@ -585,7 +572,7 @@ mod tests {
         let s = two_by_eight();
         assert_eq!(place(&s, 8, Policy::FreshFirst), Some(vec![8, 0]));
         assert_eq!(place(&s, 10, Policy::FreshFirst), Some(vec![8, 2]));
-        let s2 = s.taken(&takes_of(&s, &[0, 3]));
+        let s2 = s.taken(&takes_of(&s, &[3, 0]));
         // The partly used machine sorts last; a fresh one is first.
         assert_eq!(s2.0[1].0.used, 3);
         assert_eq!(place(&s2, 6, Policy::FreshFirst), Some(vec![6, 0]));
@@ -671,9 +658,23 @@ mod tests {
 
     #[test]
     fn symmetric_states_are_equal() {
+        // Which of two alike machines takes 8 GPUs and which 3 does not
+        // matter: the same state.
         let s = two_by_eight();
-        let a = s.taken(&takes_of(&s, &[8, 0]));
-        let b = s.taken(&takes_of(&s, &[0, 8]));
-        assert_eq!(a, b);
+        let eight_then_three = [
+            Take {
+                class: 0,
+                gpus: 8,
+                machines: 1,
+            },
+            Take {
+                class: 0,
+                gpus: 3,
+                machines: 1,
+            },
+        ];
+        let three_then_eight = [eight_then_three[1], eight_then_three[0]];
+        assert_eq!(s.taken(&eight_then_three), s.taken(&three_then_eight));
+        assert_ne!(s.taken(&eight_then_three), s.taken(&eight_then_three[..1]));
     }
 }

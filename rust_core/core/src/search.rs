@@ -99,9 +99,9 @@ const AUTO_FULL_MAX_DEVICES: u32 = 16;
 const SIZES_ALONE_MAX_DEVICES: u32 = AUTO_FULL_MAX_DEVICES;
 
 /// Largest cluster on which, after the shared-bound runs, every
-/// micro-batch size runs again on its own, pruned at the fastest simulated
-/// time so far, to offer its best plan (`search`).
-const EACH_SIZE_MAX_DEVICES: u32 = 64;
+/// micro-batch size runs again on its own (a second pass), pruned at the
+/// fastest simulated time so far, to offer its best plan (`search`).
+const SECOND_PASS_MAX_DEVICES: u32 = 64;
 
 impl SearchSpace {
     fn resolve(self, cluster: &Cluster) -> SearchSpace {
@@ -135,7 +135,9 @@ pub struct SearchResult {
 /// with stage memory counted at policy A's depths, policy B's and one
 /// micro-batch in flight (the least any valid plan holds, so that pass
 /// covers every plan of the space). The best plan of each run, and the
-/// baselines' layouts at every micro-batch size, are candidates; each gets
+/// baselines' layouts at every micro-batch size, are candidates (above 16
+/// GPUs the sizes share their bounds; up to 64 a second pass gives each
+/// size's best plan below the fastest simulated one); each gets
 /// the warm-up depths that simulate fastest within memory, and the
 /// candidate with the shortest simulated iteration is returned. The
 /// smallest bound over the space is recorded beside it
@@ -300,7 +302,7 @@ pub fn search(
             }
         }
     }
-    let stats = SearchStats {
+    let mut stats = SearchStats {
         micro_batch_sizes: sizes.clone(),
         states: results.iter().map(|r| r.3).sum(),
         stages_costed: results.iter().map(|r| r.4).sum(),
@@ -362,11 +364,12 @@ pub fn search(
             }
         }
     }
-    // Each candidate gets its warm-up depths (auto) or its cost (fixed),
-    // in order of its formula (2) value, a lower bound of its simulated
-    // time whatever its depths: once that is above the fastest simulated so
-    // far, neither it nor any later candidate can be faster, and is not
-    // simulated. Candidates are costed a batch per thread at a time.
+    // Each candidate gets its warm-up depths (auto: many simulations) or
+    // keeps its cost (fixed: already simulated once), in order of its
+    // formula (2) value, a lower bound of its simulated time whatever its
+    // depths: once that is above the fastest simulated so far, neither it
+    // nor any later candidate can be faster, and none gets its depths.
+    // Candidates are costed a batch per thread at a time.
     let cost = |candidates: Vec<(Plan, &'static str)>,
                 mut fastest: f64|
      -> Result<Vec<(Plan, &'static str)>> {
@@ -416,6 +419,9 @@ pub fn search(
         }
         Ok(costed)
     };
+    // Plans offered to simulation, whether or not their bound let them be
+    // simulated: a count that does not depend on the number of threads.
+    let mut offered = candidates.len() as u32;
     let mut ranked = cost(candidates, f64::INFINITY)?;
     let key = |p: &Plan| {
         let e = p.estimate.as_ref().expect("candidates are costed");
@@ -443,6 +449,7 @@ pub fn search(
         .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
         .collect();
     if !alternatives.is_empty() {
+        offered += alternatives.len() as u32;
         ranked.extend(cost(alternatives, best_so_far)?);
         ranked.sort_by(faster);
     }
@@ -451,11 +458,14 @@ pub fn search(
     // 64 GPUs each size runs again on its own, pruned at the fastest
     // simulated time so far (a plan whose formula value is above it cannot
     // simulate faster), and its best plan under each rule is a candidate.
-    if !sizes_alone && cluster.num_devices() <= EACH_SIZE_MAX_DEVICES {
+    // The pass has its own table budget: past it, it adds nothing, and the
+    // plans found so far stand.
+    if !sizes_alone && cluster.num_devices() <= SECOND_PASS_MAX_DEVICES {
         if let Some(fastest) = ranked.first().map(|(p, _)| key(p).0) {
-            let each: Vec<(usize, u32, Found)> = sizes
+            let second_budget = MemoryBudget::new(opts.max_search_bytes);
+            let each: Vec<(Vec<(usize, u32, Found)>, usize, u64)> = sizes
                 .par_iter()
-                .flat_map_iter(|&b| {
+                .map(|&b| {
                     let bounds: Vec<AtomicU64> = rules
                         .iter()
                         .map(|_| AtomicU64::new(fastest.to_bits()))
@@ -468,23 +478,39 @@ pub fn search(
                         rules.clone(),
                         Some(&bounds),
                     )
-                    .with_budget(&budget);
-                    let found = dp.run();
-                    found
+                    .with_budget(&second_budget);
+                    let found: Vec<(usize, u32, Found)> = dp
+                        .run()
                         .into_iter()
-                        .zip(by_looseness.clone())
-                        .filter_map(move |(f, p)| f.map(|f| (p, b, f)))
-                        .collect::<Vec<_>>()
+                        .zip(&by_looseness)
+                        .filter_map(|(f, &p)| f.map(|f| (p, b, f)))
+                        .collect();
+                    (found, dp.states.len(), dp.stages_costed)
                 })
                 .collect();
-            if let Some(e) = search_memory_limit(&budget, &cluster, space) {
-                return Err(e);
+            for (_, states, costed) in &each {
+                stats.states += states;
+                stats.stages_costed += costed;
             }
-            let more: Vec<(Plan, &'static str)> = each
-                .iter()
-                .filter(|(_, b, f)| within_passes(f.stages.len(), gbs / b))
-                .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
-                .collect();
+            // A pass's best plan at a size the first runs already offered
+            // is the same plan.
+            let offered_before = |p: usize, b: u32| {
+                results
+                    .iter()
+                    .any(|r| r.0 == p && r.1 == b && r.2.is_some())
+            };
+            let more: Vec<(Plan, &'static str)> = if second_budget.exceeded().is_some() {
+                Vec::new()
+            } else {
+                each.iter()
+                    .flat_map(|(found, _, _)| found)
+                    .filter(|(p, b, f)| {
+                        !offered_before(*p, *b) && within_passes(f.stages.len(), gbs / b)
+                    })
+                    .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
+                    .collect()
+            };
+            offered += more.len() as u32;
             ranked.extend(cost(more, fastest)?);
             ranked.sort_by(faster);
         }
@@ -588,7 +614,7 @@ pub fn search(
     if let Some(e) = failure {
         return Err(e);
     }
-    let candidates = ranked.len() as u32;
+    let candidates = offered;
     ranked.extend(walk_best.map(|p| (p, "search")));
     ranked.sort_by(faster);
     let (chosen, source) = &ranked[0];
@@ -661,11 +687,11 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBud
     let gib = |x: f64| x / (1u64 << 30) as f64;
     match least {
         None => Error::incompatible(format!(
-            "no plan can give all {} GPUs work: with global batch size {gbs} and slices of at least {} samples \
-             per GPU the {} layers cannot be spread over them",
+            "no plan of the search space fits {} layers on {} GPUs with global batch size {gbs} and slices of \
+             at least {} samples per GPU",
+            ctx.layers.num_layers,
             ctx.cluster.num_devices(),
             ctx.min_slice,
-            ctx.layers.num_layers
         )),
         Some((b, f)) => {
             let memory = ctx.cluster.machines.iter().map(|m| m.memory_bytes);
@@ -1213,9 +1239,18 @@ mod tests {
         assert!(!counts.contains(&48) && counts.contains(&56) && !counts.contains(&64));
         let slices: Vec<u32> = counts.iter().map(|&r| largest_slice(200, r)).collect();
         assert!(slices.windows(2).all(|w| w[0] > w[1]), "{slices:?}");
-        // With every GPU left within reach, the first stage may take them all.
-        let counts = ctx.replica_counts(&empty, 512, 512);
-        assert_eq!(counts.last(), Some(&512));
+        // The first stage may take every GPU left, aligned or not.
+        let two_taken = empty.taken(&empty.aligned_placements(2, 2)[0].1);
+        let counts = ctx.replica_counts(&two_taken, 512, 512);
+        assert_eq!(counts.last(), Some(&510));
+        // A count is kept only where it can be placed: with every machine
+        // partly used (1 GPU each of 12), no whole machine is free, so 40
+        // GPUs cannot be placed and 48 (4 on each machine, the same slice
+        // of 100 samples: 3) stands for them.
+        let twelve = State::empty(&vec![(0, 8); 12]);
+        let spread = twelve.taken(&twelve.even_scatter(12).unwrap());
+        let counts = ctx.replica_counts(&spread, 84, 100);
+        assert!(counts.contains(&48) && !counts.contains(&40), "{counts:?}");
         // The full space keeps every count.
         let full = Context {
             space: SearchSpace::Full,
