@@ -567,6 +567,139 @@ mod tests {
             .map(|t| per_position(s, &t))
     }
 
+    /// The placement as it was written per machine before states counted
+    /// alike machines once (commit fc762ec): the reference the counted
+    /// form must agree with.
+    fn place_per_machine(
+        machines: &[MachineUse],
+        want: u32,
+        placement: Placement,
+    ) -> Option<Vec<u32>> {
+        let total: u32 = machines.iter().map(|m| u32::from(m.free())).sum();
+        if want == 0 || want > total {
+            return None;
+        }
+        // A group's machines first, keeping the order within each part.
+        let preferred = |p: &usize| placement.group.is_some_and(|g| machines[*p].group != g);
+        let mut fresh: Vec<usize> = (0..machines.len())
+            .filter(|&p| machines[p].used == 0)
+            .collect();
+        fresh.sort_by_key(preferred);
+        let mut partial: Vec<usize> = (0..machines.len())
+            .filter(|&p| machines[p].used > 0 && machines[p].free() > 0)
+            .collect();
+        // Next to the neighbouring stage first, then the fullest machine.
+        partial.sort_by_key(|&p| {
+            (
+                preferred(&p),
+                std::cmp::Reverse(machines[p].adjacent),
+                machines[p].free(),
+                p,
+            )
+        });
+        let mut counts = vec![0u32; machines.len()];
+        let mut left = want;
+        let fill = |order: &[usize], counts: &mut Vec<u32>, left: &mut u32| {
+            for &p in order {
+                let take = u32::from(machines[p].free())
+                    .saturating_sub(counts[p])
+                    .min(*left);
+                counts[p] += take;
+                *left -= take;
+            }
+        };
+        match placement.policy {
+            Policy::FreshFirst => {
+                fill(&fresh, &mut counts, &mut left);
+                fill(&partial, &mut counts, &mut left);
+            }
+            Policy::AppendFirst => {
+                fill(&partial, &mut counts, &mut left);
+                fill(&fresh, &mut counts, &mut left);
+            }
+            Policy::ScatterFirst => {
+                // A group's scatter stays inside the group.
+                if let Some(g) = placement.group {
+                    fresh.retain(|&p| machines[p].group == g);
+                    partial.retain(|&p| machines[p].group == g);
+                }
+                let partial_free: u32 =
+                    partial.iter().map(|&p| u32::from(machines[p].free())).sum();
+                let mut spread: Vec<usize> = partial.clone();
+                if partial.is_empty() || partial_free < want {
+                    spread.extend(&fresh);
+                }
+                // One GPU at a time, round robin, so the stage is even over
+                // the machines it touches.
+                while left > 0 {
+                    let mut progressed = false;
+                    for &p in &spread {
+                        if left > 0 && counts[p] < u32::from(machines[p].free()) {
+                            counts[p] += 1;
+                            left -= 1;
+                            progressed = true;
+                        }
+                    }
+                    if !progressed {
+                        break;
+                    }
+                }
+            }
+        }
+        (left == 0).then_some(counts)
+    }
+
+    #[test]
+    fn counted_placements_match_the_per_machine_ones() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut checked = 0;
+        for _ in 0..300 {
+            // Up to 6 machines of up to 2 groups, group sizes 1, 2, 4 or 8.
+            let mut machines: Vec<(usize, u32)> = Vec::new();
+            for group in 0..rng.gen_range(1..=2usize) {
+                let gpus = [1, 2, 4, 8][rng.gen_range(0..4)];
+                for _ in 0..rng.gen_range(1..=3) {
+                    machines.push((group, gpus));
+                }
+            }
+            let mut state = State::empty(&machines);
+            for _ in 0..rng.gen_range(0..4) {
+                // Each class's machines front to back, as positions.
+                let expanded: Vec<MachineUse> = state
+                    .0
+                    .iter()
+                    .flat_map(|&(m, n)| std::iter::repeat_n(m, n as usize))
+                    .collect();
+                for want in 1..=state.free() {
+                    for placement in state
+                        .placements(want)
+                        .into_iter()
+                        .map(|(p, _)| p)
+                        .chain(Policy::ALL.into_iter().map(Placement::of))
+                    {
+                        let counted = state
+                            .place(want, placement)
+                            .map(|t| per_position(&state, &t));
+                        let reference = place_per_machine(&expanded, want, placement);
+                        assert_eq!(counted, reference, "{state:?} want {want} {placement:?}");
+                        checked += 1;
+                    }
+                }
+                let free = state.free();
+                if free == 0 {
+                    break;
+                }
+                let want = rng.gen_range(1..=free);
+                let options = state.placements(want);
+                let (_, takes) = &options[rng.gen_range(0..options.len())];
+                state = state.taken(takes);
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
     #[test]
     fn fresh_first_takes_whole_machines() {
         let s = two_by_eight();
