@@ -66,20 +66,22 @@ impl Context<'_> {
         self.policy.memory_depth(stages_from_here, micro_batches)
     }
 
-    /// GPU counts a stage may have from `state` with micro-batches of
-    /// `micro_batch` samples, ascending: every count up to `max_replicas`
-    /// in the full space; in the machine-aligned space a divisor of a
-    /// machine's GPUs or whole machines, of those that can be placed from
-    /// `state` the fewest that give each largest slice (more GPUs at the
-    /// same slice compute no faster), and every GPU left (the first stage).
-    pub(crate) fn replica_counts(
+    /// The GPU counts a stage may have from `state` with micro-batches of
+    /// `micro_batch` samples, ascending, each with where it may go: every
+    /// count up to `max_replicas` in the full space; in the machine-aligned
+    /// space a divisor of a machine's GPUs or whole machines, of those that
+    /// can be placed the fewest that give each largest slice (more GPUs at
+    /// the same slice compute no faster), and every GPU left (the first
+    /// stage).
+    pub(crate) fn stage_options(
         &self,
         state: &State,
         max_replicas: u32,
         micro_batch: u32,
-    ) -> Vec<u32> {
+    ) -> Vec<(u32, Vec<(Placement, Vec<Take>)>)> {
         let free = state.free();
         let most = free.min(max_replicas);
+
         match self.space {
             SearchSpace::MachineAligned => {
                 let per_machine = state
@@ -89,28 +91,43 @@ impl Context<'_> {
                     .max()
                     .unwrap_or(1);
                 let mut last_slice = u32::MAX;
-                let mut counts: Vec<u32> = (1..per_machine)
+                let mut options: Vec<(u32, Vec<(Placement, Vec<Take>)>)> = (1..per_machine)
                     .filter(|d| per_machine.is_multiple_of(*d))
                     .chain((per_machine..=most).step_by(per_machine as usize))
-                    .filter(|&r| r <= most)
-                    .filter(|&r| {
+                    .filter(|&r| r <= most && r != free)
+                    .filter_map(|r| {
                         let slice = largest_slice(micro_batch, r);
-                        let kept = slice != last_slice && !self.placements(state, r).is_empty();
-                        if kept {
-                            last_slice = slice;
+                        if slice == last_slice {
+                            return None;
                         }
-                        kept
+                        let places = self.placements(state, r);
+                        if places.is_empty() {
+                            return None;
+                        }
+                        last_slice = slice;
+                        Some((r, places))
                     })
                     .collect();
-                if free <= max_replicas && counts.last() != Some(&free) {
-                    counts.push(free);
-                    counts.sort_unstable();
-                    counts.dedup();
+                if free <= max_replicas {
+                    options.push((free, self.placements(state, free)));
                 }
-                counts
+                options
             }
-            _ => (1..=most).collect(),
+            _ => (1..=most).map(|r| (r, self.placements(state, r))).collect(),
         }
+    }
+
+    /// The GPU counts of [`Context::stage_options`] alone.
+    pub(crate) fn replica_counts(
+        &self,
+        state: &State,
+        max_replicas: u32,
+        micro_batch: u32,
+    ) -> Vec<u32> {
+        self.stage_options(state, max_replicas, micro_batch)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
     }
 
     /// Where a stage of `replicas` GPUs may go from `state`. The stage
@@ -765,8 +782,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         suffixes.sort_by_key(|(_, e)| e.stages);
         let is_root = suffixes[0].1.stages == 0;
-        // The neighbour's machine counts among the suffixes, where the used
-        // leaves them out; a stage's transfer is priced once per count.
+        // The neighbour's machine counts among the suffixes, where the
+        // state's key leaves them out; a stage's transfer is priced once
+        // per count.
         let mut neighbour_counts: Vec<u32> =
             suffixes.iter().map(|(_, e)| e.neighbour_machines).collect();
         neighbour_counts.sort_unstable();
@@ -788,9 +806,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         let m = f64::from(self.micro_batches);
         let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
         let mut options: Vec<Candidate> = Vec::new();
-        for r in self
+        for (r, places) in self
             .ctx
-            .replica_counts(&used, max_replicas, self.micro_batch)
+            .stage_options(&used, max_replicas, self.micro_batch)
         {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
@@ -812,7 +830,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             if first >= end {
                 continue;
             }
-            for (placement, takes) in self.ctx.placements(&used, r) {
+            for (placement, takes) in places {
                 let shares = if is_root {
                     Vec::new()
                 } else {
@@ -1021,11 +1039,11 @@ impl Dp<'_, '_> {
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
         let mut children: Vec<Child> = Vec::new();
-        for r in self
+        for (r, places) in self
             .ctx
-            .replica_counts(state, max_replicas, self.micro_batch)
+            .stage_options(state, max_replicas, self.micro_batch)
         {
-            for (placement, takes) in self.ctx.placements(state, r) {
+            for (placement, takes) in places {
                 let transfer = if stages == 0 {
                     None
                 } else {
