@@ -39,6 +39,10 @@ from .render import plan_table
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
+@click.option("--refine/--no-refine", default=True, show_default=True,
+              help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
+                   "or left idle), each kept when it simulates faster, up to 64 GPUs; --no-refine: the search "
+                   "space's own plan.")
 @click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
               help="Plan for an asynchronous schedule instead (xpipe, pipedream, spectrain, async): the uniform "
                    "pipeline with the fastest steady state that fits; docs/xpipe.md.")
@@ -56,6 +60,7 @@ def plan_command(
     min_micro_batch_size,
     search_space,
     max_search_gib,
+    refine,
     schedule,
     simulate_flag,
     out_path,
@@ -78,6 +83,7 @@ def plan_command(
         search_space=search_space,
         schedule=schedule,
         max_search_gib=max_search_gib,
+        refine=refine,
     )
     if out_path is not None:
         result.save(out_path)

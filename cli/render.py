@@ -79,6 +79,11 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
                 f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
                 f"({gap:.1f}% below); layout from {sel.get('source', 'search')}"
             )
+        if sel and sel.get("refined_from_ms"):
+            out.print(
+                f"refined by local moves from {sel['refined_from_ms']:.1f} ms, the search space's best found "
+                f"({(1.0 - plan.iteration_ms / sel['refined_from_ms']) * 100.0:.1f}% faster)"
+            )
         if est["paper_pivot"] != est["pivot"]:
             out.print(
                 f"note: the paper's Algorithm 1 picks {est['paper_pivot']['kind']} {est['paper_pivot']['index']} "

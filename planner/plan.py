@@ -107,6 +107,7 @@ def plan(
     search_space: str = "auto",
     schedule: str | None = None,
     max_search_gib: float | None = None,
+    refine: bool = True,
 ) -> Plan:
     """Search the plan with the shortest simulated iteration that fits in memory.
 
@@ -130,6 +131,10 @@ def plan(
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
     :class:`planner.errors.LimitExceededError` saying how far it got.
+    ``refine``: improve the chosen plan by local moves (a stage boundary by
+    a layer, GPUs swapped, handed over or left idle), each kept when it
+    simulates faster, up to 64 GPUs; the plan may then lie outside the
+    search space (``selection.refined_from_ms``). False: the space's plan.
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
@@ -144,7 +149,8 @@ def plan(
         for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
                                      ("search_space", search_space, SEARCH_SPACES[0]),
                                      ("micro_batch_sizes", micro_batch_sizes, None),
-                                     ("max_search_gib", max_search_gib, None)):
+                                     ("max_search_gib", max_search_gib, None),
+                                     ("refine", refine, True)):
             if value != default:
                 raise IncompatibleInputsError(
                     f"{name}: value {value!r} applies to the synchronous search, not to planning for "
@@ -161,6 +167,7 @@ def plan(
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
         max_search_bytes=max_search_bytes,
+        refine=refine,
     )
     return Plan(core, SearchStats(list(sizes), states, costed))
 

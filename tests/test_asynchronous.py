@@ -82,6 +82,8 @@ def test_a_plan_for_an_asynchronous_schedule(dapple, gpipe_plan, tmp_path):
     assert_one_line_error(r, 4, "warmup_policy", "'B'", "schedule xpipe")
     with pytest.raises(planner.IncompatibleInputsError, match="search_space: value 'full'"):
         planner.plan(BERT, "1x4-nvlink", 32, schedule="xpipe", search_space="full")
+    with pytest.raises(planner.IncompatibleInputsError, match="refine: value False"):
+        planner.plan(BERT, "1x4-nvlink", 32, schedule="xpipe", refine=False)
     # A hand-edited asynchronous plan with another schedule's depths is refused by name.
     d = planner.Plan.load(gpipe_plan).core.to_dict()
     d["schedule"]["kind"] = "xpipe"

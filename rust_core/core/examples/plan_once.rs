@@ -2,7 +2,9 @@
 //! profiling the search (`perf record`) and quick timings.
 //!
 //!     cargo run --release -p dapple-core --example plan_once -- \
-//!         profiles/artifact/gnmt-32-pbs-64.json 2x8-nvlink-25gbps 1024 [auto|A|B] [SPACE]
+//!         profiles/artifact/gnmt-32-pbs-64.json 2x8-nvlink-25gbps 1024 [auto|A|B] [SPACE] [refine|no-refine]
+//!
+//! With `PLAN_ONCE_OUT=plan.json` in the environment it also writes the plan.
 
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::profile::Profile;
@@ -13,7 +15,7 @@ use dapple_core::FileObject;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 4 {
-        eprintln!("usage: plan_once PROFILE TOPOLOGY GLOBAL_BATCH_SIZE [auto|A|B] [SEARCH_SPACE]");
+        eprintln!("usage: plan_once PROFILE TOPOLOGY GLOBAL_BATCH_SIZE [auto|A|B] [SEARCH_SPACE] [refine|no-refine]");
         std::process::exit(2);
     }
     let text = std::fs::read_to_string(&args[1]).expect("readable profile");
@@ -26,18 +28,31 @@ fn main() {
     if let Some(space) = args.get(5) {
         opts.search_space = SearchSpace::parse(space).expect("auto, full or machine-aligned");
     }
+    if let Some(refine) = args.get(6) {
+        opts.refine = match refine.as_str() {
+            "refine" => true,
+            "no-refine" => false,
+            other => panic!("refine or no-refine, not {other:?}"),
+        };
+    }
     let start = std::time::Instant::now();
     let result = search(&profile, &topology, &opts).expect("a plan");
     let elapsed = start.elapsed();
     let estimate = result.plan.estimate.as_ref().expect("costed");
     let selection = result.plan.selection.as_ref().expect("searched");
     println!(
-        "{elapsed:.2?}  {}  simulated {:.1} ms  bound {:.1} ms  optimal {:?}  states {}  stages costed {}",
+        "{elapsed:.2?}  {}  simulated {:.1} ms  bound {:.1} ms  optimal {:?}  refined from {:?}  states {}  stages costed {}  refinements tried {}",
         result.plan.shape(),
         estimate.iteration_ms.unwrap_or(estimate.latency_ms),
         selection.lower_bound_ms.unwrap_or(f64::NAN),
         selection.optimal,
+        selection.refined_from_ms,
         result.stats.states,
-        result.stats.stages_costed
+        result.stats.stages_costed,
+        result.stats.refine_tried
     );
+    // For a closer look at the plan found: its whole file.
+    if let Ok(path) = std::env::var("PLAN_ONCE_OUT") {
+        std::fs::write(&path, result.plan.to_json()).expect("writable plan file");
+    }
 }

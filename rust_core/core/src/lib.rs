@@ -20,6 +20,7 @@ pub mod pipedream;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+mod refine;
 pub mod regress;
 pub mod schedule;
 pub mod search;

@@ -57,6 +57,12 @@ pub struct Selection {
     /// budget and the plan is the fastest found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimal: Option<bool>,
+    /// Simulated iteration of the chosen layout before refinement's local
+    /// moves made it faster (`refine.rs`); absent when none did. A refined
+    /// plan may lie outside the search space, and may be faster than its
+    /// optimum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refined_from_ms: Option<f64>,
 }
 
 crate::named_enum! {

@@ -15,7 +15,7 @@ type Stats = (Vec<u32>, usize, u64);
 /// searching.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", max_search_bytes=None))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", max_search_bytes=None, refine=true))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -26,6 +26,7 @@ fn search(
     micro_batch_sizes: Option<Vec<u32>>,
     search_space: &str,
     max_search_bytes: Option<u64>,
+    refine: bool,
 ) -> PyResult<(PyPlan, Stats)> {
     let mut opts = SearchOptions::new(global_batch_size);
     opts.warmup_policy =
@@ -38,6 +39,7 @@ fn search(
     if let Some(bytes) = max_search_bytes {
         opts.max_search_bytes = bytes;
     }
+    opts.refine = refine;
     let result = py
         .detach(|| search_plan(&profile.inner, &topology.inner, &opts))
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
