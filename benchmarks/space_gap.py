@@ -4,16 +4,19 @@
     python benchmarks/space_gap.py --full-from old.jsonl 4x8-nvlink-25gbps > rows.jsonl
 
 For every shipped profile on each topology, plans in the machine-aligned
-space (the default above 16 GPUs) and in the full space, and prints one JSON
-row per profile as soon as both finish: [profile, topology, GBS, then for
-each space: name, plan shape, simulated ms, selection.optimal, planning
-seconds]. GBS keeps the samples per GPU of the 16-GPU cases
-(benchmarks/plan_speed.py). The full space can take minutes on 8x8; stop
-the script when it has what you need. ``--full-from FILE`` takes the
-full space's columns from an earlier run's rows instead of planning again
-(when only the default space changed). Rows of the last run:
-benchmarks/results/space_default_vs_full.jsonl, table in
-benchmarks/README.md.
+space (the default above 16 GPUs) and in the full space, both with the
+default refinement, and prints one JSON row per profile as soon as both
+finish: [profile, topology, GBS, then for each space: name, plan shape,
+simulated ms, simulated ms of the space's own plan before refinement
+(selection.refined_from_ms, null when refinement found nothing faster),
+selection.optimal, planning seconds]. GBS keeps the samples per GPU of the
+16-GPU cases (benchmarks/plan_speed.py). The full space's tables may take
+``--max-search-gib`` GiB (default 8: its default of 1 stops it on GNMT-32);
+it can take minutes on 8x8; stop the script when it has what you need.
+``--full-from FILE`` takes the full space's columns from an earlier run's
+rows instead of planning again (when only the default space changed).
+Rows of the last run: benchmarks/results/space_default_vs_full.jsonl,
+table in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ from plan_speed import ROOT, paper_gbs  # noqa: E402
 def main() -> None:
     args = sys.argv[1:]
     earlier: dict[tuple[str, str], list] = {}
-    if args[:1] == ["--full-from"]:
-        for line in Path(args[1]).read_text().splitlines():
-            row = json.loads(line)
-            earlier[(row[0], row[1])] = row[8:]
+    full_gib = 8.0
+    while args[:1] in (["--full-from"], ["--max-search-gib"]):
+        if args[0] == "--full-from":
+            for line in Path(args[1]).read_text().splitlines():
+                row = json.loads(line)
+                earlier[(row[0], row[1])] = row[9:]
+        else:
+            full_gib = float(args[1])
         args = args[2:]
     for topology in args:
         gpus = planner.Topology.resolve(topology).num_devices
@@ -50,9 +57,12 @@ def main() -> None:
                     row += earlier[(path.name, topology)]
                     continue
                 start = time.perf_counter()
-                p = planner.plan(prof, topology, gbs, search_space=space)
-                row += [space, p.shape, round(p.iteration_ms, 1), p.data["selection"]["optimal"],
-                        round(time.perf_counter() - start, 2)]
+                p = planner.plan(prof, topology, gbs, search_space=space,
+                                 max_search_gib=full_gib if space == "full" else None)
+                selection = p.data["selection"]
+                before = selection.get("refined_from_ms")
+                row += [space, p.shape, round(p.iteration_ms, 1), None if before is None else round(before, 1),
+                        selection["optimal"], round(time.perf_counter() - start, 2)]
             print(json.dumps(row), flush=True)
 
 

@@ -41,7 +41,7 @@ fn main() {
     let estimate = result.plan.estimate.as_ref().expect("costed");
     let selection = result.plan.selection.as_ref().expect("searched");
     println!(
-        "{elapsed:.2?}  {}  simulated {:.1} ms  bound {:.1} ms  optimal {:?}  refined from {:?}  states {}  stages costed {}  refinements tried {}",
+        "{elapsed:.2?}  {}  simulated {:.1} ms  bound {:.1} ms  optimal {:?}  refined from {:?}  states {}  stages costed {}  refinement plans costed {}",
         result.plan.shape(),
         estimate.iteration_ms.unwrap_or(estimate.latency_ms),
         selection.lower_bound_ms.unwrap_or(f64::NAN),
@@ -49,7 +49,7 @@ fn main() {
         selection.refined_from_ms,
         result.stats.states,
         result.stats.stages_costed,
-        result.stats.refine_tried
+        result.stats.refine_plans_costed
     );
     // For a closer look at the plan found: its whole file.
     if let Ok(path) = std::env::var("PLAN_ONCE_OUT") {

@@ -36,7 +36,9 @@ pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
 /// `bubble_ms` and warm-up policy "auto"; version 3 adds per-device
-/// `stages[i].slices`. Older plans still read.
+/// `stages[i].slices`. Older plans still read. The optional
+/// `selection.refined_from_ms` came without a new version: a dapple that
+/// predates it refuses such a plan by naming the field.
 pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 3, &[1, 2, 3]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`.

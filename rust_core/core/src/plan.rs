@@ -44,17 +44,20 @@ pub struct Selection {
     /// Rank of the chosen plan by analytic estimate (0 = fastest estimate).
     pub estimate_rank: u32,
     /// Smallest formula (2) value over the whole search space: no plan of
-    /// the space simulates faster, so `simulated_ms` is within
-    /// simulated_ms / lower_bound_ms - 1 of the space's optimum.
+    /// the space simulates faster, so the space's plan (`refined_from_ms`
+    /// where refinement moved it, else `simulated_ms`) is within its time
+    /// / lower_bound_ms - 1 of the space's optimum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lower_bound_ms: Option<f64>,
     /// Where the chosen layout came from: "search", or the baseline
-    /// strategy whose layout simulated fastest.
+    /// strategy whose layout simulated fastest (where refinement then
+    /// moved it, the layout it started from).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// True when every plan of the space whose bound is below `simulated_ms`
-    /// was simulated, so none is faster; false when the walk stopped at its
-    /// budget and the plan is the fastest found.
+    /// True when every plan of the space whose bound is below the space's
+    /// plan's time (`refined_from_ms`, else `simulated_ms`) was simulated, so
+    /// none is faster; false when the walk stopped at its budget and the
+    /// space's plan is the fastest found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimal: Option<bool>,
     /// Simulated iteration of the chosen layout before refinement's local

@@ -20,7 +20,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
 use crate::plan::{ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::refine::{refine, PLAN_OVERHEAD_TASKS};
+use crate::refine::refine;
 use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
@@ -90,6 +90,10 @@ crate::named_enum! {
 /// `selection.optimal` is false. About a second on the paper's cases.
 const WALK_NODE_BUDGET: u64 = 500_000;
 const WALK_SIMULATED_TASK_BUDGET: u64 = 20_000_000;
+/// What building, checking and estimating one plan costs, in simulated
+/// tasks, beyond its simulations (`cost_candidate`).
+const PLAN_OVERHEAD_TASKS: u64 = 10_000;
+
 /// Simulated tasks refinement may spend on the chosen plan (`refine.rs`):
 /// at most about a second on the paper's cases.
 const REFINE_TASK_BUDGET: u64 = 20_000_000;
@@ -133,7 +137,7 @@ pub struct SearchStats {
     pub states: usize,
     pub stages_costed: u64,
     /// Plans refinement costed around the chosen one.
-    pub refine_tried: u64,
+    pub refine_plans_costed: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -320,7 +324,7 @@ pub fn search(
         micro_batch_sizes: sizes.clone(),
         states: results.iter().map(|r| r.3).sum(),
         stages_costed: results.iter().map(|r| r.4).sum(),
-        refine_tried: 0,
+        refine_plans_costed: 0,
     };
     let covering = contexts.len() - 1;
     let lower_bound_ms = results
@@ -584,26 +588,15 @@ pub fn search(
                 stages: steps.to_vec(),
             };
             let plan = build_plan(&inputs, ctx, b, m, &found);
-            // The layout was simulated once to cost it, and again for each
-            // warm-up vector tried; each simulation runs every stage's 2M
-            // passes, and building the plan costs about as much again.
-            let per_simulation = 2 * u64::from(m) * steps.len() as u64;
-            let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
-            let plan = match opts.warmup_policy {
-                WarmupPolicy::Auto => match plan_with_chosen_warmups(&plan, profile) {
-                    Ok((p, simulations)) => {
-                        tasks += simulations * per_simulation;
-                        p
-                    }
-                    Err(e) => {
-                        failure.get_or_insert(e);
-                        None
-                    }
-                },
-                _ => Some(plan),
+            let (plan, tasks) = match cost_candidate(&plan, profile) {
+                Ok(costed) => costed,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    (None, PLAN_OVERHEAD_TASKS)
+                }
             };
             work_left.set(work_left.get().saturating_sub(tasks));
-            match plan.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) {
+            match plan {
                 Some(p) if walk_best.as_ref().is_none_or(|w| key(&p).0 < key(w).0) => {
                     let ms = key(&p).0;
                     walk_best = Some(p);
@@ -637,8 +630,8 @@ pub fn search(
     // GPU's move is a visible share of the cluster (`refine.rs`).
     let refined = if opts.refine && cluster.num_devices() <= REFINE_MAX_DEVICES {
         let r = refine(chosen, profile, &layers, &cluster, min_slice, REFINE_TASK_BUDGET)?;
-        stats.refine_tried = r.tried;
-        (r.moves > 0).then_some(r)
+        stats.refine_plans_costed = r.plans_costed;
+        (r.moves_kept > 0).then_some(r)
     } else {
         None
     };
@@ -744,6 +737,32 @@ fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBud
             ))
         }
     }
+}
+
+/// A candidate costed as the search ranks it: under warm-up policy auto
+/// with the depths that simulate fastest within memory (`warmup.rs`), else
+/// at its fixed policy's depths (estimated now unless it was). None when
+/// it does not fit in memory. Also the work it took, in simulated tasks:
+/// the layout is simulated once to cost it and again for each warm-up
+/// vector tried, each simulation runs every stage's 2M passes, and
+/// building and checking the plan costs `PLAN_OVERHEAD_TASKS`.
+pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
+    let per_simulation = 2 * u64::from(plan.micro_batches) * plan.stages.len() as u64;
+    let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
+    let costed = match plan.schedule.warmup_policy {
+        WarmupPolicy::Auto => {
+            let (chosen, simulations) = plan_with_chosen_warmups(plan, profile)?;
+            tasks += simulations * per_simulation;
+            chosen
+        }
+        _ if plan.estimate.is_some() => Some(plan.clone()),
+        _ => Some(Plan {
+            estimate: Some(evaluate(plan, profile)?),
+            ..plan.clone()
+        }),
+    };
+    let fits = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory));
+    Ok((fits, tasks))
 }
 
 fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
@@ -1185,6 +1204,26 @@ mod tests {
                 ),
             }
         }
+    }
+
+    #[test]
+    fn refinement_runs_up_to_64_gpus() {
+        let mut rng = StdRng::seed_from_u64(64);
+        let profile = random_profile(&mut rng, 2);
+        let refined = |spec: &str| {
+            let topology = Topology::from_spec(spec).unwrap();
+            let r = search(&profile, &topology, &SearchOptions::new(8 * topology.num_devices())).unwrap();
+            r.stats.refine_plans_costed
+        };
+        assert!(refined("8x8-nvlink-25gbps") > 0);
+        assert_eq!(refined("9x8-nvlink-25gbps"), 0);
+        // Asked not to, it does not refine.
+        let topology = Topology::from_spec("2x2-nvlink").unwrap();
+        let mut opts = SearchOptions::new(16);
+        opts.refine = false;
+        let r = search(&profile, &topology, &opts).unwrap();
+        assert_eq!(r.stats.refine_plans_costed, 0);
+        assert_eq!(r.plan.selection.unwrap().refined_from_ms, None);
     }
 
     #[test]
