@@ -5,16 +5,16 @@
 //! (`selection.optimal`); on the larger paper-scale cases it stops at its
 //! budget, and above 16 GPUs its space is machine-aligned. Both leave
 //! plans the simulator would rank higher just out of reach: on 4x8,
-//! GNMT-32's chosen plan simulates 2.3% slower than the full space's,
-//! though a few GPU swaps make it faster than both (docs/cost-model.md,
+//! GNMT-32's chosen plan (935.3 ms) simulated 2.3% slower than the full
+//! space's (914.5), and a few GPU swaps make it 897.0 (docs/cost-model.md,
 //! "Refinement"). So the chosen plan is improved by local moves on
 //! concrete GPUs, the same way a person would tune it by hand, costed by
 //! the same simulation and warm-up choice as every candidate:
 //!
 //! - move the boundary between two neighbouring stages by one layer;
-//! - swap two GPUs on different machines between two stages, or a stage's
-//!   GPU with an idle one on another machine (which machines a stage spans
-//!   decides its AllReduce and its transfers);
+//! - swap one GPU, or all of a stage's GPUs on a machine, between two
+//!   stages on different machines, or with idle GPUs on another machine
+//!   (which machines a stage spans decides its AllReduce and transfers);
 //! - hand a GPU from one stage to another, give a stage an idle GPU, or
 //!   leave one of its GPUs idle.
 //!
@@ -59,7 +59,11 @@ enum Move {
         take: Vec<u32>,
     },
     /// GPU `device` goes from one holder to another.
-    Hand { device: u32, from: Holder, to: Holder },
+    Hand {
+        device: u32,
+        from: Holder,
+        to: Holder,
+    },
 }
 
 /// What refinement did to a plan.
@@ -99,7 +103,15 @@ pub(crate) fn refine(
         let count = BATCH.min(moves.len() - since_kept);
         // Built here (the coster's caches stay on this thread), costed in parallel.
         let batch: Vec<Option<Plan>> = (0..count)
-            .map(|i| apply(&current, &moves[(next + i) % moves.len()], &coster, cluster, min_slice))
+            .map(|i| {
+                apply(
+                    &current,
+                    &moves[(next + i) % moves.len()],
+                    &coster,
+                    cluster,
+                    min_slice,
+                )
+            })
             .collect();
         let costed: Vec<(Option<Plan>, u64)> = batch
             .par_iter()
@@ -204,9 +216,8 @@ fn candidate_moves(plan: &Plan, cluster: &Cluster) -> Vec<Move> {
         after[b] += count;
         kinds[ma] == kinds[mb] && after == held[mb]
     };
-    let machines_of = |h: usize| -> Vec<usize> {
-        (0..machines).filter(|&m| !on[h][m].is_empty()).collect()
-    };
+    let machines_of =
+        |h: usize| -> Vec<usize> { (0..machines).filter(|&m| !on[h][m].is_empty()).collect() };
     let mut out = Vec::new();
     for stage in 0..stages.saturating_sub(1) {
         for later in [false, true] {
@@ -272,7 +283,11 @@ fn apply(
     match *mv {
         Move::Shift { stage, later } => {
             let (a, b) = (&stages[stage], &stages[stage + 1]);
-            let boundary = if later { a.layer_end + 1 } else { a.layer_end - 1 };
+            let boundary = if later {
+                a.layer_end + 1
+            } else {
+                a.layer_end - 1
+            };
             if boundary <= a.layer_start || boundary >= b.layer_end {
                 return None;
             }
@@ -368,19 +383,21 @@ mod tests {
             layers: layers
                 .iter()
                 .enumerate()
-                .map(|(i, &(fwd_ms, bwd_ms, param_bytes, activation_bytes))| Layer {
-                    name: format!("l{i}"),
-                    kind: None,
-                    param_bytes,
-                    inputs: None,
-                    measurements: vec![Measurement {
-                        batch_size: 1,
-                        fwd_ms,
-                        bwd_ms,
-                        activation_bytes,
-                        stored_activation_bytes: None,
-                    }],
-                })
+                .map(
+                    |(i, &(fwd_ms, bwd_ms, param_bytes, activation_bytes))| Layer {
+                        name: format!("l{i}"),
+                        kind: None,
+                        param_bytes,
+                        inputs: None,
+                        measurements: vec![Measurement {
+                            batch_size: 1,
+                            fwd_ms,
+                            bwd_ms,
+                            activation_bytes,
+                            stored_activation_bytes: None,
+                        }],
+                    },
+                )
                 .collect(),
         }
     }
@@ -491,18 +508,19 @@ mod tests {
             "{devices:?}"
         );
         // Far faster: the slow AllReduce of 400 MB took about 3.2 s.
-        assert!(simulated_ms(&r.plan) < 0.5 * r.from_ms, "{} vs {}", simulated_ms(&r.plan), r.from_ms);
+        assert!(
+            simulated_ms(&r.plan) < 0.5 * r.from_ms,
+            "{} vs {}",
+            simulated_ms(&r.plan),
+            r.from_ms
+        );
         // Changed stages are no policy's placement.
         assert!(r.plan.stages.iter().all(|s| s.placement.is_none()));
     }
 
     /// A random plan of `layers` layers on `topology`: random boundaries,
     /// GPUs dealt at random, some left idle.
-    fn random_plan(
-        rng: &mut StdRng,
-        profile: &Profile,
-        topology: &Topology,
-    ) -> Option<Plan> {
+    fn random_plan(rng: &mut StdRng, profile: &Profile, topology: &Topology) -> Option<Plan> {
         let layers = profile.layers.len();
         let devices = topology.num_devices();
         let count = rng.gen_range(1..=layers.min(devices as usize));
@@ -517,7 +535,11 @@ mod tests {
         let mut owned: Vec<Vec<u32>> = vec![Vec::new(); count];
         for (i, &g) in gpus[..used].iter().enumerate() {
             // Each stage gets one first, the rest at random.
-            let k = if i < count { i } else { rng.gen_range(0..count) };
+            let k = if i < count {
+                i
+            } else {
+                rng.gen_range(0..count)
+            };
             owned[k].push(g);
         }
         let stages: Vec<(usize, usize, Vec<u32>)> = (0..count)
@@ -535,7 +557,12 @@ mod tests {
     #[test]
     fn refinement_never_slows_a_plan_and_its_plans_cost_as_they_say() {
         let mut rng = StdRng::seed_from_u64(20261124);
-        let specs = ["1x4-nvlink", "2x2-nvlink-10gbps", "2x3-pcie-25gbps", "3x1-10gbps"];
+        let specs = [
+            "1x4-nvlink",
+            "2x2-nvlink-10gbps",
+            "2x3-pcie-25gbps",
+            "3x1-10gbps",
+        ];
         let mut improved = 0;
         let mut cases = 0;
         for case in 0..80 {
@@ -579,7 +606,10 @@ mod tests {
             assert_eq!(alone.moves_kept, four.moves_kept, "case {case}");
         }
         // Random plans are mostly improvable: the moves do reach them.
-        assert!(cases >= 40 && improved * 2 >= cases, "{improved} of {cases} improved");
+        assert!(
+            cases >= 40 && improved * 2 >= cases,
+            "{improved} of {cases} improved"
+        );
     }
 
     #[test]
@@ -596,12 +626,18 @@ mod tests {
                 .count()
         };
         // One GPU per machine: every swap trades whole machines.
-        assert_eq!(swaps("4x1-10gbps", &[(0, 1, vec![0, 1]), (1, 2, vec![2])]), 0);
+        assert_eq!(
+            swaps("4x1-10gbps", &[(0, 1, vec![0, 1]), (1, 2, vec![2])]),
+            0
+        );
         // Both stages on both machines, a third machine idle: two swaps put
         // each stage on one machine (stage 0 on either), and each stage's
         // GPU on either machine may trade with an idle one: 2 + 2 x 2.
         assert_eq!(
-            swaps("3x2-nvlink-10gbps", &[(0, 1, vec![0, 2]), (1, 2, vec![1, 3])]),
+            swaps(
+                "3x2-nvlink-10gbps",
+                &[(0, 1, vec![0, 2]), (1, 2, vec![1, 3])]
+            ),
             6
         );
     }
@@ -640,7 +676,11 @@ mod tests {
             let devices = StageDevices::new(&cluster, alloc);
             let expected = coster.searched_slices(s.layer_start, s.layer_end, &devices, 1);
             assert_eq!(s.slices, expected, "{:?}", r.plan.stages);
-            uneven += usize::from(s.slices.as_ref().is_some_and(|v| v.iter().min() != v.iter().max()));
+            uneven += usize::from(
+                s.slices
+                    .as_ref()
+                    .is_some_and(|v| v.iter().min() != v.iter().max()),
+            );
         }
         assert!(uneven > 0, "{:?}", r.plan.stages);
         let again = evaluate(&r.plan, &profile).unwrap();

@@ -629,7 +629,14 @@ pub fn search(
     // Local moves around the chosen plan, outside the space too, where a
     // GPU's move is a visible share of the cluster (`refine.rs`).
     let refined = if opts.refine && cluster.num_devices() <= REFINE_MAX_DEVICES {
-        let r = refine(chosen, profile, &layers, &cluster, min_slice, REFINE_TASK_BUDGET)?;
+        let r = refine(
+            chosen,
+            profile,
+            &layers,
+            &cluster,
+            min_slice,
+            REFINE_TASK_BUDGET,
+        )?;
         stats.refine_plans_costed = r.plans_costed;
         (r.moves_kept > 0).then_some(r)
     } else {
@@ -1212,7 +1219,12 @@ mod tests {
         let profile = random_profile(&mut rng, 2);
         let refined = |spec: &str| {
             let topology = Topology::from_spec(spec).unwrap();
-            let r = search(&profile, &topology, &SearchOptions::new(8 * topology.num_devices())).unwrap();
+            let r = search(
+                &profile,
+                &topology,
+                &SearchOptions::new(8 * topology.num_devices()),
+            )
+            .unwrap();
             r.stats.refine_plans_costed
         };
         assert!(refined("8x8-nvlink-25gbps") > 0);
