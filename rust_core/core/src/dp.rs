@@ -41,6 +41,9 @@ pub(crate) struct Context<'a> {
     pub(crate) policy: WarmupPolicy,
     pub(crate) min_slice: u32,
     pub(crate) space: SearchSpace,
+    /// Where set, only this layout: stages (layer_start, layer_end, GPUs),
+    /// placed anew (`search::best_placement_of`).
+    pub(crate) layout: Option<&'a [(usize, usize, u32)]>,
 }
 
 /// Most partly used machines a stage placed inside one machine may leave
@@ -54,6 +57,16 @@ impl Context<'_> {
     /// either space: over a slow network fewer GPUs can be faster (4x8:
     /// AmoebaNet-18 on 24 GPUs simulates 1163.0 ms, on all 32 1173.4).
     fn starts(&self, replicas: u32, free: u32, j: usize) -> std::ops::RangeInclusive<usize> {
+        if let Some(layout) = self.layout {
+            // The layout's stage ending at j, with its GPU count, or none.
+            return match layout
+                .iter()
+                .find(|&&(_, end, r)| end == j && r == replicas)
+            {
+                Some(&(start, _, _)) => start..=start,
+                None => 1..=0,
+            };
+        }
         if replicas == free {
             0..=0
         } else {
@@ -603,7 +616,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         self.entries.push(root);
         self.states[root_state as usize].front.push(0);
         let max_replicas = self.max_replicas();
-        if self.objective == Objective::Latency {
+        // The seeds are plans of the whole space, not of a fixed layout.
+        if self.objective == Objective::Latency && self.ctx.layout.is_none() {
             self.seed_incumbent(&machines, max_replicas);
         }
         for j in (1..=n).rev() {
