@@ -149,6 +149,39 @@ pub(crate) fn refine(
     })
 }
 
+/// Whether two plans have the same stages' layers and differ only in which
+/// of alike machines (same group and size) hold what: they cost the same.
+pub(crate) fn same_up_to_machines(a: &Plan, b: &Plan, cluster: &Cluster) -> bool {
+    let layers = |p: &Plan| -> Vec<(usize, usize)> {
+        p.stages
+            .iter()
+            .map(|s| (s.layer_start, s.layer_end))
+            .collect()
+    };
+    // Each machine as (group, GPUs, GPUs of each stage on it), sorted.
+    let kinds = cluster.group_and_gpus();
+    let pattern = |p: &Plan| -> Vec<((usize, u32), Vec<u32>)> {
+        let mut held = vec![vec![0u32; p.stages.len()]; kinds.len()];
+        for (k, s) in p.stages.iter().enumerate() {
+            for &d in &s.devices {
+                if let Some(m) = cluster.machine_of(d) {
+                    held[m][k] += 1;
+                }
+            }
+        }
+        let mut machines: Vec<((usize, u32), Vec<u32>)> = kinds.iter().copied().zip(held).collect();
+        machines.sort_unstable();
+        machines
+    };
+    layers(a) == layers(b)
+        && a.micro_batch_size == b.micro_batch_size
+        && a.stages
+            .iter()
+            .map(|s| &s.slices)
+            .eq(b.stages.iter().map(|s| &s.slices))
+        && pattern(a) == pattern(b)
+}
+
 fn simulated_ms(plan: &Plan) -> f64 {
     plan.estimate
         .as_ref()

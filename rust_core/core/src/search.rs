@@ -20,7 +20,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
 use crate::plan::{ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::refine::{refine, Refined};
+use crate::refine::{refine, same_up_to_machines, Refined};
 use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
@@ -646,8 +646,11 @@ pub fn search(
         // policies place it at its smallest formula value, and refined in
         // turn. Moves change a few GPUs at a time, and a placement of the
         // same layout can lie past every path of faster single moves.
+        // Skipped where it is a plan already refined, up to which alike
+        // machines hold what (on 16x1, always).
         if let Some(placed) =
             best_placement_of(&r.plan, profile, &inputs, &layers, &cluster, min_slice)?
+                .filter(|p| !same_up_to_machines(p, &r.plan, &cluster))
         {
             let again = refine_from(&placed)?;
             stats.refine_plans_costed += 1 + again.plans_costed;
