@@ -26,7 +26,8 @@
 //! batch in that order: the result does not depend on the thread count.
 //! Refinement never returns a slower plan, and its plans stay valid: every
 //! one is checked and costed by `evaluate`, with the search's own slices
-//! on mixed GPUs.
+//! on mixed GPUs. `search` refines from two starts: the chosen plan, and
+//! the refined plan's layout placed anew by the paper's policies.
 
 use rayon::prelude::*;
 
