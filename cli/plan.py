@@ -41,8 +41,8 @@ from .render import plan_table
                    "the search stops with exit 9.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
-                   "or left idle), each kept when it simulates faster, up to 64 GPUs; --no-refine: the search "
-                   "space's own plan.")
+                   "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
+                   "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
 @click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
               help="Plan for an asynchronous schedule instead (xpipe, pipedream, spectrain, async): the uniform "
                    "pipeline with the fastest steady state that fits; docs/xpipe.md.")

@@ -83,7 +83,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             )
         if sel and sel.get("refined_from_ms"):
             out.print(
-                f"refined by local moves from {sel['refined_from_ms']:.1f} ms, the search space's best found "
+                f"refined from {sel['refined_from_ms']:.1f} ms, the search space's best found "
                 f"({(1.0 - plan.iteration_ms / sel['refined_from_ms']) * 100.0:.1f}% faster)"
             )
         if est["paper_pivot"] != est["pivot"]:

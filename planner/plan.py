@@ -133,8 +133,9 @@ def plan(
     :class:`planner.errors.LimitExceededError` saying how far it got.
     ``refine``: improve the chosen plan by local moves (a stage boundary by
     a layer, GPUs swapped, handed over or left idle), each kept when it
-    simulates faster, up to 64 GPUs; the plan may then lie outside the
-    search space (``selection.refined_from_ms``). False: the space's plan.
+    simulates faster, and again from its layout placed anew by the paper's
+    policies, up to 64 GPUs; the plan may then lie outside the search
+    space (``selection.refined_from_ms``). False: the space's plan.
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:

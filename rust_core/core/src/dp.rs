@@ -616,7 +616,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         self.entries.push(root);
         self.states[root_state as usize].front.push(0);
         let max_replicas = self.max_replicas();
-        // The seeds are plans of the whole space, not of a fixed layout.
+        // The seeds are plans of the whole space, not of a fixed layout
+        // (and a layout's run has no shared bound to seed): skip them.
         if self.objective == Objective::Latency && self.ctx.layout.is_none() {
             self.seed_incumbent(&machines, max_replicas);
         }

@@ -60,8 +60,9 @@ pub struct Selection {
     /// space's plan is the fastest found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimal: Option<bool>,
-    /// Simulated iteration of the chosen layout before refinement's local
-    /// moves made it faster (`refine.rs`); absent when none did. A refined
+    /// Simulated iteration of the chosen layout before refinement (local
+    /// moves, and its layout placed anew; `refine.rs`) made it faster;
+    /// absent when nothing did. A refined
     /// plan may lie outside the search space, and may be faster than its
     /// optimum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
