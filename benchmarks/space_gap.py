@@ -37,10 +37,10 @@ import planner  # noqa: E402
 from plan_speed import ROOT, paper_gbs  # noqa: E402
 
 
-def plan_columns(path: Path, topology: str, gbs: int, space: str, full_gib: float) -> list:
+def plan_columns(prof: planner.Profile, topology: str, gbs: int, space: str, full_gib: float) -> list:
     """One space's columns: name, shape, simulated ms, ms before refinement, optimal, seconds."""
     start = time.perf_counter()
-    p = planner.plan(planner.Profile.load(path), topology, gbs, search_space=space,
+    p = planner.plan(prof, topology, gbs, search_space=space,
                      max_search_gib=full_gib if space == "full" else None)
     selection = p.data["selection"]
     before = selection.get("refined_from_ms")
@@ -52,7 +52,7 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["--child"]:
         path, topology, gbs, space, full_gib = args[1:]
-        print(json.dumps(plan_columns(Path(path), topology, int(gbs), space, float(full_gib))))
+        print(json.dumps(plan_columns(planner.Profile.load(path), topology, int(gbs), space, float(full_gib))))
         return
     earlier: dict[tuple[str, str], list] = {}
     full_gib = 8.0
@@ -78,7 +78,7 @@ def main() -> None:
                 if space == "full" and (path.name, topology) in earlier:
                     row += earlier[(path.name, topology)]
                 elif timeout is None:
-                    row += plan_columns(path, topology, gbs, space, full_gib)
+                    row += plan_columns(prof, topology, gbs, space, full_gib)
                 else:
                     command = [sys.executable, __file__, "--child", str(path), topology, str(gbs), space, str(full_gib)]
                     try:

@@ -159,18 +159,20 @@ pub(crate) fn same_up_to_machines(a: &Plan, b: &Plan, cluster: &Cluster) -> bool
             .map(|s| (s.layer_start, s.layer_end))
             .collect()
     };
-    // Each machine as (group, GPUs, GPUs of each stage on it), sorted.
+    // Each machine as (group, GPUs, GPUs of each holder on it), sorted.
     let kinds = cluster.group_and_gpus();
-    let pattern = |p: &Plan| -> Vec<((usize, u32), Vec<u32>)> {
-        let mut held = vec![vec![0u32; p.stages.len()]; kinds.len()];
-        for (k, s) in p.stages.iter().enumerate() {
-            for &d in &s.devices {
-                if let Some(m) = cluster.machine_of(d) {
-                    held[m][k] += 1;
-                }
-            }
-        }
-        let mut machines: Vec<((usize, u32), Vec<u32>)> = kinds.iter().copied().zip(held).collect();
+    let pattern = |p: &Plan| -> Vec<((usize, u32), Vec<usize>)> {
+        let on = gpus_by_holder(p, cluster);
+        let mut machines: Vec<((usize, u32), Vec<usize>)> = kinds
+            .iter()
+            .enumerate()
+            .map(|(m, &kind)| {
+                (
+                    kind,
+                    on.iter().map(|per_machine| per_machine[m].len()).collect(),
+                )
+            })
+            .collect();
         machines.sort_unstable();
         machines
     };
@@ -181,6 +183,25 @@ pub(crate) fn same_up_to_machines(a: &Plan, b: &Plan, cluster: &Cluster) -> bool
             .map(|s| &s.slices)
             .eq(b.stages.iter().map(|s| &s.slices))
         && pattern(a) == pattern(b)
+}
+
+/// The GPUs each holder has on each machine, ascending: `[holder][machine]`,
+/// the stages first, the idle pool last (index `plan.stages.len()`).
+fn gpus_by_holder(plan: &Plan, cluster: &Cluster) -> Vec<Vec<Vec<u32>>> {
+    let stages = plan.stages.len();
+    let mut owner = vec![stages; cluster.num_devices() as usize];
+    for (k, s) in plan.stages.iter().enumerate() {
+        for &d in &s.devices {
+            owner[d as usize] = k;
+        }
+    }
+    let mut on = vec![vec![Vec::new(); cluster.group_and_gpus().len()]; stages + 1];
+    for (d, &k) in owner.iter().enumerate() {
+        if let Some(m) = cluster.machine_of(d as u32) {
+            on[k][m].push(d as u32);
+        }
+    }
+    on
 }
 
 fn simulated_ms(plan: &Plan) -> f64 {
@@ -214,18 +235,7 @@ fn candidate_moves(plan: &Plan, cluster: &Cluster) -> Vec<Move> {
     let machines = kinds.len();
     let stages = plan.stages.len();
     // GPUs of each holder on each machine, in the order it offers them.
-    let mut on: Vec<Vec<Vec<u32>>> = vec![vec![Vec::new(); machines]; stages + 1];
-    let mut owner = vec![stages; cluster.num_devices() as usize];
-    for (k, s) in plan.stages.iter().enumerate() {
-        for &d in &s.devices {
-            owner[d as usize] = k;
-        }
-    }
-    for (d, &k) in owner.iter().enumerate() {
-        if let Some(m) = cluster.machine_of(d as u32) {
-            on[k][m].push(d as u32);
-        }
-    }
+    let mut on = gpus_by_holder(plan, cluster);
     for per_machine in &mut on[..stages] {
         for gpus in per_machine.iter_mut() {
             gpus.reverse();
