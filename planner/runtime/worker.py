@@ -72,6 +72,14 @@ class Job:
     eval_every: int = 0
 
 
+def log_line(text: str) -> None:
+    """Writes one line to stderr in a single write. Ranks started by torchrun
+    share one stderr; print() writes the text and its newline separately, so
+    another rank's line could land between them (as CI once saw)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 
@@ -354,14 +362,14 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
         bubble_s += comm.recv_s
         compute_s += elapsed - comm.recv_s
         if job.log and rank == 0:
-            print(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms", file=sys.stderr, flush=True)
+            log_line(f"step {it + 1}/{job.steps} loss {losses[-1]:.6f} {elapsed * 1e3:.1f} ms")
         done = it + 1
         if job.eval_every and done % job.eval_every == 0:
             evaluated = evaluate(ctx, job, done)
             if evaluated is not None:
                 evaluations.append(evaluated)
                 if job.log:
-                    print(eval_line(evaluated), file=sys.stderr, flush=True)
+                    log_line(eval_line(evaluated))
         if job.checkpoint_dir and job.checkpoint_every and done % job.checkpoint_every == 0:
             ctx.save_checkpoint(job, done)
     metrics = {
