@@ -652,10 +652,10 @@ fn paper_formula(stages: &[PipeStage], m: f64, q: usize) -> f64 {
     let (tw, ts, te_before) = phases_at(stages, m, q);
     let mut te = te_before;
     let mut back = 0.0;
-    for s in q..stages.len() {
-        back += stages[s].bwd_ms;
+    for (s, stage) in stages.iter().enumerate().skip(q) {
+        back += stage.bwd_ms;
         if s > q {
-            te = te.max(stages[s].allreduce_ms - back);
+            te = te.max(stage.allreduce_ms - back);
         }
     }
     tw + ts + te

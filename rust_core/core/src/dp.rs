@@ -31,7 +31,7 @@ use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
     SuffixLatency, TransferShare, WarmupPolicy,
 };
-use crate::placement::{MachineUse, Placement, Policy, State, Take};
+use crate::placement::{MachineUse, PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::search::SearchSpace;
 
@@ -56,21 +56,21 @@ impl Context<'_> {
     /// the first one; any other may be first too, leaving GPUs idle, in
     /// either space: over a slow network fewer GPUs can be faster (4x8:
     /// AmoebaNet-18 on 24 GPUs simulates 1163.0 ms, on all 32 1173.4).
-    fn starts(&self, replicas: u32, free: u32, j: usize) -> std::ops::RangeInclusive<usize> {
+    fn starts(&self, replicas: u32, free: u32, j: usize) -> std::ops::Range<usize> {
         if let Some(layout) = self.layout {
             // The layout's stage ending at j, with its GPU count, or none.
             return match layout
                 .iter()
                 .find(|&&(_, end, r)| end == j && r == replicas)
             {
-                Some(&(start, _, _)) => start..=start,
-                None => 1..=0,
+                Some(&(start, _, _)) => start..start + 1,
+                None => 0..0,
             };
         }
         if replicas == free {
-            0..=0
+            0..1
         } else {
-            0..=j - 1
+            0..j
         }
     }
 
@@ -91,7 +91,7 @@ impl Context<'_> {
         state: &State,
         max_replicas: u32,
         micro_batch: u32,
-    ) -> Vec<(u32, Vec<(Placement, Vec<Take>)>)> {
+    ) -> Vec<(u32, Vec<PlacedTakes>)> {
         let free = state.free();
         let most = free.min(max_replicas);
 
@@ -104,7 +104,7 @@ impl Context<'_> {
                     .max()
                     .unwrap_or(1);
                 let mut last_slice = u32::MAX;
-                let mut options: Vec<(u32, Vec<(Placement, Vec<Take>)>)> = (1..per_machine)
+                let mut options: Vec<(u32, Vec<PlacedTakes>)> = (1..per_machine)
                     .filter(|d| per_machine.is_multiple_of(*d))
                     .chain((per_machine..=most).step_by(per_machine as usize))
                     .filter(|&r| r <= most && r != free)
@@ -145,7 +145,7 @@ impl Context<'_> {
 
     /// Where a stage of `replicas` GPUs may go from `state`. The stage
     /// that takes every free GPU (the first one) is always allowed.
-    fn placements(&self, state: &State, replicas: u32) -> Vec<(Placement, Vec<Take>)> {
+    fn placements(&self, state: &State, replicas: u32) -> Vec<PlacedTakes> {
         match self.space {
             SearchSpace::MachineAligned if replicas != state.free() => {
                 let mut out = state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES);
@@ -830,17 +830,17 @@ impl<'c, 'a> Dp<'c, 'a> {
             // (a plan need not use every GPU: over a slow network fewer GPUs
             // can be faster).
             let starts = self.ctx.starts(r, free, j);
-            let (first, last) = (*starts.start(), *starts.end());
+            let (first, stop) = (starts.start, starts.end);
             // The layers in front of the stage keep some GPU busy for at
             // least M * work_floor[i] / (GPUs left) (a term of the
             // completion floor), which grows with i: drop the starts where
             // that alone is above every bound, before placing or costing.
             let left = free - r;
-            let end = if self.objective == Objective::Latency && left > 0 && first <= last {
+            let end = if self.objective == Objective::Latency && left > 0 && first < stop {
                 let floor_above = f64::from(left) * prune_above / m;
-                first + self.work_floor[first..=last].partition_point(|&w| w <= floor_above)
+                first + self.work_floor[first..stop].partition_point(|&w| w <= floor_above)
             } else {
-                last + 1
+                stop
             };
             if first >= end {
                 continue;

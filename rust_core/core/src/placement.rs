@@ -88,6 +88,10 @@ pub struct Take {
     pub machines: u32,
 }
 
+/// A placement policy's choice of GPUs for one stage: the policy, and the
+/// takes that give the GPUs.
+pub type PlacedTakes = (Placement, Vec<Take>);
+
 /// Canonical cluster state: classes of alike machines sorted by (group,
 /// capacity, used, adjacent), each with its machine count (at least one).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -384,7 +388,7 @@ impl State {
     /// first placement that produced it: the policies alone, then, where
     /// the machines are of several groups, each policy preferring each
     /// group.
-    pub fn placements(&self, want: u32) -> Vec<(Placement, Vec<Take>)> {
+    pub fn placements(&self, want: u32) -> Vec<PlacedTakes> {
         let mut groups: Vec<u16> = self.0.iter().map(|(m, _)| m.group).collect();
         groups.dedup(); // sorted: the state is ordered by group
         let preferences = std::iter::once(None).chain(
@@ -394,7 +398,7 @@ impl State {
                 .map(Some)
                 .filter(|_| groups.len() > 1),
         );
-        let mut out: Vec<(Placement, Vec<Take>)> = Vec::with_capacity(3);
+        let mut out: Vec<PlacedTakes> = Vec::with_capacity(3);
         // Takes that differ only in order place the same GPUs.
         let mut seen: Vec<Vec<Take>> = Vec::with_capacity(3);
         for group in preferences {
@@ -418,7 +422,7 @@ impl State {
     /// machine, either a partly used one (append-first) or a fresh one
     /// (fresh-first) as long as at most `max_partial` machines end up partly
     /// used. This keeps the number of distinct states small on big clusters.
-    pub fn aligned_placements(&self, want: u32, max_partial: u32) -> Vec<(Placement, Vec<Take>)> {
+    pub fn aligned_placements(&self, want: u32, max_partial: u32) -> Vec<PlacedTakes> {
         let classes = &self.0;
         let per_machine = classes
             .iter()

@@ -697,13 +697,16 @@ impl LayerCosts {
             .enumerate()
             .map(|(i, r)| r.iter().copied().fold(i, usize::max))
             .collect();
-        let mut cut_per_sample = vec![0.0; n + 1];
-        for p in 1..n {
-            cut_per_sample[p] = (0..p)
-                .filter(|&s| last_consumer[s] >= p)
-                .map(|s| act_per_sample[s])
-                .sum();
-        }
+        // (Nothing crosses cut 0, before the first layer, or cut n, after
+        // the last: no producer is before the one, no consumer after the other.)
+        let cut_per_sample: Vec<f64> = (0..=n)
+            .map(|p| {
+                (0..p)
+                    .filter(|&s| last_consumer[s] >= p)
+                    .map(|s| act_per_sample[s])
+                    .sum()
+            })
+            .collect();
         LayerCosts {
             num_layers: n,
             timings,
@@ -773,6 +776,9 @@ impl LayerCosts {
         self.param_bytes(start, end) * f64::from(2 + self.optimizer_slots)
     }
 }
+
+#[cfg(test)]
+pub(crate) use tests::chain_profile;
 
 #[cfg(test)]
 mod tests {
@@ -976,6 +982,3 @@ mod tests {
         assert_eq!(c.cut_bytes_per_sample(3), 200.0); // outputs of 0 and 2
     }
 }
-
-#[cfg(test)]
-pub(crate) use tests::chain_profile;

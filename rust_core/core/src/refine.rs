@@ -291,7 +291,7 @@ fn candidate_moves(plan: &Plan, cluster: &Cluster) -> Vec<Move> {
             }
         }
     }
-    for from in 0..=stages {
+    for (from, from_on) in on.iter().enumerate() {
         for to in 0..=stages {
             if from == to {
                 continue;
@@ -302,7 +302,7 @@ fn candidate_moves(plan: &Plan, cluster: &Cluster) -> Vec<Move> {
             }
             for m in machines_of(from) {
                 out.push(Move::Hand {
-                    device: on[from][m][0],
+                    device: from_on[m][0],
                     from: holder(from),
                     to: holder(to),
                 });

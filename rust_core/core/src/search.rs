@@ -483,7 +483,14 @@ pub fn search(
     if !sizes_alone && cluster.num_devices() <= SECOND_PASS_MAX_DEVICES {
         if let Some(fastest) = ranked.first().map(|(p, _)| key(p).0) {
             let second_budget = MemoryBudget::new(opts.max_search_bytes);
-            let each: Vec<(Vec<(usize, u32, Found)>, usize, u64)> = sizes
+            // One size's pass: each rule's best plan (rule, size, plan),
+            // and the pass's work.
+            struct SizePass {
+                found: Vec<(usize, u32, Found)>,
+                states: usize,
+                stages_costed: u64,
+            }
+            let each: Vec<SizePass> = sizes
                 .par_iter()
                 .map(|&b| {
                     let bounds: Vec<AtomicU64> = rules
@@ -505,12 +512,16 @@ pub fn search(
                         .zip(&by_looseness)
                         .filter_map(|(f, &p)| f.map(|f| (p, b, f)))
                         .collect();
-                    (found, dp.states.len(), dp.stages_costed)
+                    SizePass {
+                        found,
+                        states: dp.states.len(),
+                        stages_costed: dp.stages_costed,
+                    }
                 })
                 .collect();
-            for (_, states, costed) in &each {
-                stats.states += states;
-                stats.stages_costed += costed;
+            for pass in &each {
+                stats.states += pass.states;
+                stats.stages_costed += pass.stages_costed;
             }
             // A pass's best plan at a size the first runs already offered
             // is the same plan.
@@ -523,7 +534,7 @@ pub fn search(
                 Vec::new()
             } else {
                 each.iter()
-                    .flat_map(|(found, _, _)| found)
+                    .flat_map(|pass| &pass.found)
                     .filter(|(p, b, f)| {
                         !offered_before(*p, *b) && within_passes(f.stages.len(), gbs / b)
                     })
@@ -973,7 +984,7 @@ mod tests {
         let machines = cluster.group_and_gpus();
         let mut best: Option<(f64, f64)> = None;
         let min_slice = profile.min_batch_size();
-        for b in (1..=gbs).filter(|b| gbs % b == 0 && *b >= min_slice) {
+        for b in (1..=gbs).filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice) {
             let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
             // (layer j the suffix starts at, state, steps so far)
             let mut stack: Vec<(usize, State, Vec<Step>)> =
@@ -1088,7 +1099,7 @@ mod tests {
         let (spec, mut topology) = random_topology(rng, shape, case);
         // Small models on part of the cases, where replicas on both kinds
         // of GPU are worth their AllReduce.
-        if case % 3 != 0 {
+        if !case.is_multiple_of(3) {
             for l in &mut profile.layers {
                 l.param_bytes /= 100;
             }
@@ -1098,7 +1109,7 @@ mod tests {
         slow.machines = 1;
         slow.gpu.gpu_type = "slow".into();
         slow.gpu.memory_bytes = rng.gen_range(2_000_000_000..12_000_000_000);
-        if case % 2 == 0 {
+        if case.is_multiple_of(2) {
             slow.gpu.relative_speed = Some(rng.gen_range(0.3..0.9));
         } else {
             profile.device = Some(crate::topology::DEFAULT_GPU_TYPE.into());
@@ -1199,7 +1210,7 @@ mod tests {
             let layers = rng.gen_range(1..=if topology.num_devices() >= 8 { 5 } else { 7 });
             let profile = random_profile(&mut rng, layers);
             let gbs = [4, 6, 8, 12][case % 4];
-            let policy = if case % 2 == 0 {
+            let policy = if case.is_multiple_of(2) {
                 WarmupPolicy::A
             } else {
                 WarmupPolicy::B
@@ -1523,7 +1534,7 @@ mod tests {
         // partly used (1 GPU each of 12), no whole machine is free, so 40
         // GPUs cannot be placed and 48 (4 on each machine, the same slice
         // of 100 samples: 3) stands for them.
-        let twelve = State::empty(&vec![(0, 8); 12]);
+        let twelve = State::empty(&[(0, 8); 12]);
         let spread = twelve.taken(&twelve.even_scatter(12).unwrap());
         let counts = ctx.replica_counts(&spread, 84, 100);
         assert!(counts.contains(&48) && !counts.contains(&40), "{counts:?}");
