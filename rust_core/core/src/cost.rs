@@ -1180,14 +1180,8 @@ mod tests {
     /// Two machines of 2 GPUs: the second group's GPUs at `speed` and
     /// `memory` bytes.
     fn mixed(speed: f64, memory: u64) -> Topology {
-        let mut t = Topology::from_spec("2x2-nvlink").unwrap();
-        let mut slow = t.machine_groups[0].clone();
-        t.machine_groups[0].machines = 1;
-        slow.machines = 1;
-        slow.gpu.relative_speed = Some(speed);
-        slow.gpu.memory_bytes = memory;
-        slow.gpu.gpu_type = "slow".into();
-        t.machine_groups.push(slow);
+        let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
+        t.machine_groups[1].gpu.memory_bytes = memory;
         t
     }
 

@@ -408,7 +408,7 @@ mod tests {
     use crate::plan::{PlanInputs, ScheduleChoice};
     use crate::profile::{Layer, Measurement};
     use crate::schedule::ScheduleKind;
-    use crate::topology::Topology;
+    use crate::topology::{with_one_slow_machine, Topology};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
@@ -692,13 +692,7 @@ mod tests {
         // weights, heavy compute: the idle slow GPUs are worth adding to
         // the stages, which then run unlike GPUs with uneven slices.
         let profile = profile(&[(20.0, 40.0, 1000, 1000); 2]);
-        let mut topology = Topology::from_spec("2x2-nvlink-50gbps").unwrap();
-        let mut slow = topology.machine_groups[0].clone();
-        topology.machine_groups[0].machines = 1;
-        slow.machines = 1;
-        slow.gpu.gpu_type = "slow".into();
-        slow.gpu.relative_speed = Some(0.5);
-        topology.machine_groups.push(slow);
+        let topology = with_one_slow_machine("2x2-nvlink-50gbps", 0.5);
         topology.validate().unwrap();
         let plan = costed(
             &profile,
@@ -757,13 +751,7 @@ mod tests {
     fn plans_alike_up_to_machines_are_recognised() {
         let profile = profile(&[(1.0, 2.0, 1000, 1000); 2]);
         let alike = Topology::from_spec("2x2-nvlink-10gbps").unwrap();
-        let mut mixed = alike.clone();
-        let mut slow = mixed.machine_groups[0].clone();
-        mixed.machine_groups[0].machines = 1;
-        slow.machines = 1;
-        slow.gpu.gpu_type = "slow".into();
-        slow.gpu.relative_speed = Some(0.5);
-        mixed.machine_groups.push(slow);
+        let mixed = with_one_slow_machine("2x2-nvlink-10gbps", 0.5);
         let same = |topology: &Topology, a: [Vec<u32>; 2], b: [Vec<u32>; 2]| {
             let plan = |d: [Vec<u32>; 2]| {
                 let [d0, d1] = d;

@@ -358,6 +358,21 @@ impl Topology {
     }
 }
 
+/// Test clusters on mixed GPUs: `spec`'s first group split in two, one
+/// machine as it is and one whose GPUs (type "slow") run at `speed` times
+/// its speed.
+#[cfg(test)]
+pub(crate) fn with_one_slow_machine(spec: &str, speed: f64) -> Topology {
+    let mut topology = Topology::from_spec(spec).unwrap();
+    let mut slow = topology.machine_groups[0].clone();
+    topology.machine_groups[0].machines = 1;
+    slow.machines = 1;
+    slow.gpu.gpu_type = "slow".into();
+    slow.gpu.relative_speed = Some(speed);
+    topology.machine_groups.push(slow);
+    topology
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
