@@ -13,6 +13,7 @@ ASYNCHRONOUS_ROWS_ON: str
 SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
+ERROR_CODES: tuple[str, ...]
 MAX_PASSES: int
 MAX_PASSES_CEILING: int
 DEFAULT_MAX_SEARCH_BYTES: int

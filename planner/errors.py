@@ -59,3 +59,15 @@ class RunFailedError(DappleError):
     """A worker of `dapple run` raised or died; the run was stopped."""
 
     code = "run_failed"
+
+
+def class_of_code(code: str) -> type[DappleError]:
+    """The exception class of a stable error code: how the binding raises
+    the core's errors (each core code has its class; `ERROR_CODES`)."""
+    classes = [DappleError]
+    while classes:
+        cls = classes.pop()
+        if cls.code == code:
+            return cls
+        classes.extend(cls.__subclasses__())
+    return DappleError

@@ -25,8 +25,6 @@ from .simulation import Simulation
 
 FORMATS = {".png": "png", ".svg": "svg"}
 GIB = float(1 << 30)
-#: Most tasks a timeline draws: matplotlib takes about 0.5 ms a task here
-#: (6.9 s for 15,000), so the limit keeps a picture to about 10 s.
 DPI = 110
 
 # Fig. 4 of the paper: blue forwards, green backwards, gray bubbles.

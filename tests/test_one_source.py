@@ -104,3 +104,18 @@ def test_cli_choices_are_the_cores():
     assert choices[("plan", "warmup_policy")] == core.WARMUP_POLICIES
     assert choices[("simulate", "schedule")] == core.SCHEDULE_KINDS
     assert choices[("show", "schedule")] == core.SCHEDULE_KINDS
+
+
+def test_every_core_error_code_has_its_class_and_only_errors_py_spells_them():
+    from planner import errors
+
+    for code in core.ERROR_CODES:
+        cls = errors.class_of_code(code)
+        assert cls is not errors.DappleError and cls.code == code, code
+    assert errors.class_of_code("no such code") is errors.DappleError
+    # "infeasible" is also a regression case's status, so only the codes
+    # that are no English word are looked for.
+    codes = {code for code in core.ERROR_CODES if "_" in code}
+    assert len(codes) >= 4
+    spelled = [found for found in offenders(lambda s: s in codes) if not found.startswith("planner/errors.py")]
+    assert spelled == []

@@ -1,36 +1,34 @@
 //! One error type for the whole core, with stable codes.
 //!
-//! The binding maps `ErrorKind` to one Python exception class each and the
-//! CLI maps those to exit codes, so a code here never changes meaning.
+//! The binding raises each `ErrorKind` as the Python exception class of
+//! its code (`planner.errors.class_of_code`) and the CLI maps those to exit
+//! codes, so a code here never changes meaning.
 
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A file or text that is not valid for its format (syntax, missing or
-    /// bad field, unknown version).
-    InvalidInput,
-    /// An input that is valid alone but cannot be used with the others
-    /// (a batch size the GPUs cannot share, a plan for another topology).
-    Incompatible,
-    /// Nothing in the search space fits the devices' memory.
-    Infeasible,
-    /// Reading or writing a file failed.
-    Io,
-    /// The work asked for is over a documented limit (`schedule::MAX_PASSES`).
-    Limit,
+crate::named_enum! {
+    /// What went wrong, by its stable machine-readable code: shown to users,
+    /// matched by tests, and the key of the Python exception classes.
+    pub enum ErrorKind("an error code") {
+        /// A file or text that is not valid for its format (syntax, missing or
+        /// bad field, unknown version).
+        InvalidInput = "invalid_input",
+        /// An input that is valid alone but cannot be used with the others
+        /// (a batch size the GPUs cannot share, a plan for another topology).
+        Incompatible = "incompatible_inputs",
+        /// Nothing in the search space fits the devices' memory.
+        Infeasible = "infeasible",
+        /// Reading or writing a file failed.
+        Io = "io_error",
+        /// The work asked for is over a documented limit (`schedule::MAX_PASSES`).
+        Limit = "limit_exceeded",
+    }
 }
 
 impl ErrorKind {
-    /// Stable machine-readable code, shown to users and matched by tests.
+    /// Stable machine-readable code (the enum's name).
     pub fn code(self) -> &'static str {
-        match self {
-            ErrorKind::InvalidInput => "invalid_input",
-            ErrorKind::Incompatible => "incompatible_inputs",
-            ErrorKind::Infeasible => "infeasible",
-            ErrorKind::Io => "io_error",
-            ErrorKind::Limit => "limit_exceeded",
-        }
+        self.name()
     }
 }
 

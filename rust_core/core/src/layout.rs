@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::cost::{ranges_of, slice_ranges};
 use crate::error::Result;
-use crate::evaluate::check_layout;
+use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
 
 /// Samples `[start, end)` of a micro-batch that one rank sends to, or

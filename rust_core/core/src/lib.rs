@@ -9,6 +9,7 @@ pub mod asynchronous;
 pub mod balance;
 pub mod baselines;
 pub mod cost;
+mod costing;
 mod dp;
 pub mod error;
 pub mod evaluate;

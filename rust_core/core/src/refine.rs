@@ -33,7 +33,7 @@ use rayon::prelude::*;
 
 use crate::cost::{Cluster, StageCoster, StageDevices};
 use crate::error::Result;
-use crate::evaluate::check_layout;
+use crate::plan::check_layout;
 use crate::plan::{Plan, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::search::cost_candidate;

@@ -20,8 +20,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::StageCost;
+use crate::costing::{stage_costs, with_coster};
 use crate::error::{Error, Result};
-use crate::evaluate::{stage_costs, with_coster};
 use crate::format::{FileFormat, FileObject, SIMULATION};
 use crate::plan::{plan_schedule, Plan};
 use crate::profile::LayerCosts;
@@ -146,6 +146,202 @@ struct Trace {
     compute: Vec<f64>,
 }
 
+/// The state of one run of the action lists: when each stage, link and
+/// input is free or ready, and how far each stage's list has run.
+struct Replay<'a> {
+    stages: &'a [SimStage],
+    transfer_ms: &'a [f64],
+    recompute: bool,
+    /// When the input of (stage, micro-batch) is there, forward and backward.
+    forward_ready: Vec<Vec<Option<f64>>>,
+    backward_ready: Vec<Vec<Option<f64>>>,
+    link_forward_free: Vec<f64>,
+    link_backward_free: Vec<f64>,
+    stage_free: Vec<f64>,
+    /// Index of each stage's next action.
+    next: Vec<usize>,
+    last_end: f64,
+}
+
+impl<'a> Replay<'a> {
+    fn new(
+        stages: &'a [SimStage],
+        transfer_ms: &'a [f64],
+        micro_batches: u32,
+        recompute: bool,
+    ) -> Self {
+        let (s_count, m) = (stages.len(), micro_batches as usize);
+        let mut forward_ready = vec![vec![None; m]; s_count];
+        // The first stage's inputs are all there at the start.
+        forward_ready[0] = vec![Some(0.0); m];
+        Replay {
+            stages,
+            transfer_ms,
+            recompute,
+            forward_ready,
+            backward_ready: vec![vec![None; m]; s_count],
+            link_forward_free: vec![0.0; s_count.saturating_sub(1)],
+            link_backward_free: vec![0.0; s_count.saturating_sub(1)],
+            stage_free: vec![0.0; s_count],
+            next: vec![0; s_count],
+            last_end: 0.0,
+        }
+    }
+
+    /// When `action` of stage `s` may start and how long it takes; `None`
+    /// while its input has not arrived.
+    fn ready(&self, s: usize, action: &Action) -> Option<(f64, f64)> {
+        let st = &self.stages[s];
+        let mb = action.micro_batch.map(|x| x as usize);
+        let (ready, duration) = match action.kind {
+            ActionKind::Forward => (self.forward_ready[s][mb.unwrap()], st.fwd_ms),
+            ActionKind::Backward => {
+                let extra = if self.recompute { st.fwd_ms } else { 0.0 };
+                (self.backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
+            }
+            ActionKind::AllReduce => (Some(self.stage_free[s]), st.allreduce_ms),
+            ActionKind::OptimizerStep => (Some(self.stage_free[s]), st.optimizer_ms),
+        };
+        ready.map(|r| (self.stage_free[s].max(r), duration))
+    }
+
+    /// Run stage `s`'s actions in order until one waits for its input;
+    /// returns whether any ran.
+    fn run_stage(&mut self, s: usize, list: &[Action], mut trace: Option<&mut Trace>) -> bool {
+        let mut progressed = false;
+        while let Some(action) = list.get(self.next[s]) {
+            let Some((start, duration)) = self.ready(s, action) else {
+                break;
+            };
+            let end = start + duration;
+            self.stage_free[s] = end;
+            self.last_end = self.last_end.max(end);
+            self.next[s] += 1;
+            progressed = true;
+            if let Some(t) = trace.as_deref_mut() {
+                t.record_action(s, action, start, duration, &self.stages[s], self.recompute);
+            }
+            match (action.kind, action.micro_batch) {
+                (ActionKind::Forward, Some(mb)) => {
+                    self.forward_done(s, mb, end, trace.as_deref_mut())
+                }
+                (ActionKind::Backward, Some(mb)) => {
+                    self.backward_done(s, mb, end, trace.as_deref_mut())
+                }
+                _ => {}
+            }
+        }
+        progressed
+    }
+
+    /// Stage `s` ended micro-batch `mb`'s forward at `end`: its output goes
+    /// to the next stage, or the last stage's backward may start.
+    fn forward_done(&mut self, s: usize, mb: u32, end: f64, trace: Option<&mut Trace>) {
+        if s + 1 == self.stages.len() {
+            // The last stage starts the backward as soon as its forward is done.
+            self.backward_ready[s][mb as usize] = Some(end);
+            return;
+        }
+        let send_start = end.max(self.link_forward_free[s]);
+        let arrive = send_start + self.transfer_ms[s];
+        self.link_forward_free[s] = arrive;
+        self.forward_ready[s + 1][mb as usize] = Some(arrive);
+        self.last_end = self.last_end.max(arrive);
+        if let Some(t) = trace {
+            t.record_send(s, TaskKind::SendForward, mb, send_start, arrive);
+        }
+    }
+
+    /// Stage `s` ended micro-batch `mb`'s backward at `end`: its gradient
+    /// goes to the stage before.
+    fn backward_done(&mut self, s: usize, mb: u32, end: f64, trace: Option<&mut Trace>) {
+        if s == 0 {
+            return;
+        }
+        let send_start = end.max(self.link_backward_free[s - 1]);
+        let arrive = send_start + self.transfer_ms[s - 1];
+        self.link_backward_free[s - 1] = arrive;
+        self.backward_ready[s - 1][mb as usize] = Some(arrive);
+        self.last_end = self.last_end.max(arrive);
+        if let Some(t) = trace {
+            t.record_send(s - 1, TaskKind::SendBackward, mb, send_start, arrive);
+        }
+    }
+}
+
+impl Trace {
+    fn new(stages: usize) -> Self {
+        Trace {
+            tasks: Vec::new(),
+            memory_events: vec![Vec::new(); stages],
+            compute: vec![0.0; stages],
+        }
+    }
+
+    /// Stage `s` ran `action` for `duration` from `start`: the task, its
+    /// compute time and what it keeps or frees.
+    fn record_action(
+        &mut self,
+        s: usize,
+        action: &Action,
+        start: f64,
+        duration: f64,
+        st: &SimStage,
+        recompute: bool,
+    ) {
+        let end = start + duration;
+        let kind = match action.kind {
+            ActionKind::Forward => TaskKind::Forward,
+            ActionKind::Backward => TaskKind::Backward,
+            ActionKind::AllReduce => TaskKind::AllReduce,
+            ActionKind::OptimizerStep => TaskKind::OptimizerStep,
+        };
+        self.tasks.push(Task {
+            stage: s,
+            kind,
+            micro_batch: action.micro_batch,
+            start_ms: start,
+            end_ms: end,
+        });
+        let events = &mut self.memory_events[s];
+        match action.kind {
+            ActionKind::Forward => {
+                self.compute[s] += duration;
+                events.push((
+                    start,
+                    if recompute {
+                        st.input_bytes
+                    } else {
+                        st.stored_bytes
+                    },
+                ));
+            }
+            ActionKind::Backward if recompute => {
+                self.compute[s] += duration;
+                // The forward is re-run: its activations live through the backward.
+                events.push((start, st.stored_bytes));
+                events.push((end, -st.stored_bytes - st.input_bytes));
+            }
+            ActionKind::Backward => {
+                self.compute[s] += duration;
+                events.push((end, -st.stored_bytes));
+            }
+            _ => {}
+        }
+    }
+
+    /// A transfer on the link after `stage`.
+    fn record_send(&mut self, stage: usize, kind: TaskKind, mb: u32, start: f64, end: f64) {
+        self.tasks.push(Task {
+            stage,
+            kind,
+            micro_batch: Some(mb),
+            start_ms: start,
+            end_ms: end,
+        });
+    }
+}
+
 /// Run every stage's action list (AR and OPT included) against the
 /// pipeline's dependencies and return when the last task ends. `trace`,
 /// when given, receives every task and memory change. Lists that cannot
@@ -159,21 +355,9 @@ fn run_lists(
     mut trace: Option<&mut Trace>,
 ) -> std::result::Result<f64, (usize, usize)> {
     let s_count = stages.len();
-    let m = micro_batches as usize;
-    // When the input of (stage, micro-batch) is there, forward and backward.
-    let mut forward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
-    let mut backward_ready: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s_count];
-    for slot in forward_ready[0].iter_mut() {
-        *slot = Some(0.0);
-    }
-    let mut link_forward_free = vec![0.0f64; s_count.saturating_sub(1)];
-    let mut link_backward_free = vec![0.0f64; s_count.saturating_sub(1)];
-    let mut next = vec![0usize; s_count];
-    let mut stage_free = vec![0.0f64; s_count];
-    let mut last_end: f64 = 0.0;
+    let mut replay = Replay::new(stages, transfer_ms, micro_batches, recompute);
     if let Some(t) = trace.as_deref_mut() {
-        t.memory_events = vec![Vec::new(); s_count];
-        t.compute = vec![0.0; s_count];
+        *t = Trace::new(s_count);
     }
     // Sweeps alternate direction, so that forward inputs travel down and
     // gradients up the pipeline within one sweep each. Start times do not
@@ -181,119 +365,18 @@ fn run_lists(
     let mut downward = true;
     loop {
         let mut progressed = false;
-        let order: Box<dyn Iterator<Item = usize>> = if downward {
-            Box::new(0..s_count)
-        } else {
-            Box::new((0..s_count).rev())
-        };
-        downward = !downward;
-        for s in order {
-            while let Some(action) = lists[s].get(next[s]) {
-                let st = &stages[s];
-                let mb = action.micro_batch.map(|x| x as usize);
-                let (ready, duration) = match action.kind {
-                    ActionKind::Forward => (forward_ready[s][mb.unwrap()], st.fwd_ms),
-                    ActionKind::Backward => {
-                        let extra = if recompute { st.fwd_ms } else { 0.0 };
-                        (backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
-                    }
-                    ActionKind::AllReduce => (Some(stage_free[s]), st.allreduce_ms),
-                    ActionKind::OptimizerStep => (Some(stage_free[s]), st.optimizer_ms),
-                };
-                let Some(ready) = ready else { break };
-                let start = stage_free[s].max(ready);
-                let end = start + duration;
-                stage_free[s] = end;
-                last_end = last_end.max(end);
-                next[s] += 1;
-                progressed = true;
-                if let Some(t) = trace.as_deref_mut() {
-                    let kind = match action.kind {
-                        ActionKind::Forward => TaskKind::Forward,
-                        ActionKind::Backward => TaskKind::Backward,
-                        ActionKind::AllReduce => TaskKind::AllReduce,
-                        ActionKind::OptimizerStep => TaskKind::OptimizerStep,
-                    };
-                    t.tasks.push(Task {
-                        stage: s,
-                        kind,
-                        micro_batch: action.micro_batch,
-                        start_ms: start,
-                        end_ms: end,
-                    });
-                }
-                match action.kind {
-                    ActionKind::Forward => {
-                        let mb = mb.unwrap();
-                        if let Some(t) = trace.as_deref_mut() {
-                            t.compute[s] += duration;
-                            let kept = if recompute {
-                                st.input_bytes
-                            } else {
-                                st.stored_bytes
-                            };
-                            t.memory_events[s].push((start, kept));
-                        }
-                        if s + 1 < s_count {
-                            let send_start = end.max(link_forward_free[s]);
-                            let arrive = send_start + transfer_ms[s];
-                            link_forward_free[s] = arrive;
-                            forward_ready[s + 1][mb] = Some(arrive);
-                            last_end = last_end.max(arrive);
-                            if let Some(t) = trace.as_deref_mut() {
-                                t.tasks.push(Task {
-                                    stage: s,
-                                    kind: TaskKind::SendForward,
-                                    micro_batch: action.micro_batch,
-                                    start_ms: send_start,
-                                    end_ms: arrive,
-                                });
-                            }
-                        } else {
-                            // The last stage starts the backward as soon as its forward is done.
-                            backward_ready[s][mb] = Some(end);
-                        }
-                    }
-                    ActionKind::Backward => {
-                        let mb = mb.unwrap();
-                        if let Some(t) = trace.as_deref_mut() {
-                            t.compute[s] += duration;
-                            if recompute {
-                                // The forward is re-run: its activations live through the backward.
-                                t.memory_events[s].push((start, st.stored_bytes));
-                                t.memory_events[s].push((end, -st.stored_bytes - st.input_bytes));
-                            } else {
-                                t.memory_events[s].push((end, -st.stored_bytes));
-                            }
-                        }
-                        if s > 0 {
-                            let send_start = end.max(link_backward_free[s - 1]);
-                            let arrive = send_start + transfer_ms[s - 1];
-                            link_backward_free[s - 1] = arrive;
-                            backward_ready[s - 1][mb] = Some(arrive);
-                            last_end = last_end.max(arrive);
-                            if let Some(t) = trace.as_deref_mut() {
-                                t.tasks.push(Task {
-                                    stage: s - 1,
-                                    kind: TaskKind::SendBackward,
-                                    micro_batch: action.micro_batch,
-                                    start_ms: send_start,
-                                    end_ms: arrive,
-                                });
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
+        for i in 0..s_count {
+            let s = if downward { i } else { s_count - 1 - i };
+            progressed |= replay.run_stage(s, lists[s], trace.as_deref_mut());
         }
+        downward = !downward;
         if !progressed {
             break;
         }
     }
-    match (0..s_count).find(|&s| next[s] < lists[s].len()) {
-        Some(s) => Err((s, next[s])),
-        None => Ok(last_end),
+    match (0..s_count).find(|&s| replay.next[s] < lists[s].len()) {
+        Some(s) => Err((s, replay.next[s])),
+        None => Ok(replay.last_end),
     }
 }
 

@@ -132,101 +132,20 @@ impl Topology {
     /// the single link token is the network. Presets: `A` = `2x8-nvlink-25gbps`,
     /// `B` = `16x1-25gbps`, `C` = `16x1-10gbps` (the paper's Table III).
     pub fn from_spec(spec: &str) -> Result<Topology> {
-        let lower = spec.trim().to_ascii_lowercase();
-        let expanded = PRESETS
-            .iter()
-            .find(|(name, _)| {
-                let name = name.to_ascii_lowercase();
-                lower == name || lower == format!("config-{name}")
-            })
-            .map_or(lower.as_str(), |(_, preset)| preset);
-        let bad = |why: &str| {
+        let bad = |why: String| {
             Error::invalid(format!(
                 "topology spec {spec:?} is not valid: {why}; expected MxG[-nvlink|-pcie][-<n>gbps|-ib] \
                  such as 2x8-nvlink, 16x1-25gbps, or a preset A, B, C, or a topology JSON file"
             ))
         };
+        let expanded = expand_preset(spec);
         let mut parts = expanded.split('-');
-        let shape = parts.next().unwrap_or("");
-        let (m, g) = shape.split_once('x').ok_or_else(|| bad("no MxG part"))?;
-        let machines: u32 = m
-            .parse()
-            .map_err(|_| bad("machine count is not a positive integer"))?;
-        let gpus: u32 = g
-            .parse()
-            .map_err(|_| bad("GPU count is not a positive integer"))?;
-        if machines == 0 || gpus == 0 {
-            return Err(bad("machine and GPU counts must be at least 1"));
-        }
+        let (machines, gpus) = parse_shape(parts.next().unwrap_or("")).map_err(bad)?;
         let tokens: Vec<&str> = parts.collect();
-        let parse_rate = |t: &str| -> Option<f64> {
-            if t == "ib" {
-                return Some(100.0);
-            }
-            let n: f64 = t.strip_suffix("gbps")?.parse().ok()?;
-            (n.is_finite() && n > 0.0).then_some(n)
-        };
-        let mut intra = Link {
-            kind: "nvlink".into(),
-            bandwidth_gbps: NVLINK_GBPS,
-            latency_us: INTRA_LATENCY_US,
-        };
-        let mut inter = Link {
-            kind: "ethernet".into(),
-            bandwidth_gbps: DEFAULT_INTER_GBPS,
-            latency_us: INTER_LATENCY_US,
-        };
-        let mut rest: &[&str] = &tokens;
-        // An intra-machine link is named first; a lone rate is the network
-        // (single-GPU machines have no intra link worth naming).
-        if let Some(&first) = rest.first() {
-            let names_intra = matches!(first, "nvlink" | "pcie") || rest.len() > 1;
-            if names_intra {
-                match first {
-                    "nvlink" => {}
-                    "pcie" => {
-                        intra = Link {
-                            kind: "pcie".into(),
-                            bandwidth_gbps: PCIE_GBPS,
-                            latency_us: INTRA_LATENCY_US,
-                        }
-                    }
-                    t => match parse_rate(t) {
-                        Some(r) => {
-                            intra = Link {
-                                kind: "custom".into(),
-                                bandwidth_gbps: r,
-                                latency_us: INTRA_LATENCY_US,
-                            }
-                        }
-                        None => {
-                            return Err(bad(&format!(
-                                "unknown link {t:?}: use nvlink, pcie, <n>gbps or ib"
-                            )))
-                        }
-                    },
-                }
-                rest = &rest[1..];
-            }
-        }
-        match rest {
-            [] => {}
-            [t] => {
-                let r = parse_rate(t).ok_or_else(|| {
-                    bad(&format!(
-                        "unknown link {t:?}: use nvlink, pcie, <n>gbps or ib"
-                    ))
-                })?;
-                inter.bandwidth_gbps = r;
-                if *t == "ib" {
-                    inter.kind = "infiniband".into();
-                }
-            }
-            _ => return Err(bad("too many parts")),
-        }
+        let (intra, inter) = parse_links(&tokens).map_err(bad)?;
         let topology = Topology::homogeneous(spec.trim(), machines, gpus, intra, inter);
         topology.validate().map_err(|e| {
-            bad(&e
+            bad(e
                 .field
                 .map_or(e.message.clone(), |f| format!("{f}: {}", e.message)))
         })?;
@@ -356,6 +275,92 @@ impl Topology {
             self.inter_machine.bandwidth_gbps
         )
     }
+}
+
+/// The spec a preset name (`A`, or `config-a`) stands for, else the spec
+/// itself; lower case, trimmed.
+fn expand_preset(spec: &str) -> String {
+    let lower = spec.trim().to_ascii_lowercase();
+    PRESETS
+        .iter()
+        .find(|(name, _)| {
+            let name = name.to_ascii_lowercase();
+            lower == name || lower == format!("config-{name}")
+        })
+        .map_or(lower.clone(), |(_, preset)| preset.to_string())
+}
+
+/// `MxG`: machines and GPUs per machine, each at least 1.
+fn parse_shape(shape: &str) -> std::result::Result<(u32, u32), String> {
+    let (m, g) = shape.split_once('x').ok_or("no MxG part")?;
+    let machines: u32 = m
+        .parse()
+        .map_err(|_| "machine count is not a positive integer")?;
+    let gpus: u32 = g
+        .parse()
+        .map_err(|_| "GPU count is not a positive integer")?;
+    if machines == 0 || gpus == 0 {
+        return Err("machine and GPU counts must be at least 1".into());
+    }
+    Ok((machines, gpus))
+}
+
+/// A link rate token: `<n>gbps` or `ib` (100 Gbps InfiniBand).
+fn parse_rate(t: &str) -> Option<f64> {
+    if t == "ib" {
+        return Some(100.0);
+    }
+    let n: f64 = t.strip_suffix("gbps")?.parse().ok()?;
+    (n.is_finite() && n > 0.0).then_some(n)
+}
+
+fn unknown_link(t: &str) -> String {
+    format!("unknown link {t:?}: use nvlink, pcie, <n>gbps or ib")
+}
+
+/// The link tokens after `MxG`: the intra-machine link and the network,
+/// NVLink and the default Ethernet where not named.
+fn parse_links(tokens: &[&str]) -> std::result::Result<(Link, Link), String> {
+    let mut intra = Link {
+        kind: "nvlink".into(),
+        bandwidth_gbps: NVLINK_GBPS,
+        latency_us: INTRA_LATENCY_US,
+    };
+    let mut inter = Link {
+        kind: "ethernet".into(),
+        bandwidth_gbps: DEFAULT_INTER_GBPS,
+        latency_us: INTER_LATENCY_US,
+    };
+    let mut rest = tokens;
+    // An intra-machine link is named first; a lone rate is the network
+    // (single-GPU machines have no intra link worth naming).
+    if let Some(&first) = rest.first() {
+        if matches!(first, "nvlink" | "pcie") || rest.len() > 1 {
+            match first {
+                "nvlink" => {}
+                "pcie" => {
+                    intra.kind = "pcie".into();
+                    intra.bandwidth_gbps = PCIE_GBPS;
+                }
+                t => {
+                    intra.kind = "custom".into();
+                    intra.bandwidth_gbps = parse_rate(t).ok_or_else(|| unknown_link(t))?;
+                }
+            }
+            rest = &rest[1..];
+        }
+    }
+    match rest {
+        [] => {}
+        [t] => {
+            inter.bandwidth_gbps = parse_rate(t).ok_or_else(|| unknown_link(t))?;
+            if *t == "ib" {
+                inter.kind = "infiniband".into();
+            }
+        }
+        _ => return Err("too many parts".into()),
+    }
+    Ok((intra, inter))
 }
 
 /// Test clusters on mixed GPUs: `spec`'s first group split in two, one

@@ -5,8 +5,8 @@
 //! huggingface tokenizers does; JSON text appears only where a file is read
 //! (`from_json`) or written (`to_json`). The tables of names users and files
 //! spell (warm-up policies, baselines, presets, formats) come from the core.
-//! Core errors become the exception classes of `planner.errors`, mapped once
-//! in `to_py_err`.
+//! Core errors become the exception classes of `planner.errors`, looked up
+//! by their code in `to_py_err`.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -26,16 +26,10 @@ mod topology;
 /// Raise a core error as the matching `planner.errors` class.
 pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
     Python::attach(|py| {
-        let class_name = match err.kind {
-            dapple_core::ErrorKind::InvalidInput => "InvalidInputError",
-            dapple_core::ErrorKind::Incompatible => "IncompatibleInputsError",
-            dapple_core::ErrorKind::Infeasible => "InfeasibleError",
-            dapple_core::ErrorKind::Io => "DappleIOError",
-            dapple_core::ErrorKind::Limit => "LimitExceededError",
-        };
         let built = py
             .import("planner.errors")
-            .and_then(|m| m.getattr(class_name))
+            .and_then(|m| m.getattr("class_of_code"))
+            .and_then(|class_of| class_of.call1((err.kind.code(),)))
             .and_then(|cls| {
                 cls.call1((
                     err.to_string(),
@@ -210,6 +204,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "DEFAULT_MAX_SEARCH_BYTES",
         dapple_core::search::DEFAULT_MAX_SEARCH_BYTES,
     )?;
+    m.add("ERROR_CODES", names(py, dapple_core::ErrorKind::names())?)?;
     let formats = PyDict::new(py);
     for f in dapple_core::format::FORMATS {
         formats.set_item(f.name, (f.version, f.reads.to_vec()))?;

@@ -1,9 +1,12 @@
 //! Plan files: which layers run on which GPUs, with what micro-batching and
 //! schedule, plus the estimate that chose it, and what a plan implies
-//! without costing (its shape, its action lists). Checking and costing a
-//! plan is `evaluate.rs`'s.
+//! without costing (its shape, its action lists) and whether it can run
+//! (`check.rs`). Costing a plan is `evaluate.rs`'s.
 
 use serde::{Deserialize, Serialize};
+
+mod check;
+pub use check::{check, check_layout};
 
 use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
@@ -260,7 +263,7 @@ impl FileObject for Plan {
         }
         // Its stages on its own topology (what needs the profile is checked
         // where the plan is costed).
-        crate::evaluate::check_layout(self, None)?;
+        check_layout(self, None)?;
         // Times, sizes, ratios and counts: an estimate or selection read
         // from a file holds no negative number (the schema's minimum 0).
         let recorded = [

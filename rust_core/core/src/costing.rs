@@ -1,0 +1,67 @@
+//! The setup that estimating (`evaluate.rs`) and simulating
+//! (`simulate.rs`) a plan share: the plan checked against its profile, the
+//! stage coster of its topology and micro-batching, and the cost of each
+//! of its stages and of each transfer between them.
+
+use crate::cost::{Alloc, Cluster, StageCost, StageCoster, WarmupPolicy};
+use crate::error::Result;
+use crate::plan::{check, Plan};
+use crate::profile::{LayerCosts, Profile};
+use crate::schedule::{check_passes, steady_state_mini_batches};
+
+/// Check `plan` against `profile`, then run `f` with the stage coster of the
+/// plan's topology and micro-batching, each stage's GPUs per machine and the
+/// warm-up policy: the setup that estimating and simulating share.
+pub(crate) fn with_coster<R>(
+    plan: &Plan,
+    profile: &Profile,
+    f: impl FnOnce(&StageCoster, &[Alloc], WarmupPolicy) -> R,
+) -> Result<R> {
+    let (allocs, policy) = check(plan, profile)?;
+    check_passes(plan.stages.len(), plan.micro_batches).map_err(|e| e.under("micro_batches"))?;
+    if plan.schedule.kind.is_asynchronous() {
+        // Its steady state is simulated over many mini-batches.
+        steady_state_mini_batches(plan.stages.len(), plan.micro_batches)
+            .map_err(|e| e.under("micro_batches"))?;
+    }
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::for_model(&plan.inputs.topology, &layers)?;
+    let coster = StageCoster::new(&layers, &cluster, plan.micro_batch_size, plan.micro_batches);
+    Ok(f(&coster, &allocs, policy))
+}
+
+/// Cost of every stage of a checked plan, and of every transfer between
+/// consecutive stages (`transfers_ms[i]`: between stages i and i+1, each
+/// way). `overlap`: hide a single stage's AllReduce behind its backward.
+pub(crate) fn stage_costs(
+    coster: &StageCoster,
+    plan: &Plan,
+    allocs: &[Alloc],
+    overlap: bool,
+) -> (Vec<StageCost>, Vec<f64>) {
+    let mut stages = Vec::with_capacity(plan.stages.len());
+    let mut transfers_ms = Vec::with_capacity(plan.stages.len().saturating_sub(1));
+    for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
+        if i > 0 {
+            transfers_ms.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
+        }
+        stages.push(match &s.slices {
+            Some(slices) => coster.stage_sliced(
+                s.layer_start,
+                s.layer_end,
+                &s.devices,
+                slices,
+                s.warmup_micro_batches,
+                overlap,
+            ),
+            None => coster.stage(
+                s.layer_start,
+                s.layer_end,
+                alloc,
+                s.warmup_micro_batches,
+                overlap,
+            ),
+        });
+    }
+    (stages, transfers_ms)
+}

@@ -1,0 +1,247 @@
+//! Whether a plan can run: its batching, its stages' layers, devices and
+//! slices on its own topology, and warm-up depths its schedule can run;
+//! with a profile, also that the plan was made from it and covers its
+//! layers. Nothing here costs a plan (that is `evaluate.rs`'s), so a plan
+//! file is checked on reading without the cost model.
+
+use crate::cost::{alloc_size, smallest_slice, Alloc, Cluster, WarmupPolicy};
+use crate::error::{Error, Result};
+use crate::profile::Profile;
+use crate::schedule::ScheduleKind;
+
+use super::{warmup_depth, Plan, ScheduleChoice, Stage};
+
+/// Check that `plan` can run `profile` on its topology; returns each
+/// stage's GPUs per machine and the warm-up policy.
+pub fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, WarmupPolicy)> {
+    let allocs = check_layout(plan, Some(profile))?;
+    Ok((allocs, plan.schedule.warmup_policy))
+}
+
+/// Check that `plan`'s stages can run on its topology: batch sizes that
+/// agree, stages that follow each other from layer 0, devices that exist
+/// and are used once, slices of at least the minimum, and warm-up depths
+/// its schedule can run. With `profile`, also that the plan was made from
+/// it and covers its layers; without, the layer count is the runtime's to
+/// check against the model. Returns each stage's GPUs per machine.
+pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>> {
+    check_batching(plan)?;
+    if let Some(profile) = profile {
+        check_made_from(plan, profile)?;
+    }
+    let layers = profile.map(|p| p.layers.len());
+    let cluster = Cluster::new(&plan.inputs.topology);
+    // The stage that uses each device so far.
+    let mut used_by: Vec<Option<usize>> = vec![None; plan.inputs.topology.num_devices() as usize];
+    let mut allocs: Vec<Alloc> = Vec::with_capacity(plan.stages.len());
+    let mut expected_start = 0;
+    for (i, s) in plan.stages.iter().enumerate() {
+        let at = format!("stages[{i}]");
+        check_stage_layers(s, expected_start, layers).map_err(|e| e.under(&at))?;
+        expected_start = s.layer_end;
+        let alloc = check_stage_devices(s, i, &cluster, &mut used_by).map_err(|e| e.under(&at))?;
+        check_stage_slices(plan, s, alloc_size(&alloc)).map_err(|e| e.under(&at))?;
+        check_warmup(plan, i).map_err(|e| e.under(&at))?;
+        allocs.push(alloc);
+    }
+    match layers {
+        Some(n) if expected_start != n => Err(Error::field(
+            format!("stages[{}].layer_end", plan.stages.len() - 1),
+            format!("value {expected_start}: the stages must cover all {n} layers of the profile"),
+        )),
+        _ => Ok(allocs),
+    }
+}
+
+/// At least one stage, and micro-batches that make up the global batch.
+fn check_batching(plan: &Plan) -> Result<()> {
+    if plan.stages.is_empty() {
+        return Err(Error::field("stages", "a plan needs at least one stage"));
+    }
+    if plan.micro_batch_size == 0 {
+        return Err(Error::field("micro_batch_size", "value 0 must be >= 1"));
+    }
+    if plan.micro_batches == 0 {
+        return Err(Error::field("micro_batches", "value 0 must be >= 1"));
+    }
+    let gbs = plan.inputs.global_batch_size;
+    if plan.micro_batch_size.checked_mul(plan.micro_batches) != Some(gbs) {
+        return Err(Error::field(
+            "micro_batches",
+            format!(
+                "micro_batch_size {} x micro_batches {} is not the global batch size {gbs}",
+                plan.micro_batch_size, plan.micro_batches
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The plan was made from `profile`, where it records which (an empty hash
+/// is a hand-written plan's "unknown").
+fn check_made_from(plan: &Plan, profile: &Profile) -> Result<()> {
+    let expected_hash = &plan.inputs.profile_sha256;
+    if expected_hash.is_empty() || *expected_hash == profile.sha256() {
+        return Ok(());
+    }
+    let mut e = Error::incompatible(format!(
+        "the plan was made from another profile (sha256 {}..., this one is {}...)",
+        // Characters, not bytes: a hand-edited hash may not be ASCII.
+        expected_hash.chars().take(12).collect::<String>(),
+        &profile.sha256()[..12]
+    ));
+    e.field = Some("inputs.profile_sha256".into());
+    Err(e)
+}
+
+/// The stage starts where the previous one ended and holds at least one
+/// layer of the profile's `layers` (when known). Errors name the stage's
+/// own field (`layer_start`, `layer_end`).
+fn check_stage_layers(s: &Stage, expected_start: usize, layers: Option<usize>) -> Result<()> {
+    if s.layer_start != expected_start {
+        return Err(Error::field(
+            "layer_start",
+            format!(
+                "value {} leaves a gap or overlap: the previous stage ends at {expected_start}",
+                s.layer_start
+            ),
+        ));
+    }
+    if s.layer_end <= s.layer_start || layers.is_some_and(|n| s.layer_end > n) {
+        let range = match layers {
+            Some(n) => format!(
+                "in {}..={n} (the profile has {n} layers)",
+                s.layer_start + 1
+            ),
+            None => format!("above layer_start {}", s.layer_start),
+        };
+        return Err(Error::field(
+            "layer_end",
+            format!("value {} must be {range}", s.layer_end),
+        ));
+    }
+    Ok(())
+}
+
+/// Stage `i`'s devices exist and no other stage (nor this one twice) uses
+/// them; `used_by` records them. Returns the stage's GPUs per machine.
+fn check_stage_devices(
+    s: &Stage,
+    i: usize,
+    cluster: &Cluster,
+    used_by: &mut [Option<usize>],
+) -> Result<Alloc> {
+    if s.devices.is_empty() {
+        return Err(Error::field("devices", "a stage needs at least one device"));
+    }
+    let alloc = cluster
+        .alloc_of(&s.devices)
+        .map_err(|e| e.under("devices"))?;
+    for &d in &s.devices {
+        if let Some(other) = used_by[d as usize].replace(i) {
+            let why = if other == i {
+                format!("device {d} is listed twice")
+            } else {
+                format!("device {d} is used by two stages (also stages[{other}])")
+            };
+            return Err(Error::field("devices", why));
+        }
+    }
+    Ok(alloc)
+}
+
+/// Every replica's slice of the micro-batch is at least the minimum: the
+/// stage's own slices where it gives them, else the even split over its
+/// `replicas`.
+fn check_stage_slices(plan: &Plan, s: &Stage, replicas: u32) -> Result<()> {
+    let min_slice = plan.inputs.options.min_micro_batch_size.max(1);
+    if let Some(slices) = &s.slices {
+        return check_slices(slices, s.devices.len(), plan.micro_batch_size, min_slice)
+            .map_err(|e| e.under("slices"));
+    }
+    let smallest = smallest_slice(plan.micro_batch_size, replicas);
+    if smallest < min_slice {
+        return Err(Error::field(
+            "devices",
+            format!(
+                "{replicas} replicas split micro-batch {} into slices of {smallest} samples, below the minimum {min_slice} \
+                 (the profile's smallest measured batch size unless --min-micro-batch-size says otherwise)",
+                plan.micro_batch_size,
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A stage's own slices: one per device, each at least `min_slice`,
+/// summing to the micro-batch.
+fn check_slices(slices: &[u32], devices: usize, micro_batch: u32, min_slice: u32) -> Result<()> {
+    if slices.len() != devices {
+        return Err(Error::invalid(format!(
+            "{} slices for {devices} devices: give one per device, in the order of devices",
+            slices.len()
+        )));
+    }
+    if let Some((j, &small)) = slices.iter().enumerate().find(|(_, &s)| s < min_slice) {
+        return Err(Error::invalid(format!(
+            "slice {j} has {small} samples, below the minimum {min_slice} (the profile's smallest \
+             measured batch size unless --min-micro-batch-size says otherwise)"
+        )));
+    }
+    let total: u64 = slices.iter().map(|&s| u64::from(s)).sum();
+    if total != u64::from(micro_batch) {
+        return Err(Error::invalid(format!(
+            "value {slices:?} adds up to {total} samples, not the micro-batch size {micro_batch}"
+        )));
+    }
+    Ok(())
+}
+
+/// Stage `i`'s warm-up depth K_i is the one its schedule and policy give,
+/// or, where they leave it free, in 1..=micro-batches and no deeper than
+/// the stage before it.
+fn check_warmup(plan: &Plan, i: usize) -> Result<()> {
+    let ScheduleChoice {
+        kind,
+        warmup_policy: policy,
+    } = plan.schedule;
+    let stages_from_here = (plan.stages.len() - i) as u32;
+    let k = plan.stages[i].warmup_micro_batches;
+    let m = plan.micro_batches;
+    let field = "warmup_micro_batches";
+    match warmup_depth(kind, policy, stages_from_here, m) {
+        Some(expected) if k != expected => {
+            let why = match kind {
+                ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
+                ScheduleKind::EarlyBackward1F1B => {
+                    format!("warm-up policy {} gives this stage", policy.name())
+                }
+                asynchronous => {
+                    format!("{asynchronous} runs one micro-batch ahead per stage from here")
+                }
+            };
+            Err(Error::field(
+                field,
+                format!("value {k} differs from K_i = {expected} that {why}; fix one of them"),
+            ))
+        }
+        Some(_) => Ok(()),
+        None if !(1..=m).contains(&k) => Err(Error::field(
+            field,
+            format!("value {k} must be in 1..={m} (the plan's micro-batches)"),
+        )),
+        None => match plan.stages[..i].last().map(|p| p.warmup_micro_batches) {
+            // A stage that waits for more forwards than the stage before it
+            // sends ahead of its own first backward deadlocks.
+            Some(prev) if k > prev => Err(Error::field(
+                field,
+                format!(
+                    "value {k} is deeper than stage {}'s {prev}: early backward deadlocks \
+                     unless K_i never grows along the pipeline",
+                    i - 1
+                ),
+            )),
+            _ => Ok(()),
+        },
+    }
+}
