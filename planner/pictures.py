@@ -14,7 +14,9 @@ from __future__ import annotations
 import io
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import DappleError, InvalidInputError, LimitExceededError
 from .files import write_atomic_bytes
@@ -67,13 +69,50 @@ def check_timeline_size(plan: Plan, path: str | os.PathLike, max_tasks: int = MA
 def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int = MAX_TASKS_DRAWN) -> None:
     """The simulated iteration: one row per stage, a thin row per link."""
     fmt = picture_format(path)
-    _, Figure, Rectangle, _ = _matplotlib()
-    stages = plan.stages
-    n = len(stages)
-    total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
+    _matplotlib()  # missing matplotlib is the first error, before any other check
     check_timeline_size(plan, path, max_tasks)
-    tasks = sim.tasks
+    total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
+    g = _timeline_geometry(len(plan.stages), total, sim.tasks)
+    fig, ax = _timeline_axes(g)
+    _draw_idle_rows(ax, g)
+    _draw_tasks(ax, g, sim.tasks)
+    _label_timeline_rows(ax, g, plan)
+    _label_idle_shares(ax, g, sim.tasks)
+    ax.set_xlabel("time (ms)", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8.5)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    _timeline_title_and_legend(fig, g, plan, sim)
+    _save(fig, path, fmt)
 
+
+@dataclass(frozen=True)
+class _TimelineGeometry:
+    """Where the timeline's rows lie (data units, y downwards) and how big
+    the figure is (inches)."""
+
+    total: float  # ms, the x axis
+    stage_top: list[float]
+    link_top: list[float]
+    row_h: float
+    lane_h: float
+    y_max: float
+    unit_in: float  # inches per data unit of height
+    plot_w: float
+    plot_h: float
+    left: float
+    bottom: float
+    fig_w: float
+    fig_h: float
+    px_per_ms: float
+    number_size: float  # of the micro-batch numbers in a stage's row
+
+    @property
+    def n(self) -> int:
+        return len(self.stage_top)
+
+
+def _timeline_geometry(n: int, total: float, tasks) -> _TimelineGeometry:
     # Row geometry in data units (y grows downwards): a stage row of height
     # 1, then under it the link to the next stage in two lanes (activations
     # forward on top, gradients backward below).
@@ -89,54 +128,79 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int =
     unit_in = 0.42
     plot_h = (y_max + 0.2) * unit_in
     left, right, top, bottom = 2.3, 1.0, 0.9, 0.6
-    fig_w, fig_h = left + plot_w + right, top + plot_h + bottom
-    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
-    ax = fig.add_axes((left / fig_w, bottom / fig_h, plot_w / fig_w, plot_h / fig_h))
-    ax.set_xlim(0, total)
-    ax.set_ylim(y_max + 0.1, -0.1)
-    px_per_ms = plot_w * DPI / total
-    number_size = 8 if plot_w * DPI / max(len(compute) / n, 1) > 14 else 7
+    return _TimelineGeometry(
+        total=total, stage_top=stage_top, link_top=link_top, row_h=row_h, lane_h=lane_h, y_max=y_max,
+        unit_in=unit_in, plot_w=plot_w, plot_h=plot_h, left=left, bottom=bottom,
+        fig_w=left + plot_w + right, fig_h=top + plot_h + bottom, px_per_ms=plot_w * DPI / total,
+        number_size=8 if plot_w * DPI / max(len(compute) / n, 1) > 14 else 7,
+    )
 
-    # Idle background: gray for a stage (bubbles), near-white for a link.
-    for i in range(n):
-        ax.add_patch(Rectangle((0, stage_top[i]), total, row_h, facecolor=COLORS["idle"], edgecolor="none", zorder=0))
-    for i in range(n - 1):
+
+def _timeline_axes(g: _TimelineGeometry):
+    _, Figure, _, _ = _matplotlib()
+    fig = Figure(figsize=(g.fig_w, g.fig_h), dpi=DPI)
+    ax = fig.add_axes((g.left / g.fig_w, g.bottom / g.fig_h, g.plot_w / g.fig_w, g.plot_h / g.fig_h))
+    ax.set_xlim(0, g.total)
+    ax.set_ylim(g.y_max + 0.1, -0.1)
+    return fig, ax
+
+
+def _draw_idle_rows(ax, g: _TimelineGeometry) -> None:
+    """Idle background: gray for a stage (bubbles), near-white for a link."""
+    _, _, Rectangle, _ = _matplotlib()
+    for i in range(g.n):
+        ax.add_patch(Rectangle((0, g.stage_top[i]), g.total, g.row_h, facecolor=COLORS["idle"], edgecolor="none",
+                               zorder=0))
+    for i in range(g.n - 1):
         ax.add_patch(
-            Rectangle((0, link_top[i]), total, 2 * lane_h, facecolor=COLORS["link_idle"], edgecolor="none", zorder=0)
+            Rectangle((0, g.link_top[i]), g.total, 2 * g.lane_h, facecolor=COLORS["link_idle"], edgecolor="none",
+                      zorder=0)
         )
 
-    def block(x0, x1, y, h, color, label=None, text_color="white"):
-        ax.add_patch(
-            Rectangle((x0, y), x1 - x0, h, facecolor=color, edgecolor="white", linewidth=0.6, zorder=2)
-        )
-        if label is not None:
-            width_px = (x1 - x0) * px_per_ms
-            size = number_size if h >= row_h else 6
-            need_px = len(label) * size * 0.62 * DPI / 72 + 3
-            if width_px >= need_px and h * unit_in * 72 >= size + 1:
-                ax.text((x0 + x1) / 2, y + h / 2, label, ha="center", va="center", fontsize=size,
-                        color=text_color, zorder=3)
 
-    min_mark_ms = 1.5 / px_per_ms  # a zero-length task still shows as a 1.5 px line
+def _draw_tasks(ax, g: _TimelineGeometry, tasks) -> None:
+    """Passes in the stages' rows, transfers in the links' lanes, the
+    AllReduce and the optimizer step at the end of a stage's row."""
+    n, stage_top, row_h = g.n, g.stage_top, g.row_h
+    min_mark_ms = 1.5 / g.px_per_ms  # a zero-length task still shows as a 1.5 px line
     for t in tasks:
         s, kind, x0, x1 = t["stage"], t["kind"], t["start_ms"], t["end_ms"]
         mb = t.get("micro_batch")
         label = None if mb is None else str(mb)
         if kind in ("forward", "backward"):
-            block(x0, x1, stage_top[s], row_h, COLORS[kind], label)
+            _task_block(ax, g, x0, x1, stage_top[s], row_h, COLORS[kind], label)
         elif kind in ("send_forward", "send_backward") and s < n - 1:
-            y = link_top[s] + (0 if kind == "send_forward" else lane_h)
-            block(x0, x1, y, lane_h, COLORS[kind], label, text_color="#20324a")
+            y = g.link_top[s] + (0 if kind == "send_forward" else g.lane_h)
+            _task_block(ax, g, x0, x1, y, g.lane_h, COLORS[kind], label, text_color="#20324a")
         elif kind in ("all_reduce", "optimizer_step"):
             if x1 - x0 >= min_mark_ms:
-                block(x0, x1, stage_top[s], row_h, COLORS[kind], "AR" if kind == "all_reduce" else None)
+                label = "AR" if kind == "all_reduce" else None
+                _task_block(ax, g, x0, x1, stage_top[s], row_h, COLORS[kind], label)
             elif kind == "optimizer_step" or x1 > x0:  # an AllReduce of zero time (one GPU) is not drawn
                 ax.plot([x0, x0], [stage_top[s], stage_top[s] + row_h], color=COLORS[kind], linewidth=2.2,
                         solid_capstyle="butt", zorder=4, clip_on=False)
 
-    # Labels on the left: stages in the normal size, links smaller and gray.
-    ticks = [stage_top[i] + row_h / 2 for i in range(n)] + [link_top[i] + lane_h for i in range(n - 1)]
-    labels = [f"stage {i} ({_gpus(s['devices'])})" for i, s in enumerate(stages)]
+
+def _task_block(ax, g: _TimelineGeometry, x0, x1, y, h, color, label=None, text_color="white") -> None:
+    """One task as a box, with its label inside when the label fits."""
+    _, _, Rectangle, _ = _matplotlib()
+    ax.add_patch(
+        Rectangle((x0, y), x1 - x0, h, facecolor=color, edgecolor="white", linewidth=0.6, zorder=2)
+    )
+    if label is not None:
+        width_px = (x1 - x0) * g.px_per_ms
+        size = g.number_size if h >= g.row_h else 6
+        need_px = len(label) * size * 0.62 * DPI / 72 + 3
+        if width_px >= need_px and h * g.unit_in * 72 >= size + 1:
+            ax.text((x0 + x1) / 2, y + h / 2, label, ha="center", va="center", fontsize=size,
+                    color=text_color, zorder=3)
+
+
+def _label_timeline_rows(ax, g: _TimelineGeometry, plan: Plan) -> None:
+    """Labels on the left: stages in the normal size, links smaller and gray."""
+    n = g.n
+    ticks = [g.stage_top[i] + g.row_h / 2 for i in range(n)] + [g.link_top[i] + g.lane_h for i in range(n - 1)]
+    labels = [_stage_name(plan, i) for i in range(n)]
     labels += [f"link {i}\u2192{i + 1}: act. / grad." for i in range(n - 1)]
     ax.set_yticks(ticks, labels)
     for k, lab in enumerate(ax.get_yticklabels()):
@@ -147,26 +211,28 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int =
             lab.set_color("#555555")
             lab.set_fontstyle("italic")
     ax.tick_params(axis="y", length=0)
-    # On the right: the gray share of each stage's row (the simulator's
-    # bubble_fraction also counts the AllReduce as idle; this does not).
+
+
+def _label_idle_shares(ax, g: _TimelineGeometry, tasks) -> None:
+    """On the right: the gray share of each stage's row (the simulator's
+    bubble_fraction also counts the AllReduce as idle; this does not)."""
+    n = g.n
     busy = [0.0] * n
     for t in tasks:
         if t["kind"] in ("forward", "backward", "all_reduce", "optimizer_step") and t["stage"] < n:
             busy[t["stage"]] += t["end_ms"] - t["start_ms"]
     for i in range(n):
-        ax.text(1.006, stage_top[i] + row_h / 2, f"idle {max(0.0, 1 - busy[i] / total) * 100:.0f}%", fontsize=8.5,
-                color="#444444", va="center", ha="left", transform=_blend(ax))
-    ax.set_xlabel("time (ms)", fontsize=9)
-    ax.tick_params(axis="x", labelsize=8.5)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+        ax.text(1.006, g.stage_top[i] + g.row_h / 2, f"idle {max(0.0, 1 - busy[i] / g.total) * 100:.0f}%",
+                fontsize=8.5, color="#444444", va="center", ha="left", transform=_blend(ax))
 
+
+def _timeline_title_and_legend(fig, g: _TimelineGeometry, plan: Plan, sim: Simulation) -> None:
     recompute = sim.recompute
-    _title(fig, left, 0.22,
+    _title(fig, g.left, 0.22,
            f"{_model(plan)} {plan.kind} {plan.shape}: {sim.schedule}"
            f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
-    _legend_line(fig, left / fig_w, 1 - 0.6 / fig_h, [
+    _legend_line(fig, g.left / g.fig_w, 1 - 0.6 / g.fig_h, [
         ("forward (micro-batch #)", COLORS["forward"]),
         ("backward + re-run forward" if recompute else "backward", COLORS["backward"]),
         ("activations \u2192", COLORS["send_forward"]),
@@ -175,164 +241,259 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int =
         ("optimizer step", COLORS["optimizer_step"]),
         ("idle (bubble)", COLORS["idle"]),
     ])
-    _save(fig, path, fmt)
 
 
 def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
     """Memory of one GPU of each stage over the iteration, in GiB."""
     fmt = picture_format(path)
-    _, Figure, _, _ = _matplotlib()
-    n = len(sim.stages)
-    total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
-    # One axis for a few stages, coloured as in the diagram; small multiples
-    # (one stage each, titled) for more, in one dark colour that reads well.
-    colors = _stage_colors(n) if n <= 4 else ["#1f4e8c"] * n
-    limits = [st["memory_limit_bytes"] / GIB for st in sim.stages]
-    peaks = [st["peak_memory_bytes"] / GIB for st in sim.stages]
-    y_top = max(limits + peaks) * 1.12
-    shared_limit = len(set(limits)) == 1
+    _matplotlib()  # missing matplotlib is the first error, before any other check
+    m = _memory_scale(sim)
+    fig, axes = _memory_axes_one(m.n) if m.one_axis else _memory_axes_grid(m.n)
+    for i, st in enumerate(sim.stages):
+        _draw_stage_memory(axes[i], i, st, m, plan)
+    first = axes[0]
+    first.set_xlim(0, m.total)
+    first.set_ylim(0, m.y_top)
+    if m.one_axis:
+        _finish_memory_axis(first, m, plan, sim)
+    else:
+        _finish_memory_grid(fig, axes, m.n)
     title = (f"{_model(plan)} {plan.kind} {plan.shape}: memory of one GPU per stage, "
              f"{sim.schedule}{' with re-computation' if sim.recompute else ''}, "
              f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
-
-    def series(st):
-        # Several changes at one instant (a backward frees what the next
-        # forward takes at once): only the level after the last one is real.
-        xs, ys = [], []
-        for t, b in st["memory"]:
-            if xs and t <= xs[-1]:
-                ys[-1] = b / GIB
-            else:
-                xs.append(t)
-                ys.append(b / GIB)
-        xs.append(max(total, xs[-1]))
-        ys.append(ys[-1])
-        return xs, ys
-
-    def peak_at(st):
-        peak = st["peak_memory_bytes"]
-        for t, b in st["memory"]:
-            if b >= peak * (1 - 1e-12):
-                return t
-        return 0.0
-
-    if n <= 4:
-        fig_w, fig_h = 10.5, 5.2
-        fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
-        ax = fig.add_axes((0.8 / fig_w, 0.65 / fig_h, 7.6 / fig_w, (fig_h - 1.45) / fig_h))
-        axes = [ax] * n
-    else:
-        cols = 4
-        rows = math.ceil(n / cols)
-        fig_w, fig_h = 14.0, 1.15 + rows * 2.2
-        fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
-        grid = fig.add_gridspec(rows, cols, left=0.7 / fig_w, right=1 - 0.25 / fig_w, top=1 - 0.95 / fig_h,
-                                bottom=0.55 / fig_h, hspace=0.45, wspace=0.12)
-        axes = []
-        for i in range(n):
-            a = fig.add_subplot(grid[i // cols, i % cols], sharex=axes[0] if axes else None,
-                                sharey=axes[0] if axes else None)
-            axes.append(a)
-    for i, st in enumerate(sim.stages):
-        ax = axes[i]
-        xs, ys = series(st)
-        ax.step(xs, ys, where="post", color=colors[i], linewidth=1.8, label=f"stage {i}", zorder=3)
-        # Dotted: what is held all the time (weights, gradients, optimizer state).
-        ax.axhline(st["memory"][0][1] / GIB, color=colors[i], linestyle=":", linewidth=1.0, alpha=0.8, zorder=2)
-        t_peak = peak_at(st)
-        ax.plot([t_peak], [peaks[i]], "o", color=colors[i], markersize=5, zorder=4)
-        # Stagger the annotations of a shared axis so they do not overlap.
-        dy = 8 + (12 * i if n <= 4 else 0)
-        ax.annotate(f"stage {i} peak {peaks[i]:.2f} GiB" if n <= 4 else f"peak {peaks[i]:.2f} GiB",
-                    (t_peak, peaks[i]), xytext=(6, dy), textcoords="offset points", fontsize=8.5,
-                    color=colors[i], fontweight="bold", zorder=5,
-                    arrowprops=dict(arrowstyle="-", color=colors[i], linewidth=0.8) if dy > 10 else None)
-        if n > 4:
-            ax.set_title(f"stage {i} ({_gpus(plan.stages[i]['devices'])})", fontsize=9, loc="left")
-        if n > 4 or not shared_limit:
-            ax.axhline(limits[i], color=colors[i] if not shared_limit else "#b22222", linestyle="--", linewidth=1.1)
-    first = axes[0]
-    first.set_xlim(0, total)
-    first.set_ylim(0, y_top)
-    if n <= 4:
-        ax = first
-        if shared_limit:
-            ax.axhline(limits[0], color="#b22222", linestyle="--", linewidth=1.2, zorder=2)
-            ax.text(total, limits[0], f"GPU memory {limits[0]:.0f} GiB ", color="#b22222", fontsize=9,
-                    ha="right", va="bottom")
-        # Name each line at its right end, and keep a legend beside the plot.
-        ends = sorted(((series(st)[1][-1], i) for i, st in enumerate(sim.stages)))
-        last_y = -1e9
-        for y, i in ends:
-            y = max(y, last_y + y_top * 0.045)
-            last_y = y
-            ax.text(1.01, y, f"stage {i} ({_gpus(plan.stages[i]['devices'])})", color=colors[i], fontsize=9,
-                    va="center", ha="left", transform=_blend(ax), fontweight="bold")
-        ax.set_xlabel("time (ms)", fontsize=9.5)
-        ax.set_ylabel("GiB on one GPU", fontsize=9.5)
-        ax.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
-    else:
-        for i, a in enumerate(axes):
-            a.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
-            a.tick_params(labelsize=7.5)
-            if i % 4:
-                a.tick_params(labelleft=False)
-            if i < n - 4:
-                a.tick_params(labelbottom=False)
-        fig.text(0.2 / fig_w, 0.5, "GiB on one GPU", rotation=90, va="center", fontsize=9.5)
-        fig.text(0.5, 0.12 / fig_h, "time (ms)", ha="center", fontsize=9.5)
     _title(fig, 0.6, 0.2, title, fontsize=11)
-    fig.text(0.6 / fig_w, 1 - 0.48 / fig_h,
+    fig.text(0.6 / fig.get_figwidth(), 1 - 0.48 / fig.get_figheight(),
              "solid: memory in use; dotted: weights, gradients and optimizer state (held all the time); "
              "dashed: GPU memory", fontsize=8.5, ha="left", va="top", color="#444444")
     _save(fig, path, fmt)
 
 
+@dataclass(frozen=True)
+class _MemoryScale:
+    """What every stage's memory plot shares: the time and GiB ranges, the
+    colours and the GPUs' memory limits."""
+
+    n: int
+    total: float  # ms
+    colors: list
+    limits: list[float]  # GiB
+    peaks: list[float]  # GiB
+    y_top: float
+    shared_limit: bool  # every stage's GPU has the same memory
+
+    @property
+    def one_axis(self) -> bool:
+        return self.n <= 4
+
+
+def _memory_scale(sim: Simulation) -> _MemoryScale:
+    n = len(sim.stages)
+    # One axis for a few stages, coloured as in the diagram; small multiples
+    # (one stage each, titled) for more, in one dark colour that reads well.
+    colors = _stage_colors(n) if n <= 4 else ["#1f4e8c"] * n
+    limits = [st["memory_limit_bytes"] / GIB for st in sim.stages]
+    peaks = [st["peak_memory_bytes"] / GIB for st in sim.stages]
+    return _MemoryScale(n=n, total=sim.iteration_ms if sim.iteration_ms > 0 else 1.0, colors=colors, limits=limits,
+                        peaks=peaks, y_top=max(limits + peaks) * 1.12, shared_limit=len(set(limits)) == 1)
+
+
+def _memory_axes_one(n: int):
+    """One axis for all the stages, with room on its right for their names."""
+    _, Figure, _, _ = _matplotlib()
+    fig_w, fig_h = 10.5, 5.2
+    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+    ax = fig.add_axes((0.8 / fig_w, 0.65 / fig_h, 7.6 / fig_w, (fig_h - 1.45) / fig_h))
+    return fig, [ax] * n
+
+
+def _memory_axes_grid(n: int):
+    """Small multiples, four a row, on shared axes."""
+    _, Figure, _, _ = _matplotlib()
+    cols = 4
+    rows = math.ceil(n / cols)
+    fig_w, fig_h = 14.0, 1.15 + rows * 2.2
+    fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
+    grid = fig.add_gridspec(rows, cols, left=0.7 / fig_w, right=1 - 0.25 / fig_w, top=1 - 0.95 / fig_h,
+                            bottom=0.55 / fig_h, hspace=0.45, wspace=0.12)
+    axes = []
+    for i in range(n):
+        a = fig.add_subplot(grid[i // cols, i % cols], sharex=axes[0] if axes else None,
+                            sharey=axes[0] if axes else None)
+        axes.append(a)
+    return fig, axes
+
+
+def _draw_stage_memory(ax, i: int, st: dict, m: _MemoryScale, plan: Plan) -> None:
+    """Stage i's memory over time, what it holds all the time, its peak and
+    (where it is not drawn once for all) its GPU's memory."""
+    color, peak = m.colors[i], m.peaks[i]
+    xs, ys = _memory_series(st, m.total)
+    ax.step(xs, ys, where="post", color=color, linewidth=1.8, label=f"stage {i}", zorder=3)
+    # Dotted: what is held all the time (weights, gradients, optimizer state).
+    ax.axhline(st["memory"][0][1] / GIB, color=color, linestyle=":", linewidth=1.0, alpha=0.8, zorder=2)
+    t_peak = _memory_peak_at(st)
+    ax.plot([t_peak], [peak], "o", color=color, markersize=5, zorder=4)
+    # Stagger the annotations of a shared axis so they do not overlap.
+    dy = 8 + (12 * i if m.one_axis else 0)
+    ax.annotate(f"stage {i} peak {peak:.2f} GiB" if m.one_axis else f"peak {peak:.2f} GiB",
+                (t_peak, peak), xytext=(6, dy), textcoords="offset points", fontsize=8.5,
+                color=color, fontweight="bold", zorder=5,
+                arrowprops=dict(arrowstyle="-", color=color, linewidth=0.8) if dy > 10 else None)
+    if not m.one_axis:
+        ax.set_title(_stage_name(plan, i), fontsize=9, loc="left")
+    if not m.one_axis or not m.shared_limit:
+        ax.axhline(m.limits[i], color=color if not m.shared_limit else "#b22222", linestyle="--", linewidth=1.1)
+
+
+def _memory_series(st: dict, total: float) -> tuple[list[float], list[float]]:
+    """A stage's memory as steps: times (ms) and GiB, held until ``total``."""
+    # Several changes at one instant (a backward frees what the next
+    # forward takes at once): only the level after the last one is real.
+    xs, ys = [], []
+    for t, b in st["memory"]:
+        if xs and t <= xs[-1]:
+            ys[-1] = b / GIB
+        else:
+            xs.append(t)
+            ys.append(b / GIB)
+    xs.append(max(total, xs[-1]))
+    ys.append(ys[-1])
+    return xs, ys
+
+
+def _memory_peak_at(st: dict) -> float:
+    """The first time (ms) a stage's memory reaches its peak."""
+    peak = st["peak_memory_bytes"]
+    for t, b in st["memory"]:
+        if b >= peak * (1 - 1e-12):
+            return t
+    return 0.0
+
+
+def _finish_memory_axis(ax, m: _MemoryScale, plan: Plan, sim: Simulation) -> None:
+    """The shared axis: the one memory limit, the stages' names, labels and grid."""
+    if m.shared_limit:
+        ax.axhline(m.limits[0], color="#b22222", linestyle="--", linewidth=1.2, zorder=2)
+        ax.text(m.total, m.limits[0], f"GPU memory {m.limits[0]:.0f} GiB ", color="#b22222", fontsize=9,
+                ha="right", va="bottom")
+    # Name each line at its right end, and keep a legend beside the plot.
+    ends = sorted(((_memory_series(st, m.total)[1][-1], i) for i, st in enumerate(sim.stages)))
+    last_y = -1e9
+    for y, i in ends:
+        y = max(y, last_y + m.y_top * 0.045)
+        last_y = y
+        ax.text(1.01, y, _stage_name(plan, i), color=m.colors[i], fontsize=9,
+                va="center", ha="left", transform=_blend(ax), fontweight="bold")
+    ax.set_xlabel("time (ms)", fontsize=9.5)
+    ax.set_ylabel("GiB on one GPU", fontsize=9.5)
+    ax.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _finish_memory_grid(fig, axes, n: int) -> None:
+    """Small multiples: tick labels only on the outer edges, one label per axis for the figure."""
+    for i, a in enumerate(axes):
+        a.grid(color="#e6e6e6", linewidth=0.7, zorder=0)
+        a.tick_params(labelsize=7.5)
+        if i % 4:
+            a.tick_params(labelleft=False)
+        if i < n - 4:
+            a.tick_params(labelbottom=False)
+    fig_w, fig_h = fig.get_figwidth(), fig.get_figheight()
+    fig.text(0.2 / fig_w, 0.5, "GiB on one GPU", rotation=90, va="center", fontsize=9.5)
+    fig.text(0.5, 0.12 / fig_h, "time (ms)", ha="center", fontsize=9.5)
+
+
+# The diagram's boxes in data units (a GPU is 1 x 1): GPUs and the gap
+# between them, a machine's padding and the height of its label.
+_GPU, _GPU_GAP, _MACHINE_PAD, _MACHINE_HEAD = 1.0, 0.22, 0.3, 0.55
+
+
+class _MachineBox(NamedTuple):
+    x: float
+    y: float
+    w: float
+    h: float
+    index: int
+    group: int
+    first_id: int
+    count: int  # GPUs
+    cols: int  # GPUs a row
+
+
 def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None) -> None:
     """The plan on the cluster: machines as boxes, GPUs coloured by stage."""
     fmt = picture_format(path)
-    _, Figure, Rectangle, FancyBboxPatch = _matplotlib()
+    _matplotlib()  # missing matplotlib is the first error, before any other check
     topo = plan.data["inputs"]["topology"]
-    stages = plan.stages
-    n = len(stages)
-    colors = _stage_colors(n)
-    owner = {d: i for i, s in enumerate(stages) for d in s["devices"]}
-    blocks = None
-    if profile is not None:
-        try:
-            blocks = plan.blocks_per_stage(profile)
-        except DappleError:
-            blocks = None
+    colors = _stage_colors(len(plan.stages))
+    owner = {d: i for i, s in enumerate(plan.stages) for d in s["devices"]}
+    blocks = _model_layers_per_stage(plan, profile)
+    machines, width, height, devices = _lay_out_machines(topo["machine_groups"])
 
-    # Lay machines out in rows, group after group, in device-id order (data
-    # units: a GPU is 1 x 1).
-    gpu, gap, pad, head = 1.0, 0.22, 0.3, 0.55
-    machines = []  # (x, y, w, h, index, group, first_id, count, cols)
+    unit = min(0.62, 14.0 / max(width, 1))  # inches per data unit
+    entries = _stage_legend_entries(plan, profile, blocks, colors)
+    if devices > len(owner):
+        entries.append(("unused GPU", "white"))
+    legend_font, line_h = 9, 0.3
+    fig_w = max(9.0, width * unit + 1.0)
+    lines, column = _wrap_legend(entries, legend_font, fig_w - 1.0)
+    fig, ax = _diagram_axes(fig_w, width, height, unit, line_h * len(lines))
+    id_size = 9.5 if unit >= 0.5 else 8
+    for box in machines:
+        _draw_machine(ax, box, topo["machine_groups"][box.group]["gpu"]["type"], unit)
+        _draw_machine_gpus(ax, box, owner, colors, id_size)
+    _diagram_legend(fig, lines, column, legend_font, line_h)
+
+    _title(fig, 0.5, 0.18,
+           f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
+           f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
+           f"{plan.micro_batch_size}")
+    fig.text(0.5 / fig_w, 1 - 0.52 / fig.get_figheight(), _cluster_subtitle(topo, len(machines)),
+             fontsize=9, ha="left", va="top", color="#444444")
+    _save(fig, path, fmt)
+
+
+def _model_layers_per_stage(plan: Plan, profile: Profile | None) -> list[int] | None:
+    """The profile's model layers in each stage, or None where they cannot be told."""
+    if profile is None:
+        return None
+    try:
+        return plan.blocks_per_stage(profile)
+    except DappleError:
+        return None
+
+
+def _lay_out_machines(groups) -> tuple[list[_MachineBox], float, float, int]:
+    """Machines in rows, group after group, in device-id order: their boxes,
+    the width and height they take and the number of GPUs."""
+    machines = []
     y = 0.0
     device = 0
     width = 0.0
-    for gi, g in enumerate(topo["machine_groups"]):
+    for gi, g in enumerate(groups):
         per = g["gpus_per_machine"]
         cols = min(per, 8)
         rows = math.ceil(per / cols)
-        w = 2 * pad + cols * gpu + (cols - 1) * gap
-        h = head + 2 * pad + rows * gpu + (rows - 1) * gap - 0.1
+        w = 2 * _MACHINE_PAD + cols * _GPU + (cols - 1) * _GPU_GAP
+        h = _MACHINE_HEAD + 2 * _MACHINE_PAD + rows * _GPU + (rows - 1) * _GPU_GAP - 0.1
         per_row = min(g["machines"], max(1, 16 // cols) if cols > 1 else 8)
         for m in range(g["machines"]):
             if m and m % per_row == 0:
                 y += h + 0.5
             x = (m % per_row) * (w + 0.45)
-            machines.append((x, y, w, h, len(machines), gi, device, per, cols))
+            machines.append(_MachineBox(x, y, w, h, len(machines), gi, device, per, cols))
             width = max(width, x + w)
             device += per
         y += h + 0.5
-    height = y - 0.5
+    return machines, width, y - 0.5, device
 
-    unit = min(0.62, 14.0 / max(width, 1))  # inches per data unit
+
+def _stage_legend_entries(plan: Plan, profile: Profile | None, blocks, colors) -> list:
+    """A legend entry per stage: its layers, named from the profile when there is one."""
     entries = []
-    for i, s in enumerate(stages):
+    for i, s in enumerate(plan.stages):
         text = f"stage {i}: layers {s['layer_start']}-{s['layer_end'] - 1}"
         if profile is not None:
             first, last = profile.layers[s["layer_start"]]["name"], profile.layers[s["layer_end"] - 1]["name"]
@@ -340,64 +501,74 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
             count = f"; {_plural(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
             text += f" ({names}{count})"
         entries.append((text, colors[i]))
-    if device > len(owner):
-        entries.append(("unused GPU", "white"))
-    legend_font = 9
-    fig_w = max(9.0, width * unit + 1.0)
-    lines, column = _wrap_legend(entries, legend_font, fig_w - 1.0)
-    line_h = 0.3
-    fig_h = height * unit + 1.05 + line_h * len(lines) + 0.3
+    return entries
+
+
+def _diagram_axes(fig_w: float, width: float, height: float, unit: float, legend_h: float):
+    """The figure and its axes (data units, y downwards) above ``legend_h`` inches of legend."""
+    _, Figure, _, _ = _matplotlib()
+    fig_h = height * unit + 1.05 + legend_h + 0.3
     fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
     plot_w, plot_h = width * unit, height * unit
-    ax = fig.add_axes((0.5 / fig_w, (0.3 + line_h * len(lines)) / fig_h, plot_w / fig_w, plot_h / fig_h))
+    ax = fig.add_axes((0.5 / fig_w, (0.3 + legend_h) / fig_h, plot_w / fig_w, plot_h / fig_h))
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_axis_off()
-    id_size = 9.5 if unit >= 0.5 else 8
-    groups = topo["machine_groups"]
-    for x, y0, w, h, index, gi, first, count, cols in machines:
-        ax.add_patch(FancyBboxPatch((x, y0), w, h, boxstyle="round,pad=0,rounding_size=0.15",
-                                    facecolor="#f7f7f7", edgecolor="#666666", linewidth=1.2))
-        # The longest machine label that fits its box.
-        room = (w - 2 * pad) * unit
-        gpu_type = groups[gi]["gpu"]["type"]
-        for label in (f"machine {index}: {gpu_type}", f"machine {index}", f"m{index}"):
-            if _text_width_in(label, 8.5) <= room + 0.15:
-                break
-        ax.text(x + w / 2 if label.startswith("m") and not label.startswith("machine") else x + pad,
-                y0 + head / 2 + 0.05, label, fontsize=8.5, va="center",
-                ha="center" if not label.startswith("machine") else "left", color="#333333")
-        for k in range(count):
-            d = first + k
-            gx = x + pad + (k % cols) * (gpu + gap)
-            gy = y0 + head + pad / 2 + (k // cols) * (gpu + gap)
-            s = owner.get(d)
-            face = colors[s] if s is not None else "white"
-            ax.add_patch(Rectangle((gx, gy), gpu, gpu, facecolor=face, edgecolor="#444444", linewidth=0.8))
-            ink = _ink(face)
-            ax.text(gx + gpu / 2, gy + gpu * 0.4, str(d), fontsize=id_size, ha="center", va="center", color=ink,
-                    fontweight="bold")
-            ax.text(gx + gpu / 2, gy + gpu * 0.78, f"s{s}" if s is not None else "-", fontsize=id_size - 2.5,
-                    ha="center", va="center", color=ink)
+    return fig, ax
+
+
+def _diagram_legend(fig, lines, column: float | None, fontsize: float, line_h: float) -> None:
+    """The legend's lines under the machines, the first on top."""
+    fig_w, fig_h = fig.get_figwidth(), fig.get_figheight()
     for r, line in enumerate(lines):
         _legend_line(fig, 0.5 / fig_w, (0.3 + line_h * (len(lines) - 1 - r) - line_h / 2 + 0.05) / fig_h, line,
-                     fontsize=legend_font, column_in=column)
+                     fontsize=fontsize, column_in=column)
 
-    # Subtitle: the machines and their links.
+
+def _draw_machine(ax, box: _MachineBox, gpu_type: str, unit: float) -> None:
+    """A machine's box and its name."""
+    _, _, _, FancyBboxPatch = _matplotlib()
+    x, y0, w, h, index = box.x, box.y, box.w, box.h, box.index
+    ax.add_patch(FancyBboxPatch((x, y0), w, h, boxstyle="round,pad=0,rounding_size=0.15",
+                                facecolor="#f7f7f7", edgecolor="#666666", linewidth=1.2))
+    # The longest machine label that fits its box.
+    room = (w - 2 * _MACHINE_PAD) * unit
+    for label in (f"machine {index}: {gpu_type}", f"machine {index}", f"m{index}"):
+        if _text_width_in(label, 8.5) <= room + 0.15:
+            break
+    ax.text(x + w / 2 if label.startswith("m") and not label.startswith("machine") else x + _MACHINE_PAD,
+            y0 + _MACHINE_HEAD / 2 + 0.05, label, fontsize=8.5, va="center",
+            ha="center" if not label.startswith("machine") else "left", color="#333333")
+
+
+def _draw_machine_gpus(ax, box: _MachineBox, owner: dict, colors, id_size: float) -> None:
+    """A machine's GPUs, coloured by stage, each with its id and its stage."""
+    _, _, Rectangle, _ = _matplotlib()
+    for k in range(box.count):
+        d = box.first_id + k
+        gx = box.x + _MACHINE_PAD + (k % box.cols) * (_GPU + _GPU_GAP)
+        gy = box.y + _MACHINE_HEAD + _MACHINE_PAD / 2 + (k // box.cols) * (_GPU + _GPU_GAP)
+        s = owner.get(d)
+        face = colors[s] if s is not None else "white"
+        ax.add_patch(Rectangle((gx, gy), _GPU, _GPU, facecolor=face, edgecolor="#444444", linewidth=0.8))
+        ink = _ink(face)
+        ax.text(gx + _GPU / 2, gy + _GPU * 0.4, str(d), fontsize=id_size, ha="center", va="center", color=ink,
+                fontweight="bold")
+        ax.text(gx + _GPU / 2, gy + _GPU * 0.78, f"s{s}" if s is not None else "-", fontsize=id_size - 2.5,
+                ha="center", va="center", color=ink)
+
+
+def _cluster_subtitle(topo: dict, machine_count: int) -> str:
+    """The machines and their links."""
+    groups = topo["machine_groups"]
     parts = [f"{g['machines']} x {g['gpus_per_machine']} {g['gpu']['type']}" for g in groups]
     intra = {(g["intra_machine"]["kind"], g["intra_machine"]["bandwidth_gbps"])
              for g in groups if g["gpus_per_machine"] > 1 and "intra_machine" in g}
     links = [f"{k} {b:g} Gbps inside a machine" for k, b in sorted(intra)]
     inter = topo.get("inter_machine")
-    if inter and len(machines) > 1:
+    if inter and machine_count > 1:
         links.append(f"{inter['kind']} {inter['bandwidth_gbps']:g} Gbps between machines")
-    _title(fig, 0.5, 0.18,
-           f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
-           f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
-           f"{plan.micro_batch_size}")
-    fig.text(0.5 / fig_w, 1 - 0.52 / fig_h, " + ".join(parts) + ("; " + ", ".join(links) if links else ""),
-             fontsize=9, ha="left", va="top", color="#444444")
-    _save(fig, path, fmt)
+    return " + ".join(parts) + ("; " + ", ".join(links) if links else "")
 
 
 def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | None = None) -> None:
@@ -551,6 +722,11 @@ def _ink(face) -> str:
 
     r, g, b = to_rgb(face)
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+
+
+def _stage_name(plan: Plan, i: int) -> str:
+    """"stage 1 (8 GPUs: 8-15)": a stage and its GPUs."""
+    return f"stage {i} ({_gpus(plan.stages[i]['devices'])})"
 
 
 def _gpus(ids: list[int]) -> str:
