@@ -14,6 +14,7 @@ mod dp;
 pub mod error;
 pub mod evaluate;
 pub mod format;
+pub mod gpus;
 pub mod layout;
 pub mod metrics;
 pub mod names;

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY};
+use crate::gpus::{default_gpu, find_gpu, gpu_type, GpuType, GPU_TYPES};
 
-/// V100 with 16 GiB, the GPU of the paper's experiments.
 /// The paper's clusters (Table III) by preset name, as specs; `from_spec`
 /// also reads `config-a` and lower case.
 pub const PRESETS: [(&str, &str); 3] = [
@@ -20,12 +20,9 @@ pub const PRESETS: [(&str, &str); 3] = [
     ("C", "16x1-10gbps"),
 ];
 
-pub const DEFAULT_GPU_TYPE: &str = "V100-16GB";
-pub const DEFAULT_GPU_MEMORY_BYTES: u64 = 16 * 1024 * 1024 * 1024;
-/// DGX-1 NVLink, the paper's "up to 130 GB/s" (130 GB/s = 1040 Gbit/s).
-pub const NVLINK_GBPS: f64 = 1040.0;
-/// PCIe 3.0 x16 nominal 16 GB/s.
-pub const PCIE_GBPS: f64 = 128.0;
+/// The GPU of untyped specs: the paper's V100 with 16 GiB, its DGX-1
+/// NVLink ("up to 130 GB/s" = 1040 Gbit/s) and PCIe 3.0 x16 (16 GB/s).
+pub const DEFAULT_GPU_TYPE: &str = GPU_TYPES[0].name;
 /// Assumed per-message latencies; small against the transfers planned here.
 pub const INTRA_LATENCY_US: f64 = 5.0;
 pub const INTER_LATENCY_US: f64 = 20.0;
@@ -105,8 +102,15 @@ impl FileObject for Topology {
 }
 
 impl Topology {
-    /// A homogeneous cluster of `machines` x `gpus` GPUs.
-    pub fn homogeneous(name: &str, machines: u32, gpus: u32, intra: Link, inter: Link) -> Topology {
+    /// A homogeneous cluster of `machines` x `gpus` GPUs of type `gpu`.
+    pub fn homogeneous(
+        name: &str,
+        gpu: &GpuType,
+        machines: u32,
+        gpus: u32,
+        intra: Link,
+        inter: Link,
+    ) -> Topology {
         Topology {
             format: TOPOLOGY.name.into(),
             schema_version: TOPOLOGY.version,
@@ -115,8 +119,8 @@ impl Topology {
                 machines,
                 gpus_per_machine: gpus,
                 gpu: Gpu {
-                    gpu_type: DEFAULT_GPU_TYPE.into(),
-                    memory_bytes: DEFAULT_GPU_MEMORY_BYTES,
+                    gpu_type: gpu.name.into(),
+                    memory_bytes: gpu.memory_bytes,
                     relative_speed: None,
                 },
                 intra_machine: intra,
@@ -127,23 +131,30 @@ impl Topology {
 
     /// Parse a short spec or a preset name.
     ///
-    /// `MxG[-INTRA][-INTER]`: INTRA is `nvlink`, `pcie` or `<n>gbps`; INTER
-    /// is `<n>gbps` or `ib` (100 Gbps InfiniBand). With one GPU per machine
-    /// the single link token is the network. Presets: `A` = `2x8-nvlink-25gbps`,
-    /// `B` = `16x1-25gbps`, `C` = `16x1-10gbps` (the paper's Table III).
+    /// `MxG[-TYPE][-INTRA][-INTER]`: TYPE is a GPU type of `gpus::GPU_TYPES`
+    /// (`a100-80gb`, `h100`); INTRA is `nvlink`, `pcie` or `<n>gbps`; INTER
+    /// is `<n>gbps` (the machine's whole network) or `ib` (100 Gbps
+    /// InfiniBand). With one GPU per machine the single link token is the
+    /// network. Without a type: the paper's V100-16GB, NVLink of 130 GB/s and
+    /// 25 Gbps Ethernet. With a type, links not named are its usual server's:
+    /// its NVLink, and its network per GPU times the GPUs of a machine.
+    /// Presets: `A` = `2x8-nvlink-25gbps`, `B` = `16x1-25gbps`, `C` =
+    /// `16x1-10gbps` (the paper's Table III).
     pub fn from_spec(spec: &str) -> Result<Topology> {
         let bad = |why: String| {
             Error::invalid(format!(
-                "topology spec {spec:?} is not valid: {why}; expected MxG[-nvlink|-pcie][-<n>gbps|-ib] \
-                 such as 2x8-nvlink, 16x1-25gbps, or a preset A, B, C, or a topology JSON file"
+                "topology spec {spec:?} is not valid: {why}; expected MxG[-TYPE][-nvlink|-pcie][-<n>gbps|-ib] \
+                 such as 2x8-nvlink, 16x1-25gbps, 64x8-a100-80gb, or a preset A, B, C, or a topology JSON file"
             ))
         };
         let expanded = expand_preset(spec);
         let mut parts = expanded.split('-');
         let (machines, gpus) = parse_shape(parts.next().unwrap_or("")).map_err(bad)?;
         let tokens: Vec<&str> = parts.collect();
-        let (intra, inter) = parse_links(&tokens).map_err(bad)?;
-        let topology = Topology::homogeneous(spec.trim(), machines, gpus, intra, inter);
+        let (typed, links) = parse_gpu_type(&tokens).map_err(bad)?;
+        let gpu = typed.unwrap_or(default_gpu());
+        let (intra, inter) = parse_links(links, typed, gpus).map_err(bad)?;
+        let topology = Topology::homogeneous(spec.trim(), gpu, machines, gpus, intra, inter);
         topology.validate().map_err(|e| {
             bad(e
                 .field
@@ -318,18 +329,59 @@ fn unknown_link(t: &str) -> String {
     format!("unknown link {t:?}: use nvlink, pcie, <n>gbps or ib")
 }
 
-/// The link tokens after `MxG`: the intra-machine link and the network,
-/// NVLink and the default Ethernet where not named.
-fn parse_links(tokens: &[&str]) -> std::result::Result<(Link, Link), String> {
+/// The GPU type named first after `MxG`, if any (a type may hold a dash,
+/// `a100-80gb`), and the tokens after it. A first token that is neither a
+/// type nor a link is an unknown type.
+fn parse_gpu_type<'t>(
+    tokens: &'t [&'t str],
+) -> std::result::Result<(Option<&'static GpuType>, &'t [&'t str]), String> {
+    let Some(&first) = tokens.first() else {
+        return Ok((None, tokens));
+    };
+    // A size after the name belongs to it: `a100-81gb` is no `a100`.
+    let sized = tokens
+        .get(1)
+        .is_some_and(|t| t.ends_with("gb") && !t.ends_with("gbps"));
+    let take = if sized { 2 } else { 1 };
+    let name = tokens[..take].join("-");
+    match find_gpu(&name) {
+        Some(found) => Ok((Some(found), &tokens[take..])),
+        None if sized || !is_link(first) => {
+            Err(gpu_type(&name).expect_err("not a known type").message)
+        }
+        None => Ok((None, tokens)),
+    }
+}
+
+fn is_link(token: &str) -> bool {
+    matches!(token, "nvlink" | "pcie") || parse_rate(token).is_some()
+}
+
+/// The link tokens after `MxG[-TYPE]`: the intra-machine link and the
+/// network of `gpus`-GPU machines. Links not named are the GPU type's
+/// usual server's, or without a type the paper's NVLink and 25 Gbps.
+fn parse_links(
+    tokens: &[&str],
+    typed: Option<&GpuType>,
+    gpus: u32,
+) -> std::result::Result<(Link, Link), String> {
+    let gpu = typed.unwrap_or(default_gpu());
     let mut intra = Link {
         kind: "nvlink".into(),
-        bandwidth_gbps: NVLINK_GBPS,
+        bandwidth_gbps: gpu.nvlink_gbps,
         latency_us: INTRA_LATENCY_US,
     };
-    let mut inter = Link {
-        kind: "ethernet".into(),
-        bandwidth_gbps: DEFAULT_INTER_GBPS,
-        latency_us: INTER_LATENCY_US,
+    let mut inter = match typed {
+        Some(t) => Link {
+            kind: "infiniband".into(),
+            bandwidth_gbps: t.network_gbps_per_gpu * f64::from(gpus),
+            latency_us: INTER_LATENCY_US,
+        },
+        None => Link {
+            kind: "ethernet".into(),
+            bandwidth_gbps: DEFAULT_INTER_GBPS,
+            latency_us: INTER_LATENCY_US,
+        },
     };
     let mut rest = tokens;
     // An intra-machine link is named first; a lone rate is the network
@@ -340,7 +392,7 @@ fn parse_links(tokens: &[&str]) -> std::result::Result<(Link, Link), String> {
                 "nvlink" => {}
                 "pcie" => {
                     intra.kind = "pcie".into();
-                    intra.bandwidth_gbps = PCIE_GBPS;
+                    intra.bandwidth_gbps = gpu.pcie_gbps;
                 }
                 t => {
                     intra.kind = "custom".into();
@@ -354,9 +406,7 @@ fn parse_links(tokens: &[&str]) -> std::result::Result<(Link, Link), String> {
         [] => {}
         [t] => {
             inter.bandwidth_gbps = parse_rate(t).ok_or_else(|| unknown_link(t))?;
-            if *t == "ib" {
-                inter.kind = "infiniband".into();
-            }
+            inter.kind = if *t == "ib" { "infiniband" } else { "ethernet" }.into();
         }
         _ => return Err("too many parts".into()),
     }
@@ -405,13 +455,84 @@ mod tests {
     }
 
     #[test]
+    fn typed_specs_take_the_type_and_its_usual_server() {
+        let t = Topology::from_spec("64x8-a100-80gb").unwrap();
+        let g = &t.machine_groups[0];
+        assert_eq!(
+            (g.gpu.gpu_type.as_str(), g.gpu.memory_bytes),
+            ("A100-80GB", 80 << 30)
+        );
+        assert_eq!(
+            (
+                g.intra_machine.kind.as_str(),
+                g.intra_machine.bandwidth_gbps
+            ),
+            ("nvlink", 2400.0)
+        );
+        // DGX A100: one 200 Gb/s HDR port per GPU.
+        assert_eq!(
+            (
+                t.inter_machine.kind.as_str(),
+                t.inter_machine.bandwidth_gbps
+            ),
+            ("infiniband", 1600.0)
+        );
+        let h = Topology::from_spec("2x8-H100").unwrap();
+        assert_eq!(
+            (
+                h.machine_groups[0].gpu.gpu_type.as_str(),
+                h.inter_machine.bandwidth_gbps
+            ),
+            ("H100-80GB", 3200.0)
+        );
+        let v = Topology::from_spec("4x8-v100-32gb-nvlink-50gbps").unwrap();
+        let g = &v.machine_groups[0];
+        assert_eq!(
+            (g.gpu.gpu_type.as_str(), g.intra_machine.bandwidth_gbps),
+            ("V100-32GB", 1040.0)
+        );
+        assert_eq!(
+            (
+                v.inter_machine.kind.as_str(),
+                v.inter_machine.bandwidth_gbps
+            ),
+            ("ethernet", 50.0)
+        );
+        let p = Topology::from_spec("1x8-h200-pcie").unwrap();
+        assert_eq!(p.machine_groups[0].intra_machine.bandwidth_gbps, 512.0);
+        // Untyped specs are the paper's V100-16GB, as before types existed.
+        let a = Topology::from_spec("2x8-nvlink-25gbps").unwrap();
+        assert_eq!(a.machine_groups[0].gpu.gpu_type, "V100-16GB");
+        assert_eq!(a.machine_groups[0].gpu.memory_bytes, 16 << 30);
+    }
+
+    #[test]
+    fn an_unknown_gpu_type_in_a_spec_lists_the_known_ones() {
+        for (spec, meant) in [
+            ("8x8-a100-81gb", "a100-81gb"),
+            ("2x8-tpu", "tpu"),
+            ("2x8-rtx4090-nvlink", "rtx4090"),
+        ] {
+            let e = Topology::from_spec(spec).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "unknown GPU type {meant:?}; known types: V100-16GB, "
+                )),
+                "{e}"
+            );
+        }
+        // A misspelt link after a valid type is still a link error.
+        let e = Topology::from_spec("2x8-a100-nvlnk-25gbps")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown link \"nvlnk\""), "{e}");
+    }
+
+    #[test]
     fn specs_and_presets() {
         let a = Topology::from_spec("A").unwrap();
         assert_eq!(a.num_devices(), 16);
-        assert_eq!(
-            a.machine_groups[0].intra_machine.bandwidth_gbps,
-            NVLINK_GBPS
-        );
+        assert_eq!(a.machine_groups[0].intra_machine.bandwidth_gbps, 1040.0);
         assert_eq!(a.inter_machine.bandwidth_gbps, 25.0);
         let b = Topology::from_spec("16x1-25gbps").unwrap();
         assert_eq!(b.num_machines(), 16);
