@@ -107,6 +107,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                     activation_bytes: node.activation_bytes.round() as u64,
                     stored_activation_bytes: None,
                 }],
+                split: Vec::new(),
             }
         })
         .collect();
@@ -120,6 +121,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         optimizer: opts.optimizer.clone(),
         layers,
         other_devices: Vec::new(),
+        parameter_state: None,
+        model_flops_per_sample: None,
     };
     profile.validate()?;
     Ok(profile)

@@ -27,6 +27,7 @@ pub mod regress;
 pub mod schedule;
 pub mod search;
 pub mod simulate;
+pub mod split;
 pub mod topology;
 pub mod warmup;
 

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
+use crate::split::SplitPattern;
 
 /// Value of `Layer::kind` that marks the model's own repeated layers
 /// (BERT encoder layers, GNMT LSTM layers, AmoebaNet cells). Plans report
@@ -46,6 +47,33 @@ pub struct Profile {
     /// `layers`: they do not depend on the GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other_devices: Vec<DeviceTimes>,
+    /// Bytes per parameter of what training holds. Absent: fp32 weights and
+    /// gradients with the optimizer's slots in fp32, and `param_bytes`
+    /// counts 4 bytes a parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter_state: Option<ParameterState>,
+    /// Model FLOPs of one sample's forward and backward pass (no
+    /// re-computation): what MFU counts as useful work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_flops_per_sample: Option<f64>,
+}
+
+/// Bytes per parameter of each thing training holds for it. Mixed precision
+/// with Adam is usually weights 2 (bf16), gradients 2, master weights 4 and
+/// optimizer state 8 (two fp32 moments): 16 in all.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParameterState {
+    /// The weights as the model computes with them; `param_bytes` counts
+    /// parameters at this size.
+    pub weight_bytes: f64,
+    /// Gradients, as they are reduced between replicas.
+    pub gradient_bytes: f64,
+    /// The optimizer's own copy of the weights (fp32 under mixed
+    /// precision), or 0.
+    pub master_weight_bytes: f64,
+    /// The optimizer's state (Adam: two moments).
+    pub optimizer_bytes: f64,
 }
 
 /// The model's layer times measured on one more GPU type.
@@ -96,6 +124,10 @@ pub struct Layer {
     /// One entry per profiled batch size, ascending, the same sizes for
     /// every layer.
     pub measurements: Vec<Measurement>,
+    /// The ways the layer can be sharded over several GPUs (`split.rs`);
+    /// none: it is never split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<SplitPattern>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,6 +164,26 @@ impl Layer {
     pub fn stored_bytes_per_sample(&self) -> f64 {
         let m = self.largest_measurement();
         m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / f64::from(m.batch_size)
+    }
+}
+
+impl ParameterState {
+    fn validate(&self) -> Result<()> {
+        let fields = [
+            ("weight_bytes", self.weight_bytes),
+            ("gradient_bytes", self.gradient_bytes),
+            ("master_weight_bytes", self.master_weight_bytes),
+            ("optimizer_bytes", self.optimizer_bytes),
+        ];
+        for (field, value) in fields {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(Error::field(field, format!("value {value} must be a finite number >= 0")));
+            }
+        }
+        if self.weight_bytes == 0.0 {
+            return Err(Error::field("weight_bytes", "value 0 must be > 0: param_bytes counts parameters at this size"));
+        }
+        Ok(())
     }
 }
 
@@ -403,6 +455,24 @@ impl Profile {
                 }
             }
         }
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (k, pattern) in layer.split.iter().enumerate() {
+                pattern
+                    .validate()
+                    .map_err(|e| e.under(&format!("layers[{i}].split[{k}]")))?;
+            }
+        }
+        if let Some(state) = &self.parameter_state {
+            state.validate().map_err(|e| e.under("parameter_state"))?;
+        }
+        if let Some(flops) = self.model_flops_per_sample {
+            if !(flops.is_finite() && flops >= 0.0) {
+                return Err(Error::field(
+                    "model_flops_per_sample",
+                    format!("value {flops} must be a finite number >= 0"),
+                ));
+            }
+        }
         check_some_time("layers", &sizes, |k| {
             self.layers
                 .iter()
@@ -562,7 +632,12 @@ pub struct LayerCosts {
     /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
     /// (p in 1..num_layers); entry 0 and num_layers are 0.
     cut_per_sample: Vec<f64>,
-    pub optimizer_slots: u32,
+    /// Bytes of weights, gradients, master weights and optimizer state per
+    /// byte of `param_bytes` (4 for Adam in fp32; 16 / 2 = 8 for bf16 with
+    /// Adam).
+    state_per_param_byte: f64,
+    /// Bytes of gradients per byte of `param_bytes`.
+    gradient_per_param_byte: f64,
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
@@ -714,7 +789,17 @@ impl LayerCosts {
             param_prefix: prefix(&params),
             stored_prefix: prefix(&stored_per_sample),
             cut_per_sample,
-            optimizer_slots: optimizer_state_slots(&profile.optimizer).unwrap_or(2),
+            state_per_param_byte: match &profile.parameter_state {
+                Some(p) => {
+                    (p.weight_bytes + p.gradient_bytes + p.master_weight_bytes + p.optimizer_bytes)
+                        / p.weight_bytes
+                }
+                // fp32 weights, gradients and optimizer slots.
+                None => f64::from(2 + optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
+            },
+            gradient_per_param_byte: profile
+                .parameter_state
+                .map_or(1.0, |p| p.gradient_bytes / p.weight_bytes),
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
@@ -773,7 +858,12 @@ impl LayerCosts {
 
     /// Weights, gradients and optimizer state, in bytes, for a layer range.
     pub fn model_state_bytes(&self, start: usize, end: usize) -> f64 {
-        self.param_bytes(start, end) * f64::from(2 + self.optimizer_slots)
+        self.param_bytes(start, end) * self.state_per_param_byte
+    }
+
+    /// Bytes of a layer range's gradients, as replicas reduce them.
+    pub fn gradient_bytes(&self, start: usize, end: usize) -> f64 {
+        self.param_bytes(start, end) * self.gradient_per_param_byte
     }
 }
 

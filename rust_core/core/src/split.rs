@@ -1,0 +1,205 @@
+//! Whale's `split` as a profile states it: the ways a layer can be sharded
+//! over t GPUs (tensor parallelism) and what each way costs.
+//!
+//! A layer lists its sharding patterns; a layer with none is never split.
+//! Every pattern divides the layer's compute, and the parameters and stored
+//! activations it does not keep whole, by t, and adds AllReduces of whole
+//! tensors inside the t GPUs: Megatron's transformer block is columns then
+//! rows (2 AllReduces of the block's output forward, 2 backward); a
+//! vocabulary-split LM head or classifier with a distributed softmax
+//! (Whale's SP1) reduces two numbers per token forward and the input's
+//! gradient backward; splitting the classifier's input dimension instead
+//! (SP2) reduces the whole logits forward. Where several patterns apply, the
+//! one that moves the least is used (`cheapest`), as Whale's planner picks.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitPattern {
+    /// What the pattern is, for people: "megatron-block", "SP1", ...
+    pub name: String,
+    /// Counts the split degree must divide, by what they count: attention
+    /// heads, KV heads, vocabulary entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub divides: Vec<Divisor>,
+    /// Bytes per sample of the AllReduces inside the t GPUs in the forward
+    /// pass, summed (whole tensors: they do not shrink with t).
+    pub fwd_allreduce_bytes_per_sample: f64,
+    /// The same in the backward pass.
+    pub bwd_allreduce_bytes_per_sample: f64,
+    /// Share of the layer's parameter bytes every shard keeps whole (layer
+    /// norms); the rest is divided by t.
+    #[serde(default)]
+    pub replicated_param_fraction: f64,
+    /// Share of the layer's stored activations every shard keeps whole
+    /// (the inputs of layer norms); the rest is divided by t.
+    #[serde(default)]
+    pub replicated_stored_fraction: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Divisor {
+    /// What is counted, as users say it: "attention heads".
+    pub what: String,
+    pub count: u64,
+}
+
+/// What one shard of a layer holds and moves at a split degree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShardCost {
+    /// Multiplies the layer's forward and backward time.
+    pub compute_factor: f64,
+    /// Multiplies its parameter bytes.
+    pub param_factor: f64,
+    /// Multiplies its stored activation bytes.
+    pub stored_factor: f64,
+    pub fwd_allreduce_bytes_per_sample: f64,
+    pub bwd_allreduce_bytes_per_sample: f64,
+}
+
+impl ShardCost {
+    /// A layer that is not split: all of it on every GPU, nothing moved.
+    pub const WHOLE: ShardCost = ShardCost {
+        compute_factor: 1.0,
+        param_factor: 1.0,
+        stored_factor: 1.0,
+        fwd_allreduce_bytes_per_sample: 0.0,
+        bwd_allreduce_bytes_per_sample: 0.0,
+    };
+}
+
+impl SplitPattern {
+    /// Whether the pattern can shard over `degree` GPUs.
+    pub fn allows(&self, degree: u32) -> bool {
+        self.divides.iter().all(|d| d.count % u64::from(degree) == 0)
+    }
+
+    /// The first count `degree` does not divide, for an error.
+    pub fn refusal(&self, degree: u32) -> Option<&Divisor> {
+        self.divides.iter().find(|d| d.count % u64::from(degree) != 0)
+    }
+
+    /// One shard's share at `degree` (at least 2).
+    pub fn shard(&self, degree: u32) -> ShardCost {
+        let t = f64::from(degree);
+        let kept = |whole: f64| whole + (1.0 - whole) / t;
+        ShardCost {
+            compute_factor: 1.0 / t,
+            param_factor: kept(self.replicated_param_fraction),
+            stored_factor: kept(self.replicated_stored_fraction),
+            fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
+            bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample,
+        }
+    }
+
+    /// Bytes per sample it moves, forward and backward together: what
+    /// `cheapest` compares.
+    pub fn allreduce_bytes_per_sample(&self) -> f64 {
+        self.fwd_allreduce_bytes_per_sample + self.bwd_allreduce_bytes_per_sample
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            return Err(Error::field("name", "must not be empty"));
+        }
+        for (k, d) in self.divides.iter().enumerate() {
+            if d.count == 0 {
+                return Err(Error::field(format!("divides[{k}].count"), "value 0 must be >= 1"));
+            }
+        }
+        let bytes = [
+            ("fwd_allreduce_bytes_per_sample", self.fwd_allreduce_bytes_per_sample),
+            ("bwd_allreduce_bytes_per_sample", self.bwd_allreduce_bytes_per_sample),
+        ];
+        for (field, value) in bytes {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(Error::field(field, format!("value {value} must be a finite number >= 0")));
+            }
+        }
+        let fractions = [
+            ("replicated_param_fraction", self.replicated_param_fraction),
+            ("replicated_stored_fraction", self.replicated_stored_fraction),
+        ];
+        for (field, value) in fractions {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(Error::field(field, format!("value {value} must be in [0, 1]")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pattern of `patterns` that allows `degree` and moves the fewest
+/// bytes (the first of equals), if any does.
+pub fn cheapest(patterns: &[SplitPattern], degree: u32) -> Option<&SplitPattern> {
+    patterns
+        .iter()
+        .filter(|p| p.allows(degree))
+        .min_by(|a, b| a.allreduce_bytes_per_sample().total_cmp(&b.allreduce_bytes_per_sample()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(name: &str, fwd: f64, bwd: f64, divides: &[u64]) -> SplitPattern {
+        SplitPattern {
+            name: name.into(),
+            divides: divides
+                .iter()
+                .map(|&count| Divisor { what: "heads".into(), count })
+                .collect(),
+            fwd_allreduce_bytes_per_sample: fwd,
+            bwd_allreduce_bytes_per_sample: bwd,
+            replicated_param_fraction: 0.0,
+            replicated_stored_fraction: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_shard_keeps_the_replicated_share_whole_and_a_t_th_of_the_rest() {
+        let mut p = pattern("megatron-block", 2.0, 2.0, &[64, 8]);
+        p.replicated_param_fraction = 0.25;
+        p.replicated_stored_fraction = 0.5;
+        let s = p.shard(4);
+        assert_eq!(
+            (s.compute_factor, s.param_factor, s.stored_factor),
+            (0.25, 0.25 + 0.75 / 4.0, 0.5 + 0.5 / 4.0)
+        );
+        assert_eq!((s.fwd_allreduce_bytes_per_sample, s.bwd_allreduce_bytes_per_sample), (2.0, 2.0));
+    }
+
+    #[test]
+    fn the_degree_must_divide_every_count() {
+        let p = pattern("megatron-block", 1.0, 1.0, &[64, 8]);
+        assert!(p.allows(8) && p.allows(2) && !p.allows(16) && !p.allows(3));
+        assert_eq!(p.refusal(16).map(|d| d.count), Some(8));
+        assert_eq!(p.refusal(4), None);
+    }
+
+    #[test]
+    fn the_cheapest_allowed_pattern_wins() {
+        let sp1 = pattern("SP1", 8.0, 4096.0, &[100_000]);
+        let sp2 = pattern("SP2", 400_000.0, 0.0, &[2048]);
+        assert_eq!(cheapest(&[sp2.clone(), sp1.clone()], 8).unwrap().name, "SP1");
+        // 3 does not divide 100,000 classes, but it does not divide 2048 either.
+        assert!(cheapest(&[sp1.clone(), sp2.clone()], 3).is_none());
+        assert_eq!(cheapest(&[sp1, sp2], 32).unwrap().name, "SP1");
+    }
+
+    #[test]
+    fn bad_patterns_name_their_field() {
+        let mut p = pattern("x", 1.0, f64::NAN, &[4]);
+        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("bwd_allreduce_bytes_per_sample"));
+        p.bwd_allreduce_bytes_per_sample = 0.0;
+        p.replicated_stored_fraction = 1.5;
+        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("replicated_stored_fraction"));
+        p.replicated_stored_fraction = 0.0;
+        p.divides[0].count = 0;
+        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("divides[0].count"));
+    }
+}
