@@ -29,6 +29,7 @@ pub mod search;
 pub mod simulate;
 pub mod split;
 pub mod topology;
+pub mod transformer;
 pub mod warmup;
 
 pub use error::{Error, ErrorKind, Result};

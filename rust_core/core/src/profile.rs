@@ -177,11 +177,17 @@ impl ParameterState {
         ];
         for (field, value) in fields {
             if !(value.is_finite() && value >= 0.0) {
-                return Err(Error::field(field, format!("value {value} must be a finite number >= 0")));
+                return Err(Error::field(
+                    field,
+                    format!("value {value} must be a finite number >= 0"),
+                ));
             }
         }
         if self.weight_bytes == 0.0 {
-            return Err(Error::field("weight_bytes", "value 0 must be > 0: param_bytes counts parameters at this size"));
+            return Err(Error::field(
+                "weight_bytes",
+                "value 0 must be > 0: param_bytes counts parameters at this size",
+            ));
         }
         Ok(())
     }
@@ -883,6 +889,8 @@ mod tests {
             device: None,
             optimizer: "adam".into(),
             other_devices: Vec::new(),
+            parameter_state: None,
+            model_flops_per_sample: None,
             layers: times
                 .iter()
                 .enumerate()
@@ -898,6 +906,7 @@ mod tests {
                         activation_bytes: 100 * u64::from(batch),
                         stored_activation_bytes: None,
                     }],
+                    split: Vec::new(),
                 })
                 .collect(),
         }

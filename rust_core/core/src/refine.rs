@@ -424,6 +424,8 @@ mod tests {
             device: None,
             optimizer: "adam".into(),
             other_devices: Vec::new(),
+            parameter_state: None,
+            model_flops_per_sample: None,
             layers: layers
                 .iter()
                 .enumerate()
@@ -440,6 +442,7 @@ mod tests {
                             activation_bytes,
                             stored_activation_bytes: None,
                         }],
+                        split: Vec::new(),
                     },
                 )
                 .collect(),

@@ -912,6 +912,8 @@ mod tests {
             device: None,
             optimizer: "adam".into(),
             other_devices: Vec::new(),
+            parameter_state: None,
+            model_flops_per_sample: None,
             layers: (0..layers)
                 .map(|i| Layer {
                     name: format!("l{i}"),
@@ -925,6 +927,7 @@ mod tests {
                         activation_bytes: rng.gen_range(0..200_000_000),
                         stored_activation_bytes: None,
                     }],
+                    split: Vec::new(),
                 })
                 .collect(),
         }

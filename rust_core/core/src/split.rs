@@ -75,12 +75,16 @@ impl ShardCost {
 impl SplitPattern {
     /// Whether the pattern can shard over `degree` GPUs.
     pub fn allows(&self, degree: u32) -> bool {
-        self.divides.iter().all(|d| d.count % u64::from(degree) == 0)
+        self.divides
+            .iter()
+            .all(|d| d.count % u64::from(degree) == 0)
     }
 
     /// The first count `degree` does not divide, for an error.
     pub fn refusal(&self, degree: u32) -> Option<&Divisor> {
-        self.divides.iter().find(|d| d.count % u64::from(degree) != 0)
+        self.divides
+            .iter()
+            .find(|d| d.count % u64::from(degree) != 0)
     }
 
     /// One shard's share at `degree` (at least 2).
@@ -108,25 +112,43 @@ impl SplitPattern {
         }
         for (k, d) in self.divides.iter().enumerate() {
             if d.count == 0 {
-                return Err(Error::field(format!("divides[{k}].count"), "value 0 must be >= 1"));
+                return Err(Error::field(
+                    format!("divides[{k}].count"),
+                    "value 0 must be >= 1",
+                ));
             }
         }
         let bytes = [
-            ("fwd_allreduce_bytes_per_sample", self.fwd_allreduce_bytes_per_sample),
-            ("bwd_allreduce_bytes_per_sample", self.bwd_allreduce_bytes_per_sample),
+            (
+                "fwd_allreduce_bytes_per_sample",
+                self.fwd_allreduce_bytes_per_sample,
+            ),
+            (
+                "bwd_allreduce_bytes_per_sample",
+                self.bwd_allreduce_bytes_per_sample,
+            ),
         ];
         for (field, value) in bytes {
             if !(value.is_finite() && value >= 0.0) {
-                return Err(Error::field(field, format!("value {value} must be a finite number >= 0")));
+                return Err(Error::field(
+                    field,
+                    format!("value {value} must be a finite number >= 0"),
+                ));
             }
         }
         let fractions = [
             ("replicated_param_fraction", self.replicated_param_fraction),
-            ("replicated_stored_fraction", self.replicated_stored_fraction),
+            (
+                "replicated_stored_fraction",
+                self.replicated_stored_fraction,
+            ),
         ];
         for (field, value) in fractions {
             if !(0.0..=1.0).contains(&value) {
-                return Err(Error::field(field, format!("value {value} must be in [0, 1]")));
+                return Err(Error::field(
+                    field,
+                    format!("value {value} must be in [0, 1]"),
+                ));
             }
         }
         Ok(())
@@ -136,10 +158,10 @@ impl SplitPattern {
 /// The pattern of `patterns` that allows `degree` and moves the fewest
 /// bytes (the first of equals), if any does.
 pub fn cheapest(patterns: &[SplitPattern], degree: u32) -> Option<&SplitPattern> {
-    patterns
-        .iter()
-        .filter(|p| p.allows(degree))
-        .min_by(|a, b| a.allreduce_bytes_per_sample().total_cmp(&b.allreduce_bytes_per_sample()))
+    patterns.iter().filter(|p| p.allows(degree)).min_by(|a, b| {
+        a.allreduce_bytes_per_sample()
+            .total_cmp(&b.allreduce_bytes_per_sample())
+    })
 }
 
 #[cfg(test)]
@@ -151,7 +173,10 @@ mod tests {
             name: name.into(),
             divides: divides
                 .iter()
-                .map(|&count| Divisor { what: "heads".into(), count })
+                .map(|&count| Divisor {
+                    what: "heads".into(),
+                    count,
+                })
                 .collect(),
             fwd_allreduce_bytes_per_sample: fwd,
             bwd_allreduce_bytes_per_sample: bwd,
@@ -170,7 +195,13 @@ mod tests {
             (s.compute_factor, s.param_factor, s.stored_factor),
             (0.25, 0.25 + 0.75 / 4.0, 0.5 + 0.5 / 4.0)
         );
-        assert_eq!((s.fwd_allreduce_bytes_per_sample, s.bwd_allreduce_bytes_per_sample), (2.0, 2.0));
+        assert_eq!(
+            (
+                s.fwd_allreduce_bytes_per_sample,
+                s.bwd_allreduce_bytes_per_sample
+            ),
+            (2.0, 2.0)
+        );
     }
 
     #[test]
@@ -185,7 +216,10 @@ mod tests {
     fn the_cheapest_allowed_pattern_wins() {
         let sp1 = pattern("SP1", 8.0, 4096.0, &[100_000]);
         let sp2 = pattern("SP2", 400_000.0, 0.0, &[2048]);
-        assert_eq!(cheapest(&[sp2.clone(), sp1.clone()], 8).unwrap().name, "SP1");
+        assert_eq!(
+            cheapest(&[sp2.clone(), sp1.clone()], 8).unwrap().name,
+            "SP1"
+        );
         // 3 does not divide 100,000 classes, but it does not divide 2048 either.
         assert!(cheapest(&[sp1.clone(), sp2.clone()], 3).is_none());
         assert_eq!(cheapest(&[sp1, sp2], 32).unwrap().name, "SP1");
@@ -194,12 +228,21 @@ mod tests {
     #[test]
     fn bad_patterns_name_their_field() {
         let mut p = pattern("x", 1.0, f64::NAN, &[4]);
-        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("bwd_allreduce_bytes_per_sample"));
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("bwd_allreduce_bytes_per_sample")
+        );
         p.bwd_allreduce_bytes_per_sample = 0.0;
         p.replicated_stored_fraction = 1.5;
-        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("replicated_stored_fraction"));
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("replicated_stored_fraction")
+        );
         p.replicated_stored_fraction = 0.0;
         p.divides[0].count = 0;
-        assert_eq!(p.validate().unwrap_err().field.as_deref(), Some("divides[0].count"));
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("divides[0].count")
+        );
     }
 }

@@ -1,0 +1,524 @@
+//! Profiles of transformers without a GPU (`dapple profile transformer`):
+//! each layer's FLOPs, parameter and activation bytes from a model config
+//! (a Hugging Face `config.json`, or a shipped name), its time the FLOPs
+//! over a GPU type's bf16 peak times an efficiency, and the ways it splits.
+//!
+//! The layers are the embedding, the blocks and the LM head (the final norm,
+//! the output projection and the loss). Everything is bf16 but the logits,
+//! which the loss reads in fp32. The formulas, and what they leave out, are
+//! in docs/cost-model.md ("Transformer profiles").
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::gpus::{gpu_type, GpuType};
+use crate::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
+use crate::split::{Divisor, SplitPattern};
+
+/// Bytes of a bf16 value, of an fp32 one, and of a token id.
+const BF16: f64 = 2.0;
+const FP32: f64 = 4.0;
+const TOKEN_ID: f64 = 8.0;
+/// Megatron-LM pads the vocabulary to a multiple of this
+/// (`--make-vocab-size-divisible-by`), so that it splits evenly.
+pub const VOCAB_PADDING: u64 = 128;
+
+/// Shipped model configs, by name: Hugging Face `config.json` files.
+pub const MODELS: [(&str, &str); 7] = [
+    (
+        "gpt3-175b",
+        include_str!("../../../profiles/models/gpt3-175b.json"),
+    ),
+    (
+        "llama-2-7b",
+        include_str!("../../../profiles/models/llama-2-7b.json"),
+    ),
+    (
+        "llama-2-13b",
+        include_str!("../../../profiles/models/llama-2-13b.json"),
+    ),
+    (
+        "llama-2-70b",
+        include_str!("../../../profiles/models/llama-2-70b.json"),
+    ),
+    (
+        "llama-3-8b",
+        include_str!("../../../profiles/models/llama-3-8b.json"),
+    ),
+    (
+        "llama-3-70b",
+        include_str!("../../../profiles/models/llama-3-70b.json"),
+    ),
+    (
+        "llama-3-405b",
+        include_str!("../../../profiles/models/llama-3-405b.json"),
+    ),
+];
+
+/// The shape of a decoder-only transformer, as the generator reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerConfig {
+    pub hidden: u64,
+    pub ffn: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub blocks: u64,
+    pub vocabulary: u64,
+    /// Learned position embeddings (GPT-2 style), else rotary (none held).
+    pub positions: Option<u64>,
+    /// A gated MLP (SwiGLU: three matrices) rather than two with GeLU.
+    pub gated_mlp: bool,
+    /// Biases and LayerNorm (GPT) rather than none and RMSNorm (Llama).
+    pub biases: bool,
+}
+
+/// What the generator is asked for besides the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerOptions {
+    pub gpu: String,
+    pub seq_len: u64,
+    pub micro_batch_sizes: Vec<u32>,
+    /// Share of the GPU's bf16 peak the layers reach.
+    pub efficiency: f64,
+}
+
+impl TransformerConfig {
+    /// A shipped config by name.
+    pub fn named(name: &str) -> Result<TransformerConfig> {
+        match MODELS.iter().find(|(n, _)| *n == name) {
+            Some((_, text)) => TransformerConfig::from_json(text),
+            None => Err(Error::invalid(format!(
+                "unknown model config {name:?}; shipped: {} (or give a config.json file)",
+                MODELS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// A Hugging Face `config.json`: Llama's keys (`hidden_size`, ...) or
+    /// GPT-2's (`n_embd`, ...). Errors name the missing or bad field.
+    pub fn from_json(text: &str) -> Result<TransformerConfig> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(format!("not valid JSON: {e}")))?;
+        let Value::Object(obj) = &value else {
+            return Err(Error::invalid("a model config must be a JSON object"));
+        };
+        let number = |keys: &[&str], what: &str| -> Result<Option<u64>> {
+            for key in keys {
+                match obj.get(*key) {
+                    None | Some(Value::Null) => continue,
+                    Some(v) => {
+                        return match v.as_u64() {
+                            Some(n) if n > 0 => Ok(Some(n)),
+                            _ => Err(Error::field(
+                                *key,
+                                format!("value {v} must be a whole number >= 1 ({what})"),
+                            )),
+                        }
+                    }
+                }
+            }
+            Ok(None)
+        };
+        let required = |keys: &[&str], what: &str| -> Result<u64> {
+            number(keys, what)?.ok_or_else(|| {
+                Error::field(
+                    keys[0],
+                    format!(
+                        "is missing: the generator needs {what} ({})",
+                        keys.join(" or ")
+                    ),
+                )
+            })
+        };
+        let hidden = required(&["hidden_size", "n_embd", "d_model"], "the hidden size")?;
+        let heads = required(&["num_attention_heads", "n_head"], "the attention heads")?;
+        let blocks = required(&["num_hidden_layers", "n_layer"], "the number of blocks")?;
+        let vocabulary = required(&["vocab_size"], "the vocabulary size")?;
+        let kv_heads = number(&["num_key_value_heads"], "the KV heads")?.unwrap_or(heads);
+        let gpt_style = obj.contains_key("n_embd");
+        let ffn = match number(
+            &["intermediate_size", "n_inner", "ffn_dim"],
+            "the MLP width",
+        )? {
+            Some(f) => f,
+            // GPT-2's n_inner: null means 4 x hidden.
+            None if gpt_style => 4 * hidden,
+            None => {
+                return Err(Error::field(
+                    "intermediate_size",
+                    "is missing: the generator needs the MLP width",
+                ))
+            }
+        };
+        if hidden % heads != 0 || heads % kv_heads != 0 {
+            return Err(Error::field(
+                "num_attention_heads",
+                format!("value {heads} must divide the hidden size {hidden} and be a multiple of the KV heads {kv_heads}"),
+            ));
+        }
+        let act = obj
+            .get("hidden_act")
+            .or_else(|| obj.get("activation_function"))
+            .and_then(Value::as_str)
+            .unwrap_or(if gpt_style { "gelu_new" } else { "silu" });
+        Ok(TransformerConfig {
+            hidden,
+            ffn,
+            heads,
+            kv_heads,
+            blocks,
+            vocabulary,
+            positions: if gpt_style {
+                number(&["n_positions"], "the positions")?
+            } else {
+                None
+            },
+            gated_mlp: matches!(act, "silu" | "swiglu" | "swish"),
+            biases: gpt_style,
+        })
+    }
+
+    fn padded_vocabulary(&self) -> u64 {
+        self.vocabulary.div_ceil(VOCAB_PADDING) * VOCAB_PADDING
+    }
+
+    fn kv_hidden(&self) -> u64 {
+        self.hidden / self.heads * self.kv_heads
+    }
+
+    /// Parameters of one block's matrices, and of what stays whole when it
+    /// is split (norms, and the biases added after a row-parallel matrix).
+    fn block_params(&self) -> (f64, f64) {
+        let (h, f, kv) = (self.hidden as f64, self.ffn as f64, self.kv_hidden() as f64);
+        let attention = 2.0 * h * h + 2.0 * h * kv;
+        let mlp = if self.gated_mlp {
+            3.0 * h * f
+        } else {
+            2.0 * h * f
+        };
+        let (norms, split_biases, whole_biases) = if self.biases {
+            (4.0 * h, h + 2.0 * kv + f, 2.0 * h)
+        } else {
+            (2.0 * h, 0.0, 0.0)
+        };
+        (
+            attention + mlp + norms + split_biases + whole_biases,
+            norms + whole_biases,
+        )
+    }
+
+    /// Forward FLOPs of one block for one sample of `s` tokens: twice the
+    /// matrices' parameters per token, and QK^T and AV over all s x s
+    /// pairs (causal masking not subtracted, as Megatron-LM counts).
+    fn block_fwd_flops(&self, s: f64) -> f64 {
+        let (h, f, kv) = (self.hidden as f64, self.ffn as f64, self.kv_hidden() as f64);
+        let matrices = 2.0 * h * h
+            + 2.0 * h * kv
+            + if self.gated_mlp {
+                3.0 * h * f
+            } else {
+                2.0 * h * f
+            };
+        2.0 * s * matrices + 4.0 * s * s * h
+    }
+
+    /// Bytes one block keeps for its backward, per sample, and the part
+    /// every shard keeps whole: the inputs and outputs of both norms (8sh);
+    /// split are Q, K and V, the attention output and its softmax
+    /// statistics (flash attention keeps no s x s scores) and the MLP's
+    /// inner activations.
+    fn block_stored_bytes(&self, s: f64) -> (f64, f64) {
+        let (h, f, kv, a) = (
+            self.hidden as f64,
+            self.ffn as f64,
+            self.kv_hidden() as f64,
+            self.heads as f64,
+        );
+        let whole = 4.0 * s * h * BF16;
+        let attention = s * (h + 2.0 * kv) * BF16 + s * h * BF16 + s * a * FP32;
+        let mlp = if self.gated_mlp {
+            3.0 * s * f * BF16
+        } else {
+            2.0 * s * f * BF16
+        };
+        (whole + attention + mlp, whole)
+    }
+}
+
+/// A profile of `config` (called `model`) trained at `options`.
+pub fn transformer_profile(
+    model: &str,
+    config: &TransformerConfig,
+    options: &TransformerOptions,
+) -> Result<Profile> {
+    let gpu = gpu_type(&options.gpu).map_err(|e| e.under("gpu"))?;
+    check_options(options)?;
+    let s = options.seq_len as f64;
+    let flops_per_ms = gpu.bf16_tflops * 1e9 * options.efficiency;
+    let timed = |fwd_flops: f64, stored: f64, activation: f64| -> Vec<Measurement> {
+        options
+            .micro_batch_sizes
+            .iter()
+            .map(|&b| {
+                let fwd_ms = f64::from(b) * fwd_flops / flops_per_ms;
+                Measurement {
+                    batch_size: b,
+                    fwd_ms,
+                    bwd_ms: 2.0 * fwd_ms,
+                    activation_bytes: (f64::from(b) * activation).round() as u64,
+                    stored_activation_bytes: Some((f64::from(b) * stored).round() as u64),
+                }
+            })
+            .collect()
+    };
+    let layers: Vec<Layer> = std::iter::once(embedding(config, s, &timed))
+        .chain((0..config.blocks).map(|i| block(config, i, s, &timed)))
+        .chain(std::iter::once(lm_head(config, s, &timed)))
+        .collect();
+    let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
+    let profile = Profile {
+        format: crate::format::PROFILE.name.into(),
+        schema_version: crate::format::PROFILE.version,
+        model: model.into(),
+        source: Some(source(model, gpu, options)),
+        device: Some(gpu.name.into()),
+        optimizer: "adam".into(),
+        layers,
+        other_devices: Vec::new(),
+        parameter_state: Some(ParameterState {
+            weight_bytes: BF16,
+            gradient_bytes: BF16,
+            master_weight_bytes: FP32,
+            optimizer_bytes: 2.0 * FP32,
+        }),
+        // Forward and backward (twice the forward): the work MFU counts.
+        model_flops_per_sample: Some(3.0 * fwd_flops),
+    };
+    profile.validate()?;
+    Ok(profile)
+}
+
+fn check_options(options: &TransformerOptions) -> Result<()> {
+    if options.seq_len == 0 {
+        return Err(Error::field("seq_len", "value 0 must be >= 1"));
+    }
+    if !(options.efficiency > 0.0 && options.efficiency <= 1.0) {
+        return Err(Error::field(
+            "efficiency",
+            format!(
+                "value {} must be in (0, 1]: the share of the GPU's peak the layers reach",
+                options.efficiency
+            ),
+        ));
+    }
+    let sizes = &options.micro_batch_sizes;
+    if sizes.is_empty() || sizes.contains(&0) || sizes.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(Error::field(
+            "micro_batch_sizes",
+            format!("value {sizes:?} must be ascending whole numbers >= 1"),
+        ));
+    }
+    Ok(())
+}
+
+fn source(model: &str, gpu: &GpuType, options: &TransformerOptions) -> String {
+    format!(
+        "analytic, not measured: {model} at sequence length {}, times = FLOPs / ({} x the {} bf16 peak of {} TFLOP/s); \
+         bytes and FLOPs as docs/cost-model.md (Transformer profiles) says",
+        options.seq_len, options.efficiency, gpu.name, gpu.bf16_tflops
+    )
+}
+
+fn divisor(what: &str, count: u64) -> Divisor {
+    Divisor {
+        what: what.into(),
+        count,
+    }
+}
+
+/// Token and (GPT) position embeddings; split over the vocabulary, each
+/// shard looks up its own rows and an AllReduce sums the output.
+fn embedding(
+    config: &TransformerConfig,
+    s: f64,
+    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
+) -> Layer {
+    let h = config.hidden as f64;
+    let tokens = config.padded_vocabulary() as f64 * h;
+    let positions = config.positions.map_or(0.0, |p| p as f64 * h);
+    Layer {
+        name: "embedding".into(),
+        kind: None,
+        param_bytes: ((tokens + positions) * BF16) as u64,
+        inputs: None,
+        // A lookup: no FLOPs worth counting; it keeps the token ids.
+        measurements: timed(0.0, s * TOKEN_ID, s * h * BF16),
+        split: vec![SplitPattern {
+            name: "vocabulary-parallel embedding".into(),
+            divides: vec![divisor(
+                "vocabulary entries (padded to a multiple of 128)",
+                config.padded_vocabulary(),
+            )],
+            fwd_allreduce_bytes_per_sample: s * h * BF16,
+            bwd_allreduce_bytes_per_sample: 0.0,
+            replicated_param_fraction: positions / (tokens + positions),
+            replicated_stored_fraction: 1.0,
+        }],
+    }
+}
+
+/// One block: Megatron-LM's split, attention heads and MLP columns then
+/// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
+fn block(
+    config: &TransformerConfig,
+    i: u64,
+    s: f64,
+    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
+) -> Layer {
+    let h = config.hidden as f64;
+    let (params, whole_params) = config.block_params();
+    let (stored, whole_stored) = config.block_stored_bytes(s);
+    Layer {
+        name: format!("block_{i}"),
+        kind: Some(BLOCK_KIND.into()),
+        param_bytes: (params * BF16) as u64,
+        inputs: None,
+        measurements: timed(config.block_fwd_flops(s), stored, s * h * BF16),
+        split: vec![SplitPattern {
+            name: "megatron-block".into(),
+            divides: vec![
+                divisor("attention heads", config.heads),
+                divisor("KV heads", config.kv_heads),
+            ],
+            fwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
+            bwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
+            replicated_param_fraction: whole_params / params,
+            replicated_stored_fraction: whole_stored / stored,
+        }],
+    }
+}
+
+fn head_fwd_flops(config: &TransformerConfig, s: f64) -> f64 {
+    2.0 * s * config.hidden as f64 * config.vocabulary as f64
+}
+
+/// The final norm, the output projection and the loss. Split over the
+/// vocabulary with a distributed softmax (Whale's SP1): forward, each
+/// token's maximum and sum are reduced (two fp32 numbers); backward, the
+/// input's gradient. The logits are kept in fp32 for the loss.
+fn lm_head(
+    config: &TransformerConfig,
+    s: f64,
+    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
+) -> Layer {
+    let h = config.hidden as f64;
+    let norm = if config.biases { 2.0 * h } else { h };
+    let projection = config.padded_vocabulary() as f64 * h;
+    let whole_stored = 2.0 * s * h * BF16;
+    let logits = s * config.padded_vocabulary() as f64 * FP32;
+    Layer {
+        name: "lm_head".into(),
+        kind: None,
+        param_bytes: ((norm + projection) * BF16) as u64,
+        inputs: None,
+        // Its output is the loss, one number per token.
+        measurements: timed(head_fwd_flops(config, s), whole_stored + logits, s * FP32),
+        split: vec![SplitPattern {
+            name: "vocabulary-parallel head with distributed softmax (SP1)".into(),
+            divides: vec![divisor(
+                "vocabulary entries (padded to a multiple of 128)",
+                config.padded_vocabulary(),
+            )],
+            fwd_allreduce_bytes_per_sample: 2.0 * s * FP32,
+            bwd_allreduce_bytes_per_sample: s * h * BF16,
+            replicated_param_fraction: norm / (norm + projection),
+            replicated_stored_fraction: whole_stored / (whole_stored + logits),
+        }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(gpu: &str) -> TransformerOptions {
+        TransformerOptions {
+            gpu: gpu.into(),
+            seq_len: 4096,
+            micro_batch_sizes: vec![1, 2],
+            efficiency: 0.5,
+        }
+    }
+
+    #[test]
+    fn llama_2_70b_has_its_published_parameter_count() {
+        let c = TransformerConfig::named("llama-2-70b").unwrap();
+        assert_eq!(
+            (c.hidden, c.ffn, c.heads, c.kv_heads, c.blocks, c.vocabulary),
+            (8192, 28672, 64, 8, 80, 32000)
+        );
+        let p = transformer_profile("llama-2-70b", &c, &options("a100-80gb")).unwrap();
+        let params: u64 = p.layers.iter().map(|l| l.param_bytes).sum::<u64>() / 2;
+        // 68.98e9 by the published architecture (embedding and head untied).
+        assert!((params as f64 - 68.98e9).abs() < 0.01e9, "{params}");
+        assert_eq!(p.layers.len(), 82);
+        assert_eq!(p.device.as_deref(), Some("A100-80GB"));
+    }
+
+    #[test]
+    fn gpt3_flops_per_sample_follow_megatrons_formula() {
+        // Narayanan et al. 2021, eq. (3): 72 B s l h^2 (1 + s / 6h + V / 12lh) per iteration.
+        let c = TransformerConfig::named("gpt3-175b").unwrap();
+        let mut o = options("a100-80gb");
+        o.seq_len = 2048;
+        let p = transformer_profile("gpt3-175b", &c, &o).unwrap();
+        let (s, l, h, v) = (2048.0, 96.0, 12288.0, 50257.0);
+        let megatron = 72.0 * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
+        let ours = p.model_flops_per_sample.unwrap();
+        assert!((ours / megatron - 1.0).abs() < 1e-12, "{ours} {megatron}");
+    }
+
+    #[test]
+    fn a_block_runs_at_the_efficiency_of_the_peak() {
+        let c = TransformerConfig::named("llama-2-7b").unwrap();
+        let p = transformer_profile("llama-2-7b", &c, &options("h100")).unwrap();
+        let m = &p.layers[1].measurements[1];
+        let flops = c.block_fwd_flops(4096.0) * 2.0;
+        assert!((m.fwd_ms - flops / (989.5e12 * 0.5) * 1e3).abs() < 1e-9);
+        assert_eq!(m.bwd_ms, 2.0 * m.fwd_ms);
+        assert_eq!(m.activation_bytes, 2 * 4096 * 4096 * 2);
+    }
+
+    #[test]
+    fn the_head_keeps_the_logits_in_fp32() {
+        let c = TransformerConfig::named("llama-2-7b").unwrap();
+        let p = transformer_profile("llama-2-7b", &c, &options("h100")).unwrap();
+        let head = p.layers.last().unwrap();
+        let logits = 4096 * 32000 * 4;
+        assert_eq!(
+            head.measurements[0].stored_activation_bytes,
+            Some(logits + 2 * 4096 * 4096 * 2)
+        );
+    }
+
+    #[test]
+    fn a_config_without_a_needed_field_names_it() {
+        let e = TransformerConfig::from_json(r#"{"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 256}"#)
+            .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("num_attention_heads"));
+        assert!(e.message.contains("is missing"), "{e}");
+        let e = TransformerConfig::named("llama-9").unwrap_err();
+        assert!(e.message.contains("shipped: gpt3-175b, llama-2-7b"), "{e}");
+        let e = transformer_profile(
+            "x",
+            &TransformerConfig::named("llama-2-7b").unwrap(),
+            &options("tpu-v5"),
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("gpu"));
+    }
+}
