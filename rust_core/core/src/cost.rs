@@ -14,6 +14,8 @@ use crate::error::{Error, Input, Result};
 use crate::profile::{LayerCosts, TimePrefix};
 use crate::topology::Topology;
 
+mod shaped;
+
 /// The timed GPU types, quoted, for messages.
 fn timed_names(devices: &[Option<&str>]) -> String {
     devices
@@ -57,7 +59,7 @@ pub struct MachineCost {
 impl MachineCost {
     /// Whether the two machines' GPUs are alike for the cost model: the
     /// same times, speed and memory.
-    fn same_gpus(&self, other: &MachineCost) -> bool {
+    pub(crate) fn same_gpus(&self, other: &MachineCost) -> bool {
         self.pace() == other.pace() && self.memory_bytes == other.memory_bytes
     }
 
@@ -253,6 +255,22 @@ pub struct AllreduceCurve {
 
 impl AllreduceCurve {
     pub fn new(cluster: &Cluster, alloc: &[(usize, u32)]) -> AllreduceCurve {
+        AllreduceCurve::sharing(cluster, alloc, 1)
+    }
+
+    /// The AllReduce of one of `groups` groups that run at once over the
+    /// GPUs of `alloc`, each holding every `groups`-th GPU of each machine
+    /// (the replicas of one shard, beside the other shards' replicas): a
+    /// group has a `groups`-th of each machine's GPUs, each GPU its own
+    /// intra-machine link, and a `groups`-th of each machine's network.
+    pub fn sharing(cluster: &Cluster, alloc: &[(usize, u32)], groups: u32) -> AllreduceCurve {
+        let group_alloc: Alloc;
+        let (alloc, inter_bytes_per_ms) = if groups <= 1 {
+            (alloc, cluster.inter_bytes_per_ms)
+        } else {
+            group_alloc = alloc.iter().map(|&(m, c)| (m, c / groups)).collect();
+            (group_alloc.as_slice(), cluster.inter_bytes_per_ms / f64::from(groups))
+        };
         let n = alloc_size(alloc);
         let nf = f64::from(n.max(1));
         let slowest_intra = alloc
@@ -276,7 +294,7 @@ impl AllreduceCurve {
             };
         }
         let ring = ring_over(
-            slowest_intra.min(cluster.inter_bytes_per_ms),
+            slowest_intra.min(inter_bytes_per_ms),
             cluster.inter_latency_ms,
             nf,
         );
@@ -287,7 +305,7 @@ impl AllreduceCurve {
             (0.0, 0.0)
         };
         let across = ring_over(
-            cluster.inter_bytes_per_ms,
+            inter_bytes_per_ms,
             cluster.inter_latency_ms,
             alloc.len() as f64,
         );

@@ -3,7 +3,7 @@
 //! stage coster of its topology and micro-batching, and the cost of each
 //! of its stages and of each transfer between them.
 
-use crate::cost::{Alloc, Cluster, StageCost, StageCoster, WarmupPolicy};
+use crate::cost::{Alloc, Cluster, StageCost, StageCoster, StageDevices, WarmupPolicy};
 use crate::error::Result;
 use crate::plan::{check, Plan};
 use crate::profile::{LayerCosts, Profile};
@@ -44,6 +44,19 @@ pub(crate) fn stage_costs(
     for (i, (s, alloc)) in plan.stages.iter().zip(allocs).enumerate() {
         if i > 0 {
             transfers_ms.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
+        }
+        let shape = s.shape();
+        if !shape.is_plain() {
+            let devices = StageDevices::new(coster.cluster, alloc.clone());
+            stages.push(coster.stage_shaped(
+                s.layer_start,
+                s.layer_end,
+                &devices,
+                &shape,
+                s.warmup_micro_batches,
+                overlap,
+            ));
+            continue;
         }
         stages.push(match &s.slices {
             Some(slices) => coster.stage_sliced(

@@ -40,7 +40,7 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         pipe.push(c.as_pipe_stage());
         stages.push(*c);
     }
-    let sim_stages = sim_stages(coster.layers, plan, &costs);
+    let sim_stages = sim_stages(coster, plan, &costs, allocs);
     if plan.schedule.kind.is_asynchronous() {
         return asynchronous_estimate(coster, plan, stages, transfers, &sim_stages, &transfers_ms);
     }

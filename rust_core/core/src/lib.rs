@@ -26,6 +26,7 @@ mod refine;
 pub mod regress;
 pub mod schedule;
 pub mod search;
+pub mod shape;
 pub mod simulate;
 pub mod split;
 pub mod topology;

@@ -644,6 +644,11 @@ pub struct LayerCosts {
     state_per_param_byte: f64,
     /// Bytes of gradients per byte of `param_bytes`.
     gradient_per_param_byte: f64,
+    /// Of `state_per_param_byte`, the master weights and optimizer state:
+    /// what ZeRO-1 shards over replicas.
+    optimizer_per_param_byte: f64,
+    /// Each layer's sharding patterns (`split.rs`).
+    split: Vec<Vec<SplitPattern>>,
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
@@ -806,6 +811,11 @@ impl LayerCosts {
             gradient_per_param_byte: profile
                 .parameter_state
                 .map_or(1.0, |p| p.gradient_bytes / p.weight_bytes),
+            optimizer_per_param_byte: match &profile.parameter_state {
+                Some(p) => (p.master_weight_bytes + p.optimizer_bytes) / p.weight_bytes,
+                None => f64::from(optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
+            },
+            split: profile.layers.iter().map(|l| l.split.clone()).collect(),
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
@@ -865,6 +875,34 @@ impl LayerCosts {
     /// Weights, gradients and optimizer state, in bytes, for a layer range.
     pub fn model_state_bytes(&self, start: usize, end: usize) -> f64 {
         self.param_bytes(start, end) * self.state_per_param_byte
+    }
+
+    /// [`LayerCosts::model_state_bytes`] with the master weights and
+    /// optimizer state divided among `sharers` replicas (ZeRO-1; 1: none).
+    pub fn model_state_bytes_sharded(&self, start: usize, end: usize, sharers: u32) -> f64 {
+        if sharers <= 1 {
+            return self.model_state_bytes(start, end);
+        }
+        let params = self.param_bytes(start, end);
+        let optimizer = params * self.optimizer_per_param_byte;
+        params * self.state_per_param_byte - optimizer + optimizer / f64::from(sharers)
+    }
+
+    /// Gradient bytes per byte of weights: what ZeRO-1's all-gather of the
+    /// weights costs against its reduce-scatter of the gradients.
+    pub fn weights_per_gradient_byte(&self) -> f64 {
+        1.0 / self.gradient_per_param_byte
+    }
+
+    /// Layer `layer`'s shard at split degree `t`: its least-communication
+    /// pattern that `t` can split, if any.
+    pub fn shard(&self, layer: usize, t: u32) -> Option<crate::split::ShardCost> {
+        crate::split::cheapest(&self.split[layer], t).map(|p| p.shard(t))
+    }
+
+    /// The sharding patterns of layer `layer`.
+    pub fn split_patterns(&self, layer: usize) -> &[SplitPattern] {
+        &self.split[layer]
     }
 
     /// Bytes of a layer range's gradients, as replicas reduce them.

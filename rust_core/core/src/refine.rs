@@ -483,6 +483,9 @@ mod tests {
                 devices: devices.clone(),
                 warmup_micro_batches: policy.memory_depth(count - i as u32, m),
                 placement: None,
+                tensor_parallel: 1,
+                shard_optimizer: false,
+                recompute: crate::shape::Recompute::None,
                 slices: None,
             })
             .collect();

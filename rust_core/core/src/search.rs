@@ -879,6 +879,9 @@ fn plan_of_steps(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, steps: &[St
                     &StageDevices::new(ctx.cluster, alloc.clone()),
                     ctx.min_slice,
                 ),
+                tensor_parallel: 1,
+                shard_optimizer: false,
+                recompute: crate::shape::Recompute::None,
             },
         )
         .collect();
@@ -1011,6 +1014,9 @@ mod tests {
                                 .warmup(count - i as u32, gbs / b)
                                 .unwrap_or(1),
                             placement: None,
+                            tensor_parallel: 1,
+                            shard_optimizer: false,
+                            recompute: crate::shape::Recompute::None,
                             // Mixed GPUs take Whale's balanced slices.
                             slices: coster.searched_slices(
                                 *s,
@@ -1345,6 +1351,9 @@ mod tests {
                         devices,
                         warmup_micro_batches: policy.memory_depth((stages - k) as u32, gbs / b),
                         placement: None,
+                        tensor_parallel: 1,
+                        shard_optimizer: false,
+                        recompute: crate::shape::Recompute::None,
                         slices: None,
                     }
                 })

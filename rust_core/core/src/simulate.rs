@@ -19,12 +19,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::StageCost;
+use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
+use crate::shape::Recompute;
 use crate::costing::{stage_costs, with_coster};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
 use crate::plan::{plan_schedule, Plan};
-use crate::profile::LayerCosts;
 use crate::profile::Profile;
 use crate::schedule::{
     early_backward_actions, steady_state_window, Action, ActionKind, Predictor, Schedule,
@@ -51,6 +51,9 @@ pub struct SimStage {
     /// The stage's input for one micro-batch slice: all that re-computation keeps.
     pub input_bytes: f64,
     pub memory_limit_bytes: f64,
+    /// The stage's plan re-computes it (`Recompute::Full`): `bwd_ms` holds
+    /// the forward's re-run already, and it keeps only its input.
+    pub recomputes: bool,
 }
 
 crate::named_enum! {
@@ -196,7 +199,9 @@ impl<'a> Replay<'a> {
         let (ready, duration) = match action.kind {
             ActionKind::Forward => (self.forward_ready[s][mb.unwrap()], st.fwd_ms),
             ActionKind::Backward => {
-                let extra = if self.recompute { st.fwd_ms } else { 0.0 };
+                // A simulation re-computing everything re-runs the forward
+                // of stages whose own cost does not count it already.
+                let extra = if self.recompute && !st.recomputes { st.fwd_ms } else { 0.0 };
                 (self.backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
             }
             ActionKind::AllReduce => (Some(self.stage_free[s]), st.allreduce_ms),
@@ -219,7 +224,8 @@ impl<'a> Replay<'a> {
             self.next[s] += 1;
             progressed = true;
             if let Some(t) = trace.as_deref_mut() {
-                t.record_action(s, action, start, duration, &self.stages[s], self.recompute);
+                let st = &self.stages[s];
+                t.record_action(s, action, start, duration, st, self.recompute || st.recomputes);
             }
             match (action.kind, action.micro_batch) {
                 (ActionKind::Forward, Some(mb)) => {
@@ -620,27 +626,39 @@ impl Default for SimulationOptions {
 }
 
 /// The simulator's view of a checked plan's stages, from their costs.
-pub(crate) fn sim_stages(layers: &LayerCosts, plan: &Plan, costs: &[StageCost]) -> Vec<SimStage> {
+pub(crate) fn sim_stages(
+    coster: &StageCoster,
+    plan: &Plan,
+    costs: &[StageCost],
+    allocs: &[Alloc],
+) -> Vec<SimStage> {
+    let layers = coster.layers;
     plan.stages
         .iter()
         .zip(costs)
-        .map(|(s, c)| {
+        .zip(allocs)
+        .map(|((s, c), alloc)| {
+            let (start, end) = (s.layer_start, s.layer_end);
+            let shape = s.shape();
+            let memory = (!shape.is_plain())
+                .then(|| coster.stage_memory(start, end, &StageDevices::new(coster.cluster, alloc.clone()), &shape));
             let slice = f64::from(c.slice_size);
             SimStage {
                 fwd_ms: c.fwd_ms,
                 bwd_ms: c.bwd_ms,
                 allreduce_ms: c.exposed_allreduce_ms,
                 optimizer_ms: 0.0,
-                model_state_bytes: layers.model_state_bytes(s.layer_start, s.layer_end),
-                weight_bytes: layers.param_bytes(s.layer_start, s.layer_end),
+                model_state_bytes: memory.map_or_else(|| layers.model_state_bytes(start, end), |m| m.model_state_bytes),
+                weight_bytes: memory.map_or_else(|| layers.param_bytes(start, end), |m| m.weight_bytes),
                 own_adam_moments_bytes: if layers.keeps_adam_moments {
                     0.0
                 } else {
-                    2.0 * layers.param_bytes(s.layer_start, s.layer_end)
+                    2.0 * layers.param_bytes(start, end)
                 },
-                stored_bytes: slice * layers.stored_bytes_per_sample(s.layer_start, s.layer_end),
-                input_bytes: slice * layers.cut_bytes_per_sample(s.layer_start),
+                stored_bytes: memory.map_or_else(|| slice * layers.stored_bytes_per_sample(start, end), |m| m.stored_bytes),
+                input_bytes: memory.map_or_else(|| slice * layers.cut_bytes_per_sample(start), |m| m.input_bytes),
                 memory_limit_bytes: c.memory_limit_bytes,
+                recomputes: shape.recompute == Recompute::Full,
             }
         })
         .collect()
@@ -657,7 +675,7 @@ pub(crate) fn sim_inputs(
     with_coster(plan, profile, |coster, allocs, _| {
         let overlap = plan.stages.len() == 1 && overlap_allreduce;
         let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
-        (sim_stages(coster.layers, plan, &costs), transfers)
+        (sim_stages(coster, plan, &costs, allocs), transfers)
     })
 }
 
@@ -686,6 +704,7 @@ mod tests {
                 stored_bytes: 10.0,
                 input_bytes: 1.0,
                 memory_limit_bytes: 1e9,
+                recomputes: false,
             };
             n
         ]

@@ -240,6 +240,7 @@ mod tests {
             stored_bytes: stored,
             input_bytes: 0.0,
             memory_limit_bytes: limit,
+            recomputes: false,
         }
     }
 

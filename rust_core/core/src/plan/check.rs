@@ -41,6 +41,7 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         expected_start = s.layer_end;
         let alloc = check_stage_devices(s, i, &cluster, &mut used_by).map_err(|e| e.under(&at))?;
         check_stage_slices(plan, s, alloc_size(&alloc)).map_err(|e| e.under(&at))?;
+        check_stage_shape(plan, s, &cluster, &alloc, profile).map_err(|e| e.under(&at))?;
         check_warmup(plan, i).map_err(|e| e.under(&at))?;
         allocs.push(alloc);
     }
@@ -167,6 +168,95 @@ fn check_stage_slices(plan: &Plan, s: &Stage, replicas: u32) -> Result<()> {
                 "{replicas} replicas split micro-batch {} into slices of {smallest} samples, below the minimum {min_slice} \
                  (the profile's smallest measured batch size unless --min-micro-batch-size says otherwise)",
                 plan.micro_batch_size,
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A stage that splits, shards or re-computes runs on GPUs alike with even
+/// slices and a synchronous schedule; its split groups are `t` consecutive
+/// devices on one machine; and every layer that can split can split at `t`
+/// (a layer that cannot split at all runs whole).
+fn check_stage_shape(
+    plan: &Plan,
+    s: &Stage,
+    cluster: &Cluster,
+    alloc: &Alloc,
+    profile: Option<&Profile>,
+) -> Result<()> {
+    let t = s.tensor_parallel;
+    if t == 0 {
+        return Err(Error::field("tensor_parallel", "value 0 must be >= 1"));
+    }
+    let shape = s.shape();
+    if shape.is_plain() {
+        return Ok(());
+    }
+    let field = if t > 1 { "tensor_parallel" } else if s.shard_optimizer { "shard_optimizer" } else { "recompute" };
+    if s.slices.is_some() {
+        return Err(Error::field(field, "a stage that splits, shards or re-computes takes even slices: drop its slices"));
+    }
+    if plan.schedule.kind.is_asynchronous() {
+        return Err(Error::field(field, format!("{} plans run plain stages only", plan.schedule.kind)));
+    }
+    let first = &cluster.machines[alloc[0].0];
+    if alloc.iter().any(|&(m, _)| !first.same_gpus(&cluster.machines[m])) {
+        return Err(Error::field(field, "a stage that splits, shards or re-computes runs on GPUs alike"));
+    }
+    if t == 1 {
+        return Ok(());
+    }
+    check_split_groups(s, t, cluster)?;
+    let smallest = smallest_slice(plan.micro_batch_size, s.devices.len() as u32 / t);
+    if smallest < plan.inputs.options.min_micro_batch_size.max(1) {
+        return Err(Error::field(
+            "tensor_parallel",
+            format!("value {t} leaves replicas of {smallest} samples, below the minimum slice"),
+        ));
+    }
+    match profile {
+        Some(p) => check_layers_split(p, s, t),
+        None => Ok(()),
+    }
+}
+
+/// The split groups, each `t` consecutive devices of the stage, lie each on
+/// one machine (their collectives run over its intra-machine link).
+fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
+    if s.devices.len() % t as usize != 0 {
+        return Err(Error::field(
+            "tensor_parallel",
+            format!("value {t} does not divide the stage's {} devices", s.devices.len()),
+        ));
+    }
+    for group in s.devices.chunks(t as usize) {
+        let machine = |d: u32| cluster.machine_of(d);
+        if group.iter().any(|&d| machine(d) != machine(group[0])) {
+            return Err(Error::field(
+                "tensor_parallel",
+                format!(
+                    "value {t}: split group {group:?} spans machines; each group of {t} consecutive devices must be on one machine"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every layer of the stage that has sharding patterns has one `t` can split.
+fn check_layers_split(profile: &Profile, s: &Stage, t: u32) -> Result<()> {
+    for l in s.layer_start..s.layer_end {
+        let layer = &profile.layers[l];
+        if layer.split.is_empty() || layer.split.iter().any(|p| p.allows(t)) {
+            continue;
+        }
+        let refusal = layer.split.iter().find_map(|p| p.refusal(t)).expect("a pattern refuses t");
+        return Err(Error::field(
+            "tensor_parallel",
+            format!(
+                "value {t} does not divide the {} ({}) of layer {:?} (layers[{l}])",
+                refusal.what, refusal.count, layer.name
             ),
         ));
     }

@@ -14,6 +14,7 @@ use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
 use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
+use crate::shape::{Recompute, StageShape};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -177,6 +178,47 @@ pub struct Stage {
     /// split of `cost::slice_ranges`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slices: Option<Vec<u32>>,
+    /// Whale's split degree: the GPUs each layer that can split is sharded
+    /// over, in groups of consecutive devices on one machine (`shape.rs`).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub tensor_parallel: u32,
+    /// ZeRO-1: optimizer state sharded over the stage's replicas.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shard_optimizer: bool,
+    /// What the forward keeps for the backward: "none" re-computes nothing.
+    #[serde(default, skip_serializing_if = "Recompute::is_none")]
+    pub recompute: Recompute,
+}
+
+impl Stage {
+    /// How the stage runs its layers besides replicating them.
+    pub fn shape(&self) -> StageShape {
+        StageShape {
+            tensor_parallel: self.tensor_parallel,
+            shard_optimizer: self.shard_optimizer,
+            recompute: self.recompute,
+        }
+    }
+
+    /// The stage run as `shape` says.
+    pub fn with_shape(mut self, shape: &StageShape) -> Stage {
+        self.tensor_parallel = shape.tensor_parallel;
+        self.shard_optimizer = shape.shard_optimizer;
+        self.recompute = shape.recompute;
+        self
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

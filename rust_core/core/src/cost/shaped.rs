@@ -1,0 +1,181 @@
+//! The cost of a stage of any shape (`shape.rs`): split layers, ZeRO-1,
+//! re-computation. A plain stage costs what `StageCoster::stage_on` says;
+//! this adds, on alike GPUs with even slices:
+//! - split layers' compute divided by t and their AllReduces inside each
+//!   replica's t GPUs, forward and backward (on the critical path, as in
+//!   Megatron-LM), and the bridges between split and whole layers (an
+//!   all-gather of the cut's activations into the split layers, a
+//!   reduce-scatter of their gradients back; half an AllReduce each);
+//! - gradient AllReduces over all the stage's GPUs for whole layers, and
+//!   over each shard's replicas for split ones (the t shards' rings share
+//!   each machine's network);
+//! - ZeRO-1: a reduce-scatter of gradients and an all-gather of weights in
+//!   place of the AllReduce, the optimizer's state over the replicas;
+//! - full re-computation: the forward again in the backward, and only the
+//!   stage's input kept per micro-batch.
+
+use super::{largest_slice, AllreduceCurve, StageCost, StageCoster, StageDevices};
+use crate::shape::{shards, stage_memory, Recompute, StageMemory, StageShape};
+use crate::split::ShardCost;
+
+/// Forward and backward milliseconds of one micro-batch.
+#[derive(Default)]
+struct Passes {
+    fwd_ms: f64,
+    bwd_ms: f64,
+}
+
+impl StageCoster<'_> {
+    /// Cost of layers `start..end` on `devices` run as `shape` says, with
+    /// `warmup` micro-batches in flight. A plain shape is
+    /// [`StageCoster::stage_on`]; any other needs alike GPUs (no stage on
+    /// mixed GPUs is split, sharded or re-computed by this model).
+    pub fn stage_shaped(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+        warmup: u32,
+        only_stage: bool,
+    ) -> StageCost {
+        if shape.is_plain() {
+            return self.stage_on(start, end, devices, warmup, only_stage);
+        }
+        let (memory, slice, passes, allreduce_ms) = self.shaped_parts(start, end, devices, shape);
+        let exposed = if only_stage && shape.tensor_parallel == 1 && !shape.shard_optimizer {
+            // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
+            self.stage_on(start, end, devices, warmup, only_stage).exposed_allreduce_ms
+        } else {
+            allreduce_ms
+        };
+        StageCost {
+            fwd_ms: passes.fwd_ms,
+            bwd_ms: passes.bwd_ms,
+            allreduce_ms,
+            exposed_allreduce_ms: exposed,
+            memory_bytes: memory.at(warmup),
+            memory_limit_bytes: devices.memory_limit_bytes,
+            slice_size: slice,
+            bubble_ms: None,
+        }
+    }
+
+    /// One GPU's memory of the stage as `shape` runs it.
+    pub fn stage_memory(&self, start: usize, end: usize, devices: &StageDevices, shape: &StageShape) -> StageMemory {
+        let t = shape.tensor_parallel.max(1);
+        let gpus = devices.replicas;
+        let slices = (largest_slice(self.micro_batch, gpus), largest_slice(self.micro_batch, gpus / t));
+        let layer_shards = shards(self.layers, start, end, t);
+        stage_memory(self.layers, start, end, shape, &layer_shards, slices, (gpus, gpus / t))
+    }
+
+    /// Memory, the slice a split replica takes (else a GPU's), the passes
+    /// and the gradient synchronisation of a shaped stage.
+    fn shaped_parts(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+    ) -> (StageMemory, u32, Passes, f64) {
+        let t = shape.tensor_parallel.max(1);
+        let gpus = devices.replicas;
+        let (whole_slice, split_slice) = (largest_slice(self.micro_batch, gpus), largest_slice(self.micro_batch, gpus / t));
+        let layer_shards = shards(self.layers, start, end, t);
+        let memory = stage_memory(
+            self.layers,
+            start,
+            end,
+            shape,
+            &layer_shards,
+            (whole_slice, split_slice),
+            (gpus, gpus / t),
+        );
+        let mut passes = self.split_passes(start, end, devices, &layer_shards, (whole_slice, split_slice), t);
+        if shape.recompute == Recompute::Full {
+            passes.bwd_ms += passes.fwd_ms;
+        }
+        let allreduce_ms = self.gradient_sync_ms(start, end, devices, &layer_shards, shape);
+        let slice = if layer_shards.iter().any(Option::is_some) { split_slice } else { whole_slice };
+        (memory, slice, passes, allreduce_ms)
+    }
+
+    /// Compute, the split layers' AllReduces and the bridges of one
+    /// micro-batch, on the stage's (alike) GPUs.
+    fn split_passes(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        layer_shards: &[Option<ShardCost>],
+        (whole_slice, split_slice): (u32, u32),
+        t: u32,
+    ) -> Passes {
+        let (timing, speed) = devices.paces[0];
+        let (whole, split) = (self.times(timing, whole_slice), self.times(timing, split_slice));
+        // A replica's t shards sit on one machine, so their collectives run
+        // over its intra-machine link.
+        let machine = devices.alloc[0].0;
+        let shard_group = AllreduceCurve::new(self.cluster, &[(machine, t)]);
+        let mut passes = Passes::default();
+        let mut run_start = start;
+        for (i, l) in (start..end).enumerate() {
+            let shard = layer_shards[i];
+            let next_is_same = (l + 1 < end) && layer_shards[i + 1].is_some() == shard.is_some();
+            if let Some(s) = shard {
+                let samples = f64::from(split_slice);
+                passes.fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
+                    + shard_group.ms(s.fwd_allreduce_bytes_per_sample * samples);
+                passes.bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
+                    + shard_group.ms(s.bwd_allreduce_bytes_per_sample * samples);
+            } else if !next_is_same {
+                // Whole layers in runs: one range of the prefix sums, as a plain stage.
+                passes.fwd_ms += whole.fwd(run_start, l + 1) / speed;
+                passes.bwd_ms += whole.bwd(run_start, l + 1) / speed;
+            }
+            if !next_is_same {
+                run_start = l + 1;
+            }
+            // A bridge where whole layers meet split ones (never at t = 1).
+            if l + 1 < end && layer_shards[i + 1].is_some() != shard.is_some() {
+                let gather_ms = shard_group.ms(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice)) / 2.0;
+                if shard.is_none() {
+                    passes.fwd_ms += gather_ms;
+                }
+                passes.bwd_ms += gather_ms;
+            }
+        }
+        passes
+    }
+
+    /// Gradient AllReduces (ZeRO-1: reduce-scatter and all-gather) of one
+    /// iteration: whole layers' over all the stage's GPUs, split layers'
+    /// over each shard's replicas.
+    fn gradient_sync_ms(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        layer_shards: &[Option<ShardCost>],
+        shape: &StageShape,
+    ) -> f64 {
+        let (mut whole_bytes, mut split_bytes) = (0.0, 0.0);
+        for (l, shard) in (start..end).zip(layer_shards) {
+            let bytes = self.layers.gradient_bytes(l, l + 1);
+            match shard {
+                Some(s) => split_bytes += bytes * s.param_factor,
+                None => whole_bytes += bytes,
+            }
+        }
+        let t = shape.tensor_parallel.max(1);
+        let ms = devices.allreduce.ms(whole_bytes)
+            + AllreduceCurve::sharing(self.cluster, &devices.alloc, t).ms(split_bytes);
+        if shape.shard_optimizer {
+            // Half an AllReduce's volume in gradients, half in weights.
+            ms * (1.0 + self.layers.weights_per_gradient_byte()) / 2.0
+        } else {
+            ms
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! How a stage runs its layers on its GPUs besides replicating them: Whale's
+//! split degree t (tensor parallelism), ZeRO-1 (optimizer state sharded
+//! over the replicas) and re-computation. A plain stage (t = 1, no sharding,
+//! no re-computation) is what DAPPLE plans.
+//!
+//! A stage on G GPUs with split degree t runs the layers that can split on
+//! G / t replicas of t shards each (the shards of a replica on one machine);
+//! layers that cannot split run data parallel over all G GPUs, as Whale's
+//! collocated hybrid runs ResNet-50 beside its split classifier, and a
+//! bridge gathers their outputs into the split layers (and scatters the
+//! gradients back). This module says which layers split and what one GPU
+//! holds; `cost.rs` prices the collectives on the stage's links.
+
+use serde::{Deserialize, Serialize};
+
+use crate::profile::LayerCosts;
+use crate::split::ShardCost;
+
+crate::named_enum! {
+    /// What a stage's forward keeps for its backward.
+    pub enum Recompute("a re-computation mode") {
+        /// Everything the layers keep (the profile's stored activations).
+        None = "none",
+        /// Only the stage's input; the backward runs the forward again.
+        Full = "full",
+    }
+}
+
+impl Recompute {
+    pub fn is_none(&self) -> bool {
+        *self == Recompute::None
+    }
+}
+
+impl Default for Recompute {
+    fn default() -> Self {
+        Recompute::None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageShape {
+    /// GPUs each layer that can split is sharded over (1: none is).
+    pub tensor_parallel: u32,
+    /// ZeRO-1: master weights and optimizer state sharded over the replicas,
+    /// gradients reduce-scattered and weights all-gathered.
+    pub shard_optimizer: bool,
+    pub recompute: Recompute,
+}
+
+impl StageShape {
+    /// DAPPLE's stage: replicas only.
+    pub const PLAIN: StageShape = StageShape {
+        tensor_parallel: 1,
+        shard_optimizer: false,
+        recompute: Recompute::None,
+    };
+
+    pub fn is_plain(&self) -> bool {
+        *self == StageShape::PLAIN
+    }
+}
+
+impl Default for StageShape {
+    fn default() -> Self {
+        StageShape::PLAIN
+    }
+}
+
+/// Each layer of a stage at split degree `t`: its shard where it splits
+/// (the least-communication pattern), else `None` (whole, data parallel).
+pub fn shards(layers: &LayerCosts, start: usize, end: usize, t: u32) -> Vec<Option<ShardCost>> {
+    (start..end)
+        .map(|l| if t > 1 { layers.shard(l, t) } else { None })
+        .collect()
+}
+
+/// What one GPU of a stage holds, in bytes: model state all the time, and
+/// per micro-batch in flight. At K micro-batches in flight a GPU holds
+/// `fixed_bytes + K * per_micro_batch_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageMemory {
+    /// Weights, gradients, master weights and optimizer state (`model_state`),
+    /// plus under full re-computation one micro-batch's activations, alive
+    /// while its backward runs the forward again.
+    pub fixed_bytes: f64,
+    pub per_micro_batch_bytes: f64,
+    pub model_state_bytes: f64,
+    /// One copy of the weights (what stashing or prediction copies).
+    pub weight_bytes: f64,
+    /// Kept from one micro-batch's forward to its backward.
+    pub stored_bytes: f64,
+    /// The stage's input for one micro-batch: what re-computation keeps.
+    pub input_bytes: f64,
+}
+
+impl StageMemory {
+    pub fn at(&self, micro_batches_in_flight: u32) -> f64 {
+        self.fixed_bytes + f64::from(micro_batches_in_flight) * self.per_micro_batch_bytes
+    }
+}
+
+/// One GPU's memory for layers `start..end` of shape `shape`, where whole
+/// layers take `whole_slice` samples of a micro-batch and split ones
+/// `split_slice` (a replica's), over `replicas` replicas of the split
+/// layers and `gpus` GPUs in all (ZeRO shards whole layers' state over all
+/// of them). A plain stage is `stage_memory_bytes` in `cost.rs`.
+#[allow(clippy::too_many_arguments)]
+pub fn stage_memory(
+    layers: &LayerCosts,
+    start: usize,
+    end: usize,
+    shape: &StageShape,
+    shards: &[Option<ShardCost>],
+    (whole_slice, split_slice): (u32, u32),
+    (gpus, replicas): (u32, u32),
+) -> StageMemory {
+    let mut state = 0.0;
+    let mut weights = 0.0;
+    let mut stored = 0.0;
+    for (l, shard) in (start..end).zip(shards) {
+        let (param_factor, stored_factor, slice, sharers) = match shard {
+            Some(s) => (s.param_factor, s.stored_factor, split_slice, replicas),
+            None => (1.0, 1.0, whole_slice, gpus),
+        };
+        let sharers = if shape.shard_optimizer { sharers } else { 1 };
+        state += param_factor * layers.model_state_bytes_sharded(l, l + 1, sharers);
+        weights += param_factor * layers.param_bytes(l, l + 1);
+        stored += stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, l + 1);
+    }
+    let first_slice = if shards.first().is_some_and(Option::is_some) { split_slice } else { whole_slice };
+    let input = f64::from(first_slice) * layers.cut_bytes_per_sample(start);
+    let (fixed, per_micro_batch) = match shape.recompute {
+        Recompute::None => (state, stored),
+        Recompute::Full => (state + stored, input),
+    };
+    StageMemory {
+        fixed_bytes: fixed,
+        per_micro_batch_bytes: per_micro_batch,
+        model_state_bytes: state,
+        weight_bytes: weights,
+        stored_bytes: stored,
+        input_bytes: input,
+    }
+}
