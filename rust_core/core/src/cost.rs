@@ -269,7 +269,10 @@ impl AllreduceCurve {
             (alloc, cluster.inter_bytes_per_ms)
         } else {
             group_alloc = alloc.iter().map(|&(m, c)| (m, c / groups)).collect();
-            (group_alloc.as_slice(), cluster.inter_bytes_per_ms / f64::from(groups))
+            (
+                group_alloc.as_slice(),
+                cluster.inter_bytes_per_ms / f64::from(groups),
+            )
         };
         let n = alloc_size(alloc);
         let nf = f64::from(n.max(1));

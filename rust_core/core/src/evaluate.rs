@@ -72,6 +72,7 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         single_device_ms: single,
         speedup: single / headline,
         samples_per_second: f64::from(plan.inputs.global_batch_size) / headline * 1e3,
+        mfu: mfu(coster, plan, headline),
         peak_memory_bytes: peak,
         fits_memory: fits,
         stages,
@@ -131,11 +132,20 @@ fn asynchronous_estimate(
         single_device_ms: single,
         speedup: single / sim.iteration_ms,
         samples_per_second: f64::from(plan.inputs.global_batch_size) / sim.iteration_ms * 1e3,
+        mfu: mfu(coster, plan, sim.iteration_ms),
         peak_memory_bytes: peak,
         fits_memory: fits,
         stages,
         transfers,
     }
+}
+
+/// Model FLOPs of an iteration of `iteration_ms` over the topology's peak,
+/// where the profile counts its FLOPs and the catalog knows every GPU.
+fn mfu(coster: &StageCoster, plan: &Plan, iteration_ms: f64) -> Option<f64> {
+    let flops = coster.layers.model_flops_per_sample? * f64::from(plan.inputs.global_batch_size);
+    let peak = plan.inputs.topology.peak_flops()?;
+    Some(flops / (peak * iteration_ms / 1e3))
 }
 
 /// The largest stage memory, and whether every stage fits its GPU.

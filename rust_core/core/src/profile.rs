@@ -649,6 +649,8 @@ pub struct LayerCosts {
     optimizer_per_param_byte: f64,
     /// Each layer's sharding patterns (`split.rs`).
     split: Vec<Vec<SplitPattern>>,
+    /// The profile's model FLOPs of one sample (forward and backward).
+    pub model_flops_per_sample: Option<f64>,
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
@@ -816,6 +818,7 @@ impl LayerCosts {
                 None => f64::from(optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
             },
             split: profile.layers.iter().map(|l| l.split.clone()).collect(),
+            model_flops_per_sample: profile.model_flops_per_sample,
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }

@@ -32,6 +32,8 @@ impl Recompute {
     }
 }
 
+// named_enum! declares the enum, so its default cannot be derived there.
+#[allow(clippy::derivable_impls)]
 impl Default for Recompute {
     fn default() -> Self {
         Recompute::None
@@ -129,7 +131,11 @@ pub fn stage_memory(
         weights += param_factor * layers.param_bytes(l, l + 1);
         stored += stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, l + 1);
     }
-    let first_slice = if shards.first().is_some_and(Option::is_some) { split_slice } else { whole_slice };
+    let first_slice = if shards.first().is_some_and(Option::is_some) {
+        split_slice
+    } else {
+        whole_slice
+    };
     let input = f64::from(first_slice) * layers.cut_bytes_per_sample(start);
     let (fixed, per_micro_batch) = match shape.recompute {
         Recompute::None => (state, stored),

@@ -20,7 +20,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
-use crate::shape::Recompute;
 use crate::costing::{stage_costs, with_coster};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
@@ -30,6 +29,7 @@ use crate::schedule::{
     early_backward_actions, steady_state_window, Action, ActionKind, Predictor, Schedule,
     ScheduleKind, WeightRule,
 };
+use crate::shape::Recompute;
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -201,7 +201,11 @@ impl<'a> Replay<'a> {
             ActionKind::Backward => {
                 // A simulation re-computing everything re-runs the forward
                 // of stages whose own cost does not count it already.
-                let extra = if self.recompute && !st.recomputes { st.fwd_ms } else { 0.0 };
+                let extra = if self.recompute && !st.recomputes {
+                    st.fwd_ms
+                } else {
+                    0.0
+                };
                 (self.backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
             }
             ActionKind::AllReduce => (Some(self.stage_free[s]), st.allreduce_ms),
@@ -225,7 +229,14 @@ impl<'a> Replay<'a> {
             progressed = true;
             if let Some(t) = trace.as_deref_mut() {
                 let st = &self.stages[s];
-                t.record_action(s, action, start, duration, st, self.recompute || st.recomputes);
+                t.record_action(
+                    s,
+                    action,
+                    start,
+                    duration,
+                    st,
+                    self.recompute || st.recomputes,
+                );
             }
             match (action.kind, action.micro_batch) {
                 (ActionKind::Forward, Some(mb)) => {
@@ -640,23 +651,39 @@ pub(crate) fn sim_stages(
         .map(|((s, c), alloc)| {
             let (start, end) = (s.layer_start, s.layer_end);
             let shape = s.shape();
-            let memory = (!shape.is_plain())
-                .then(|| coster.stage_memory(start, end, &StageDevices::new(coster.cluster, alloc.clone()), &shape));
+            let memory = (!shape.is_plain()).then(|| {
+                coster.stage_memory(
+                    start,
+                    end,
+                    &StageDevices::new(coster.cluster, alloc.clone()),
+                    &shape,
+                )
+            });
             let slice = f64::from(c.slice_size);
             SimStage {
                 fwd_ms: c.fwd_ms,
                 bwd_ms: c.bwd_ms,
                 allreduce_ms: c.exposed_allreduce_ms,
                 optimizer_ms: 0.0,
-                model_state_bytes: memory.map_or_else(|| layers.model_state_bytes(start, end), |m| m.model_state_bytes),
-                weight_bytes: memory.map_or_else(|| layers.param_bytes(start, end), |m| m.weight_bytes),
+                model_state_bytes: memory.map_or_else(
+                    || layers.model_state_bytes(start, end),
+                    |m| m.model_state_bytes,
+                ),
+                weight_bytes: memory
+                    .map_or_else(|| layers.param_bytes(start, end), |m| m.weight_bytes),
                 own_adam_moments_bytes: if layers.keeps_adam_moments {
                     0.0
                 } else {
                     2.0 * layers.param_bytes(start, end)
                 },
-                stored_bytes: memory.map_or_else(|| slice * layers.stored_bytes_per_sample(start, end), |m| m.stored_bytes),
-                input_bytes: memory.map_or_else(|| slice * layers.cut_bytes_per_sample(start), |m| m.input_bytes),
+                stored_bytes: memory.map_or_else(
+                    || slice * layers.stored_bytes_per_sample(start, end),
+                    |m| m.stored_bytes,
+                ),
+                input_bytes: memory.map_or_else(
+                    || slice * layers.cut_bytes_per_sample(start),
+                    |m| m.input_bytes,
+                ),
                 memory_limit_bytes: c.memory_limit_bytes,
                 recomputes: shape.recompute == Recompute::Full,
             }

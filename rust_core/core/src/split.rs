@@ -84,7 +84,7 @@ impl SplitPattern {
     pub fn refusal(&self, degree: u32) -> Option<&Divisor> {
         self.divides
             .iter()
-            .find(|d| d.count % u64::from(degree) != 0)
+            .find(|d| !d.count.is_multiple_of(u64::from(degree)))
     }
 
     /// One shard's share at `degree` (at least 2).

@@ -163,6 +163,19 @@ impl Topology {
         Ok(topology)
     }
 
+    /// bf16 peak FLOP/s of all the GPUs, where every type is in the catalog.
+    pub fn peak_flops(&self) -> Option<f64> {
+        self.machine_groups.iter().try_fold(0.0, |sum, g| {
+            let gpu = find_gpu(&g.gpu.gpu_type)?;
+            Some(
+                sum + f64::from(g.machines)
+                    * f64::from(g.gpus_per_machine)
+                    * gpu.bf16_tflops
+                    * 1e12,
+            )
+        })
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.machine_groups.is_empty() {
             return Err(Error::field(

@@ -45,7 +45,8 @@ impl StageCoster<'_> {
         let (memory, slice, passes, allreduce_ms) = self.shaped_parts(start, end, devices, shape);
         let exposed = if only_stage && shape.tensor_parallel == 1 && !shape.shard_optimizer {
             // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
-            self.stage_on(start, end, devices, warmup, only_stage).exposed_allreduce_ms
+            self.stage_on(start, end, devices, warmup, only_stage)
+                .exposed_allreduce_ms
         } else {
             allreduce_ms
         };
@@ -62,12 +63,29 @@ impl StageCoster<'_> {
     }
 
     /// One GPU's memory of the stage as `shape` runs it.
-    pub fn stage_memory(&self, start: usize, end: usize, devices: &StageDevices, shape: &StageShape) -> StageMemory {
+    pub fn stage_memory(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+    ) -> StageMemory {
         let t = shape.tensor_parallel.max(1);
         let gpus = devices.replicas;
-        let slices = (largest_slice(self.micro_batch, gpus), largest_slice(self.micro_batch, gpus / t));
+        let slices = (
+            largest_slice(self.micro_batch, gpus),
+            largest_slice(self.micro_batch, gpus / t),
+        );
         let layer_shards = shards(self.layers, start, end, t);
-        stage_memory(self.layers, start, end, shape, &layer_shards, slices, (gpus, gpus / t))
+        stage_memory(
+            self.layers,
+            start,
+            end,
+            shape,
+            &layer_shards,
+            slices,
+            (gpus, gpus / t),
+        )
     }
 
     /// Memory, the slice a split replica takes (else a GPU's), the passes
@@ -81,7 +99,10 @@ impl StageCoster<'_> {
     ) -> (StageMemory, u32, Passes, f64) {
         let t = shape.tensor_parallel.max(1);
         let gpus = devices.replicas;
-        let (whole_slice, split_slice) = (largest_slice(self.micro_batch, gpus), largest_slice(self.micro_batch, gpus / t));
+        let (whole_slice, split_slice) = (
+            largest_slice(self.micro_batch, gpus),
+            largest_slice(self.micro_batch, gpus / t),
+        );
         let layer_shards = shards(self.layers, start, end, t);
         let memory = stage_memory(
             self.layers,
@@ -92,12 +113,23 @@ impl StageCoster<'_> {
             (whole_slice, split_slice),
             (gpus, gpus / t),
         );
-        let mut passes = self.split_passes(start, end, devices, &layer_shards, (whole_slice, split_slice), t);
+        let mut passes = self.split_passes(
+            start,
+            end,
+            devices,
+            &layer_shards,
+            (whole_slice, split_slice),
+            t,
+        );
         if shape.recompute == Recompute::Full {
             passes.bwd_ms += passes.fwd_ms;
         }
         let allreduce_ms = self.gradient_sync_ms(start, end, devices, &layer_shards, shape);
-        let slice = if layer_shards.iter().any(Option::is_some) { split_slice } else { whole_slice };
+        let slice = if layer_shards.iter().any(Option::is_some) {
+            split_slice
+        } else {
+            whole_slice
+        };
         (memory, slice, passes, allreduce_ms)
     }
 
@@ -113,7 +145,10 @@ impl StageCoster<'_> {
         t: u32,
     ) -> Passes {
         let (timing, speed) = devices.paces[0];
-        let (whole, split) = (self.times(timing, whole_slice), self.times(timing, split_slice));
+        let (whole, split) = (
+            self.times(timing, whole_slice),
+            self.times(timing, split_slice),
+        );
         // A replica's t shards sit on one machine, so their collectives run
         // over its intra-machine link.
         let machine = devices.alloc[0].0;
@@ -139,7 +174,9 @@ impl StageCoster<'_> {
             }
             // A bridge where whole layers meet split ones (never at t = 1).
             if l + 1 < end && layer_shards[i + 1].is_some() != shard.is_some() {
-                let gather_ms = shard_group.ms(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice)) / 2.0;
+                let gather_ms = shard_group
+                    .ms(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice))
+                    / 2.0;
                 if shard.is_none() {
                     passes.fwd_ms += gather_ms;
                 }

@@ -40,7 +40,9 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         check_stage_layers(s, expected_start, layers).map_err(|e| e.under(&at))?;
         expected_start = s.layer_end;
         let alloc = check_stage_devices(s, i, &cluster, &mut used_by).map_err(|e| e.under(&at))?;
-        check_stage_slices(plan, s, alloc_size(&alloc)).map_err(|e| e.under(&at))?;
+        // Split layers' replicas are t GPUs each (a bad t is refused below).
+        let replicas = alloc_size(&alloc) / s.tensor_parallel.clamp(1, alloc_size(&alloc));
+        check_stage_slices(plan, s, replicas).map_err(|e| e.under(&at))?;
         check_stage_shape(plan, s, &cluster, &alloc, profile).map_err(|e| e.under(&at))?;
         check_warmup(plan, i).map_err(|e| e.under(&at))?;
         allocs.push(alloc);
@@ -193,16 +195,34 @@ fn check_stage_shape(
     if shape.is_plain() {
         return Ok(());
     }
-    let field = if t > 1 { "tensor_parallel" } else if s.shard_optimizer { "shard_optimizer" } else { "recompute" };
+    let field = if t > 1 {
+        "tensor_parallel"
+    } else if s.shard_optimizer {
+        "shard_optimizer"
+    } else {
+        "recompute"
+    };
     if s.slices.is_some() {
-        return Err(Error::field(field, "a stage that splits, shards or re-computes takes even slices: drop its slices"));
+        return Err(Error::field(
+            field,
+            "a stage that splits, shards or re-computes takes even slices: drop its slices",
+        ));
     }
     if plan.schedule.kind.is_asynchronous() {
-        return Err(Error::field(field, format!("{} plans run plain stages only", plan.schedule.kind)));
+        return Err(Error::field(
+            field,
+            format!("{} plans run plain stages only", plan.schedule.kind),
+        ));
     }
     let first = &cluster.machines[alloc[0].0];
-    if alloc.iter().any(|&(m, _)| !first.same_gpus(&cluster.machines[m])) {
-        return Err(Error::field(field, "a stage that splits, shards or re-computes runs on GPUs alike"));
+    if alloc
+        .iter()
+        .any(|&(m, _)| !first.same_gpus(&cluster.machines[m]))
+    {
+        return Err(Error::field(
+            field,
+            "a stage that splits, shards or re-computes runs on GPUs alike",
+        ));
     }
     if t == 1 {
         return Ok(());
@@ -224,10 +244,13 @@ fn check_stage_shape(
 /// The split groups, each `t` consecutive devices of the stage, lie each on
 /// one machine (their collectives run over its intra-machine link).
 fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
-    if s.devices.len() % t as usize != 0 {
+    if !s.devices.len().is_multiple_of(t as usize) {
         return Err(Error::field(
             "tensor_parallel",
-            format!("value {t} does not divide the stage's {} devices", s.devices.len()),
+            format!(
+                "value {t} does not divide the stage's {} devices",
+                s.devices.len()
+            ),
         ));
     }
     for group in s.devices.chunks(t as usize) {
@@ -251,7 +274,11 @@ fn check_layers_split(profile: &Profile, s: &Stage, t: u32) -> Result<()> {
         if layer.split.is_empty() || layer.split.iter().any(|p| p.allows(t)) {
             continue;
         }
-        let refusal = layer.split.iter().find_map(|p| p.refusal(t)).expect("a pattern refuses t");
+        let refusal = layer
+            .split
+            .iter()
+            .find_map(|p| p.refusal(t))
+            .expect("a pattern refuses t");
         return Err(Error::field(
             "tensor_parallel",
             format!(

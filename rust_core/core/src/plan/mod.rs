@@ -244,6 +244,12 @@ pub struct Estimate {
     /// single_device_ms over the iteration time (simulated where known).
     pub speedup: f64,
     pub samples_per_second: f64,
+    /// Model FLOPs utilisation: the profile's model FLOPs of an iteration
+    /// over every GPU of the topology at its bf16 peak (`gpus.rs`) for the
+    /// iteration's time. Absent where the profile gives no FLOPs or a GPU
+    /// type is not in the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
     pub peak_memory_bytes: f64,
     pub fits_memory: bool,
     pub stages: Vec<StageCost>,
