@@ -255,24 +255,19 @@ pub struct AllreduceCurve {
 
 impl AllreduceCurve {
     pub fn new(cluster: &Cluster, alloc: &[(usize, u32)]) -> AllreduceCurve {
-        AllreduceCurve::sharing(cluster, alloc, 1)
+        AllreduceCurve::for_group(cluster, alloc, 1)
     }
 
-    /// The AllReduce of one of `groups` groups that run at once over the
-    /// GPUs of `alloc`, each holding every `groups`-th GPU of each machine
-    /// (the replicas of one shard, beside the other shards' replicas): a
-    /// group has a `groups`-th of each machine's GPUs, each GPU its own
-    /// intra-machine link, and a `groups`-th of each machine's network.
-    pub fn sharing(cluster: &Cluster, alloc: &[(usize, u32)], groups: u32) -> AllreduceCurve {
-        let group_alloc: Alloc;
-        let (alloc, inter_bytes_per_ms) = if groups <= 1 {
-            (alloc, cluster.inter_bytes_per_ms)
+    /// The AllReduce of a group of GPUs (`alloc`) that runs at once with
+    /// others of its shape, `sharers` groups touching each of its machines
+    /// (the replicas of one shard beside the other shards', or one
+    /// replica's shards beside the other replicas'): each GPU has its own
+    /// intra-machine link, but a machine's network is shared.
+    pub fn for_group(cluster: &Cluster, alloc: &[(usize, u32)], sharers: u32) -> AllreduceCurve {
+        let inter_bytes_per_ms = if sharers <= 1 {
+            cluster.inter_bytes_per_ms
         } else {
-            group_alloc = alloc.iter().map(|&(m, c)| (m, c / groups)).collect();
-            (
-                group_alloc.as_slice(),
-                cluster.inter_bytes_per_ms / f64::from(groups),
-            )
+            cluster.inter_bytes_per_ms / f64::from(sharers)
         };
         let n = alloc_size(alloc);
         let nf = f64::from(n.max(1));

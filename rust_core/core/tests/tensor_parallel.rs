@@ -121,3 +121,122 @@ fn llama_2_70b_in_megatrons_shape_fits_and_is_costed() {
     // split's AllReduces cost something.
     assert!(mfu < 0.5 && mfu > 0.3, "{mfu}");
 }
+
+#[test]
+fn the_1f1b_bubble_is_p_minus_1_over_m() {
+    use dapple_core::schedule::Schedule;
+    use dapple_core::simulate::{simulate_stages, SimStage};
+    for p in 1..=6usize {
+        for m in [1u32, 4, 8, 16, 32] {
+            let stage = SimStage {
+                fwd_ms: 1.0,
+                bwd_ms: 2.0,
+                allreduce_ms: 0.0,
+                optimizer_ms: 0.0,
+                model_state_bytes: 0.0,
+                weight_bytes: 0.0,
+                own_adam_moments_bytes: 0.0,
+                stored_bytes: 0.0,
+                input_bytes: 0.0,
+                memory_limit_bytes: 1.0,
+                recomputes: false,
+            };
+            let warmup: Vec<u32> = (0..p as u32).map(|i| (p as u32 - i).min(m)).collect();
+            let schedule = Schedule::early_backward(p, m, &warmup).unwrap();
+            let sim =
+                simulate_stages(&vec![stage; p], &vec![0.0; p - 1], &schedule, false).unwrap();
+            let ideal = f64::from(m) * 3.0;
+            assert_eq!(
+                (sim.iteration_ms - ideal) / ideal,
+                (p as f64 - 1.0) / f64::from(m),
+                "p {p} m {m}"
+            );
+        }
+    }
+}
+
+/// Whale's classifier: a backbone that cannot split (data parallel) and an
+/// FC layer of `classes` outputs over 2048 fp32 features, splittable by
+/// classes with a distributed softmax (SP1) or by features (SP2).
+fn classifier(classes: u64, patterns: &[&str]) -> Profile {
+    use dapple_core::split::{Divisor, SplitPattern};
+    let features = 2048.0 * 4.0;
+    let sp = |name: &str| -> SplitPattern {
+        let (fwd, bwd, count) = match name {
+            // Each shard its classes of every sample: a max and a sum per sample
+            // forward, the features' gradient backward.
+            "SP1" => (2.0 * 4.0, features, classes),
+            // Each shard its features: the whole logits forward.
+            _ => (classes as f64 * 4.0, 0.0, 2048),
+        };
+        SplitPattern {
+            name: name.into(),
+            divides: vec![Divisor {
+                what: "classes".into(),
+                count,
+            }],
+            fwd_allreduce_bytes_per_sample: fwd,
+            bwd_allreduce_bytes_per_sample: bwd,
+            replicated_param_fraction: 0.0,
+            replicated_stored_fraction: 0.0,
+        }
+    };
+    let text = serde_json::json!({
+        "format": "dapple.profile", "schema_version": 1, "model": "classifier", "optimizer": "adam",
+        "layers": [
+            {"name": "backbone", "param_bytes": 90_000_000u64,
+             "measurements": [{"batch_size": 32, "fwd_ms": 30.0, "bwd_ms": 60.0, "activation_bytes": 32 * 8192}]},
+            {"name": "fc", "param_bytes": 2048 * classes * 4,
+             "measurements": [{"batch_size": 32, "fwd_ms": 4.0, "bwd_ms": 8.0, "activation_bytes": 32 * 4}],
+             "split": patterns.iter().map(|p| sp(p)).collect::<Vec<_>>()}
+        ]
+    });
+    use dapple_core::FileObject;
+    Profile::from_json(&text.to_string()).unwrap()
+}
+
+fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> Plan {
+    let gpus = topology.num_devices();
+    let stage = Stage {
+        layer_start: 0,
+        layer_end: profile.layers.len(),
+        devices: (0..gpus).collect(),
+        warmup_micro_batches: 1,
+        placement: None,
+        slices: None,
+        tensor_parallel: t,
+        shard_optimizer: false,
+        recompute: Recompute::None,
+    };
+    let inputs = PlanInputs::new(profile, topology, gbs, 1, "hand", None);
+    let schedule = ScheduleChoice {
+        kind: ScheduleKind::EarlyBackward1F1B,
+        warmup_policy: WarmupPolicy::A,
+    };
+    Plan::new(inputs, gbs, 1, schedule, vec![stage])
+}
+
+#[test]
+fn sp1_moves_less_than_sp2_and_is_chosen() {
+    let topology = Topology::from_spec("4x8-v100-32gb-nvlink-50gbps").unwrap();
+    let ms = |patterns: &[&str]| {
+        let profile = classifier(100_000, patterns);
+        evaluate(&one_stage_plan(&profile, &topology, 1024, 32), &profile)
+            .unwrap()
+            .iteration_ms
+            .unwrap()
+    };
+    let (sp1, sp2, both) = (ms(&["SP1"]), ms(&["SP2"]), ms(&["SP2", "SP1"]));
+    // SP2 reduces 100,000 fp32 logits of every sample forward; SP1 two numbers.
+    eprintln!("classifier 100K on 4x8: SP1 {sp1:.1} ms, SP2 {sp2:.1} ms");
+    assert!(sp2 > 1.5 * sp1, "SP1 {sp1} ms, SP2 {sp2} ms");
+    assert_eq!(both, sp1, "the least-communication pattern is used");
+    // Data parallelism reduces the classifier's 819 MB of gradients over the network.
+    let profile = classifier(100_000, &["SP1"]);
+    let dp = evaluate(&one_stage_plan(&profile, &topology, 1024, 1), &profile)
+        .unwrap()
+        .iteration_ms
+        .unwrap();
+    eprintln!("data parallel {dp:.1} ms");
+    assert!(dp > sp1, "data parallel {dp} ms, split {sp1} ms");
+}

@@ -14,9 +14,60 @@
 //! - full re-computation: the forward again in the backward, and only the
 //!   stage's input kept per micro-batch.
 
-use super::{largest_slice, AllreduceCurve, StageCost, StageCoster, StageDevices};
+use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
 use crate::shape::{shards, stage_memory, Recompute, StageMemory, StageShape};
 use crate::split::ShardCost;
+
+/// The collectives of a stage split `t` ways, its GPUs taken in device
+/// order: each replica's t shards are t consecutive GPUs, and each shard's
+/// replicas every t-th GPU. Groups of a kind run at once, so those that
+/// share a machine share its network.
+struct SplitGroups {
+    shards: AllreduceCurve,
+    replicas: AllreduceCurve,
+}
+
+impl SplitGroups {
+    fn new(cluster: &Cluster, devices: &StageDevices, t: u32) -> SplitGroups {
+        let machines = devices.replica_machines();
+        let t = t as usize;
+        let alloc_of = |members: &[usize]| -> Alloc {
+            let mut alloc: Alloc = Vec::new();
+            for &m in members {
+                match alloc.iter_mut().find(|(x, _)| *x == m) {
+                    Some((_, c)) => *c += 1,
+                    None => alloc.push((m, 1)),
+                }
+            }
+            alloc
+        };
+        // How many groups of a kind touch machine m, at most over the group's machines.
+        let sharers = |group: &Alloc, touching: &dyn Fn(usize) -> usize| {
+            group.iter().map(|&(m, _)| touching(m)).max().unwrap_or(1) as u32
+        };
+        let shard_group = alloc_of(&machines[..t.min(machines.len())]);
+        let replica_members: Vec<usize> = machines.iter().step_by(t).copied().collect();
+        let replica_group = alloc_of(&replica_members);
+        let chunks_on = |m: usize| machines.chunks(t).filter(|c| c.contains(&m)).count();
+        let shards_on = |m: usize| {
+            (0..t)
+                .filter(|&k| machines.iter().skip(k).step_by(t).any(|&x| x == m))
+                .count()
+        };
+        SplitGroups {
+            shards: AllreduceCurve::for_group(
+                cluster,
+                &shard_group,
+                sharers(&shard_group, &chunks_on),
+            ),
+            replicas: AllreduceCurve::for_group(
+                cluster,
+                &replica_group,
+                sharers(&replica_group, &shards_on),
+            ),
+        }
+    }
+}
 
 /// Forward and backward milliseconds of one micro-batch.
 #[derive(Default)]
@@ -149,10 +200,7 @@ impl StageCoster<'_> {
             self.times(timing, whole_slice),
             self.times(timing, split_slice),
         );
-        // A replica's t shards sit on one machine, so their collectives run
-        // over its intra-machine link.
-        let machine = devices.alloc[0].0;
-        let shard_group = AllreduceCurve::new(self.cluster, &[(machine, t)]);
+        let shard_group = SplitGroups::new(self.cluster, devices, t).shards;
         let mut passes = Passes::default();
         let mut run_start = start;
         for (i, l) in (start..end).enumerate() {
@@ -206,8 +254,14 @@ impl StageCoster<'_> {
             }
         }
         let t = shape.tensor_parallel.max(1);
-        let ms = devices.allreduce.ms(whole_bytes)
-            + AllreduceCurve::sharing(self.cluster, &devices.alloc, t).ms(split_bytes);
+        let split_ms = if split_bytes > 0.0 {
+            SplitGroups::new(self.cluster, devices, t)
+                .replicas
+                .ms(split_bytes)
+        } else {
+            0.0
+        };
+        let ms = devices.allreduce.ms(whole_bytes) + split_ms;
         if shape.shard_optimizer {
             // Half an AllReduce's volume in gradients, half in weights.
             ms * (1.0 + self.layers.weights_per_gradient_byte()) / 2.0

@@ -241,8 +241,9 @@ fn check_stage_shape(
     }
 }
 
-/// The split groups, each `t` consecutive devices of the stage, lie each on
-/// one machine (their collectives run over its intra-machine link).
+/// The split groups, each `t` consecutive devices of the stage, all have
+/// the same number of GPUs on each machine they use (a group may span
+/// machines, but not unevenly: its collectives would wait on one machine).
 fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
     if !s.devices.len().is_multiple_of(t as usize) {
         return Err(Error::field(
@@ -253,13 +254,25 @@ fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
             ),
         ));
     }
+    let shape_of = |group: &[u32]| -> Vec<u32> {
+        let mut counts = cluster
+            .alloc_of(group)
+            .expect("checked devices")
+            .iter()
+            .map(|&(_, c)| c)
+            .collect::<Vec<_>>();
+        counts.sort_unstable();
+        counts
+    };
+    let first = shape_of(&s.devices[..t as usize]);
     for group in s.devices.chunks(t as usize) {
-        let machine = |d: u32| cluster.machine_of(d);
-        if group.iter().any(|&d| machine(d) != machine(group[0])) {
+        let shape = shape_of(group);
+        if shape != first || shape.windows(2).any(|w| w[0] != w[1]) {
             return Err(Error::field(
                 "tensor_parallel",
                 format!(
-                    "value {t}: split group {group:?} spans machines; each group of {t} consecutive devices must be on one machine"
+                    "value {t}: split group {group:?} takes {shape:?} GPUs of its machines; each group of {t} \
+                     consecutive devices must take as many GPUs of each machine it uses as every other group"
                 ),
             ));
         }
