@@ -97,7 +97,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0, log=True, recompute=recompute,
         exact_memory=exact_memory, device=device, slowdown=slowdown, schedule=schedule, eval_every=eval_every or 0,
     ).for_plan(plan)
-    spec = _model_for(config, lay, plan_path, model_spec, torch.cuda.device_count())
+    spec = _checked_model(config, lay, plan_path, model_spec)
 
     start = 0
     if resume:
@@ -130,16 +130,16 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
 
 
-def _model_for(config, lay, plan_path, model_spec, visible_gpus):
+def _checked_model(config, lay, plan_path, model_spec):
     """The run's model, built once the options passed their checks against
     the plan (``config.check_run``, before the model is built), and checked
     to fit the plan."""
     from planner.runtime.config import check_layer_count, check_run
     from planner.runtime.evaluation import declares_validation
-    from planner.runtime.launcher import launched_by_torchrun
+    from planner.runtime.launcher import visible_gpus
 
     try:
-        check_run(config, lay, visible_gpus=None if launched_by_torchrun() else visible_gpus)
+        check_run(config, lay, visible_gpus=visible_gpus(config.device))
     except InvalidInputError as e:
         if e.field != "slowdown":
             raise

@@ -107,14 +107,14 @@ class ReplicaLayout:
     rank: int
     start: int
     end: int
-    receives_from: tuple[Peer, ...]
-    sends_to: tuple[Peer, ...]
+    receives_from: list[Peer]
+    sends_to: list[Peer]
 
 class StageLayout:
     layer_start: int
     layer_end: int
-    replicas: tuple[ReplicaLayout, ...]
-    actions: tuple[Action, ...]
+    replicas: list[ReplicaLayout]
+    actions: list[Action]
 
 class RunLayout:
     devices: tuple[int, ...]

@@ -78,9 +78,6 @@ class KeptGraph:
     def before_update(self, version: int) -> None:
         """Nothing to keep: every pass uses the live weights."""
 
-    def state(self) -> dict:
-        return {}
-
 
 class Replayed:
     """Asynchronous passes: forwards without autograd, backwards re-run on
@@ -95,7 +92,7 @@ class Replayed:
         # them, and the last backward of each: PipeDream's stash.
         self.stash_needed: set[int] = set()
         self.last_use: dict[int, int] = {}
-        for i, p in enumerate(passes):
+        for p in passes:
             if p.action.kind == "B" and p.predicted_updates == 0 and p.base_version != p.live_version:
                 self.stash_needed.add(p.base_version)
                 self.last_use[p.base_version] = p.action.micro_batch
@@ -107,6 +104,9 @@ class Replayed:
         # on CUDA), so the backward's re-run draws the same dropout masks.
         self.rng: dict[int, tuple] = {}
         self.cuda = [ctx.dev] if ctx.dev.type == "cuda" else []
+        #: The weights of the backward being run, as leaves of its graph:
+        #: from ``replay`` to ``differentiate``.
+        self.leaves: list[torch.Tensor] = []
 
     def _weights(self, p: _core.Pass) -> list[torch.Tensor]:
         live, ahead = self.ctx.params, p.predicted_updates
@@ -184,7 +184,3 @@ class Replayed:
             self.predictor.observe()
         if version in self.stash_needed:
             self.stash[version] = [p.detach().clone() for p in self.ctx.params]
-
-    def state(self) -> dict:
-        """What a checkpoint saves beyond the model and the optimizer."""
-        return {"predictor": self.predictor.state_dict() if self.predictor is not None else None}

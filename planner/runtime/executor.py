@@ -65,7 +65,10 @@ class Executor:
     def __init__(self, ctx: RankSetup, job: Job, predictor=None):
         self.ctx = ctx
         self.config = job.config
-        self.layout = job.layout
+        # Asked of the core once, not at every pass.
+        self.micro_batches = job.layout.micro_batches
+        self.micro_batch_size = job.layout.micro_batch_size
+        self.global_batch_size = job.layout.global_batch_size
         self.predictor = predictor
         self._handlers = {"F": self._forward, "B": self._backward, "AR": self._all_reduce, "OPT": self._update}
 
@@ -74,7 +77,7 @@ class Executor:
         if self.config.schedule is None:
             self.mode: Any = KeptGraph(ctx, self.config.recompute)
         else:
-            self.mode = Replayed(ctx, passes, self.predictor, self.layout.micro_batches)
+            self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches)
         self.first_step, self.trace, self.updates = first_step, trace, 0
         self.batches: dict[int, Any] = {}
         self.result = ListRun()
@@ -99,21 +102,21 @@ class Executor:
         if mini_batch not in self.batches:
             step = self.first_step + mini_batch
             x_all, y_all = self.config.batches[step % len(self.config.batches)]
-            if x_all.shape[0] != self.layout.global_batch_size:
+            if x_all.shape[0] != self.global_batch_size:
                 raise ValueError(f"batch {step} has {x_all.shape[0]} samples, "
-                                 f"the plan needs {self.layout.global_batch_size}")
+                                 f"the plan needs {self.global_batch_size}")
             self.batches[mini_batch] = (x_all, y_all)
         return self.batches[mini_batch]
 
     def _rows(self, p: _core.Pass, which: int) -> torch.Tensor:
         """This replica's rows of the pass's micro-batch: inputs (0) or targets (1)."""
-        base = (p.action.micro_batch % self.layout.micro_batches) * self.layout.micro_batch_size
+        base = (p.action.micro_batch % self.micro_batches) * self.micro_batch_size
         return self._batch(p.mini_batch)[which][base + self.ctx.lo : base + self.ctx.hi].to(self.ctx.dev)
 
     def _loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
         c = self.config
         n = self.ctx.hi - self.ctx.lo
-        return scaled_loss(c.loss_fn, out, self._rows(p, 1), n, self.layout.global_batch_size, c.loss_reduction)
+        return scaled_loss(c.loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
 
     def _timed_pass(self, work, p: _core.Pass) -> None:
         self._traced(p.action)

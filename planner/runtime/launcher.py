@@ -77,6 +77,14 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def visible_gpus(device: str) -> int | None:
+    """The GPUs local workers of a run on ``device`` can take, or None when
+    none are needed here (the CPU) or torchrun placed the processes."""
+    if device != "cuda" or launched_by_torchrun():
+        return None
+    return torch.cuda.device_count()
+
+
 def _run_this_rank(job: Job) -> RunResult | None:
     lay, config = job.layout, job.config
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -135,20 +143,22 @@ class RunResult:
     """``params``: the trained model, ``"<layer index>.<name>"`` -> tensor,
     taken from replica 0 of each stage. ``per_rank``: each rank's stage state.
     ``stage_of_rank``: rank -> (stage, replica). ``trace``: rank -> actions
-    run in the first iteration (``"F0"``, ``"B0"``, ..., ``"AR"`` when the
-    stage is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
+    run before the run's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
+    the stage reduces: it is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
     micro-batches whose activations the rank held at once.
 
     ``metrics``: rank -> ``{"stage", "replica", "iteration_ms", "losses",
     "compute_ms", "bubble_ms", "phase_ms", "peak_memory_bytes",
-    "memory_before_bytes", "memory_source"}``. ``iteration_ms`` runs from
+    "memory_before_bytes", "memory_source", "evaluations"}`` (and
+    ``"asynchronous": True`` under an asynchronous schedule), put together
+    by ``worker.rank_metrics``. ``iteration_ms`` runs from
     a barrier to the end of the loss reduction. ``phase_ms`` splits each
     iteration into lists, one value an iteration: ``compute`` (the schedule's
     forwards and backwards, less the waits in receives), ``recv_wait`` (the
     waits: bubbles and transfers), ``send_wait`` (waiting for the
     iteration's sends to finish), ``allreduce`` (the stage's gradients),
-    ``optimizer`` (the step) and ``end_sync`` (the loss reduction that ends
-    the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
+    ``optimizer`` (the step, and what the schedule keeps for later passes)
+    and ``end_sync`` (the loss reduction that ends the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
     the iterations of the iteration time outside receives and inside them."""
 
     params: dict[str, torch.Tensor]
@@ -221,9 +231,8 @@ def launch(plan: Plan, config: RunConfig, layout: Layout | None = None) -> RunRe
     """
     layout = layout or Layout.of(plan)
     config = config.for_plan(plan)
-    torchrun = launched_by_torchrun()
-    check_run(config, layout, visible_gpus=None if torchrun or config.device != "cuda" else torch.cuda.device_count())
-    if torchrun:
+    check_run(config, layout, visible_gpus=visible_gpus(config.device))
+    if launched_by_torchrun():
         return _run_this_rank(Job.of(plan, config, layout))
     # CUDA does not survive fork.
     start_method = "spawn" if config.device == "cuda" else config.start_method

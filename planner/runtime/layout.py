@@ -16,6 +16,12 @@ from dataclasses import dataclass
 
 from .. import _core
 from ..plan import Plan
+from .schedule import Pair, pairs
+
+
+def _asked(name: str, doc: str | None = None) -> property:
+    """A property that asks the core's layout."""
+    return property(lambda self: getattr(self.core, name), doc=doc)
 
 
 @dataclass(frozen=True)
@@ -31,29 +37,12 @@ class Layout:
         when its stages cannot run."""
         return cls(plan.core.layout())
 
-    @property
-    def devices(self) -> tuple[int, ...]:
-        return self.core.devices
-
-    @property
-    def micro_batch_size(self) -> int:
-        return self.core.micro_batch_size
-
-    @property
-    def micro_batches(self) -> int:
-        return self.core.micro_batches
-
-    @property
-    def stages(self) -> tuple[_core.StageLayout, ...]:
-        return self.core.stages
-
-    @property
-    def world_size(self) -> int:
-        return self.core.world_size
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.core.global_batch_size
+    devices = _asked("devices", "Used device ids, ascending: rank r runs on ``devices[r]``.")
+    micro_batch_size = _asked("micro_batch_size")
+    micro_batches = _asked("micro_batches")
+    stages = _asked("stages", "Each stage's layers, replicas and action list (``_core.StageLayout``).")
+    world_size = _asked("world_size", "Processes of the run: one per used device.")
+    global_batch_size = _asked("global_batch_size")
 
     @property
     def stage_ranks(self) -> list[list[int]]:
@@ -65,9 +54,9 @@ class Layout:
         return [(s.layer_start, s.layer_end) for s in self.stages]
 
     @property
-    def schedule(self) -> list[list[tuple[str, int]]]:
+    def schedule(self) -> list[list[Pair]]:
         """Each stage's forwards and backwards, ``(kind, micro-batch)``."""
-        return [[(a.kind, a.micro_batch) for a in s.actions if a.micro_batch is not None] for s in self.stages]
+        return pairs(s.actions for s in self.stages)
 
     def where(self, rank: int) -> tuple[int, int]:
         """(stage, replica index) of ``rank``."""

@@ -32,25 +32,25 @@ Pair = tuple[str, int]
 EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
 
-def _pairs(lists: list[list[_core.Action]]) -> list[list[Pair]]:
+def pairs(lists) -> list[list[Pair]]:
     """The forwards and backwards of typed lists (AR and OPT left out)."""
     return [[(a.kind, a.micro_batch) for a in actions if a.micro_batch is not None] for actions in lists]
 
 
 def early_backward(num_stages: int, micro_batches: int, warmup: list[int]) -> list[list[Pair]]:
     """Early-backward 1F1B with warm-up depth ``warmup[i]`` = K_i, each in 1..=M."""
-    return _pairs(_core.schedule_actions(EARLY_BACKWARD, num_stages, micro_batches, list(warmup)))
+    return pairs(_core.schedule_actions(EARLY_BACKWARD, num_stages, micro_batches, list(warmup)))
 
 
 def gpipe(num_stages: int, micro_batches: int) -> list[list[Pair]]:
     """GPipe: all forwards in order, then all backwards in reverse order."""
-    return _pairs(_core.schedule_actions(GPIPE, num_stages, micro_batches))
+    return pairs(_core.schedule_actions(GPIPE, num_stages, micro_batches))
 
 
 def plan_schedule(plan: _core.Plan) -> list[list[Pair]]:
     """The action lists of a plan, one per stage: the core's, which the
     simulator runs too (each stage's own K_i)."""
-    return _pairs(plan.actions())
+    return pairs(plan.actions())
 
 
 def validate(lists: list[list[Pair]], micro_batches: int) -> None:

@@ -9,92 +9,68 @@ use pyo3::types::PyTuple;
 use crate::schedule::PyAction;
 
 /// Samples `[start, end)` of each micro-batch exchanged with `rank`.
-#[pyclass(frozen, module = "planner._core", name = "Peer")]
+#[pyclass(frozen, get_all, module = "planner._core", name = "Peer")]
 #[derive(Clone)]
-pub struct PyPeer(Peer);
+pub struct PyPeer {
+    rank: u32,
+    start: u32,
+    end: u32,
+}
 
-#[pymethods]
-impl PyPeer {
-    #[getter]
-    fn rank(&self) -> u32 {
-        self.0.rank
-    }
-    #[getter]
-    fn start(&self) -> u32 {
-        self.0.start
-    }
-    #[getter]
-    fn end(&self) -> u32 {
-        self.0.end
-    }
-    fn __repr__(&self) -> String {
-        format!(
-            "Peer(rank={}, start={}, end={})",
-            self.0.rank, self.0.start, self.0.end
-        )
+impl From<&Peer> for PyPeer {
+    fn from(p: &Peer) -> Self {
+        PyPeer {
+            rank: p.rank,
+            start: p.start,
+            end: p.end,
+        }
     }
 }
 
-fn peers<'py>(py: Python<'py>, peers: &[Peer]) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(py, peers.iter().map(|p| PyPeer(*p)))
+/// One replica of a stage: its rank, its samples `[start, end)` of every
+/// micro-batch, and the ranks it receives its input from and sends its
+/// output to, in order.
+#[pyclass(frozen, get_all, module = "planner._core", name = "ReplicaLayout")]
+#[derive(Clone)]
+pub struct PyReplicaLayout {
+    rank: u32,
+    start: u32,
+    end: u32,
+    receives_from: Vec<PyPeer>,
+    sends_to: Vec<PyPeer>,
 }
 
-/// One replica of a stage: its rank, its samples of every micro-batch, and
-/// the ranks it receives its input from and sends its output to.
-#[pyclass(frozen, module = "planner._core", name = "ReplicaLayout")]
-#[derive(Clone)]
-pub struct PyReplicaLayout(ReplicaLayout);
-
-#[pymethods]
-impl PyReplicaLayout {
-    #[getter]
-    fn rank(&self) -> u32 {
-        self.0.rank
-    }
-    /// First sample of every micro-batch this replica computes.
-    #[getter]
-    fn start(&self) -> u32 {
-        self.0.start
-    }
-    /// One past its last sample.
-    #[getter]
-    fn end(&self) -> u32 {
-        self.0.end
-    }
-    #[getter]
-    fn receives_from<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        peers(py, &self.0.receives_from)
-    }
-    #[getter]
-    fn sends_to<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        peers(py, &self.0.sends_to)
+impl From<&ReplicaLayout> for PyReplicaLayout {
+    fn from(r: &ReplicaLayout) -> Self {
+        PyReplicaLayout {
+            rank: r.rank,
+            start: r.start,
+            end: r.end,
+            receives_from: r.receives_from.iter().map(PyPeer::from).collect(),
+            sends_to: r.sends_to.iter().map(PyPeer::from).collect(),
+        }
     }
 }
 
-/// One stage: its layers, its replicas and its action list.
-#[pyclass(frozen, module = "planner._core", name = "StageLayout")]
+/// One stage: its layers, its replicas (by replica index) and its action
+/// list (forwards and backwards, then "AR" and "OPT").
+#[pyclass(frozen, get_all, module = "planner._core", name = "StageLayout")]
 #[derive(Clone)]
-pub struct PyStageLayout(StageLayout);
+pub struct PyStageLayout {
+    layer_start: usize,
+    layer_end: usize,
+    replicas: Vec<PyReplicaLayout>,
+    actions: Vec<PyAction>,
+}
 
-#[pymethods]
-impl PyStageLayout {
-    #[getter]
-    fn layer_start(&self) -> usize {
-        self.0.layer_start
-    }
-    #[getter]
-    fn layer_end(&self) -> usize {
-        self.0.layer_end
-    }
-    /// By replica index.
-    #[getter]
-    fn replicas<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.0.replicas.iter().cloned().map(PyReplicaLayout))
-    }
-    /// Forwards and backwards, then "AR" and "OPT".
-    #[getter]
-    fn actions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.0.actions.iter().copied().map(PyAction))
+impl From<&StageLayout> for PyStageLayout {
+    fn from(s: &StageLayout) -> Self {
+        PyStageLayout {
+            layer_start: s.layer_start,
+            layer_end: s.layer_end,
+            replicas: s.replicas.iter().map(PyReplicaLayout::from).collect(),
+            actions: s.actions.iter().copied().map(PyAction).collect(),
+        }
     }
 }
 
@@ -133,7 +109,7 @@ impl PyRunLayout {
     }
     #[getter]
     fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.0.stages.iter().cloned().map(PyStageLayout))
+        PyTuple::new(py, self.0.stages.iter().map(PyStageLayout::from))
     }
     #[getter]
     fn world_size(&self) -> usize {

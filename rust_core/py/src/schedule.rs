@@ -79,18 +79,47 @@ impl PyAction {
 }
 
 /// One action of a stage's list with the weights a forward or backward
-/// computes with (`Schedule::pass_weights`); the weight fields are None for
-/// "AR" and "OPT". Prints as the core's weights table (`F4@0+2`); picklable.
-#[pyclass(frozen, eq, str, module = "planner._core", name = "Pass")]
+/// computes with (`Schedule::pass_weights`): the mini-batch it belongs to,
+/// the updates the stage has applied when it runs (`live_version`), the
+/// version its weights come from (`base_version`) and the updates predicted
+/// ahead of that (`predicted_updates`, 0: none); None for "AR" and "OPT".
+/// Prints as the core's weights table (`F4@0+2`); picklable.
+#[pyclass(frozen, eq, str, get_all, module = "planner._core", name = "Pass")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PyPass {
-    action: Action,
-    weights: Option<PassWeights>,
+    action: PyAction,
+    mini_batch: Option<u32>,
+    live_version: Option<u32>,
+    base_version: Option<u32>,
+    predicted_updates: Option<u32>,
+}
+
+impl PyPass {
+    fn of(action: Action, weights: Option<PassWeights>) -> Self {
+        PyPass {
+            action: PyAction(action),
+            mini_batch: weights.map(|w| w.mini_batch),
+            live_version: weights.map(|w| w.live_version),
+            base_version: weights.map(|w| w.base_version),
+            predicted_updates: weights.map(|w| w.predicted_updates),
+        }
+    }
+
+    /// The core's weights of a forward or backward.
+    fn weights(&self) -> Option<PassWeights> {
+        Some(PassWeights {
+            action: self.action.0,
+            mini_batch: self.mini_batch?,
+            live_version: self.live_version?,
+            base_version: self.base_version?,
+            predicted_updates: self.predicted_updates?,
+        })
+    }
 }
 
 impl std::fmt::Display for PyPass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.weights {
+        match self.weights() {
             Some(w) => w.fmt(f),
             None => self.action.fmt(f),
         }
@@ -119,36 +148,7 @@ impl PyPass {
                 predicted_updates,
             },
         );
-        Ok(PyPass { action, weights })
-    }
-
-    #[getter]
-    fn action(&self) -> PyAction {
-        PyAction(self.action)
-    }
-
-    /// The mini-batch the pass belongs to.
-    #[getter]
-    fn mini_batch(&self) -> Option<u32> {
-        self.weights.map(|w| w.mini_batch)
-    }
-
-    /// Updates the stage has applied when the pass runs.
-    #[getter]
-    fn live_version(&self) -> Option<u32> {
-        self.weights.map(|w| w.live_version)
-    }
-
-    /// The version the pass's weights come from.
-    #[getter]
-    fn base_version(&self) -> Option<u32> {
-        self.weights.map(|w| w.base_version)
-    }
-
-    /// Updates predicted ahead of `base_version` (0: none).
-    #[getter]
-    fn predicted_updates(&self) -> Option<u32> {
-        self.weights.map(|w| w.predicted_updates)
+        Ok(PyPass::of(action, weights))
     }
 
     fn __repr__(&self) -> String {
@@ -160,7 +160,7 @@ impl PyPass {
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, (PyAction, Option<(u32, u32, u32, u32)>))> {
         let p = slf.get();
-        let weights = p.weights.map(|w| {
+        let weights = p.weights().map(|w| {
             (
                 w.mini_batch,
                 w.live_version,
@@ -168,7 +168,7 @@ impl PyPass {
                 w.predicted_updates,
             )
         });
-        Ok((slf.get_type().into_any(), (PyAction(p.action), weights)))
+        Ok((slf.get_type().into_any(), (p.action, weights)))
     }
 }
 
@@ -191,11 +191,11 @@ pub(crate) fn passes_of(schedule: &Schedule) -> Vec<Vec<PyPass>> {
             stage
                 .actions
                 .iter()
-                .map(|&action| PyPass {
-                    action,
-                    weights: action
+                .map(|&action| {
+                    let w = action
                         .micro_batch
-                        .map(|_| weights.next().expect("one weight per pass")),
+                        .map(|_| weights.next().expect("one weight per pass"));
+                    PyPass::of(action, w)
                 })
                 .collect()
         })
