@@ -3,6 +3,7 @@ per device of the plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import logging
@@ -15,7 +16,7 @@ import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import check_writable, write_atomic
 
-from planner.runtime.optimizers import OPTIMIZERS, check_optimizer
+from planner.runtime.optimizers import OPTIMIZERS
 
 from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
 
@@ -79,33 +80,24 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
 
     from planner.profiler import check_device
     from planner.runtime import checkpoint as ckpt
+    from planner.runtime.config import RunConfig
     from planner.runtime.data import SeededBatches
-    from planner.runtime.evaluation import declares_validation, eval_line
-    from planner.runtime.launcher import WorkerFailed, launched_by_torchrun, run_plan
+    from planner.runtime.launcher import WorkerFailed, launch
     from planner.runtime.layout import Layout
     from planner.runtime.models import load_model
-    from planner.runtime.schedule import run_schedule
 
     check_device(device)
     plan = planner.Plan.load(plan_path)
-    schedule = run_schedule(plan.core, schedule)
-    check_optimizer(schedule, optimizer)  # before the model is built
     lay = Layout.of(plan)
-    if any(r >= lay.world_size for r in slowdown):
-        raise click.BadParameter(f"rank {max(slowdown)} is not a rank of the plan (0..{lay.world_size - 1})",
-                                 param_hint="'--slowdown'")
-    if device == "cuda" and not launched_by_torchrun() and torch.cuda.device_count() < lay.world_size:
-        raise IncompatibleInputsError(
-            f"{plan_path}: the plan uses {lay.world_size} devices, this machine shows {torch.cuda.device_count()} GPUs"
-        )
-    spec = load_model(model_spec, **kwargs)
-    if eval_every and not declares_validation(spec):
-        raise IncompatibleInputsError(f"--eval-every: model {model_spec} declares no validation split")
-    n_layers = len(spec.layers)
-    if lay.layer_ranges[-1][1] != n_layers:
-        raise IncompatibleInputsError(
-            f"{plan_path}: the plan's stages end at layer {lay.layer_ranges[-1][1]}, {model_spec} has {n_layers} layers"
-        )
+    factory = functools.partial(load_model, model_spec, **kwargs)
+    # The loss and the batches come with the model, built once the options pass their checks.
+    config = RunConfig(
+        factory, None, None, steps, lr, optimizer=optimizer, seed=seed, threads=threads,
+        start_method="fork" if sys.platform.startswith("linux") else "spawn",
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0, log=True, recompute=recompute,
+        exact_memory=exact_memory, device=device, slowdown=slowdown, schedule=schedule, eval_every=eval_every or 0,
+    ).for_plan(plan)
+    spec = _checked_model(config, lay, plan_path, model_spec)
 
     start = 0
     if resume:
@@ -114,18 +106,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
             raise InvalidInputError(f"{checkpoint_dir}: the latest checkpoint is at step {start}, past --steps {steps}")
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
-
-    # The plan's bound describes its own schedule: none for another one.
-    own_schedule = schedule is None or schedule == plan.core.schedule_kind
-    estimate = plan.estimate["latency_ms"] if plan.estimate and own_schedule else None
-    simulated = None
-    if profile_path:
-        profile = planner.Profile.load(profile_path)
-        if own_schedule:
-            estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
-        simulated = planner.simulate(plan, profile, schedule=schedule, recompute=recompute).iteration_ms
-
-    factory = functools.partial(load_model, model_spec, **kwargs)
+    estimate, simulated = _predictions(plan, profile_path, config.schedule, recompute)
     torch.manual_seed(seed)
     batches = SeededBatches(factory, lay.global_batch_size, steps, seed)
     if start == steps:
@@ -135,76 +116,117 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     # one-line error below says what happened.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
-        result = run_plan(
-            plan, factory, spec.loss, batches, steps, lr,
-            optimizer=optimizer, seed=seed, threads=threads,
-            start_method="fork" if sys.platform.startswith("linux") else "spawn",
-            start_step=start, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0,
-            log=True, recompute=recompute, exact_memory=exact_memory, device=device, slowdown=slowdown,
-            schedule=schedule, eval_every=eval_every or 0,
-        )
+        result = launch(plan, dataclasses.replace(config, loss_fn=spec.loss, batches=batches, start_step=start), lay)
     except WorkerFailed as e:
         raise RunFailedError(str(e)) from None
     if result is None:
         return  # a rank other than 0 under torchrun: rank 0 reports
+    _report(result, config, start, lay, estimate, simulated)
+    if metrics_path:
+        data = {"plan": plan_path, "model": model_spec,
+                "model_args": {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
+                               for k, v in kwargs.items()},
+                **run_metrics(result, config, start, lay.global_batch_size, estimate, simulated)}
+        write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
+
+
+def _checked_model(config, lay, plan_path, model_spec):
+    """The run's model, built once the options passed their checks against
+    the plan (``config.check_run``, before the model is built), and checked
+    to fit the plan."""
+    from planner.runtime.config import check_layer_count, check_run
+    from planner.runtime.evaluation import declares_validation
+    from planner.runtime.launcher import visible_gpus
+
+    try:
+        check_run(config, lay, visible_gpus=visible_gpus(config.device))
+    except InvalidInputError as e:
+        if e.field != "slowdown":
+            raise
+        raise click.BadParameter(str(e), param_hint="'--slowdown'") from None
+    except IncompatibleInputsError as e:
+        raise IncompatibleInputsError(f"{plan_path}: {e}") from None
+    spec = config.layers_factory()
+    if config.eval_every and not declares_validation(spec):
+        raise IncompatibleInputsError(f"--eval-every: model {model_spec} declares no validation split")
+    try:
+        check_layer_count(lay, len(spec.layers), model_spec)
+    except IncompatibleInputsError as e:
+        raise IncompatibleInputsError(f"{plan_path}: {e}") from None
+    return spec
+
+
+def _predictions(plan, profile_path, schedule, recompute):
+    """(estimate_ms, simulated_ms) of the run's schedule: the plan's bound
+    describes its own schedule, none for another one."""
+    own_schedule = schedule is None or schedule == plan.core.schedule_kind
+    estimate = plan.estimate["latency_ms"] if plan.estimate and own_schedule else None
+    simulated = None
+    if profile_path:
+        profile = planner.Profile.load(profile_path)
+        if own_schedule:
+            estimate = planner.evaluate(plan, profile).estimate["latency_ms"]
+        simulated = planner.simulate(plan, profile, schedule=schedule, recompute=recompute).iteration_ms
+    return estimate, simulated
+
+
+def _report(result, config, start, lay, estimate, simulated):
+    """The step lines of an asynchronous run (only its end knows them), then
+    the summary on stdout."""
+    from planner.runtime.evaluation import eval_line
 
     m0 = result.metrics[0]
-    iter_ms = m0["iteration_ms"]
-    losses = result.losses
-    if schedule is not None:
-        # Only the last stage knows an asynchronous step's loss, and only
-        # once the run is over: the step lines come now.
+    losses, iter_ms = result.losses, m0["iteration_ms"]
+    if config.schedule is not None:
         evaluated = {e["step"]: e for e in m0["evaluations"]}
         for i, (loss, ms) in enumerate(zip(losses, iter_ms)):
-            click.echo(f"step {start + i + 1}/{steps} loss {loss:.6f} {ms:.1f} ms", err=True)
+            click.echo(f"step {start + i + 1}/{config.steps} loss {loss:.6f} {ms:.1f} ms", err=True)
             if start + i + 1 in evaluated:
                 click.echo(eval_line(evaluated[start + i + 1]), err=True)
-    ranks = {}
-    for r, m in sorted(result.metrics.items()):
-        ranks[str(r)] = {
-            "stage": m["stage"],
-            "replica": m["replica"],
-            "peak_memory_bytes": m["peak_memory_bytes"],
-            "memory_before_bytes": m["memory_before_bytes"],
-            "memory_source": m["memory_source"],
-            "compute_ms": m["compute_ms"],
-            "bubble_ms": m["bubble_ms"],
-            "bubble_fraction": m["bubble_ms"] / max(sum(m["iteration_ms"]), 1e-9),
-            "phase_ms": m["phase_ms"],
-        }
-    mean_ms = sum(iter_ms) / len(iter_ms)
-    if metrics_path:
-        data = {
-            "plan": plan_path,
-            "model": model_spec,
-            "model_args": {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v for k, v in kwargs.items()},
-            "first_step": start + 1,
-            "steps": steps,
-            "global_batch_size": lay.global_batch_size,
-            "recompute": recompute or schedule is not None,
-            "optimizer": optimizer,
-            "schedule": schedule,
-            "exact_memory": exact_memory,
-            "iteration_ms": iter_ms,
-            "losses": [loss if math.isfinite(loss) else None for loss in losses],
-            "mean_iteration_ms": mean_ms,
-            "estimate_ms": estimate,
-            "simulated_ms": simulated,
-            "ranks": ranks,
-            "evaluations": m0["evaluations"],
-        }
-        write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
-    how = f", {schedule}" if schedule else ""
-    line = (f"ran steps {start + 1}..{steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
-            f"mean iteration {mean_ms:.1f} ms")
+    how = f", {config.schedule}" if config.schedule else ""
+    line = (f"ran steps {start + 1}..{config.steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
+            f"mean iteration {sum(iter_ms) / len(iter_ms):.1f} ms")
     if estimate is not None:
         line += f" (estimate {estimate:.1f} ms"
         line += f", simulated {simulated:.1f} ms)" if simulated is not None else ")"
     click.echo(line)
-    for r, m in ranks.items():
+    for r, m in rank_entries(result).items():
         click.echo(f"rank {r} (stage {m['stage']}): compute {m['compute_ms']:.1f} ms, bubbles "
                    f"{m['bubble_fraction'] * 100:.1f}%, peak memory {m['peak_memory_bytes'] / 2**20:.1f} MiB "
                    f"({(m['peak_memory_bytes'] - m['memory_before_bytes']) / 2**20:+.1f} MiB in training)")
+
+
+def rank_entries(result) -> dict[str, dict]:
+    """Each rank's entry of the metrics file (``dapple.run-metrics``), from
+    its measurements (``worker.rank_metrics``)."""
+    kept = ("stage", "replica", "peak_memory_bytes", "memory_before_bytes", "memory_source", "compute_ms",
+            "bubble_ms")
+    return {str(r): {**{k: m[k] for k in kept},
+                     "bubble_fraction": m["bubble_ms"] / max(sum(m["iteration_ms"]), 1e-9),
+                     "phase_ms": m["phase_ms"]}
+            for r, m in sorted(result.metrics.items())}
+
+
+def run_metrics(result, config, start: int, global_batch_size: int, estimate, simulated) -> dict:
+    """The run's part of the metrics file: its options, its steps and its ranks."""
+    m0 = result.metrics[0]
+    iter_ms = m0["iteration_ms"]
+    return {
+        "first_step": start + 1,
+        "steps": config.steps,
+        "global_batch_size": global_batch_size,
+        "recompute": config.recompute or config.schedule is not None,
+        "optimizer": config.optimizer,
+        "schedule": config.schedule,
+        "exact_memory": config.exact_memory,
+        "iteration_ms": iter_ms,
+        "losses": [loss if math.isfinite(loss) else None for loss in result.losses],
+        "mean_iteration_ms": sum(iter_ms) / len(iter_ms),
+        "estimate_ms": estimate,
+        "simulated_ms": simulated,
+        "ranks": rank_entries(result),
+        "evaluations": m0["evaluations"],
+    }
 
 
 def slowdown_of(values: tuple[str, ...]) -> dict[int, float]:

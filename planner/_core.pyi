@@ -74,12 +74,60 @@ class Plan:
     def to_json(self) -> str: ...
     def to_dict(self) -> dict: ...
     def blocks_per_stage(self, profile: Profile) -> list[int]: ...
-    def actions(self, schedule: str | None = None, mini_batches: int | None = None) -> list[list[str]]: ...
+    def actions(self, schedule: str | None = None, mini_batches: int | None = None) -> list[list[Action]]: ...
     def weights_table(self, schedule: str | None = None, mini_batches: int | None = None) -> str: ...
-    def pass_weights(
-        self, schedule: str | None = None, mini_batches: int | None = None
-    ) -> list[list[tuple[str, tuple[int, int, int, int, int] | None]]]: ...
-    def layout(self) -> dict: ...
+    def pass_weights(self, schedule: str | None = None, mini_batches: int | None = None) -> list[list[Pass]]: ...
+    def layout(self) -> RunLayout: ...
+
+class Action:
+    """``F3``, ``B2``, ``AR``, ``OPT``: hashable, printable, picklable;
+    ``Action(kind, micro_batch=None)``."""
+
+    kind: str
+    micro_batch: int | None
+    @staticmethod
+    def parse(text: str) -> Action: ...
+
+class Pass:
+    """An action with the weights of a forward or backward (None for AR and
+    OPT); ``Pass(action, weights=None)``, weights ``(mini_batch,
+    live_version, base_version, predicted_updates)``."""
+
+    action: Action
+    mini_batch: int | None
+    live_version: int | None
+    base_version: int | None
+    predicted_updates: int | None
+
+class Peer:
+    rank: int
+    start: int
+    end: int
+
+class ReplicaLayout:
+    rank: int
+    start: int
+    end: int
+    receives_from: list[Peer]
+    sends_to: list[Peer]
+
+class StageLayout:
+    layer_start: int
+    layer_end: int
+    replicas: list[ReplicaLayout]
+    actions: list[Action]
+
+class RunLayout:
+    devices: tuple[int, ...]
+    micro_batch_size: int
+    micro_batches: int
+    stages: tuple[StageLayout, ...]
+    world_size: int
+    global_batch_size: int
+    @staticmethod
+    def from_json(text: str) -> RunLayout: ...
+    def to_json(self) -> str: ...
+    def where(self, rank: int) -> tuple[int, int]: ...
 
 class Simulation:
     source: str | None
@@ -182,6 +230,6 @@ def layout_plan(
 ) -> Plan: ...
 def schedule_actions(
     kind: str, num_stages: int, micro_batches: int, warmup: list[int] | None = None, mini_batches: int = 1
-) -> list[list[str]]: ...
-def schedule_validate(lists: list[list[str]], micro_batches: int) -> None: ...
+) -> list[list[Action]]: ...
+def schedule_validate(lists: list[list[Action]], micro_batches: int) -> None: ...
 def set_max_passes(passes: int) -> None: ...

@@ -24,7 +24,7 @@ def evaluate(ctx, job, step: int) -> dict[str, Any] | None:
     dist.gather_object(state, gathered, dst=0)
     if ctx.rank != 0:
         return None
-    spec = job.layers_factory()
+    spec = job.config.layers_factory()
     model = nn.Sequential(*layers_of(spec))
     whole: dict[str, torch.Tensor] = {}
     for part in gathered:

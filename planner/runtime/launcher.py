@@ -1,10 +1,13 @@
 """Starting a run: one process per rank, spawned here and watched, or one
 rank of a run torchrun started; then the ranks' results gathered into one
-:class:`RunResult`. The training itself is ``worker.py``'s.
+:class:`RunResult`. :func:`launch` takes the plan and a
+:class:`~planner.runtime.config.RunConfig`; the training itself is
+``worker.py``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -18,14 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .. import _core
-from ..errors import LimitExceededError
 from ..plan import Plan
+from .config import Job, RunConfig, check_run
 from .layout import Layout
 from .memory import return_freed_memory
-from .optimizers import check_optimizer
-from .schedule import asynchronous_passes, run_schedule, segments
-from .worker import Job, backend, run_rank
+from .rank import backend
+from .worker import run_rank
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -46,23 +47,24 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker(rank: int, world_size: int, port: int, job: Job, parent_pid: int) -> None:
+def _worker(rank: int, world_size: int, port: int, job: Job, out_dir: str, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
-    if job.log:
+    config = job.config
+    if config.log:
         # Keep the parent's stdout for its own output: gloo prints connection
         # notices there.
         sys.stdout.flush()
         os.dup2(2, 1)
-    torch.set_num_threads(job.threads)
-    if job.exact_memory:
+    torch.set_num_threads(config.threads)
+    if config.exact_memory:
         return_freed_memory()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend(job.device), rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=job.timeout_s))
+    dist.init_process_group(backend(config.device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=config.timeout_s))
     try:
         result = run_rank(rank, job)
-        torch.save(result, os.path.join(job.out_dir, f"rank{rank}.pt"))
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -75,27 +77,36 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def _run_this_rank(lay: Layout, job: Job) -> RunResult | None:
+def visible_gpus(device: str) -> int | None:
+    """The GPUs local workers of a run on ``device`` can take, or None when
+    none are needed here (the CPU) or torchrun placed the processes."""
+    if device != "cuda" or launched_by_torchrun():
+        return None
+    return torch.cuda.device_count()
+
+
+def _run_this_rank(job: Job) -> RunResult | None:
+    lay, config = job.layout, job.config
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world_size != lay.world_size:
         raise ValueError(
             f"torchrun started {world_size} processes (WORLD_SIZE) but the plan uses {lay.world_size} devices"
         )
-    torch.set_num_threads(job.threads)
-    if job.exact_memory:
+    torch.set_num_threads(config.threads)
+    if config.exact_memory:
         return_freed_memory()
     # As in _worker: gloo prints connection notices on stdout, which is for
     # rank 0's summary only, so stdout goes to stderr while the run lasts
     # (for good on the other ranks).
     saved_stdout = None
-    if job.log:
+    if config.log:
         sys.stdout.flush()
         saved_stdout = os.dup(1) if rank == 0 else None
         os.dup2(2, 1)
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend(job.device), rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=job.timeout_s))
+        dist.init_process_group(backend(config.device), rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=config.timeout_s))
     try:
         try:
             result = run_rank(rank, job)
@@ -132,20 +143,22 @@ class RunResult:
     """``params``: the trained model, ``"<layer index>.<name>"`` -> tensor,
     taken from replica 0 of each stage. ``per_rank``: each rank's stage state.
     ``stage_of_rank``: rank -> (stage, replica). ``trace``: rank -> actions
-    run in the first iteration (``"F0"``, ``"B0"``, ..., ``"AR"`` when the
-    stage is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
+    run before the run's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
+    the stage reduces: it is replicated, ``"OPT"``). ``peak_in_flight``: rank -> most
     micro-batches whose activations the rank held at once.
 
     ``metrics``: rank -> ``{"stage", "replica", "iteration_ms", "losses",
     "compute_ms", "bubble_ms", "phase_ms", "peak_memory_bytes",
-    "memory_before_bytes", "memory_source"}``. ``iteration_ms`` runs from
+    "memory_before_bytes", "memory_source", "evaluations"}`` (and
+    ``"asynchronous": True`` under an asynchronous schedule), put together
+    by ``worker.rank_metrics``. ``iteration_ms`` runs from
     a barrier to the end of the loss reduction. ``phase_ms`` splits each
     iteration into lists, one value an iteration: ``compute`` (the schedule's
     forwards and backwards, less the waits in receives), ``recv_wait`` (the
     waits: bubbles and transfers), ``send_wait`` (waiting for the
     iteration's sends to finish), ``allreduce`` (the stage's gradients),
-    ``optimizer`` (the step) and ``end_sync`` (the loss reduction that ends
-    the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
+    ``optimizer`` (the step, and what the schedule keeps for later passes)
+    and ``end_sync`` (the loss reduction that ends the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
     the iterations of the iteration time outside receives and inside them."""
 
     params: dict[str, torch.Tensor]
@@ -200,78 +213,10 @@ def _result_of(lay: Layout, loaded: dict[int, dict]) -> RunResult:
     )
 
 
-def run_plan(
-    plan: Plan,
-    layers_factory: Callable[[], Any],
-    loss_fn: Callable,
-    batches: list,
-    steps: int,
-    lr: float,
-    world_size: int | None = None,
-    *,
-    optimizer: str = "sgd",
-    seed: int = 0,
-    loss_reduction: str = "mean",
-    threads: int = 1,
-    out_dir: str | None = None,
-    skip_allreduce: bool = False,
-    start_method: str = "spawn",
-    start_step: int = 0,
-    checkpoint_dir: str | None = None,
-    checkpoint_every: int = 0,
-    log: bool = False,
-    timeout_s: float = 30.0,
-    recompute: bool = False,
-    exact_memory: bool = False,
-    device: str = "cpu",
-    slowdown: dict[int, float] | None = None,
-    schedule: str | None = None,
-    eval_every: int = 0,
-) -> RunResult | None:
-    """Train for ``steps`` iterations following ``plan`` (a validated
-    :class:`planner.Plan`; its layout comes from the core, ``layout.py``), on
-    one process per used device.
-
-    ``batches``: global batches ``(inputs, targets)`` of
-    ``micro_batch_size * micro_batches`` samples along dim 0; iteration i uses
-    ``batches[i % len(batches)]``. ``layers_factory`` (picklable, e.g. a
-    module-level function) builds the model; called after
-    ``torch.manual_seed(seed)`` on every rank. ``loss_fn(output, target)``
-    is the loss of a slice, a mean over its samples (``loss_reduction="mean"``)
-    or a sum (``"sum"``). ``optimizer``: a name of ``optimizers.OPTIMIZERS``.
-
-    ``start_step``: resume from the checkpoint of that step in
-    ``checkpoint_dir`` (see :mod:`planner.runtime.checkpoint`) and run
-    iterations ``start_step .. steps-1``. ``checkpoint_every`` K > 0 saves
-    every rank's stage after each K-th step. ``log``: rank 0 prints a line
-    per iteration to stderr (and workers' stdout goes to stderr). A test
-    hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``, default
-    1) in the environment makes rank r raise before step n. ``timeout_s``: gloo's timeout for collectives
-    and receives.
-
-    ``slowdown``: experiment only, ``{rank: factor}``: that rank's forwards
-    and backwards take ``factor`` times as long (it sleeps the difference),
-    so one machine can stand for GPUs of unequal speed.
-
-    ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; rank r on GPU r, or on
-    GPU ``LOCAL_RANK`` under torchrun; local processes are then spawned).
-
-    ``schedule``: an asynchronous kind (``_core.ASYNCHRONOUS_SCHEDULES``:
-    XPipe, PipeDream's weight stashing, SpecTrain, async) to train with
-    instead of the plan's synchronous schedule (``asynchronous.py``); each
-    checkpoint drains the pipeline. ``optimizer`` must be one it predicts
-    for (``optimizers.check_optimizer``).
-
-    ``eval_every`` K > 0: after every K-th step, score the model on the
-    validation split its factory declares (``evaluation.py``); rank 0's
-    ``metrics[0]["evaluations"]`` holds ``{"step", "loss", "accuracy"}``
-    each time. An asynchronous run drains there too.
-
-    ``recompute``: keep only each stage's input during the forward and re-run
-    the stage's forward in its backward (``torch.utils.checkpoint``); the
-    result is the same up to rounding. ``exact_memory``: make each worker's C
-    allocator return freed memory at once, so the measured peak memory
-    (:mod:`planner.runtime.memory`) follows the live tensors; slower.
+def launch(plan: Plan, config: RunConfig, layout: Layout | None = None) -> RunResult | None:
+    """Train for ``config.steps`` steps following ``plan`` (a validated
+    :class:`planner.Plan`; ``layout`` is its :class:`Layout` when the caller
+    has it already), on one process per used device.
 
     Launched normally, spawns the processes, watches them, and returns a
     :class:`RunResult`; if a worker raises or dies, the others are stopped
@@ -280,72 +225,36 @@ def run_plan(
     rank only and returns the result on rank 0 (``None`` elsewhere), gathered
     over the process group; torchrun watches the processes. A rank that
     raises raises :class:`WorkerFailed` naming itself.
+
+    A test hook: ``DAPPLE_TEST_FAIL_RANK=r`` (with ``DAPPLE_TEST_FAIL_STEP=n``,
+    default 1) in the environment makes rank r raise before step n.
     """
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: use cpu or cuda")
-    lay = Layout.of(plan)
-    if not 0 <= start_step < steps:
-        raise ValueError(f"nothing to run: start_step {start_step} is not below steps {steps}")
-    if world_size is not None and world_size != lay.world_size:
-        raise ValueError(f"world_size {world_size} but the plan uses {lay.world_size} devices")
-    passes = None
-    schedule = run_schedule(plan.core, schedule)
-    if schedule is not None:
-        if schedule not in _core.ASYNCHRONOUS_SCHEDULES:
-            raise ValueError(f"schedule {schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
-        check_optimizer(schedule, optimizer)
-        lengths = {b - a for a, b in segments(start_step, steps, checkpoint_every, eval_every)}
-        try:
-            passes = {n: asynchronous_passes(plan.core, schedule, n) for n in sorted(lengths, reverse=True)}
-        except LimitExceededError as e:
-            # A segment (the steps between two checkpoints or evaluations) is one list.
-            raise LimitExceededError(f"--steps: {e}; cut the run with --checkpoint-every or --eval-every "
-                                     "(each drains the pipeline)") from None
-    job = Job(
-        layout=lay,
-        layers_factory=layers_factory,
-        loss_fn=loss_fn,
-        batches=batches,
-        steps=steps,
-        lr=lr,
-        optimizer=optimizer,
-        seed=seed,
-        loss_reduction=loss_reduction,
-        skip_allreduce=skip_allreduce,
-        threads=threads,
-        start_step=start_step,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        log=log,
-        timeout_s=timeout_s,
-        recompute=recompute,
-        exact_memory=exact_memory,
-        device=device,
-        slowdown=dict(slowdown or {}),
-        schedule=schedule,
-        passes=passes,
-        eval_every=eval_every,
-    )
-
+    layout = layout or Layout.of(plan)
+    config = config.for_plan(plan)
+    check_run(config, layout, visible_gpus=visible_gpus(config.device))
     if launched_by_torchrun():
-        return _run_this_rank(lay, job)
-
-    if device == "cuda":
-        if torch.cuda.device_count() < lay.world_size:
-            raise ValueError(f"the plan uses {lay.world_size} devices, {torch.cuda.device_count()} GPUs are visible")
-        start_method = "spawn"  # CUDA does not survive fork
+        return _run_this_rank(Job.of(plan, config, layout))
+    # CUDA does not survive fork.
+    start_method = "spawn" if config.device == "cuda" else config.start_method
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
-        job.out_dir = out_dir or tmp
-        port = free_port()
+        out_dir = config.out_dir or tmp
+        job = Job.of(plan, dataclasses.replace(config, out_dir=out_dir), layout)
         context = mp.start_processes(
             _worker,
-            args=(lay.world_size, port, job, os.getpid()),
-            nprocs=lay.world_size,
+            args=(layout.world_size, free_port(), job, out_dir, os.getpid()),
+            nprocs=layout.world_size,
             join=False,
             start_method=start_method,
         )
         _watch(context)
-        return _collect(lay, job.out_dir)
+        return _collect(layout, out_dir)
+
+
+def run_plan(plan: Plan, layers_factory: Callable[[], Any], loss_fn: Callable, batches: list, steps: int, lr: float,
+             world_size: int | None = None, **options) -> RunResult | None:
+    """:func:`launch` with the :class:`RunConfig` of these arguments and
+    ``options`` (its other fields, by name)."""
+    return launch(plan, RunConfig(layers_factory, loss_fn, batches, steps, lr, world_size, **options))
 
 
 class WorkerFailed(RuntimeError):

@@ -1,5 +1,6 @@
 """What each process of a run does, as the core lays it out from a plan
-(``rust_core/core/src/layout.rs``): no torch here, and no rule of its own.
+(``rust_core/core/src/layout.rs``, crossing the binding as
+``planner._core.RunLayout``): no torch here, and no rule of its own.
 
 One process (rank) per device the plan uses: rank r runs on the r-th used
 device id in ascending order and holds one replica of one stage. A
@@ -13,82 +14,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import _core
 from ..plan import Plan
-
-#: A forward ("F", m) or backward ("B", m) of micro-batch m.
-Action = tuple[str, int]
+from .schedule import Pair, pairs
 
 
-@dataclass(frozen=True)
-class Peer:
-    """Samples ``[start, end)`` of each micro-batch exchanged with ``rank``."""
-
-    rank: int
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class Replica:
-    rank: int
-    #: Samples ``[start, end)`` of every micro-batch this replica computes.
-    start: int
-    end: int
-    receives_from: tuple[Peer, ...]
-    sends_to: tuple[Peer, ...]
-
-
-@dataclass(frozen=True)
-class StageLayout:
-    layer_start: int
-    layer_end: int
-    replicas: tuple[Replica, ...]
-    #: The stage's forwards and backwards in order (the AllReduce and the
-    #: optimizer step that end every list are the worker's to run).
-    actions: tuple[Action, ...]
+def _asked(name: str, doc: str | None = None) -> property:
+    """A property that asks the core's layout."""
+    return property(lambda self: getattr(self.core, name), doc=doc)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A plan as ranks: picklable, so launched workers get it as it is."""
+    """A plan as ranks: the core's own ``RunLayout`` (``core``), asked and
+    never re-derived. Picklable, so launched workers get it as it is."""
 
-    devices: tuple[int, ...]
-    micro_batch_size: int
-    micro_batches: int
-    stages: tuple[StageLayout, ...]
+    core: _core.RunLayout
 
     @classmethod
     def of(cls, plan: Plan) -> "Layout":
         """The layout of ``plan``; raises InvalidInputError naming the field
         when its stages cannot run."""
-        data = plan.core.layout()
-        stages = tuple(
-            StageLayout(
-                layer_start=s["layer_start"],
-                layer_end=s["layer_end"],
-                replicas=tuple(
-                    Replica(
-                        rank=r["rank"],
-                        start=r["start"],
-                        end=r["end"],
-                        receives_from=tuple(Peer(**p) for p in r["receives_from"]),
-                        sends_to=tuple(Peer(**p) for p in r["sends_to"]),
-                    )
-                    for r in s["replicas"]
-                ),
-                actions=tuple((t[0], int(t[1:])) for t in s["actions"] if t[0] in "FB"),
-            )
-            for s in data["stages"]
-        )
-        return cls(tuple(data["devices"]), data["micro_batch_size"], data["micro_batches"], stages)
+        return cls(plan.core.layout())
 
-    @property
-    def world_size(self) -> int:
-        return len(self.devices)
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.micro_batches
+    devices = _asked("devices", "Used device ids, ascending: rank r runs on ``devices[r]``.")
+    micro_batch_size = _asked("micro_batch_size")
+    micro_batches = _asked("micro_batches")
+    stages = _asked("stages", "Each stage's layers, replicas and action list (``_core.StageLayout``).")
+    world_size = _asked("world_size", "Processes of the run: one per used device.")
+    global_batch_size = _asked("global_batch_size")
 
     @property
     def stage_ranks(self) -> list[list[int]]:
@@ -100,18 +54,14 @@ class Layout:
         return [(s.layer_start, s.layer_end) for s in self.stages]
 
     @property
-    def schedule(self) -> list[list[Action]]:
-        """Each stage's forwards and backwards."""
-        return [list(s.actions) for s in self.stages]
+    def schedule(self) -> list[list[Pair]]:
+        """Each stage's forwards and backwards, ``(kind, micro-batch)``."""
+        return pairs(s.actions for s in self.stages)
 
     def where(self, rank: int) -> tuple[int, int]:
         """(stage, replica index) of ``rank``."""
-        for s, stage in enumerate(self.stages):
-            for j, r in enumerate(stage.replicas):
-                if r.rank == rank:
-                    return s, j
-        raise ValueError(f"rank {rank} is not in the plan")
+        return self.core.where(rank)
 
-    def replica(self, rank: int) -> Replica:
+    def replica(self, rank: int) -> _core.ReplicaLayout:
         stage, j = self.where(rank)
         return self.stages[stage].replicas[j]

@@ -1,11 +1,8 @@
-"""Per-stage action orders of a plan, generated and checked by the Rust core
+"""Per-stage action lists of a plan, generated and checked by the Rust core
 (``rust_core/core/src/schedule.rs``), so that the runtime executes the same
-lists the simulator runs.
-
-Each stage's list holds ``("F", m)`` and ``("B", m)`` actions; the gradient
-AllReduce and the optimizer step that end every list in the core are left to
-the executor. Every replica of a stage runs the same list on its slice of
-each micro-batch.
+lists the simulator runs. Actions cross the binding typed
+(``planner._core.Action``, and ``planner._core.Pass`` with the weights of
+each forward and backward): nothing here reads action text.
 
 - early-backward (DAPPLE 1F1B): stage i runs K_i forwards, then alternates
   one backward and one forward until the forwards run out, then the
@@ -13,66 +10,60 @@ each micro-batch.
 - GPipe: F0 .. F(M-1), then B(M-1) .. B0 on every stage.
 - asynchronous kinds (``_core.ASYNCHRONOUS_SCHEDULES``): one list over many
   mini-batches with ``AR`` and ``OPT`` after each, and the weights of each
-  pass (:func:`asynchronous_passes`).
+  pass (:func:`run_lists`).
+
+Every list ends each mini-batch with the stage's gradient AllReduce and its
+optimizer step; every replica of a stage runs the same list on its slice of
+each micro-batch. The table helpers (:func:`early_backward`, :func:`gpipe`,
+:func:`plan_schedule`) give the forwards and backwards as ``(kind,
+micro-batch)`` pairs, for tests and tables.
 
 No torch here. Errors are ``planner.InvalidInputError`` (a ``ValueError``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _core
+from ..errors import LimitExceededError
 
-Action = tuple[str, int]
-
-#: One action of an asynchronous list: ("F" | "B" | "AR" | "OPT", micro-batch
-#: of the run, its mini-batch, the stage's live version when it runs, the
-#: weight version the pass starts from, updates predicted ahead of it); the
-#: last five are None for AR and OPT.
-Pass = tuple[str, Any, Any, Any, Any, Any]
+#: A forward ("F", m) or backward ("B", m) of micro-batch m, as tables write it.
+Pair = tuple[str, int]
 
 EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
 
-def _compute_actions(tokens: list[list[str]]) -> list[list[Action]]:
-    """Forward and backward actions of core token lists ("F3", "B2"; AR/OPT dropped)."""
-    return [[(t[0], int(t[1:])) for t in stage if t[0] in "FB"] for stage in tokens]
+def pairs(lists) -> list[list[Pair]]:
+    """The forwards and backwards of typed lists (AR and OPT left out)."""
+    return [[(a.kind, a.micro_batch) for a in actions if a.micro_batch is not None] for actions in lists]
 
 
-def early_backward(num_stages: int, micro_batches: int, warmup: list[int]) -> list[list[Action]]:
+def early_backward(num_stages: int, micro_batches: int, warmup: list[int]) -> list[list[Pair]]:
     """Early-backward 1F1B with warm-up depth ``warmup[i]`` = K_i, each in 1..=M."""
-    return _compute_actions(_core.schedule_actions(EARLY_BACKWARD, num_stages, micro_batches, list(warmup)))
+    return pairs(_core.schedule_actions(EARLY_BACKWARD, num_stages, micro_batches, list(warmup)))
 
 
-def gpipe(num_stages: int, micro_batches: int) -> list[list[Action]]:
+def gpipe(num_stages: int, micro_batches: int) -> list[list[Pair]]:
     """GPipe: all forwards in order, then all backwards in reverse order."""
-    return _compute_actions(_core.schedule_actions(GPIPE, num_stages, micro_batches))
+    return pairs(_core.schedule_actions(GPIPE, num_stages, micro_batches))
 
 
-def plan_schedule(plan: _core.Plan) -> list[list[Action]]:
+def plan_schedule(plan: _core.Plan) -> list[list[Pair]]:
     """The action lists of a plan, one per stage: the core's, which the
     simulator runs too (each stage's own K_i)."""
-    return _compute_actions(plan.actions())
+    return pairs(plan.actions())
 
 
-def validate(lists: list[list[Action]], micro_batches: int) -> None:
+def validate(lists: list[list[Pair]], micro_batches: int) -> None:
     """Each list runs every F and B of 0..M once, B_m after F_m, and the
     stages together finish without deadlock (checked by the core)."""
-    _core.schedule_validate([[f"{k}{m}" for k, m in actions] + ["AR", "OPT"] for actions in lists], micro_batches)
+    end = [_core.Action("AR"), _core.Action("OPT")]
+    _core.schedule_validate([[_core.Action(k, m) for k, m in pairs] + end for pairs in lists], micro_batches)
 
 
-def format_schedule(lists: list[list[Action]]) -> str:
+def format_schedule(lists: list[list[Pair]]) -> str:
     """``stage 0: F0 F1 B0 ...`` lines, as the core prints them, without AR/OPT."""
-    return "\n".join(f"stage {s}: " + " ".join(f"{k}{m}" for k, m in actions) for s, actions in enumerate(lists))
-
-
-def asynchronous_passes(plan: _core.Plan, schedule: str, mini_batches: int) -> list[list[Pass]]:
-    """Each stage's list under asynchronous ``schedule`` over
-    ``mini_batches``, with the weights of every pass (the core's
-    ``pass_weights``)."""
-    return [[(kind, *(weights or (None,) * 5)) for kind, weights in stage]
-            for stage in plan.pass_weights(schedule, mini_batches)]
+    return "\n".join(f"stage {s}: " + " ".join(str(_core.Action(k, m)) for k, m in pairs)
+                     for s, pairs in enumerate(lists))
 
 
 def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:
@@ -89,6 +80,29 @@ def segments(start: int, steps: int, *every: int) -> list[tuple[int, int]]:
             out.append((a, b))
             a = b
     return out
+
+
+def run_segments(start: int, steps: int, schedule: str | None, checkpoint_every: int,
+                 eval_every: int) -> list[tuple[int, int]]:
+    """The lists a run walks, as ``[a, b)`` ranges of steps: one step each
+    under a synchronous schedule (the pipeline flushes every step), else cut
+    at every checkpoint and evaluation (:func:`segments`)."""
+    if schedule is None:
+        return [(i, i + 1) for i in range(start, steps)]
+    return segments(start, steps, checkpoint_every, eval_every)
+
+
+def run_lists(plan: _core.Plan, schedule: str | None, lengths: set[int]) -> dict[int, list[list[_core.Pass]]]:
+    """Each stage's list of passes (``_core.Pass``: the action and the
+    weights it computes with), for a list of each length in ``lengths``
+    mini-batches: the plan's own synchronous schedule when ``schedule`` is
+    None (one mini-batch), else asynchronous ``schedule``."""
+    try:
+        return {n: plan.pass_weights(schedule, n) for n in sorted(lengths, reverse=True)}
+    except LimitExceededError as e:
+        # A segment (the steps between two checkpoints or evaluations) is one list.
+        raise LimitExceededError(f"--steps: {e}; cut the run with --checkpoint-every or --eval-every "
+                                 "(each drains the pipeline)") from None
 
 
 def run_schedule(plan: _core.Plan, schedule: str | None) -> str | None:

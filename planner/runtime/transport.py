@@ -70,3 +70,45 @@ class PointToPoint:
         for work, _ in self.pending:
             work.wait()
         self.pending.clear()
+
+
+class StageLinks:
+    """The sends and receives of one replica to its neighbouring stages,
+    written once for every schedule: which samples of a micro-batch go to,
+    and come from, which rank (the core's layout), over ``comm``.
+
+    ``prev`` and ``nxt``: ``(rank, (start, end))`` of each peer of the
+    previous and the next stage; ``lo``: the first sample of this replica's
+    slice, so a peer's samples ``[start, end)`` are rows ``start - lo ..
+    end - lo`` of this replica's tensors."""
+
+    def __init__(self, comm: PointToPoint, prev: list[tuple[int, tuple[int, int]]],
+                 nxt: list[tuple[int, tuple[int, int]]], lo: int):
+        self.comm = comm
+        self.prev = prev
+        self.nxt = nxt
+        self.lo = lo
+
+    def receive_input(self, micro_batch: int) -> torch.Tensor:
+        """This replica's input of ``micro_batch``: the previous stage's
+        outputs, joined along dim 0."""
+        parts = [self.comm.recv_with_header(src, micro_batch, False) for src, _ in self.prev]
+        return torch.cat(parts, 0) if len(parts) > 1 else parts[0]
+
+    def send_output(self, out: torch.Tensor, micro_batch: int) -> None:
+        for dst, (s0, s1) in self.nxt:
+            self.comm.send(out[s0 - self.lo : s1 - self.lo], dst, micro_batch, False, header=True)
+
+    def receive_output_grad(self, out: torch.Tensor, micro_batch: int) -> torch.Tensor:
+        """The gradient of ``out`` (this replica's output of ``micro_batch``),
+        gathered from the next stage's ranks."""
+        grad = torch.empty_like(out)
+        for src, (s0, s1) in self.nxt:
+            piece = torch.empty_like(out[s0 - self.lo : s1 - self.lo])
+            self.comm.recv_into(piece, src, micro_batch, True)
+            grad[s0 - self.lo : s1 - self.lo] = piece
+        return grad
+
+    def send_input_grad(self, grad: torch.Tensor, micro_batch: int) -> None:
+        for dst, (s0, s1) in self.prev:
+            self.comm.send(grad[s0 - self.lo : s1 - self.lo], dst, micro_batch, True, header=False)

@@ -10,23 +10,24 @@
 //! way. Each stage runs the action list of the plan's schedule
 //! (`plan::plan_schedule`, which the simulator runs too).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
 use crate::error::Result;
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
+use crate::schedule::Action;
 
 /// Samples `[start, end)` of a micro-batch that one rank sends to, or
 /// receives from, another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peer {
     pub rank: u32,
     pub start: u32,
     pub end: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaLayout {
     pub rank: u32,
     /// Samples `[start, end)` of every micro-batch this replica computes.
@@ -38,17 +39,18 @@ pub struct ReplicaLayout {
     pub sends_to: Vec<Peer>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageLayout {
     pub layer_start: usize,
     pub layer_end: usize,
     /// By replica index.
     pub replicas: Vec<ReplicaLayout>,
-    /// The stage's actions as tokens: "F3", "B2", then "AR" and "OPT".
-    pub actions: Vec<String>,
+    /// The stage's actions: forwards and backwards (written `F3`, `B2`),
+    /// then the AllReduce and the optimizer step (`AR`, `OPT`).
+    pub actions: Vec<Action>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLayout {
     /// Used device ids, ascending: rank r runs on `devices[r]`.
     pub devices: Vec<u32>,
@@ -116,11 +118,7 @@ impl RunLayout {
                         },
                     })
                     .collect(),
-                actions: schedule.stages[i]
-                    .actions
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect(),
+                actions: schedule.stages[i].actions.clone(),
             })
             .collect();
         Ok(RunLayout {
@@ -128,6 +126,24 @@ impl RunLayout {
             micro_batch_size: mbs,
             micro_batches: plan.micro_batches,
             stages,
+        })
+    }
+
+    /// Processes the run uses: one per used device.
+    pub fn world_size(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Samples of one mini-batch: M micro-batches of `micro_batch_size`.
+    pub fn global_batch_size(&self) -> u32 {
+        self.micro_batch_size * self.micro_batches
+    }
+
+    /// `(stage, replica index)` of `rank`, None when the run has no such rank.
+    pub fn position(&self, rank: u32) -> Option<(usize, usize)> {
+        self.stages.iter().enumerate().find_map(|(s, stage)| {
+            let j = stage.replicas.iter().position(|r| r.rank == rank)?;
+            Some((s, j))
         })
     }
 }
@@ -192,7 +208,17 @@ mod tests {
         let second = &lay.stages[1].replicas;
         assert_eq!(second[1].receives_from, vec![peer(4, 2, 3), peer(0, 3, 4)]);
         assert!(first[0].receives_from.is_empty() && second[2].sends_to.is_empty());
-        assert_eq!(lay.stages[1].actions, ["F0", "B0", "F1", "B1", "AR", "OPT"]);
+        let actions: Vec<String> = lay.stages[1]
+            .actions
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(actions, ["F0", "B0", "F1", "B1", "AR", "OPT"]);
+        assert_eq!(
+            (lay.position(4), lay.position(0), lay.position(5)),
+            (Some((0, 0)), Some((0, 1)), None)
+        );
+        assert_eq!((lay.world_size(), lay.global_batch_size()), (5, 10));
     }
 
     #[test]

@@ -42,6 +42,36 @@ pub struct Action {
     pub micro_batch: Option<u32>,
 }
 
+impl ActionKind {
+    /// How the kind is written in an action (`F3`, `AR`): the only place
+    /// the spelling is set, for the core and for the binding.
+    pub const fn symbol(self) -> &'static str {
+        match self {
+            ActionKind::Forward => "F",
+            ActionKind::Backward => "B",
+            ActionKind::AllReduce => "AR",
+            ActionKind::OptimizerStep => "OPT",
+        }
+    }
+
+    /// The kind written `symbol`, if any.
+    pub fn from_symbol(symbol: &str) -> Option<ActionKind> {
+        [
+            ActionKind::Forward,
+            ActionKind::Backward,
+            ActionKind::AllReduce,
+            ActionKind::OptimizerStep,
+        ]
+        .into_iter()
+        .find(|k| k.symbol() == symbol)
+    }
+
+    /// A forward or a backward: a pass over one micro-batch.
+    pub const fn is_pass(self) -> bool {
+        matches!(self, ActionKind::Forward | ActionKind::Backward)
+    }
+}
+
 impl Action {
     pub const ALL_REDUCE: Action = Action::new(ActionKind::AllReduce, None);
     pub const OPTIMIZER_STEP: Action = Action::new(ActionKind::OptimizerStep, None);
@@ -61,15 +91,11 @@ impl fmt::Display for Action {
     /// A forward or backward without a micro-batch (only possible when built
     /// by hand) shows as `F?` / `B?`, which does not parse back.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let letter = match self.kind {
-            ActionKind::Forward => "F",
-            ActionKind::Backward => "B",
-            ActionKind::AllReduce => return f.write_str("AR"),
-            ActionKind::OptimizerStep => return f.write_str("OPT"),
-        };
-        match self.micro_batch {
-            Some(m) => write!(f, "{letter}{m}"),
-            None => write!(f, "{letter}?"),
+        f.write_str(self.kind.symbol())?;
+        match (self.kind.is_pass(), self.micro_batch) {
+            (false, _) => Ok(()),
+            (true, Some(m)) => write!(f, "{m}"),
+            (true, None) => f.write_str("?"),
         }
     }
 }
@@ -81,16 +107,16 @@ impl FromStr for Action {
     /// micro-batch index in decimal without sign or leading zeros.
     fn from_str(s: &str) -> Result<Action> {
         let bad = || Error::invalid(format!("action {s:?} is not F<n>, B<n>, AR or OPT"));
-        match s {
-            "AR" => return Ok(Action::ALL_REDUCE),
-            "OPT" => return Ok(Action::OPTIMIZER_STEP),
-            _ => {}
+        let split = s.find(|c: char| c.is_ascii_digit()).unwrap_or(s.len());
+        let (symbol, digits) = s.split_at(split);
+        let kind = ActionKind::from_symbol(symbol).ok_or_else(bad)?;
+        if !kind.is_pass() {
+            return if digits.is_empty() {
+                Ok(Action::new(kind, None))
+            } else {
+                Err(bad())
+            };
         }
-        let (kind, digits) = match s.split_at_checked(1) {
-            Some(("F", d)) => (ActionKind::Forward, d),
-            Some(("B", d)) => (ActionKind::Backward, d),
-            _ => return Err(bad()),
-        };
         let canonical = !digits.is_empty()
             && digits.bytes().all(|b| b.is_ascii_digit())
             && (digits == "0" || !digits.starts_with('0'));

@@ -14,6 +14,7 @@ use pyo3::types::{PyDict, PyTuple};
 mod artifact;
 mod baselines;
 mod convert;
+mod layout;
 mod metrics;
 mod plan;
 mod profile;
@@ -220,5 +221,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     regress::register(m)?;
     search::register(m)?;
     schedule::register(m)?;
+    layout::register(m)?;
     Ok(())
 }

@@ -1,11 +1,13 @@
 use dapple_core::evaluate::evaluate;
 use dapple_core::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, Plan};
-use dapple_core::schedule::{ActionKind, ScheduleKind};
+use dapple_core::schedule::ScheduleKind;
 use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;
 
+use crate::layout::PyRunLayout;
 use crate::profile::PyProfile;
+use crate::schedule::{PyAction, PyPass};
 use crate::topology::PyTopology;
 use crate::{to_py_err, with_source};
 
@@ -105,15 +107,14 @@ crate::file_object_methods!(PyPlan {
         blocks_per_stage(&profile.inner, &self.inner)
     }
 
-    /// Each stage's actions as tokens ("F3", "B2", "AR", "OPT"): the lists
-    /// the simulator runs and the runtime executes. `schedule`: another kind
-    /// than the plan's own (early backward then takes the K_i of the plan's
-    /// fixed policy, or policy A's). `mini_batches`: how many an
+    /// Each stage's actions ("F3", "B2", "AR", "OPT" as `Action`s): the
+    /// lists the simulator runs and the runtime executes. `schedule`: another
+    /// kind than the plan's own (early backward then takes the K_i of the
+    /// plan's fixed policy, or policy A's). `mini_batches`: how many an
     /// asynchronous kind runs (default: the simulator's steady-state run).
     #[pyo3(signature = (schedule=None, mini_batches=None))]
-    fn actions(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<Vec<Vec<String>>> {
-        let lists = self.schedule(schedule, mini_batches)?;
-        Ok(crate::schedule::tokens(&lists))
+    fn actions(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<Vec<Vec<PyAction>>> {
+        Ok(crate::schedule::actions_of(&self.schedule(schedule, mini_batches)?))
     }
 
     /// Each stage's list with the weights of every pass, `stage 0: F0@0
@@ -123,47 +124,20 @@ crate::file_object_methods!(PyPlan {
         Ok(self.schedule(schedule, mini_batches)?.weights_table())
     }
 
-    /// Each stage's actions in list order with the weights of its passes:
-    /// (kind, micro-batch, mini-batch, live version, base version, updates
-    /// predicted ahead) for a forward ("F") or backward ("B"), the last
-    /// five None for "AR" and "OPT" (`Schedule::pass_weights`); arguments as
-    /// `actions`. One schedule is built for both.
+    /// Each stage's actions in list order, each a `Pass` with the weights a
+    /// forward or backward computes with (`Schedule::pass_weights`; a
+    /// synchronous schedule's passes all use the live weights); arguments
+    /// as `actions`. One schedule is built for both.
     #[pyo3(signature = (schedule=None, mini_batches=None))]
-    #[allow(clippy::type_complexity)]
-    fn pass_weights(
-        &self,
-        schedule: Option<&str>,
-        mini_batches: Option<u32>,
-    ) -> PyResult<Vec<Vec<(String, Option<(u32, u32, u32, u32, u32)>)>>> {
-        let lists = self.schedule(schedule, mini_batches)?;
-        Ok(lists
-            .stages
-            .iter()
-            .map(|stage| {
-                let mut passes = lists.pass_weights(stage.stage).into_iter();
-                stage
-                    .actions
-                    .iter()
-                    .map(|a| match a.micro_batch {
-                        Some(t) => {
-                            let p = passes.next().expect("one weight per pass");
-                            let kind = if a.kind == ActionKind::Forward { "F" } else { "B" };
-                            let w = (t, p.mini_batch, p.live_version, p.base_version, p.predicted_updates);
-                            (kind.to_string(), Some(w))
-                        }
-                        None => (a.to_string(), None),
-                    })
-                    .collect()
-            })
-            .collect())
+    fn pass_weights(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<Vec<Vec<PyPass>>> {
+        Ok(crate::schedule::passes_of(&self.schedule(schedule, mini_batches)?))
     }
 
     /// What each process of a run does (`layout.rs`): used devices by
     /// rank, and per stage its layers, actions and replicas (rank, samples,
-    /// who it receives from and sends to), as plain data.
-    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let layout = RunLayout::of(&self.inner).map_err(|e| self.err(e))?;
-        crate::convert::to_python(py, &layout)
+    /// who it receives from and sends to).
+    fn layout(&self) -> PyResult<PyRunLayout> {
+        RunLayout::of(&self.inner).map(PyRunLayout).map_err(|e| self.err(e))
     }
 
     fn __repr__(&self) -> String {

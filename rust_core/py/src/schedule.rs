@@ -1,12 +1,210 @@
-use dapple_core::schedule::{Action, Schedule, ScheduleKind, StageSchedule};
+//! Schedules as typed data: the core's `Action` (printed and parsed as the
+//! core writes it, `F3`, `B2`, `AR`, `OPT`) and its weights per pass, as
+//! frozen classes, so Python never splits action text.
+
+use dapple_core::schedule::{
+    Action, ActionKind, PassWeights, Schedule, ScheduleKind, StageSchedule,
+};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::to_py_err;
 
-/// Action lists of a schedule, one per stage, as tokens ("F3", "B2", "AR",
-/// "OPT"). Early backward takes K_i of stage i from `warmup[i]`; GPipe
-/// needs none; an asynchronous kind runs `mini_batches`. A plan's own lists
-/// come from `Plan.actions`.
+/// One action of a stage's list (`schedule.rs`'s `Action`): a forward or
+/// backward of a micro-batch, the stage's gradient AllReduce, or its
+/// optimizer step. Prints as the core writes it; picklable.
+#[pyclass(
+    frozen,
+    eq,
+    hash,
+    str,
+    from_py_object,
+    module = "planner._core",
+    name = "Action"
+)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PyAction(pub(crate) Action);
+
+impl std::fmt::Display for PyAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[pymethods]
+impl PyAction {
+    /// `kind`: "F", "B", "AR" or "OPT"; `micro_batch` for "F" and "B" only.
+    #[new]
+    #[pyo3(signature = (kind, micro_batch=None))]
+    fn new(kind: &str, micro_batch: Option<u32>) -> PyResult<Self> {
+        let kind = ActionKind::from_symbol(kind).ok_or_else(|| {
+            PyValueError::new_err(format!("action kind {kind:?} is not F, B, AR or OPT"))
+        })?;
+        if kind.is_pass() != micro_batch.is_some() {
+            return Err(PyValueError::new_err(format!(
+                "a {} action {} a micro-batch",
+                kind.symbol(),
+                if kind.is_pass() { "needs" } else { "takes no" }
+            )));
+        }
+        Ok(PyAction(Action::new(kind, micro_batch)))
+    }
+
+    /// The action written `text` (`F3`, `B2`, `AR`, `OPT`), as the core parses it.
+    #[staticmethod]
+    fn parse(text: &str) -> PyResult<Self> {
+        text.parse().map(PyAction).map_err(to_py_err)
+    }
+
+    /// "F", "B", "AR" or "OPT".
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.0.kind.symbol()
+    }
+
+    /// The micro-batch of a forward or backward (of the run, for an
+    /// asynchronous list); None for "AR" and "OPT".
+    #[getter]
+    fn micro_batch(&self) -> Option<u32> {
+        self.0.micro_batch
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Action({:?})", self.0.to_string())
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        Ok((slf.get_type().getattr("parse")?, (slf.get().0.to_string(),)))
+    }
+}
+
+/// One action of a stage's list with the weights a forward or backward
+/// computes with (`Schedule::pass_weights`): the mini-batch it belongs to,
+/// the updates the stage has applied when it runs (`live_version`), the
+/// version its weights come from (`base_version`) and the updates predicted
+/// ahead of that (`predicted_updates`, 0: none); None for "AR" and "OPT".
+/// Prints as the core's weights table (`F4@0+2`); picklable.
+#[pyclass(frozen, eq, str, get_all, module = "planner._core", name = "Pass")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PyPass {
+    action: PyAction,
+    mini_batch: Option<u32>,
+    live_version: Option<u32>,
+    base_version: Option<u32>,
+    predicted_updates: Option<u32>,
+}
+
+impl PyPass {
+    fn of(action: Action, weights: Option<PassWeights>) -> Self {
+        PyPass {
+            action: PyAction(action),
+            mini_batch: weights.map(|w| w.mini_batch),
+            live_version: weights.map(|w| w.live_version),
+            base_version: weights.map(|w| w.base_version),
+            predicted_updates: weights.map(|w| w.predicted_updates),
+        }
+    }
+
+    /// The core's weights of a forward or backward.
+    fn weights(&self) -> Option<PassWeights> {
+        Some(PassWeights {
+            action: self.action.0,
+            mini_batch: self.mini_batch?,
+            live_version: self.live_version?,
+            base_version: self.base_version?,
+            predicted_updates: self.predicted_updates?,
+        })
+    }
+}
+
+impl std::fmt::Display for PyPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.weights() {
+            Some(w) => w.fmt(f),
+            None => self.action.fmt(f),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPass {
+    /// `weights`: (mini-batch, live version, base version, updates predicted
+    /// ahead) for a forward or backward, None for "AR" and "OPT".
+    #[new]
+    #[pyo3(signature = (action, weights=None))]
+    fn new(action: PyAction, weights: Option<(u32, u32, u32, u32)>) -> PyResult<Self> {
+        let action = action.0;
+        if action.kind.is_pass() != weights.is_some() {
+            return Err(PyValueError::new_err(format!(
+                "{action}: weights go with forwards and backwards only"
+            )));
+        }
+        let weights = weights.map(
+            |(mini_batch, live_version, base_version, predicted_updates)| PassWeights {
+                action,
+                mini_batch,
+                live_version,
+                base_version,
+                predicted_updates,
+            },
+        );
+        Ok(PyPass::of(action, weights))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Pass({self})")
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (PyAction, Option<(u32, u32, u32, u32)>))> {
+        let p = slf.get();
+        let weights = p.weights().map(|w| {
+            (
+                w.mini_batch,
+                w.live_version,
+                w.base_version,
+                w.predicted_updates,
+            )
+        });
+        Ok((slf.get_type().into_any(), (p.action, weights)))
+    }
+}
+
+/// Each stage's actions, typed.
+pub(crate) fn actions_of(schedule: &Schedule) -> Vec<Vec<PyAction>> {
+    schedule
+        .stages
+        .iter()
+        .map(|s| s.actions.iter().copied().map(PyAction).collect())
+        .collect()
+}
+
+/// Each stage's actions with the weights of its passes.
+pub(crate) fn passes_of(schedule: &Schedule) -> Vec<Vec<PyPass>> {
+    schedule
+        .stages
+        .iter()
+        .map(|stage| {
+            let mut weights = schedule.pass_weights(stage.stage).into_iter();
+            stage
+                .actions
+                .iter()
+                .map(|&action| {
+                    let w = action
+                        .micro_batch
+                        .map(|_| weights.next().expect("one weight per pass"));
+                    PyPass::of(action, w)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Action lists of a schedule, one per stage. Early backward takes K_i of
+/// stage i from `warmup[i]`; GPipe needs none; an asynchronous kind runs
+/// `mini_batches`. A plan's own lists come from `Plan.actions`.
 #[pyfunction]
 #[pyo3(signature = (kind, num_stages, micro_batches, warmup=None, mini_batches=1))]
 fn schedule_actions(
@@ -15,7 +213,7 @@ fn schedule_actions(
     micro_batches: u32,
     warmup: Option<Vec<u32>>,
     mini_batches: u32,
-) -> PyResult<Vec<Vec<String>>> {
+) -> PyResult<Vec<Vec<PyAction>>> {
     let kind = ScheduleKind::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
     let schedule = match (kind, warmup) {
         (ScheduleKind::GPipe, _) => Schedule::gpipe(num_stages, micro_batches),
@@ -34,26 +232,22 @@ fn schedule_actions(
         )),
     }
     .map_err(to_py_err)?;
-    Ok(tokens(&schedule))
+    Ok(actions_of(&schedule))
 }
 
-/// Check hand-written action lists (tokens, one list per stage): every
-/// forward and backward once, backward after forward, AR then OPT last, and
-/// no deadlock between stages.
+/// Check hand-made action lists (one per stage): every forward and backward
+/// once, backward after forward, AR then OPT last, and no deadlock between
+/// stages.
 #[pyfunction]
-fn schedule_validate(lists: Vec<Vec<String>>, micro_batches: u32) -> PyResult<()> {
+fn schedule_validate(lists: Vec<Vec<PyAction>>, micro_batches: u32) -> PyResult<()> {
     let stages = lists
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(stage, list)| {
-            let actions = list
-                .iter()
-                .map(|t| t.parse::<Action>())
-                .collect::<dapple_core::Result<Vec<_>>>()?;
-            Ok(StageSchedule { stage, actions })
+        .map(|(stage, list)| StageSchedule {
+            stage,
+            actions: list.into_iter().map(|a| a.0).collect(),
         })
-        .collect::<dapple_core::Result<Vec<_>>>()
-        .map_err(to_py_err)?;
+        .collect();
     let schedule = Schedule {
         kind: ScheduleKind::EarlyBackward1F1B,
         micro_batches,
@@ -63,15 +257,9 @@ fn schedule_validate(lists: Vec<Vec<String>>, micro_batches: u32) -> PyResult<()
     schedule.validate().map_err(to_py_err)
 }
 
-pub(crate) fn tokens(schedule: &Schedule) -> Vec<Vec<String>> {
-    schedule
-        .stages
-        .iter()
-        .map(|s| s.actions.iter().map(|a| a.to_string()).collect())
-        .collect()
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyAction>()?;
+    m.add_class::<PyPass>()?;
     m.add_function(wrap_pyfunction!(schedule_actions, m)?)?;
     m.add_function(wrap_pyfunction!(schedule_validate, m)?)?;
     Ok(())

@@ -1,0 +1,142 @@
+"""What a run is asked to do (:class:`RunConfig`, built by ``dapple run`` or
+by :func:`launcher.run_plan`), the checks a run passes before any process
+starts (:func:`check_run`, the only copy, used by both), and what each rank
+is handed (:class:`Job`). No torch here, so the command line checks a run
+before importing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import _core
+from ..errors import IncompatibleInputsError, InvalidInputError
+from ..plan import Plan
+from .layout import Layout
+from .optimizers import check_optimizer
+from .schedule import run_lists, run_schedule, run_segments
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's model, data and options: everything besides the plan.
+
+    ``batches``: global batches ``(inputs, targets)`` of ``micro_batch_size *
+    micro_batches`` samples along dim 0; step i uses ``batches[i %
+    len(batches)]``. ``layers_factory`` (picklable, e.g. a module-level
+    function) builds the model; called after ``torch.manual_seed(seed)`` on
+    every rank. ``loss_fn(output, target)`` is the loss of a slice, a mean
+    over its samples (``loss_reduction="mean"``) or a sum (``"sum"``).
+    """
+
+    layers_factory: Callable[[], Any]
+    loss_fn: Callable
+    batches: Any
+    steps: int
+    lr: float
+    #: The processes the caller expects; checked against the plan's.
+    world_size: int | None = None
+    #: A name of ``optimizers.OPTIMIZERS``.
+    optimizer: str = "sgd"
+    seed: int = 0
+    loss_reduction: str = "mean"
+    #: torch threads per worker.
+    threads: int = 1
+    #: Where workers leave their results (a temporary folder when None).
+    out_dir: str | None = None
+    #: Testing hook: skip the gradient AllReduce (must break equivalence).
+    skip_allreduce: bool = False
+    #: How local workers start: "spawn", or "fork" (Linux, faster).
+    start_method: str = "spawn"
+    #: Resume from the checkpoint of this step in ``checkpoint_dir`` and run
+    #: steps ``start_step .. steps-1``.
+    start_step: int = 0
+    checkpoint_dir: str | None = None
+    #: K > 0 saves every rank's stage after each K-th step.
+    checkpoint_every: int = 0
+    #: Rank 0 prints a line per step to stderr (workers' stdout goes there too).
+    log: bool = False
+    #: gloo's timeout for collectives and receives.
+    timeout_s: float = 30.0
+    #: Keep only each stage's input during the forward and re-run the
+    #: stage's forward in its backward (``torch.utils.checkpoint``).
+    recompute: bool = False
+    #: Make each worker's C allocator return freed memory at once, so the
+    #: measured peak follows the live tensors (``memory.py``); slower.
+    exact_memory: bool = False
+    #: "cpu" (gloo) or "cuda" (NCCL; rank r on GPU r, or GPU ``LOCAL_RANK``
+    #: under torchrun).
+    device: str = "cpu"
+    #: Experiment only, ``{rank: factor}``: that rank's forwards and
+    #: backwards take ``factor`` times as long (it sleeps the difference),
+    #: so one machine can stand for GPUs of unequal speed.
+    slowdown: dict[int, float] = field(default_factory=dict)
+    #: An asynchronous kind (``_core.ASYNCHRONOUS_SCHEDULES``) to train with
+    #: instead of the plan's synchronous schedule; None: the plan's own
+    #: (asynchronous when the plan was made for one, ``schedule.run_schedule``).
+    schedule: str | None = None
+    #: K > 0: score the model on its factory's validation split after
+    #: every K-th step (``evaluation.py``).
+    eval_every: int = 0
+
+    def for_plan(self, plan: Plan) -> "RunConfig":
+        """This config with the schedule the run of ``plan`` trains with."""
+        return dataclasses.replace(self, schedule=run_schedule(plan.core, self.schedule))
+
+
+def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = None) -> None:
+    """Refuse a run that cannot start, before any process does: the device,
+    the steps, the processes, the schedule and its optimizer, the slowed
+    ranks, and (``visible_gpus``, when the caller starts the processes on
+    this machine) the GPUs. ``config`` has its schedule resolved
+    (:meth:`RunConfig.for_plan`)."""
+    if config.device not in DEVICES:
+        raise InvalidInputError(f"device {config.device!r}: use {' or '.join(DEVICES)}")
+    if not 0 <= config.start_step < config.steps:
+        raise InvalidInputError(f"nothing to run: start_step {config.start_step} is not below steps {config.steps}")
+    if config.world_size is not None and config.world_size != layout.world_size:
+        raise InvalidInputError(f"world_size {config.world_size} but the plan uses {layout.world_size} devices")
+    if config.schedule is not None and config.schedule not in _core.ASYNCHRONOUS_SCHEDULES:
+        raise InvalidInputError(
+            f"schedule {config.schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
+    check_optimizer(config.schedule, config.optimizer)
+    if any(r >= layout.world_size for r in config.slowdown):
+        raise InvalidInputError(f"rank {max(config.slowdown)} is not a rank of the plan (0..{layout.world_size - 1})",
+                                field="slowdown")
+    if config.device == "cuda" and visible_gpus is not None and visible_gpus < layout.world_size:
+        raise IncompatibleInputsError(
+            f"the plan uses {layout.world_size} devices, this machine shows {visible_gpus} GPUs")
+
+
+def check_layer_count(layout: Layout, n_layers: int, model: str = "the model") -> None:
+    """The plan's stages must end at the model's last layer."""
+    end = layout.layer_ranges[-1][1]
+    if end != n_layers:
+        raise IncompatibleInputsError(f"the plan's stages end at layer {end}, {model} has {n_layers} layers")
+
+
+@dataclass
+class Job:
+    """Everything a rank needs to train: picklable, handed to launched
+    workers. ``lists``: each stage's list of passes (``_core.Pass``), by its
+    length in mini-batches (``schedule.run_lists``)."""
+
+    config: RunConfig
+    layout: Layout
+    lists: dict[int, list[list[_core.Pass]]]
+
+    @classmethod
+    def of(cls, plan: Plan, config: RunConfig, layout: Layout) -> "Job":
+        """The job of ``plan`` under ``config`` (its schedule resolved)."""
+        lengths = {b - a for a, b in run_segments(config.start_step, config.steps, config.schedule,
+                                                  config.checkpoint_every, config.eval_every)}
+        return cls(config, layout, run_lists(plan.core, config.schedule, lengths))
+
+    def segments(self) -> list[tuple[int, int]]:
+        """The steps ``[a, b)`` of each list this job's ranks walk."""
+        c = self.config
+        return run_segments(c.start_step, c.steps, c.schedule, c.checkpoint_every, c.eval_every)

@@ -1,0 +1,170 @@
+"""The one loop every schedule runs: a rank walks its stage's list of
+passes (``_core.Pass``, typed by the core: ``F3``, ``B3``, ``AR``, ``OPT``
+with the weights of each forward and backward) in order, one handler per
+kind of action, as ``torch.distributed.pipelining`` executes its
+``_Action`` lists.
+
+- ``F``: the input (the global batch's rows on the first stage, the
+  previous stage's outputs elsewhere), the stage's forward, then the loss
+  (last stage) or the send to the next stage.
+- ``B``: the gradient of the output (received from the next stage; none on
+  the last, whose output is the loss), the stage's backward, then the
+  input's gradient sent back.
+- ``AR``: the stage's gradients summed over its replicas.
+- ``OPT``: one optimizer step on the accumulated gradients.
+
+How a forward and a backward compute, and what they keep in between, is the
+mode's (``compute.py``): the graph kept (synchronous schedules) or the
+forward re-run on versioned weights (asynchronous ones). A list covers one
+mini-batch (synchronous) or many (asynchronous); the last stage's loss on a
+slice of n samples is scaled to the mean over the global batch
+(``training.scaled_loss``). The list ends with this rank's sends complete.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .. import _core
+from .compute import KeptGraph, Replayed
+from .config import Job
+from .rank import RankSetup
+from .training import scaled_loss
+
+
+@dataclass
+class ListRun:
+    """What walking one list measured. Times in seconds."""
+
+    #: The last stage's loss of each mini-batch of the list (its slices'
+    #: scaled losses added up; empty on other stages).
+    losses: dict[int, float] = field(default_factory=dict)
+    #: Seconds from the list's start to each update, one per mini-batch.
+    update_s: list[float] = field(default_factory=list)
+    #: Most micro-batches whose activations were held at once.
+    peak_in_flight: int = 0
+    #: Forwards and backwards, less the waits in their receives.
+    compute_s: float = 0.0
+    recv_wait_s: float = 0.0
+    allreduce_s: float = 0.0
+    optimizer_s: float = 0.0
+    #: Waiting, at the list's end, for its sends to complete.
+    send_wait_s: float = 0.0
+
+
+class Executor:
+    """Runs lists of passes on one rank: ``Executor(ctx, job).run(passes,
+    first_step, trace)``. ``trace``, when given, receives the actions run
+    before the list's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
+    the stage reduces, ``"OPT"``)."""
+
+    def __init__(self, ctx: RankSetup, job: Job, predictor=None):
+        self.ctx = ctx
+        self.config = job.config
+        # Asked of the core once, not at every pass.
+        self.micro_batches = job.layout.micro_batches
+        self.micro_batch_size = job.layout.micro_batch_size
+        self.global_batch_size = job.layout.global_batch_size
+        self.predictor = predictor
+        self._handlers = {"F": self._forward, "B": self._backward, "AR": self._all_reduce, "OPT": self._update}
+
+    def run(self, passes: Sequence[_core.Pass], first_step: int, trace: list[str] | None = None) -> ListRun:
+        ctx = self.ctx
+        if self.config.schedule is None:
+            self.mode: Any = KeptGraph(ctx, self.config.recompute)
+        else:
+            self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches)
+        self.first_step, self.trace, self.updates = first_step, trace, 0
+        self.batches: dict[int, Any] = {}
+        self.result = ListRun()
+        ctx.comm.recv_s = 0.0
+        for p in ctx.params:
+            p.grad = None
+        self.t_start = time.perf_counter()
+        for p in passes:
+            self._handlers[p.action.kind](p)
+        t0 = time.perf_counter()
+        ctx.comm.wait_all()
+        self.result.send_wait_s = time.perf_counter() - t0
+        self.result.recv_wait_s = ctx.comm.recv_s
+        return self.result
+
+    def _traced(self, action: _core.Action) -> None:
+        if self.trace is not None and self.updates == 0:
+            self.trace.append(str(action))
+
+    def _batch(self, mini_batch: int):
+        """The global batch of the list's ``mini_batch``, drawn once."""
+        if mini_batch not in self.batches:
+            step = self.first_step + mini_batch
+            x_all, y_all = self.config.batches[step % len(self.config.batches)]
+            if x_all.shape[0] != self.global_batch_size:
+                raise ValueError(f"batch {step} has {x_all.shape[0]} samples, "
+                                 f"the plan needs {self.global_batch_size}")
+            self.batches[mini_batch] = (x_all, y_all)
+        return self.batches[mini_batch]
+
+    def _rows(self, p: _core.Pass, which: int) -> torch.Tensor:
+        """This replica's rows of the pass's micro-batch: inputs (0) or targets (1)."""
+        base = (p.action.micro_batch % self.micro_batches) * self.micro_batch_size
+        return self._batch(p.mini_batch)[which][base + self.ctx.lo : base + self.ctx.hi].to(self.ctx.dev)
+
+    def _loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
+        c = self.config
+        n = self.ctx.hi - self.ctx.lo
+        return scaled_loss(c.loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
+
+    def _timed_pass(self, work, p: _core.Pass) -> None:
+        self._traced(p.action)
+        t0, recv_before = time.perf_counter(), self.ctx.comm.recv_s
+        work(p)
+        self.result.compute_s += time.perf_counter() - t0 - (self.ctx.comm.recv_s - recv_before)
+
+    def _forward(self, p: _core.Pass) -> None:
+        self._timed_pass(self._run_forward, p)
+
+    def _backward(self, p: _core.Pass) -> None:
+        self._timed_pass(self._run_backward, p)
+
+    def _run_forward(self, p: _core.Pass) -> None:
+        ctx, t = self.ctx, p.action.micro_batch
+        x = self._rows(p, 0) if ctx.first else ctx.links.receive_input(t)
+        out = self.mode.forward(p, x)
+        if ctx.last:
+            out = self._loss(out, p)
+            losses = self.result.losses
+            losses[p.mini_batch] = losses.get(p.mini_batch, 0.0) + float(out.detach())
+        else:
+            ctx.links.send_output(out, t)
+        self.mode.keep(p, x, out)
+        self.result.peak_in_flight = max(self.result.peak_in_flight, self.mode.in_flight())
+
+    def _run_backward(self, p: _core.Pass) -> None:
+        ctx, t = self.ctx, p.action.micro_batch
+        out, x = self.mode.replay(p, self._loss)
+        grad = None if ctx.last else ctx.links.receive_output_grad(out, t)
+        self.mode.differentiate(out, grad, x)
+        if not ctx.first:
+            ctx.links.send_input_grad(x.grad if x.grad is not None else torch.zeros_like(x), t)
+
+    def _all_reduce(self, p: _core.Pass) -> None:
+        t0 = time.perf_counter()
+        if self.ctx.reduce_gradients(skip=self.config.skip_allreduce):
+            self._traced(p.action)
+        self.result.allreduce_s += time.perf_counter() - t0
+
+    def _update(self, p: _core.Pass) -> None:
+        self._traced(p.action)
+        t0 = time.perf_counter()
+        self.mode.before_update(self.updates)
+        self.ctx.step_optimizer()
+        self.updates += 1
+        self.batches.pop(self.updates - 1, None)
+        self.ctx.comm.reap()
+        now = time.perf_counter()
+        self.result.optimizer_s += now - t0
+        self.result.update_s.append(now - self.t_start)

@@ -1,0 +1,207 @@
+"""One rank once its process group is up: its stage's layers and optimizer
+(built afresh or resumed from a checkpoint), its process group, its peers
+and its transport (:class:`RankSetup`, made by :func:`open_rank`), and the
+collectives on them: the gradient AllReduce among a stage's replicas and
+the checkpoint every rank saves."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import Job, check_layer_count
+from .data import SeededBatches
+from .memory import PeakMemory
+from .training import layers_of, make_optimizer
+from .transport import PointToPoint, StageLinks
+
+
+def log_line(text: str) -> None:
+    """Writes one line to stderr in a single write. Ranks started by torchrun
+    share one stderr; print() writes the text and its newline separately, so
+    another rank's line could land between them (as CI once saw)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def rank_device(device: str, rank: int) -> torch.device:
+    """The device of ``rank``: the CPU, or the GPU of its local rank
+    (``LOCAL_RANK`` under torchrun, the rank itself for local processes)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if local >= torch.cuda.device_count():
+        raise ValueError(f"rank {rank} needs GPU {local}, only {torch.cuda.device_count()} visible")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def allreduce_grads(params: list[nn.Parameter], group) -> None:
+    """Sum the gradients of ``params`` over ``group``, as one flat tensor."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
+
+
+@dataclass
+class RankSetup:
+    """What one rank holds once its process group is up: its stage's layers
+    and optimizer, its peers and its transport."""
+
+    rank: int
+    stage: int
+    replica: int
+    first: bool
+    last: bool
+    layer_range: tuple[int, int]
+    dev: torch.device
+    layers: list[nn.Module]
+    module: nn.Module
+    params: list[nn.Parameter]
+    opt: Any
+    #: The stage's process group (None for a stage of one replica).
+    group: Any
+    comm: PointToPoint
+    links: StageLinks
+    #: Samples [lo, hi) of every micro-batch this replica computes.
+    lo: int
+    hi: int
+    meter: PeakMemory
+    slow: float
+    #: Saved state beyond the model and the optimizer, from the checkpoint
+    #: resumed (None when starting afresh).
+    resumed: dict | None = None
+
+    def computed(self, work):
+        """``work()``, made ``slow`` times longer when the experiment asks."""
+        if self.slow == 1.0:
+            return work()
+        t0 = time.perf_counter()
+        result = work()
+        time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+        return result
+
+    def reduce_gradients(self, skip: bool = False) -> bool:
+        """Sum the stage's gradients over its replicas; False when there is
+        nothing to reduce (one replica, or the testing hook ``skip``)."""
+        if self.group is None or skip:
+            return False
+        allreduce_grads(self.params, self.group)
+        return True
+
+    def step_optimizer(self) -> None:
+        """One optimizer step on the gradients accumulated (zeros for a
+        parameter without one), then the gradients are let go."""
+        if self.opt is not None:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.opt.step()
+        for p in self.params:
+            p.grad = None
+
+    def save_checkpoint(self, checkpoint_dir: str, done: int, **extra) -> None:
+        """Save this rank's stage after ``done`` steps; rank 0 marks the step
+        complete once every rank has saved."""
+        from . import checkpoint as ckpt
+
+        ckpt.save_rank(checkpoint_dir, done, self.rank, {
+            "step": done,
+            "rank": self.rank,
+            "stage": self.stage,
+            "layer_range": list(self.layer_range),
+            "model": self.module.state_dict(),
+            "optimizer": self.opt.state_dict() if self.opt is not None else None,
+            **extra,
+        })
+        dist.barrier()  # every rank's file is on disk
+        if self.rank == 0:
+            ckpt.write_latest(checkpoint_dir, done)
+
+
+def _resume(module: nn.Module, opt, job: Job, rank: int, layer_range: tuple[int, int]) -> dict | None:
+    """Load this rank's stage from the checkpoint the job resumes, if any."""
+    config = job.config
+    if not config.start_step:
+        return None
+    from . import checkpoint as ckpt
+
+    resumed = ckpt.load_rank(config.checkpoint_dir, config.start_step, rank)
+    if resumed["step"] != config.start_step or tuple(resumed["layer_range"]) != layer_range:
+        raise ValueError(
+            f"checkpoint step {config.start_step} rank {rank} holds layers {resumed['layer_range']} "
+            f"at step {resumed['step']}, this plan gives the rank layers {layer_range}"
+        )
+    module.load_state_dict(resumed["model"])
+    if opt is not None:
+        opt.load_state_dict(resumed["optimizer"])
+    return resumed
+
+
+def open_rank(rank: int, job: Job) -> RankSetup:
+    """Build this rank's stage (from the checkpoint when resuming), its
+    process groups and its peers; the process group must be up."""
+    lay, config = job.layout, job.config
+    stage, replica = lay.where(rank)
+    me = lay.stages[stage].replicas[replica]
+    a, b = lay.layer_ranges[stage]
+
+    torch.manual_seed(config.seed)
+    made = config.layers_factory()
+    all_layers = layers_of(made)
+    if isinstance(config.batches, SeededBatches):
+        config.batches.use_maker(getattr(made, "make_batch", None))
+    check_layer_count(lay, len(all_layers))
+    layers = all_layers[a:b]
+    del all_layers, made  # the other stages' layers are not this rank's to keep
+    dev = rank_device(config.device, rank)
+    module = nn.Sequential(*layers).to(dev)
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = make_optimizer(params, config.optimizer, config.lr)
+    resumed = _resume(module, opt, job, rank, (a, b))
+
+    # Process groups: created by every rank, in stage order.
+    groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
+    comm = PointToPoint(dev)
+    return RankSetup(
+        rank=rank,
+        stage=stage,
+        replica=replica,
+        first=stage == 0,
+        last=stage == len(lay.stages) - 1,
+        layer_range=(a, b),
+        dev=dev,
+        layers=layers,
+        module=module,
+        params=params,
+        opt=opt,
+        group=groups[stage],
+        comm=comm,
+        links=StageLinks(comm, [(p.rank, (p.start, p.end)) for p in me.receives_from],
+                         [(p.rank, (p.start, p.end)) for p in me.sends_to], me.start),
+        lo=me.start,
+        hi=me.end,
+        # The peak of the training iterations, from the size after the stage
+        # and its optimizer were built (Adam's state arrives with the first step).
+        meter=PeakMemory(cuda=dev.type == "cuda"),
+        slow=config.slowdown.get(rank, 1.0),
+        resumed=resumed,
+    )

@@ -1,0 +1,137 @@
+//! The core's run layout (`layout.rs`: what each process of a run does) as
+//! frozen classes the runtime asks; it derives nothing of its own.
+
+use dapple_core::layout::{Peer, ReplicaLayout, RunLayout, StageLayout};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::schedule::PyAction;
+
+/// Samples `[start, end)` of each micro-batch exchanged with `rank`.
+#[pyclass(frozen, get_all, module = "planner._core", name = "Peer")]
+#[derive(Clone)]
+pub struct PyPeer {
+    rank: u32,
+    start: u32,
+    end: u32,
+}
+
+impl From<&Peer> for PyPeer {
+    fn from(p: &Peer) -> Self {
+        PyPeer {
+            rank: p.rank,
+            start: p.start,
+            end: p.end,
+        }
+    }
+}
+
+/// One replica of a stage: its rank, its samples `[start, end)` of every
+/// micro-batch, and the ranks it receives its input from and sends its
+/// output to, in order.
+#[pyclass(frozen, get_all, module = "planner._core", name = "ReplicaLayout")]
+#[derive(Clone)]
+pub struct PyReplicaLayout {
+    rank: u32,
+    start: u32,
+    end: u32,
+    receives_from: Vec<PyPeer>,
+    sends_to: Vec<PyPeer>,
+}
+
+impl From<&ReplicaLayout> for PyReplicaLayout {
+    fn from(r: &ReplicaLayout) -> Self {
+        PyReplicaLayout {
+            rank: r.rank,
+            start: r.start,
+            end: r.end,
+            receives_from: r.receives_from.iter().map(PyPeer::from).collect(),
+            sends_to: r.sends_to.iter().map(PyPeer::from).collect(),
+        }
+    }
+}
+
+/// One stage: its layers, its replicas (by replica index) and its action
+/// list (forwards and backwards, then "AR" and "OPT").
+#[pyclass(frozen, get_all, module = "planner._core", name = "StageLayout")]
+#[derive(Clone)]
+pub struct PyStageLayout {
+    layer_start: usize,
+    layer_end: usize,
+    replicas: Vec<PyReplicaLayout>,
+    actions: Vec<PyAction>,
+}
+
+impl From<&StageLayout> for PyStageLayout {
+    fn from(s: &StageLayout) -> Self {
+        PyStageLayout {
+            layer_start: s.layer_start,
+            layer_end: s.layer_end,
+            replicas: s.replicas.iter().map(PyReplicaLayout::from).collect(),
+            actions: s.actions.iter().copied().map(PyAction).collect(),
+        }
+    }
+}
+
+/// What each process of a run does (`layout::RunLayout`), from `Plan.layout`.
+/// Picklable, so launched workers get it as it is.
+#[pyclass(frozen, module = "planner._core", name = "RunLayout")]
+pub struct PyRunLayout(pub(crate) RunLayout);
+
+#[pymethods]
+impl PyRunLayout {
+    /// Rebuild a layout from `to_json`'s text (pickling).
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Self> {
+        serde_json::from_str(text)
+            .map(PyRunLayout)
+            .map_err(|e| PyValueError::new_err(format!("not a run layout: {e}")))
+    }
+    fn to_json(&self) -> String {
+        serde_json::to_string(&self.0).expect("a layout always serializes")
+    }
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        Ok((slf.get_type().getattr("from_json")?, (slf.get().to_json(),)))
+    }
+    /// Used device ids, ascending: rank r runs on `devices[r]`.
+    #[getter]
+    fn devices<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.0.devices)
+    }
+    #[getter]
+    fn micro_batch_size(&self) -> u32 {
+        self.0.micro_batch_size
+    }
+    #[getter]
+    fn micro_batches(&self) -> u32 {
+        self.0.micro_batches
+    }
+    #[getter]
+    fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.0.stages.iter().map(PyStageLayout::from))
+    }
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    #[getter]
+    fn global_batch_size(&self) -> u32 {
+        self.0.global_batch_size()
+    }
+    /// (stage, replica index) of `rank`; ValueError when the run has no such rank.
+    #[pyo3(name = "where")]
+    fn where_(&self, rank: u32) -> PyResult<(usize, usize)> {
+        self.0
+            .position(rank)
+            .ok_or_else(|| PyValueError::new_err(format!("rank {rank} is not in the plan")))
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPeer>()?;
+    m.add_class::<PyReplicaLayout>()?;
+    m.add_class::<PyStageLayout>()?;
+    m.add_class::<PyRunLayout>()?;
+    Ok(())
+}
