@@ -9,6 +9,7 @@ from planner.files import check_writable
 
 from .options import FILE_PATH, count_option_type, reports_errors
 from .profile_model import profile_model_command
+from .profile_transformer import profile_transformer_command
 
 
 @click.group("profile")
@@ -72,3 +73,4 @@ def merge(profile_paths, out_path):
 
 
 profile_group.add_command(profile_model_command, "model")
+profile_group.add_command(profile_transformer_command, "transformer")

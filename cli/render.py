@@ -31,8 +31,11 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         out.print("split (model layers per stage): " + ":".join(str(b) for b in blocks))
     t = Table(show_edge=False, pad_edge=False)
     columns = ["stage", "layers", "GPUs", "K", "fwd ms", "bwd ms", "allreduce ms", "bubble ms", "memory GiB", "placement"]
+    shaped = any(stage_shape(s) for s in plan.stages)
+    if shaped:
+        columns.insert(3, "shape")
     for col in columns:
-        t.add_column(col, justify="left" if col in ("layers", "GPUs", "placement") else "right")
+        t.add_column(col, justify="left" if col in ("layers", "GPUs", "placement", "shape") else "right")
     for i, s in enumerate(plan.stages):
         e = est["stages"][i] if est else {}
         names = ""
@@ -45,6 +48,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             str(i),
             f"{s['layer_start']}-{s['layer_end'] - 1}{names}",
             f"{len(s['devices'])}: {device_ranges(s['devices'])}",
+            *([stage_shape(s) or "plain"] if shaped else []),
             str(s["warmup_micro_batches"]),
             f"{e.get('fwd_ms', 0):.2f}",
             f"{e.get('bwd_ms', 0):.2f}",
@@ -59,7 +63,9 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             out.print(f"transfer {i}->{i + 1}: {tr['bytes'] / 1e6:.2f} MB per micro-batch, {tr['fwd_ms']:.2f} ms each way")
         out.print(
             f"iteration {plan.iteration_ms:.1f} ms (simulated); speedup {est['speedup']:.2f}x over one GPU, "
-            f"{est['samples_per_second']:.1f} samples/s, peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
+            f"{est['samples_per_second']:.1f} samples/s, "
+            + (f"MFU {est['mfu']:.3f}, " if est.get("mfu") is not None else "")
+            + f"peak memory {est['peak_memory_bytes'] / GIB:.2f} GiB"
             + ("" if est["fits_memory"] else "  ** DOES NOT FIT IN MEMORY **")
         )
         out.print(
@@ -95,6 +101,18 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         total = plan.topology.num_devices
         if used < total:
             out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
+
+
+def stage_shape(stage: dict) -> str:
+    """How a stage runs besides replicas, e.g. "t=8, ZeRO-1, recompute";
+    empty for a plain stage."""
+    t = stage.get("tensor_parallel", 1)
+    parts = [f"t={t} x r={len(stage['devices']) // t}"] if t > 1 else []
+    if stage.get("shard_optimizer"):
+        parts.append("ZeRO-1")
+    if stage.get("recompute", "none") != "none":
+        parts.append(f"recompute {stage['recompute']}")
+    return ", ".join(parts)
 
 
 def _short(name: str, width: int = 24) -> str:

@@ -28,9 +28,16 @@ from .errors import (
     RunFailedError,
 )
 from .plan import SEARCH_SPACES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
-from .profile import Profile, calibrate_stored_activations, import_artifact_profile, merge_profiles
+from .profile import (
+    MODEL_CONFIGS,
+    Profile,
+    calibrate_stored_activations,
+    import_artifact_profile,
+    merge_profiles,
+    transformer_profile,
+)
 from .simulation import Simulation, simulate
-from .topology import PRESETS, Topology
+from .topology import GPU_TYPES, PRESETS, Topology
 
 __all__ = [
     "__version__",
@@ -44,6 +51,7 @@ __all__ = [
     "LimitExceededError",
     "Plan",
     "PRESETS",
+    "GPU_TYPES",
     "Profile",
     "RunFailedError",
     "RunMetrics",
@@ -59,6 +67,8 @@ __all__ = [
     "compare",
     "evaluate",
     "import_artifact_profile",
+    "transformer_profile",
+    "MODEL_CONFIGS",
     "merge_profiles",
     "layout_plan",
     "plan",

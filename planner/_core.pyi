@@ -14,6 +14,8 @@ SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 ERROR_CODES: tuple[str, ...]
+MODEL_CONFIGS: tuple[str, ...]
+GPU_TYPES: dict[str, dict[str, Any]]
 MAX_PASSES: int
 MAX_PASSES_CEILING: int
 DEFAULT_MAX_SEARCH_BYTES: int
@@ -177,6 +179,17 @@ def import_artifact_profile(
     origin: str | None = None,
     device: str | None = None,
     optimizer: str = "adam",
+) -> Profile: ...
+def transformer_profile(
+    *,
+    model: str,
+    gpu: str,
+    seq_len: int,
+    micro_batch_sizes: list[int],
+    efficiency: float,
+    name: str | None = None,
+    text: str | None = None,
+    source: str | None = None,
 ) -> Profile: ...
 def search(
     profile: Profile,

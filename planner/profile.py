@@ -89,6 +89,33 @@ def import_artifact_profile(
     return Profile(core)
 
 
+#: Model configs shipped with dapple (Hugging Face config.json files), by name.
+MODEL_CONFIGS: tuple[str, ...] = _core.MODEL_CONFIGS
+
+
+def transformer_profile(
+    config: str | os.PathLike,
+    *,
+    gpu: str,
+    seq_len: int,
+    micro_batch_sizes: list[int] | tuple[int, ...] = (1, 2, 4, 8),
+    efficiency: float = 0.5,
+    model: str | None = None,
+) -> Profile:
+    """A profile of a decoder-only transformer without a GPU: ``config`` is a
+    shipped name (``MODEL_CONFIGS``) or a Hugging Face ``config.json``. Each
+    layer's time is its FLOPs over ``gpu``'s bf16 peak times ``efficiency``
+    (docs/cost-model.md, "Transformer profiles")."""
+    sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
+    common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency)
+    if str(config) in MODEL_CONFIGS:
+        core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
+    else:
+        name = model or os.path.splitext(os.path.basename(config))[0]
+        core = _core.transformer_profile(model=name, text=read_text(config), source=str(config), **common)
+    return Profile(core)
+
+
 def calibrate_stored_activations(profile: Profile, peak_memory_bytes: float, batch_size: int) -> Profile:
     """Scale every layer's stored-activation bytes so that one GPU training
     the whole model at ``batch_size`` needs ``peak_memory_bytes``.

@@ -11,6 +11,9 @@ from .fileobject import FileObject
 #: The paper's clusters by preset name, as specs (the core's table).
 PRESETS: dict[str, str] = dict(_core.PRESETS)
 
+#: GPU types specs may name, with memory, peaks, links and sources (the core's catalog).
+GPU_TYPES: dict[str, dict] = dict(_core.GPU_TYPES)
+
 
 @dataclass(frozen=True)
 class Topology(FileObject):

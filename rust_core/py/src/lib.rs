@@ -23,6 +23,7 @@ mod schedule;
 mod search;
 mod simulation;
 mod topology;
+mod transformer;
 
 /// Raise a core error as the matching `planner.errors` class.
 pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
@@ -221,6 +222,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     regress::register(m)?;
     search::register(m)?;
     schedule::register(m)?;
+    transformer::register(m)?;
     layout::register(m)?;
     Ok(())
 }

@@ -1,0 +1,56 @@
+use dapple_core::gpus::GPU_TYPES;
+use dapple_core::transformer::{transformer_profile as generate, TransformerConfig, TransformerOptions, MODELS};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::profile::PyProfile;
+use crate::{to_py_err, with_source};
+
+/// A profile of a transformer without a GPU: from a shipped config `name`,
+/// or from a Hugging Face `config.json`'s `text` (`source` names its file
+/// in errors); `model` is the name it records.
+#[pyfunction]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency, name=None, text=None, source=None))]
+#[allow(clippy::too_many_arguments)]
+fn transformer_profile(
+    model: &str,
+    gpu: String,
+    seq_len: u64,
+    micro_batch_sizes: Vec<u32>,
+    efficiency: f64,
+    name: Option<&str>,
+    text: Option<&str>,
+    source: Option<&str>,
+) -> PyResult<PyProfile> {
+    let config = match (name, text) {
+        (Some(name), _) => TransformerConfig::named(name),
+        (None, Some(text)) => TransformerConfig::from_json(text),
+        (None, None) => Err(dapple_core::Error::invalid("give a shipped config name or a config.json's text")),
+    }
+    .map_err(|e| to_py_err(with_source(e, source)))?;
+    let options = TransformerOptions { gpu, seq_len, micro_batch_sizes, efficiency };
+    let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
+    Ok(PyProfile::new(p, None))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(transformer_profile, m)?)?;
+    let py = m.py();
+    m.add("MODEL_CONFIGS", crate::names(py, MODELS.iter().map(|(name, _)| *name).collect())?)?;
+    let gpus = PyDict::new(py);
+    for g in &GPU_TYPES {
+        let figures = PyDict::new(py);
+        figures.set_item("aliases", g.aliases.to_vec())?;
+        figures.set_item("memory_bytes", g.memory_bytes)?;
+        figures.set_item("bf16_tflops", g.bf16_tflops)?;
+        figures.set_item("fp32_tflops", g.fp32_tflops)?;
+        figures.set_item("nvlink_gbps", g.nvlink_gbps)?;
+        figures.set_item("pcie_gbps", g.pcie_gbps)?;
+        figures.set_item("network_gbps_per_gpu", g.network_gbps_per_gpu)?;
+        figures.set_item("server", g.server)?;
+        figures.set_item("source", g.source)?;
+        gpus.set_item(g.name, figures)?;
+    }
+    m.add("GPU_TYPES", gpus)?;
+    Ok(())
+}
