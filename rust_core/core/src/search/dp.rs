@@ -1194,3 +1194,229 @@ pub(crate) fn concrete_allocs(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    //! Small literal cases, worked out by hand. Layers store no activations,
+    //! so transfers cost nothing and memory is the model state alone
+    //! (weights, gradients and Adam's two slots: 4x the parameters). One
+    //! stage of fwd+bwd time T_q per micro-batch, M micro-batches:
+    //! formula (2) is M T_1 alone; for two stages, front to back,
+    //! max(M T_1, T_1 + M T_2).
+    use super::*;
+    use crate::profile::{chain_profile, LayerCosts, Measurement, Profile};
+    use crate::search::space::SearchSpace;
+    use crate::topology::Topology;
+
+    /// Layers of (fwd_ms, bwd_ms, param_bytes), measured at batch sizes 1
+    /// and 2 (twice the time), with no activations.
+    fn chain(layers: &[(f64, f64, u64)]) -> Profile {
+        let times: Vec<(f64, f64)> = layers.iter().map(|&(f, b, _)| (f, b)).collect();
+        let mut profile = chain_profile(&times, 1);
+        for (layer, &(f, b, params)) in profile.layers.iter_mut().zip(layers) {
+            layer.param_bytes = params;
+            layer.measurements = [1, 2]
+                .map(|batch| Measurement {
+                    batch_size: batch,
+                    fwd_ms: f * f64::from(batch),
+                    bwd_ms: b * f64::from(batch),
+                    activation_bytes: 0,
+                    stored_activation_bytes: None,
+                })
+                .to_vec();
+        }
+        profile.validate().unwrap();
+        profile
+    }
+
+    /// A plan as its stages front to back: (layer_start, layer_end, GPUs).
+    type Stages = Vec<(usize, usize, u32)>;
+
+    fn front_to_back(found: &Found) -> Stages {
+        found
+            .stages
+            .iter()
+            .rev()
+            .map(|&(s, e, _, r)| (s, e, r))
+            .collect()
+    }
+
+    /// What one DP run over `profile` on `spec` (GPUs of `memory_bytes`,
+    /// where given) finds with micro-batches of `b` samples, `m` of them,
+    /// under policy A's memory rule: the best plan (value and stages), the
+    /// best of each other stage count, and the states it made.
+    struct Outcome {
+        best: Option<(f64, Stages)>,
+        others: Vec<(f64, Stages)>,
+        states: usize,
+    }
+
+    fn run_dp(profile: &Profile, spec: &str, memory_bytes: Option<u64>, b: u32, m: u32) -> Outcome {
+        let layers = LayerCosts::new(profile);
+        let mut topology = Topology::from_spec(spec).unwrap();
+        if let Some(bytes) = memory_bytes {
+            topology.machine_groups[0].gpu.memory_bytes = bytes;
+        }
+        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let ctx = Context {
+            layers: &layers,
+            cluster: &cluster,
+            policy: WarmupPolicy::A,
+            min_slice: 1,
+            space: SearchSpace::Full,
+            layout: None,
+        };
+        let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![WarmupPolicy::A], None);
+        let best = dp.run().pop().flatten();
+        Outcome {
+            best: best.map(|f| (f.value, front_to_back(&f))),
+            others: dp
+                .other_stage_counts(0)
+                .iter()
+                .map(|f| (f.value, front_to_back(f)))
+                .collect(),
+            states: dp.states.len(),
+        }
+    }
+
+    #[test]
+    fn three_layers_on_two_gpus_literal_cases() {
+        // One sample per micro-batch, so each stage has one GPU. Plans: one
+        // stage (M x 12), or a cut after layer 1 or 2. States: the empty
+        // cluster, one GPU used with the suffix at each of layers 2, 1, 0,
+        // and both used at layer 0.
+        // (layers (fwd, bwd), M, best value, its stages, other stage counts)
+        type Case = ([(f64, f64); 3], u32, f64, Stages, Vec<(f64, Stages)>);
+        let cases: [Case; 4] = [
+            // Cut after 2: max(4x6, 6 + 4x6) = 30; after 1: max(4x3, 3 + 4x9) = 39.
+            (
+                [(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)],
+                4,
+                30.0,
+                vec![(0, 2, 1), (2, 3, 1)],
+                vec![(48.0, vec![(0, 3, 1)])],
+            ),
+            // Heavy first layer: cut after 1, max(4x6, 6 + 4x6) = 30; after
+            // 2: max(4x9, 9 + 4x3) = 36.
+            (
+                [(2.0, 4.0), (1.0, 2.0), (1.0, 2.0)],
+                4,
+                30.0,
+                vec![(0, 1, 1), (1, 3, 1)],
+                vec![(48.0, vec![(0, 3, 1)])],
+            ),
+            // More micro-batches: the slower stage dominates, 8 x 6 + 6 = 54.
+            (
+                [(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)],
+                8,
+                54.0,
+                vec![(0, 2, 1), (2, 3, 1)],
+                vec![(96.0, vec![(0, 3, 1)])],
+            ),
+            // One micro-batch: a pipeline gains nothing (every plan takes
+            // 6), and ties go to fewer stages. Of the two tied cuts, the
+            // suffix made first is kept (an equal one does not displace
+            // it): suffixes are extended from the last layer back, so the
+            // one starting at layer 2.
+            (
+                [(1.0, 1.0), (1.0, 1.0), (1.0, 1.0)],
+                1,
+                6.0,
+                vec![(0, 3, 1)],
+                vec![(6.0, vec![(0, 2, 1), (2, 3, 1)])],
+            ),
+        ];
+        for (k, (times, m, value, stages, others)) in cases.into_iter().enumerate() {
+            let profile = chain(&times.map(|(f, b)| (f, b, 1000)));
+            let out = run_dp(&profile, "1x2-nvlink", None, 1, m);
+            assert_eq!(out.best, Some((value, stages)), "case {k}");
+            assert_eq!(out.others, others, "case {k}");
+            assert_eq!(out.states, 5, "case {k}");
+        }
+    }
+
+    #[test]
+    fn replicas_split_a_micro_batch() {
+        // Two samples per micro-batch, M = 2, layers of 1 + 1 ms a sample.
+        // One stage on both GPUs (a sample each, no parameters to
+        // AllReduce): 2 x 4 = 8; on one GPU: 2 x 8 = 16; two stages of one
+        // GPU: max(2 x 4, 4 + 2 x 4) = 12.
+        let profile = chain(&[(1.0, 1.0, 0), (1.0, 1.0, 0)]);
+        let out = run_dp(&profile, "1x2-nvlink", None, 2, 2);
+        assert_eq!(out.best, Some((8.0, vec![(0, 2, 2)])));
+        assert_eq!(out.others, vec![(12.0, vec![(0, 1, 1), (1, 2, 1)])]);
+        // From the empty cluster: a stage on 1 GPU ending at layer 2 and
+        // starting at 1 or 0, one on both GPUs starting at 0; then from one
+        // GPU used at layer 1, a stage on the other.
+        assert_eq!(out.states, 5);
+    }
+
+    #[test]
+    fn stages_that_do_not_fit_in_memory_are_never_built() {
+        // Model state 4x the parameters: layers of 16, 4 and 4 kB.
+        let profile = chain(&[(1.0, 2.0, 4000), (1.0, 2.0, 1000), (2.0, 4.0, 1000)]);
+        // 18 kB GPUs: layers 0-1 (20 kB) cannot share one, so the cut
+        // after layer 2 (30 ms) is out and the cut after 1 (39 ms) wins.
+        let out = run_dp(&profile, "1x2-nvlink", Some(18_000), 1, 4);
+        assert_eq!(out.best, Some((39.0, vec![(0, 1, 1), (1, 3, 1)])));
+        assert!(out.others.is_empty(), "{:?}", out.others);
+        // 15 kB GPUs: layer 0 alone does not fit anywhere.
+        let out = run_dp(&profile, "1x2-nvlink", Some(15_000), 1, 4);
+        assert_eq!(out.best, None);
+    }
+
+    #[test]
+    fn the_walk_visits_the_layouts_below_its_bound_best_first() {
+        let profile = chain(&[(1.0, 2.0, 1000), (1.0, 2.0, 1000), (2.0, 4.0, 1000)]);
+        let layers = LayerCosts::new(&profile);
+        let topology = Topology::from_spec("1x2-nvlink").unwrap();
+        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let ctx = Context {
+            layers: &layers,
+            cluster: &cluster,
+            policy: WarmupPolicy::A,
+            min_slice: 1,
+            space: SearchSpace::Full,
+            layout: None,
+        };
+        // `lowers`: the visit returns the layout's value as the new bound
+        // (as if it simulated at its bound), else infinity.
+        let walk = |bound: f64, lowers: bool| -> Vec<(f64, Stages)> {
+            let mut dp = Dp::new(&ctx, 1, 4, Objective::Latency, vec![ctx.policy], None);
+            let mut seen = Vec::new();
+            let mut visit = |steps: &[Step], value: f64| {
+                let found = Found {
+                    value,
+                    stages: steps.to_vec(),
+                };
+                seen.push((value, front_to_back(&found)));
+                if lowers {
+                    value
+                } else {
+                    f64::INFINITY
+                }
+            };
+            let work_left = std::cell::Cell::new(u64::MAX);
+            let mut walk = LayoutWalk {
+                bound,
+                nodes_left: 1000,
+                work_left: &work_left,
+                complete: true,
+                visit: &mut visit,
+            };
+            dp.walk_layouts(&mut walk);
+            assert!(walk.complete);
+            seen
+        };
+        let cut_after_2 = (30.0, vec![(0, 2, 1), (2, 3, 1)]);
+        let cut_after_1 = (39.0, vec![(0, 1, 1), (1, 3, 1)]);
+        let one_stage = (48.0, vec![(0, 3, 1)]);
+        assert_eq!(
+            walk(f64::INFINITY, false),
+            vec![cut_after_2.clone(), cut_after_1.clone(), one_stage]
+        );
+        assert_eq!(walk(40.0, false), vec![cut_after_2.clone(), cut_after_1]);
+        // The first layout visited lowers the bound below every other.
+        assert_eq!(walk(f64::INFINITY, true), vec![cut_after_2]);
+    }
+}
