@@ -17,7 +17,7 @@ use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
-use super::space::{Context, SearchSpace};
+use super::space::{Context, SearchSpace, Space};
 
 /// What building, checking and estimating one plan costs, in simulated
 /// tasks, beyond its simulations (`cost_candidate`).
@@ -79,6 +79,14 @@ impl<'p> Ranking<'p> {
             ranked: Vec::new(),
             offered: 0,
         }
+    }
+
+    pub(crate) fn profile(&self) -> &'p Profile {
+        self.profile
+    }
+
+    pub(crate) fn warmup_policy(&self) -> WarmupPolicy {
+        self.warmup_policy
     }
 
     /// The fastest simulated iteration so far.
@@ -181,13 +189,12 @@ fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candid
 pub(crate) fn baseline_candidates(
     profile: &Profile,
     topology: &Topology,
-    cluster: &Cluster,
-    global_batch_size: u32,
-    min_slice: u32,
+    space: &Space,
     warmup_policy: WarmupPolicy,
 ) -> Result<Vec<Candidate>> {
+    let (global_batch_size, min_slice) = (space.global_batch_size, space.covering().min_slice);
     let mut kinds = vec![Baseline::Straight, Baseline::PipeDream];
-    if cluster.is_mixed() {
+    if space.cluster().is_mixed() {
         kinds.extend([Baseline::WhaleDataParallel, Baseline::WhalePipeline]);
     }
     let mut candidates = Vec::new();

@@ -1,7 +1,9 @@
 //! The dynamic program of the search (section IV-C of the paper) over
 //! (layers planned, cluster state), for one micro-batch size, and the walk
-//! over every layout whose bound is below a given time. `search.rs` runs it
-//! per micro-batch size and ranks what it finds by simulation.
+//! over every layout whose bound is below a given time. What a stage may be
+//! comes from the space (`space::Context`); `passes.rs` runs the DP per
+//! micro-batch size, `walk.rs` runs its walk, and `candidate.rs` ranks what
+//! they find by simulation.
 //!
 //! Pipelines are built from the last stage to the first. A partial plan is a
 //! suffix of stages covering layers `j..N`; prepending a stage of layers

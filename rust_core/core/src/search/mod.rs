@@ -134,25 +134,20 @@ pub(crate) fn search_offering(
     offered: Offered,
 ) -> Result<SearchResult> {
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
-    let gbs = opts.global_batch_size;
-    if gbs == 0 {
-        return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
-    }
-    let min_slice = profile.min_slice(opts.min_micro_batch_size);
-    let sizes = searched_micro_batch_sizes(gbs, min_slice, opts.micro_batch_sizes.as_deref())?;
+    let (min_slice, sizes) = micro_batch_split(profile, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
-    // 1. The space.
+    // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
     let space = Space::new(
         &layers,
         &cluster,
         opts.search_space,
         opts.warmup_policy,
         min_slice,
-        gbs,
+        opts.global_batch_size,
         sizes,
     );
-    // 2. The DP passes.
+    // 2. The DP passes: each rule's best plans, and the space's bound.
     let budget = MemoryBudget::new(opts.max_search_bytes);
     let passes = run_passes(&space, &budget)?;
     let mut stats = SearchStats {
@@ -165,56 +160,25 @@ pub(crate) fn search_offering(
     if !lower_bound_ms.is_finite() {
         return Err(explain_infeasible(&space, &budget));
     }
-    let inputs = PlanInputs::new(
-        profile,
-        topology,
-        gbs,
-        min_slice,
-        space.space().name(),
-        opts.profile_path.clone(),
-    );
-    // 3. Candidates, ranked by simulation.
+    let inputs = plan_inputs(profile, topology, &space, opts);
+    // 3. Candidates, costed and ranked by simulation.
     let mut ranking = Ranking::new(profile, opts.warmup_policy);
-    let mut first = searched_candidates(&space, &inputs, &passes.bests, |_, _| true);
-    // Up to 16 GPUs the baselines' layouts are candidates too: there they
-    // are cheap, and a plan that loses to a baseline would be a defect the
-    // walk's budget could leave in place. On larger clusters a straight
-    // pipeline has a stage per layer and PipeDream's DP is quadratic in the
-    // GPUs; there the search's own candidates and the walk must do.
-    if sizes_alone(&space) && offered == Offered::WithBaselines {
-        first.extend(baseline_candidates(
-            profile,
-            topology,
-            &cluster,
-            gbs,
-            min_slice,
-            opts.warmup_policy,
-        )?);
-    }
-    ranking.offer(first, f64::INFINITY)?;
+    let baselines_on = (offered == Offered::WithBaselines).then_some(topology);
+    offer_first_candidates(&mut ranking, &space, &inputs, &passes, baselines_on)?;
     offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
     offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
-    if ranking.ranked.is_empty() {
+    let Some(fastest_ms) = ranking.fastest_ms() else {
         return Err(explain_infeasible(&space, &budget));
-    }
-    // 4. The walk below the fastest simulated time.
+    };
+    // 4. The walk over every other layout that could simulate faster.
     let order = walk::walk_order(&space, &passes, sizes_alone(&space));
-    let fastest_ms = ranking.fastest_ms().expect("ranked");
     let walked = walk::walk(&space, &inputs, profile, order, fastest_ms, lower_bound_ms)?;
     let candidates = ranking.offered;
     if let Some(plan) = walked.fastest {
         ranking.add_costed(plan);
     }
-    // 5. Refinement, around the chosen plan.
-    let chosen = &ranking.ranked[0];
-    let refined = if opts.refine && cluster.num_devices() <= REFINE_MAX_DEVICES {
-        let r =
-            refine_from_two_starts(&chosen.plan, profile, &inputs, &layers, &cluster, min_slice)?;
-        stats.refine_plans_costed = r.plans_costed;
-        (r.moves_kept > 0).then_some(r)
-    } else {
-        None
-    };
+    // 5. Refinement around the chosen plan.
+    let refined = refine_chosen(&ranking, &space, &inputs, opts, &mut stats)?;
     let record = Record {
         candidates,
         lower_bound_ms,
@@ -222,6 +186,63 @@ pub(crate) fn search_offering(
     };
     let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
     Ok(SearchResult { plan, stats })
+}
+
+/// The smallest slice a GPU may get, and the micro-batch sizes searched.
+fn micro_batch_split(profile: &Profile, opts: &SearchOptions) -> Result<(u32, Vec<u32>)> {
+    let gbs = opts.global_batch_size;
+    if gbs == 0 {
+        return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
+    }
+    let min_slice = profile.min_slice(opts.min_micro_batch_size);
+    let requested = opts.micro_batch_sizes.as_deref();
+    Ok((
+        min_slice,
+        searched_micro_batch_sizes(gbs, min_slice, requested)?,
+    ))
+}
+
+/// What every plan of this search records of its inputs.
+fn plan_inputs(
+    profile: &Profile,
+    topology: &Topology,
+    space: &Space,
+    opts: &SearchOptions,
+) -> PlanInputs {
+    PlanInputs::new(
+        profile,
+        topology,
+        space.global_batch_size,
+        space.covering().min_slice,
+        space.space().name(),
+        opts.profile_path.clone(),
+    )
+}
+
+/// The first candidates: each pass's best plan at each micro-batch size
+/// and, up to 16 GPUs where `baselines_on` gives the topology, the
+/// baselines' layouts: there they are cheap, and a plan that loses to a
+/// baseline would be a defect the walk's budget could leave in place. On
+/// larger clusters a straight pipeline has a stage per layer and
+/// PipeDream's DP is quadratic in the GPUs; there the search's own
+/// candidates and the walk must do.
+fn offer_first_candidates(
+    ranking: &mut Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    passes: &PassResults,
+    baselines_on: Option<&Topology>,
+) -> Result<()> {
+    let mut first = searched_candidates(space, inputs, &passes.bests, |_, _| true);
+    if let Some(topology) = baselines_on.filter(|_| sizes_alone(space)) {
+        first.extend(baseline_candidates(
+            ranking.profile(),
+            topology,
+            space,
+            ranking.warmup_policy(),
+        )?);
+    }
+    ranking.offer(first, f64::INFINITY)
 }
 
 /// The search's own candidates: each pass's best plan at each micro-batch
@@ -303,6 +324,31 @@ fn offer_second_pass(
     // same plan.
     let more = searched_candidates(space, inputs, &bests, |p, b| !passes.offered(p, b));
     ranking.offer(more, fastest_ms)
+}
+
+/// The ranking's fastest plan refined (`refine.rs`), where asked and on up
+/// to 64 GPUs; None where no move made it faster.
+fn refine_chosen(
+    ranking: &Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    opts: &SearchOptions,
+    stats: &mut SearchStats,
+) -> Result<Option<Refined>> {
+    let cluster = space.cluster();
+    if !opts.refine || cluster.num_devices() > REFINE_MAX_DEVICES {
+        return Ok(None);
+    }
+    let refined = refine_from_two_starts(
+        &ranking.ranked[0].plan,
+        ranking.profile(),
+        inputs,
+        space.covering().layers,
+        cluster,
+        space.covering().min_slice,
+    )?;
+    stats.refine_plans_costed = refined.plans_costed;
+    Ok((refined.moves_kept > 0).then_some(refined))
 }
 
 /// What the selection records beside the chosen plan.
