@@ -929,16 +929,13 @@ impl Dp<'_, '_> {
         let n = self.ctx.layers.num_layers;
         let machines = self.ctx.cluster.group_and_gpus();
         let max_replicas = self.max_replicas();
-        let mut steps = Vec::new();
-        self.walk_from(
-            n,
-            &State::empty(&machines),
-            SuffixLatency::EMPTY,
-            0,
-            max_replicas,
-            &mut steps,
-            walk,
-        );
+        let empty = WalkSuffix {
+            start: n,
+            state: State::empty(&machines),
+            latency: SuffixLatency::EMPTY,
+            stages: 0,
+        };
+        self.walk_from(&empty, max_replicas, &mut Vec::new(), walk);
     }
 
     /// Smallest formula value any completion of this suffix (still missing
@@ -954,22 +951,17 @@ impl Dp<'_, '_> {
         floor
     }
 
-    /// Extend the suffix (layers `j..`, on the GPUs `state` has used) by
-    /// every stage that could lead below the bound, most promising first, so
-    /// that fast plans are found early and lower the bound for the rest.
-    #[allow(clippy::too_many_arguments)]
+    /// Extend `suffix` by every stage that could lead below the bound, most
+    /// promising first, so that fast plans are found early and lower the
+    /// bound for the rest.
     fn walk_from<F: FnMut(&[Step], f64) -> f64>(
         &mut self,
-        j: usize,
-        state: &State,
-        latency: SuffixLatency,
-        stages: u32,
+        suffix: &WalkSuffix,
         max_replicas: u32,
         steps: &mut Vec<Step>,
         walk: &mut LayoutWalk<F>,
     ) {
-        let Some(mut children) = self.walk_children(j, state, latency, stages, max_replicas, walk)
-        else {
+        let Some(mut children) = self.walk_children(suffix, max_replicas, walk) else {
             return;
         };
         // Stable: equal floors keep the order they were made in.
@@ -981,42 +973,36 @@ impl Dp<'_, '_> {
             if c.floor >= walk.bound {
                 break; // sorted: no later child is below the bound either
             }
-            steps.push((c.start, j, c.placement, c.replicas));
-            if c.start == 0 {
+            steps.push((c.suffix.start, suffix.start, c.placement, c.replicas));
+            if c.suffix.start == 0 {
                 if walk.work_left.get() == 0 {
                     walk.complete = false;
                     steps.pop();
                     return;
                 }
-                walk.bound = (walk.visit)(steps, c.latency.best).min(walk.bound);
+                walk.bound = (walk.visit)(steps, c.suffix.latency.best).min(walk.bound);
             } else {
-                self.walk_from(
-                    c.start,
-                    &c.next,
-                    c.latency,
-                    stages + 1,
-                    max_replicas,
-                    steps,
-                    walk,
-                );
+                self.walk_from(&c.suffix, max_replicas, steps, walk);
             }
             steps.pop();
         }
     }
 
-    /// Every stage in front of the suffix (layers `j..` of `stages` stages,
-    /// at `latency`, on the GPUs `state` has used) whose completion floor
-    /// is below the walk's bound, in the order they were made. None when
-    /// the walk's node budget ran out (`walk.complete` is then false).
+    /// Every stage in front of `suffix` whose completion floor is below the
+    /// walk's bound, in the order they were made. None when the walk's node
+    /// budget ran out (`walk.complete` is then false).
     fn walk_children<F: FnMut(&[Step], f64) -> f64>(
         &mut self,
-        j: usize,
-        state: &State,
-        latency: SuffixLatency,
-        stages: u32,
+        suffix: &WalkSuffix,
         max_replicas: u32,
         walk: &mut LayoutWalk<F>,
     ) -> Option<Vec<WalkChild>> {
+        let WalkSuffix {
+            start: j,
+            ref state,
+            latency,
+            stages,
+        } = *suffix;
         let free = state.free();
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
@@ -1062,11 +1048,14 @@ impl Dp<'_, '_> {
                     if floor < walk.bound {
                         children.push(WalkChild {
                             floor,
-                            start: i,
                             placement,
                             replicas: r,
-                            next: next.clone(),
-                            latency: l,
+                            suffix: WalkSuffix {
+                                start: i,
+                                state: next.clone(),
+                                latency: l,
+                                stages: stages + 1,
+                            },
                         });
                     }
                 }
@@ -1076,15 +1065,22 @@ impl Dp<'_, '_> {
     }
 }
 
-/// A stage the walk may put in front of a suffix: its layers start at
-/// `start`, and the suffix it makes can complete no faster than `floor`.
+/// A suffix the walk extends: layers `start..` in `stages` stages, at
+/// `latency`, on the GPUs `state` has used.
+struct WalkSuffix {
+    start: usize,
+    state: State,
+    latency: SuffixLatency,
+    stages: u32,
+}
+
+/// A stage the walk may put in front of a suffix, on `replicas` GPUs placed
+/// by `placement`: the suffix it makes can complete no faster than `floor`.
 struct WalkChild {
     floor: f64,
-    start: usize,
     placement: Placement,
     replicas: u32,
-    next: State,
-    latency: SuffixLatency,
+    suffix: WalkSuffix,
 }
 
 /// The first machine of each group, by group index (groups are
@@ -1207,7 +1203,7 @@ mod tests {
     //! max(M T_1, T_1 + M T_2).
     use super::*;
     use crate::profile::{chain_profile, LayerCosts, Measurement, Profile};
-    use crate::search::space::SearchSpace;
+    use crate::search::space::{SearchSpace, Space};
     use crate::topology::Topology;
 
     /// Layers of (fwd_ms, bwd_ms, param_bytes), measured at batch sizes 1
@@ -1253,32 +1249,39 @@ mod tests {
         states: usize,
     }
 
-    fn run_dp(profile: &Profile, spec: &str, memory_bytes: Option<u64>, b: u32, m: u32) -> Outcome {
+    /// `f` on the context of the full space over `profile` on `spec`
+    /// (GPUs of `memory_bytes`, where given) under policy A's memory rule.
+    fn in_space<R>(
+        profile: &Profile,
+        spec: &str,
+        memory_bytes: Option<u64>,
+        f: impl FnOnce(&Context) -> R,
+    ) -> R {
         let layers = LayerCosts::new(profile);
         let mut topology = Topology::from_spec(spec).unwrap();
         if let Some(bytes) = memory_bytes {
             topology.machine_groups[0].gpu.memory_bytes = bytes;
         }
         let cluster = Cluster::for_model(&topology, &layers).unwrap();
-        let ctx = Context {
-            layers: &layers,
-            cluster: &cluster,
-            policy: WarmupPolicy::A,
-            min_slice: 1,
-            space: SearchSpace::Full,
-            layout: None,
-        };
-        let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![WarmupPolicy::A], None);
-        let best = dp.run().pop().flatten();
-        Outcome {
-            best: best.map(|f| (f.value, front_to_back(&f))),
-            others: dp
-                .other_stage_counts(0)
-                .iter()
-                .map(|f| (f.value, front_to_back(f)))
-                .collect(),
-            states: dp.states.len(),
-        }
+        let policy = WarmupPolicy::A;
+        let space = Space::new(&layers, &cluster, SearchSpace::Full, policy, 1, 1, vec![1]);
+        f(space.covering())
+    }
+
+    fn run_dp(profile: &Profile, spec: &str, memory_bytes: Option<u64>, b: u32, m: u32) -> Outcome {
+        in_space(profile, spec, memory_bytes, |ctx| {
+            let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
+            let best = dp.run().pop().flatten();
+            Outcome {
+                best: best.map(|f| (f.value, front_to_back(&f))),
+                others: dp
+                    .other_stage_counts(0)
+                    .iter()
+                    .map(|f| (f.value, front_to_back(f)))
+                    .collect(),
+                states: dp.states.len(),
+            }
+        })
     }
 
     #[test]
@@ -1287,46 +1290,22 @@ mod tests {
         // stage (M x 12), or a cut after layer 1 or 2. States: the empty
         // cluster, one GPU used with the suffix at each of layers 2, 1, 0,
         // and both used at layer 0.
-        // (layers (fwd, bwd), M, best value, its stages, other stage counts)
+        // Cut after 2: max(4x6, 6 + 4x6) = 30; after 1: max(4x3, 3 + 4x9) = 39.
+        // With a heavy first layer: after 1, max(4x6, 6 + 4x6) = 30; after
+        // 2, max(4x9, 9 + 4x3) = 36. More micro-batches: the slower stage
+        // dominates, 8x6 + 6 = 54. One micro-batch: a pipeline gains
+        // nothing (every plan takes 6) and ties go to fewer stages; of the
+        // two tied cuts, the suffix made first is kept (an equal one does
+        // not displace it): suffixes are extended from the last layer back,
+        // so the one starting at layer 2.
         type Case = ([(f64, f64); 3], u32, f64, Stages, Vec<(f64, Stages)>);
+        #[rustfmt::skip]
         let cases: [Case; 4] = [
-            // Cut after 2: max(4x6, 6 + 4x6) = 30; after 1: max(4x3, 3 + 4x9) = 39.
-            (
-                [(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)],
-                4,
-                30.0,
-                vec![(0, 2, 1), (2, 3, 1)],
-                vec![(48.0, vec![(0, 3, 1)])],
-            ),
-            // Heavy first layer: cut after 1, max(4x6, 6 + 4x6) = 30; after
-            // 2: max(4x9, 9 + 4x3) = 36.
-            (
-                [(2.0, 4.0), (1.0, 2.0), (1.0, 2.0)],
-                4,
-                30.0,
-                vec![(0, 1, 1), (1, 3, 1)],
-                vec![(48.0, vec![(0, 3, 1)])],
-            ),
-            // More micro-batches: the slower stage dominates, 8 x 6 + 6 = 54.
-            (
-                [(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)],
-                8,
-                54.0,
-                vec![(0, 2, 1), (2, 3, 1)],
-                vec![(96.0, vec![(0, 3, 1)])],
-            ),
-            // One micro-batch: a pipeline gains nothing (every plan takes
-            // 6), and ties go to fewer stages. Of the two tied cuts, the
-            // suffix made first is kept (an equal one does not displace
-            // it): suffixes are extended from the last layer back, so the
-            // one starting at layer 2.
-            (
-                [(1.0, 1.0), (1.0, 1.0), (1.0, 1.0)],
-                1,
-                6.0,
-                vec![(0, 3, 1)],
-                vec![(6.0, vec![(0, 2, 1), (2, 3, 1)])],
-            ),
+            // layers (fwd, bwd)              M  best  its stages, front to back  other stage counts
+            ([(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)], 4, 30.0, vec![(0, 2, 1), (2, 3, 1)], vec![(48.0, vec![(0, 3, 1)])]),
+            ([(2.0, 4.0), (1.0, 2.0), (1.0, 2.0)], 4, 30.0, vec![(0, 1, 1), (1, 3, 1)], vec![(48.0, vec![(0, 3, 1)])]),
+            ([(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)], 8, 54.0, vec![(0, 2, 1), (2, 3, 1)], vec![(96.0, vec![(0, 3, 1)])]),
+            ([(1.0, 1.0), (1.0, 1.0), (1.0, 1.0)], 1, 6.0, vec![(0, 3, 1)], vec![(6.0, vec![(0, 2, 1), (2, 3, 1)])]),
         ];
         for (k, (times, m, value, stages, others)) in cases.into_iter().enumerate() {
             let profile = chain(&times.map(|(f, b)| (f, b, 1000)));
@@ -1367,48 +1346,45 @@ mod tests {
         assert_eq!(out.best, None);
     }
 
+    /// The layouts a walk of micro-batches of 1 sample, 4 of them, visits
+    /// below `bound`, in order, with each one's value.
+    fn walk_all(ctx: &Context, bound: f64, lowers: bool) -> Vec<(f64, Stages)> {
+        let mut dp = Dp::new(ctx, 1, 4, Objective::Latency, vec![ctx.policy], None);
+        let mut seen = Vec::new();
+        let mut visit = |steps: &[Step], value: f64| {
+            let found = Found {
+                value,
+                stages: steps.to_vec(),
+            };
+            seen.push((value, front_to_back(&found)));
+            if lowers {
+                value
+            } else {
+                f64::INFINITY
+            }
+        };
+        let work_left = std::cell::Cell::new(u64::MAX);
+        let mut walk = LayoutWalk {
+            bound,
+            nodes_left: 1000,
+            work_left: &work_left,
+            complete: true,
+            visit: &mut visit,
+        };
+        dp.walk_layouts(&mut walk);
+        assert!(walk.complete);
+        seen
+    }
+
     #[test]
     fn the_walk_visits_the_layouts_below_its_bound_best_first() {
         let profile = chain(&[(1.0, 2.0, 1000), (1.0, 2.0, 1000), (2.0, 4.0, 1000)]);
-        let layers = LayerCosts::new(&profile);
-        let topology = Topology::from_spec("1x2-nvlink").unwrap();
-        let cluster = Cluster::for_model(&topology, &layers).unwrap();
-        let ctx = Context {
-            layers: &layers,
-            cluster: &cluster,
-            policy: WarmupPolicy::A,
-            min_slice: 1,
-            space: SearchSpace::Full,
-            layout: None,
-        };
         // `lowers`: the visit returns the layout's value as the new bound
         // (as if it simulated at its bound), else infinity.
         let walk = |bound: f64, lowers: bool| -> Vec<(f64, Stages)> {
-            let mut dp = Dp::new(&ctx, 1, 4, Objective::Latency, vec![ctx.policy], None);
-            let mut seen = Vec::new();
-            let mut visit = |steps: &[Step], value: f64| {
-                let found = Found {
-                    value,
-                    stages: steps.to_vec(),
-                };
-                seen.push((value, front_to_back(&found)));
-                if lowers {
-                    value
-                } else {
-                    f64::INFINITY
-                }
-            };
-            let work_left = std::cell::Cell::new(u64::MAX);
-            let mut walk = LayoutWalk {
-                bound,
-                nodes_left: 1000,
-                work_left: &work_left,
-                complete: true,
-                visit: &mut visit,
-            };
-            dp.walk_layouts(&mut walk);
-            assert!(walk.complete);
-            seen
+            in_space(&profile, "1x2-nvlink", None, |ctx| {
+                walk_all(ctx, bound, lowers)
+            })
         };
         let cut_after_2 = (30.0, vec![(0, 2, 1), (2, 3, 1)]);
         let cut_after_1 = (39.0, vec![(0, 1, 1), (1, 3, 1)]);
