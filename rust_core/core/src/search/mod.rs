@@ -11,7 +11,8 @@
 //!    fastest simulated time, costed the same way (`docs/cost-model.md`);
 //! 5. refinement (`refine.rs`): local moves around the chosen plan.
 //!
-//! Data flows one way, down this list: no phase imports this module.
+//! Data flows one way: each phase imports only those above it in this
+//! list, and none imports this module.
 
 use crate::cost::{Cluster, WarmupPolicy};
 use crate::error::{Error, Result};

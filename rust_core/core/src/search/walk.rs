@@ -71,35 +71,33 @@ pub(crate) fn walk(
     fastest_ms: f64,
     lower_bound_ms: f64,
 ) -> Result<Walked> {
-    let mut walked = Walked {
+    let mut optimal = true;
+    let mut visitor = Visitor {
+        space,
+        inputs,
+        profile,
         fastest: None,
-        optimal: true,
+        failure: None,
     };
     if fastest_ms <= lower_bound_ms * (1.0 + 1e-12) {
-        return Ok(walked);
+        return Ok(Walked {
+            fastest: None,
+            optimal,
+        });
     }
     let mut bound = fastest_ms;
     let mut nodes_left = WALK_NODE_BUDGET;
     let work_left = Cell::new(WALK_SIMULATED_TASK_BUDGET);
-    let mut failure: Option<Error> = None;
     for (size_bound, b) in order {
         if size_bound >= bound {
             continue; // no layout of this size can be faster
         }
         let mut visit = |steps: &[Step], value: f64| -> f64 {
-            visit_layout(
-                space,
-                inputs,
-                profile,
-                b,
-                Found {
-                    value,
-                    stages: steps.to_vec(),
-                },
-                &work_left,
-                &mut walked.fastest,
-                &mut failure,
-            )
+            let found = Found {
+                value,
+                stages: steps.to_vec(),
+            };
+            visitor.visit(b, found, &work_left)
         };
         let mut walk = LayoutWalk {
             bound,
@@ -109,62 +107,61 @@ pub(crate) fn walk(
             visit: &mut visit,
         };
         let ctx = space.covering();
-        let mut dp = Dp::new(
-            ctx,
-            b,
-            space.micro_batches(b),
-            Objective::Latency,
-            vec![ctx.policy],
-            None,
-        );
+        let m = space.micro_batches(b);
+        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
         dp.walk_layouts(&mut walk);
         (bound, nodes_left) = (walk.bound, walk.nodes_left);
         if !walk.complete {
-            walked.optimal = false;
+            optimal = false;
             break;
         }
     }
-    match failure {
+    match visitor.failure {
         Some(e) => Err(e),
-        None => Ok(walked),
+        None => Ok(Walked {
+            fastest: visitor.fastest,
+            optimal,
+        }),
     }
 }
 
-/// Cost one complete layout of micro-batch size `b` the walk reached;
-/// returns the walk's new bound: its simulated time where it is the
-/// fastest so far (then kept in `fastest`), else infinity. A failure is
-/// kept for the walk to return.
-#[allow(clippy::too_many_arguments)]
-fn visit_layout(
-    space: &Space,
-    inputs: &PlanInputs,
-    profile: &Profile,
-    b: u32,
-    found: Found,
-    work_left: &Cell<u64>,
-    fastest: &mut Option<Plan>,
-    failure: &mut Option<Error>,
-) -> f64 {
-    let m = space.micro_batches(b);
-    if !within_passes(found.stages.len(), m) {
-        return f64::INFINITY; // not simulated: over the limit
-    }
-    let plan = build_plan(inputs, space.covering(), b, m, &found);
-    let (plan, tasks) = match cost_candidate(&plan, profile) {
-        Ok(costed) => costed,
-        Err(e) => {
-            failure.get_or_insert(e);
-            (None, PLAN_OVERHEAD_TASKS)
+/// What the walk does with each complete layout it reaches: cost it as a
+/// candidate, keeping the fastest, and the first failure for the walk to
+/// return.
+struct Visitor<'s, 'a> {
+    space: &'s Space<'a>,
+    inputs: &'s PlanInputs,
+    profile: &'s Profile,
+    fastest: Option<Plan>,
+    failure: Option<Error>,
+}
+
+impl Visitor<'_, '_> {
+    /// Cost a complete layout of micro-batch size `b`, charging its
+    /// simulated tasks to `work_left`; returns the walk's new bound: its
+    /// simulated time where it is the fastest so far, else infinity.
+    fn visit(&mut self, b: u32, found: Found, work_left: &Cell<u64>) -> f64 {
+        let m = self.space.micro_batches(b);
+        if !within_passes(found.stages.len(), m) {
+            return f64::INFINITY; // not simulated: over the limit
         }
-    };
-    work_left.set(work_left.get().saturating_sub(tasks));
-    let ms = |p: &Plan| simulated_and_bound_ms(p).0;
-    match plan {
-        Some(p) if fastest.as_ref().is_none_or(|w| ms(&p) < ms(w)) => {
-            let simulated = ms(&p);
-            *fastest = Some(p);
-            simulated
+        let plan = build_plan(self.inputs, self.space.covering(), b, m, &found);
+        let (plan, tasks) = match cost_candidate(&plan, self.profile) {
+            Ok(costed) => costed,
+            Err(e) => {
+                self.failure.get_or_insert(e);
+                (None, PLAN_OVERHEAD_TASKS)
+            }
+        };
+        work_left.set(work_left.get().saturating_sub(tasks));
+        let ms = |p: &Plan| simulated_and_bound_ms(p).0;
+        match plan {
+            Some(p) if self.fastest.as_ref().is_none_or(|w| ms(&p) < ms(w)) => {
+                let simulated = ms(&p);
+                self.fastest = Some(p);
+                simulated
+            }
+            _ => f64::INFINITY,
         }
-        _ => f64::INFINITY,
     }
 }
