@@ -110,13 +110,18 @@ pub fn gpu_type(name: &str) -> Result<&'static GpuType> {
     find_gpu(name).ok_or_else(|| {
         Error::invalid(format!(
             "unknown GPU type {name:?}; known types: {}",
-            GPU_TYPES
-                .iter()
-                .map(|g| g.name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            known_gpu_types()
         ))
     })
+}
+
+/// The known types' names, for messages.
+pub fn known_gpu_types() -> String {
+    GPU_TYPES
+        .iter()
+        .map(|g| g.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY};
-use crate::gpus::{default_gpu, find_gpu, gpu_type, GpuType, GPU_TYPES};
+use crate::gpus::{default_gpu, find_gpu, gpu_type, known_gpu_types, GpuType, GPU_TYPES};
 
 /// The paper's clusters (Table III) by preset name, as specs; `from_spec`
 /// also reads `config-a` and lower case.
@@ -346,9 +346,12 @@ fn parse_gpu_type<'t>(
     let name = tokens[..take].join("-");
     match find_gpu(&name) {
         Some(found) => Ok((Some(found), &tokens[take..])),
-        None if sized || !is_link(first) => {
-            Err(gpu_type(&name).expect_err("not a known type").message)
-        }
+        None if sized => Err(gpu_type(&name).expect_err("not a known type").message),
+        // A typing mistake in either a type or a link: name both lists.
+        None if !is_link(first) => Err(format!(
+            "unknown link or GPU type {first:?}: links are nvlink, pcie, <n>gbps or ib; known types: {}",
+            known_gpu_types()
+        )),
         None => Ok((None, tokens)),
     }
 }
@@ -491,18 +494,19 @@ mod tests {
 
     #[test]
     fn an_unknown_gpu_type_in_a_spec_lists_the_known_ones() {
-        for (spec, meant) in [
-            ("8x8-a100-81gb", "a100-81gb"),
-            ("2x8-tpu", "tpu"),
-            ("2x8-rtx4090-nvlink", "rtx4090"),
-        ] {
+        let e = Topology::from_spec("8x8-a100-81gb")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown GPU type \"a100-81gb\"; known types: V100-16GB, "),
+            "{e}"
+        );
+        for (spec, meant) in [("2x8-tpu", "tpu"), ("2x8-rtx4090-nvlink", "rtx4090")] {
             let e = Topology::from_spec(spec).unwrap_err().to_string();
-            assert!(
-                e.contains(&format!(
-                    "unknown GPU type {meant:?}; known types: V100-16GB, "
-                )),
-                "{e}"
+            let expected = format!(
+                "unknown link or GPU type {meant:?}: links are nvlink, pcie, <n>gbps or ib; known types: V100-16GB, "
             );
+            assert!(e.contains(&expected), "{e}");
         }
         // A misspelt link after a valid type is still a link error.
         let e = Topology::from_spec("2x8-a100-nvlnk-25gbps")
