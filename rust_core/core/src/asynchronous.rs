@@ -13,7 +13,7 @@
 //! block partition so the largest per-sample stage work (2 forwards and a
 //! backward, over its replicas) is smallest; each at every micro-batch
 //! size. The fastest that fits is the plan. The DP search of the
-//! synchronous planner (`search.rs`) is not used: its objective is the
+//! synchronous planner (`search/`) is not used: its objective is the
 //! flushed iteration.
 
 use crate::baselines::{block_partition, fastest_that_fits, layout_at_every_size};

@@ -15,13 +15,14 @@
 
 use rayon::prelude::*;
 
-use crate::cost::{smallest_slice, Cluster, StageCoster, WarmupPolicy};
+use crate::cost::{Cluster, StageCoster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::{within_passes, ScheduleKind};
+use crate::schedule::ScheduleKind;
+use crate::search::space::micro_batch_sizes;
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
@@ -455,9 +456,8 @@ pub(crate) fn layout_at_every_size(
         .max()
         .unwrap_or(1);
     let count = stages.len() as u32;
-    (1..=global_batch_size)
-        .filter(|b| global_batch_size.is_multiple_of(*b) && smallest_slice(*b, widest) >= min_slice)
-        .filter(|b| within_passes(stages.len(), global_batch_size / b))
+    micro_batch_sizes(global_batch_size, min_slice, widest, stages.len())
+        .into_iter()
         .map(|b| {
             let m = global_batch_size / b;
             Plan::new(

@@ -46,94 +46,50 @@ const H100_SOURCE: &str =
     "NVIDIA H100 datasheet (SXM: 1,979 TFLOPS bf16 with sparsity, 67 fp32, NVLink 900 GB/s, \
      PCIe gen5); DGX H100 datasheet (8 x 400 Gb/s NDR InfiniBand)";
 
+/// One row of the table below, in its column order.
+#[allow(clippy::too_many_arguments)]
+const fn row(
+    name: &'static str,
+    aliases: &'static [&'static str],
+    memory_gib: u64,
+    (bf16_tflops, fp32_tflops): (f64, f64),
+    (nvlink_gbps, pcie_gbps, network_gbps_per_gpu): (f64, f64, f64),
+    server: &'static str,
+    source: &'static str,
+) -> GpuType {
+    GpuType {
+        name,
+        aliases,
+        memory_bytes: memory_gib * GIB,
+        bf16_tflops,
+        fp32_tflops,
+        nvlink_gbps,
+        pcie_gbps,
+        network_gbps_per_gpu,
+        server,
+        source,
+    }
+}
+
+const H200_SOURCE: &str =
+    "NVIDIA H200 datasheet (SXM: 141 GB, 1,979 TFLOPS bf16 with sparsity, 67 fp32, NVLink \
+     900 GB/s); DGX H200 datasheet (8 x 400 Gb/s NDR InfiniBand)";
+const B200_SOURCE: &str =
+    "NVIDIA HGX B200 datasheet, per GPU (8 GPUs: 1.44 TB, 36 PFLOPS bf16 with sparsity, \
+     600 TFLOPS fp32, NVLink 1.8 TB/s each); DGX B200 datasheet (8 x 400 Gb/s ConnectX-7)";
+
 /// Every known type; the first is the paper's GPU, the type of untyped specs.
+/// Columns: name, spec names, GiB, (bf16, fp32 TFLOP/s), (NVLink, PCIe,
+/// network per GPU in Gbit/s), server, source.
+#[rustfmt::skip]
 pub const GPU_TYPES: [GpuType; 7] = [
-    GpuType {
-        name: "V100-16GB",
-        aliases: &["v100-16gb", "v100"],
-        memory_bytes: 16 * GIB,
-        bf16_tflops: 125.0,
-        fp32_tflops: 15.7,
-        nvlink_gbps: 1040.0,
-        pcie_gbps: 128.0,
-        network_gbps_per_gpu: 50.0,
-        server: "DGX-1",
-        source: V100_SOURCE,
-    },
-    GpuType {
-        name: "V100-32GB",
-        aliases: &["v100-32gb"],
-        memory_bytes: 32 * GIB,
-        bf16_tflops: 125.0,
-        fp32_tflops: 15.7,
-        nvlink_gbps: 1040.0,
-        pcie_gbps: 128.0,
-        network_gbps_per_gpu: 50.0,
-        server: "DGX-1",
-        source: V100_SOURCE,
-    },
-    GpuType {
-        name: "A100-40GB",
-        aliases: &["a100-40gb"],
-        memory_bytes: 40 * GIB,
-        bf16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        nvlink_gbps: 2400.0,
-        pcie_gbps: 256.0,
-        network_gbps_per_gpu: 200.0,
-        server: "DGX A100",
-        source: A100_SOURCE,
-    },
-    GpuType {
-        name: "A100-80GB",
-        aliases: &["a100-80gb", "a100"],
-        memory_bytes: 80 * GIB,
-        bf16_tflops: 312.0,
-        fp32_tflops: 19.5,
-        nvlink_gbps: 2400.0,
-        pcie_gbps: 256.0,
-        network_gbps_per_gpu: 200.0,
-        server: "DGX A100",
-        source: A100_SOURCE,
-    },
-    GpuType {
-        name: "H100-80GB",
-        aliases: &["h100-80gb", "h100"],
-        memory_bytes: 80 * GIB,
-        bf16_tflops: 989.5,
-        fp32_tflops: 67.0,
-        nvlink_gbps: 3600.0,
-        pcie_gbps: 512.0,
-        network_gbps_per_gpu: 400.0,
-        server: "DGX H100",
-        source: H100_SOURCE,
-    },
-    GpuType {
-        name: "H200",
-        aliases: &["h200", "h200-141gb"],
-        memory_bytes: 141 * GIB,
-        bf16_tflops: 989.5,
-        fp32_tflops: 67.0,
-        nvlink_gbps: 3600.0,
-        pcie_gbps: 512.0,
-        network_gbps_per_gpu: 400.0,
-        server: "DGX H200",
-        source: "NVIDIA H200 datasheet (SXM: 141 GB, 1,979 TFLOPS bf16 with sparsity, 67 fp32, NVLink 900 GB/s); \
-                 DGX H200 datasheet (8 x 400 Gb/s NDR InfiniBand)",
-    },
-    GpuType {
-        name: "B200",
-        aliases: &["b200", "b200-180gb"],
-        memory_bytes: 180 * GIB,
-        bf16_tflops: 2250.0,
-        fp32_tflops: 75.0,
-        nvlink_gbps: 7200.0,
-        pcie_gbps: 512.0,
-        network_gbps_per_gpu: 400.0,
-        server: "DGX B200",
-        source: "NVIDIA HGX B200 datasheet, per GPU (8 GPUs: 1.44 TB, 36 PFLOPS bf16 with sparsity, 600 TFLOPS fp32, \
-                 NVLink 1.8 TB/s each); DGX B200 datasheet (8 x 400 Gb/s ConnectX-7)",
-    },
+    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE),
+    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE),
+    row("A100-40GB", &["a100-40gb"], 40, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE),
+    row("A100-80GB", &["a100-80gb", "a100"], 80, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE),
+    row("H100-80GB", &["h100-80gb", "h100"], 80, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H100", H100_SOURCE),
+    row("H200", &["h200", "h200-141gb"], 141, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H200", H200_SOURCE),
+    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE),
 ];
 
 /// The type of untyped specs and topologies: the paper's V100-16GB.
@@ -154,13 +110,18 @@ pub fn gpu_type(name: &str) -> Result<&'static GpuType> {
     find_gpu(name).ok_or_else(|| {
         Error::invalid(format!(
             "unknown GPU type {name:?}; known types: {}",
-            GPU_TYPES
-                .iter()
-                .map(|g| g.name)
-                .collect::<Vec<_>>()
-                .join(", ")
+            known_gpu_types()
         ))
     })
+}
+
+/// The known types' names, for messages.
+pub fn known_gpu_types() -> String {
+    GPU_TYPES
+        .iter()
+        .map(|g| g.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

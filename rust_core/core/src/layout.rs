@@ -61,7 +61,7 @@ pub struct RunLayout {
 
 impl RunLayout {
     /// The layout of a plan, after checking that its stages can run
-    /// (`evaluate::check_layout`; the layer count is checked against the model).
+    /// (`plan::check_layout`; the layer count is checked against the model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();

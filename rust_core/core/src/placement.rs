@@ -267,10 +267,42 @@ impl State {
         if want == 0 || want > self.free() {
             return None;
         }
+        let (mut fresh, mut partial) = self.fresh_and_partly_used(placement);
+        let mut takes: Vec<Take> = Vec::new();
+        let mut left = want;
+        match placement.policy {
+            Policy::FreshFirst => {
+                self.fill(&fresh, &mut takes, &mut left);
+                self.fill(&partial, &mut takes, &mut left);
+            }
+            Policy::AppendFirst => {
+                self.fill(&partial, &mut takes, &mut left);
+                self.fill(&fresh, &mut takes, &mut left);
+            }
+            Policy::ScatterFirst => {
+                // A group's scatter stays inside the group.
+                if let Some(g) = placement.group {
+                    fresh.retain(|&c| self.0[c].0.group == g);
+                    partial.retain(|&c| self.0[c].0.group == g);
+                }
+                let partial_free: u32 = partial.iter().map(|&c| self.class_free(c)).sum();
+                let mut spread: Vec<usize> = partial.clone();
+                if partial.is_empty() || partial_free < want {
+                    spread.extend(&fresh);
+                }
+                left = self.scatter(&spread, want, &mut takes)?;
+            }
+        }
+        (left == 0).then_some(takes)
+    }
+
+    /// The classes of fresh machines and of partly used ones, in the order
+    /// `placement` fills them: a preferred group's machines first, keeping
+    /// the order within each part; partly used machines next to the
+    /// neighbouring stage first, then the fullest.
+    fn fresh_and_partly_used(&self, placement: Placement) -> (Vec<usize>, Vec<usize>) {
         let classes = &self.0;
         let free = |c: usize| u32::from(classes[c].0.free());
-        let count = |c: usize| classes[c].1;
-        // A group's machines first, keeping the order within each part.
         let preferred = |c: &usize| placement.group.is_some_and(|g| classes[*c].0.group != g);
         let mut fresh: Vec<usize> = (0..classes.len())
             .filter(|&c| classes[c].0.used == 0)
@@ -279,7 +311,6 @@ impl State {
         let mut partial: Vec<usize> = (0..classes.len())
             .filter(|&c| classes[c].0.partly_used())
             .collect();
-        // Next to the neighbouring stage first, then the fullest machine.
         partial.sort_by_key(|&c| {
             (
                 preferred(&c),
@@ -288,100 +319,90 @@ impl State {
                 c,
             )
         });
-        let mut takes: Vec<Take> = Vec::new();
-        let mut left = want;
-        // Each machine in turn takes what it has free, until none is wanted.
-        let fill = |order: &[usize], takes: &mut Vec<Take>, left: &mut u32| {
-            for &c in order {
-                if *left == 0 {
-                    break;
-                }
-                let whole = (*left / free(c)).min(count(c));
-                if whole > 0 {
-                    takes.push(Take {
-                        class: c,
-                        gpus: free(c),
-                        machines: whole,
-                    });
-                    *left -= whole * free(c);
-                }
-                if whole < count(c) && *left > 0 {
-                    takes.push(Take {
-                        class: c,
-                        gpus: *left,
-                        machines: 1,
-                    });
-                    *left = 0;
-                }
+        (fresh, partial)
+    }
+
+    /// Free GPUs of every machine of class `c`.
+    fn class_free(&self, c: usize) -> u32 {
+        u32::from(self.0[c].0.free()) * self.0[c].1
+    }
+
+    /// Each machine of the classes in `order` in turn takes what it has
+    /// free, until `left` GPUs are no longer wanted.
+    fn fill(&self, order: &[usize], takes: &mut Vec<Take>, left: &mut u32) {
+        for &c in order {
+            if *left == 0 {
+                break;
             }
-        };
-        match placement.policy {
-            Policy::FreshFirst => {
-                fill(&fresh, &mut takes, &mut left);
-                fill(&partial, &mut takes, &mut left);
+            let (free, count) = (u32::from(self.0[c].0.free()), self.0[c].1);
+            let whole = (*left / free).min(count);
+            if whole > 0 {
+                takes.push(Take {
+                    class: c,
+                    gpus: free,
+                    machines: whole,
+                });
+                *left -= whole * free;
             }
-            Policy::AppendFirst => {
-                fill(&partial, &mut takes, &mut left);
-                fill(&fresh, &mut takes, &mut left);
+            if whole < count && *left > 0 {
+                takes.push(Take {
+                    class: c,
+                    gpus: *left,
+                    machines: 1,
+                });
+                *left = 0;
             }
-            Policy::ScatterFirst => {
-                // A group's scatter stays inside the group.
-                if let Some(g) = placement.group {
-                    fresh.retain(|&c| classes[c].0.group == g);
-                    partial.retain(|&c| classes[c].0.group == g);
-                }
-                let partial_free: u32 = partial.iter().map(|&c| free(c) * count(c)).sum();
-                let mut spread: Vec<usize> = partial.clone();
-                if partial.is_empty() || partial_free < want {
-                    spread.extend(&fresh);
-                }
-                // One GPU at a time, round robin over the machines in
-                // order, so the stage is even over the machines it touches:
-                // after t whole rounds each machine has min(free, t), and
-                // the last round's GPUs go to the first machines with room.
-                let level =
-                    |t: u32| -> u32 { spread.iter().map(|&c| free(c).min(t) * count(c)).sum() };
-                let most = spread.iter().map(|&c| free(c)).max().unwrap_or(0);
-                if level(most) < want {
-                    return None;
-                }
-                // The most whole rounds that do not pass `want`.
-                let (mut lo, mut hi) = (0u32, most);
-                while lo < hi {
-                    let mid = (lo + hi).div_ceil(2);
-                    if level(mid) <= want {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                let rounds = lo;
-                let mut extra = want - level(rounds);
-                for &c in &spread {
-                    if free(c) > rounds {
-                        let plus = extra.min(count(c));
-                        extra -= plus;
-                        for (gpus, machines) in [(rounds + 1, plus), (rounds, count(c) - plus)] {
-                            if gpus > 0 && machines > 0 {
-                                takes.push(Take {
-                                    class: c,
-                                    gpus,
-                                    machines,
-                                });
-                            }
-                        }
-                    } else {
+        }
+    }
+
+    /// Scatter `want` GPUs one at a time, round robin over the machines of
+    /// the classes in `spread`, in order, so the stage is even over the
+    /// machines it touches: after t whole rounds each machine has
+    /// min(free, t), and the last round's GPUs go to the first machines
+    /// with room. Returns the GPUs still wanted after every machine of
+    /// `spread` was used up; None when they cannot hold `want`.
+    fn scatter(&self, spread: &[usize], want: u32, takes: &mut Vec<Take>) -> Option<u32> {
+        let free = |c: usize| u32::from(self.0[c].0.free());
+        let count = |c: usize| self.0[c].1;
+        let level = |t: u32| -> u32 { spread.iter().map(|&c| free(c).min(t) * count(c)).sum() };
+        let most = spread.iter().map(|&c| free(c)).max().unwrap_or(0);
+        if level(most) < want {
+            return None;
+        }
+        // The most whole rounds that do not pass `want`.
+        let (mut lo, mut hi) = (0u32, most);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if level(mid) <= want {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let rounds = lo;
+        let mut extra = want - level(rounds);
+        for &c in spread {
+            if free(c) > rounds {
+                let plus = extra.min(count(c));
+                extra -= plus;
+                for (gpus, machines) in [(rounds + 1, plus), (rounds, count(c) - plus)] {
+                    if gpus > 0 && machines > 0 {
                         takes.push(Take {
                             class: c,
-                            gpus: free(c),
-                            machines: count(c),
+                            gpus,
+                            machines,
                         });
                     }
                 }
-                left = extra;
+            } else {
+                takes.push(Take {
+                    class: c,
+                    gpus: free(c),
+                    machines: count(c),
+                });
             }
         }
-        (left == 0).then_some(takes)
+        Some(extra)
     }
 
     /// Distinct placements of `want` GPUs over all policies, each with the

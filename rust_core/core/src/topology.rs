@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::{check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY};
-use crate::gpus::{default_gpu, find_gpu, gpu_type, GpuType, GPU_TYPES};
+use crate::gpus::{default_gpu, find_gpu, gpu_type, known_gpu_types, GpuType, GPU_TYPES};
 
 /// The paper's clusters (Table III) by preset name, as specs; `from_spec`
 /// also reads `config-a` and lower case.
@@ -359,9 +359,12 @@ fn parse_gpu_type<'t>(
     let name = tokens[..take].join("-");
     match find_gpu(&name) {
         Some(found) => Ok((Some(found), &tokens[take..])),
-        None if sized || !is_link(first) => {
-            Err(gpu_type(&name).expect_err("not a known type").message)
-        }
+        None if sized => Err(gpu_type(&name).expect_err("not a known type").message),
+        // A typing mistake in either a type or a link: name both lists.
+        None if !is_link(first) => Err(format!(
+            "unknown link or GPU type {first:?}: links are nvlink, pcie, <n>gbps or ib; known types: {}",
+            known_gpu_types()
+        )),
         None => Ok((None, tokens)),
     }
 }
@@ -469,70 +472,54 @@ mod tests {
 
     #[test]
     fn typed_specs_take_the_type_and_its_usual_server() {
-        let t = Topology::from_spec("64x8-a100-80gb").unwrap();
-        let g = &t.machine_groups[0];
-        assert_eq!(
-            (g.gpu.gpu_type.as_str(), g.gpu.memory_bytes),
-            ("A100-80GB", 80 << 30)
-        );
-        assert_eq!(
-            (
-                g.intra_machine.kind.as_str(),
-                g.intra_machine.bandwidth_gbps
-            ),
-            ("nvlink", 2400.0)
-        );
-        // DGX A100: one 200 Gb/s HDR port per GPU.
-        assert_eq!(
-            (
-                t.inter_machine.kind.as_str(),
-                t.inter_machine.bandwidth_gbps
-            ),
-            ("infiniband", 1600.0)
-        );
-        let h = Topology::from_spec("2x8-H100").unwrap();
-        assert_eq!(
-            (
-                h.machine_groups[0].gpu.gpu_type.as_str(),
-                h.inter_machine.bandwidth_gbps
-            ),
-            ("H100-80GB", 3200.0)
-        );
-        let v = Topology::from_spec("4x8-v100-32gb-nvlink-50gbps").unwrap();
-        let g = &v.machine_groups[0];
-        assert_eq!(
-            (g.gpu.gpu_type.as_str(), g.intra_machine.bandwidth_gbps),
-            ("V100-32GB", 1040.0)
-        );
-        assert_eq!(
-            (
-                v.inter_machine.kind.as_str(),
-                v.inter_machine.bandwidth_gbps
-            ),
-            ("ethernet", 50.0)
-        );
-        let p = Topology::from_spec("1x8-h200-pcie").unwrap();
-        assert_eq!(p.machine_groups[0].intra_machine.bandwidth_gbps, 512.0);
+        // spec -> GPU type, GiB, intra link (kind, Gbps), network (kind, Gbps per machine).
+        // DGX A100: one 200 Gb/s HDR port per GPU; DGX H100 one 400 Gb/s NDR port.
         // Untyped specs are the paper's V100-16GB, as before types existed.
-        let a = Topology::from_spec("2x8-nvlink-25gbps").unwrap();
-        assert_eq!(a.machine_groups[0].gpu.gpu_type, "V100-16GB");
-        assert_eq!(a.machine_groups[0].gpu.memory_bytes, 16 << 30);
+        #[rustfmt::skip]
+        let table = [
+            ("64x8-a100-80gb", "A100-80GB", 80, ("nvlink", 2400.0), ("infiniband", 1600.0)),
+            ("2x8-H100", "H100-80GB", 80, ("nvlink", 3600.0), ("infiniband", 3200.0)),
+            ("4x8-v100-32gb-nvlink-50gbps", "V100-32GB", 32, ("nvlink", 1040.0), ("ethernet", 50.0)),
+            ("1x8-h200-pcie", "H200", 141, ("pcie", 512.0), ("infiniband", 3200.0)),
+            ("2x8-nvlink-25gbps", "V100-16GB", 16, ("nvlink", 1040.0), ("ethernet", 25.0)),
+        ];
+        for (spec, gpu, gib, intra, inter) in table {
+            let t = Topology::from_spec(spec).unwrap();
+            let g = &t.machine_groups[0];
+            let link = |l: &Link| (l.kind.clone(), l.bandwidth_gbps);
+            assert_eq!(
+                (
+                    g.gpu.gpu_type.as_str(),
+                    g.gpu.memory_bytes >> 30,
+                    link(&g.intra_machine),
+                    link(&t.inter_machine)
+                ),
+                (
+                    gpu,
+                    gib,
+                    (intra.0.to_string(), intra.1),
+                    (inter.0.to_string(), inter.1)
+                ),
+                "{spec}"
+            );
+        }
     }
 
     #[test]
     fn an_unknown_gpu_type_in_a_spec_lists_the_known_ones() {
-        for (spec, meant) in [
-            ("8x8-a100-81gb", "a100-81gb"),
-            ("2x8-tpu", "tpu"),
-            ("2x8-rtx4090-nvlink", "rtx4090"),
-        ] {
+        let e = Topology::from_spec("8x8-a100-81gb")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown GPU type \"a100-81gb\"; known types: V100-16GB, "),
+            "{e}"
+        );
+        for (spec, meant) in [("2x8-tpu", "tpu"), ("2x8-rtx4090-nvlink", "rtx4090")] {
             let e = Topology::from_spec(spec).unwrap_err().to_string();
-            assert!(
-                e.contains(&format!(
-                    "unknown GPU type {meant:?}; known types: V100-16GB, "
-                )),
-                "{e}"
+            let expected = format!(
+                "unknown link or GPU type {meant:?}: links are nvlink, pcie, <n>gbps or ib; known types: V100-16GB, "
             );
+            assert!(e.contains(&expected), "{e}");
         }
         // A misspelt link after a valid type is still a link error.
         let e = Topology::from_spec("2x8-a100-nvlnk-25gbps")

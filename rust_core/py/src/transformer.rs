@@ -1,5 +1,7 @@
 use dapple_core::gpus::GPU_TYPES;
-use dapple_core::transformer::{transformer_profile as generate, TransformerConfig, TransformerOptions, MODELS};
+use dapple_core::transformer::{
+    transformer_profile as generate, TransformerConfig, TransformerOptions, MODELS,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -25,10 +27,17 @@ fn transformer_profile(
     let config = match (name, text) {
         (Some(name), _) => TransformerConfig::named(name),
         (None, Some(text)) => TransformerConfig::from_json(text),
-        (None, None) => Err(dapple_core::Error::invalid("give a shipped config name or a config.json's text")),
+        (None, None) => Err(dapple_core::Error::invalid(
+            "give a shipped config name or a config.json's text",
+        )),
     }
     .map_err(|e| to_py_err(with_source(e, source)))?;
-    let options = TransformerOptions { gpu, seq_len, micro_batch_sizes, efficiency };
+    let options = TransformerOptions {
+        gpu,
+        seq_len,
+        micro_batch_sizes,
+        efficiency,
+    };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))
 }
@@ -36,7 +45,10 @@ fn transformer_profile(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transformer_profile, m)?)?;
     let py = m.py();
-    m.add("MODEL_CONFIGS", crate::names(py, MODELS.iter().map(|(name, _)| *name).collect())?)?;
+    m.add(
+        "MODEL_CONFIGS",
+        crate::names(py, MODELS.iter().map(|(name, _)| *name).collect())?,
+    )?;
     let gpus = PyDict::new(py);
     for g in &GPU_TYPES {
         let figures = PyDict::new(py);

@@ -65,7 +65,7 @@ pub struct Selection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimal: Option<bool>,
     /// Simulated iteration of the chosen layout before refinement (local
-    /// moves, and its layout placed anew; `refine.rs`) made it faster;
+    /// moves, and its layout placed anew; `search/refine.rs`) made it faster;
     /// absent when nothing did. A refined
     /// plan may lie outside the search space, and may be faster than its
     /// optimum.

@@ -1,7 +1,9 @@
 //! The dynamic program of the search (section IV-C of the paper) over
 //! (layers planned, cluster state), for one micro-batch size, and the walk
-//! over every layout whose bound is below a given time. `search.rs` runs it
-//! per micro-batch size and ranks what it finds by simulation.
+//! over every layout whose bound is below a given time. What a stage may be
+//! comes from the space (`space::Context`); `passes.rs` runs the DP per
+//! micro-batch size, `walk.rs` runs its walk, and `candidate.rs` ranks what
+//! they find by simulation.
 //!
 //! Pipelines are built from the last stage to the first. A partial plan is a
 //! suffix of stages covering layers `j..N`; prepending a stage of layers
@@ -28,147 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::rc::Rc;
 
 use crate::cost::{
-    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCoster, StageDevices,
-    SuffixLatency, TransferShare, WarmupPolicy,
+    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCost, StageCoster,
+    StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
 };
-use crate::placement::{MachineUse, PlacedTakes, Placement, Policy, State, Take};
-use crate::profile::LayerCosts;
-use crate::search::SearchSpace;
+use crate::placement::{MachineUse, Placement, Policy, State, Take};
 
-pub(crate) struct Context<'a> {
-    pub(crate) layers: &'a LayerCosts,
-    pub(crate) cluster: &'a Cluster,
-    pub(crate) policy: WarmupPolicy,
-    pub(crate) min_slice: u32,
-    pub(crate) space: SearchSpace,
-    /// Where set, only this layout: stages (layer_start, layer_end, GPUs),
-    /// placed anew (`search::best_placement_of`).
-    pub(crate) layout: Option<&'a [(usize, usize, u32)]>,
-}
-
-/// Most partly used machines a stage placed inside one machine may leave
-/// in the machine-aligned space (an even scatter may use every machine).
-pub(crate) const MAX_PARTLY_USED_MACHINES: u32 = 2;
-
-impl Context<'_> {
-    /// Layers a stage of `replicas` GPUs ending at layer `j` may start at,
-    /// with `free` GPUs left before it. A stage that takes every GPU left is
-    /// the first one; any other may be first too, leaving GPUs idle, in
-    /// either space: over a slow network fewer GPUs can be faster (4x8:
-    /// AmoebaNet-18 on 24 GPUs simulates 1163.0 ms, on all 32 1173.4).
-    fn starts(&self, replicas: u32, free: u32, j: usize) -> std::ops::Range<usize> {
-        if let Some(layout) = self.layout {
-            // The layout's stage ending at j, with its GPU count, or none.
-            return match layout
-                .iter()
-                .find(|&&(_, end, r)| end == j && r == replicas)
-            {
-                Some(&(start, _, _)) => start..start + 1,
-                None => 0..0,
-            };
-        }
-        if replicas == free {
-            0..1
-        } else {
-            0..j
-        }
-    }
-
-    /// K_i the DP counts in a stage's memory under this context's policy.
-    pub(crate) fn memory_warmup(&self, stages_from_here: u32, micro_batches: u32) -> u32 {
-        self.policy.memory_depth(stages_from_here, micro_batches)
-    }
-
-    /// The GPU counts a stage may have from `state` with micro-batches of
-    /// `micro_batch` samples, ascending, each with where it may go: every
-    /// count up to `max_replicas` in the full space; in the machine-aligned
-    /// space a divisor of a machine's GPUs or whole machines, of those that
-    /// can be placed the fewest that give each largest slice (more GPUs at
-    /// the same slice compute no faster), and every GPU left (the first
-    /// stage).
-    pub(crate) fn stage_options(
-        &self,
-        state: &State,
-        max_replicas: u32,
-        micro_batch: u32,
-    ) -> Vec<(u32, Vec<PlacedTakes>)> {
-        let free = state.free();
-        let most = free.min(max_replicas);
-
-        match self.space {
-            SearchSpace::MachineAligned => {
-                let per_machine = state
-                    .0
-                    .iter()
-                    .map(|(m, _)| u32::from(m.capacity))
-                    .max()
-                    .unwrap_or(1);
-                let mut last_slice = u32::MAX;
-                let mut options: Vec<(u32, Vec<PlacedTakes>)> = (1..per_machine)
-                    .filter(|d| per_machine.is_multiple_of(*d))
-                    .chain((per_machine..=most).step_by(per_machine as usize))
-                    .filter(|&r| r <= most && r != free)
-                    .filter_map(|r| {
-                        let slice = largest_slice(micro_batch, r);
-                        if slice == last_slice {
-                            return None;
-                        }
-                        let places = self.placements(state, r);
-                        if places.is_empty() {
-                            return None;
-                        }
-                        last_slice = slice;
-                        Some((r, places))
-                    })
-                    .collect();
-                if free <= max_replicas {
-                    options.push((free, self.placements(state, free)));
-                }
-                options
-            }
-            _ => (1..=most).map(|r| (r, self.placements(state, r))).collect(),
-        }
-    }
-
-    /// The GPU counts of [`Context::stage_options`] alone.
-    pub(crate) fn replica_counts(
-        &self,
-        state: &State,
-        max_replicas: u32,
-        micro_batch: u32,
-    ) -> Vec<u32> {
-        self.stage_options(state, max_replicas, micro_batch)
-            .into_iter()
-            .map(|(r, _)| r)
-            .collect()
-    }
-
-    /// Where a stage of `replicas` GPUs may go from `state`. The stage
-    /// that takes every free GPU (the first one) is always allowed.
-    fn placements(&self, state: &State, replicas: u32) -> Vec<PlacedTakes> {
-        match self.space {
-            SearchSpace::MachineAligned if replicas != state.free() => {
-                let mut out = state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES);
-                if let Some(takes) = state.even_scatter(replicas) {
-                    // Never one of those: it touches at least two machines
-                    // partly, or several fresh ones below their size.
-                    out.push((Placement::of(Policy::ScatterFirst), takes));
-                }
-                out
-            }
-            _ => state.placements(replicas),
-        }
-    }
-
-    /// The GPUs `placement` gave when the search ran.
-    pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<Take> {
-        self.placements(state, replicas)
-            .into_iter()
-            .find(|(p, _)| *p == placement)
-            .map(|(_, c)| c)
-            .expect("replaying a placement the search made")
-    }
-}
+use super::space::Context;
 
 /// The memory the DP tables of one search may take, shared by its runs
 /// (one per micro-batch size, in parallel): each run charges the states
@@ -267,14 +134,6 @@ pub(crate) struct StateData {
     key: DpKey,
     front: Vec<u32>,
 }
-
-/// One pass's outcome at one micro-batch size: (pass index, micro-batch
-/// size, its best plan, DP states made, stages costed).
-pub(crate) type PassResult = (usize, u32, Option<Found>, usize, u64);
-
-/// A pass's best plan of another stage count at one micro-batch size:
-/// (pass index, micro-batch size, plan).
-pub(crate) type OtherStageCount = (usize, u32, Found);
 
 /// A complete plan found by one DP run, as placement steps from the last
 /// stage to the first.
@@ -518,7 +377,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// when it fits under none.
     fn fitting_class(
         &self,
-        cost: &crate::cost::StageCost,
+        cost: &StageCost,
         start: usize,
         end: usize,
         stages_from_here: u32,
@@ -781,50 +640,60 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// placement, the transfer, the stage cost for a given warm-up depth)
     /// is done once per state, not once per suffix.
     fn expand_state(&mut self, sid: u32, j: usize, max_replicas: u32) {
+        let Some(suffixes) = self.live_suffixes(sid, j) else {
+            return;
+        };
+        let mut options = self.stage_options_before(&suffixes, max_replicas);
+        for option in &mut options {
+            self.grow_stage(option, &suffixes);
+        }
+    }
+
+    /// The suffixes of state `sid` (starting at layer `j`) that could still
+    /// end below the bound, fewest stages first; None when there are none.
+    fn live_suffixes(&self, sid: u32, j: usize) -> Option<Suffixes> {
         let DpKey {
             machines: used,
             neighbour,
         } = self.states[sid as usize].key.clone();
         let free = used.free();
-        let mut suffixes: Vec<(u32, Entry)> = self.states[sid as usize]
+        let mut entries: Vec<(u32, Entry)> = self.states[sid as usize]
             .front
             .iter()
             .map(|&e| (e, self.entries[e as usize]))
             .filter(|(_, e)| self.promising(e.latency, j, free, e.class))
             .collect();
-        if suffixes.is_empty() {
-            return;
+        if entries.is_empty() {
+            return None;
         }
-        suffixes.sort_by_key(|(_, e)| e.stages);
-        let is_root = suffixes[0].1.stages == 0;
+        entries.sort_by_key(|(_, e)| e.stages);
         // The neighbour's machine counts among the suffixes, where the
         // state's key leaves them out; a stage's transfer is priced once
         // per count.
         let mut neighbour_counts: Vec<u32> =
-            suffixes.iter().map(|(_, e)| e.neighbour_machines).collect();
+            entries.iter().map(|(_, e)| e.neighbour_machines).collect();
         neighbour_counts.sort_unstable();
         neighbour_counts.dedup();
-        struct Candidate {
-            replicas: u32,
-            placement: Placement,
-            devices: Rc<StageDevices>,
-            next_key: DpKey,
-            next_neighbour_machines: u32,
-            /// Each class's share of the transfer to the neighbour, and the
-            /// transfer's time for each of `neighbour_counts` once priced.
-            shares: Vec<TransferShare>,
-            transfer_ms: Vec<Option<f64>>,
-            /// Where the stage may start: `first..end`.
-            first: usize,
-            end: usize,
-        }
+        Some(Suffixes {
+            start: j,
+            used,
+            neighbour,
+            free,
+            entries,
+            neighbour_counts,
+        })
+    }
+
+    /// Every GPU count and placement a stage ending where `suffixes` start
+    /// may have, with the layers it may start at; starts that no bound
+    /// could let through are dropped before placing or costing.
+    fn stage_options_before(&mut self, suffixes: &Suffixes, max_replicas: u32) -> Vec<StageOption> {
+        let (used, free, j) = (&suffixes.used, suffixes.free, suffixes.start);
+        let is_root = suffixes.entries[0].1.stages == 0;
         let m = f64::from(self.micro_batches);
         let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
-        let mut options: Vec<Candidate> = Vec::new();
-        for (r, places) in self
-            .ctx
-            .stage_options(&used, max_replicas, self.micro_batch)
-        {
+        let mut options: Vec<StageOption> = Vec::new();
+        for (r, places) in self.ctx.stage_options(used, max_replicas, self.micro_batch) {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
             // (a plan need not use every GPU: over a slow network fewer GPUs
@@ -849,131 +718,188 @@ impl<'c, 'a> Dp<'c, 'a> {
                 let shares = if is_root {
                     Vec::new()
                 } else {
-                    transfer_shares(&self.group_first, &used, &takes)
+                    transfer_shares(&self.group_first, used, &takes)
                 };
                 let (next_key, next_neighbour_machines) = DpKey::of(used.taken(&takes));
-                options.push(Candidate {
+                options.push(StageOption {
                     replicas: r,
                     placement,
-                    devices: self.devices(&used, &takes),
+                    devices: self.devices(used, &takes),
                     next_key,
                     next_neighbour_machines,
                     shares,
-                    transfer_ms: vec![None; neighbour_counts.len()],
+                    transfer_ms: vec![None; suffixes.neighbour_counts.len()],
                     first,
                     end,
                 });
             }
         }
-        for opt in &mut options {
-            // Grow the new stage i..j one layer at a time. Its time and memory
-            // only grow, so once it alone is slower than the best plan known or
-            // does not fit, no larger stage will.
-            for i in (opt.first..opt.end).rev() {
-                let mut next: Option<u32> = None;
-                // Time does not depend on the warm-up depth, memory is
-                // checked per rule below: cost the stage once.
-                let only_stage = i == 0 && suffixes[0].1.stages == 0;
-                let cost = self.coster.stage_searched(
-                    i,
-                    j,
-                    &opt.devices,
-                    self.ctx.min_slice,
-                    1,
-                    only_stage,
-                );
-                self.stages_costed += 1;
-                let loosest_bound = self.loosest_incumbent();
-                let mut stop_growing = false;
-                for (k, &(eid, entry)) in suffixes.iter().enumerate() {
-                    let stages = entry.stages + 1;
-                    let class = match self.fitting_class(&cost, i, j, stages, entry.class) {
-                        Some(class) => class,
-                        // Peak memory ignores limits (to explain infeasibility).
-                        None if self.objective == Objective::PeakMemory => 0,
-                        None => {
-                            // Not even under the loosest rule. More stages
-                            // behind means more micro-batches in flight: the
-                            // remaining suffixes need more memory.
-                            stop_growing |= k == 0;
-                            break;
-                        }
-                    };
-                    if self.objective == Objective::Latency {
-                        let slowest = m * (cost.fwd_ms + cost.bwd_ms);
-                        if slowest > loosest_bound * (1.0 + 1e-12) {
-                            stop_growing |= k == 0;
-                            break;
-                        }
-                        if slowest > self.incumbent(class) * (1.0 + 1e-12) {
-                            continue;
-                        }
-                    }
-                    let memory_bytes = stage_memory_bytes(
-                        self.ctx.layers,
-                        i,
-                        j,
-                        cost.slice_size,
-                        self.rule_warmup(usize::from(class), stages),
-                    );
-                    let mut latency = entry.latency;
-                    if entry.stages > 0 {
-                        let w = neighbour_counts
-                            .binary_search(&entry.neighbour_machines)
-                            .expect("every suffix's count is listed");
-                        let t = *opt.transfer_ms[w].get_or_insert_with(|| {
-                            let mut shares = opt.shares.clone();
-                            if let Some(class) = neighbour {
-                                // The neighbour, left out of the used: whole
-                                // machines, apart from the new stage's.
-                                shares.push(TransferShare {
-                                    machine: self.group_first[usize::from(class.group)],
-                                    senders: 0,
-                                    receivers: u32::from(class.capacity),
-                                    machines: entry.neighbour_machines,
-                                });
-                            }
-                            self.coster.transfer_over(j, &shares)
-                        });
-                        latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
-                    }
-                    latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-                    if !self.promising(latency, i, free - opt.replicas, class) {
-                        continue;
-                    }
-                    if i == 0 && self.objective == Objective::Latency {
-                        self.offer_incumbent(latency.best, class);
-                    }
-                    let target = match next {
-                        Some(t) => t,
-                        None => {
-                            let t = self.state_id(i, &opt.next_key);
-                            next = Some(t);
-                            t
-                        }
-                    };
-                    self.insert(
-                        target,
-                        Entry {
-                            latency,
-                            peak_memory: entry.peak_memory.max(memory_bytes),
-                            stages,
-                            neighbour_machines: opt.next_neighbour_machines,
-                            parent: eid,
-                            layer_start: i as u32,
-                            layer_end: j as u32,
-                            placement: opt.placement,
-                            replicas: opt.replicas,
-                            class,
-                        },
-                    );
-                }
-                if stop_growing {
-                    break;
-                }
+        options
+    }
+
+    /// Grow the new stage `i..j` of `option` one layer at a time, from
+    /// `i = end - 1` down, prepending it to every suffix. Its time and
+    /// memory only grow, so once it alone is slower than the best plan
+    /// known or does not fit, no larger stage will.
+    fn grow_stage(&mut self, option: &mut StageOption, suffixes: &Suffixes) {
+        let j = suffixes.start;
+        for i in (option.first..option.end).rev() {
+            // Time does not depend on the warm-up depth, memory is
+            // checked per rule when prepended: cost the stage once.
+            let only_stage = i == 0 && suffixes.entries[0].1.stages == 0;
+            let cost = self.coster.stage_searched(
+                i,
+                j,
+                &option.devices,
+                self.ctx.min_slice,
+                1,
+                only_stage,
+            );
+            self.stages_costed += 1;
+            if !self.prepend_stage(option, i, &cost, suffixes) {
+                break;
             }
         }
     }
+
+    /// Prepend the stage `i..j` on `option`'s GPUs, costed as `cost`, to
+    /// every suffix it fits in front of and could lead below the bound.
+    /// Returns whether a longer stage could still be of use: not when the
+    /// stage does not fit, or is alone slower than every bound, in front of
+    /// the suffix of fewest stages.
+    fn prepend_stage(
+        &mut self,
+        option: &mut StageOption,
+        i: usize,
+        cost: &StageCost,
+        suffixes: &Suffixes,
+    ) -> bool {
+        let j = suffixes.start;
+        let m = f64::from(self.micro_batches);
+        let loosest_bound = self.loosest_incumbent();
+        let mut next: Option<u32> = None;
+        for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
+            let stages = entry.stages + 1;
+            let class = match self.fitting_class(cost, i, j, stages, entry.class) {
+                Some(class) => class,
+                // Peak memory ignores limits (to explain infeasibility).
+                None if self.objective == Objective::PeakMemory => 0,
+                // Not even under the loosest rule. More stages behind means
+                // more micro-batches in flight: the remaining suffixes need
+                // more memory.
+                None => return k != 0,
+            };
+            if self.objective == Objective::Latency {
+                let slowest = m * (cost.fwd_ms + cost.bwd_ms);
+                if slowest > loosest_bound * (1.0 + 1e-12) {
+                    return k != 0;
+                }
+                if slowest > self.incumbent(class) * (1.0 + 1e-12) {
+                    continue;
+                }
+            }
+            let memory_bytes = stage_memory_bytes(
+                self.ctx.layers,
+                i,
+                j,
+                cost.slice_size,
+                self.rule_warmup(usize::from(class), stages),
+            );
+            let mut latency = entry.latency;
+            if entry.stages > 0 {
+                let t = self.transfer_to_suffix(option, suffixes, entry.neighbour_machines);
+                latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
+            }
+            latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
+            if !self.promising(latency, i, suffixes.free - option.replicas, class) {
+                continue;
+            }
+            if i == 0 && self.objective == Objective::Latency {
+                self.offer_incumbent(latency.best, class);
+            }
+            let target = match next {
+                Some(t) => t,
+                None => *next.insert(self.state_id(i, &option.next_key)),
+            };
+            self.insert(
+                target,
+                Entry {
+                    latency,
+                    peak_memory: entry.peak_memory.max(memory_bytes),
+                    stages,
+                    neighbour_machines: option.next_neighbour_machines,
+                    parent: eid,
+                    layer_start: i as u32,
+                    layer_end: j as u32,
+                    placement: option.placement,
+                    replicas: option.replicas,
+                    class,
+                },
+            );
+        }
+        true
+    }
+
+    /// The time of the transfer from `option`'s stage to a suffix whose
+    /// neighbouring stage is `neighbour_machines` whole machines (where the
+    /// state leaves it out), priced once per count.
+    fn transfer_to_suffix(
+        &self,
+        option: &mut StageOption,
+        suffixes: &Suffixes,
+        neighbour_machines: u32,
+    ) -> f64 {
+        let w = suffixes
+            .neighbour_counts
+            .binary_search(&neighbour_machines)
+            .expect("every suffix's count is listed");
+        *option.transfer_ms[w].get_or_insert_with(|| {
+            let mut shares = option.shares.clone();
+            if let Some(class) = suffixes.neighbour {
+                // The neighbour, left out of the used: whole machines,
+                // apart from the new stage's.
+                shares.push(TransferShare {
+                    machine: self.group_first[usize::from(class.group)],
+                    senders: 0,
+                    receivers: u32::from(class.capacity),
+                    machines: neighbour_machines,
+                });
+            }
+            self.coster.transfer_over(suffixes.start, &shares)
+        })
+    }
+}
+
+/// The suffixes of one DP state, being extended by a stage in front.
+struct Suffixes {
+    /// The layer they start at: the new stage ends there.
+    start: usize,
+    /// The GPUs they use, less the neighbour where the state's key leaves
+    /// it out.
+    used: State,
+    neighbour: Option<MachineUse>,
+    free: u32,
+    /// (entry id, entry), fewest stages first.
+    entries: Vec<(u32, Entry)>,
+    /// The distinct `neighbour_machines` of the entries, ascending.
+    neighbour_counts: Vec<u32>,
+}
+
+/// One GPU count and placement for the stage in front of a state's
+/// suffixes, with what it costs whatever its layers.
+struct StageOption {
+    replicas: u32,
+    placement: Placement,
+    devices: Rc<StageDevices>,
+    next_key: DpKey,
+    next_neighbour_machines: u32,
+    /// Each class's share of the transfer to the neighbour, and the
+    /// transfer's time for each of `Suffixes::neighbour_counts` once priced.
+    shares: Vec<TransferShare>,
+    transfer_ms: Vec<Option<f64>>,
+    /// Where the stage may start: `first..end`.
+    first: usize,
+    end: usize,
 }
 
 /// One placement step of a layout being built from the back:
@@ -1003,16 +929,13 @@ impl Dp<'_, '_> {
         let n = self.ctx.layers.num_layers;
         let machines = self.ctx.cluster.group_and_gpus();
         let max_replicas = self.max_replicas();
-        let mut steps = Vec::new();
-        self.walk_from(
-            n,
-            &State::empty(&machines),
-            SuffixLatency::EMPTY,
-            0,
-            max_replicas,
-            &mut steps,
-            walk,
-        );
+        let empty = WalkSuffix {
+            start: n,
+            state: State::empty(&machines),
+            latency: SuffixLatency::EMPTY,
+            stages: 0,
+        };
+        self.walk_from(&empty, max_replicas, &mut Vec::new(), walk);
     }
 
     /// Smallest formula value any completion of this suffix (still missing
@@ -1028,32 +951,62 @@ impl Dp<'_, '_> {
         floor
     }
 
-    /// Extend the suffix (layers `j..`, on the GPUs `state` has used) by
-    /// every stage that could lead below the bound, most promising first, so
-    /// that fast plans are found early and lower the bound for the rest.
-    #[allow(clippy::too_many_arguments)]
+    /// Extend `suffix` by every stage that could lead below the bound, most
+    /// promising first, so that fast plans are found early and lower the
+    /// bound for the rest.
     fn walk_from<F: FnMut(&[Step], f64) -> f64>(
         &mut self,
-        j: usize,
-        state: &State,
-        latency: SuffixLatency,
-        stages: u32,
+        suffix: &WalkSuffix,
         max_replicas: u32,
         steps: &mut Vec<Step>,
         walk: &mut LayoutWalk<F>,
     ) {
-        struct Child {
-            floor: f64,
-            start: usize,
-            placement: Placement,
-            replicas: u32,
-            next: State,
-            latency: SuffixLatency,
+        let Some(mut children) = self.walk_children(suffix, max_replicas, walk) else {
+            return;
+        };
+        // Stable: equal floors keep the order they were made in.
+        children.sort_by(|a, b| a.floor.total_cmp(&b.floor));
+        for c in children {
+            if !walk.complete {
+                return;
+            }
+            if c.floor >= walk.bound {
+                break; // sorted: no later child is below the bound either
+            }
+            steps.push((c.suffix.start, suffix.start, c.placement, c.replicas));
+            if c.suffix.start == 0 {
+                if walk.work_left.get() == 0 {
+                    walk.complete = false;
+                    steps.pop();
+                    return;
+                }
+                walk.bound = (walk.visit)(steps, c.suffix.latency.best).min(walk.bound);
+            } else {
+                self.walk_from(&c.suffix, max_replicas, steps, walk);
+            }
+            steps.pop();
         }
+    }
+
+    /// Every stage in front of `suffix` whose completion floor is below the
+    /// walk's bound, in the order they were made. None when the walk's node
+    /// budget ran out (`walk.complete` is then false).
+    fn walk_children<F: FnMut(&[Step], f64) -> f64>(
+        &mut self,
+        suffix: &WalkSuffix,
+        max_replicas: u32,
+        walk: &mut LayoutWalk<F>,
+    ) -> Option<Vec<WalkChild>> {
+        let WalkSuffix {
+            start: j,
+            ref state,
+            latency,
+            stages,
+        } = *suffix;
         let free = state.free();
         let m = f64::from(self.micro_batches);
         let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
-        let mut children: Vec<Child> = Vec::new();
+        let mut children: Vec<WalkChild> = Vec::new();
         for (r, places) in self
             .ctx
             .stage_options(state, max_replicas, self.micro_batch)
@@ -1067,11 +1020,10 @@ impl Dp<'_, '_> {
                 };
                 let devices = self.devices(state, &takes);
                 let next = state.taken(&takes);
-                let starts = self.ctx.starts(r, free, j);
-                for i in starts.rev() {
+                for i in self.ctx.starts(r, free, j).rev() {
                     if walk.nodes_left == 0 {
                         walk.complete = false;
-                        return;
+                        return None;
                     }
                     walk.nodes_left -= 1;
                     let cost = self.coster.stage_searched(
@@ -1094,49 +1046,41 @@ impl Dp<'_, '_> {
                     l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
                     let floor = self.completion_floor(l, i, free - r);
                     if floor < walk.bound {
-                        children.push(Child {
+                        children.push(WalkChild {
                             floor,
-                            start: i,
                             placement,
                             replicas: r,
-                            next: next.clone(),
-                            latency: l,
+                            suffix: WalkSuffix {
+                                start: i,
+                                state: next.clone(),
+                                latency: l,
+                                stages: stages + 1,
+                            },
                         });
                     }
                 }
             }
         }
-        // Stable: equal floors keep the order they were made in.
-        children.sort_by(|a, b| a.floor.total_cmp(&b.floor));
-        for c in children {
-            if !walk.complete {
-                return;
-            }
-            if c.floor >= walk.bound {
-                break; // sorted: no later child is below the bound either
-            }
-            steps.push((c.start, j, c.placement, c.replicas));
-            if c.start == 0 {
-                if walk.work_left.get() == 0 {
-                    walk.complete = false;
-                    steps.pop();
-                    return;
-                }
-                walk.bound = (walk.visit)(steps, c.latency.best).min(walk.bound);
-            } else {
-                self.walk_from(
-                    c.start,
-                    &c.next,
-                    c.latency,
-                    stages + 1,
-                    max_replicas,
-                    steps,
-                    walk,
-                );
-            }
-            steps.pop();
-        }
+        Some(children)
     }
+}
+
+/// A suffix the walk extends: layers `start..` in `stages` stages, at
+/// `latency`, on the GPUs `state` has used.
+struct WalkSuffix {
+    start: usize,
+    state: State,
+    latency: SuffixLatency,
+    stages: u32,
+}
+
+/// A stage the walk may put in front of a suffix, on `replicas` GPUs placed
+/// by `placement`: the suffix it makes can complete no faster than `floor`.
+struct WalkChild {
+    floor: f64,
+    placement: Placement,
+    replicas: u32,
+    suffix: WalkSuffix,
 }
 
 /// The first machine of each group, by group index (groups are
@@ -1247,4 +1191,210 @@ pub(crate) fn concrete_allocs(
             v
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    //! Small literal cases, worked out by hand. Layers store no activations,
+    //! so transfers cost nothing and memory is the model state alone
+    //! (weights, gradients and Adam's two slots: 4x the parameters). One
+    //! stage of fwd+bwd time T_q per micro-batch, M micro-batches:
+    //! formula (2) is M T_1 alone; for two stages, front to back,
+    //! max(M T_1, T_1 + M T_2).
+    use super::*;
+    use crate::profile::{chain_profile, LayerCosts, Measurement, Profile};
+    use crate::search::space::{SearchSpace, Space};
+    use crate::topology::Topology;
+
+    /// Layers of (fwd_ms, bwd_ms, param_bytes), measured at batch sizes 1
+    /// and 2 (twice the time), with no activations.
+    fn chain(layers: &[(f64, f64, u64)]) -> Profile {
+        let times: Vec<(f64, f64)> = layers.iter().map(|&(f, b, _)| (f, b)).collect();
+        let mut profile = chain_profile(&times, 1);
+        for (layer, &(f, b, params)) in profile.layers.iter_mut().zip(layers) {
+            layer.param_bytes = params;
+            layer.measurements = [1, 2]
+                .map(|batch| Measurement {
+                    batch_size: batch,
+                    fwd_ms: f * f64::from(batch),
+                    bwd_ms: b * f64::from(batch),
+                    activation_bytes: 0,
+                    stored_activation_bytes: None,
+                })
+                .to_vec();
+        }
+        profile.validate().unwrap();
+        profile
+    }
+
+    /// A plan as its stages front to back: (layer_start, layer_end, GPUs).
+    type Stages = Vec<(usize, usize, u32)>;
+
+    fn front_to_back(found: &Found) -> Stages {
+        found
+            .stages
+            .iter()
+            .rev()
+            .map(|&(s, e, _, r)| (s, e, r))
+            .collect()
+    }
+
+    /// What one DP run over `profile` on `spec` (GPUs of `memory_bytes`,
+    /// where given) finds with micro-batches of `b` samples, `m` of them,
+    /// under policy A's memory rule: the best plan (value and stages), the
+    /// best of each other stage count, and the states it made.
+    struct Outcome {
+        best: Option<(f64, Stages)>,
+        others: Vec<(f64, Stages)>,
+        states: usize,
+    }
+
+    /// `f` on the context of the full space over `profile` on `spec`
+    /// (GPUs of `memory_bytes`, where given) under policy A's memory rule.
+    fn in_space<R>(
+        profile: &Profile,
+        spec: &str,
+        memory_bytes: Option<u64>,
+        f: impl FnOnce(&Context) -> R,
+    ) -> R {
+        let layers = LayerCosts::new(profile);
+        let mut topology = Topology::from_spec(spec).unwrap();
+        if let Some(bytes) = memory_bytes {
+            topology.machine_groups[0].gpu.memory_bytes = bytes;
+        }
+        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let policy = WarmupPolicy::A;
+        let space = Space::new(&layers, &cluster, SearchSpace::Full, policy, 1, 1, vec![1]);
+        f(space.covering())
+    }
+
+    fn run_dp(profile: &Profile, spec: &str, memory_bytes: Option<u64>, b: u32, m: u32) -> Outcome {
+        in_space(profile, spec, memory_bytes, |ctx| {
+            let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
+            let best = dp.run().pop().flatten();
+            Outcome {
+                best: best.map(|f| (f.value, front_to_back(&f))),
+                others: dp
+                    .other_stage_counts(0)
+                    .iter()
+                    .map(|f| (f.value, front_to_back(f)))
+                    .collect(),
+                states: dp.states.len(),
+            }
+        })
+    }
+
+    #[test]
+    fn three_layers_on_two_gpus_literal_cases() {
+        // One sample per micro-batch, so each stage has one GPU. Plans: one
+        // stage (M x 12), or a cut after layer 1 or 2. States: the empty
+        // cluster, one GPU used with the suffix at each of layers 2, 1, 0,
+        // and both used at layer 0.
+        // Cut after 2: max(4x6, 6 + 4x6) = 30; after 1: max(4x3, 3 + 4x9) = 39.
+        // With a heavy first layer: after 1, max(4x6, 6 + 4x6) = 30; after
+        // 2, max(4x9, 9 + 4x3) = 36. More micro-batches: the slower stage
+        // dominates, 8x6 + 6 = 54. One micro-batch: a pipeline gains
+        // nothing (every plan takes 6) and ties go to fewer stages; of the
+        // two tied cuts, the suffix made first is kept (an equal one does
+        // not displace it): suffixes are extended from the last layer back,
+        // so the one starting at layer 2.
+        type Case = ([(f64, f64); 3], u32, f64, Stages, Vec<(f64, Stages)>);
+        #[rustfmt::skip]
+        let cases: [Case; 4] = [
+            // layers (fwd, bwd)              M  best  its stages, front to back  other stage counts
+            ([(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)], 4, 30.0, vec![(0, 2, 1), (2, 3, 1)], vec![(48.0, vec![(0, 3, 1)])]),
+            ([(2.0, 4.0), (1.0, 2.0), (1.0, 2.0)], 4, 30.0, vec![(0, 1, 1), (1, 3, 1)], vec![(48.0, vec![(0, 3, 1)])]),
+            ([(1.0, 2.0), (1.0, 2.0), (2.0, 4.0)], 8, 54.0, vec![(0, 2, 1), (2, 3, 1)], vec![(96.0, vec![(0, 3, 1)])]),
+            ([(1.0, 1.0), (1.0, 1.0), (1.0, 1.0)], 1, 6.0, vec![(0, 3, 1)], vec![(6.0, vec![(0, 2, 1), (2, 3, 1)])]),
+        ];
+        for (k, (times, m, value, stages, others)) in cases.into_iter().enumerate() {
+            let profile = chain(&times.map(|(f, b)| (f, b, 1000)));
+            let out = run_dp(&profile, "1x2-nvlink", None, 1, m);
+            assert_eq!(out.best, Some((value, stages)), "case {k}");
+            assert_eq!(out.others, others, "case {k}");
+            assert_eq!(out.states, 5, "case {k}");
+        }
+    }
+
+    #[test]
+    fn replicas_split_a_micro_batch() {
+        // Two samples per micro-batch, M = 2, layers of 1 + 1 ms a sample.
+        // One stage on both GPUs (a sample each, no parameters to
+        // AllReduce): 2 x 4 = 8; on one GPU: 2 x 8 = 16; two stages of one
+        // GPU: max(2 x 4, 4 + 2 x 4) = 12.
+        let profile = chain(&[(1.0, 1.0, 0), (1.0, 1.0, 0)]);
+        let out = run_dp(&profile, "1x2-nvlink", None, 2, 2);
+        assert_eq!(out.best, Some((8.0, vec![(0, 2, 2)])));
+        assert_eq!(out.others, vec![(12.0, vec![(0, 1, 1), (1, 2, 1)])]);
+        // From the empty cluster: a stage on 1 GPU ending at layer 2 and
+        // starting at 1 or 0, one on both GPUs starting at 0; then from one
+        // GPU used at layer 1, a stage on the other.
+        assert_eq!(out.states, 5);
+    }
+
+    #[test]
+    fn stages_that_do_not_fit_in_memory_are_never_built() {
+        // Model state 4x the parameters: layers of 16, 4 and 4 kB.
+        let profile = chain(&[(1.0, 2.0, 4000), (1.0, 2.0, 1000), (2.0, 4.0, 1000)]);
+        // 18 kB GPUs: layers 0-1 (20 kB) cannot share one, so the cut
+        // after layer 2 (30 ms) is out and the cut after 1 (39 ms) wins.
+        let out = run_dp(&profile, "1x2-nvlink", Some(18_000), 1, 4);
+        assert_eq!(out.best, Some((39.0, vec![(0, 1, 1), (1, 3, 1)])));
+        assert!(out.others.is_empty(), "{:?}", out.others);
+        // 15 kB GPUs: layer 0 alone does not fit anywhere.
+        let out = run_dp(&profile, "1x2-nvlink", Some(15_000), 1, 4);
+        assert_eq!(out.best, None);
+    }
+
+    /// The layouts a walk of micro-batches of 1 sample, 4 of them, visits
+    /// below `bound`, in order, with each one's value.
+    fn walk_all(ctx: &Context, bound: f64, lowers: bool) -> Vec<(f64, Stages)> {
+        let mut dp = Dp::new(ctx, 1, 4, Objective::Latency, vec![ctx.policy], None);
+        let mut seen = Vec::new();
+        let mut visit = |steps: &[Step], value: f64| {
+            let found = Found {
+                value,
+                stages: steps.to_vec(),
+            };
+            seen.push((value, front_to_back(&found)));
+            if lowers {
+                value
+            } else {
+                f64::INFINITY
+            }
+        };
+        let work_left = std::cell::Cell::new(u64::MAX);
+        let mut walk = LayoutWalk {
+            bound,
+            nodes_left: 1000,
+            work_left: &work_left,
+            complete: true,
+            visit: &mut visit,
+        };
+        dp.walk_layouts(&mut walk);
+        assert!(walk.complete);
+        seen
+    }
+
+    #[test]
+    fn the_walk_visits_the_layouts_below_its_bound_best_first() {
+        let profile = chain(&[(1.0, 2.0, 1000), (1.0, 2.0, 1000), (2.0, 4.0, 1000)]);
+        // `lowers`: the visit returns the layout's value as the new bound
+        // (as if it simulated at its bound), else infinity.
+        let walk = |bound: f64, lowers: bool| -> Vec<(f64, Stages)> {
+            in_space(&profile, "1x2-nvlink", None, |ctx| {
+                walk_all(ctx, bound, lowers)
+            })
+        };
+        let cut_after_2 = (30.0, vec![(0, 2, 1), (2, 3, 1)]);
+        let cut_after_1 = (39.0, vec![(0, 1, 1), (1, 3, 1)]);
+        let one_stage = (48.0, vec![(0, 3, 1)]);
+        assert_eq!(
+            walk(f64::INFINITY, false),
+            vec![cut_after_2.clone(), cut_after_1.clone(), one_stage]
+        );
+        assert_eq!(walk(40.0, false), vec![cut_after_2.clone(), cut_after_1]);
+        // The first layout visited lowers the bound below every other.
+        assert_eq!(walk(f64::INFINITY, true), vec![cut_after_2]);
+    }
 }

@@ -26,17 +26,18 @@
 //! batch in that order: the result does not depend on the thread count.
 //! Refinement never returns a slower plan, and its plans stay valid: every
 //! one is checked and costed by `evaluate`, with the search's own slices
-//! on mixed GPUs. `search` refines from two starts: the chosen plan, and
-//! the refined plan's layout placed anew by the paper's policies.
+//! on mixed GPUs. The search refines from two starts
+//! (`refine_from_two_starts`): the chosen plan, and the refined plan's
+//! layout placed anew by the paper's policies.
 
 use rayon::prelude::*;
 
 use crate::cost::{Cluster, StageCoster, StageDevices};
 use crate::error::Result;
-use crate::plan::check_layout;
-use crate::plan::{Plan, Stage};
+use crate::plan::{check_layout, Plan, PlanInputs, Stage};
 use crate::profile::{LayerCosts, Profile};
-use crate::search::cost_candidate;
+
+use super::candidate::{best_placement_of, cost_candidate};
 
 /// Who holds a GPU: a stage (by index) or nobody.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,65 @@ pub(crate) struct Refined {
 
 /// Moves tried at once; the first faster one of a batch, in order, is kept.
 const BATCH: usize = 8;
+
+/// Simulated tasks refinement may spend from each of its two starts:
+/// well under a second each on the paper's cases.
+const REFINE_TASK_BUDGET: u64 = 20_000_000;
+
+/// Largest cluster whose chosen plan is refined. One GPU's move is a
+/// visible share of a stage up to there; moves grow with the square of
+/// the machines, and on 1,024 GPUs of whole-machine stages a single
+/// GPU's move only splits a stage over one more machine.
+pub(crate) const REFINE_MAX_DEVICES: u32 = 64;
+
+/// Refine the search's chosen plan from two starts: the plan itself, and
+/// the refined layout placed anew, as the paper's policies place it at its
+/// smallest formula value, and refined in turn. Moves change a few GPUs at
+/// a time, and a placement of the same layout can lie past every path of
+/// faster single moves. The second start is skipped where it is a plan
+/// already refined, up to which alike machines hold what (on 16x1,
+/// always). `plans_costed` counts both starts; the placement anew counts
+/// as one move where it is kept.
+pub(crate) fn refine_from_two_starts(
+    chosen: &Plan,
+    profile: &Profile,
+    inputs: &PlanInputs,
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    min_slice: u32,
+) -> Result<Refined> {
+    let refine_from = |plan: &Plan| {
+        refine(
+            plan,
+            profile,
+            layers,
+            cluster,
+            min_slice,
+            REFINE_TASK_BUDGET,
+        )
+    };
+    let first = refine_from(chosen)?;
+    let Some(placed) = best_placement_of(&first.plan, profile, inputs, layers, cluster, min_slice)?
+        .filter(|p| !same_up_to_machines(p, &first.plan, cluster))
+    else {
+        return Ok(first);
+    };
+    let again = refine_from(&placed)?;
+    let plans_costed = first.plans_costed + 1 + again.plans_costed;
+    if simulated_ms(&again.plan) < simulated_ms(&first.plan) * (1.0 - 1e-9) {
+        Ok(Refined {
+            from_ms: first.from_ms,
+            moves_kept: first.moves_kept + 1 + again.moves_kept,
+            plans_costed,
+            ..again
+        })
+    } else {
+        Ok(Refined {
+            plans_costed,
+            ..first
+        })
+    }
+}
 
 /// Improve `plan` (costed, simulated and fitting in memory) by local moves
 /// until none helps or `work_tasks` simulated tasks are spent.
@@ -152,7 +212,7 @@ pub(crate) fn refine(
 
 /// Whether two plans have the same stages' layers and differ only in which
 /// of alike machines (same group and size) hold what: they cost the same.
-pub(crate) fn same_up_to_machines(a: &Plan, b: &Plan, cluster: &Cluster) -> bool {
+fn same_up_to_machines(a: &Plan, b: &Plan, cluster: &Cluster) -> bool {
     let layers = |p: &Plan| -> Vec<(usize, usize)> {
         p.stages
             .iter()

@@ -1,29 +1,40 @@
-//! The planner's search: the dynamic program of `dp.rs` for every
-//! micro-batch size and memory rule, then the candidates it and the
-//! baselines give ranked by simulated iteration, and the walk over every
-//! other layout that could simulate faster (`docs/cost-model.md`).
+//! The planner's search, in phases, each in its own file:
 //!
-//! Micro-batch sizes are searched in parallel with rayon and share the best
-//! latency found so far for pruning.
+//! 1. the space (`space.rs`): which micro-batch sizes, stage GPU counts,
+//!    placements and memory rules are searched;
+//! 2. the DP passes (`passes.rs`, running `dp.rs`): each memory rule's
+//!    best plan by formula (2) at every micro-batch size, and the space's
+//!    lower bound;
+//! 3. candidates (`candidate.rs`): those plans and the baselines' layouts,
+//!    costed and ranked by simulated iteration;
+//! 4. the walk (`walk.rs`): every other layout whose bound is below the
+//!    fastest simulated time, costed the same way (`docs/cost-model.md`);
+//! 5. refinement (`refine.rs`): local moves around the chosen plan.
+//!
+//! Data flows one way: each phase imports only those above it in this
+//! list, and none imports this module.
 
-use std::sync::atomic::AtomicU64;
-
-use rayon::prelude::*;
-
-use crate::baselines::{baseline_layouts, Baseline};
-use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
-use crate::dp::{
-    concrete_allocs, Context, Dp, Found, LayoutWalk, MemoryBudget, Objective, OtherStageCount,
-    PassResult, Step,
-};
-use crate::error::{Error, ErrorKind, Result};
-use crate::evaluate::{estimate_stages, evaluate};
-use crate::plan::{ChosenBy, Plan, PlanInputs, ScheduleChoice, Selection, Stage};
+use crate::cost::{Cluster, WarmupPolicy};
+use crate::error::{Error, Result};
+use crate::plan::{ChosenBy, Plan, PlanInputs, Selection};
 use crate::profile::{LayerCosts, Profile};
-use crate::refine::{refine, same_up_to_machines, Refined};
-use crate::schedule::{within_passes, ScheduleKind};
+use crate::schedule::within_passes;
 use crate::topology::Topology;
-use crate::warmup::plan_with_chosen_warmups;
+
+mod candidate;
+mod dp;
+mod passes;
+mod refine;
+pub(crate) mod space;
+mod walk;
+
+pub use space::SearchSpace;
+
+use candidate::{baseline_candidates, build_plan, simulated_and_bound_ms, Candidate, Ranking};
+use dp::MemoryBudget;
+use passes::{explain_infeasible, run_passes, second_pass, sizes_alone, PassBest, PassResults};
+use refine::{refine_from_two_starts, Refined, REFINE_MAX_DEVICES};
+use space::{searched_micro_batch_sizes, Space};
 
 #[derive(Debug, Clone)]
 pub struct SearchOptions {
@@ -66,71 +77,6 @@ impl SearchOptions {
     }
 }
 
-crate::named_enum! {
-    /// Which stage replications and placements the search tries.
-    pub enum SearchSpace("a search space") {
-        /// Full up to 16 GPUs (the paper's clusters), machine-aligned above.
-        Auto = "auto",
-        /// Every GPU count for every stage, all three placement policies.
-        Full = "full",
-        /// Stages get a divisor of a machine's GPUs or whole machines (the
-        /// fewest that give their largest slice), placed fresh-first or
-        /// append-first with at most two machines partly used, or spread
-        /// evenly over every machine in use (scatter-first). As in the full
-        /// space, a plan may leave GPUs idle.
-        /// On many machines the full space has too many ways to leave
-        /// machines partly used (8x8 GPUs: 8.8 million states); this plans
-        /// 128 layers on 16,384 GPUs in seconds.
-        MachineAligned = "machine-aligned",
-    }
-}
-
-/// Stages the layout walk may cost, and tasks it may simulate to cost
-/// complete layouts, before it stops; past either the plan is the fastest found and
-/// `selection.optimal` is false. About a second on the paper's cases.
-const WALK_NODE_BUDGET: u64 = 500_000;
-const WALK_SIMULATED_TASK_BUDGET: u64 = 20_000_000;
-/// What building, checking and estimating one plan costs, in simulated
-/// tasks, beyond its simulations (`cost_candidate`).
-const PLAN_OVERHEAD_TASKS: u64 = 10_000;
-
-/// Simulated tasks refinement may spend from each of its two starts
-/// (`refine.rs`): well under a second each on the paper's cases.
-const REFINE_TASK_BUDGET: u64 = 20_000_000;
-
-/// Largest cluster whose chosen plan is refined. One GPU's move is a
-/// visible share of a stage up to there; moves grow with the square of
-/// the machines, and on 1,024 GPUs of whole-machine stages a single
-/// GPU's move only splits a stage over one more machine.
-const REFINE_MAX_DEVICES: u32 = 64;
-
-/// Largest cluster the automatic choice searches in full. 128 layers on
-/// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
-/// when small batches are less efficient (benchmarks/README.md).
-const AUTO_FULL_MAX_DEVICES: u32 = 16;
-
-/// Largest cluster on which every micro-batch size runs the DP on its own
-/// and gives candidates (its best plans, those of other stage counts, the
-/// baselines' layouts); above, the sizes share one bound.
-const SIZES_ALONE_MAX_DEVICES: u32 = AUTO_FULL_MAX_DEVICES;
-
-/// Largest cluster on which, after the shared-bound runs, every
-/// micro-batch size runs again on its own (a second pass), pruned at the
-/// fastest simulated time so far, to offer its best plan (`search`).
-const SECOND_PASS_MAX_DEVICES: u32 = 64;
-
-impl SearchSpace {
-    fn resolve(self, cluster: &Cluster) -> SearchSpace {
-        match self {
-            SearchSpace::Auto if cluster.num_devices() > AUTO_FULL_MAX_DEVICES => {
-                SearchSpace::MachineAligned
-            }
-            SearchSpace::Auto => SearchSpace::Full,
-            other => other,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct SearchStats {
     pub micro_batch_sizes: Vec<u32>,
@@ -144,6 +90,16 @@ pub struct SearchStats {
 pub struct SearchResult {
     pub plan: Plan,
     pub stats: SearchStats,
+}
+
+/// Which candidates the ranking is offered besides the search's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offered {
+    /// The search's own plans and, up to 16 GPUs, the baselines' layouts.
+    WithBaselines,
+    /// Only the search's own plans (to test what its space alone finds).
+    #[cfg(test)]
+    SearchOnly,
 }
 
 /// Find the plan with the shortest simulated iteration that fits in memory.
@@ -168,743 +124,293 @@ pub fn search(
     topology: &Topology,
     opts: &SearchOptions,
 ) -> Result<SearchResult> {
+    search_offering(profile, topology, opts, Offered::WithBaselines)
+}
+
+/// [`search`], with the baselines' layouts offered as candidates or not.
+pub(crate) fn search_offering(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+    offered: Offered,
+) -> Result<SearchResult> {
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
+    let (min_slice, sizes) = micro_batch_split(profile, opts)?;
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::for_model(topology, &layers)?;
+    // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
+    let space = Space::new(
+        &layers,
+        &cluster,
+        opts.search_space,
+        opts.warmup_policy,
+        min_slice,
+        opts.global_batch_size,
+        sizes,
+    );
+    // 2. The DP passes: each rule's best plans, and the space's bound.
+    let budget = MemoryBudget::new(opts.max_search_bytes);
+    let passes = run_passes(&space, &budget)?;
+    let mut stats = SearchStats {
+        micro_batch_sizes: space.sizes.clone(),
+        states: passes.states,
+        stages_costed: passes.stages_costed,
+        refine_plans_costed: 0,
+    };
+    let lower_bound_ms = passes.lower_bound_ms(&space);
+    if !lower_bound_ms.is_finite() {
+        return Err(explain_infeasible(&space, &budget));
+    }
+    let inputs = plan_inputs(profile, topology, &space, opts);
+    // 3. Candidates, costed and ranked by simulation.
+    let mut ranking = Ranking::new(profile, opts.warmup_policy);
+    let baselines_on = (offered == Offered::WithBaselines).then_some(topology);
+    offer_first_candidates(&mut ranking, &space, &inputs, &passes, baselines_on)?;
+    offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
+    offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
+    let Some(fastest_ms) = ranking.fastest_ms() else {
+        return Err(explain_infeasible(&space, &budget));
+    };
+    // 4. The walk over every other layout that could simulate faster.
+    let order = walk::walk_order(&space, &passes, sizes_alone(&space));
+    let walked = walk::walk(&space, &inputs, profile, order, fastest_ms, lower_bound_ms)?;
+    let candidates = ranking.offered;
+    if let Some(plan) = walked.fastest {
+        ranking.add_costed(plan);
+    }
+    // 5. Refinement around the chosen plan.
+    let refined = refine_chosen(&ranking, &space, &inputs, opts, &mut stats)?;
+    let record = Record {
+        candidates,
+        lower_bound_ms,
+        optimal: walked.optimal,
+    };
+    let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
+    Ok(SearchResult { plan, stats })
+}
+
+/// The smallest slice a GPU may get, and the micro-batch sizes searched.
+fn micro_batch_split(profile: &Profile, opts: &SearchOptions) -> Result<(u32, Vec<u32>)> {
     let gbs = opts.global_batch_size;
     if gbs == 0 {
         return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
     }
     let min_slice = profile.min_slice(opts.min_micro_batch_size);
-    let sizes: Vec<u32> = match &opts.micro_batch_sizes {
-        Some(list) => {
-            for &b in list {
-                if b == 0 || !gbs.is_multiple_of(b) {
-                    return Err(Error::field(
-                        "micro_batch_sizes",
-                        format!("value {b} does not divide the global batch size {gbs}"),
-                    ));
-                }
-            }
-            list.iter().copied().filter(|&b| b >= min_slice).collect()
-        }
-        // Sizes whose micro-batches alone pass the simulation limit are left
-        // out (`schedule::MAX_PASSES`); so are, below, plans whose stages
-        // times micro-batches do.
-        None => (1..=gbs)
-            .filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice && within_passes(1, gbs / b))
-            .collect(),
-    };
-    if sizes.is_empty() {
-        return Err(Error::incompatible(format!(
-            "global batch size {gbs} cannot be split into micro-batches of at least {min_slice} samples \
-             (the smallest profiled batch size; lower it with --min-micro-batch-size)"
-        )));
-    }
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::for_model(topology, &layers)?;
-    let space = opts.search_space.resolve(&cluster);
-    // The run whose memory rule admits every plan of the space comes last:
-    // its bounds are the space's.
-    let passes: Vec<WarmupPolicy> = match opts.warmup_policy {
-        WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
-        fixed => vec![fixed],
-    };
-    let contexts: Vec<Context> = passes
-        .iter()
-        .map(|&policy| Context {
-            layers: &layers,
-            cluster: &cluster,
-            policy,
-            min_slice,
-            space,
-            layout: None,
-        })
-        .collect();
-    // One DP run per micro-batch size serves every pass: its entries carry
-    // the strictest memory rule they fit (loosest first: one micro-batch,
-    // then policy A's depths, then B's).
-    let mut by_looseness: Vec<usize> = (0..contexts.len()).collect();
-    by_looseness.sort_by_key(|&p| match contexts[p].policy {
-        WarmupPolicy::Auto => 0,
-        WarmupPolicy::A => 1,
-        WarmupPolicy::B => 2,
-    });
-    let rules: Vec<WarmupPolicy> = by_looseness.iter().map(|&p| contexts[p].policy).collect();
-    // Up to 16 GPUs every micro-batch size searches on its own, so each
-    // size contributes its best plan per pass as a candidate. Above, the
-    // sizes share each pass's best formula value for pruning (far less
-    // work): a size that cannot reach it is cut and only the pass's best is
-    // a candidate, though the walk below still visits the other sizes.
-    let sizes_alone = cluster.num_devices() <= SIZES_ALONE_MAX_DEVICES;
-    // One bound per pass, per size or shared by the sizes.
-    let bound_sets = if sizes_alone { sizes.len() } else { 1 };
-    let incumbents: Vec<AtomicU64> = (0..bound_sets * rules.len())
-        .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
-        .collect();
-    let covering_ctx = &contexts[contexts.len() - 1];
-    let budget = MemoryBudget::new(opts.max_search_bytes);
-    let runs: Vec<(Vec<PassResult>, Vec<OtherStageCount>)> = (0..sizes.len())
-        .into_par_iter()
-        .map(|k| {
-            let b = sizes[k];
-            let set = if sizes_alone { k } else { 0 };
-            let bounds = &incumbents[set * rules.len()..(set + 1) * rules.len()];
-            let mut dp = Dp::new(
-                covering_ctx,
-                b,
-                gbs / b,
-                Objective::Latency,
-                rules.clone(),
-                Some(bounds),
-            )
-            .with_budget(&budget);
-            let found = dp.run();
-            // Up to 16 GPUs, each rule's best plan of every other stage
-            // count is a candidate too: fewer, wider stages can simulate
-            // faster than the formula's best (fewer bubbles).
-            let others: Vec<OtherStageCount> = if sizes_alone {
-                by_looseness
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(class, &p)| {
-                        dp.other_stage_counts(class)
-                            .into_iter()
-                            .map(move |f| (p, b, f))
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            // Work is counted once, on the covering pass's row.
-            let covering = contexts.len() - 1;
-            let rows = found
-                .into_iter()
-                .zip(&by_looseness)
-                .map(|(f, &p)| {
-                    let (states, costed) = if p == covering {
-                        (dp.states.len(), dp.stages_costed)
-                    } else {
-                        (0, 0)
-                    };
-                    (p, b, f, states, costed)
-                })
-                .collect();
-            (rows, others)
-        })
-        .collect();
-    if let Some(e) = search_memory_limit(&budget, &cluster, space) {
-        return Err(e);
-    }
-    let (rows, others): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
-    let others: Vec<OtherStageCount> = others.into_iter().flatten().collect();
-    let mut results: Vec<PassResult> = rows.into_iter().flatten().collect();
-    if !sizes_alone {
-        // Which sizes survive a shared bound depends on thread timing; each
-        // run's best does not (the DP is exact, ties broken by fewer stages,
-        // then larger micro-batches). Keep only that one.
-        for p in 0..contexts.len() {
-            let best = results
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.0 == p && r.2.is_some())
-                .min_by(|(_, x), (_, y)| {
-                    let (fx, fy) = (x.2.as_ref().unwrap(), y.2.as_ref().unwrap());
-                    fx.value
-                        .total_cmp(&fy.value)
-                        .then(fx.stages.len().cmp(&fy.stages.len()))
-                        .then(y.1.cmp(&x.1))
-                })
-                .map(|(i, _)| i);
-            for (i, r) in results.iter_mut().enumerate() {
-                if r.0 == p && Some(i) != best {
-                    r.2 = None;
-                }
-            }
-        }
-    }
-    let mut stats = SearchStats {
-        micro_batch_sizes: sizes.clone(),
-        states: results.iter().map(|r| r.3).sum(),
-        stages_costed: results.iter().map(|r| r.4).sum(),
-        refine_plans_costed: 0,
-    };
-    let covering = contexts.len() - 1;
-    let lower_bound_ms = results
-        .iter()
-        .filter(|r| r.0 == covering)
-        .filter_map(|r| r.2.as_ref().map(|f| f.value))
-        .fold(f64::INFINITY, f64::min);
-    if !lower_bound_ms.is_finite() {
-        return Err(explain_infeasible(
-            &contexts[covering],
-            &sizes,
-            gbs,
-            &budget,
-        ));
-    }
-    let inputs = PlanInputs::new(
+    let requested = opts.micro_batch_sizes.as_deref();
+    Ok((
+        min_slice,
+        searched_micro_batch_sizes(gbs, min_slice, requested)?,
+    ))
+}
+
+/// What every plan of this search records of its inputs.
+fn plan_inputs(
+    profile: &Profile,
+    topology: &Topology,
+    space: &Space,
+    opts: &SearchOptions,
+) -> PlanInputs {
+    PlanInputs::new(
         profile,
         topology,
-        gbs,
-        min_slice,
-        space.name(),
+        space.global_batch_size,
+        space.covering().min_slice,
+        space.space().name(),
         opts.profile_path.clone(),
-    );
-    let mut candidates: Vec<(Plan, &'static str)> = results
+    )
+}
+
+/// The first candidates: each pass's best plan at each micro-batch size
+/// and, up to 16 GPUs where `baselines_on` gives the topology, the
+/// baselines' layouts: there they are cheap, and a plan that loses to a
+/// baseline would be a defect the walk's budget could leave in place. On
+/// larger clusters a straight pipeline has a stage per layer and
+/// PipeDream's DP is quadratic in the GPUs; there the search's own
+/// candidates and the walk must do.
+fn offer_first_candidates(
+    ranking: &mut Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    passes: &PassResults,
+    baselines_on: Option<&Topology>,
+) -> Result<()> {
+    let mut first = searched_candidates(space, inputs, &passes.bests, |_, _| true);
+    if let Some(topology) = baselines_on.filter(|_| sizes_alone(space)) {
+        first.extend(baseline_candidates(
+            ranking.profile(),
+            topology,
+            space,
+            ranking.warmup_policy(),
+        )?);
+    }
+    ranking.offer(first, f64::INFINITY)
+}
+
+/// The search's own candidates: each pass's best plan at each micro-batch
+/// size where `wanted` (pass, size) and within the simulation's limit.
+fn searched_candidates(
+    space: &Space,
+    inputs: &PlanInputs,
+    bests: &[PassBest],
+    wanted: impl Fn(usize, u32) -> bool,
+) -> Vec<Candidate> {
+    bests
         .iter()
-        .filter_map(|(p, b, found, _, _)| {
-            let f = found
+        .filter(|r| wanted(r.pass, r.micro_batch_size))
+        .filter_map(|r| {
+            let (b, m) = (r.micro_batch_size, space.micro_batches(r.micro_batch_size));
+            let found = r
+                .found
                 .as_ref()
-                .filter(|f| within_passes(f.stages.len(), gbs / b))?;
-            Some((build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
+                .filter(|f| within_passes(f.stages.len(), m))?;
+            Some(Candidate::searched(build_plan(
+                inputs,
+                &space.contexts[r.pass],
+                b,
+                m,
+                found,
+            )))
+        })
+        .collect()
+}
+
+/// The other stage counts' best plans, where their bound is below the
+/// fastest simulated so far (else they cannot be faster).
+fn offer_other_stage_counts(
+    ranking: &mut Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    passes: &PassResults,
+) -> Result<()> {
+    let fastest_ms = ranking.fastest_ms().unwrap_or(f64::INFINITY);
+    let alternatives: Vec<Candidate> = passes
+        .other_stage_counts
+        .iter()
+        .filter(|o| {
+            let m = space.micro_batches(o.micro_batch_size);
+            o.found.value < fastest_ms && within_passes(o.found.stages.len(), m)
+        })
+        .map(|o| {
+            let (b, m) = (o.micro_batch_size, space.micro_batches(o.micro_batch_size));
+            Candidate::searched(build_plan(inputs, &space.contexts[o.pass], b, m, &o.found))
         })
         .collect();
-    // The baselines' layouts are candidates too, up to 16 GPUs: there they
-    // are cheap, and a plan that loses to a baseline would be a defect the
-    // walk's budget could leave in place. On larger clusters a straight
-    // pipeline has a stage per layer and PipeDream's DP is quadratic in the
-    // GPUs; there the search's own candidates and the walk must do.
-    if sizes_alone {
-        // On GPUs of several kinds, Whale's balanced data parallelism and
-        // pipeline too: their uneven slices are outside the search's own space.
-        let mut kinds = vec![Baseline::Straight, Baseline::PipeDream];
-        if cluster.is_mixed() {
-            kinds.extend([Baseline::WhaleDataParallel, Baseline::WhalePipeline]);
-        }
-        for kind in kinds {
-            // A baseline that does not apply to this cluster (PipeDream's
-            // planner on machines of unequal size) offers no candidate.
-            let layouts =
-                match baseline_layouts(kind, profile, topology, gbs, min_slice, opts.warmup_policy)
-                {
-                    Err(e) if e.kind == ErrorKind::Incompatible => Vec::new(),
-                    other => other?,
-                };
-            for plan in layouts {
-                candidates.push((plan, kind.name()));
-            }
-        }
+    if alternatives.is_empty() {
+        return Ok(());
     }
-    // Each candidate gets its warm-up depths (auto: many simulations) or
-    // keeps its cost (fixed: already simulated once), in order of its
-    // formula (2) value, a lower bound of its simulated time whatever its
-    // depths: once that is above the fastest simulated so far, neither it
-    // nor any later candidate can be faster, and none gets its depths.
-    // Candidates are costed a batch per thread at a time.
-    let cost = |candidates: Vec<(Plan, &'static str)>,
-                mut fastest: f64|
-     -> Result<Vec<(Plan, &'static str)>> {
-        // Baselines' layouts come uncosted; the search's own are costed.
-        let mut bounded: Vec<(Plan, &'static str)> = candidates
-            .into_par_iter()
-            .map(|(plan, source)| {
-                Ok(match plan.estimate {
-                    Some(_) => (plan, source),
-                    None => (
-                        Plan {
-                            estimate: Some(evaluate(&plan, profile)?),
-                            ..plan
-                        },
-                        source,
-                    ),
-                })
-            })
-            .collect::<Result<_>>()?;
-        let bound = |p: &Plan| p.estimate.as_ref().expect("bounded").latency_ms;
-        bounded.sort_by(|a, b| bound(&a.0).total_cmp(&bound(&b.0)));
-        let width = rayon::current_num_threads().max(1);
-        let mut costed: Vec<(Plan, &'static str)> = Vec::new();
-        let mut left = bounded.into_iter().peekable();
-        while left.peek().is_some_and(|(p, _)| bound(p) <= fastest) {
-            let batch: Vec<(Plan, &'static str)> =
-                std::iter::from_fn(|| left.next_if(|(p, _)| bound(p) <= fastest))
-                    .take(width)
-                    .collect();
-            let done: Vec<Option<(Plan, &'static str)>> = batch
-                .into_par_iter()
-                .map(|(plan, source)| {
-                    let plan = match opts.warmup_policy {
-                        WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
-                        _ => Some(plan),
-                    };
-                    Ok(plan
-                        .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
-                        .map(|p| (p, source)))
-                })
-                .collect::<Result<_>>()?;
-            for (plan, source) in done.into_iter().flatten() {
-                let simulated = plan.estimate.as_ref().and_then(|e| e.iteration_ms);
-                fastest = fastest.min(simulated.unwrap_or(f64::INFINITY));
-                costed.push((plan, source));
-            }
-        }
-        Ok(costed)
+    ranking.offer(alternatives, fastest_ms)
+}
+
+/// Where the sizes shared one bound, on up to 64 GPUs: each size's best
+/// plan from a pass of its own, pruned at the fastest simulated time so
+/// far (`passes::second_pass`), where the first runs did not offer it.
+fn offer_second_pass(
+    ranking: &mut Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    passes: &PassResults,
+    opts: &SearchOptions,
+    stats: &mut SearchStats,
+) -> Result<()> {
+    if sizes_alone(space) || space.cluster().num_devices() > passes::SECOND_PASS_MAX_DEVICES {
+        return Ok(());
+    }
+    let Some(fastest_ms) = ranking.fastest_ms() else {
+        return Ok(());
     };
-    // Plans offered to simulation, whether or not their bound let them be
-    // simulated: a count that does not depend on the number of threads.
-    let mut offered = candidates.len() as u32;
-    let mut ranked = cost(candidates, f64::INFINITY)?;
-    let key = |p: &Plan| {
-        let e = p.estimate.as_ref().expect("candidates are costed");
-        (
-            e.iteration_ms.expect("costed plans are simulated"),
-            e.latency_ms,
-        )
-    };
-    // Shortest simulated iteration; ties go to the smaller bound, fewer
-    // stages, then larger micro-batches.
-    let faster = |(a, _): &(Plan, &str), (b, _): &(Plan, &str)| {
-        let (ka, kb) = (key(a), key(b));
-        ka.0.total_cmp(&kb.0)
-            .then(ka.1.total_cmp(&kb.1))
-            .then(a.stages.len().cmp(&b.stages.len()))
-            .then(b.micro_batch_size.cmp(&a.micro_batch_size))
-    };
-    ranked.sort_by(faster);
-    // The other stage counts' best plans, where their bound is below the
-    // fastest simulated so far (else they cannot be faster).
-    let best_so_far = ranked.first().map_or(f64::INFINITY, |(p, _)| key(p).0);
-    let alternatives: Vec<(Plan, &'static str)> = others
-        .iter()
-        .filter(|(_, b, f)| f.value < best_so_far && within_passes(f.stages.len(), gbs / b))
-        .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
-        .collect();
-    if !alternatives.is_empty() {
-        offered += alternatives.len() as u32;
-        ranked.extend(cost(alternatives, best_so_far)?);
-        ranked.sort_by(faster);
+    let (bests, states, stages_costed) = second_pass(space, fastest_ms, opts.max_search_bytes);
+    stats.states += states;
+    stats.stages_costed += stages_costed;
+    // A pass's best plan at a size the first runs already offered is the
+    // same plan.
+    let more = searched_candidates(space, inputs, &bests, |p, b| !passes.offered(p, b));
+    ranking.offer(more, fastest_ms)
+}
+
+/// The ranking's fastest plan refined (`refine.rs`), where asked and on up
+/// to 64 GPUs; None where no move made it faster.
+fn refine_chosen(
+    ranking: &Ranking,
+    space: &Space,
+    inputs: &PlanInputs,
+    opts: &SearchOptions,
+    stats: &mut SearchStats,
+) -> Result<Option<Refined>> {
+    let cluster = space.cluster();
+    if !opts.refine || cluster.num_devices() > REFINE_MAX_DEVICES {
+        return Ok(None);
     }
-    // Where the sizes shared one bound, only the best formula value's size
-    // gave candidates; another size's best plan may simulate faster. Up to
-    // 64 GPUs each size runs again on its own, pruned at the fastest
-    // simulated time so far (a plan whose formula value is above it cannot
-    // simulate faster), and its best plan under each rule is a candidate.
-    // The pass has its own table budget: past it, it adds nothing, and the
-    // plans found so far stand.
-    if !sizes_alone && cluster.num_devices() <= SECOND_PASS_MAX_DEVICES {
-        if let Some(fastest) = ranked.first().map(|(p, _)| key(p).0) {
-            let second_budget = MemoryBudget::new(opts.max_search_bytes);
-            // One size's pass: each rule's best plan (rule, size, plan),
-            // and the pass's work.
-            struct SizePass {
-                found: Vec<(usize, u32, Found)>,
-                states: usize,
-                stages_costed: u64,
-            }
-            let each: Vec<SizePass> = sizes
-                .par_iter()
-                .map(|&b| {
-                    let bounds: Vec<AtomicU64> = rules
-                        .iter()
-                        .map(|_| AtomicU64::new(fastest.to_bits()))
-                        .collect();
-                    let mut dp = Dp::new(
-                        covering_ctx,
-                        b,
-                        gbs / b,
-                        Objective::Latency,
-                        rules.clone(),
-                        Some(&bounds),
-                    )
-                    .with_budget(&second_budget);
-                    let found: Vec<(usize, u32, Found)> = dp
-                        .run()
-                        .into_iter()
-                        .zip(&by_looseness)
-                        .filter_map(|(f, &p)| f.map(|f| (p, b, f)))
-                        .collect();
-                    SizePass {
-                        found,
-                        states: dp.states.len(),
-                        stages_costed: dp.stages_costed,
-                    }
-                })
-                .collect();
-            for pass in &each {
-                stats.states += pass.states;
-                stats.stages_costed += pass.stages_costed;
-            }
-            // A pass's best plan at a size the first runs already offered
-            // is the same plan.
-            let offered_before = |p: usize, b: u32| {
-                results
-                    .iter()
-                    .any(|r| r.0 == p && r.1 == b && r.2.is_some())
-            };
-            let more: Vec<(Plan, &'static str)> = if second_budget.exceeded().is_some() {
-                Vec::new()
-            } else {
-                each.iter()
-                    .flat_map(|pass| &pass.found)
-                    .filter(|(p, b, f)| {
-                        !offered_before(*p, *b) && within_passes(f.stages.len(), gbs / b)
-                    })
-                    .map(|(p, b, f)| (build_plan(&inputs, &contexts[*p], *b, gbs / b, f), "search"))
-                    .collect()
-            };
-            offered += more.len() as u32;
-            ranked.extend(cost(more, fastest)?);
-            ranked.sort_by(faster);
-        }
-    }
-    if ranked.is_empty() {
-        return Err(explain_infeasible(
-            &contexts[covering],
-            &sizes,
-            gbs,
-            &budget,
-        ));
-    }
-    // Every other layout whose bound is below the best simulated time could
-    // still simulate faster: walk them all, per micro-batch size, each walk
-    // lowering its own bound as it finds faster plans.
-    // Sizes go in order of their smallest bound (most promising first) and
-    // share one bound and one budget, so the outcome does not depend on
-    // thread timing.
-    // A size searched alone without a plan has none that fits. Sizes cut by
-    // a shared bound come last, with no bound of their own.
-    let mut order: Vec<(f64, u32)> = results
-        .iter()
-        .filter(|r| r.0 == covering && (r.2.is_some() || !sizes_alone))
-        .map(|r| (r.2.as_ref().map_or(f64::NEG_INFINITY, |f| f.value), r.1))
-        .collect();
-    order.sort_by(|a, b| {
-        let unknown = |x: f64| x == f64::NEG_INFINITY;
-        unknown(a.0)
-            .cmp(&unknown(b.0))
-            .then(a.0.total_cmp(&b.0))
-            .then(b.1.cmp(&a.1))
-    });
-    let mut walk_best: Option<Plan> = None;
-    let mut failure: Option<Error> = None;
-    let mut bound = key(&ranked[0].0).0;
-    let mut nodes_left = WALK_NODE_BUDGET;
-    let work_left = std::cell::Cell::new(WALK_SIMULATED_TASK_BUDGET);
-    // A candidate at the space's bound is optimal: nothing to walk.
-    let mut optimal = true;
-    if bound <= lower_bound_ms * (1.0 + 1e-12) {
-        order.clear();
-    }
-    for (size_bound, b) in order {
-        if size_bound >= bound {
-            continue; // no layout of this size can be faster
-        }
-        let ctx = &contexts[covering];
-        let m = gbs / b;
-        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
-        let mut visit = |steps: &[Step], value: f64| -> f64 {
-            if !within_passes(steps.len(), m) {
-                return f64::INFINITY; // not simulated: over the limit
-            }
-            let found = Found {
-                value,
-                stages: steps.to_vec(),
-            };
-            let plan = build_plan(&inputs, ctx, b, m, &found);
-            let (plan, tasks) = match cost_candidate(&plan, profile) {
-                Ok(costed) => costed,
-                Err(e) => {
-                    failure.get_or_insert(e);
-                    (None, PLAN_OVERHEAD_TASKS)
-                }
-            };
-            work_left.set(work_left.get().saturating_sub(tasks));
-            match plan {
-                Some(p) if walk_best.as_ref().is_none_or(|w| key(&p).0 < key(w).0) => {
-                    let ms = key(&p).0;
-                    walk_best = Some(p);
-                    ms
-                }
-                _ => f64::INFINITY,
-            }
-        };
-        let mut walk = LayoutWalk {
-            bound,
-            nodes_left,
-            work_left: &work_left,
-            complete: true,
-            visit: &mut visit,
-        };
-        dp.walk_layouts(&mut walk);
-        (bound, nodes_left) = (walk.bound, walk.nodes_left);
-        if !walk.complete {
-            optimal = false;
-            break;
-        }
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    let candidates = offered;
-    ranked.extend(walk_best.map(|p| (p, "search")));
-    ranked.sort_by(faster);
-    let (chosen, source) = &ranked[0];
-    // Local moves around the chosen plan, outside the space too, where a
-    // GPU's move is a visible share of the cluster (`refine.rs`).
-    let refined = if opts.refine && cluster.num_devices() <= REFINE_MAX_DEVICES {
-        let refine_from = |plan: &Plan| {
-            refine(
-                plan,
-                profile,
-                &layers,
-                &cluster,
-                min_slice,
-                REFINE_TASK_BUDGET,
-            )
-        };
-        let mut r = refine_from(chosen)?;
-        stats.refine_plans_costed = r.plans_costed;
-        // A second start: the refined layout placed anew, as the paper's
-        // policies place it at its smallest formula value, and refined in
-        // turn. Moves change a few GPUs at a time, and a placement of the
-        // same layout can lie past every path of faster single moves.
-        // Skipped where it is a plan already refined, up to which alike
-        // machines hold what (on 16x1, always).
-        if let Some(placed) =
-            best_placement_of(&r.plan, profile, &inputs, &layers, &cluster, min_slice)?
-                .filter(|p| !same_up_to_machines(p, &r.plan, &cluster))
-        {
-            let again = refine_from(&placed)?;
-            stats.refine_plans_costed += 1 + again.plans_costed;
-            if key(&again.plan).0 < key(&r.plan).0 * (1.0 - 1e-9) {
-                r = Refined {
-                    from_ms: r.from_ms,
-                    // The placement anew counts as one move.
-                    moves_kept: r.moves_kept + 1 + again.moves_kept,
-                    ..again
-                };
-            }
-        }
-        (r.moves_kept > 0).then_some(r)
-    } else {
-        None
-    };
-    let chosen = refined.as_ref().map_or(chosen, |r| &r.plan);
-    let (chosen_ms, chosen_bound) = key(chosen);
+    let refined = refine_from_two_starts(
+        &ranking.ranked[0].plan,
+        ranking.profile(),
+        inputs,
+        space.covering().layers,
+        cluster,
+        space.covering().min_slice,
+    )?;
+    stats.refine_plans_costed = refined.plans_costed;
+    Ok((refined.moves_kept > 0).then_some(refined))
+}
+
+/// What the selection records beside the chosen plan.
+struct Record {
+    /// Candidates offered to simulation (the walk's plans not counted).
+    candidates: u32,
+    lower_bound_ms: f64,
+    /// The walk finished: no plan of the space simulates faster.
+    optimal: bool,
+}
+
+/// The chosen plan (the ranking's fastest, or its refinement) as this
+/// search's plan, with how it was chosen.
+fn recorded_plan(
+    ranked: &[Candidate],
+    refined: Option<&Refined>,
+    inputs: PlanInputs,
+    record: Record,
+) -> Plan {
+    let fastest = &ranked[0];
+    let chosen = refined.map_or(&fastest.plan, |r| &r.plan);
+    let (chosen_ms, chosen_bound) = simulated_and_bound_ms(chosen);
     let estimate_rank = ranked
         .iter()
-        .filter(|(p, _)| key(p).1 < chosen_bound)
+        .filter(|c| simulated_and_bound_ms(&c.plan).1 < chosen_bound)
         .count() as u32;
     let mut plan = chosen.clone();
     // A baseline's layout is recorded as this search's plan.
     plan.inputs = inputs;
     plan.selection = Some(Selection {
         chosen_by: ChosenBy::Simulation,
-        candidates,
+        candidates: record.candidates,
         simulated_ms: Some(chosen_ms),
         estimate_rank,
-        lower_bound_ms: Some(lower_bound_ms),
-        source: Some((*source).into()),
-        optimal: Some(optimal),
-        refined_from_ms: refined.as_ref().map(|r| r.from_ms),
+        lower_bound_ms: Some(record.lower_bound_ms),
+        source: Some(fastest.source.into()),
+        optimal: Some(record.optimal),
+        refined_from_ms: refined.map(|r| r.from_ms),
     });
-    Ok(SearchResult { plan, stats })
-}
-
-/// Where a run stopped at the budget: how far the tables got, and what to do.
-fn search_memory_limit(
-    budget: &MemoryBudget,
-    cluster: &Cluster,
-    space: SearchSpace,
-) -> Option<Error> {
-    let bytes = budget.exceeded()?;
-    let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
-    let advice = if space == SearchSpace::Full {
-        "use the machine-aligned space (--search-space machine-aligned), or merge layers in the profile"
-    } else {
-        "merge layers in the profile"
-    };
-    Some(Error::limit(format!(
-        "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \
-         {advice}, or raise the limit (--max-search-gib)",
-        gib(bytes),
-        cluster.num_devices(),
-        space.name(),
-        gib(budget.limit_bytes),
-    )))
-}
-
-/// Why no plan came out: none fits in memory (the least any needs, with
-/// numbers), or the space held none at all (a plan may leave GPUs idle, so
-/// one GPU holding every layer is always in it: not expected).
-fn explain_infeasible(ctx: &Context, sizes: &[u32], gbs: u32, budget: &MemoryBudget) -> Error {
-    let least = sizes
-        .iter()
-        .filter_map(|&b| {
-            let mut dp = Dp::new(
-                ctx,
-                b,
-                gbs / b,
-                Objective::PeakMemory,
-                vec![ctx.policy],
-                None,
-            )
-            .with_budget(budget);
-            dp.run().pop().flatten().map(|f| (b, f))
-        })
-        .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
-    // Past the limit a run stops and finds nothing: say so instead.
-    if let Some(e) = search_memory_limit(budget, ctx.cluster, ctx.space) {
-        return e;
-    }
-    let gib = |x: f64| x / (1u64 << 30) as f64;
-    match least {
-        None => Error::incompatible(format!(
-            "no plan of the search space fits {} layers on {} GPUs with global batch size {gbs} and slices of \
-             at least {} samples per GPU",
-            ctx.layers.num_layers,
-            ctx.cluster.num_devices(),
-            ctx.min_slice,
-        )),
-        Some((b, f)) => {
-            let memory = ctx.cluster.machines.iter().map(|m| m.memory_bytes);
-            let largest = memory.clone().fold(0.0, f64::max);
-            let smallest = memory.fold(f64::INFINITY, f64::min);
-            // Small memories read in bytes, not as 0.00 GiB.
-            let size = |x: f64| {
-                if x < f64::from(1u32 << 20) {
-                    format!("{x:.0} bytes")
-                } else {
-                    format!("{:.2} GiB", gib(x))
-                }
-            };
-            let has = if smallest == largest {
-                format!("a GPU has {}", size(largest))
-            } else {
-                format!("the GPUs have {} to {}", size(smallest), size(largest))
-            };
-            Error::infeasible(format!(
-                "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {} \
-                 (micro-batch size {b}, {} stage(s)) but {has}",
-                size(f.value),
-                f.stages.len(),
-            ))
-        }
-    }
-}
-
-/// The full space's placement of `plan`'s layout (each stage's layers
-/// and GPU count) with the smallest formula (2) value under the plan's
-/// warm-up policy, costed as a candidate; None when none fits.
-fn best_placement_of(
-    plan: &Plan,
-    profile: &Profile,
-    inputs: &PlanInputs,
-    layers: &LayerCosts,
-    cluster: &Cluster,
-    min_slice: u32,
-) -> Result<Option<Plan>> {
-    let layout: Vec<(usize, usize, u32)> = plan
-        .stages
-        .iter()
-        .map(|s| (s.layer_start, s.layer_end, s.devices.len() as u32))
-        .collect();
-    let policy = plan.schedule.warmup_policy;
-    let ctx = Context {
-        layers,
-        cluster,
-        policy,
-        min_slice,
-        space: SearchSpace::Full,
-        layout: Some(&layout),
-    };
-    let (b, m) = (plan.micro_batch_size, plan.micro_batches);
-    let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![policy], None);
-    let Some(found) = dp.run().into_iter().next().flatten() else {
-        return Ok(None);
-    };
-    let placed = build_plan(inputs, &ctx, b, m, &found);
-    Ok(cost_candidate(&placed, profile)?.0)
-}
-
-/// A candidate costed as the search ranks it: under warm-up policy auto
-/// with the depths that simulate fastest within memory (`warmup.rs`), else
-/// at its fixed policy's depths (estimated now unless it was). None when
-/// it does not fit in memory. Also the work it took, in simulated tasks:
-/// the layout is simulated once to cost it and again for each warm-up
-/// vector tried, each simulation runs every stage's 2M passes, and
-/// building and checking the plan costs `PLAN_OVERHEAD_TASKS`.
-pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
-    let per_simulation = 2 * u64::from(plan.micro_batches) * plan.stages.len() as u64;
-    let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
-    let costed = match plan.schedule.warmup_policy {
-        WarmupPolicy::Auto => {
-            let (chosen, simulations) = plan_with_chosen_warmups(plan, profile)?;
-            tasks += simulations * per_simulation;
-            chosen
-        }
-        _ if plan.estimate.is_some() => Some(plan.clone()),
-        _ => Some(Plan {
-            estimate: Some(evaluate(plan, profile)?),
-            ..plan.clone()
-        }),
-    };
-    let fits = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory));
-    Ok((fits, tasks))
-}
-
-fn build_plan(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, found: &Found) -> Plan {
-    let plan = plan_of_steps(inputs, ctx, b, m, &found.stages);
-    let estimate = plan.estimate.as_ref().expect("estimated");
-    debug_assert!(
-        (estimate.latency_ms - found.value).abs() <= 1e-6 * found.value.abs().max(1.0),
-        "search value {} and plan estimate {} disagree",
-        found.value,
-        estimate.latency_ms
-    );
-    plan
-}
-
-/// The plan of placement steps (last stage first), estimated.
-fn plan_of_steps(inputs: &PlanInputs, ctx: &Context, b: u32, m: u32, steps: &[Step]) -> Plan {
-    let allocs = concrete_allocs(ctx.cluster, steps, |s, r, p| ctx.replay(s, r, p));
-    let count = steps.len() as u32;
-    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
-    let stages: Vec<Stage> = steps
-        .iter()
-        .rev()
-        .zip(ctx.cluster.number_devices(&allocs))
-        .zip(&allocs)
-        .enumerate()
-        .map(
-            |(i, (((start, end, placement, _), devices), alloc))| Stage {
-                layer_start: *start,
-                layer_end: *end,
-                devices,
-                warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(placement.policy),
-                // Replicas are numbered machine by machine, as the alloc lists them.
-                slices: coster.searched_slices(
-                    *start,
-                    *end,
-                    &StageDevices::new(ctx.cluster, alloc.clone()),
-                    ctx.min_slice,
-                ),
-                tensor_parallel: 1,
-                shard_optimizer: false,
-                recompute: crate::shape::Recompute::None,
-            },
-        )
-        .collect();
-    let schedule = ScheduleChoice {
-        kind: ScheduleKind::EarlyBackward1F1B,
-        warmup_policy: ctx.policy,
-    };
-    let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
-    plan.estimate = Some(estimate_stages(&coster, &plan, &allocs));
     plan
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::{largest_slice, smallest_slice};
+    use crate::baselines::Baseline;
+    use crate::cost::{largest_slice, smallest_slice, StageCoster, StageDevices};
+    use crate::evaluate::evaluate;
     use crate::format::PROFILE;
     use crate::placement::State;
     use crate::plan::PlanOptions;
+    use crate::plan::{ScheduleChoice, Stage};
     use crate::profile::{Layer, Measurement};
+    use crate::schedule::ScheduleKind;
+    use crate::FileObject;
+    use candidate::{best_placement_of, plan_of_steps};
+    use dp::{concrete_allocs, Step};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
+    use space::Context;
 
     fn random_profile(rng: &mut StdRng, layers: usize) -> Profile {
         Profile {
@@ -1589,5 +1095,45 @@ mod tests {
         .unwrap();
         let simulated = |plan: &Plan| plan.estimate.as_ref().unwrap().iteration_ms.unwrap();
         assert!(simulated(&r.plan) < simulated(&all));
+    }
+
+    /// The search's own space against Whale's baselines on the shipped
+    /// mixed clusters (V100s and P100s) with BERT-48. `search` offers both
+    /// baselines as candidates, so its plan is never slower than either by
+    /// construction; this searches without them, so what it checks is the
+    /// search's own space: its stages balanced by Algorithm 1 reach Whale's
+    /// balanced data parallelism (BERT-48: the same plan, 1749.4 ms on 8
+    /// GPUs) and beat Whale's pipeline.
+    #[test]
+    fn the_searchs_own_plans_are_no_slower_than_whales_on_mixed_gpus() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap();
+        let profile = Profile::from_json(&read("profiles/artifact/bert-48-pbs-2.json")).unwrap();
+        let simulated = |plan: &Plan| plan.estimate.as_ref().unwrap().iteration_ms.unwrap();
+        for name in ["whale-4v100-4p100", "whale-8v100-8p100"] {
+            let topology =
+                Topology::from_json(&read(&format!("profiles/topologies/{name}.json"))).unwrap();
+            let opts = SearchOptions::new(64);
+            let own = search_offering(&profile, &topology, &opts, Offered::SearchOnly).unwrap();
+            let source = own.plan.selection.as_ref().unwrap().source.clone();
+            assert_eq!(source.as_deref(), Some("search"), "{name}");
+            for kind in [Baseline::WhaleDataParallel, Baseline::WhalePipeline] {
+                let whale = crate::baselines::baseline_plan(
+                    kind,
+                    &profile,
+                    &topology,
+                    64,
+                    None,
+                    WarmupPolicy::Auto,
+                )
+                .unwrap();
+                let (ours, theirs) = (simulated(&own.plan), simulated(&whale));
+                assert!(
+                    ours <= theirs * (1.0 + 1e-9),
+                    "{name}, {}: {ours} > {theirs}",
+                    kind.name()
+                );
+            }
+        }
     }
 }

@@ -1,0 +1,343 @@
+//! Candidates: plans offered to the ranking (the DP passes' best plans,
+//! the baselines' layouts, the walk's), each costed by simulation with the
+//! warm-up depths that simulate fastest within memory, and ranked by
+//! simulated iteration. The walk and refinement cost their plans the same
+//! way (`cost_candidate`).
+
+use rayon::prelude::*;
+
+use crate::baselines::{baseline_layouts, Baseline};
+use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
+use crate::error::{ErrorKind, Result};
+use crate::evaluate::{estimate_stages, evaluate};
+use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
+use crate::profile::{LayerCosts, Profile};
+use crate::schedule::ScheduleKind;
+use crate::topology::Topology;
+use crate::warmup::plan_with_chosen_warmups;
+
+use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
+use super::space::{Context, SearchSpace, Space};
+
+/// What building, checking and estimating one plan costs, in simulated
+/// tasks, beyond its simulations (`cost_candidate`).
+pub(crate) const PLAN_OVERHEAD_TASKS: u64 = 10_000;
+
+/// A plan offered to the ranking, and what offered it: "search" for the
+/// search's own plans, else the baseline's name.
+pub(crate) struct Candidate {
+    pub(crate) plan: Plan,
+    pub(crate) source: &'static str,
+}
+
+impl Candidate {
+    pub(crate) fn searched(plan: Plan) -> Candidate {
+        Candidate {
+            plan,
+            source: "search",
+        }
+    }
+
+    /// Shortest simulated iteration first; ties go to the smaller bound,
+    /// fewer stages, then larger micro-batches.
+    fn faster(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+        let (ka, kb) = (
+            simulated_and_bound_ms(&a.plan),
+            simulated_and_bound_ms(&b.plan),
+        );
+        ka.0.total_cmp(&kb.0)
+            .then(ka.1.total_cmp(&kb.1))
+            .then(a.plan.stages.len().cmp(&b.plan.stages.len()))
+            .then(b.plan.micro_batch_size.cmp(&a.plan.micro_batch_size))
+    }
+}
+
+/// A costed plan's simulated iteration and formula (2) value (its bound).
+pub(crate) fn simulated_and_bound_ms(plan: &Plan) -> (f64, f64) {
+    let e = plan.estimate.as_ref().expect("candidates are costed");
+    (
+        e.iteration_ms.expect("costed plans are simulated"),
+        e.latency_ms,
+    )
+}
+
+/// The candidates costed so far that fit in memory, fastest first.
+pub(crate) struct Ranking<'p> {
+    profile: &'p Profile,
+    warmup_policy: WarmupPolicy,
+    pub(crate) ranked: Vec<Candidate>,
+    /// Plans offered to simulation, whether or not their bound let them be
+    /// simulated: a count that does not depend on the number of threads.
+    pub(crate) offered: u32,
+}
+
+impl<'p> Ranking<'p> {
+    pub(crate) fn new(profile: &'p Profile, warmup_policy: WarmupPolicy) -> Ranking<'p> {
+        Ranking {
+            profile,
+            warmup_policy,
+            ranked: Vec::new(),
+            offered: 0,
+        }
+    }
+
+    pub(crate) fn profile(&self) -> &'p Profile {
+        self.profile
+    }
+
+    pub(crate) fn warmup_policy(&self) -> WarmupPolicy {
+        self.warmup_policy
+    }
+
+    /// The fastest simulated iteration so far.
+    pub(crate) fn fastest_ms(&self) -> Option<f64> {
+        self.ranked
+            .first()
+            .map(|c| simulated_and_bound_ms(&c.plan).0)
+    }
+
+    /// Cost `candidates` (those that could beat `fastest_ms`) and rank the
+    /// ones that fit.
+    pub(crate) fn offer(&mut self, candidates: Vec<Candidate>, fastest_ms: f64) -> Result<()> {
+        self.offered += candidates.len() as u32;
+        let costed =
+            simulate_in_bound_order(candidates, fastest_ms, self.profile, self.warmup_policy)?;
+        self.ranked.extend(costed);
+        self.ranked.sort_by(Candidate::faster);
+        Ok(())
+    }
+
+    /// Rank a plan costed elsewhere (the walk's), not counted as offered.
+    pub(crate) fn add_costed(&mut self, plan: Plan) {
+        self.ranked.push(Candidate::searched(plan));
+        self.ranked.sort_by(Candidate::faster);
+    }
+}
+
+/// Each candidate gets its warm-up depths (auto: many simulations) or
+/// keeps its cost (fixed: already simulated once), in order of its
+/// formula (2) value, a lower bound of its simulated time whatever its
+/// depths: once that is above the fastest simulated so far (`fastest_ms`,
+/// then each one simulated), neither it nor any later candidate can be
+/// faster, and none gets its depths. Candidates are costed a batch per
+/// thread at a time. Returns the ones costed that fit in memory.
+fn simulate_in_bound_order(
+    candidates: Vec<Candidate>,
+    mut fastest_ms: f64,
+    profile: &Profile,
+    warmup_policy: WarmupPolicy,
+) -> Result<Vec<Candidate>> {
+    let mut bounded = estimated(candidates, profile)?;
+    let bound = |c: &Candidate| c.plan.estimate.as_ref().expect("bounded").latency_ms;
+    bounded.sort_by(|a, b| bound(a).total_cmp(&bound(b)));
+    let width = rayon::current_num_threads().max(1);
+    let mut costed: Vec<Candidate> = Vec::new();
+    let mut left = bounded.into_iter().peekable();
+    while left.peek().is_some_and(|c| bound(c) <= fastest_ms) {
+        let batch: Vec<Candidate> = std::iter::from_fn(|| left.next_if(|c| bound(c) <= fastest_ms))
+            .take(width)
+            .collect();
+        let done: Vec<Option<Candidate>> = batch
+            .into_par_iter()
+            .map(|Candidate { plan, source }| {
+                let plan = match warmup_policy {
+                    WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
+                    _ => Some(plan),
+                };
+                Ok(plan
+                    .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
+                    .map(|plan| Candidate { plan, source }))
+            })
+            .collect::<Result<_>>()?;
+        for candidate in done.into_iter().flatten() {
+            let simulated = candidate
+                .plan
+                .estimate
+                .as_ref()
+                .and_then(|e| e.iteration_ms);
+            fastest_ms = fastest_ms.min(simulated.unwrap_or(f64::INFINITY));
+            costed.push(candidate);
+        }
+    }
+    Ok(costed)
+}
+
+/// The candidates with an estimate: baselines' layouts come uncosted; the
+/// search's own are costed.
+fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candidate>> {
+    candidates
+        .into_par_iter()
+        .map(|Candidate { plan, source }| {
+            let plan = match plan.estimate {
+                Some(_) => plan,
+                None => Plan {
+                    estimate: Some(evaluate(&plan, profile)?),
+                    ..plan
+                },
+            };
+            Ok(Candidate { plan, source })
+        })
+        .collect()
+}
+
+/// The baselines' layouts at every micro-batch size, as candidates:
+/// a straight pipeline and PipeDream's plan, and on GPUs of several kinds
+/// Whale's balanced data parallelism and pipeline too (their uneven slices
+/// are outside the search's own space). A baseline that does not apply to
+/// the cluster (PipeDream's planner on machines of unequal size) offers
+/// none.
+pub(crate) fn baseline_candidates(
+    profile: &Profile,
+    topology: &Topology,
+    space: &Space,
+    warmup_policy: WarmupPolicy,
+) -> Result<Vec<Candidate>> {
+    let (global_batch_size, min_slice) = (space.global_batch_size, space.covering().min_slice);
+    let mut kinds = vec![Baseline::Straight, Baseline::PipeDream];
+    if space.cluster().is_mixed() {
+        kinds.extend([Baseline::WhaleDataParallel, Baseline::WhalePipeline]);
+    }
+    let mut candidates = Vec::new();
+    for kind in kinds {
+        let layouts = match baseline_layouts(
+            kind,
+            profile,
+            topology,
+            global_batch_size,
+            min_slice,
+            warmup_policy,
+        ) {
+            Err(e) if e.kind == ErrorKind::Incompatible => Vec::new(),
+            other => other?,
+        };
+        candidates.extend(layouts.into_iter().map(|plan| Candidate {
+            plan,
+            source: kind.name(),
+        }));
+    }
+    Ok(candidates)
+}
+
+/// The full space's placement of `plan`'s layout (each stage's layers
+/// and GPU count) with the smallest formula (2) value under the plan's
+/// warm-up policy, costed as a candidate; None when none fits.
+pub(crate) fn best_placement_of(
+    plan: &Plan,
+    profile: &Profile,
+    inputs: &PlanInputs,
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    min_slice: u32,
+) -> Result<Option<Plan>> {
+    let layout: Vec<(usize, usize, u32)> = plan
+        .stages
+        .iter()
+        .map(|s| (s.layer_start, s.layer_end, s.devices.len() as u32))
+        .collect();
+    let policy = plan.schedule.warmup_policy;
+    let ctx = Context {
+        layers,
+        cluster,
+        policy,
+        min_slice,
+        space: SearchSpace::Full,
+        layout: Some(&layout),
+    };
+    let (b, m) = (plan.micro_batch_size, plan.micro_batches);
+    let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![policy], None);
+    let Some(found) = dp.run().into_iter().next().flatten() else {
+        return Ok(None);
+    };
+    let placed = build_plan(inputs, &ctx, b, m, &found);
+    Ok(cost_candidate(&placed, profile)?.0)
+}
+
+/// A candidate costed as the search ranks it: under warm-up policy auto
+/// with the depths that simulate fastest within memory (`warmup.rs`), else
+/// at its fixed policy's depths (estimated now unless it was). None when
+/// it does not fit in memory. Also the work it took, in simulated tasks:
+/// the layout is simulated once to cost it and again for each warm-up
+/// vector tried, each simulation runs every stage's 2M passes, and
+/// building and checking the plan costs `PLAN_OVERHEAD_TASKS`.
+pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
+    let per_simulation = 2 * u64::from(plan.micro_batches) * plan.stages.len() as u64;
+    let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
+    let costed = match plan.schedule.warmup_policy {
+        WarmupPolicy::Auto => {
+            let (chosen, simulations) = plan_with_chosen_warmups(plan, profile)?;
+            tasks += simulations * per_simulation;
+            chosen
+        }
+        _ if plan.estimate.is_some() => Some(plan.clone()),
+        _ => Some(Plan {
+            estimate: Some(evaluate(plan, profile)?),
+            ..plan.clone()
+        }),
+    };
+    let fits = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory));
+    Ok((fits, tasks))
+}
+
+pub(crate) fn build_plan(
+    inputs: &PlanInputs,
+    ctx: &Context,
+    b: u32,
+    m: u32,
+    found: &Found,
+) -> Plan {
+    let plan = plan_of_steps(inputs, ctx, b, m, &found.stages);
+    let estimate = plan.estimate.as_ref().expect("estimated");
+    debug_assert!(
+        (estimate.latency_ms - found.value).abs() <= 1e-6 * found.value.abs().max(1.0),
+        "search value {} and plan estimate {} disagree",
+        found.value,
+        estimate.latency_ms
+    );
+    plan
+}
+
+/// The plan of placement steps (last stage first), estimated.
+pub(crate) fn plan_of_steps(
+    inputs: &PlanInputs,
+    ctx: &Context,
+    b: u32,
+    m: u32,
+    steps: &[Step],
+) -> Plan {
+    let allocs = concrete_allocs(ctx.cluster, steps, |s, r, p| ctx.replay(s, r, p));
+    let count = steps.len() as u32;
+    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
+    let stages: Vec<Stage> = steps
+        .iter()
+        .rev()
+        .zip(ctx.cluster.number_devices(&allocs))
+        .zip(&allocs)
+        .enumerate()
+        .map(
+            |(i, (((start, end, placement, _), devices), alloc))| Stage {
+                layer_start: *start,
+                layer_end: *end,
+                devices,
+                warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
+                placement: Some(placement.policy),
+                tensor_parallel: 1,
+                shard_optimizer: false,
+                recompute: crate::shape::Recompute::None,
+                // Replicas are numbered machine by machine, as the alloc lists them.
+                slices: coster.searched_slices(
+                    *start,
+                    *end,
+                    &StageDevices::new(ctx.cluster, alloc.clone()),
+                    ctx.min_slice,
+                ),
+            },
+        )
+        .collect();
+    let schedule = ScheduleChoice {
+        kind: ScheduleKind::EarlyBackward1F1B,
+        warmup_policy: ctx.policy,
+    };
+    let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
+    plan.estimate = Some(estimate_stages(&coster, &plan, &allocs));
+    plan
+}

@@ -1,0 +1,331 @@
+//! The DP passes: one DP run (`dp.rs`) per micro-batch size serves every
+//! memory rule of the space (`space.rs`) and gives each rule's best plan,
+//! and up to 16 GPUs each rule's best plan of every other stage count. Up
+//! to 16 GPUs every size runs on its own; above, the sizes share one bound
+//! per rule, and up to 64 GPUs a second pass runs each size on its own,
+//! pruned at the fastest simulated time so far. Micro-batch sizes run in
+//! parallel with rayon.
+
+use std::sync::atomic::AtomicU64;
+
+use rayon::prelude::*;
+
+use crate::error::Error;
+
+use super::dp::{Dp, Found, MemoryBudget, Objective};
+use super::space::{SearchSpace, Space, AUTO_FULL_MAX_DEVICES};
+
+/// Largest cluster on which every micro-batch size runs the DP on its own
+/// and gives candidates (its best plans, those of other stage counts, the
+/// baselines' layouts); above, the sizes share one bound.
+pub(crate) const SIZES_ALONE_MAX_DEVICES: u32 = AUTO_FULL_MAX_DEVICES;
+
+/// Largest cluster on which, after the shared-bound runs, every
+/// micro-batch size runs again on its own (a second pass), pruned at the
+/// fastest simulated time so far, to offer its best plan.
+pub(crate) const SECOND_PASS_MAX_DEVICES: u32 = 64;
+
+/// One pass's best plan at one micro-batch size.
+pub(crate) struct PassBest {
+    /// Index into `Space::contexts`.
+    pub(crate) pass: usize,
+    pub(crate) micro_batch_size: u32,
+    /// None where no plan fits, or where another size's plan was the
+    /// pass's best under a shared bound.
+    pub(crate) found: Option<Found>,
+}
+
+/// A pass's best plan of another stage count at one micro-batch size.
+pub(crate) struct OtherStageCount {
+    pub(crate) pass: usize,
+    pub(crate) micro_batch_size: u32,
+    pub(crate) found: Found,
+}
+
+/// What the DP passes found, and the work they took.
+pub(crate) struct PassResults {
+    /// Every pass at every micro-batch size, size by size.
+    pub(crate) bests: Vec<PassBest>,
+    /// Up to 16 GPUs, every pass's best plan of each other stage count.
+    pub(crate) other_stage_counts: Vec<OtherStageCount>,
+    pub(crate) states: usize,
+    pub(crate) stages_costed: u64,
+}
+
+/// Whether every micro-batch size runs the DP on its own and gives its own
+/// candidates: up to 16 GPUs.
+pub(crate) fn sizes_alone(space: &Space) -> bool {
+    space.cluster().num_devices() <= SIZES_ALONE_MAX_DEVICES
+}
+
+/// Run the DP once per micro-batch size, each run serving every pass.
+/// Up to 16 GPUs every micro-batch size searches on its own, so each size
+/// contributes its best plan per pass as a candidate. Above, the sizes
+/// share each pass's best formula value for pruning (far less work): a
+/// size that cannot reach it is cut and only the pass's best is a
+/// candidate, though the walk still visits the other sizes.
+pub(crate) fn run_passes(space: &Space, budget: &MemoryBudget) -> Result<PassResults, Error> {
+    let alone = sizes_alone(space);
+    let rules = space.rules.len();
+    // One bound per pass, per size or shared by the sizes.
+    let bound_sets = if alone { space.sizes.len() } else { 1 };
+    let incumbents: Vec<AtomicU64> = (0..bound_sets * rules)
+        .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+        .collect();
+    let runs: Vec<SizeRun> = (0..space.sizes.len())
+        .into_par_iter()
+        .map(|k| {
+            let set = if alone { k } else { 0 };
+            let bounds = &incumbents[set * rules..(set + 1) * rules];
+            run_size(space, space.sizes[k], bounds, budget, alone)
+        })
+        .collect();
+    if let Some(e) = search_memory_limit(budget, space.cluster(), space.space()) {
+        return Err(e);
+    }
+    let mut results = PassResults {
+        bests: Vec::new(),
+        other_stage_counts: Vec::new(),
+        states: 0,
+        stages_costed: 0,
+    };
+    for run in runs {
+        results.bests.extend(run.bests);
+        results.other_stage_counts.extend(run.other_stage_counts);
+        results.states += run.states;
+        results.stages_costed += run.stages_costed;
+    }
+    if !alone {
+        keep_only_each_pass_best(&mut results.bests, space.contexts.len());
+    }
+    Ok(results)
+}
+
+/// One micro-batch size's DP run.
+struct SizeRun {
+    bests: Vec<PassBest>,
+    other_stage_counts: Vec<OtherStageCount>,
+    states: usize,
+    stages_costed: u64,
+}
+
+fn run_size(
+    space: &Space,
+    b: u32,
+    bounds: &[AtomicU64],
+    budget: &MemoryBudget,
+    alone: bool,
+) -> SizeRun {
+    let mut dp = Dp::new(
+        space.covering(),
+        b,
+        space.micro_batches(b),
+        Objective::Latency,
+        space.rules.clone(),
+        Some(bounds),
+    )
+    .with_budget(budget);
+    let found = dp.run();
+    // Up to 16 GPUs, each rule's best plan of every other stage count is a
+    // candidate too: fewer, wider stages can simulate faster than the
+    // formula's best (fewer bubbles).
+    let other_stage_counts: Vec<OtherStageCount> = if alone {
+        space
+            .by_looseness
+            .iter()
+            .enumerate()
+            .flat_map(|(class, &pass)| {
+                dp.other_stage_counts(class)
+                    .into_iter()
+                    .map(move |found| OtherStageCount {
+                        pass,
+                        micro_batch_size: b,
+                        found,
+                    })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let bests = found
+        .into_iter()
+        .zip(&space.by_looseness)
+        .map(|(found, &pass)| PassBest {
+            pass,
+            micro_batch_size: b,
+            found,
+        })
+        .collect();
+    SizeRun {
+        bests,
+        other_stage_counts,
+        states: dp.states.len(),
+        stages_costed: dp.stages_costed,
+    }
+}
+
+/// Under a shared bound, which sizes survive depends on thread timing;
+/// each pass's best does not (the DP is exact, ties broken by fewer
+/// stages, then larger micro-batches). Keep only that one.
+fn keep_only_each_pass_best(bests: &mut [PassBest], passes: usize) {
+    for p in 0..passes {
+        let best = bests
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.pass == p && r.found.is_some())
+            .min_by(|(_, x), (_, y)| {
+                let (fx, fy) = (x.found.as_ref().unwrap(), y.found.as_ref().unwrap());
+                fx.value
+                    .total_cmp(&fy.value)
+                    .then(fx.stages.len().cmp(&fy.stages.len()))
+                    .then(y.micro_batch_size.cmp(&x.micro_batch_size))
+            })
+            .map(|(i, _)| i);
+        for (i, r) in bests.iter_mut().enumerate() {
+            if r.pass == p && Some(i) != best {
+                r.found = None;
+            }
+        }
+    }
+}
+
+impl PassResults {
+    /// The smallest formula (2) value over the space: no plan of it
+    /// simulates faster. Infinite when no plan fits.
+    pub(crate) fn lower_bound_ms(&self, space: &Space) -> f64 {
+        self.bests
+            .iter()
+            .filter(|r| r.pass == space.covering_pass())
+            .filter_map(|r| r.found.as_ref().map(|f| f.value))
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Whether the first runs already offered pass `pass`'s best plan at
+    /// micro-batch size `b`.
+    pub(crate) fn offered(&self, pass: usize, b: u32) -> bool {
+        self.bests
+            .iter()
+            .any(|r| r.pass == pass && r.micro_batch_size == b && r.found.is_some())
+    }
+}
+
+/// The second pass, where the sizes shared one bound on up to 64 GPUs:
+/// only the best formula value's size gave candidates, and another size's
+/// best plan may simulate faster. Each size runs again on its own, pruned
+/// at `fastest_ms` (a plan whose formula value is above it cannot simulate
+/// faster), and each rule's best plan is returned, with the pass's work
+/// (states, stages costed). The pass has its own table budget: past it, it
+/// returns no plan, and the plans found so far stand.
+pub(crate) fn second_pass(
+    space: &Space,
+    fastest_ms: f64,
+    max_search_bytes: u64,
+) -> (Vec<PassBest>, usize, u64) {
+    let budget = MemoryBudget::new(max_search_bytes);
+    let each: Vec<SizeRun> = space
+        .sizes
+        .par_iter()
+        .map(|&b| {
+            let bounds: Vec<AtomicU64> = space
+                .rules
+                .iter()
+                .map(|_| AtomicU64::new(fastest_ms.to_bits()))
+                .collect();
+            let mut run = run_size(space, b, &bounds, &budget, false);
+            run.bests.retain(|r| r.found.is_some());
+            run
+        })
+        .collect();
+    let states = each.iter().map(|run| run.states).sum();
+    let stages_costed = each.iter().map(|run| run.stages_costed).sum();
+    let bests = if budget.exceeded().is_some() {
+        Vec::new()
+    } else {
+        each.into_iter().flat_map(|run| run.bests).collect()
+    };
+    (bests, states, stages_costed)
+}
+
+/// Where a run stopped at the budget: how far the tables got, and what to do.
+pub(crate) fn search_memory_limit(
+    budget: &MemoryBudget,
+    cluster: &crate::cost::Cluster,
+    space: SearchSpace,
+) -> Option<Error> {
+    let bytes = budget.exceeded()?;
+    let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
+    let advice = if space == SearchSpace::Full {
+        "use the machine-aligned space (--search-space machine-aligned), or merge layers in the profile"
+    } else {
+        "merge layers in the profile"
+    };
+    Some(Error::limit(format!(
+        "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \
+         {advice}, or raise the limit (--max-search-gib)",
+        gib(bytes),
+        cluster.num_devices(),
+        space.name(),
+        gib(budget.limit_bytes),
+    )))
+}
+
+/// Why no plan came out: none fits in memory (the least any needs, with
+/// numbers), or the space held none at all (a plan may leave GPUs idle, so
+/// one GPU holding every layer is always in it: not expected).
+pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error {
+    let (ctx, gbs) = (space.covering(), space.global_batch_size);
+    let least = space
+        .sizes
+        .iter()
+        .filter_map(|&b| {
+            let mut dp = Dp::new(
+                ctx,
+                b,
+                gbs / b,
+                Objective::PeakMemory,
+                vec![ctx.policy],
+                None,
+            )
+            .with_budget(budget);
+            dp.run().pop().flatten().map(|f| (b, f))
+        })
+        .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
+    // Past the limit a run stops and finds nothing: say so instead.
+    if let Some(e) = search_memory_limit(budget, ctx.cluster, ctx.space) {
+        return e;
+    }
+    let gib = |x: f64| x / (1u64 << 30) as f64;
+    match least {
+        None => Error::incompatible(format!(
+            "no plan of the search space fits {} layers on {} GPUs with global batch size {gbs} and slices of \
+             at least {} samples per GPU",
+            ctx.layers.num_layers,
+            ctx.cluster.num_devices(),
+            ctx.min_slice,
+        )),
+        Some((b, f)) => {
+            let memory = ctx.cluster.machines.iter().map(|m| m.memory_bytes);
+            let largest = memory.clone().fold(0.0, f64::max);
+            let smallest = memory.fold(f64::INFINITY, f64::min);
+            // Small memories read in bytes, not as 0.00 GiB.
+            let size = |x: f64| {
+                if x < f64::from(1u32 << 20) {
+                    format!("{x:.0} bytes")
+                } else {
+                    format!("{:.2} GiB", gib(x))
+                }
+            };
+            let has = if smallest == largest {
+                format!("a GPU has {}", size(largest))
+            } else {
+                format!("the GPUs have {} to {}", size(smallest), size(largest))
+            };
+            Error::infeasible(format!(
+                "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {} \
+                 (micro-batch size {b}, {} stage(s)) but {has}",
+                size(f.value),
+                f.stages.len(),
+            ))
+        }
+    }
+}

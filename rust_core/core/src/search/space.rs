@@ -1,0 +1,323 @@
+//! The search's space: which micro-batch sizes, which stage GPU counts and
+//! placements, and which memory rules (warm-up depths counted in a stage's
+//! memory) the DP passes search. The DP (`dp.rs`) asks a [`Context`] what a
+//! stage may be; the baselines ask [`micro_batch_sizes`] which sizes a
+//! layout may run at.
+
+use crate::cost::{largest_slice, smallest_slice, Cluster, WarmupPolicy};
+use crate::error::{Error, Result};
+use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
+use crate::profile::LayerCosts;
+use crate::schedule::within_passes;
+
+crate::named_enum! {
+    /// Which stage replications and placements the search tries.
+    pub enum SearchSpace("a search space") {
+        /// Full up to 16 GPUs (the paper's clusters), machine-aligned above.
+        Auto = "auto",
+        /// Every GPU count for every stage, all three placement policies.
+        Full = "full",
+        /// Stages get a divisor of a machine's GPUs or whole machines (the
+        /// fewest that give their largest slice), placed fresh-first or
+        /// append-first with at most two machines partly used, or spread
+        /// evenly over every machine in use (scatter-first). As in the full
+        /// space, a plan may leave GPUs idle.
+        /// On many machines the full space has too many ways to leave
+        /// machines partly used (8x8 GPUs: 8.8 million states); this plans
+        /// 128 layers on 16,384 GPUs in seconds.
+        MachineAligned = "machine-aligned",
+    }
+}
+
+/// Largest cluster the automatic choice searches in full. 128 layers on
+/// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
+/// when small batches are less efficient (benchmarks/README.md).
+pub(crate) const AUTO_FULL_MAX_DEVICES: u32 = 16;
+
+impl SearchSpace {
+    pub(crate) fn resolve(self, cluster: &Cluster) -> SearchSpace {
+        match self {
+            SearchSpace::Auto if cluster.num_devices() > AUTO_FULL_MAX_DEVICES => {
+                SearchSpace::MachineAligned
+            }
+            SearchSpace::Auto => SearchSpace::Full,
+            other => other,
+        }
+    }
+}
+
+/// The micro-batch sizes a layout of `stages` stages, the widest on
+/// `widest_stage_gpus` GPUs, can run the global batch at, ascending: the
+/// divisors of the global batch that give each GPU at least `min_slice`
+/// samples, and whose stages times micro-batches stay within the
+/// simulation's limit (`schedule::MAX_PASSES`). The search asks it for a
+/// stage of one GPU (each plan's own stages are checked when it is built);
+/// the baselines for their fixed layout.
+pub(crate) fn micro_batch_sizes(
+    global_batch_size: u32,
+    min_slice: u32,
+    widest_stage_gpus: u32,
+    stages: usize,
+) -> Vec<u32> {
+    (1..=global_batch_size)
+        .filter(|b| {
+            global_batch_size.is_multiple_of(*b)
+                && smallest_slice(*b, widest_stage_gpus) >= min_slice
+        })
+        .filter(|b| within_passes(stages, global_batch_size / b))
+        .collect()
+}
+
+/// The micro-batch sizes the search runs: the requested ones (each must
+/// divide the global batch) of at least `min_slice` samples, or else every
+/// size of [`micro_batch_sizes`]; an error when none is left.
+pub(crate) fn searched_micro_batch_sizes(
+    global_batch_size: u32,
+    min_slice: u32,
+    requested: Option<&[u32]>,
+) -> Result<Vec<u32>> {
+    let gbs = global_batch_size;
+    let sizes: Vec<u32> = match requested {
+        Some(list) => {
+            for &b in list {
+                if b == 0 || !gbs.is_multiple_of(b) {
+                    return Err(Error::field(
+                        "micro_batch_sizes",
+                        format!("value {b} does not divide the global batch size {gbs}"),
+                    ));
+                }
+            }
+            list.iter().copied().filter(|&b| b >= min_slice).collect()
+        }
+        // Sizes whose micro-batches alone pass the simulation limit are left
+        // out; so are, later, plans whose stages times micro-batches do.
+        None => micro_batch_sizes(gbs, min_slice, 1, 1),
+    };
+    if sizes.is_empty() {
+        return Err(Error::incompatible(format!(
+            "global batch size {gbs} cannot be split into micro-batches of at least {min_slice} samples \
+             (the smallest profiled batch size; lower it with --min-micro-batch-size)"
+        )));
+    }
+    Ok(sizes)
+}
+
+/// What the DP passes search: the micro-batch sizes, and one [`Context`]
+/// per pass (memory rule). Under warm-up policy auto there are three
+/// passes, with stage memory counted at policy A's depths, policy B's and
+/// one micro-batch in flight; the last, whose rule admits every plan of the
+/// space (the covering pass), gives the space's bounds.
+pub(crate) struct Space<'a> {
+    pub(crate) global_batch_size: u32,
+    pub(crate) sizes: Vec<u32>,
+    /// One per pass, the covering pass last.
+    pub(crate) contexts: Vec<Context<'a>>,
+    /// Pass indices, loosest memory rule first (one micro-batch, then
+    /// policy A's depths, then B's): one DP run serves every pass, its
+    /// entries carrying the strictest rule they fit.
+    pub(crate) by_looseness: Vec<usize>,
+    /// The passes' memory rules in that order (`Dp::rules`).
+    pub(crate) rules: Vec<WarmupPolicy>,
+}
+
+impl<'a> Space<'a> {
+    pub(crate) fn new(
+        layers: &'a LayerCosts,
+        cluster: &'a Cluster,
+        space: SearchSpace,
+        warmup_policy: WarmupPolicy,
+        min_slice: u32,
+        global_batch_size: u32,
+        sizes: Vec<u32>,
+    ) -> Space<'a> {
+        let space = space.resolve(cluster);
+        let passes: Vec<WarmupPolicy> = match warmup_policy {
+            WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
+            fixed => vec![fixed],
+        };
+        let contexts: Vec<Context> = passes
+            .iter()
+            .map(|&policy| Context {
+                layers,
+                cluster,
+                policy,
+                min_slice,
+                space,
+                layout: None,
+            })
+            .collect();
+        let mut by_looseness: Vec<usize> = (0..contexts.len()).collect();
+        by_looseness.sort_by_key(|&p| match contexts[p].policy {
+            WarmupPolicy::Auto => 0,
+            WarmupPolicy::A => 1,
+            WarmupPolicy::B => 2,
+        });
+        let rules = by_looseness.iter().map(|&p| contexts[p].policy).collect();
+        Space {
+            global_batch_size,
+            sizes,
+            contexts,
+            by_looseness,
+            rules,
+        }
+    }
+
+    /// The pass whose memory rule admits every plan of the space.
+    pub(crate) fn covering_pass(&self) -> usize {
+        self.contexts.len() - 1
+    }
+
+    pub(crate) fn covering(&self) -> &Context<'a> {
+        &self.contexts[self.covering_pass()]
+    }
+
+    pub(crate) fn cluster(&self) -> &'a Cluster {
+        self.covering().cluster
+    }
+
+    pub(crate) fn space(&self) -> SearchSpace {
+        self.covering().space
+    }
+
+    /// Micro-batches of a micro-batch size.
+    pub(crate) fn micro_batches(&self, micro_batch_size: u32) -> u32 {
+        self.global_batch_size / micro_batch_size
+    }
+}
+
+/// What a DP run may build: the model's layers on the cluster, under one
+/// memory rule, in one search space.
+pub(crate) struct Context<'a> {
+    pub(crate) layers: &'a LayerCosts,
+    pub(crate) cluster: &'a Cluster,
+    pub(crate) policy: WarmupPolicy,
+    pub(crate) min_slice: u32,
+    pub(crate) space: SearchSpace,
+    /// Where set, only this layout: stages (layer_start, layer_end, GPUs),
+    /// placed anew (`candidate::best_placement_of`).
+    pub(crate) layout: Option<&'a [(usize, usize, u32)]>,
+}
+
+/// Most partly used machines a stage placed inside one machine may leave
+/// in the machine-aligned space (an even scatter may use every machine).
+pub(crate) const MAX_PARTLY_USED_MACHINES: u32 = 2;
+
+impl Context<'_> {
+    /// Layers a stage of `replicas` GPUs ending at layer `j` may start at,
+    /// with `free` GPUs left before it. A stage that takes every GPU left is
+    /// the first one; any other may be first too, leaving GPUs idle, in
+    /// either space: over a slow network fewer GPUs can be faster (4x8:
+    /// AmoebaNet-18 on 24 GPUs simulates 1163.0 ms, on all 32 1173.4).
+    pub(crate) fn starts(&self, replicas: u32, free: u32, j: usize) -> std::ops::Range<usize> {
+        if let Some(layout) = self.layout {
+            // The layout's stage ending at j, with its GPU count, or none.
+            return match layout
+                .iter()
+                .find(|&&(_, end, r)| end == j && r == replicas)
+            {
+                Some(&(start, _, _)) => start..start + 1,
+                None => 0..0,
+            };
+        }
+        if replicas == free {
+            0..1
+        } else {
+            0..j
+        }
+    }
+
+    /// K_i the DP counts in a stage's memory under this context's policy.
+    pub(crate) fn memory_warmup(&self, stages_from_here: u32, micro_batches: u32) -> u32 {
+        self.policy.memory_depth(stages_from_here, micro_batches)
+    }
+
+    /// The GPU counts a stage may have from `state` with micro-batches of
+    /// `micro_batch` samples, ascending, each with where it may go: every
+    /// count up to `max_replicas` in the full space; in the machine-aligned
+    /// space a divisor of a machine's GPUs or whole machines, of those that
+    /// can be placed the fewest that give each largest slice (more GPUs at
+    /// the same slice compute no faster), and every GPU left (the first
+    /// stage).
+    pub(crate) fn stage_options(
+        &self,
+        state: &State,
+        max_replicas: u32,
+        micro_batch: u32,
+    ) -> Vec<(u32, Vec<PlacedTakes>)> {
+        let free = state.free();
+        let most = free.min(max_replicas);
+
+        match self.space {
+            SearchSpace::MachineAligned => {
+                let per_machine = state
+                    .0
+                    .iter()
+                    .map(|(m, _)| u32::from(m.capacity))
+                    .max()
+                    .unwrap_or(1);
+                let mut last_slice = u32::MAX;
+                let mut options: Vec<(u32, Vec<PlacedTakes>)> = (1..per_machine)
+                    .filter(|d| per_machine.is_multiple_of(*d))
+                    .chain((per_machine..=most).step_by(per_machine as usize))
+                    .filter(|&r| r <= most && r != free)
+                    .filter_map(|r| {
+                        let slice = largest_slice(micro_batch, r);
+                        if slice == last_slice {
+                            return None;
+                        }
+                        let places = self.placements(state, r);
+                        if places.is_empty() {
+                            return None;
+                        }
+                        last_slice = slice;
+                        Some((r, places))
+                    })
+                    .collect();
+                if free <= max_replicas {
+                    options.push((free, self.placements(state, free)));
+                }
+                options
+            }
+            _ => (1..=most).map(|r| (r, self.placements(state, r))).collect(),
+        }
+    }
+
+    /// The GPU counts of [`Context::stage_options`] alone.
+    pub(crate) fn replica_counts(
+        &self,
+        state: &State,
+        max_replicas: u32,
+        micro_batch: u32,
+    ) -> Vec<u32> {
+        self.stage_options(state, max_replicas, micro_batch)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// Where a stage of `replicas` GPUs may go from `state`. The stage
+    /// that takes every free GPU (the first one) is always allowed.
+    pub(crate) fn placements(&self, state: &State, replicas: u32) -> Vec<PlacedTakes> {
+        match self.space {
+            SearchSpace::MachineAligned if replicas != state.free() => {
+                let mut out = state.aligned_placements(replicas, MAX_PARTLY_USED_MACHINES);
+                if let Some(takes) = state.even_scatter(replicas) {
+                    // Never one of those: it touches at least two machines
+                    // partly, or several fresh ones below their size.
+                    out.push((Placement::of(Policy::ScatterFirst), takes));
+                }
+                out
+            }
+            _ => state.placements(replicas),
+        }
+    }
+
+    /// The GPUs `placement` gave when the search ran.
+    pub(crate) fn replay(&self, state: &State, replicas: u32, placement: Placement) -> Vec<Take> {
+        self.placements(state, replicas)
+            .into_iter()
+            .find(|(p, _)| *p == placement)
+            .map(|(_, c)| c)
+            .expect("replaying a placement the search made")
+    }
+}

@@ -1,0 +1,167 @@
+//! The walk: after the candidates are ranked, every other layout whose
+//! formula (2) value is below the fastest simulated time could still
+//! simulate faster. The walk enumerates them all (`Dp::walk_layouts`), per
+//! micro-batch size, costing each complete layout as a candidate and
+//! lowering its bound as it finds faster plans, within a budget of stages
+//! and simulated tasks; where it finishes, the plan is the space's
+//! simulated optimum (`selection.optimal`).
+
+use std::cell::Cell;
+
+use crate::error::{Error, Result};
+use crate::plan::{Plan, PlanInputs};
+use crate::profile::Profile;
+use crate::schedule::within_passes;
+
+use super::candidate::{build_plan, cost_candidate, simulated_and_bound_ms, PLAN_OVERHEAD_TASKS};
+use super::dp::{Dp, Found, LayoutWalk, Objective, Step};
+use super::passes::PassResults;
+use super::space::Space;
+
+/// Stages the layout walk may cost, and tasks it may simulate to cost
+/// complete layouts, before it stops; past either the plan is the fastest found and
+/// `selection.optimal` is false. About a second on the paper's cases.
+const WALK_NODE_BUDGET: u64 = 500_000;
+const WALK_SIMULATED_TASK_BUDGET: u64 = 20_000_000;
+
+/// What the walk found: a plan faster than the ranking's best, if any, and
+/// whether it finished (so that no layout of the space simulates faster).
+pub(crate) struct Walked {
+    pub(crate) fastest: Option<Plan>,
+    pub(crate) optimal: bool,
+}
+
+/// The micro-batch sizes to walk, with their smallest bound, most
+/// promising first. Sizes share one bound and one budget in this order, so
+/// the outcome does not depend on thread timing. A size searched alone
+/// without a plan has none that fits. Sizes cut by a shared bound come
+/// last, with no bound of their own (negative infinity).
+pub(crate) fn walk_order(
+    space: &Space,
+    passes: &PassResults,
+    sizes_alone: bool,
+) -> Vec<(f64, u32)> {
+    let mut order: Vec<(f64, u32)> = passes
+        .bests
+        .iter()
+        .filter(|r| r.pass == space.covering_pass() && (r.found.is_some() || !sizes_alone))
+        .map(|r| {
+            let bound = r.found.as_ref().map_or(f64::NEG_INFINITY, |f| f.value);
+            (bound, r.micro_batch_size)
+        })
+        .collect();
+    order.sort_by(|a, b| {
+        let unknown = |x: f64| x == f64::NEG_INFINITY;
+        unknown(a.0)
+            .cmp(&unknown(b.0))
+            .then(a.0.total_cmp(&b.0))
+            .then(b.1.cmp(&a.1))
+    });
+    order
+}
+
+/// Walk the sizes of `order` below `fastest_ms`, the fastest simulated
+/// time of the ranking. A candidate at the space's bound
+/// (`lower_bound_ms`) is optimal: nothing to walk.
+pub(crate) fn walk(
+    space: &Space,
+    inputs: &PlanInputs,
+    profile: &Profile,
+    order: Vec<(f64, u32)>,
+    fastest_ms: f64,
+    lower_bound_ms: f64,
+) -> Result<Walked> {
+    let mut optimal = true;
+    let mut visitor = Visitor {
+        space,
+        inputs,
+        profile,
+        fastest: None,
+        failure: None,
+    };
+    if fastest_ms <= lower_bound_ms * (1.0 + 1e-12) {
+        return Ok(Walked {
+            fastest: None,
+            optimal,
+        });
+    }
+    let mut bound = fastest_ms;
+    let mut nodes_left = WALK_NODE_BUDGET;
+    let work_left = Cell::new(WALK_SIMULATED_TASK_BUDGET);
+    for (size_bound, b) in order {
+        if size_bound >= bound {
+            continue; // no layout of this size can be faster
+        }
+        let mut visit = |steps: &[Step], value: f64| -> f64 {
+            let found = Found {
+                value,
+                stages: steps.to_vec(),
+            };
+            visitor.visit(b, found, &work_left)
+        };
+        let mut walk = LayoutWalk {
+            bound,
+            nodes_left,
+            work_left: &work_left,
+            complete: true,
+            visit: &mut visit,
+        };
+        let ctx = space.covering();
+        let m = space.micro_batches(b);
+        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
+        dp.walk_layouts(&mut walk);
+        (bound, nodes_left) = (walk.bound, walk.nodes_left);
+        if !walk.complete {
+            optimal = false;
+            break;
+        }
+    }
+    match visitor.failure {
+        Some(e) => Err(e),
+        None => Ok(Walked {
+            fastest: visitor.fastest,
+            optimal,
+        }),
+    }
+}
+
+/// What the walk does with each complete layout it reaches: cost it as a
+/// candidate, keeping the fastest, and the first failure for the walk to
+/// return.
+struct Visitor<'s, 'a> {
+    space: &'s Space<'a>,
+    inputs: &'s PlanInputs,
+    profile: &'s Profile,
+    fastest: Option<Plan>,
+    failure: Option<Error>,
+}
+
+impl Visitor<'_, '_> {
+    /// Cost a complete layout of micro-batch size `b`, charging its
+    /// simulated tasks to `work_left`; returns the walk's new bound: its
+    /// simulated time where it is the fastest so far, else infinity.
+    fn visit(&mut self, b: u32, found: Found, work_left: &Cell<u64>) -> f64 {
+        let m = self.space.micro_batches(b);
+        if !within_passes(found.stages.len(), m) {
+            return f64::INFINITY; // not simulated: over the limit
+        }
+        let plan = build_plan(self.inputs, self.space.covering(), b, m, &found);
+        let (plan, tasks) = match cost_candidate(&plan, self.profile) {
+            Ok(costed) => costed,
+            Err(e) => {
+                self.failure.get_or_insert(e);
+                (None, PLAN_OVERHEAD_TASKS)
+            }
+        };
+        work_left.set(work_left.get().saturating_sub(tasks));
+        let ms = |p: &Plan| simulated_and_bound_ms(p).0;
+        match plan {
+            Some(p) if self.fastest.as_ref().is_none_or(|w| ms(&p) < ms(w)) => {
+                let simulated = ms(&p);
+                self.fastest = Some(p);
+                simulated
+            }
+            _ => f64::INFINITY,
+        }
+    }
+}
