@@ -83,10 +83,17 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
                 if sel.get("optimal")
                 else "the fastest found: the search stopped at its budget before ruling out every other plan"
             )
-            out.print(
-                f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
-                f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
-            )
+            if space_ms < sel["lower_bound_ms"]:
+                # A baseline's plan from outside the search space (Megatron's split degrees).
+                out.print(
+                    f"chosen by simulation: the {sel.get('source')} candidate, outside the search space and "
+                    f"{-gap:.1f}% below the space's smallest bound ({sel['lower_bound_ms']:.1f} ms)"
+                )
+            else:
+                out.print(
+                    f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
+                    f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
+                )
         if sel and sel.get("refined_from_ms"):
             out.print(
                 f"refined from {sel['refined_from_ms']:.1f} ms, the search space's best found "

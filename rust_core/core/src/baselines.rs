@@ -9,7 +9,9 @@
 //! - straight: the same partition under early-backward scheduling;
 //! - PipeDream's planner: its asynchronous objective (the slowest stage,
 //!   replication allowed, section 3.1 of the PipeDream paper), then run
-//!   synchronously as DAPPLE's section VI-F does.
+//!   synchronously as DAPPLE's section VI-F does;
+//! - Whale's data parallelism and pipeline on mixed GPUs;
+//! - Megatron-LM's uniform (t, p, d) shape (`megatron.rs`).
 //!
 //! Each layout gets the micro-batch size that makes it fastest and fits.
 
@@ -18,6 +20,7 @@ use rayon::prelude::*;
 use crate::cost::{Cluster, StageCoster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
+use crate::megatron::megatron_plans;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
@@ -46,6 +49,9 @@ crate::named_enum! {
         /// over an equal share of the GPUs, layers split so that work over
         /// each stage's total speed is even, slices balanced within stages.
         WhalePipeline = "whale-pipeline",
+        /// Megatron-LM's shape (`megatron.rs`): the best uniform split
+        /// degree, pipeline depth and data parallelism, with 1F1B.
+        Megatron = "megatron",
     }
 }
 
@@ -131,6 +137,11 @@ fn layout(
         }
         Baseline::PipeDream => pipedream_layout(profile, layers, cluster, min_slice)?,
         Baseline::WhalePipeline => whale_pipeline_layout(layers, cluster, min_slice),
+        Baseline::Megatron => {
+            return Err(Error::invalid(
+                "the megatron baseline is a set of shaped plans (megatron::megatron_plans), not one layout",
+            ))
+        }
     })
 }
 
@@ -383,6 +394,14 @@ pub fn baseline_layouts(
     min_slice: u32,
     policy: WarmupPolicy,
 ) -> Result<Vec<Plan>> {
+    if kind == Baseline::Megatron {
+        return Ok(megatron_plans(
+            profile,
+            topology,
+            global_batch_size,
+            min_slice,
+        ));
+    }
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
     let stages = layout(kind, profile, &layers, &cluster, min_slice)?;
@@ -505,6 +524,12 @@ pub fn baseline_plan(
     policy: WarmupPolicy,
 ) -> Result<Plan> {
     let min_slice = profile.min_slice(min_micro_batch_size);
+    // Megatron's stages warm up as 1F1B does, whatever the search's policy.
+    let policy = if kind == Baseline::Megatron {
+        WarmupPolicy::A
+    } else {
+        policy
+    };
     let layouts = baseline_layouts(
         kind,
         profile,

@@ -15,6 +15,7 @@ pub mod evaluate;
 pub mod format;
 pub mod gpus;
 pub mod layout;
+pub mod megatron;
 pub mod metrics;
 pub mod names;
 pub mod pipedream;

@@ -30,7 +30,10 @@ mod walk;
 
 pub use space::SearchSpace;
 
-use candidate::{baseline_candidates, build_plan, simulated_and_bound_ms, Candidate, Ranking};
+use candidate::{
+    baseline_candidates, build_plan, megatron_candidates, simulated_and_bound_ms, Candidate,
+    Ranking,
+};
 use dp::MemoryBudget;
 use passes::{explain_infeasible, run_passes, second_pass, sizes_alone, PassBest, PassResults};
 use refine::{refine_from_two_starts, Refined, REFINE_MAX_DEVICES};
@@ -242,6 +245,9 @@ fn offer_first_candidates(
             space,
             ranking.warmup_policy(),
         )?);
+    }
+    if let Some(topology) = baselines_on {
+        first.extend(megatron_candidates(ranking.profile(), topology, space));
     }
     ranking.offer(first, f64::INFINITY)
 }

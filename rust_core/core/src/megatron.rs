@@ -1,0 +1,210 @@
+//! Megatron-LM's shape as a baseline (`dapple compare`'s `megatron` row):
+//! one split degree t for the whole model, p pipeline stages of equally many
+//! blocks (the layers before the first block with the first stage, those
+//! after the last with the last), d data-parallel replicas, 1F1B, every GPU
+//! used. GPUs are numbered as Megatron ranks them: the t shards of a
+//! replica next to each other, then the replicas of a stage, then the
+//! stages. Every uniform (t, p, d) that the model allows is tried at every
+//! micro-batch size, with and without ZeRO-1 and full re-computation; the
+//! fastest that fits is the baseline.
+
+use crate::cost::WarmupPolicy;
+use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
+use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
+use crate::schedule::ScheduleKind;
+use crate::shape::{Recompute, StageShape};
+use crate::topology::Topology;
+
+/// The split degrees the model allows on machines of `gpus_per_machine`:
+/// 1, and each divisor of a machine's GPUs that every splittable layer can
+/// split at (Megatron keeps a replica's shards on one machine).
+fn split_degrees(layers: &LayerCosts, gpus_per_machine: u32) -> Vec<u32> {
+    let splittable: Vec<usize> = (0..layers.num_layers)
+        .filter(|&l| !layers.split_patterns(l).is_empty())
+        .collect();
+    (1..=gpus_per_machine)
+        .filter(|&t| gpus_per_machine.is_multiple_of(t))
+        .filter(|&t| {
+            t == 1
+                || (!splittable.is_empty()
+                    && splittable.iter().all(|&l| layers.shard(l, t).is_some()))
+        })
+        .collect()
+}
+
+/// Layer ranges of `p` stages of equally many blocks, if the blocks divide.
+fn equal_stages(profile: &Profile, p: usize) -> Option<Vec<(usize, usize)>> {
+    let blocks: Vec<usize> = (0..profile.layers.len())
+        .filter(|&l| profile.layers[l].kind.as_deref() == Some(BLOCK_KIND))
+        .collect();
+    // A model without marked blocks: every layer is one.
+    let blocks: Vec<usize> = if blocks.is_empty() {
+        (0..profile.layers.len()).collect()
+    } else {
+        blocks
+    };
+    if p == 0 || !blocks.len().is_multiple_of(p) {
+        return None;
+    }
+    let per = blocks.len() / p;
+    let bounds: Vec<usize> = (0..=p)
+        .map(|k| match k {
+            0 => 0,
+            k if k == p => profile.layers.len(),
+            k => blocks[k * per],
+        })
+        .collect();
+    Some(bounds.windows(2).map(|w| (w[0], w[1])).collect())
+}
+
+/// Every uniform Megatron plan of `profile` on `topology` (not costed).
+pub fn megatron_plans(
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Vec<Plan> {
+    let layers = LayerCosts::new(profile);
+    let gpus = topology.num_devices();
+    let per_machine = topology
+        .machine_groups
+        .iter()
+        .map(|g| g.gpus_per_machine)
+        .min()
+        .unwrap_or(1);
+    let inputs = PlanInputs::new(
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        "megatron",
+        None,
+    );
+    let shapes = [false, true]
+        .into_iter()
+        .flat_map(|zero| [Recompute::None, Recompute::Full].map(|recompute| (zero, recompute)));
+    let shapes: Vec<(bool, Recompute)> = shapes.collect();
+    let mut plans = Vec::new();
+    for t in split_degrees(&layers, per_machine) {
+        for p in (1..=gpus / t).filter(|p| (gpus / t).is_multiple_of(*p)) {
+            let Some(ranges) = equal_stages(profile, p as usize) else {
+                continue;
+            };
+            let d = gpus / t / p;
+            for b in
+                (min_slice..=global_batch_size).filter(|b| global_batch_size.is_multiple_of(b * d))
+            {
+                for &(shard_optimizer, recompute) in &shapes {
+                    let shape = StageShape {
+                        tensor_parallel: t,
+                        shard_optimizer,
+                        recompute,
+                    };
+                    plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
+                }
+            }
+        }
+    }
+    plans
+}
+
+/// The plan of `ranges` with `d` replicas of `t` shards each per stage and
+/// `b` samples per replica of each micro-batch, under 1F1B.
+fn uniform_plan(
+    inputs: &PlanInputs,
+    ranges: &[(usize, usize)],
+    (t, d): (u32, u32),
+    b: u32,
+    shape: &StageShape,
+) -> Plan {
+    let p = ranges.len() as u32;
+    let per_stage = t * d;
+    let micro_batch = b * d;
+    let m = inputs.global_batch_size / micro_batch;
+    let stages = ranges
+        .iter()
+        .enumerate()
+        .map(|(k, &(start, end))| {
+            let first = k as u32 * per_stage;
+            Stage {
+                layer_start: start,
+                layer_end: end,
+                devices: (first..first + per_stage).collect(),
+                warmup_micro_batches: WarmupPolicy::A.warmup(p - k as u32, m).unwrap_or(1),
+                placement: None,
+                slices: None,
+                tensor_parallel: 1,
+                shard_optimizer: false,
+                recompute: Recompute::None,
+            }
+            .with_shape(shape)
+        })
+        .collect();
+    let schedule = ScheduleChoice {
+        kind: ScheduleKind::EarlyBackward1F1B,
+        warmup_policy: WarmupPolicy::A,
+    };
+    Plan::new(inputs.clone(), micro_batch, m, schedule, stages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
+
+    #[test]
+    fn llama_2_7b_on_2x8_a100_tries_every_uniform_shape() {
+        let config = TransformerConfig::named("llama-2-7b").unwrap();
+        let options = TransformerOptions {
+            gpu: "a100".into(),
+            seq_len: 4096,
+            micro_batch_sizes: vec![1, 2],
+            efficiency: 0.5,
+        };
+        let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
+        let topology = Topology::from_spec("2x8-a100-80gb").unwrap();
+        let plans = megatron_plans(&profile, &topology, 64, 1);
+        let mut shapes: Vec<(u32, usize, u32)> = plans
+            .iter()
+            .map(|p| {
+                (
+                    p.stages[0].tensor_parallel,
+                    p.stages.len(),
+                    p.micro_batch_size,
+                )
+            })
+            .collect();
+        shapes.dedup();
+        // t in 1, 2, 4, 8 (32 heads); p divides 32 blocks and 16 / t GPUs.
+        assert!(
+            shapes.contains(&(8, 2, 1))
+                && shapes.contains(&(1, 16, 1))
+                && shapes.contains(&(2, 1, 8))
+        );
+        assert!(shapes
+            .iter()
+            .all(|&(t, p, _)| 16 % (t * p as u32) == 0 && 32 % p == 0));
+        let first = &plans[0];
+        assert_eq!(first.stages[0].layer_start, 0);
+        assert_eq!(first.stages.last().unwrap().layer_end, profile.layers.len());
+        // Four shapes each: ZeRO-1 on or off, re-computation or not.
+        assert_eq!(plans.len() % 4, 0);
+    }
+
+    #[test]
+    fn stages_take_equal_blocks_with_the_ends_attached() {
+        let config = TransformerConfig::named("llama-2-7b").unwrap();
+        let options = TransformerOptions {
+            gpu: "a100".into(),
+            seq_len: 128,
+            micro_batch_sizes: vec![1],
+            efficiency: 0.5,
+        };
+        let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
+        assert_eq!(
+            equal_stages(&profile, 4).unwrap(),
+            vec![(0, 9), (9, 17), (17, 25), (25, 34)]
+        );
+        assert_eq!(equal_stages(&profile, 3), None);
+    }
+}

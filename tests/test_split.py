@@ -1,0 +1,150 @@
+"""Whale's `split` from the outside: transformer profiles without a GPU, GPU
+types in specs, shaped stages in hand-written plans, the Megatron baseline,
+and the one-line errors of each."""
+
+import json
+
+import pytest
+
+import planner
+
+TINY = {  # a Llama-style config small enough to plan in a blink
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 1000,
+}
+
+
+@pytest.fixture
+def tiny_profile(tmp_path, dapple):
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "tiny-profile.json"
+    result = dapple("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 128, "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_transformer_profile_counts_its_parameters_and_says_how_it_splits(tiny_profile):
+    data = json.loads(tiny_profile.read_text())
+    assert data["device"] == "A100-80GB" and "analytic" in data["source"]
+    names = [layer["name"] for layer in data["layers"]]
+    assert names == ["embedding", "block_0", "block_1", "block_2", "block_3", "lm_head"]
+    # vocabulary padded to 1024; a block: 2h^2 + 2h (h/a kv) + 3hf + 2h norms, at 2 bytes each
+    h, f, kv = 256, 688, 128
+    assert data["layers"][0]["param_bytes"] == 1024 * h * 2
+    assert data["layers"][1]["param_bytes"] == (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) * 2
+    block = data["layers"][1]["split"][0]
+    assert block["name"] == "megatron-block"
+    assert [d["count"] for d in block["divides"]] == [8, 4]
+    assert block["fwd_allreduce_bytes_per_sample"] == 2 * 128 * h * 2
+    assert data["parameter_state"] == {"weight_bytes": 2, "gradient_bytes": 2, "master_weight_bytes": 4, "optimizer_bytes": 8}
+
+
+def test_the_search_splits_a_transformer_and_reports_its_mfu(tiny_profile):
+    plan = planner.plan(str(tiny_profile), "2x8-a100-80gb", 64)
+    assert plan.estimate["mfu"] is not None and 0 < plan.estimate["mfu"] < 0.5
+    # the profile's ceiling is its efficiency (0.5): MFU stays below it
+
+
+def _hand_plan(profile_path, topology, gbs, devices_per_stage, t, tmp_path, **shape):
+    profile = planner.Profile.load(str(profile_path))
+    n = len(profile.layers)
+    base = planner.layout_plan(profile, topology, gbs, [(0, n, list(range(devices_per_stage)))])
+    data = base.data
+    data["stages"][0]["tensor_parallel"] = t
+    data["stages"][0].update(shape)
+    data.pop("estimate", None)
+    data.pop("selection", None)
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_hand_written_split_plan_is_costed(tiny_profile, tmp_path, dapple):
+    path = _hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 4, tmp_path, shard_optimizer=True, recompute="full")
+    result = dapple("estimate", "--plan", path, "--profile", tiny_profile, "--json")
+    assert result.returncode == 0, result.stderr
+    estimate = json.loads(result.stdout)["estimate"]
+    plain = planner.evaluate(str(_hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 1, tmp_path)), str(tiny_profile))
+    assert estimate["iteration_ms"] > 0 and estimate["mfu"] > 0
+    # a quarter of the weights and a shard of the optimizer state: less memory than plain
+    assert estimate["peak_memory_bytes"] < plain.estimate["peak_memory_bytes"]
+
+
+def test_a_split_degree_that_does_not_divide_the_heads_or_the_vocabulary_is_refused(tiny_profile, tmp_path, dapple):
+    # The whole model on 6 GPUs split 3 ways: the embedding's 1024 (padded) entries refuse first.
+    whole = _hand_plan(tiny_profile, "1x6-a100-80gb", 60, 6, 3, tmp_path)
+    # Only the blocks on 3 GPUs split 3 ways: 8 heads refuse.
+    profile = planner.Profile.load(str(tiny_profile))
+    data = planner.layout_plan(profile, "1x5-a100-80gb", 60, [(0, 1, [0]), (1, 5, [1, 2, 3]), (5, 6, [4])]).data
+    data["stages"][1]["tensor_parallel"] = 3
+    data.pop("estimate", None)
+    data.pop("selection", None)
+    blocks = tmp_path / "blocks.json"
+    blocks.write_text(json.dumps(data))
+    for path, field, message in [
+        (whole, "stages[0]", 'value 3 does not divide the vocabulary entries (padded to a multiple of 128) (1024) of layer "embedding"'),
+        (blocks, "stages[1]", 'value 3 does not divide the attention heads (8) of layer "block_0"'),
+    ]:
+        result = dapple("estimate", "--plan", path, "--profile", tiny_profile)
+        assert result.returncode == 3, result.stderr
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+        assert f"{path}: field {field}.tensor_parallel: {message}" in result.stderr
+
+
+def test_a_split_group_that_spans_machines_unevenly_is_refused(tiny_profile, tmp_path, dapple):
+    # Devices 6-13 of 2x8 in groups of 4: 6-9 takes 2 GPUs of each machine, 10-13 all 4 of one.
+    profile = planner.Profile.load(str(tiny_profile))
+    n = len(profile.layers)
+    data = planner.layout_plan(profile, "2x8-a100-80gb", 64, [(0, n, list(range(6, 14)))]).data
+    data["stages"][0]["tensor_parallel"] = 4
+    data.pop("estimate", None)
+    data.pop("selection", None)
+    path = tmp_path / "spans.json"
+    path.write_text(json.dumps(data))
+    result = dapple("estimate", "--plan", path, "--profile", tiny_profile)
+    assert result.returncode == 3, result.stderr
+    assert "field stages[0].tensor_parallel: value 4: split group [10, 11, 12, 13] takes [4] GPUs" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_bad_inputs_of_the_generator_name_their_field(tmp_path, dapple):
+    out = tmp_path / "p.json"
+    unknown = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "A100-81GB", "--seq-len", 8, "--out", out)
+    assert unknown.returncode == 3
+    assert "unknown GPU type \"A100-81GB\"; known types: V100-16GB, V100-32GB, A100-40GB, A100-80GB" in unknown.stderr
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({k: v for k, v in TINY.items() if k != "num_attention_heads"}))
+    missing = dapple("profile", "transformer", "--config", config, "--gpu", "h100", "--seq-len", 8, "--out", out)
+    assert missing.returncode == 3
+    assert f"{config}: field num_attention_heads: is missing" in missing.stderr
+    assert not out.exists()
+    spec = dapple("topology", "show", "8x8-a100-81gb")
+    assert spec.returncode == 3 and "unknown GPU type \"a100-81gb\"; known types:" in spec.stderr
+
+
+def test_gpu_types_come_from_the_core_with_a_source_each(dapple):
+    assert list(planner.GPU_TYPES) == ["V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200"]
+    assert all(g["source"] for g in planner.GPU_TYPES.values())
+    listing = dapple("topology", "gpus")
+    assert listing.returncode == 0 and listing.stdout.count("\n") == len(planner.GPU_TYPES)
+    shown = json.loads(dapple("topology", "show", "2x8-h100", "--json").stdout)
+    assert shown["machine_groups"][0]["gpu"]["type"] == "H100-80GB"
+    assert shown["inter_machine"]["bandwidth_gbps"] == 8 * 400.0
+
+
+def test_megatron_is_a_baseline_of_compare(tiny_profile):
+    megatron = planner.baseline("megatron", str(tiny_profile), "2x8-a100-80gb", 64)
+    stage = megatron.stages[0]
+    t = stage.get("tensor_parallel", 1)
+    assert all(s.get("tensor_parallel", 1) == t for s in megatron.stages)
+    assert sum(len(s["devices"]) for s in megatron.stages) == 16
+    assert megatron.data["inputs"]["options"]["search_space"] == "megatron"
+    # the search offers every Megatron shape, so its plan is no slower (by construction)
+    assert planner.plan(str(tiny_profile), "2x8-a100-80gb", 64).iteration_ms <= megatron.iteration_ms * (1 + 1e-9)
