@@ -3,6 +3,7 @@ types in specs, shaped stages in hand-written plans, the Megatron baseline,
 and the one-line errors of each."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,31 @@ def test_megatron_is_a_baseline_of_compare(tiny_profile):
     assert megatron.data["inputs"]["options"]["search_space"] == "megatron"
     # the search offers every Megatron shape, so its plan is no slower (by construction)
     assert planner.plan(str(tiny_profile), "2x8-a100-80gb", 64).iteration_ms <= megatron.iteration_ms * (1 + 1e-9)
+
+
+WHALE = Path(__file__).resolve().parent.parent / "profiles" / "whale"
+
+
+@pytest.mark.parametrize("name", ["resnet50-fc100k.json", "resnet50-fc1000k.json"])
+def test_whales_classifiers_are_valid_profiles_and_plans_with_them_too(name, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = Path(__file__).resolve().parent.parent / "profiles" / "schema"
+    profile_schema = json.loads((schemas / "profile.schema.json").read_text())
+    jsonschema.Draft202012Validator(profile_schema).validate(json.loads((WHALE / name).read_text()))
+    plan = planner.plan(str(WHALE / name), "4x8-v100-32gb-nvlink-50gbps", 1024)
+    plan_schema = json.loads((schemas / "plan.schema.json").read_text())
+    jsonschema.Draft202012Validator(plan_schema).validate(json.loads(plan.core.to_json()))
+
+
+def test_whales_classifier_splits_its_fc_and_gains_more_with_more_gpus():
+    path = str(WHALE / "resnet50-fc100k.json")
+    speedups = []
+    for machines in (1, 2, 4):
+        topology, gbs = f"{machines}x8-v100-32gb-nvlink-50gbps", 256 * machines
+        plan = planner.plan(path, topology, gbs)
+        dp = planner.baseline("data-parallel", path, topology, gbs)
+        speedups.append(dp.iteration_ms / plan.iteration_ms)
+    assert speedups == sorted(speedups) and speedups[0] >= 1.0 - 1e-9
+    assert speedups[-1] >= 1.5
+    # on 32 GPUs the FC layer is split
+    assert plan.stages[-1].get("tensor_parallel", 1) > 1

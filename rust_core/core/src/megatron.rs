@@ -7,6 +7,10 @@
 //! stages. Every uniform (t, p, d) that the model allows is tried at every
 //! micro-batch size, with and without ZeRO-1 and full re-computation; the
 //! fastest that fits is the baseline.
+//!
+//! The search's candidates add Whale's collocated split (section 5.1.3 of
+//! the Whale paper): one stage on every GPU, the layers that split sharded
+//! over all of them, the others data parallel (`uniform_plans`).
 
 use crate::cost::WarmupPolicy;
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
@@ -57,6 +61,16 @@ fn equal_stages(profile: &Profile, p: usize) -> Option<Vec<(usize, usize)>> {
     Some(bounds.windows(2).map(|w| (w[0], w[1])).collect())
 }
 
+/// The GPUs of the topology's smallest machine.
+fn gpus_per_machine(topology: &Topology) -> u32 {
+    topology
+        .machine_groups
+        .iter()
+        .map(|g| g.gpus_per_machine)
+        .min()
+        .unwrap_or(1)
+}
+
 /// Every uniform Megatron plan of `profile` on `topology` (not costed).
 pub fn megatron_plans(
     profile: &Profile,
@@ -65,19 +79,59 @@ pub fn megatron_plans(
     min_slice: u32,
 ) -> Vec<Plan> {
     let layers = LayerCosts::new(profile);
+    let degrees = split_degrees(&layers, gpus_per_machine(topology));
+    shaped_plans(profile, topology, global_batch_size, min_slice, &degrees)
+}
+
+/// What offered a uniform plan: Megatron-LM's shape, or Whale's collocated
+/// split (every GPU one stage, the layers that split sharded over all).
+pub const MEGATRON: &str = "megatron";
+pub const WHALE_COLLOCATED: &str = "whale-collocated-split";
+
+/// Megatron's plans, and Whale's collocated split where the cluster is
+/// larger than a machine: the search's uniform candidates, each with what
+/// offered it.
+pub fn uniform_plans(
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Vec<(Plan, &'static str)> {
+    let mut plans: Vec<(Plan, &'static str)> =
+        megatron_plans(profile, topology, global_batch_size, min_slice)
+            .into_iter()
+            .map(|p| (p, MEGATRON))
+            .collect();
+    let layers = LayerCosts::new(profile);
     let gpus = topology.num_devices();
-    let per_machine = topology
-        .machine_groups
-        .iter()
-        .map(|g| g.gpus_per_machine)
-        .min()
-        .unwrap_or(1);
+    if gpus > gpus_per_machine(topology) && split_degrees(&layers, gpus).contains(&gpus) {
+        let whole = shaped_plans(profile, topology, global_batch_size, min_slice, &[gpus]);
+        plans.extend(
+            whole
+                .into_iter()
+                .filter(|p| p.stages.len() == 1)
+                .map(|p| (p, WHALE_COLLOCATED)),
+        );
+    }
+    plans
+}
+
+/// The uniform plans at split degrees `degrees`, every pipeline depth and
+/// micro-batch size, with and without ZeRO-1 and re-computation.
+fn shaped_plans(
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_slice: u32,
+    degrees: &[u32],
+) -> Vec<Plan> {
+    let gpus = topology.num_devices();
     let inputs = PlanInputs::new(
         profile,
         topology,
         global_batch_size,
         min_slice,
-        "megatron",
+        MEGATRON,
         None,
     );
     let shapes = [false, true]
@@ -85,7 +139,7 @@ pub fn megatron_plans(
         .flat_map(|zero| [Recompute::None, Recompute::Full].map(|recompute| (zero, recompute)));
     let shapes: Vec<(bool, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
-    for t in split_degrees(&layers, per_machine) {
+    for &t in degrees {
         for p in (1..=gpus / t).filter(|p| (gpus / t).is_multiple_of(*p)) {
             let Some(ranges) = equal_stages(profile, p as usize) else {
                 continue;

@@ -10,7 +10,7 @@ use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
 use crate::error::{ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
-use crate::megatron::megatron_plans;
+use crate::megatron::uniform_plans;
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
@@ -181,10 +181,11 @@ fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candid
         .collect()
 }
 
-/// Megatron-LM's uniform shapes (`megatron.rs`), as candidates, where the
-/// profile says how layers split: the search's DP does not choose split
-/// degrees yet, so these bring tensor parallelism into its choice at any
-/// cluster size. None for a profile that splits nothing.
+/// Megatron-LM's uniform shapes and Whale's collocated split
+/// (`megatron.rs`), as candidates, where the profile says how layers
+/// split: the search's DP does not choose split degrees yet, so these bring
+/// tensor parallelism into its choice at any cluster size. None for a
+/// profile that splits nothing.
 pub(crate) fn megatron_candidates(
     profile: &Profile,
     topology: &Topology,
@@ -194,13 +195,10 @@ pub(crate) fn megatron_candidates(
         return Vec::new();
     }
     let min_slice = space.covering().min_slice;
-    megatron_plans(profile, topology, space.global_batch_size, min_slice)
+    uniform_plans(profile, topology, space.global_batch_size, min_slice)
         .into_iter()
-        .filter(|plan| within_passes(plan.stages.len(), plan.micro_batches))
-        .map(|plan| Candidate {
-            plan,
-            source: Baseline::Megatron.name(),
-        })
+        .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
+        .map(|(plan, source)| Candidate { plan, source })
         .collect()
 }
 
