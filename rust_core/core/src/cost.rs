@@ -559,7 +559,7 @@ pub fn exposed_allreduce_with_overlap(
     let mut bucket = 0.0;
     for l in (start..end).rev() {
         clock += bwd_ms_of_layer(l);
-        bucket += layers.param_bytes_of_layer(l);
+        bucket += layers.gradient_bytes(l, l + 1);
         if bucket >= DP_BUCKET_BYTES || l == start {
             if bucket > 0.0 {
                 let begin = network_free_at.max(clock);
@@ -1098,7 +1098,7 @@ impl<'a> StageCoster<'a> {
         (slice, limit, warmup): (u32, f64, u32),
     ) -> StageCost {
         let slowest = |ms: &dyn Fn(&Pace) -> f64| paces.iter().map(ms).fold(0.0, f64::max);
-        let allreduce = devices.allreduce.ms(self.layers.param_bytes(start, end));
+        let allreduce = devices.allreduce.ms(self.layers.gradient_bytes(start, end));
         let exposed = if only_stage && devices.replicas > 1 {
             exposed_allreduce_with_overlap(
                 self.cluster,

@@ -183,6 +183,12 @@ impl ParameterState {
                 ));
             }
         }
+        if self.gradient_bytes == 0.0 {
+            return Err(Error::field(
+                "gradient_bytes",
+                "value 0 must be > 0: replicas reduce gradients",
+            ));
+        }
         if self.weight_bytes == 0.0 {
             return Err(Error::field(
                 "weight_bytes",

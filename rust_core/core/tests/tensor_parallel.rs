@@ -240,3 +240,91 @@ fn sp1_moves_less_than_sp2_and_is_chosen() {
     eprintln!("data parallel {dp:.1} ms");
     assert!(dp > sp1, "data parallel {dp} ms, split {sp1} ms");
 }
+
+fn tiny_llama() -> Profile {
+    let text = r#"{"model_type": "llama", "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 688,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4, "vocab_size": 1000}"#;
+    let config = TransformerConfig::from_json(text).unwrap();
+    let options = TransformerOptions {
+        gpu: "a100".into(),
+        seq_len: 128,
+        micro_batch_sizes: vec![1, 2],
+        efficiency: 0.5,
+    };
+    transformer_profile("tiny", &config, &options).unwrap()
+}
+
+#[test]
+fn a_split_profile_plans_on_mixed_machines_without_offering_plans_it_cannot_cost() {
+    use dapple_core::search::{search, SearchOptions};
+    let profile = tiny_llama();
+    let mut topology = Topology::from_spec("2x8-a100-80gb").unwrap();
+    let mut slow = topology.machine_groups[0].clone();
+    topology.machine_groups[0].machines = 1;
+    slow.machines = 1;
+    slow.gpu.gpu_type = "A100-80GB slow".into();
+    slow.gpu.relative_speed = Some(0.5);
+    topology.machine_groups.push(slow);
+    let plan = search(&profile, &topology, &SearchOptions::new(64))
+        .unwrap()
+        .plan;
+    assert!(
+        plan.stages.iter().all(|s| s.shape().is_plain()),
+        "{:?}",
+        plan.stages
+    );
+    let megatron = dapple_core::baselines::baseline_plan(
+        dapple_core::baselines::Baseline::Megatron,
+        &profile,
+        &topology,
+        64,
+        None,
+        WarmupPolicy::Auto,
+    );
+    assert_eq!(
+        megatron.unwrap_err().kind,
+        dapple_core::ErrorKind::Incompatible
+    );
+}
+
+#[test]
+fn a_split_stage_lists_its_devices_in_order_and_gives_whole_layers_their_slices() {
+    let profile = classifier(100_000, &["SP1"]);
+    let topology = Topology::from_spec("2x8-a100-80gb").unwrap();
+    let mut plan = one_stage_plan(&profile, &topology, 64, 2);
+    plan.stages[0].devices = (0..8).flat_map(|i| [i, i + 8]).collect();
+    let e = evaluate(&plan, &profile).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("stages[0].devices"), "{e}");
+    assert!(e.message.contains("ascending order"), "{e}");
+    // Micro-batch 8 on 16 GPUs: the FC's 8 replicas of 2 shards take one
+    // sample each, but the backbone, which does not split, would leave 8 GPUs none.
+    let mut plan = one_stage_plan(&profile, &topology, 8, 2);
+    plan.inputs.options.min_micro_batch_size = 1;
+    let e = evaluate(&plan, &profile).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("stages[0].devices"), "{e}");
+    assert!(e.message.contains("do not split"), "{e}");
+}
+
+#[test]
+fn plain_and_re_computed_stages_reduce_the_same_gradient_bytes() {
+    let mut profile = tiny_llama();
+    profile.parameter_state.as_mut().unwrap().gradient_bytes = 4.0;
+    let topology = Topology::from_spec("1x8-a100-80gb").unwrap();
+    let plain = one_stage_plan(&profile, &topology, 64, 1);
+    let mut recomputed = plain.clone();
+    recomputed.stages[0].recompute = Recompute::Full;
+    let (a, b) = (
+        evaluate(&plain, &profile).unwrap(),
+        evaluate(&recomputed, &profile).unwrap(),
+    );
+    assert_eq!(a.stages[0].allreduce_ms, b.stages[0].allreduce_ms);
+    assert!(b.stages[0].bwd_ms > a.stages[0].bwd_ms);
+    // One micro-batch in flight, and a first stage's input is the data (the
+    // profile counts no bytes for it): re-computation holds what a plain stage does.
+    assert_eq!(b.peak_memory_bytes, a.peak_memory_bytes);
+    profile.parameter_state.as_mut().unwrap().gradient_bytes = 0.0;
+    assert_eq!(
+        profile.validate().unwrap_err().field.as_deref(),
+        Some("parameter_state.gradient_bytes")
+    );
+}

@@ -178,8 +178,9 @@ fn check_stage_slices(plan: &Plan, s: &Stage, replicas: u32) -> Result<()> {
 
 /// A stage that splits, shards or re-computes runs on GPUs alike with even
 /// slices and a synchronous schedule; its split groups are `t` consecutive
-/// devices on one machine; and every layer that can split can split at `t`
-/// (a layer that cannot split at all runs whole).
+/// devices (`check_split_groups`); every layer that can split can split at
+/// `t` (a layer that cannot split at all runs whole, data parallel, and its
+/// slices are at least the minimum too).
 fn check_stage_shape(
     plan: &Plan,
     s: &Stage,
@@ -214,11 +215,11 @@ fn check_stage_shape(
             format!("{} plans run plain stages only", plan.schedule.kind),
         ));
     }
-    let first = &cluster.machines[alloc[0].0];
-    if alloc
-        .iter()
-        .any(|&(m, _)| !first.same_gpus(&cluster.machines[m]))
-    {
+    // Alike by what the topology says of them (type, memory, speed): the
+    // cost model prices such a stage at one GPU's times.
+    let gpu_of = |m: usize| &plan.inputs.topology.machine_groups[cluster.machines[m].group].gpu;
+    let first = gpu_of(alloc[0].0);
+    if alloc.iter().any(|&(m, _)| gpu_of(m) != first) {
         return Err(Error::field(
             field,
             "a stage that splits, shards or re-computes runs on GPUs alike",
@@ -228,23 +229,47 @@ fn check_stage_shape(
         return Ok(());
     }
     check_split_groups(s, t, cluster)?;
-    let smallest = smallest_slice(plan.micro_batch_size, s.devices.len() as u32 / t);
-    if smallest < plan.inputs.options.min_micro_batch_size.max(1) {
-        return Err(Error::field(
-            "tensor_parallel",
-            format!("value {t} leaves replicas of {smallest} samples, below the minimum slice"),
-        ));
-    }
     match profile {
-        Some(p) => check_layers_split(p, s, t),
+        Some(p) => {
+            check_layers_split(p, s, t)?;
+            check_whole_layer_slices(plan, p, s, t)
+        }
         None => Ok(()),
     }
 }
 
-/// The split groups, each `t` consecutive devices of the stage, all have
-/// the same number of GPUs on each machine they use (a group may span
-/// machines, but not unevenly: its collectives would wait on one machine).
+/// Layers of a split stage that do not split run data parallel over all
+/// its GPUs: each GPU's slice of them is at least the minimum too.
+fn check_whole_layer_slices(plan: &Plan, profile: &Profile, s: &Stage, t: u32) -> Result<()> {
+    let whole =
+        (s.layer_start..s.layer_end).any(|l| !profile.layers[l].split.iter().any(|p| p.allows(t)));
+    let smallest = smallest_slice(plan.micro_batch_size, s.devices.len() as u32);
+    let min_slice = plan.inputs.options.min_micro_batch_size.max(1);
+    if whole && smallest < min_slice {
+        return Err(Error::field(
+            "devices",
+            format!(
+                "{} GPUs split micro-batch {} into slices of {smallest} samples for the stage's layers that do \
+                 not split, below the minimum {min_slice}",
+                s.devices.len(),
+                plan.micro_batch_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The split groups, each `t` consecutive devices of the stage (listed in
+/// ascending order, as the cost model groups them), all have the same
+/// number of GPUs on each machine they use (a group may span machines, but
+/// not unevenly: its collectives would wait on one machine).
 fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
+    if s.devices.windows(2).any(|w| w[0] > w[1]) {
+        return Err(Error::field(
+            "devices",
+            format!("list a split stage's devices in ascending order: its groups are {t} consecutive devices"),
+        ));
+    }
     if !s.devices.len().is_multiple_of(t as usize) {
         return Err(Error::field(
             "tensor_parallel",

@@ -179,7 +179,8 @@ pub struct Stage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slices: Option<Vec<u32>>,
     /// Whale's split degree: the GPUs each layer that can split is sharded
-    /// over, in groups of consecutive devices on one machine (`shape.rs`).
+    /// over, in groups of consecutive devices, each taking as many GPUs of
+    /// each machine it uses as the others (`shape.rs`).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: u32,
     /// ZeRO-1: optimizer state sharded over the stage's replicas.

@@ -11,7 +11,7 @@ use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
 use crate::error::{ErrorKind, Result};
 use crate::evaluate::{estimate_stages, evaluate};
 use crate::megatron::uniform_plans;
-use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
+use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
@@ -198,6 +198,8 @@ pub(crate) fn megatron_candidates(
     uniform_plans(profile, topology, space.global_batch_size, min_slice)
         .into_iter()
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
+        // Every offered plan must be one `evaluate` accepts.
+        .filter(|(plan, _)| check(plan, profile).is_ok())
         .map(|(plan, source)| Candidate { plan, source })
         .collect()
 }
