@@ -1,7 +1,8 @@
 //! Megatron-LM's shape as a baseline (`dapple compare`'s `megatron` row):
 //! one split degree t for the whole model, p pipeline stages of equally many
 //! blocks (the layers before the first block with the first stage, those
-//! after the last with the last), d data-parallel replicas, 1F1B, every GPU
+//! after the last with the last; where p does not divide the blocks,
+//! stages 1, 2, ... take one more each), d data-parallel replicas, 1F1B, every GPU
 //! used. GPUs are numbered as Megatron ranks them: the t shards of a
 //! replica next to each other, then the replicas of a stage, then the
 //! stages. Every uniform (t, p, d) that the model allows is tried at every
@@ -36,7 +37,11 @@ fn split_degrees(layers: &LayerCosts, gpus_per_machine: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Layer ranges of `p` stages of equally many blocks, if the blocks divide.
+/// Layer ranges of `p` stages of as equally many blocks as can be: where
+/// `p` does not divide the blocks, stages 1, 2, ... take one more each, as
+/// many as the remainder, so the first (with the embedding) and the last
+/// (with the LM head) keep fewer, as Megatron's uneven first and last
+/// stages do. None for more stages than blocks.
 fn equal_stages(profile: &Profile, p: usize) -> Option<Vec<(usize, usize)>> {
     let blocks: Vec<usize> = (0..profile.layers.len())
         .filter(|&l| profile.layers[l].kind.as_deref() == Some(BLOCK_KIND))
@@ -47,15 +52,17 @@ fn equal_stages(profile: &Profile, p: usize) -> Option<Vec<(usize, usize)>> {
     } else {
         blocks
     };
-    if p == 0 || !blocks.len().is_multiple_of(p) {
+    if p == 0 || p > blocks.len() {
         return None;
     }
-    let per = blocks.len() / p;
+    let (per, extra) = (blocks.len() / p, blocks.len() % p);
+    // Blocks before stage k: k x per, and one more for each of stages 1..=extra before k.
+    let first_block = |k: usize| k * per + k.saturating_sub(1).min(extra);
     let bounds: Vec<usize> = (0..=p)
         .map(|k| match k {
             0 => 0,
             k if k == p => profile.layers.len(),
-            k => blocks[k * per],
+            k => blocks[first_block(k)],
         })
         .collect();
     Some(bounds.windows(2).map(|w| (w[0], w[1])).collect())
@@ -272,6 +279,11 @@ mod tests {
             equal_stages(&profile, 4).unwrap(),
             vec![(0, 9), (9, 17), (17, 25), (25, 34)]
         );
-        assert_eq!(equal_stages(&profile, 3), None);
+        // 32 blocks in 3: 10, 11, 11.
+        assert_eq!(
+            equal_stages(&profile, 3).unwrap(),
+            vec![(0, 11), (11, 22), (22, 34)]
+        );
+        assert_eq!(equal_stages(&profile, 33), None);
     }
 }
