@@ -508,9 +508,7 @@ pub(crate) fn layout_at_every_size(
                         .unwrap_or(1),
                         placement: None,
                         slices: None,
-                        tensor_parallel: 1,
-                        shard_optimizer: false,
-                        recompute: crate::shape::Recompute::None,
+                        ..Default::default()
                     })
                     .collect(),
             )

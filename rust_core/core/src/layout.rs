@@ -186,10 +186,8 @@ mod tests {
                     devices: d.to_vec(),
                     warmup_micro_batches: (count - i as u32).min(m),
                     placement: None,
-                    tensor_parallel: 1,
-                    shard_optimizer: false,
-                    recompute: crate::shape::Recompute::None,
                     slices: None,
+                    ..Default::default()
                 })
                 .collect(),
         )

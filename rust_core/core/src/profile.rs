@@ -921,40 +921,56 @@ impl LayerCosts {
 }
 
 #[cfg(test)]
-pub(crate) use tests::chain_profile;
+pub(crate) use tests::{chain_profile, profile_of_layers};
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     pub(crate) fn chain_profile(times: &[(f64, f64)], batch: u32) -> Profile {
+        let layers: Vec<(f64, f64, u64, u64)> = times
+            .iter()
+            .map(|&(f, b)| (f, b, 1000, 100 * u64::from(batch)))
+            .collect();
+        profile_of_layers("test", &layers, batch)
+    }
+
+    /// A chain of layers (fwd ms, bwd ms, parameter bytes, activation bytes)
+    /// measured at batch size `batch`, named l0, l1, ...
+    pub(crate) fn profile_of_layers(
+        model: &str,
+        layers: &[(f64, f64, u64, u64)],
+        batch: u32,
+    ) -> Profile {
         Profile {
             format: PROFILE.name.into(),
             schema_version: PROFILE.version,
-            model: "test".into(),
+            model: model.into(),
             source: None,
             device: None,
             optimizer: "adam".into(),
             other_devices: Vec::new(),
             parameter_state: None,
             model_flops_per_sample: None,
-            layers: times
+            layers: layers
                 .iter()
                 .enumerate()
-                .map(|(i, &(f, b))| Layer {
-                    name: format!("l{i}"),
-                    kind: None,
-                    param_bytes: 1000,
-                    inputs: None,
-                    measurements: vec![Measurement {
-                        batch_size: batch,
-                        fwd_ms: f,
-                        bwd_ms: b,
-                        activation_bytes: 100 * u64::from(batch),
-                        stored_activation_bytes: None,
-                    }],
-                    split: Vec::new(),
-                })
+                .map(
+                    |(i, &(fwd_ms, bwd_ms, param_bytes, activation_bytes))| Layer {
+                        name: format!("l{i}"),
+                        kind: None,
+                        param_bytes,
+                        inputs: None,
+                        measurements: vec![Measurement {
+                            batch_size: batch,
+                            fwd_ms,
+                            bwd_ms,
+                            activation_bytes,
+                            stored_activation_bytes: None,
+                        }],
+                        split: Vec::new(),
+                    },
+                )
                 .collect(),
         }
     }

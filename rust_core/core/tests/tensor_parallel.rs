@@ -54,9 +54,7 @@ fn megatron_plan(
                 warmup_micro_batches: (p - k as u32).min(gbs / micro_batch),
                 placement: None,
                 slices: None,
-                tensor_parallel: 1,
-                shard_optimizer: false,
-                recompute: Recompute::None,
+                ..Default::default()
             };
             stage.with_shape(&StageShape {
                 tensor_parallel: t,

@@ -191,6 +191,24 @@ pub struct Stage {
     pub recompute: Recompute,
 }
 
+/// An empty, plain stage: what struct literals fill in (`..Default::default()`)
+/// for the fields they do not name (no placement, even slices, no split).
+impl Default for Stage {
+    fn default() -> Self {
+        Stage {
+            layer_start: 0,
+            layer_end: 0,
+            devices: Vec::new(),
+            warmup_micro_batches: 1,
+            placement: None,
+            slices: None,
+            tensor_parallel: 1,
+            shard_optimizer: false,
+            recompute: Recompute::None,
+        }
+    }
+}
+
 impl Stage {
     /// How the stage runs its layers besides replicating them.
     pub fn shape(&self) -> StageShape {

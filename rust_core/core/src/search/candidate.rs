@@ -344,9 +344,6 @@ pub(crate) fn plan_of_steps(
                 devices,
                 warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
                 placement: Some(placement.policy),
-                tensor_parallel: 1,
-                shard_optimizer: false,
-                recompute: crate::shape::Recompute::None,
                 // Replicas are numbered machine by machine, as the alloc lists them.
                 slices: coster.searched_slices(
                     *start,
@@ -354,6 +351,7 @@ pub(crate) fn plan_of_steps(
                     &StageDevices::new(ctx.cluster, alloc.clone()),
                     ctx.min_slice,
                 ),
+                ..Default::default()
             },
         )
         .collect();

@@ -404,11 +404,9 @@ mod tests {
     use crate::baselines::Baseline;
     use crate::cost::{largest_slice, smallest_slice, StageCoster, StageDevices};
     use crate::evaluate::evaluate;
-    use crate::format::PROFILE;
     use crate::placement::State;
     use crate::plan::PlanOptions;
     use crate::plan::{ScheduleChoice, Stage};
-    use crate::profile::{Layer, Measurement};
     use crate::schedule::ScheduleKind;
     use crate::FileObject;
     use candidate::{best_placement_of, plan_of_steps};
@@ -419,33 +417,15 @@ mod tests {
     use space::Context;
 
     fn random_profile(rng: &mut StdRng, layers: usize) -> Profile {
-        Profile {
-            format: PROFILE.name.into(),
-            schema_version: PROFILE.version,
-            model: "random".into(),
-            source: None,
-            device: None,
-            optimizer: "adam".into(),
-            other_devices: Vec::new(),
-            parameter_state: None,
-            model_flops_per_sample: None,
-            layers: (0..layers)
-                .map(|i| Layer {
-                    name: format!("l{i}"),
-                    kind: None,
-                    param_bytes: rng.gen_range(0..400_000_000),
-                    inputs: None,
-                    measurements: vec![Measurement {
-                        batch_size: 1,
-                        fwd_ms: rng.gen_range(0.1..10.0),
-                        bwd_ms: rng.gen_range(0.1..20.0),
-                        activation_bytes: rng.gen_range(0..200_000_000),
-                        stored_activation_bytes: None,
-                    }],
-                    split: Vec::new(),
-                })
-                .collect(),
-        }
+        // Drawn in the order the profile's fields are listed: parameters, then the measurement.
+        let layers: Vec<(f64, f64, u64, u64)> = (0..layers)
+            .map(|_| {
+                let param_bytes = rng.gen_range(0..400_000_000);
+                let (fwd_ms, bwd_ms) = (rng.gen_range(0.1..10.0), rng.gen_range(0.1..20.0));
+                (fwd_ms, bwd_ms, param_bytes, rng.gen_range(0..200_000_000))
+            })
+            .collect();
+        crate::profile::profile_of_layers("random", &layers, 1)
     }
 
     /// Every non-increasing vector of warm-up depths with K_i <= caps[i].
@@ -526,9 +506,6 @@ mod tests {
                                 .warmup(count - i as u32, gbs / b)
                                 .unwrap_or(1),
                             placement: None,
-                            tensor_parallel: 1,
-                            shard_optimizer: false,
-                            recompute: crate::shape::Recompute::None,
                             // Mixed GPUs take Whale's balanced slices.
                             slices: coster.searched_slices(
                                 *s,
@@ -536,6 +513,7 @@ mod tests {
                                 &StageDevices::new(&cluster, alloc.clone()),
                                 min_slice,
                             ),
+                            ..Default::default()
                         })
                         .collect();
                     let plan = Plan::new(
@@ -863,10 +841,8 @@ mod tests {
                         devices,
                         warmup_micro_batches: policy.memory_depth((stages - k) as u32, gbs / b),
                         placement: None,
-                        tensor_parallel: 1,
-                        shard_optimizer: false,
-                        recompute: crate::shape::Recompute::None,
                         slices: None,
+                        ..Default::default()
                     }
                 })
                 .collect();

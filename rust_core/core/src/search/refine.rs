@@ -464,9 +464,7 @@ mod tests {
     use super::*;
     use crate::cost::WarmupPolicy;
     use crate::evaluate::evaluate;
-    use crate::format::PROFILE;
     use crate::plan::{PlanInputs, ScheduleChoice};
-    use crate::profile::{Layer, Measurement};
     use crate::schedule::ScheduleKind;
     use crate::topology::{with_one_slow_machine, Topology};
     use rand::rngs::StdRng;
@@ -476,37 +474,7 @@ mod tests {
     /// A profile of layers (fwd ms, bwd ms, parameter bytes, activation
     /// bytes) measured at batch size 1.
     fn profile(layers: &[(f64, f64, u64, u64)]) -> Profile {
-        Profile {
-            format: PROFILE.name.into(),
-            schema_version: PROFILE.version,
-            model: "refine-test".into(),
-            source: None,
-            device: None,
-            optimizer: "adam".into(),
-            other_devices: Vec::new(),
-            parameter_state: None,
-            model_flops_per_sample: None,
-            layers: layers
-                .iter()
-                .enumerate()
-                .map(
-                    |(i, &(fwd_ms, bwd_ms, param_bytes, activation_bytes))| Layer {
-                        name: format!("l{i}"),
-                        kind: None,
-                        param_bytes,
-                        inputs: None,
-                        measurements: vec![Measurement {
-                            batch_size: 1,
-                            fwd_ms,
-                            bwd_ms,
-                            activation_bytes,
-                            stored_activation_bytes: None,
-                        }],
-                        split: Vec::new(),
-                    },
-                )
-                .collect(),
-        }
+        crate::profile::profile_of_layers("refine-test", layers, 1)
     }
 
     /// A plan of stages (layer_start, layer_end, devices) with micro-batches
@@ -543,10 +511,8 @@ mod tests {
                 devices: devices.clone(),
                 warmup_micro_batches: policy.memory_depth(count - i as u32, m),
                 placement: None,
-                tensor_parallel: 1,
-                shard_optimizer: false,
-                recompute: crate::shape::Recompute::None,
                 slices: None,
+                ..Default::default()
             })
             .collect();
         let inputs = PlanInputs::new(profile, topology, gbs, min_slice, "test", None);
