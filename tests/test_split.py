@@ -183,3 +183,12 @@ def test_whales_classifier_splits_its_fc_and_gains_more_with_more_gpus():
     assert speedups[-1] >= 1.5
     # on 32 GPUs the FC layer is split
     assert plan.stages[-1].get("tensor_parallel", 1) > 1
+
+
+def test_dapple_run_refuses_a_split_plan_by_name(tiny_profile, tmp_path, dapple):
+    pytest.importorskip("torch")
+    path = _hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 4, tmp_path)
+    result = dapple("run", "--plan", path, "--model", "planner.runtime.models:gpt", "--steps", 1)
+    assert result.returncode == 4, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "field stages[0].tensor_parallel: value 4: dapple run runs plain stages only" in result.stderr

@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
 use crate::schedule::Action;
@@ -59,11 +59,36 @@ pub struct RunLayout {
     pub stages: Vec<StageLayout>,
 }
 
+/// The runtime runs every stage plain: a split, sharded or re-computed
+/// stage is refused by name rather than run as a plain one.
+fn check_plain_stages(plan: &Plan) -> Result<()> {
+    for (i, s) in plan.stages.iter().enumerate() {
+        if s.shape().is_plain() {
+            continue;
+        }
+        let (field, value) = if s.tensor_parallel > 1 {
+            ("tensor_parallel", s.tensor_parallel.to_string())
+        } else if s.shard_optimizer {
+            ("shard_optimizer", "true".to_string())
+        } else {
+            ("recompute", s.recompute.name().to_string())
+        };
+        let mut e = Error::incompatible(format!(
+            "value {value}: dapple run runs plain stages only so far (no split, ZeRO-1 or per-stage \
+             re-computation; `--recompute` re-computes every stage); cost such a plan with dapple estimate"
+        ));
+        e.field = Some(format!("stages[{i}].{field}"));
+        return Err(e);
+    }
+    Ok(())
+}
+
 impl RunLayout {
     /// The layout of a plan, after checking that its stages can run
     /// (`plan::check_layout`; the layer count is checked against the model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
+        check_plain_stages(plan)?;
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
         devices.sort_unstable();
         let rank_of = |device: u32| devices.binary_search(&device).expect("a used device") as u32;
@@ -191,6 +216,27 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    #[test]
+    fn a_shaped_stage_is_refused_by_name_not_run_plain() {
+        use crate::shape::Recompute;
+        let shaped = |stage: &mut Stage| stage.recompute = Recompute::Full;
+        let mut p = plan(4, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3])]);
+        assert!(RunLayout::of(&p).is_ok());
+        shaped(&mut p.stages[1]);
+        let e = RunLayout::of(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[1].recompute"));
+        assert_eq!(e.kind, crate::ErrorKind::Incompatible);
+        p.stages[1].recompute = Recompute::None;
+        p.stages[0].tensor_parallel = 2;
+        let e = RunLayout::of(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[0].tensor_parallel"));
+        assert!(
+            e.message
+                .starts_with("value 2: dapple run runs plain stages only"),
+            "{e}"
+        );
     }
 
     #[test]
