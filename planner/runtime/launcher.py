@@ -7,7 +7,6 @@ rank of a run torchrun started; then the ranks' results gathered into one
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import sys
@@ -238,7 +237,8 @@ def launch(plan: Plan, config: RunConfig, layout: Layout | None = None) -> RunRe
     start_method = "spawn" if config.device == "cuda" else config.start_method
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
         out_dir = config.out_dir or tmp
-        job = Job.of(plan, dataclasses.replace(config, out_dir=out_dir), layout)
+        # The folder reaches each worker as its own argument, not through the config.
+        job = Job.of(plan, config, layout)
         context = mp.start_processes(
             _worker,
             args=(layout.world_size, free_port(), job, out_dir, os.getpid()),

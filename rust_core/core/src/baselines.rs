@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use crate::cost::{Cluster, StageCoster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
-use crate::megatron::{machines_alike, megatron_plans};
+use crate::megatron::megatron_plans;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
@@ -395,17 +395,7 @@ pub fn baseline_layouts(
     policy: WarmupPolicy,
 ) -> Result<Vec<Plan>> {
     if kind == Baseline::Megatron {
-        if !machines_alike(topology) {
-            return Err(Error::incompatible(
-                "megatron needs machines alike (one GPU type, as many GPUs each); this topology mixes them",
-            ));
-        }
-        return Ok(megatron_plans(
-            profile,
-            topology,
-            global_batch_size,
-            min_slice,
-        ));
+        return megatron_plans(profile, topology, global_batch_size, min_slice);
     }
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;

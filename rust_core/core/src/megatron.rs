@@ -14,6 +14,7 @@
 //! over all of them, the others data parallel (`uniform_plans`).
 
 use crate::cost::WarmupPolicy;
+use crate::error::{Error, Result};
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::schedule::ScheduleKind;
@@ -24,17 +25,18 @@ use crate::topology::Topology;
 /// 1, and each divisor of a machine's GPUs that every splittable layer can
 /// split at (Megatron keeps a replica's shards on one machine).
 fn split_degrees(layers: &LayerCosts, gpus_per_machine: u32) -> Vec<u32> {
+    (1..=gpus_per_machine)
+        .filter(|&t| gpus_per_machine.is_multiple_of(t))
+        .filter(|&t| t == 1 || splits_at(layers, t))
+        .collect()
+}
+
+/// Whether some layer splits and every layer that can split can at `t`.
+fn splits_at(layers: &LayerCosts, t: u32) -> bool {
     let splittable: Vec<usize> = (0..layers.num_layers)
         .filter(|&l| !layers.split_patterns(l).is_empty())
         .collect();
-    (1..=gpus_per_machine)
-        .filter(|&t| gpus_per_machine.is_multiple_of(t))
-        .filter(|&t| {
-            t == 1
-                || (!splittable.is_empty()
-                    && splittable.iter().all(|&l| layers.shard(l, t).is_some()))
-        })
-        .collect()
+    !splittable.is_empty() && splittable.iter().all(|&l| layers.shard(l, t).is_some())
 }
 
 /// Layer ranges of `p` stages of as equally many blocks as can be: where
@@ -80,7 +82,7 @@ fn gpus_per_machine(topology: &Topology) -> u32 {
 
 /// Whether every machine is alike (GPU type, memory, speed and count):
 /// Megatron's shapes assume so, and so does the cost of a shaped stage.
-pub fn machines_alike(topology: &Topology) -> bool {
+fn machines_alike(topology: &Topology) -> bool {
     let first = &topology.machine_groups[0];
     topology
         .machine_groups
@@ -89,19 +91,26 @@ pub fn machines_alike(topology: &Topology) -> bool {
 }
 
 /// Every uniform Megatron plan of `profile` on `topology` (not costed);
-/// none on a cluster whose machines differ.
+/// a cluster whose machines differ has none.
 pub fn megatron_plans(
     profile: &Profile,
     topology: &Topology,
     global_batch_size: u32,
     min_slice: u32,
-) -> Vec<Plan> {
+) -> Result<Vec<Plan>> {
     if !machines_alike(topology) {
-        return Vec::new();
+        return Err(Error::incompatible(
+            "megatron needs machines alike (one GPU type, as many GPUs each); this topology mixes them",
+        ));
     }
-    let layers = LayerCosts::new(profile);
-    let degrees = split_degrees(&layers, gpus_per_machine(topology));
-    shaped_plans(profile, topology, global_batch_size, min_slice, &degrees)
+    let degrees = split_degrees(&LayerCosts::new(profile), gpus_per_machine(topology));
+    Ok(shaped_plans(
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        &degrees,
+    ))
 }
 
 /// What offered a uniform plan: Megatron-LM's shape, or Whale's collocated
@@ -118,22 +127,25 @@ pub fn uniform_plans(
     global_batch_size: u32,
     min_slice: u32,
 ) -> Vec<(Plan, &'static str)> {
-    let mut plans: Vec<(Plan, &'static str)> =
-        megatron_plans(profile, topology, global_batch_size, min_slice)
-            .into_iter()
-            .map(|p| (p, MEGATRON))
-            .collect();
+    if !machines_alike(topology) {
+        return Vec::new();
+    }
     let layers = LayerCosts::new(profile);
+    let per_machine = gpus_per_machine(topology);
+    let megatron = shaped_plans(
+        profile,
+        topology,
+        global_batch_size,
+        min_slice,
+        &split_degrees(&layers, per_machine),
+    );
+    let mut plans: Vec<(Plan, &'static str)> =
+        megatron.into_iter().map(|p| (p, MEGATRON)).collect();
     let gpus = topology.num_devices();
-    let alike = machines_alike(topology);
-    if alike && gpus > gpus_per_machine(topology) && split_degrees(&layers, gpus).contains(&gpus) {
+    if gpus > per_machine && splits_at(&layers, gpus) {
+        // Split over every GPU: one stage (p = gpus / t = 1).
         let whole = shaped_plans(profile, topology, global_batch_size, min_slice, &[gpus]);
-        plans.extend(
-            whole
-                .into_iter()
-                .filter(|p| p.stages.len() == 1)
-                .map(|p| (p, WHALE_COLLOCATED)),
-        );
+        plans.extend(whole.into_iter().map(|p| (p, WHALE_COLLOCATED)));
     }
     plans
 }
@@ -241,7 +253,7 @@ mod tests {
     fn llama_2_7b_on_2x8_a100_tries_every_uniform_shape() {
         let profile = llama_2_7b(4096);
         let topology = Topology::from_spec("2x8-a100-80gb").unwrap();
-        let plans = megatron_plans(&profile, &topology, 64, 1);
+        let plans = megatron_plans(&profile, &topology, 64, 1).unwrap();
         let mut shapes: Vec<(u32, usize, u32)> = plans
             .iter()
             .map(|p| {

@@ -258,26 +258,15 @@ pub fn transformer_profile(
     let gpu = gpu_type(&options.gpu).map_err(|e| e.under("gpu"))?;
     check_options(options)?;
     let s = options.seq_len as f64;
-    let flops_per_ms = gpu.bf16_tflops * 1e9 * options.efficiency;
-    let timed = |fwd_flops: f64, stored: f64, activation: f64| -> Vec<Measurement> {
-        options
-            .micro_batch_sizes
-            .iter()
-            .map(|&b| {
-                let fwd_ms = f64::from(b) * fwd_flops / flops_per_ms;
-                Measurement {
-                    batch_size: b,
-                    fwd_ms,
-                    bwd_ms: 2.0 * fwd_ms,
-                    activation_bytes: (f64::from(b) * activation).round() as u64,
-                    stored_activation_bytes: Some((f64::from(b) * stored).round() as u64),
-                }
-            })
-            .collect()
+    let maker = LayerMaker {
+        config,
+        s,
+        flops_per_ms: gpu.bf16_tflops * 1e9 * options.efficiency,
+        micro_batch_sizes: &options.micro_batch_sizes,
     };
-    let layers: Vec<Layer> = std::iter::once(embedding(config, s, &timed))
-        .chain((0..config.blocks).map(|i| block(config, i, s, &timed)))
-        .chain(std::iter::once(lm_head(config, s, &timed)))
+    let layers: Vec<Layer> = std::iter::once(maker.embedding())
+        .chain((0..config.blocks).map(|i| maker.block(i)))
+        .chain(std::iter::once(maker.lm_head()))
         .collect();
     let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
     let profile = Profile {
@@ -340,105 +329,129 @@ fn divisor(what: &str, count: u64) -> Divisor {
     }
 }
 
-/// Token and (GPT) position embeddings; split over the vocabulary, each
-/// shard looks up its own rows and an AllReduce sums the output.
-fn embedding(
-    config: &TransformerConfig,
+/// The layers of one profile: `config` at `s` tokens a sample, timed at
+/// `flops_per_ms` at each micro-batch size.
+struct LayerMaker<'a> {
+    config: &'a TransformerConfig,
     s: f64,
-    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
-) -> Layer {
-    let h = config.hidden as f64;
-    let tokens = config.padded_vocabulary() as f64 * h;
-    let positions = config.positions.map_or(0.0, |p| p as f64 * h);
-    Layer {
-        name: "embedding".into(),
-        kind: None,
-        param_bytes: ((tokens + positions) * BF16) as u64,
-        inputs: None,
-        // A lookup: no FLOPs worth counting; it keeps the token ids.
-        measurements: timed(0.0, s * TOKEN_ID, s * h * BF16),
-        split: vec![SplitPattern {
-            name: "vocabulary-parallel embedding".into(),
-            divides: vec![divisor(
-                "vocabulary entries (padded to a multiple of 128)",
-                config.padded_vocabulary(),
-            )],
-            fwd_allreduce_bytes_per_sample: s * h * BF16,
-            bwd_allreduce_bytes_per_sample: 0.0,
-            replicated_param_fraction: positions / (tokens + positions),
-            replicated_stored_fraction: 1.0,
-        }],
-    }
+    flops_per_ms: f64,
+    micro_batch_sizes: &'a [u32],
 }
 
-/// One block: Megatron-LM's split, attention heads and MLP columns then
-/// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
-fn block(
-    config: &TransformerConfig,
-    i: u64,
-    s: f64,
-    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
-) -> Layer {
-    let h = config.hidden as f64;
-    let (params, whole_params) = config.block_params();
-    let (stored, whole_stored) = config.block_stored_bytes(s);
-    Layer {
-        name: format!("block_{i}"),
-        kind: Some(BLOCK_KIND.into()),
-        param_bytes: (params * BF16) as u64,
-        inputs: None,
-        measurements: timed(config.block_fwd_flops(s), stored, s * h * BF16),
-        split: vec![SplitPattern {
-            name: "megatron-block".into(),
-            divides: vec![
-                divisor("attention heads", config.heads),
-                divisor("KV heads", config.kv_heads),
-            ],
-            fwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
-            bwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
-            replicated_param_fraction: whole_params / params,
-            replicated_stored_fraction: whole_stored / stored,
-        }],
+impl LayerMaker<'_> {
+    /// A layer's measurements from its forward FLOPs, stored and output
+    /// bytes per sample: linear in the batch, the backward twice the forward.
+    fn measurements(&self, fwd_flops: f64, stored: f64, activation: f64) -> Vec<Measurement> {
+        self.micro_batch_sizes
+            .iter()
+            .map(|&b| {
+                let fwd_ms = f64::from(b) * fwd_flops / self.flops_per_ms;
+                Measurement {
+                    batch_size: b,
+                    fwd_ms,
+                    bwd_ms: 2.0 * fwd_ms,
+                    activation_bytes: (f64::from(b) * activation).round() as u64,
+                    stored_activation_bytes: Some((f64::from(b) * stored).round() as u64),
+                }
+            })
+            .collect()
+    }
+
+    fn vocabulary_divisor(&self) -> Divisor {
+        divisor(
+            "vocabulary entries (padded to a multiple of 128)",
+            self.config.padded_vocabulary(),
+        )
+    }
+
+    /// Token and (GPT) position embeddings; split over the vocabulary, each
+    /// shard looks up its own rows and an AllReduce sums the output.
+    fn embedding(&self) -> Layer {
+        let (config, s) = (self.config, self.s);
+        let h = config.hidden as f64;
+        let tokens = config.padded_vocabulary() as f64 * h;
+        let positions = config.positions.map_or(0.0, |p| p as f64 * h);
+        Layer {
+            name: "embedding".into(),
+            kind: None,
+            param_bytes: ((tokens + positions) * BF16) as u64,
+            inputs: None,
+            // A lookup: no FLOPs worth counting; it keeps the token ids.
+            measurements: self.measurements(0.0, s * TOKEN_ID, s * h * BF16),
+            split: vec![SplitPattern {
+                name: "vocabulary-parallel embedding".into(),
+                divides: vec![self.vocabulary_divisor()],
+                fwd_allreduce_bytes_per_sample: s * h * BF16,
+                bwd_allreduce_bytes_per_sample: 0.0,
+                replicated_param_fraction: positions / (tokens + positions),
+                replicated_stored_fraction: 1.0,
+            }],
+        }
+    }
+
+    /// One block: Megatron-LM's split, attention heads and MLP columns then
+    /// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
+    fn block(&self, i: u64) -> Layer {
+        let (config, s) = (self.config, self.s);
+        let h = config.hidden as f64;
+        let (params, whole_params) = config.block_params();
+        let (stored, whole_stored) = config.block_stored_bytes(s);
+        Layer {
+            name: format!("block_{i}"),
+            kind: Some(BLOCK_KIND.into()),
+            param_bytes: (params * BF16) as u64,
+            inputs: None,
+            measurements: self.measurements(config.block_fwd_flops(s), stored, s * h * BF16),
+            split: vec![SplitPattern {
+                name: "megatron-block".into(),
+                divides: vec![
+                    divisor("attention heads", config.heads),
+                    divisor("KV heads", config.kv_heads),
+                ],
+                fwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
+                bwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
+                replicated_param_fraction: whole_params / params,
+                replicated_stored_fraction: whole_stored / stored,
+            }],
+        }
+    }
+
+    /// The final norm, the output projection and the loss. Split over the
+    /// vocabulary with a distributed softmax (Whale's SP1): forward, each
+    /// token's maximum and sum are reduced (two fp32 numbers); backward, the
+    /// input's gradient. The logits are kept in fp32 for the loss.
+    fn lm_head(&self) -> Layer {
+        let (config, s) = (self.config, self.s);
+        let h = config.hidden as f64;
+        let norm = if config.biases { 2.0 * h } else { h };
+        let projection = config.padded_vocabulary() as f64 * h;
+        let whole_stored = 2.0 * s * h * BF16;
+        let logits = s * config.padded_vocabulary() as f64 * FP32;
+        Layer {
+            name: "lm_head".into(),
+            kind: None,
+            param_bytes: ((norm + projection) * BF16) as u64,
+            inputs: None,
+            // Its output is the loss, one number per token.
+            measurements: self.measurements(
+                head_fwd_flops(config, s),
+                whole_stored + logits,
+                s * FP32,
+            ),
+            split: vec![SplitPattern {
+                name: "vocabulary-parallel head with distributed softmax (SP1)".into(),
+                divides: vec![self.vocabulary_divisor()],
+                fwd_allreduce_bytes_per_sample: 2.0 * s * FP32,
+                bwd_allreduce_bytes_per_sample: s * h * BF16,
+                replicated_param_fraction: norm / (norm + projection),
+                replicated_stored_fraction: whole_stored / (whole_stored + logits),
+            }],
+        }
     }
 }
 
 fn head_fwd_flops(config: &TransformerConfig, s: f64) -> f64 {
     2.0 * s * config.hidden as f64 * config.vocabulary as f64
-}
-
-/// The final norm, the output projection and the loss. Split over the
-/// vocabulary with a distributed softmax (Whale's SP1): forward, each
-/// token's maximum and sum are reduced (two fp32 numbers); backward, the
-/// input's gradient. The logits are kept in fp32 for the loss.
-fn lm_head(
-    config: &TransformerConfig,
-    s: f64,
-    timed: &dyn Fn(f64, f64, f64) -> Vec<Measurement>,
-) -> Layer {
-    let h = config.hidden as f64;
-    let norm = if config.biases { 2.0 * h } else { h };
-    let projection = config.padded_vocabulary() as f64 * h;
-    let whole_stored = 2.0 * s * h * BF16;
-    let logits = s * config.padded_vocabulary() as f64 * FP32;
-    Layer {
-        name: "lm_head".into(),
-        kind: None,
-        param_bytes: ((norm + projection) * BF16) as u64,
-        inputs: None,
-        // Its output is the loss, one number per token.
-        measurements: timed(head_fwd_flops(config, s), whole_stored + logits, s * FP32),
-        split: vec![SplitPattern {
-            name: "vocabulary-parallel head with distributed softmax (SP1)".into(),
-            divides: vec![divisor(
-                "vocabulary entries (padded to a multiple of 128)",
-                config.padded_vocabulary(),
-            )],
-            fwd_allreduce_bytes_per_sample: 2.0 * s * FP32,
-            bwd_allreduce_bytes_per_sample: s * h * BF16,
-            replicated_param_fraction: norm / (norm + projection),
-            replicated_stored_fraction: whole_stored / (whole_stored + logits),
-        }],
-    }
 }
 
 #[cfg(test)]

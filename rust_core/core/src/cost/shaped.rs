@@ -15,6 +15,7 @@
 //!   stage's input kept per micro-batch.
 
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
+use crate::profile::LayerCosts;
 use crate::shape::{shards, stage_memory, Recompute, StageMemory, StageShape};
 use crate::split::ShardCost;
 
@@ -66,6 +67,42 @@ impl SplitGroups {
                 sharers(&replica_group, &shards_on),
             ),
         }
+    }
+}
+
+/// The layers of a shaped stage: each one's shard at the stage's split
+/// degree (None: whole, data parallel over all its GPUs), and the slices
+/// of a micro-batch whole layers (a GPU's) and split ones (a replica's) take.
+struct ShapedLayers {
+    gpus: u32,
+    replicas: u32,
+    whole_slice: u32,
+    split_slice: u32,
+    shards: Vec<Option<ShardCost>>,
+}
+
+impl ShapedLayers {
+    fn any_split(&self) -> bool {
+        self.shards.iter().any(Option::is_some)
+    }
+
+    fn memory(
+        &self,
+        layers: &LayerCosts,
+        start: usize,
+        end: usize,
+        shape: &StageShape,
+    ) -> StageMemory {
+        let slices = (self.whole_slice, self.split_slice);
+        stage_memory(
+            layers,
+            start,
+            end,
+            shape,
+            &self.shards,
+            slices,
+            (self.gpus, self.replicas),
+        )
     }
 }
 
@@ -121,22 +158,28 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> StageMemory {
+        self.shaped_layers(start, end, devices, shape)
+            .memory(self.layers, start, end, shape)
+    }
+
+    /// Which layers of the stage split at its degree, and the slices whole
+    /// and split layers take.
+    fn shaped_layers(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+    ) -> ShapedLayers {
         let t = shape.tensor_parallel.max(1);
         let gpus = devices.replicas;
-        let slices = (
-            largest_slice(self.micro_batch, gpus),
-            largest_slice(self.micro_batch, gpus / t),
-        );
-        let layer_shards = shards(self.layers, start, end, t);
-        stage_memory(
-            self.layers,
-            start,
-            end,
-            shape,
-            &layer_shards,
-            slices,
-            (gpus, gpus / t),
-        )
+        ShapedLayers {
+            gpus,
+            replicas: gpus / t,
+            whole_slice: largest_slice(self.micro_batch, gpus),
+            split_slice: largest_slice(self.micro_batch, gpus / t),
+            shards: shards(self.layers, start, end, t),
+        }
     }
 
     /// Memory, the slice a split replica takes (else a GPU's), the passes
@@ -148,38 +191,22 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> (StageMemory, u32, Passes, f64) {
-        let t = shape.tensor_parallel.max(1);
-        let gpus = devices.replicas;
-        let (whole_slice, split_slice) = (
-            largest_slice(self.micro_batch, gpus),
-            largest_slice(self.micro_batch, gpus / t),
-        );
-        let layer_shards = shards(self.layers, start, end, t);
-        let memory = stage_memory(
-            self.layers,
-            start,
-            end,
-            shape,
-            &layer_shards,
-            (whole_slice, split_slice),
-            (gpus, gpus / t),
-        );
-        let mut passes = self.split_passes(
-            start,
-            end,
-            devices,
-            &layer_shards,
-            (whole_slice, split_slice),
-            t,
-        );
+        let layers = self.shaped_layers(start, end, devices, shape);
+        let memory = layers.memory(self.layers, start, end, shape);
+        // The split's groups, made once for its AllReduces, bridges and gradients.
+        let groups = layers
+            .any_split()
+            .then(|| SplitGroups::new(self.cluster, devices, shape.tensor_parallel));
+        let mut passes = self.split_passes(start, end, devices, &layers, groups.as_ref());
         if shape.recompute == Recompute::Full {
             passes.bwd_ms += passes.fwd_ms;
         }
-        let allreduce_ms = self.gradient_sync_ms(start, end, devices, &layer_shards, shape);
-        let slice = if layer_shards.iter().any(Option::is_some) {
-            split_slice
+        let allreduce_ms =
+            self.gradient_sync_ms(start, end, devices, &layers.shards, groups.as_ref(), shape);
+        let slice = if layers.any_split() {
+            layers.split_slice
         } else {
-            whole_slice
+            layers.whole_slice
         };
         (memory, slice, passes, allreduce_ms)
     }
@@ -191,16 +218,18 @@ impl StageCoster<'_> {
         start: usize,
         end: usize,
         devices: &StageDevices,
-        layer_shards: &[Option<ShardCost>],
-        (whole_slice, split_slice): (u32, u32),
-        t: u32,
+        shaped: &ShapedLayers,
+        groups: Option<&SplitGroups>,
     ) -> Passes {
         let (timing, speed) = devices.paces[0];
+        let (whole_slice, split_slice) = (shaped.whole_slice, shaped.split_slice);
+        let layer_shards = &shaped.shards;
         let (whole, split) = (
             self.times(timing, whole_slice),
             self.times(timing, split_slice),
         );
-        let shard_group = SplitGroups::new(self.cluster, devices, t).shards;
+        // Only split layers and bridges use the shards' group, and they exist only with it.
+        let shard_group = |bytes: f64| groups.map_or(0.0, |g| g.shards.ms(bytes));
         let mut passes = Passes::default();
         let mut run_start = start;
         for (i, l) in (start..end).enumerate() {
@@ -209,9 +238,9 @@ impl StageCoster<'_> {
             if let Some(s) = shard {
                 let samples = f64::from(split_slice);
                 passes.fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group.ms(s.fwd_allreduce_bytes_per_sample * samples);
+                    + shard_group(s.fwd_allreduce_bytes_per_sample * samples);
                 passes.bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group.ms(s.bwd_allreduce_bytes_per_sample * samples);
+                    + shard_group(s.bwd_allreduce_bytes_per_sample * samples);
             } else if !next_is_same {
                 // Whole layers in runs: one range of the prefix sums, as a plain stage.
                 passes.fwd_ms += whole.fwd(run_start, l + 1) / speed;
@@ -222,9 +251,9 @@ impl StageCoster<'_> {
             }
             // A bridge where whole layers meet split ones (never at t = 1).
             if l + 1 < end && layer_shards[i + 1].is_some() != shard.is_some() {
-                let gather_ms = shard_group
-                    .ms(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice))
-                    / 2.0;
+                let gather_ms =
+                    shard_group(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice))
+                        / 2.0;
                 if shard.is_none() {
                     passes.fwd_ms += gather_ms;
                 }
@@ -243,6 +272,7 @@ impl StageCoster<'_> {
         end: usize,
         devices: &StageDevices,
         layer_shards: &[Option<ShardCost>],
+        groups: Option<&SplitGroups>,
         shape: &StageShape,
     ) -> f64 {
         let (mut whole_bytes, mut split_bytes) = (0.0, 0.0);
@@ -253,14 +283,7 @@ impl StageCoster<'_> {
                 None => whole_bytes += bytes,
             }
         }
-        let t = shape.tensor_parallel.max(1);
-        let split_ms = if split_bytes > 0.0 {
-            SplitGroups::new(self.cluster, devices, t)
-                .replicas
-                .ms(split_bytes)
-        } else {
-            0.0
-        };
+        let split_ms = groups.map_or(0.0, |g| g.replicas.ms(split_bytes));
         let ms = devices.allreduce.ms(whole_bytes) + split_ms;
         if shape.shard_optimizer {
             // Half an AllReduce's volume in gradients, half in weights.
