@@ -70,6 +70,38 @@ impl Default for StageShape {
     }
 }
 
+/// The first split group of a stage on `alloc` ((machine, GPUs), machine
+/// by machine, as a stage's ascending devices lie) that is uneven, by
+/// index, with its GPUs on each machine it uses; None when all are even.
+/// Groups are `t` consecutive GPUs; each must take as many GPUs of each
+/// machine it uses as every other group (a group may span machines, but
+/// not unevenly: its collectives would wait on one machine). `t` must
+/// divide the stage's GPUs.
+pub fn uneven_split_group(alloc: &[(usize, u32)], t: u32) -> Option<(usize, Vec<u32>)> {
+    let machines: Vec<usize> = alloc
+        .iter()
+        .flat_map(|&(m, c)| std::iter::repeat_n(m, c as usize))
+        .collect();
+    let shape_of = |group: &[usize]| -> Vec<u32> {
+        let mut counts: Vec<u32> = Vec::new();
+        for (k, &m) in group.iter().enumerate() {
+            if k > 0 && group[k - 1] == m {
+                *counts.last_mut().expect("a count") += 1;
+            } else {
+                counts.push(1);
+            }
+        }
+        counts.sort_unstable();
+        counts
+    };
+    let first = shape_of(&machines[..(t as usize).min(machines.len())]);
+    machines
+        .chunks(t as usize)
+        .map(shape_of)
+        .enumerate()
+        .find(|(_, shape)| *shape != first || shape.windows(2).any(|w| w[0] != w[1]))
+}
+
 /// Each layer of a stage at split degree `t`: its shard where it splits
 /// (the least-communication pattern), else `None` (whole, data parallel).
 pub fn shards(layers: &LayerCosts, start: usize, end: usize, t: u32) -> Vec<Option<ShardCost>> {

@@ -130,24 +130,42 @@ impl StageCoster<'_> {
         if shape.is_plain() {
             return self.stage_on(start, end, devices, warmup, only_stage);
         }
+        let (mut cost, memory) = self.stage_shaped_memory(start, end, devices, shape, only_stage);
+        cost.memory_bytes = memory.at(warmup);
+        cost
+    }
+
+    /// [`StageCoster::stage_shaped`] of a shape that is not plain, with one
+    /// micro-batch in flight, and its memory at any depth (what the search
+    /// checks under each warm-up rule).
+    pub fn stage_shaped_memory(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+        only_stage: bool,
+    ) -> (StageCost, StageMemory) {
+        debug_assert!(!shape.is_plain());
         let (memory, slice, passes, allreduce_ms) = self.shaped_parts(start, end, devices, shape);
         let exposed = if only_stage && shape.tensor_parallel == 1 && !shape.shard_optimizer {
             // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
-            self.stage_on(start, end, devices, warmup, only_stage)
+            self.stage_on(start, end, devices, 1, only_stage)
                 .exposed_allreduce_ms
         } else {
             allreduce_ms
         };
-        StageCost {
+        let cost = StageCost {
             fwd_ms: passes.fwd_ms,
             bwd_ms: passes.bwd_ms,
             allreduce_ms,
             exposed_allreduce_ms: exposed,
-            memory_bytes: memory.at(warmup),
+            memory_bytes: memory.at(1),
             memory_limit_bytes: devices.memory_limit_bytes,
             slice_size: slice,
             bubble_ms: None,
-        }
+        };
+        (cost, memory)
     }
 
     /// One GPU's memory of the stage as `shape` runs it.

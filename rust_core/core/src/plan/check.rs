@@ -260,9 +260,8 @@ fn check_whole_layer_slices(plan: &Plan, profile: &Profile, s: &Stage, t: u32) -
 }
 
 /// The split groups, each `t` consecutive devices of the stage (listed in
-/// ascending order, as the cost model groups them), all have the same
-/// number of GPUs on each machine they use (a group may span machines, but
-/// not unevenly: its collectives would wait on one machine).
+/// ascending order, as the cost model groups them), are even
+/// (`shape::uneven_split_group`).
 fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
     if s.devices.windows(2).any(|w| w[0] > w[1]) {
         return Err(Error::field(
@@ -279,28 +278,16 @@ fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
             ),
         ));
     }
-    let shape_of = |group: &[u32]| -> Vec<u32> {
-        let mut counts = cluster
-            .alloc_of(group)
-            .expect("checked devices")
-            .iter()
-            .map(|&(_, c)| c)
-            .collect::<Vec<_>>();
-        counts.sort_unstable();
-        counts
-    };
-    let first = shape_of(&s.devices[..t as usize]);
-    for group in s.devices.chunks(t as usize) {
-        let shape = shape_of(group);
-        if shape != first || shape.windows(2).any(|w| w[0] != w[1]) {
-            return Err(Error::field(
-                "tensor_parallel",
-                format!(
-                    "value {t}: split group {group:?} takes {shape:?} GPUs of its machines; each group of {t} \
-                     consecutive devices must take as many GPUs of each machine it uses as every other group"
-                ),
-            ));
-        }
+    let alloc = cluster.alloc_of(&s.devices).expect("checked devices");
+    if let Some((k, shape)) = crate::shape::uneven_split_group(&alloc, t) {
+        let group = &s.devices[k * t as usize..(k + 1) * t as usize];
+        return Err(Error::field(
+            "tensor_parallel",
+            format!(
+                "value {t}: split group {group:?} takes {shape:?} GPUs of its machines; each group of {t} \
+                 consecutive devices must take as many GPUs of each machine it uses as every other group"
+            ),
+        ));
     }
     Ok(())
 }

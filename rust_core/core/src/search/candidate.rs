@@ -14,11 +14,12 @@ use crate::megatron::uniform_plans;
 use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
+use crate::shape::StageShape;
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
-use super::space::{Context, SearchSpace, Space};
+use super::space::{Context, SearchSpace, ShapeChoices, Space};
 
 /// What building, checking and estimating one plan costs, in simulated
 /// tasks, beyond its simulations (`cost_candidate`).
@@ -253,10 +254,17 @@ pub(crate) fn best_placement_of(
     cluster: &Cluster,
     min_slice: u32,
 ) -> Result<Option<Plan>> {
-    let layout: Vec<(usize, usize, u32)> = plan
+    let layout: Vec<(usize, usize, u32, StageShape)> = plan
         .stages
         .iter()
-        .map(|s| (s.layer_start, s.layer_end, s.devices.len() as u32))
+        .map(|s| {
+            (
+                s.layer_start,
+                s.layer_end,
+                s.devices.len() as u32,
+                s.shape(),
+            )
+        })
         .collect();
     let policy = plan.schedule.warmup_policy;
     let ctx = Context {
@@ -266,6 +274,7 @@ pub(crate) fn best_placement_of(
         min_slice,
         space: SearchSpace::Full,
         layout: Some(&layout),
+        shapes: ShapeChoices::of_layout(&layout),
     };
     let (b, m) = (plan.micro_batch_size, plan.micro_batches);
     let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![policy], None);
@@ -337,23 +346,24 @@ pub(crate) fn plan_of_steps(
         .zip(ctx.cluster.number_devices(&allocs))
         .zip(&allocs)
         .enumerate()
-        .map(
-            |(i, (((start, end, placement, _), devices), alloc))| Stage {
-                layer_start: *start,
-                layer_end: *end,
+        .map(|(i, ((step, devices), alloc))| {
+            let stage = Stage {
+                layer_start: step.layer_start,
+                layer_end: step.layer_end,
                 devices,
                 warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(placement.policy),
+                placement: Some(step.placement.policy),
                 // Replicas are numbered machine by machine, as the alloc lists them.
                 slices: coster.searched_slices(
-                    *start,
-                    *end,
+                    step.layer_start,
+                    step.layer_end,
                     &StageDevices::new(ctx.cluster, alloc.clone()),
                     ctx.min_slice,
                 ),
                 ..Default::default()
-            },
-        )
+            };
+            stage.with_shape(&step.shape)
+        })
         .collect();
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,

@@ -34,6 +34,8 @@ use crate::cost::{
     StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
 };
 use crate::placement::{MachineUse, Placement, Policy, State, Take};
+use crate::profile::LayerCosts;
+use crate::shape::{StageMemory, StageShape};
 
 use super::space::Context;
 
@@ -87,7 +89,9 @@ pub(crate) struct Entry {
     layer_start: u32,
     layer_end: u32,
     placement: Placement,
-    replicas: u32,
+    /// GPUs of the stage: replicas times split degree.
+    gpus: u32,
+    shape: StageShape,
     /// The strictest memory rule of the run every stage fits under: an
     /// index into `Dp::rules`.
     class: u8,
@@ -181,6 +185,9 @@ pub(crate) struct Dp<'c, 'a> {
     group_first: Vec<usize>,
     /// The budget ran out: the run stopped and its results mean nothing.
     stopped: bool,
+    /// ZeRO-1 moves less than an AllReduce (weights smaller than
+    /// gradients): worth trying where memory does not bind.
+    zero_saves_time: bool,
 }
 
 impl Drop for Dp<'_, '_> {
@@ -248,8 +255,17 @@ impl<'c, 'a> Dp<'c, 'a> {
                 .iter()
                 .map(|&s| coster.fastest_ms(l, l + 1, s))
                 .fold(uneven_floor, |a, b| (a.0.min(b.0), a.1.min(b.1)));
-            fwd_floor[l + 1] = fwd_floor[l] + f;
-            fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb;
+            // A split layer's shard computes a part of it (its
+            // collectives only add); its replicas take the same slices.
+            let shard = ctx
+                .shapes
+                .split_degrees
+                .iter()
+                .filter_map(|&t| ctx.layers.shard(l, t))
+                .map(|s| s.compute_factor)
+                .fold(1.0, f64::min);
+            fwd_floor[l + 1] = fwd_floor[l] + f * shard;
+            fwd_bwd_floor[l + 1] = fwd_bwd_floor[l] + fb * shard;
         }
         Dp {
             ctx,
@@ -271,6 +287,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             shapes: FxHashMap::default(),
             group_first: group_firsts(ctx.cluster),
             stopped: false,
+            zero_saves_time: ctx.shapes.shard_optimizer
+                && ctx.layers.weights_per_gradient_byte() < 1.0,
         }
     }
 
@@ -372,12 +390,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         self.rules[class].memory_depth(stages_from_here, self.micro_batches)
     }
 
-    /// The strictest rule, at most `ceiling`, under which `cost` (computed
-    /// at any depth) fits with `stages_from_here` stages from it on; None
+    /// The strictest rule, at most `ceiling`, under which `priced` (layers
+    /// `start..end`) fits with `stages_from_here` stages from it on; None
     /// when it fits under none.
     fn fitting_class(
         &self,
-        cost: &StageCost,
+        priced: &Priced,
         start: usize,
         end: usize,
         stages_from_here: u32,
@@ -385,9 +403,38 @@ impl<'c, 'a> Dp<'c, 'a> {
     ) -> Option<u8> {
         (0..=ceiling).rev().find(|&c| {
             let warmup = self.rule_warmup(usize::from(c), stages_from_here);
-            stage_memory_bytes(self.ctx.layers, start, end, cost.slice_size, warmup)
-                <= cost.memory_limit_bytes
+            priced.bytes_at(self.ctx.layers, start, end, warmup) <= priced.cost.memory_limit_bytes
         })
+    }
+
+    /// What layers `i..j` on `devices` cost as `shape` runs them, and their
+    /// memory at any depth.
+    fn price(
+        &self,
+        i: usize,
+        j: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+        only_stage: bool,
+    ) -> Priced {
+        if shape.is_plain() {
+            let cost = self
+                .coster
+                .stage_searched(i, j, devices, self.ctx.min_slice, 1, only_stage);
+            return Priced {
+                shape: *shape,
+                cost,
+                memory: None,
+            };
+        }
+        let (cost, memory) = self
+            .coster
+            .stage_shaped_memory(i, j, devices, shape, only_stage);
+        Priced {
+            shape: *shape,
+            cost,
+            memory: Some(memory),
+        }
     }
 
     /// Ids of the states whose suffix starts at layer `j`, in creation order
@@ -469,7 +516,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             layer_start: n as u32,
             layer_end: n as u32,
             placement: Placement::of(Policy::FreshFirst),
-            replicas: 0,
+            gpus: 0,
+            shape: StageShape::PLAIN,
             class: (self.rules.len() - 1) as u8,
         };
         self.entries.push(root);
@@ -550,12 +598,13 @@ impl<'c, 'a> Dp<'c, 'a> {
         let mut cur = best;
         while self.entries[cur as usize].parent != NO_PARENT {
             let e = self.entries[cur as usize];
-            stages.push((
-                e.layer_start as usize,
-                e.layer_end as usize,
-                e.placement,
-                e.replicas,
-            ));
+            stages.push(Step {
+                layer_start: e.layer_start as usize,
+                layer_end: e.layer_end as usize,
+                placement: e.placement,
+                gpus: e.gpus,
+                shape: e.shape,
+            });
             cur = e.parent;
         }
         stages.reverse(); // last pipeline stage first, the order they were placed
@@ -612,11 +661,10 @@ impl<'c, 'a> Dp<'c, 'a> {
                 };
                 let stages_from_here = k - idx as u32;
                 let devices = self.devices(&state, &takes);
-                let cost =
-                    self.coster
-                        .stage_searched(w[0], w[1], &devices, self.ctx.min_slice, 1, k == 1);
-                class =
-                    class.and_then(|c| self.fitting_class(&cost, w[0], w[1], stages_from_here, c));
+                let priced = self.price(w[0], w[1], &devices, &StageShape::PLAIN, k == 1);
+                class = class
+                    .and_then(|c| self.fitting_class(&priced, w[0], w[1], stages_from_here, c));
+                let cost = priced.cost;
                 if class.is_none() {
                     break;
                 }
@@ -715,6 +763,11 @@ impl<'c, 'a> Dp<'c, 'a> {
                 continue;
             }
             for (placement, takes) in places {
+                let devices = self.devices(used, &takes);
+                let degrees = self.ctx.split_degrees(&devices, r, max_replicas);
+                if degrees.is_empty() {
+                    continue;
+                }
                 let shares = if is_root {
                     Vec::new()
                 } else {
@@ -722,9 +775,10 @@ impl<'c, 'a> Dp<'c, 'a> {
                 };
                 let (next_key, next_neighbour_machines) = DpKey::of(used.taken(&takes));
                 options.push(StageOption {
-                    replicas: r,
+                    gpus: r,
+                    degrees,
                     placement,
-                    devices: self.devices(used, &takes),
+                    devices,
                     next_key,
                     next_neighbour_machines,
                     shares,
@@ -738,80 +792,121 @@ impl<'c, 'a> Dp<'c, 'a> {
     }
 
     /// Grow the new stage `i..j` of `option` one layer at a time, from
-    /// `i = end - 1` down, prepending it to every suffix. Its time and
-    /// memory only grow, so once it alone is slower than the best plan
-    /// known or does not fit, no larger stage will.
+    /// `i = end - 1` down, prepending it to every suffix, at each split
+    /// degree the option allows. Its time and memory only grow, so once it
+    /// alone is slower than the best plan known or does not fit at a
+    /// degree, no larger stage will at that degree; nor once its layers
+    /// cannot run at it.
     fn grow_stage(&mut self, option: &mut StageOption, suffixes: &Suffixes) {
-        let j = suffixes.start;
+        let max_replicas = self.max_replicas();
+        // Layers `end..j` are in every stage grown here.
+        let mut degrees = option.degrees.clone();
+        degrees.retain(|&t| {
+            (option.end..suffixes.start)
+                .all(|l| self.ctx.layer_runs_at(l, t, option.gpus, max_replicas))
+        });
         for i in (option.first..option.end).rev() {
             // Time does not depend on the warm-up depth, memory is
             // checked per rule when prepended: cost the stage once.
             let only_stage = i == 0 && suffixes.entries[0].1.stages == 0;
-            let cost = self.coster.stage_searched(
-                i,
-                j,
-                &option.devices,
-                self.ctx.min_slice,
-                1,
-                only_stage,
-            );
-            self.stages_costed += 1;
-            if !self.prepend_stage(option, i, &cost, suffixes) {
+            degrees.retain(|&t| self.ctx.layer_runs_at(i, t, option.gpus, max_replicas));
+            degrees.retain(|&t| self.prepend_shapes(option, i, t, only_stage, suffixes));
+            if degrees.is_empty() {
                 break;
             }
         }
     }
 
-    /// Prepend the stage `i..j` on `option`'s GPUs, costed as `cost`, to
+    /// Prepend the stage `i..j` of `option`, split `t` ways, in each shape
+    /// that could be of use: the plain one, and the others (ZeRO-1,
+    /// re-computation) where the plain one does not fit some suffix under
+    /// that suffix's own rule, or where ZeRO-1 can be faster. Elsewhere
+    /// they hold less memory no rule needs, at no less time: any plan they
+    /// make, the plain shape makes no slower. Returns whether a longer stage
+    /// at `t` could still be of use.
+    fn prepend_shapes(
+        &mut self,
+        option: &mut StageOption,
+        i: usize,
+        t: u32,
+        only_stage: bool,
+        suffixes: &Suffixes,
+    ) -> bool {
+        let j = suffixes.start;
+        let shapes = self.ctx.shapes_at(t, option.gpus, option.devices.mixed);
+        // A layout placed anew may have no stage of these GPUs at `t`.
+        let Some(first) = shapes.first() else {
+            return false;
+        };
+        let base = self.price(i, j, &option.devices, first, only_stage);
+        self.stages_costed += 1;
+        let prepended = self.prepend_stage(option, i, &base, suffixes);
+        let mut longer_may_help = prepended.longer_may_help;
+        let others_needed = !prepended.fits_every_rule || self.objective != Objective::Latency;
+        for shape in &shapes[1..] {
+            let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
+            if !others_needed && !may_be_faster {
+                continue;
+            }
+            let priced = self.price(i, j, &option.devices, shape, only_stage);
+            self.stages_costed += 1;
+            longer_may_help |= self
+                .prepend_stage(option, i, &priced, suffixes)
+                .longer_may_help;
+        }
+        longer_may_help
+    }
+
+    /// Prepend the stage `i..j` on `option`'s GPUs, priced as `priced`, to
     /// every suffix it fits in front of and could lead below the bound.
-    /// Returns whether a longer stage could still be of use: not when the
-    /// stage does not fit, or is alone slower than every bound, in front of
-    /// the suffix of fewest stages.
     fn prepend_stage(
         &mut self,
         option: &mut StageOption,
         i: usize,
-        cost: &StageCost,
+        priced: &Priced,
         suffixes: &Suffixes,
-    ) -> bool {
+    ) -> Prepended {
         let j = suffixes.start;
         let m = f64::from(self.micro_batches);
         let loosest_bound = self.loosest_incumbent();
+        let cost = &priced.cost;
         let mut next: Option<u32> = None;
+        let mut fits_every_rule = true;
+        let stop = |k: usize, fits_every_rule: bool| Prepended {
+            longer_may_help: k != 0,
+            fits_every_rule,
+        };
         for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
             let stages = entry.stages + 1;
-            let class = match self.fitting_class(cost, i, j, stages, entry.class) {
+            let class = match self.fitting_class(priced, i, j, stages, entry.class) {
                 Some(class) => class,
                 // Peak memory ignores limits (to explain infeasibility).
                 None if self.objective == Objective::PeakMemory => 0,
                 // Not even under the loosest rule. More stages behind means
                 // more micro-batches in flight: the remaining suffixes need
                 // more memory.
-                None => return k != 0,
+                None => return stop(k, false),
             };
+            fits_every_rule &= class == entry.class;
             if self.objective == Objective::Latency {
                 let slowest = m * (cost.fwd_ms + cost.bwd_ms);
+                // A shape no faster is as slow against every bound.
                 if slowest > loosest_bound * (1.0 + 1e-12) {
-                    return k != 0;
+                    return stop(k, fits_every_rule);
                 }
                 if slowest > self.incumbent(class) * (1.0 + 1e-12) {
                     continue;
                 }
             }
-            let memory_bytes = stage_memory_bytes(
-                self.ctx.layers,
-                i,
-                j,
-                cost.slice_size,
-                self.rule_warmup(usize::from(class), stages),
-            );
+            let warmup = self.rule_warmup(usize::from(class), stages);
+            let memory_bytes = priced.bytes_at(self.ctx.layers, i, j, warmup);
             let mut latency = entry.latency;
             if entry.stages > 0 {
                 let t = self.transfer_to_suffix(option, suffixes, entry.neighbour_machines);
                 latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
             }
             latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-            if !self.promising(latency, i, suffixes.free - option.replicas, class) {
+            if !self.promising(latency, i, suffixes.free - option.gpus, class) {
                 continue;
             }
             if i == 0 && self.objective == Objective::Latency {
@@ -832,12 +927,16 @@ impl<'c, 'a> Dp<'c, 'a> {
                     layer_start: i as u32,
                     layer_end: j as u32,
                     placement: option.placement,
-                    replicas: option.replicas,
+                    gpus: option.gpus,
+                    shape: priced.shape,
                     class,
                 },
             );
         }
-        true
+        Prepended {
+            longer_may_help: true,
+            fits_every_rule,
+        }
     }
 
     /// The time of the transfer from `option`'s stage to a suffix whose
@@ -885,10 +984,42 @@ struct Suffixes {
     neighbour_counts: Vec<u32>,
 }
 
+/// What prepending one shape of a stage found.
+struct Prepended {
+    /// Whether a longer stage could still be of use: not when the stage
+    /// does not fit, or is alone slower than every bound, in front of the
+    /// suffix of fewest stages.
+    longer_may_help: bool,
+    /// It fits under the rule of every suffix it was weighed against (no
+    /// shape holding less memory could fit a stricter one).
+    fits_every_rule: bool,
+}
+
+/// A stage's cost as the search prices it, with its memory at any depth.
+struct Priced {
+    shape: StageShape,
+    /// With one micro-batch in flight.
+    cost: StageCost,
+    /// None for a plain shape: its memory is `stage_memory_bytes` of its
+    /// slice, from the profile's range sums.
+    memory: Option<StageMemory>,
+}
+
+impl Priced {
+    fn bytes_at(&self, layers: &LayerCosts, start: usize, end: usize, warmup: u32) -> f64 {
+        match &self.memory {
+            Some(memory) => memory.at(warmup),
+            None => stage_memory_bytes(layers, start, end, self.cost.slice_size, warmup),
+        }
+    }
+}
+
 /// One GPU count and placement for the stage in front of a state's
 /// suffixes, with what it costs whatever its layers.
 struct StageOption {
-    replicas: u32,
+    gpus: u32,
+    /// The split degrees it may run at (`Context::split_degrees`).
+    degrees: Vec<u32>,
     placement: Placement,
     devices: Rc<StageDevices>,
     next_key: DpKey,
@@ -902,10 +1033,17 @@ struct StageOption {
     end: usize,
 }
 
-/// One placement step of a layout being built from the back:
-/// (layer_start, layer_end, placement, replicas). Replayed from the empty
+/// One placement step of a layout being built from the back: a stage's
+/// layers, GPUs, how they are placed and its shape. Replayed from the empty
 /// cluster in order, steps give the machines (`concrete_allocs`).
-pub(crate) type Step = (usize, usize, Placement, u32);
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Step {
+    pub(crate) layer_start: usize,
+    pub(crate) layer_end: usize,
+    pub(crate) placement: Placement,
+    pub(crate) gpus: u32,
+    pub(crate) shape: StageShape,
+}
 
 /// Depth-first enumeration of every layout whose formula (2) value is
 /// below a bound that only falls (`LayoutWalk::bound`). Each complete
@@ -973,7 +1111,7 @@ impl Dp<'_, '_> {
             if c.floor >= walk.bound {
                 break; // sorted: no later child is below the bound either
             }
-            steps.push((c.suffix.start, suffix.start, c.placement, c.replicas));
+            steps.push(c.step);
             if c.suffix.start == 0 {
                 if walk.work_left.get() == 0 {
                     walk.complete = false;
@@ -997,72 +1135,141 @@ impl Dp<'_, '_> {
         max_replicas: u32,
         walk: &mut LayoutWalk<F>,
     ) -> Option<Vec<WalkChild>> {
-        let WalkSuffix {
-            start: j,
-            ref state,
-            latency,
-            stages,
-        } = *suffix;
+        let (j, state) = (suffix.start, &suffix.state);
         let free = state.free();
-        let m = f64::from(self.micro_batches);
-        let warmup = self.ctx.memory_warmup(stages + 1, self.micro_batches);
         let mut children: Vec<WalkChild> = Vec::new();
         for (r, places) in self
             .ctx
             .stage_options(state, max_replicas, self.micro_batch)
         {
             for (placement, takes) in places {
-                let transfer = if stages == 0 {
-                    None
-                } else {
-                    let shares = transfer_shares(&self.group_first, state, &takes);
-                    Some(self.coster.transfer_over(j, &shares))
-                };
                 let devices = self.devices(state, &takes);
-                let next = state.taken(&takes);
-                for i in self.ctx.starts(r, free, j).rev() {
-                    if walk.nodes_left == 0 {
-                        walk.complete = false;
-                        return None;
+                let transfer = (suffix.stages > 0).then(|| {
+                    let shares = transfer_shares(&self.group_first, state, &takes);
+                    self.coster.transfer_over(j, &shares)
+                });
+                let stage = WalkStage {
+                    gpus: r,
+                    placement,
+                    devices,
+                    transfer,
+                    next: state.taken(&takes),
+                };
+                let mut degrees = self.ctx.split_degrees(&stage.devices, r, max_replicas);
+                let starts = self.ctx.starts(r, free, j);
+                // Layers from the last start to `j` are in every stage.
+                degrees.retain(|&t| {
+                    (starts.end..j).all(|l| self.ctx.layer_runs_at(l, t, r, max_replicas))
+                });
+                for i in starts.rev() {
+                    degrees.retain(|&t| self.ctx.layer_runs_at(i, t, r, max_replicas));
+                    let mut kept = Vec::with_capacity(degrees.len());
+                    for &t in &degrees {
+                        if walk.nodes_left == 0 {
+                            walk.complete = false;
+                            return None;
+                        }
+                        walk.nodes_left -= 1;
+                        if self.walk_shapes(suffix, &stage, i, t, walk.bound, &mut children) {
+                            kept.push(t);
+                        }
                     }
-                    walk.nodes_left -= 1;
-                    let cost = self.coster.stage_searched(
-                        i,
-                        j,
-                        &devices,
-                        self.ctx.min_slice,
-                        warmup,
-                        i == 0 && stages == 0,
-                    );
-                    self.stages_costed += 1;
-                    // A longer stage is no faster and no smaller.
-                    if !cost.fits() || m * (cost.fwd_ms + cost.bwd_ms) >= walk.bound {
+                    degrees = kept;
+                    if degrees.is_empty() {
                         break;
-                    }
-                    let mut l = latency;
-                    if let Some(t) = transfer {
-                        l = l.prepend(PipeStage::transfer(t), self.micro_batches);
-                    }
-                    l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
-                    let floor = self.completion_floor(l, i, free - r);
-                    if floor < walk.bound {
-                        children.push(WalkChild {
-                            floor,
-                            placement,
-                            replicas: r,
-                            suffix: WalkSuffix {
-                                start: i,
-                                state: next.clone(),
-                                latency: l,
-                                stages: stages + 1,
-                            },
-                        });
                     }
                 }
             }
         }
         Some(children)
     }
+
+    /// The walk's children of `stage` on layers `i..` in front of `suffix`,
+    /// split `t` ways, one per shape that fits and could lead below `bound`:
+    /// the plain shape, and the others where the plain one does not fit
+    /// with every micro-batch in flight (the deepest warm-up any plan can
+    /// choose) or where ZeRO-1 can be faster. Returns whether a longer stage
+    /// at `t` could still be of use (a longer one is no faster and no smaller).
+    fn walk_shapes(
+        &mut self,
+        suffix: &WalkSuffix,
+        stage: &WalkStage,
+        i: usize,
+        t: u32,
+        bound: f64,
+        children: &mut Vec<WalkChild>,
+    ) -> bool {
+        let j = suffix.start;
+        let m = f64::from(self.micro_batches);
+        let warmup = self
+            .ctx
+            .memory_warmup(suffix.stages + 1, self.micro_batches);
+        let only_stage = i == 0 && suffix.stages == 0;
+        let shapes = self.ctx.shapes_at(t, stage.gpus, stage.devices.mixed);
+        let mut longer_may_help = false;
+        let mut base_fits_deepest = false;
+        for (k, shape) in shapes.iter().enumerate() {
+            let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
+            if k > 0 && base_fits_deepest && !may_be_faster {
+                continue;
+            }
+            let priced = self.price(i, j, &stage.devices, shape, only_stage);
+            self.stages_costed += 1;
+            let limit = priced.cost.memory_limit_bytes;
+            if k == 0 {
+                base_fits_deepest =
+                    priced.bytes_at(self.ctx.layers, i, j, self.micro_batches) <= limit;
+            }
+            let cost = &priced.cost;
+            if priced.bytes_at(self.ctx.layers, i, j, warmup) > limit
+                || m * (cost.fwd_ms + cost.bwd_ms) >= bound
+            {
+                continue;
+            }
+            longer_may_help = true;
+            let mut l = suffix.latency;
+            if let Some(transfer_ms) = stage.transfer {
+                l = l.prepend(PipeStage::transfer(transfer_ms), self.micro_batches);
+            }
+            l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
+            let floor = self.completion_floor(l, i, stage_free(suffix, stage));
+            if floor < bound {
+                children.push(WalkChild {
+                    floor,
+                    step: Step {
+                        layer_start: i,
+                        layer_end: j,
+                        placement: stage.placement,
+                        gpus: stage.gpus,
+                        shape: *shape,
+                    },
+                    suffix: WalkSuffix {
+                        start: i,
+                        state: stage.next.clone(),
+                        latency: l,
+                        stages: suffix.stages + 1,
+                    },
+                });
+            }
+        }
+        longer_may_help
+    }
+}
+
+/// GPUs left in front of `stage` once it is placed before `suffix`.
+fn stage_free(suffix: &WalkSuffix, stage: &WalkStage) -> u32 {
+    suffix.state.free() - stage.gpus
+}
+
+/// A GPU count and placement the walk puts in front of a suffix.
+struct WalkStage {
+    gpus: u32,
+    placement: Placement,
+    devices: Rc<StageDevices>,
+    /// To the suffix's first stage, where it has one.
+    transfer: Option<f64>,
+    /// The GPUs used once it is placed.
+    next: State,
 }
 
 /// A suffix the walk extends: layers `start..` in `stages` stages, at
@@ -1074,12 +1281,11 @@ struct WalkSuffix {
     stages: u32,
 }
 
-/// A stage the walk may put in front of a suffix, on `replicas` GPUs placed
-/// by `placement`: the suffix it makes can complete no faster than `floor`.
+/// A stage the walk may put in front of a suffix: the suffix it makes can
+/// complete no faster than `floor`.
 struct WalkChild {
     floor: f64,
-    placement: Placement,
-    replicas: u32,
+    step: Step,
     suffix: WalkSuffix,
 }
 
@@ -1152,8 +1358,8 @@ pub(crate) fn concrete_allocs(
 ) -> Vec<Alloc> {
     let (mut state, mut class_machines) = State::with_machines(&cluster.group_and_gpus());
     let mut per_stage: Vec<Alloc> = Vec::new();
-    for (_, _, placement, replicas) in steps {
-        let takes = replay(&state, *replicas, *placement);
+    for step in steps {
+        let takes = replay(&state, step.gpus, step.placement);
         let (after, next, given) = state.take_machines(&class_machines, &takes);
         let mut alloc: Alloc = takes
             .iter()
@@ -1203,7 +1409,7 @@ mod tests {
     //! max(M T_1, T_1 + M T_2).
     use super::*;
     use crate::profile::{chain_profile, LayerCosts, Measurement, Profile};
-    use crate::search::space::{SearchSpace, Space};
+    use crate::search::space::{SearchSpace, Space, StageShapes};
     use crate::topology::Topology;
 
     /// Layers of (fwd_ms, bwd_ms, param_bytes), measured at batch sizes 1
@@ -1235,7 +1441,7 @@ mod tests {
             .stages
             .iter()
             .rev()
-            .map(|&(s, e, _, r)| (s, e, r))
+            .map(|s| (s.layer_start, s.layer_end, s.gpus))
             .collect()
     }
 
@@ -1264,7 +1470,17 @@ mod tests {
         }
         let cluster = Cluster::for_model(&topology, &layers).unwrap();
         let policy = WarmupPolicy::A;
-        let space = Space::new(&layers, &cluster, SearchSpace::Full, policy, 1, 1, vec![1]);
+        // DAPPLE's stages: these cases are worked out for replicas alone.
+        let space = Space::new(
+            &layers,
+            &cluster,
+            SearchSpace::Full,
+            StageShapes::Plain,
+            policy,
+            1,
+            1,
+            vec![1],
+        );
         f(space.covering())
     }
 

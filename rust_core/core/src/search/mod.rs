@@ -28,7 +28,7 @@ mod refine;
 pub(crate) mod space;
 mod walk;
 
-pub use space::SearchSpace;
+pub use space::{SearchSpace, StageShapes};
 
 use candidate::{
     baseline_candidates, build_plan, megatron_candidates, simulated_and_bound_ms, Candidate,
@@ -49,6 +49,8 @@ pub struct SearchOptions {
     /// Only these micro-batch sizes (must divide the global batch). None: all divisors.
     pub micro_batch_sizes: Option<Vec<u32>>,
     pub search_space: SearchSpace,
+    /// Which stage shapes (split, ZeRO-1, re-computation) stages may take.
+    pub stage_shapes: StageShapes,
     /// Recorded in the plan.
     pub profile_path: Option<String>,
     /// Most memory the DP's tables may take (`DEFAULT_MAX_SEARCH_BYTES`);
@@ -73,6 +75,7 @@ impl SearchOptions {
             min_micro_batch_size: None,
             micro_batch_sizes: None,
             search_space: SearchSpace::Auto,
+            stage_shapes: StageShapes::Auto,
             profile_path: None,
             max_search_bytes: DEFAULT_MAX_SEARCH_BYTES,
             refine: true,
@@ -146,6 +149,7 @@ pub(crate) fn search_offering(
         &layers,
         &cluster,
         opts.search_space,
+        opts.stage_shapes,
         opts.warmup_policy,
         min_slice,
         opts.global_batch_size,
@@ -405,16 +409,19 @@ mod tests {
     use crate::cost::{largest_slice, smallest_slice, StageCoster, StageDevices};
     use crate::evaluate::evaluate;
     use crate::placement::State;
+    use crate::plan::check;
     use crate::plan::PlanOptions;
     use crate::plan::{ScheduleChoice, Stage};
+    use crate::profile::Measurement;
     use crate::schedule::ScheduleKind;
+    use crate::shape::{Recompute, StageShape};
     use crate::FileObject;
     use candidate::{best_placement_of, plan_of_steps};
     use dp::{concrete_allocs, Step};
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
-    use space::Context;
+    use space::{Context, ShapeChoices};
 
     fn random_profile(rng: &mut StdRng, layers: usize) -> Profile {
         // Drawn in the order the profile's fields are listed: parameters, then the measurement.
@@ -466,15 +473,104 @@ mod tests {
             .min_by(f64::total_cmp)
     }
 
+    /// Every shape a stage of `gpus` GPUs may take in `shapes`: plain, or
+    /// any split degree dividing its GPUs, with ZeRO-1 over more than one
+    /// GPU and re-computation or not. Which of them a profile, a
+    /// micro-batch and a placement allow is left to `plan::check`.
+    fn stage_shapes_of(gpus: u32, shapes: StageShapes) -> Vec<StageShape> {
+        if shapes == StageShapes::Plain {
+            return vec![StageShape::PLAIN];
+        }
+        let mut out = Vec::new();
+        for t in (1..=gpus).filter(|t| gpus.is_multiple_of(*t)) {
+            for shard_optimizer in [false, true] {
+                if shard_optimizer && gpus == 1 {
+                    continue;
+                }
+                for recompute in [Recompute::None, Recompute::Full] {
+                    out.push(StageShape {
+                        tensor_parallel: t,
+                        shard_optimizer,
+                        recompute,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The plan of brute-force steps (last stage first) at micro-batch size
+    /// `b`, each stage at its policy's warm-up depth.
+    fn plan_of_brute_steps(
+        profile: &Profile,
+        topology: &Topology,
+        cluster: &Cluster,
+        coster: &StageCoster,
+        (gbs, b): (u32, u32),
+        policy: WarmupPolicy,
+        steps: &[Step],
+    ) -> Plan {
+        let min_slice = profile.min_batch_size();
+        let allocs = concrete_allocs(cluster, steps, |s, r, p| s.place(r, p).unwrap());
+        let count = steps.len() as u32;
+        let mut plan_stages: Vec<Stage> = Vec::new();
+        for (i, ((step, devices), alloc)) in steps
+            .iter()
+            .rev()
+            .zip(cluster.number_devices(&allocs))
+            .zip(&allocs)
+            .enumerate()
+        {
+            let stage = Stage {
+                layer_start: step.layer_start,
+                layer_end: step.layer_end,
+                devices,
+                warmup_micro_batches: policy.warmup(count - i as u32, gbs / b).unwrap_or(1),
+                placement: None,
+                // Mixed GPUs take Whale's balanced slices.
+                slices: coster.searched_slices(
+                    step.layer_start,
+                    step.layer_end,
+                    &StageDevices::new(cluster, alloc.clone()),
+                    min_slice,
+                ),
+                ..Default::default()
+            };
+            plan_stages.push(stage.with_shape(&step.shape));
+        }
+        Plan::new(
+            PlanInputs {
+                model: "random".into(),
+                profile_sha256: String::new(),
+                profile_path: None,
+                topology: topology.clone(),
+                global_batch_size: gbs,
+                options: PlanOptions {
+                    min_micro_batch_size: min_slice,
+                    search_space: None,
+                },
+            },
+            b,
+            gbs / b,
+            ScheduleChoice {
+                kind: ScheduleKind::EarlyBackward1F1B,
+                warmup_policy: policy,
+            },
+            plan_stages,
+        )
+    }
+
     /// Every plan of the search space, costed by `evaluate::evaluate`:
-    /// all partitions, replications and placements, from the last stage.
-    /// Returns the smallest formula (2) value and the smallest simulated
-    /// iteration (over every valid warm-up vector under policy auto).
+    /// all partitions, replications, placements and (in `shapes`) stage
+    /// shapes, from the last stage. Returns the smallest formula (2) value
+    /// and the smallest simulated iteration (over every valid warm-up
+    /// vector under policy auto).
     fn brute_force(
         profile: &Profile,
         topology: &Topology,
         gbs: u32,
         policy: WarmupPolicy,
+        shapes: StageShapes,
     ) -> Option<(f64, f64)> {
         let n = profile.layers.len();
         let layer_costs = LayerCosts::new(profile);
@@ -489,53 +585,19 @@ mod tests {
                 vec![(n, State::empty(&machines), vec![])];
             while let Some((j, state, steps)) = stack.pop() {
                 if j == 0 {
-                    let allocs =
-                        concrete_allocs(&cluster, &steps, |s, r, p| s.place(r, p).unwrap());
-                    let count = steps.len() as u32;
-                    let plan_stages: Vec<Stage> = steps
-                        .iter()
-                        .rev()
-                        .zip(cluster.number_devices(&allocs))
-                        .zip(&allocs)
-                        .enumerate()
-                        .map(|(i, (((s, e, _, _), devices), alloc))| Stage {
-                            layer_start: *s,
-                            layer_end: *e,
-                            devices,
-                            warmup_micro_batches: policy
-                                .warmup(count - i as u32, gbs / b)
-                                .unwrap_or(1),
-                            placement: None,
-                            // Mixed GPUs take Whale's balanced slices.
-                            slices: coster.searched_slices(
-                                *s,
-                                *e,
-                                &StageDevices::new(&cluster, alloc.clone()),
-                                min_slice,
-                            ),
-                            ..Default::default()
-                        })
-                        .collect();
-                    let plan = Plan::new(
-                        PlanInputs {
-                            model: "random".into(),
-                            profile_sha256: String::new(),
-                            profile_path: None,
-                            topology: topology.clone(),
-                            global_batch_size: gbs,
-                            options: PlanOptions {
-                                min_micro_batch_size: min_slice,
-                                search_space: None,
-                            },
-                        },
-                        b,
-                        gbs / b,
-                        ScheduleChoice {
-                            kind: ScheduleKind::EarlyBackward1F1B,
-                            warmup_policy: policy,
-                        },
-                        plan_stages,
+                    let plan = plan_of_brute_steps(
+                        profile,
+                        topology,
+                        &cluster,
+                        &coster,
+                        (gbs, b),
+                        policy,
+                        &steps,
                     );
+                    // Shapes the profile, micro-batch or GPUs do not allow.
+                    if shapes != StageShapes::Plain && check(&plan, profile).is_err() {
+                        continue;
+                    }
                     let est = evaluate(&plan, profile).expect("brute-force plans are valid");
                     let sim = est.iteration_ms.unwrap();
                     // Formula (2) is a lower bound of the simulation, for every plan.
@@ -560,14 +622,22 @@ mod tests {
                 let free = state.free();
                 for i in 0..j {
                     for r in 1..=free {
-                        if smallest_slice(b, r) < min_slice {
+                        if shapes == StageShapes::Plain && smallest_slice(b, r) < min_slice {
                             continue;
                         }
                         for (placement, takes) in state.placements(r) {
                             let next = state.taken(&takes);
-                            let mut steps2 = steps.clone();
-                            steps2.push((i, j, placement, r));
-                            stack.push((i, next, steps2));
+                            for shape in stage_shapes_of(r, shapes) {
+                                let mut steps2 = steps.clone();
+                                steps2.push(Step {
+                                    layer_start: i,
+                                    layer_end: j,
+                                    placement,
+                                    gpus: r,
+                                    shape,
+                                });
+                                stack.push((i, next.clone(), steps2));
+                            }
                         }
                     }
                 }
@@ -658,8 +728,15 @@ mod tests {
                 random_mixed(&mut rng, shapes[case % shapes.len()], case, &mut profile);
             let gbs = [4, 6, 8][case % 3];
             let mut opts = SearchOptions::new(gbs);
+            opts.stage_shapes = StageShapes::Plain;
             opts.search_space = SearchSpace::Full;
-            let expected = brute_force(&profile, &topology, gbs, WarmupPolicy::Auto);
+            let expected = brute_force(
+                &profile,
+                &topology,
+                gbs,
+                WarmupPolicy::Auto,
+                StageShapes::Plain,
+            );
             match (expected, search(&profile, &topology, &opts)) {
                 (None, Err(_)) => {}
                 (Some((bound, optimum)), Ok(r)) => {
@@ -715,9 +792,10 @@ mod tests {
                 WarmupPolicy::B
             };
             let mut opts = SearchOptions::new(gbs);
+            opts.stage_shapes = StageShapes::Plain;
             opts.warmup_policy = policy;
             opts.search_space = SearchSpace::Full;
-            let expected = brute_force(&profile, &topology, gbs, policy);
+            let expected = brute_force(&profile, &topology, gbs, policy, StageShapes::Plain);
             let got = search(&profile, &topology, &opts);
             match (expected.map(|e| e.0), got) {
                 (None, Err(_)) => {}
@@ -761,8 +839,15 @@ mod tests {
             let profile = random_profile(&mut rng, layers);
             let gbs = [4, 6, 8][case % 3];
             let mut opts = SearchOptions::new(gbs);
+            opts.stage_shapes = StageShapes::Plain;
             opts.search_space = SearchSpace::Full;
-            let expected = brute_force(&profile, &topology, gbs, WarmupPolicy::Auto);
+            let expected = brute_force(
+                &profile,
+                &topology,
+                gbs,
+                WarmupPolicy::Auto,
+                StageShapes::Plain,
+            );
             match (expected, search(&profile, &topology, &opts)) {
                 (None, Err(_)) => {}
                 (Some((bound, optimum)), Ok(r)) => {
@@ -786,6 +871,135 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// `random_profile` whose layers each split (or not) by a pattern
+    /// dividing a random head count, with random AllReduces and replicated
+    /// shares; on odd cases held in bf16 with fp32 gradients, where ZeRO-1
+    /// moves less than an AllReduce.
+    fn random_split_profile(rng: &mut StdRng, layers: usize, case: usize) -> Profile {
+        let mut profile = random_profile(rng, layers);
+        for layer in &mut profile.layers {
+            // Every fourth case nothing splits: pipelines, ZeRO-1 and
+            // re-computation are all there is.
+            if case % 4 == 0 || rng.gen_bool(0.3) {
+                continue;
+            }
+            layer.split = vec![crate::split::SplitPattern {
+                name: "random".into(),
+                divides: vec![crate::split::Divisor {
+                    what: "heads".into(),
+                    count: [2, 4, 6, 8][rng.gen_range(0..4)],
+                }],
+                fwd_allreduce_bytes_per_sample: rng.gen_range(0.0..4e6),
+                bwd_allreduce_bytes_per_sample: rng.gen_range(0.0..4e6),
+                replicated_param_fraction: rng.gen_range(0.0..0.2),
+                replicated_stored_fraction: rng.gen_range(0.0..0.3),
+            }];
+        }
+        if case % 2 == 0 {
+            // Larger batches per sample faster, and layers that keep more
+            // than their output: where re-computation can pay.
+            for layer in &mut profile.layers {
+                let one = layer.measurements[0].clone();
+                let kept = one.activation_bytes * rng.gen_range(2..6);
+                layer.measurements = [1u32, 2, 4, 8]
+                    .iter()
+                    .map(|&b| Measurement {
+                        batch_size: b,
+                        fwd_ms: one.fwd_ms * f64::from(b).powf(0.4),
+                        bwd_ms: one.bwd_ms * f64::from(b).powf(0.4),
+                        activation_bytes: one.activation_bytes * u64::from(b),
+                        stored_activation_bytes: Some(kept * u64::from(b)),
+                    })
+                    .collect();
+            }
+        }
+        if case % 2 == 1 {
+            profile.parameter_state = Some(crate::profile::ParameterState {
+                weight_bytes: 2.0,
+                gradient_bytes: 4.0,
+                master_weight_bytes: 4.0,
+                optimizer_bytes: 8.0,
+            });
+        }
+        profile.validate().unwrap();
+        profile
+    }
+
+    /// Issue 26's acceptance test of the larger space: on small random
+    /// cases (up to 8 layers, up to 8 GPUs on one or two machines, memory
+    /// that binds in some) the search returns the smallest simulated
+    /// iteration over every partition, GPU count, placement, split degree,
+    /// ZeRO-1, re-computation, micro-batch size and warm-up vector.
+    #[test]
+    fn search_finds_the_simulated_optimum_with_stage_shapes() {
+        let mut rng = StdRng::seed_from_u64(20261125);
+        let shapes = ["1x2", "1x4", "2x2", "2x1", "1x8", "2x4", "1x3"];
+        let (mut split, mut zero, mut recomputed) = (0, 0, 0);
+        for case in 0..70 {
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let most_layers = match topology.num_devices() {
+                8.. => 2,
+                4.. => 3,
+                3 => 4,
+                _ => 8,
+            };
+            let layers = rng.gen_range(1..=most_layers);
+            let profile = random_split_profile(&mut rng, layers, case);
+            let gbs = [2, 4, 8][case % 3];
+            let mut topology = topology;
+            if case % 2 == 0 {
+                // Memory that activations bind: a share of the model's
+                // state (on every fourth case too little for all of it
+                // with ZeRO-1) and of the global batch's activations.
+                let costs = LayerCosts::new(&profile);
+                let state = costs.model_state_bytes(0, layers);
+                let stored = costs.stored_bytes_per_sample(0, layers) * f64::from(gbs);
+                let state_share = if case % 4 == 0 { 0.6 } else { 0.5 };
+                topology.machine_groups[0].gpu.memory_bytes =
+                    (state * state_share + stored * rng.gen_range(0.1..0.8)) as u64;
+            }
+            let mut opts = SearchOptions::new(gbs);
+            opts.search_space = SearchSpace::Full;
+            let expected = brute_force(
+                &profile,
+                &topology,
+                gbs,
+                WarmupPolicy::Auto,
+                StageShapes::Auto,
+            );
+            match (expected, search(&profile, &topology, &opts)) {
+                (None, Err(_)) => {}
+                (Some((bound, optimum)), Ok(r)) => {
+                    let sim = r.plan.estimate.as_ref().unwrap().iteration_ms.unwrap();
+                    let selection = r.plan.selection.as_ref().unwrap();
+                    let space_ms = selection.refined_from_ms.unwrap_or(sim);
+                    let what = format!(
+                        "case {case} ({spec}, {layers} layers, gbs {gbs}): search {sim} (space {space_ms}, {:?}), optimum {optimum}",
+                        r.plan.stages
+                    );
+                    assert!((space_ms - optimum).abs() <= 1e-9 * optimum, "{what}");
+                    assert!(sim <= space_ms, "{what}");
+                    assert_eq!(selection.optimal, Some(true), "{what}");
+                    assert!(
+                        (selection.lower_bound_ms.unwrap() - bound).abs() <= 1e-9 * bound,
+                        "{what}: bound {bound}"
+                    );
+                    let stages = &r.plan.stages;
+                    split += stages.iter().filter(|s| s.tensor_parallel > 1).count();
+                    zero += stages.iter().filter(|s| s.shard_optimizer).count();
+                    recomputed += stages.iter().filter(|s| !s.recompute.is_none()).count();
+                }
+                (e, g) => panic!(
+                    "case {case}: brute force {e:?}, search {:?}",
+                    g.map(|r| r.plan.stages)
+                ),
+            }
+        }
+        eprintln!("{split} split, {zero} ZeRO, {recomputed} re-computed stages");
+        // The optima do split and shard.
+        assert!(split > 5 && zero > 5, "{split} split, {zero} ZeRO stages");
     }
 
     #[test]
@@ -864,6 +1078,7 @@ mod tests {
                 min_slice: 1,
                 space: SearchSpace::Full,
                 layout: None,
+                shapes: ShapeChoices::PLAIN,
             };
             // Every placement of the layout, back to front, by the policies,
             // at the formula value the search's own plans are built with.
@@ -882,7 +1097,13 @@ mod tests {
                 };
                 for (placement, takes) in state.placements(count) {
                     let mut more = steps.clone();
-                    more.push((start, end, placement, count));
+                    more.push(Step {
+                        layer_start: start,
+                        layer_end: end,
+                        placement,
+                        gpus: count,
+                        shape: StageShape::PLAIN,
+                    });
                     stack.push((state.taken(&takes), more));
                 }
             }
@@ -1016,6 +1237,7 @@ mod tests {
             min_slice: 1,
             space: SearchSpace::MachineAligned,
             layout: None,
+            shapes: ShapeChoices::PLAIN,
         };
         let empty = State::empty(&cluster.group_and_gpus());
         // 200 samples: 1, 2 and 4 GPUs (slices 200, 100, 50), then whole

@@ -4,11 +4,12 @@
 //! stage may be; the baselines ask [`micro_batch_sizes`] which sizes a
 //! layout may run at.
 
-use crate::cost::{largest_slice, smallest_slice, Cluster, WarmupPolicy};
+use crate::cost::{largest_slice, smallest_slice, Cluster, StageDevices, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::schedule::within_passes;
+use crate::shape::{uneven_split_group, Recompute, StageShape};
 
 crate::named_enum! {
     /// Which stage replications and placements the search tries.
@@ -26,6 +27,89 @@ crate::named_enum! {
         /// machines partly used (8x8 GPUs: 8.8 million states); this plans
         /// 128 layers on 16,384 GPUs in seconds.
         MachineAligned = "machine-aligned",
+    }
+}
+
+crate::named_enum! {
+    /// Which stage shapes (`shape.rs`) the search gives stages besides
+    /// DAPPLE's replicas.
+    pub enum StageShapes("a set of stage shapes") {
+        /// Split degrees the profile's layers allow, ZeRO-1 and full
+        /// re-computation, each stage its own.
+        Auto = "auto",
+        /// Replicas only: DAPPLE's space (to reproduce the paper).
+        Plain = "plain",
+    }
+}
+
+/// The shapes a DP run may give a stage: what the profile allows and the
+/// search was asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ShapeChoices {
+    /// Split degrees (at least 2) some layer allows and some machine holds,
+    /// ascending; empty where nothing splits.
+    pub(crate) split_degrees: Vec<u32>,
+    /// ZeRO-1 shrinks something: the profile keeps optimizer state.
+    pub(crate) shard_optimizer: bool,
+    pub(crate) recompute: bool,
+}
+
+impl ShapeChoices {
+    /// DAPPLE's stages: replicas only.
+    pub(crate) const PLAIN: ShapeChoices = ShapeChoices {
+        split_degrees: Vec::new(),
+        shard_optimizer: false,
+        recompute: false,
+    };
+
+    pub(crate) fn new(
+        layers: &LayerCosts,
+        cluster: &Cluster,
+        space: SearchSpace,
+        shapes: StageShapes,
+    ) -> ShapeChoices {
+        if shapes == StageShapes::Plain {
+            return ShapeChoices::PLAIN;
+        }
+        // Up to 16 GPUs a split group may span machines; above, where
+        // the space is machine-aligned, it stays inside one (a group over
+        // the network is slow, and each degree more is a search more).
+        let most = match space {
+            SearchSpace::MachineAligned => {
+                cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1)
+            }
+            _ => cluster.num_devices(),
+        };
+        let split_degrees = (2..=most)
+            .filter(|&t| (0..layers.num_layers).any(|l| layers.shard(l, t).is_some()))
+            .collect();
+        ShapeChoices {
+            split_degrees,
+            shard_optimizer: layers.model_state_bytes_sharded(0, layers.num_layers, 2)
+                < layers.model_state_bytes(0, layers.num_layers),
+            recompute: true,
+        }
+    }
+
+    /// A layout's own split degrees (`Context::layout`).
+    pub(crate) fn of_layout(layout: &[(usize, usize, u32, StageShape)]) -> ShapeChoices {
+        let mut split_degrees: Vec<u32> = layout
+            .iter()
+            .map(|s| s.3.tensor_parallel)
+            .filter(|&t| t > 1)
+            .collect();
+        split_degrees.sort_unstable();
+        split_degrees.dedup();
+        ShapeChoices {
+            split_degrees,
+            shard_optimizer: layout.iter().any(|s| s.3.shard_optimizer),
+            recompute: layout.iter().any(|s| !s.3.recompute.is_none()),
+        }
+    }
+
+    /// The most GPUs one replica of a stage may take.
+    pub(crate) fn largest_degree(&self) -> u32 {
+        self.split_degrees.last().copied().unwrap_or(1)
     }
 }
 
@@ -125,12 +209,14 @@ impl<'a> Space<'a> {
         layers: &'a LayerCosts,
         cluster: &'a Cluster,
         space: SearchSpace,
+        shapes: StageShapes,
         warmup_policy: WarmupPolicy,
         min_slice: u32,
         global_batch_size: u32,
         sizes: Vec<u32>,
     ) -> Space<'a> {
         let space = space.resolve(cluster);
+        let shapes = ShapeChoices::new(layers, cluster, space, shapes);
         let passes: Vec<WarmupPolicy> = match warmup_policy {
             WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
             fixed => vec![fixed],
@@ -144,6 +230,7 @@ impl<'a> Space<'a> {
                 min_slice,
                 space,
                 layout: None,
+                shapes: shapes.clone(),
             })
             .collect();
         let mut by_looseness: Vec<usize> = (0..contexts.len()).collect();
@@ -193,9 +280,10 @@ pub(crate) struct Context<'a> {
     pub(crate) policy: WarmupPolicy,
     pub(crate) min_slice: u32,
     pub(crate) space: SearchSpace,
-    /// Where set, only this layout: stages (layer_start, layer_end, GPUs),
-    /// placed anew (`candidate::best_placement_of`).
-    pub(crate) layout: Option<&'a [(usize, usize, u32)]>,
+    /// Where set, only this layout: stages (layer_start, layer_end, GPUs,
+    /// shape), placed anew (`candidate::best_placement_of`).
+    pub(crate) layout: Option<&'a [(usize, usize, u32, StageShape)]>,
+    pub(crate) shapes: ShapeChoices,
 }
 
 /// Most partly used machines a stage placed inside one machine may leave
@@ -213,9 +301,9 @@ impl Context<'_> {
             // The layout's stage ending at j, with its GPU count, or none.
             return match layout
                 .iter()
-                .find(|&&(_, end, r)| end == j && r == replicas)
+                .find(|&&(_, end, r, _)| end == j && r == replicas)
             {
-                Some(&(start, _, _)) => start..start + 1,
+                Some(&(start, _, _, _)) => start..start + 1,
                 None => 0..0,
             };
         }
@@ -233,11 +321,12 @@ impl Context<'_> {
 
     /// The GPU counts a stage may have from `state` with micro-batches of
     /// `micro_batch` samples, ascending, each with where it may go: every
-    /// count up to `max_replicas` in the full space; in the machine-aligned
-    /// space a divisor of a machine's GPUs or whole machines, of those that
-    /// can be placed the fewest that give each largest slice (more GPUs at
-    /// the same slice compute no faster), and every GPU left (the first
-    /// stage).
+    /// count up to `max_replicas` (times the largest split degree, where
+    /// the count splits into replicas of no more) in the full space; in the
+    /// machine-aligned space a divisor of a machine's GPUs or whole
+    /// machines, of those that can be placed the fewest that give each
+    /// largest slice (more GPUs at the same slice compute no faster, unless
+    /// they split), and every GPU left (the first stage).
     pub(crate) fn stage_options(
         &self,
         state: &State,
@@ -245,7 +334,8 @@ impl Context<'_> {
         micro_batch: u32,
     ) -> Vec<(u32, Vec<PlacedTakes>)> {
         let free = state.free();
-        let most = free.min(max_replicas);
+        let most = free.min(max_replicas * self.shapes.largest_degree());
+        let allowed = |gpus: u32| self.gpus_allowed(gpus, max_replicas);
 
         match self.space {
             SearchSpace::MachineAligned => {
@@ -255,14 +345,16 @@ impl Context<'_> {
                     .map(|(m, _)| u32::from(m.capacity))
                     .max()
                     .unwrap_or(1);
+                // Split stages compute faster on more GPUs at one slice.
+                let by_slice = self.shapes.split_degrees.is_empty();
                 let mut last_slice = u32::MAX;
                 let mut options: Vec<(u32, Vec<PlacedTakes>)> = (1..per_machine)
                     .filter(|d| per_machine.is_multiple_of(*d))
                     .chain((per_machine..=most).step_by(per_machine as usize))
-                    .filter(|&r| r <= most && r != free)
+                    .filter(|&r| r <= most && r != free && allowed(r))
                     .filter_map(|r| {
                         let slice = largest_slice(micro_batch, r);
-                        if slice == last_slice {
+                        if by_slice && slice == last_slice {
                             return None;
                         }
                         let places = self.placements(state, r);
@@ -273,13 +365,103 @@ impl Context<'_> {
                         Some((r, places))
                     })
                     .collect();
-                if free <= max_replicas {
+                if free <= most && allowed(free) {
                     options.push((free, self.placements(state, free)));
                 }
                 options
             }
-            _ => (1..=most).map(|r| (r, self.placements(state, r))).collect(),
+            _ => (1..=most)
+                .filter(|&r| allowed(r))
+                .map(|r| (r, self.placements(state, r)))
+                .collect(),
         }
+    }
+
+    /// Whether a stage may have `gpus` GPUs: replicas of at least the
+    /// smallest slice, whole or split.
+    fn gpus_allowed(&self, gpus: u32, max_replicas: u32) -> bool {
+        gpus <= max_replicas
+            || self
+                .shapes
+                .split_degrees
+                .iter()
+                .any(|&t| gpus.is_multiple_of(t) && gpus / t <= max_replicas)
+    }
+
+    /// The split degrees a stage on `devices` (`gpus` GPUs) may have,
+    /// ascending: 1 where its replicas' slices are large enough unsplit,
+    /// and on alike GPUs each degree whose split groups are even
+    /// (`plan::check`) and leave replicas of at least the smallest slice.
+    pub(crate) fn split_degrees(
+        &self,
+        devices: &StageDevices,
+        gpus: u32,
+        max_replicas: u32,
+    ) -> Vec<u32> {
+        let whole = (gpus <= max_replicas).then_some(1);
+        let split = self.shapes.split_degrees.iter().copied().filter(|&t| {
+            !devices.mixed
+                && gpus.is_multiple_of(t)
+                && gpus / t <= max_replicas
+                && uneven_split_group(&devices.alloc, t).is_none()
+        });
+        whole.into_iter().chain(split).collect()
+    }
+
+    /// Whether layer `layer` may be in a stage of `gpus` GPUs split `t`
+    /// ways (as `plan::check` requires): a layer with sharding patterns
+    /// has one `t` splits; one without runs whole, on slices of at least
+    /// the smallest.
+    pub(crate) fn layer_runs_at(&self, layer: usize, t: u32, gpus: u32, max_replicas: u32) -> bool {
+        if t == 1 {
+            return true;
+        }
+        if self.layers.split_patterns(layer).is_empty() {
+            gpus <= max_replicas
+        } else {
+            self.layers.shard(layer, t).is_some()
+        }
+    }
+
+    /// The shapes a stage split `t` ways over `gpus` GPUs may take, the
+    /// plain one (at `t`) first: then ZeRO-1 over more than one GPU and full
+    /// re-computation, each where it applies. Stages on mixed GPUs stay
+    /// plain (`plan::check`).
+    pub(crate) fn shapes_at(&self, t: u32, gpus: u32, mixed: bool) -> Vec<StageShape> {
+        if let Some(layout) = self.layout {
+            // The layout's own shapes, for its stages of that many GPUs.
+            let mut own: Vec<StageShape> = layout
+                .iter()
+                .filter(|&&(_, _, g, shape)| g == gpus && shape.tensor_parallel == t)
+                .map(|&(_, _, _, shape)| shape)
+                .collect();
+            own.dedup();
+            return own;
+        }
+        let base = StageShape {
+            tensor_parallel: t,
+            ..StageShape::PLAIN
+        };
+        if mixed {
+            return vec![base];
+        }
+        let zero = [false, true];
+        let recompute: &[Recompute] = if self.shapes.recompute {
+            &[Recompute::None, Recompute::Full]
+        } else {
+            &[Recompute::None]
+        };
+        recompute
+            .iter()
+            .flat_map(|&r| zero.iter().map(move |&z| (r, z)))
+            // Whole layers shard over all the stage's GPUs, split ones over its replicas.
+            .filter(|&(_, z)| !z || (self.shapes.shard_optimizer && gpus > 1))
+            .map(|(recompute, shard_optimizer)| StageShape {
+                recompute,
+                shard_optimizer,
+                ..base
+            })
+            .collect()
     }
 
     /// The GPU counts of [`Context::stage_options`] alone.
