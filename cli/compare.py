@@ -9,9 +9,10 @@ import click
 from rich.table import Table
 
 import planner
+from planner.plan import SHAPE_KEY
 
 from .options import count_option_type, json_option, max_passes_option, profile_option, reports_errors, topology_option, warmup_policy_option
-from .render import GIB, console
+from .render import GIB, console, stage_shapes_text
 
 
 @click.command("compare")
@@ -54,6 +55,16 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
             f"{r.peak_memory_bytes / GIB:.2f}",
         )
     console().print(t)
+    # Stage shapes under the table, not in a column the fixed width would
+    # squeeze; only where a row has a stage that is not plain, so that a
+    # comparison of plain plans prints as it did.
+    if any(any(r.stage_shapes or []) for r in rows):
+        out = console()
+        out.print("stage shapes (" + SHAPE_KEY + "):")
+        width = max(len(r.strategy) for r in rows)
+        for r in rows:
+            if r.stage_shapes is not None:
+                out.print(f"  {r.strategy:<{width}}  {stage_shapes_text(r.stage_shapes)}")
     for r in rows:
         if r.error:
             click.echo(f"{r.strategy}: {r.error}", err=True)

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner import Plan, Profile
-from planner.plan import device_ranges
+from planner.plan import SHAPE_KEY, device_ranges, shape_label
 
 GIB = float(1 << 30)
 
@@ -31,7 +31,8 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         out.print("split (model layers per stage): " + ":".join(str(b) for b in blocks))
     t = Table(show_edge=False, pad_edge=False)
     columns = ["stage", "layers", "GPUs", "K", "fwd ms", "bwd ms", "allreduce ms", "bubble ms", "memory GiB", "placement"]
-    shaped = any(stage_shape(s) for s in plan.stages)
+    shapes = [shape_label(s) for s in plan.stage_shapes]
+    shaped = any(shapes)
     if shaped:
         columns.insert(3, "shape")
     for col in columns:
@@ -48,7 +49,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             str(i),
             f"{s['layer_start']}-{s['layer_end'] - 1}{names}",
             f"{len(s['devices'])}: {device_ranges(s['devices'])}",
-            *([stage_shape(s) or "plain"] if shaped else []),
+            *([shapes[i] or "plain"] if shaped else []),
             str(s["warmup_micro_batches"]),
             f"{e.get('fwd_ms', 0):.2f}",
             f"{e.get('bwd_ms', 0):.2f}",
@@ -58,6 +59,8 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             s.get("placement") or "",
         )
     out.print(t)
+    if shaped:
+        out.print(f"shape {SHAPE_KEY}")
     if est:
         for i, tr in enumerate(est["transfers"]):
             out.print(f"transfer {i}->{i + 1}: {tr['bytes'] / 1e6:.2f} MB per micro-batch, {tr['fwd_ms']:.2f} ms each way")
@@ -110,16 +113,16 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
 
 
-def stage_shape(stage: dict) -> str:
-    """How a stage runs besides replicas, e.g. "t=8, ZeRO-1, recompute";
-    empty for a plain stage."""
-    t = stage.get("tensor_parallel", 1)
-    parts = [f"t={t} x r={len(stage['devices']) // t}"] if t > 1 else []
-    if stage.get("shard_optimizer"):
-        parts.append("ZeRO-1")
-    if stage.get("recompute", "none") != "none":
-        parts.append(f"recompute {stage['recompute']}")
-    return ", ".join(parts)
+def stage_shapes_text(labels: list[str]) -> str:
+    """Stage labels (``shape_label``) with runs of alike stages joined:
+    "s0-3 t4×r2 zero" for four alike stages, "s0 t8×r1; s1-2 plain"."""
+    runs: list[tuple[int, int, str]] = []
+    for i, label in enumerate(labels):
+        if runs and runs[-1][2] == label:
+            runs[-1] = (runs[-1][0], i, label)
+        else:
+            runs.append((i, i, label))
+    return "; ".join(f"s{a}{'' if a == b else f'-{b}'} {label or 'plain'}" for a, b, label in runs)
 
 
 def _short(name: str, width: int = 24) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
+from planner.plan import SHAPE_KEY, shape_label
 
 from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
 from .render import GIB, console
@@ -56,10 +57,14 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
             f"simulated iteration {sim.iteration_ms:.1f} ms ({samples_per_s:.1f} samples/s); "
             f"formula (2) lower bound {est['latency_ms']:.1f} ms ({gap:+.1f}%)"
         )
+    shapes = [shape_label(s) for s in plan.stage_shapes]
     for i, st in enumerate(sim.stages):
         copies = f", {st['peak_weight_copies']} weight copies" if sim.mini_batches > 1 else ""
+        shape = f" ({shapes[i]})" if shapes[i] else ""
         out.print(
-            f"stage {i}: busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "
+            f"stage {i}{shape}: busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "
             f"peak memory {st['peak_memory_bytes'] / GIB:.2f} / {st['memory_limit_bytes'] / GIB:.0f} GiB, "
             f"{st['peak_in_flight']} micro-batches in flight{copies}"
         )
+    if any(shapes):
+        out.print(f"shape {SHAPE_KEY}")

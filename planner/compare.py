@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from . import _core
 from .errors import DappleError, IncompatibleInputsError, InfeasibleError
 from .limits import check_count
-from .plan import Plan, plan
+from .plan import Plan, plan, shape_label
 from .profile import Profile
 from .simulation import simulate
 from .topology import Topology
@@ -82,6 +82,8 @@ class Row:
     speedup: float | None
     peak_memory_bytes: float | None
     error: str | None = None
+    #: Each stage's ``shape_label`` ("t4×r2 zero"; "" for a plain stage).
+    stage_shapes: list[str] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -168,4 +170,5 @@ def _row(name: str, p: Plan, sim, estimated_ms: float | None) -> Row:
         estimated_ms=estimated_ms,
         speedup=p.estimate["single_device_ms"] / sim.iteration_ms,
         peak_memory_bytes=sim.peak_memory_bytes,
+        stage_shapes=[shape_label(s) for s in p.stage_shapes],
     )

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from .errors import DappleError, InvalidInputError, LimitExceededError
 from .files import write_atomic_bytes
 from .limits import MAX_TASKS_DRAWN
-from .plan import Plan, device_ranges
+from .plan import Plan, device_ranges, shape_label
 from .profile import Profile
 from .simulation import Simulation
 
@@ -378,11 +378,14 @@ def _finish_memory_axis(ax, m: _MemoryScale, plan: Plan, sim: Simulation) -> Non
                 ha="right", va="bottom")
     # Name each line at its right end, and keep a legend beside the plot.
     ends = sorted(((_memory_series(st, m.total)[1][-1], i) for i, st in enumerate(sim.stages)))
+    names = [_stage_name(plan, i) for i in range(m.n)]
+    # A shaped stage's name is two lines: twice the room between names.
+    gap = m.y_top * 0.045 * max(name.count("\n") + 1 for name in names)
     last_y = -1e9
     for y, i in ends:
-        y = max(y, last_y + m.y_top * 0.045)
+        y = max(y, last_y + gap)
         last_y = y
-        ax.text(1.01, y, _stage_name(plan, i), color=m.colors[i], fontsize=9,
+        ax.text(1.01, y, names[i], color=m.colors[i], fontsize=9,
                 va="center", ha="left", transform=_blend(ax), fontweight="bold")
     ax.set_xlabel("time (ms)", fontsize=9.5)
     ax.set_ylabel("GiB on one GPU", fontsize=9.5)
@@ -429,6 +432,7 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     topo = plan.data["inputs"]["topology"]
     colors = _stage_colors(len(plan.stages))
     owner = {d: i for i, s in enumerate(plan.stages) for d in s["devices"]}
+    tags = _gpu_tags(plan)
     blocks = _model_layers_per_stage(plan, profile)
     machines, width, height, devices = _lay_out_machines(topo["machine_groups"])
 
@@ -443,14 +447,18 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     id_size = 9.5 if unit >= 0.5 else 8
     for box in machines:
         _draw_machine(ax, box, topo["machine_groups"][box.group]["gpu"]["type"], unit)
-        _draw_machine_gpus(ax, box, owner, colors, id_size)
+        _draw_machine_gpus(ax, box, owner, tags, colors, id_size)
+    split = _outline_split_groups(ax, plan, machines)
     _diagram_legend(fig, lines, column, legend_font, line_h)
 
     _title(fig, 0.5, 0.18,
            f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
            f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}")
-    fig.text(0.5 / fig_w, 1 - 0.52 / fig.get_figheight(), _cluster_subtitle(topo, len(machines)),
+    subtitle = _cluster_subtitle(topo, len(machines))
+    if split:
+        subtitle += "; outlined: a split group, one replica's GPUs (r0, r1, ...)"
+    fig.text(0.5 / fig_w, 1 - 0.52 / fig.get_figheight(), subtitle,
              fontsize=9, ha="left", va="top", color="#444444")
     _save(fig, path, fmt)
 
@@ -500,7 +508,8 @@ def _stage_legend_entries(plan: Plan, profile: Profile | None, blocks, colors) -
             names = f"{_short(first)} .. {_short(last)}"
             count = f"; {_plural(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
             text += f" ({names}{count})"
-        entries.append((text, colors[i]))
+        shape = shape_label(plan.stage_shapes[i])
+        entries.append((f"{text}, {shape}" if shape else text, colors[i]))
     return entries
 
 
@@ -541,21 +550,62 @@ def _draw_machine(ax, box: _MachineBox, gpu_type: str, unit: float) -> None:
             ha="center" if not label.startswith("machine") else "left", color="#333333")
 
 
-def _draw_machine_gpus(ax, box: _MachineBox, owner: dict, colors, id_size: float) -> None:
-    """A machine's GPUs, coloured by stage, each with its id and its stage."""
+def _gpu_xy(box: _MachineBox, k: int) -> tuple[float, float]:
+    """The top left corner of the machine's k-th GPU."""
+    return (box.x + _MACHINE_PAD + (k % box.cols) * (_GPU + _GPU_GAP),
+            box.y + _MACHINE_HEAD + _MACHINE_PAD / 2 + (k // box.cols) * (_GPU + _GPU_GAP))
+
+
+def _gpu_tags(plan: Plan) -> dict[int, str]:
+    """The text under each used GPU's id: its stage ("s1"), and in a stage
+    that splits its layers the replica whose split group it is in ("s1 r0")."""
+    tags = {}
+    for i, shape in enumerate(plan.stage_shapes):
+        for r, group in enumerate(shape.split_groups):
+            for d in group:
+                tags[d] = f"s{i} r{r}" if shape.tensor_parallel > 1 else f"s{i}"
+    return tags
+
+
+def _draw_machine_gpus(ax, box: _MachineBox, owner: dict, tags: dict, colors, id_size: float) -> None:
+    """A machine's GPUs, coloured by stage, each with its id and its tag (``_gpu_tags``)."""
     _, _, Rectangle, _ = _matplotlib()
     for k in range(box.count):
         d = box.first_id + k
-        gx = box.x + _MACHINE_PAD + (k % box.cols) * (_GPU + _GPU_GAP)
-        gy = box.y + _MACHINE_HEAD + _MACHINE_PAD / 2 + (k // box.cols) * (_GPU + _GPU_GAP)
+        gx, gy = _gpu_xy(box, k)
         s = owner.get(d)
         face = colors[s] if s is not None else "white"
         ax.add_patch(Rectangle((gx, gy), _GPU, _GPU, facecolor=face, edgecolor="#444444", linewidth=0.8))
         ink = _ink(face)
         ax.text(gx + _GPU / 2, gy + _GPU * 0.4, str(d), fontsize=id_size, ha="center", va="center", color=ink,
                 fontweight="bold")
-        ax.text(gx + _GPU / 2, gy + _GPU * 0.78, f"s{s}" if s is not None else "-", fontsize=id_size - 2.5,
+        ax.text(gx + _GPU / 2, gy + _GPU * 0.78, tags.get(d, "-"), fontsize=id_size - 2.5,
                 ha="center", va="center", color=ink)
+
+
+def _outline_split_groups(ax, plan: Plan, machines: list[_MachineBox]) -> bool:
+    """A dark outline around each split group of a stage that splits its
+    layers: round the group's GPUs in each row of a machine they fill (a
+    group may span machines). Whether any was drawn."""
+    _, _, _, FancyBboxPatch = _matplotlib()
+    where = {box.first_id + k: (box, k) for box in machines for k in range(box.count)}
+    pad = 0.08  # less than half the gap between GPUs: neighbouring groups' outlines stay apart
+    drawn = False
+    for shape in plan.stage_shapes:
+        if shape.tensor_parallel == 1:
+            continue
+        for group in shape.split_groups:
+            rows: dict[tuple[int, int], list[int]] = {}
+            for d in group:
+                box, k = where[d]
+                rows.setdefault((box.index, k // box.cols), []).append(k)
+            for (index, _), ks in rows.items():
+                (x0, y0), (x1, _) = _gpu_xy(machines[index], min(ks)), _gpu_xy(machines[index], max(ks))
+                ax.add_patch(FancyBboxPatch((x0 - pad, y0 - pad), x1 - x0 + _GPU + 2 * pad, _GPU + 2 * pad,
+                                            boxstyle="round,pad=0,rounding_size=0.12", facecolor="none",
+                                            edgecolor="#111111", linewidth=1.8, zorder=5))
+                drawn = True
+    return drawn
 
 
 def _cluster_subtitle(topo: dict, machine_count: int) -> str:
@@ -725,8 +775,11 @@ def _ink(face) -> str:
 
 
 def _stage_name(plan: Plan, i: int) -> str:
-    """"stage 1 (8 GPUs: 8-15)": a stage and its GPUs."""
-    return f"stage {i} ({_gpus(plan.stages[i]['devices'])})"
+    """"stage 1 (8 GPUs: 8-15)": a stage and its GPUs; under it, for a
+    stage that is not plain, its shape ("t4×r2 zero rc")."""
+    name = f"stage {i} ({_gpus(plan.stages[i]['devices'])})"
+    shape = shape_label(plan.stage_shapes[i])
+    return f"{name}\n{shape}" if shape else name
 
 
 def _gpus(ids: list[int]) -> str:

@@ -79,9 +79,33 @@ class Plan(FileObject):
         """The cluster the plan was made for."""
         return Topology(self.core.topology)
 
+    @property
+    def stage_shapes(self) -> list[_core.StageShape]:
+        """Each stage's split degree, replicas, ZeRO-1, re-computation and
+        split groups, as the core reads them from the plan."""
+        return self.core.stage_shapes()
+
     def blocks_per_stage(self, profile: Profile) -> list[int]:
         """The model's own layers (profile layers of kind "block") per stage."""
         return self.core.blocks_per_stage(profile.core)
+
+
+#: What the words of ``shape_label`` mean, for a line under a table.
+SHAPE_KEY = "tT\u00d7rR: layers split T ways on each of R replicas; zero: ZeRO-1 over the replicas; rc: full re-computation"
+
+
+def shape_label(shape: _core.StageShape) -> str:
+    """A stage's shape in a few characters, e.g. "t8×r2 zero rc" (see
+    ``SHAPE_KEY``); "" for a plain stage, so that the pictures and tables
+    of plain plans stay as they were before stages had shapes."""
+    if shape.is_plain:
+        return ""
+    parts = [f"t{shape.tensor_parallel}\u00d7r{shape.replicas}"]
+    if shape.shard_optimizer:
+        parts.append("zero")
+    if shape.recompute != "none":
+        parts.append("rc" if shape.recompute == "full" else f"rc {shape.recompute}")
+    return " ".join(parts)
 
 
 def device_ranges(ids: list[int]) -> str:

@@ -67,3 +67,28 @@ def assert_one_line_error(result, exit_code, *needles):
     assert len(lines) == 1, result.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def shaped_plan(tmp_path):
+    """(plan, profile) paths: a small Llama-style transformer on one 8-GPU
+    machine in two stages written by hand, stage 0 split 2 ways over 2
+    replicas with ZeRO-1, stage 1 four plain replicas that re-compute."""
+    import planner
+
+    config = tmp_path / "shaped-config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 688,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 4, "vocab_size": 1000,
+    }))
+    profile = tmp_path / "shaped-profile.json"
+    r = run_dapple("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 128, "--out", profile)
+    assert r.returncode == 0, r.stderr
+    data = planner.layout_plan(str(profile), "1x8-a100-80gb", 64, [(0, 3, [0, 1, 2, 3]), (3, 6, [4, 5, 6, 7])]).data
+    data["stages"][0].update(tensor_parallel=2, shard_optimizer=True)
+    data["stages"][1].update(recompute="full")
+    data.pop("estimate")
+    data.pop("selection", None)
+    plan = tmp_path / "shaped-plan.json"
+    plan.write_text(json.dumps(data))
+    return plan, profile

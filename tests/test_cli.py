@@ -275,3 +275,25 @@ def test_a_key_given_twice_is_refused(dapple, tmp_path):
     out.write_text(twice)
     assert_one_line_error(dapple("estimate", "--plan", out, "--profile", BERT), 3, str(out),
                           "duplicate field `micro_batches`")
+
+
+def test_text_outputs_show_each_stages_shape(dapple, shaped_plan, tmp_path):
+    plan, profile = shaped_plan
+    table = dapple("estimate", "--plan", plan, "--profile", profile)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.lstrip()[:1].isdigit()]
+    assert "t2\u00d7r2 zero" in rows[0] and "t1\u00d7r4 rc" in rows[1], table.stdout
+    assert "shape tT\u00d7rR:" in table.stdout
+    sim = dapple("simulate", "--plan", plan, "--profile", profile)
+    assert sim.returncode == 0, sim.stderr
+    assert "stage 0 (t2\u00d7r2 zero): busy" in sim.stdout and "stage 1 (t1\u00d7r4 rc): busy" in sim.stdout
+    # a plain plan's text has no shapes to tell
+    plain = tmp_path / "plain.json"
+    assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", 64, "--out", plain).returncode == 0
+    outputs = {}
+    for command in ("estimate", "simulate"):
+        r = dapple(command, "--plan", plain)
+        assert r.returncode == 0, r.stderr
+        assert "\u00d7" not in r.stdout and "shape" not in r.stdout, r.stdout
+        outputs[command] = r.stdout
+    assert "stage 0: busy" in outputs["simulate"]

@@ -119,3 +119,62 @@ def test_asynchronous_rows_run_gpipes_plan_without_its_flush(name):
         r = rows[f"{kind} ({on}'s plan)"]
         assert (r.schedule, r.shape, r.micro_batches, r.estimated_ms) == (kind, gpipe.shape, gpipe.micro_batches, None)
         assert r.simulated_ms < flushed.iteration_ms
+
+
+@pytest.fixture(scope="module")
+def llama_70b(tmp_path_factory):
+    """Llama 2 70B timed on A100s: too big for plain stages on 4 x 8 A100s."""
+    from conftest import run_dapple
+
+    out = tmp_path_factory.mktemp("llama") / "llama-2-70b.json"
+    r = run_dapple("profile", "transformer", "--config", "llama-2-70b", "--gpu", "A100-80GB", "--seq-len", 4096,
+                   "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_compare_rows_show_each_stages_shape(llama_70b):
+    import re
+
+    from planner.plan import shape_label
+
+    rows = {r.strategy: r for r in planner.compare(llama_70b, "4x8-a100-80gb", 256)}
+    megatron = planner.baseline("megatron", llama_70b, "4x8-a100-80gb", 256)
+    assert rows["megatron"].stage_shapes == [shape_label(s) for s in megatron.stage_shapes]
+    for name in ("dapple", "megatron"):
+        r = rows[name]
+        gpus = [int(g) for g in r.shape.split(":")]
+        assert len(r.stage_shapes) == len(gpus), r
+        for label, g in zip(r.stage_shapes, gpus):
+            # 70B does not fit plain stages here: each stage splits, shards or re-computes,
+            # its split degree times its replicas being its GPUs.
+            m = re.fullmatch(r"t(\d+)\u00d7r(\d+)( zero)?( rc)?", label)
+            assert m and int(m[1]) * int(m[2]) == g, (name, label, g)
+    # DAPPLE's own baselines run plain stages.
+    assert rows["straight"].stage_shapes == [""] * len(rows["straight"].shape.split(":"))
+    assert rows["gpipe"].stage_shapes is None and rows["gpipe"].error
+
+
+def test_compare_command_lists_stage_shapes_under_the_table_where_a_stage_is_not_plain(dapple, llama_70b):
+    r = dapple("compare", "--profile", llama_70b, "--topology", "4x8-a100-80gb", "--global-batch-size", 256)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("stage shapes (t"))
+    shapes = {line.split()[0]: line.split(None, 1)[1] for line in lines[start + 1:]}
+    assert shapes["dapple"].startswith("s0") and "\u00d7r" in shapes["dapple"]
+    assert shapes["megatron"].startswith("s0") and "\u00d7r" in shapes["megatron"]
+    assert shapes["straight"] == "s0-31 plain"
+    # rows without a plan have no shapes to show
+    assert "gpipe" not in shapes
+    js = dapple("compare", "--profile", llama_70b, "--topology", "4x8-a100-80gb", "--global-batch-size", 256, "--json")
+    from cli.render import stage_shapes_text
+
+    for row in json.loads(js.stdout):
+        if row["stage_shapes"] is not None:
+            assert stage_shapes_text(row["stage_shapes"]) == shapes[row["strategy"].split()[0]], row
+
+
+def test_a_plain_comparison_prints_no_stage_shapes(dapple):
+    table = dapple("compare", "--profile", BERT, "--topology", "A", "--global-batch-size", "64")
+    assert table.returncode == 0, table.stderr
+    assert "stage shapes" not in table.stdout and "\u00d7" not in table.stdout

@@ -119,3 +119,78 @@ def test_importing_planner_does_not_import_matplotlib():
 
     code = "import sys, planner, planner.pictures; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def figure_texts(monkeypatch, draw):
+    """Every shown text of the figure ``draw()`` makes (tick labels,
+    legends, titles, GPU tags), caught before it is saved."""
+    import matplotlib.text
+
+    from planner import pictures
+
+    figures = []
+    monkeypatch.setattr(pictures, "_save", lambda fig, path, fmt: figures.append(fig))
+    draw()
+    (fig,) = figures
+    # findobj can meet an artist twice (an axis shared by several stages): each once, in order.
+    texts = {id(t): t for t in fig.findobj(matplotlib.text.Text)}
+    return fig, [t.get_text() for t in texts.values() if t.get_text() and t.get_visible()]
+
+
+def drawn(monkeypatch, plan_path, profile_path, tmp_path):
+    """The texts of the timeline, memory picture and diagram of a plan."""
+    import planner
+    from planner import pictures
+
+    plan, profile = planner.Plan.load(str(plan_path)), planner.Profile.load(str(profile_path))
+    sim = planner.simulate(plan, profile)
+    return {
+        "gantt": figure_texts(monkeypatch, lambda: pictures.gantt(plan, sim, tmp_path / "g.svg"))[1],
+        "memory": figure_texts(monkeypatch, lambda: pictures.memory(plan, sim, tmp_path / "m.svg"))[1],
+        "diagram": figure_texts(monkeypatch, lambda: pictures.diagram(plan, tmp_path / "d.svg", profile)),
+    }
+
+
+def test_shaped_stages_show_their_shape_in_every_picture(monkeypatch, shaped_plan, tmp_path):
+    texts = drawn(monkeypatch, *shaped_plan, tmp_path)
+    # Stage 0: t = 2 on 4 GPUs is 2 replicas, ZeRO-1; stage 1: 4 plain replicas re-computing.
+    first, second = "stage 0 (4 GPUs: 0-3)\nt2\u00d7r2 zero", "stage 1 (4 GPUs: 4-7)\nt1\u00d7r4 rc"
+    for kind in ("gantt", "memory"):
+        assert first in texts[kind] and second in texts[kind], (kind, texts[kind])
+    fig, diagram = texts["diagram"]
+    assert any(t.startswith("stage 0: layers 0-2") and t.endswith(", t2\u00d7r2 zero") for t in diagram), diagram
+    assert any(t.startswith("stage 1: layers 3-5") and t.endswith(", t1\u00d7r4 rc") for t in diagram), diagram
+    # Each GPU says its split group (replica); stage 1 does not split, so has no groups to tell.
+    tags = [t for t in diagram if t.startswith("s") and t[1:2].isdigit()]
+    assert tags == ["s0 r0", "s0 r0", "s0 r1", "s0 r1", "s1", "s1", "s1", "s1"]
+    assert any("outlined: a split group" in t for t in diagram)
+    from matplotlib.patches import FancyBboxPatch
+
+    outlines = [p for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch) and p.get_facecolor()[3] == 0]
+    assert len(outlines) == 2
+
+
+def test_a_plain_plans_labels_are_as_before_shapes(monkeypatch, plan_path, tmp_path):
+    from conftest import PROFILES
+
+    texts = drawn(monkeypatch, plan_path, PROFILES / "bert-48-pbs-2.json", tmp_path)
+    names = ["stage 0 (8 GPUs: 0-7)", "stage 1 (8 GPUs: 8-15)"]
+    assert [t for t in texts["gantt"] if t.startswith("stage ")] == names
+    assert sorted(t for t in texts["memory"] if t.startswith("stage ") and "peak" not in t) == names
+    fig, diagram = texts["diagram"]
+    assert [t for t in diagram if t.startswith("s") and t[1:2].isdigit()] == ["s0"] * 8 + ["s1"] * 8
+    assert not any("\u00d7" in t or "outlined" in t for t in diagram)
+    assert [t for t in diagram if t.startswith("stage ")] == [
+        "stage 0: layers 0-31 (input_ids .. layer_27; 28 model layers)",
+        "stage 1: layers 32-52 (layer_28 .. pooler; 20 model layers)",
+    ]
+
+
+def test_show_draws_a_shaped_plans_groups_into_its_svg(dapple, shaped_plan, tmp_path):
+    plan, profile = shaped_plan
+    out = tmp_path / "plan.svg"
+    r = dapple("show", "--plan", plan, "--profile", profile, "--diagram", out, "--gantt", tmp_path / "g.svg")
+    assert r.returncode == 0, r.stderr
+    svg = out.read_text()
+    assert "s0 r1" in svg and "t2\u00d7r2 zero" in svg
+    assert "t1\u00d7r4 rc" in (tmp_path / "g.svg").read_text()

@@ -62,6 +62,20 @@ impl StageShape {
     pub fn is_plain(&self) -> bool {
         *self == StageShape::PLAIN
     }
+
+    /// Replicas of the split layers on `gpus` GPUs: t GPUs each (a plain
+    /// stage has one per GPU). A t above `gpus`, which `plan::check`
+    /// refuses, counts as one replica, so that checks before it can run.
+    pub fn replicas(&self, gpus: u32) -> u32 {
+        gpus / self.tensor_parallel.clamp(1, gpus.max(1))
+    }
+
+    /// The split groups of a stage's `devices` (listed in ascending order):
+    /// each replica's t shards are t consecutive devices, as the cost model
+    /// groups them. A plain stage's groups are its single GPUs.
+    pub fn split_groups<'a>(&self, devices: &'a [u32]) -> std::slice::Chunks<'a, u32> {
+        devices.chunks(self.tensor_parallel.max(1) as usize)
+    }
 }
 
 impl Default for StageShape {
@@ -180,5 +194,28 @@ pub fn stage_memory(
         weight_bytes: weights,
         stored_bytes: stored,
         input_bytes: input,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_stage_has_one_replica_per_group_of_t_consecutive_devices() {
+        let shape = StageShape {
+            tensor_parallel: 4,
+            ..StageShape::PLAIN
+        };
+        let devices: Vec<u32> = (8..16).collect();
+        assert_eq!(shape.replicas(8), 2);
+        let groups: Vec<&[u32]> = shape.split_groups(&devices).collect();
+        assert_eq!(groups, vec![&[8, 9, 10, 11][..], &[12, 13, 14, 15][..]]);
+        // plain: a replica and a group per GPU
+        assert_eq!(StageShape::PLAIN.replicas(8), 8);
+        assert_eq!(StageShape::PLAIN.split_groups(&devices).count(), 8);
+        // a t above the stage's GPUs (refused by the plan's check) is one replica, not zero
+        assert_eq!(shape.replicas(2), 1);
+        assert_eq!(shape.replicas(0), 0);
     }
 }

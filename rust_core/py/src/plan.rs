@@ -1,6 +1,6 @@
 use dapple_core::evaluate::evaluate;
 use dapple_core::layout::RunLayout;
-use dapple_core::plan::{blocks_per_stage, Plan};
+use dapple_core::plan::{blocks_per_stage, Plan, Stage};
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::warmup::plan_with_chosen_warmups;
 use pyo3::prelude::*;
@@ -10,6 +10,53 @@ use crate::profile::PyProfile;
 use crate::schedule::{PyAction, PyPass};
 use crate::topology::PyTopology;
 use crate::{to_py_err, with_source};
+
+/// How one stage runs besides replicating its layers (`shape.rs`), with
+/// what follows from its GPUs: asked by pictures and tables, never
+/// re-derived in Python.
+#[pyclass(frozen, get_all, module = "planner._core", name = "StageShape")]
+#[derive(Clone)]
+pub struct PyStageShape {
+    /// Whale's split degree t (1: no layer splits).
+    tensor_parallel: u32,
+    /// Replicas of the split layers: the stage's GPUs / t.
+    replicas: u32,
+    /// ZeRO-1 over the replicas.
+    shard_optimizer: bool,
+    /// "none" or "full".
+    recompute: &'static str,
+    /// t = 1, no ZeRO-1, no re-computation: a stage as DAPPLE plans it.
+    is_plain: bool,
+    /// Each replica's devices: t consecutive devices of the stage.
+    split_groups: Vec<Vec<u32>>,
+}
+
+impl From<&Stage> for PyStageShape {
+    fn from(s: &Stage) -> Self {
+        let shape = s.shape();
+        PyStageShape {
+            tensor_parallel: shape.tensor_parallel,
+            replicas: s.replicas(),
+            shard_optimizer: shape.shard_optimizer,
+            recompute: shape.recompute.name(),
+            is_plain: shape.is_plain(),
+            split_groups: s.split_groups().map(<[u32]>::to_vec).collect(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyStageShape {
+    fn __repr__(&self) -> String {
+        format!(
+            "StageShape(tensor_parallel={}, replicas={}, shard_optimizer={}, recompute={:?})",
+            self.tensor_parallel,
+            self.replicas,
+            if self.shard_optimizer { "True" } else { "False" },
+            self.recompute
+        )
+    }
+}
 
 crate::file_object_class!(
     /// A plan (`dapple.plan`), checked for its format. Whether it fits a
@@ -102,6 +149,12 @@ crate::file_object_methods!(PyPlan {
         crate::Wraps::wrap(self.inner.inputs.topology.clone(), None)
     }
 
+    /// Each stage's shape: split degree, replicas, ZeRO-1, re-computation
+    /// and split groups.
+    fn stage_shapes(&self) -> Vec<PyStageShape> {
+        self.inner.stages.iter().map(PyStageShape::from).collect()
+    }
+
     /// The profile's "block" layers (the model's own layers) per stage.
     fn blocks_per_stage(&self, profile: &PyProfile) -> Vec<usize> {
         blocks_per_stage(&profile.inner, &self.inner)
@@ -174,6 +227,7 @@ fn choose_warmups(py: Python<'_>, plan: &PyPlan, profile: &PyProfile) -> PyResul
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
+    m.add_class::<PyStageShape>()?;
     m.add_function(wrap_pyfunction!(evaluate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(choose_warmups, m)?)?;
     Ok(())

@@ -4,7 +4,7 @@
 //! layers. Nothing here costs a plan (that is `evaluate.rs`'s), so a plan
 //! file is checked on reading without the cost model.
 
-use crate::cost::{alloc_size, smallest_slice, Alloc, Cluster, WarmupPolicy};
+use crate::cost::{smallest_slice, Alloc, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
@@ -40,9 +40,8 @@ pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>
         check_stage_layers(s, expected_start, layers).map_err(|e| e.under(&at))?;
         expected_start = s.layer_end;
         let alloc = check_stage_devices(s, i, &cluster, &mut used_by).map_err(|e| e.under(&at))?;
-        // Split layers' replicas are t GPUs each (a bad t is refused below).
-        let replicas = alloc_size(&alloc) / s.tensor_parallel.clamp(1, alloc_size(&alloc));
-        check_stage_slices(plan, s, replicas).map_err(|e| e.under(&at))?;
+        // A bad t is refused below; `replicas` counts it as one replica till then.
+        check_stage_slices(plan, s, s.replicas()).map_err(|e| e.under(&at))?;
         check_stage_shape(plan, s, &cluster, &alloc, profile).map_err(|e| e.under(&at))?;
         check_warmup(plan, i).map_err(|e| e.under(&at))?;
         allocs.push(alloc);
@@ -280,7 +279,7 @@ fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
     }
     let alloc = cluster.alloc_of(&s.devices).expect("checked devices");
     if let Some((k, shape)) = crate::shape::uneven_split_group(&alloc, t) {
-        let group = &s.devices[k * t as usize..(k + 1) * t as usize];
+        let group = s.split_groups().nth(k).expect("the uneven group");
         return Err(Error::field(
             "tensor_parallel",
             format!(

@@ -219,6 +219,16 @@ impl Stage {
         }
     }
 
+    /// Replicas of the stage's split layers (`StageShape::replicas`).
+    pub fn replicas(&self) -> u32 {
+        self.shape().replicas(self.devices.len() as u32)
+    }
+
+    /// Each replica's devices (`StageShape::split_groups`).
+    pub fn split_groups(&self) -> std::slice::Chunks<'_, u32> {
+        self.shape().split_groups(&self.devices)
+    }
+
     /// The stage run as `shape` says.
     pub fn with_shape(mut self, shape: &StageShape) -> Stage {
         self.tensor_parallel = shape.tensor_parallel;
