@@ -172,7 +172,7 @@ def test_per_stage_recompute_trains_as_one_process(batches, reference):
     assert diff < 1e-5
 
 
-def test_a_split_layer_that_cannot_split_is_refused_before_the_run(batches):
+def test_a_split_layer_that_cannot_split_is_refused_before_the_run():
     # 3 heads: t = 2 cannot split a block.
     p = shaped_plan(2, [(0, 4, [0, 1], T2)])
     three_heads = functools.partial(gpt, n_layers=2, d_model=12, n_heads=3, seq=8, vocab=32)
