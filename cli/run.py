@@ -134,7 +134,7 @@ def _checked_model(config, lay, plan_path, model_spec):
     """The run's model, built once the options passed their checks against
     the plan (``config.check_run``, before the model is built), and checked
     to fit the plan."""
-    from planner.runtime.config import check_layer_count, check_run
+    from planner.runtime.config import check_layer_count, check_run, check_split_layers
     from planner.runtime.evaluation import declares_validation
     from planner.runtime.launcher import visible_gpus
 
@@ -151,6 +151,7 @@ def _checked_model(config, lay, plan_path, model_spec):
         raise IncompatibleInputsError(f"--eval-every: model {model_spec} declares no validation split")
     try:
         check_layer_count(lay, len(spec.layers), model_spec)
+        check_split_layers(lay, [layer for _, layer in spec.layers], model_spec)
     except IncompatibleInputsError as e:
         raise IncompatibleInputsError(f"{plan_path}: {e}") from None
     return spec

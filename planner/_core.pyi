@@ -120,17 +120,28 @@ class Peer:
     end: int
 
 class ReplicaLayout:
+    """One rank of a stage: shard ``shard`` of replica ``replica``."""
+
     rank: int
+    replica: int
+    shard: int
     start: int
     end: int
     receives_from: list[Peer]
     sends_to: list[Peer]
+    gradients_to: list[Peer]
+    gradients_from: list[Peer]
 
 class StageLayout:
     layer_start: int
     layer_end: int
     replicas: list[ReplicaLayout]
     actions: list[Action]
+    tensor_parallel: int
+    shard_optimizer: bool
+    recompute: bool
+    split_groups: list[list[int]]
+    replica_groups: list[list[int]]
 
 class RunLayout:
     devices: tuple[int, ...]
@@ -204,6 +215,9 @@ def transformer_profile(
     text: str | None = None,
     source: str | None = None,
 ) -> Profile: ...
+def transformer_splits(
+    *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float
+) -> dict[str, dict]: ...
 def search(
     profile: Profile,
     topology: Topology,

@@ -211,6 +211,9 @@ def profile_model(
                 **({"kind": "block"} if name in spec.blocks else {}),
                 "param_bytes": sum(p.numel() * p.element_size() for p in layer.parameters()),
                 "measurements": [],
+                # How the layer splits, where it declares it (the runtime
+                # shards it this way: runtime/tensor_parallel.py).
+                **({"split": list(layer.split_patterns)} if getattr(layer, "split_patterns", None) else {}),
             }
             for name, layer in spec.layers
         ]

@@ -185,10 +185,37 @@ def test_whales_classifier_splits_its_fc_and_gains_more_with_more_gpus():
     assert plan.stages[-1].get("tensor_parallel", 1) > 1
 
 
-def test_dapple_run_refuses_a_split_plan_by_name(tiny_profile, tmp_path, dapple):
+def test_dapple_run_refuses_a_split_stage_whose_layers_do_not_all_split(tiny_profile, tmp_path, dapple):
+    # The digits model's layers declare no split pattern: its stage would be
+    # Whale's collocated hybrid (layers data parallel beside split ones),
+    # which the runtime does not run.
     pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
     path = _hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 4, tmp_path)
-    result = dapple("run", "--plan", path, "--model", "planner.runtime.models:gpt", "--steps", 1)
+    result = dapple("run", "--plan", path, "--model", "planner.runtime.models:digits", "--model-arg", "n_layers=6",
+                    "--steps", 1)
     assert result.returncode == 4, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "field stages[0].tensor_parallel: value 4: dapple run runs plain stages only" in result.stderr
+    assert (f"{path}: field stages[0].tensor_parallel: value 4: layer 0 of planner.runtime.models:digits declares "
+            "no split pattern") in result.stderr
+
+
+def test_profiling_the_gpt_model_writes_the_patterns_the_runtime_splits(tmp_path, dapple):
+    pytest.importorskip("torch")
+    out = tmp_path / "gpt.json"
+    result = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=1",
+                    "--model-arg", "d_model=16", "--model-arg", "n_heads=2", "--model-arg", "seq=8",
+                    "--model-arg", "vocab=32", "--batch-sizes", "1", "--repeats", "1", "--out", out)
+    assert result.returncode == 0, result.stderr
+    layers = json.loads(out.read_text())["layers"]
+    names = [[p["name"] for p in layer["split"]] for layer in layers]
+    assert names == [["vocabulary-parallel embedding"], ["megatron-block"],
+                     ["vocabulary-parallel head with distributed softmax (SP1)"]]
+    # The core's rule at fp32 values: two AllReduces of the block's output (8 tokens x 16) each way.
+    assert layers[1]["split"][0]["fwd_allreduce_bytes_per_sample"] == 2 * 8 * 16 * 4
+    assert [d["count"] for d in layers[0]["split"][0]["divides"]] == [32]
+    # The planner's checks take a plan splitting every layer in two on it.
+    plan = _hand_plan(out, "1x8-pcie", 8, 2, 2, tmp_path)
+    result = dapple("estimate", "--plan", plan, "--profile", out, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["estimate"]["iteration_ms"] > 0

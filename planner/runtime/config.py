@@ -119,6 +119,29 @@ def check_layer_count(layout: Layout, n_layers: int, model: str = "the model") -
         raise IncompatibleInputsError(f"the plan's stages end at layer {end}, {model} has {n_layers} layers")
 
 
+def check_split_layers(layout: Layout, layers: list, model: str = "the model") -> None:
+    """Every layer of a split stage (t > 1) declares how it splits
+    (``split_patterns``, ``shard``: see ``tensor_parallel.py``) in a pattern
+    t can split. A stage whose layers split only in part would run the
+    others data parallel over all its GPUs with a bridge (Whale's collocated
+    hybrid), which the runtime does not run: refused by the plan's field."""
+    for i, stage in enumerate(layout.stages):
+        t = stage.tensor_parallel
+        for index in range(stage.layer_start, stage.layer_end) if t > 1 else ():
+            layer = layers[index]
+            patterns = getattr(layer, "split_patterns", None) or []
+            if not patterns or not callable(getattr(layer, "shard", None)):
+                raise IncompatibleInputsError(
+                    f"field stages[{i}].tensor_parallel: value {t}: layer {index} of {model} declares no split "
+                    f"pattern, and dapple run splits a stage only when all its layers split (no collocated "
+                    f"data-parallel layers beside split ones)")
+            if not any(all(d["count"] % t == 0 for d in p.get("divides", [])) for p in patterns):
+                counts = ", ".join(f"{d['count']} {d['what']}" for p in patterns for d in p.get("divides", []))
+                raise IncompatibleInputsError(
+                    f"field stages[{i}].tensor_parallel: value {t} cannot split layer {index} of {model} "
+                    f"(its shards divide {counts})")
+
+
 @dataclass
 class Job:
     """Everything a rank needs to train: picklable, handed to launched

@@ -12,14 +12,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .training import layers_of, prefixed_state
+from .tensor_parallel import full_state
+from .training import layers_of
 
 
 def evaluate(ctx, job, step: int) -> dict[str, Any] | None:
     """``{"step", "loss", "accuracy"}`` of the model after ``step`` steps,
     on rank 0 (None elsewhere): replica 0 of every stage sends its layers'
     state to rank 0, which loads them into a fresh build of the model."""
-    state = prefixed_state(ctx.layers, ctx.layer_range[0]) if ctx.replica == 0 else {}
+    state = full_state(ctx.layers, ctx.layer_range[0])  # every shard of a split group gathers
+    state = state if ctx.replica == 0 and ctx.shard == 0 else {}
     gathered: list[Any] | None = [None] * dist.get_world_size() if ctx.rank == 0 else None
     dist.gather_object(state, gathered, dst=0)
     if ctx.rank != 0:

@@ -75,7 +75,7 @@ class Executor:
     def run(self, passes: Sequence[_core.Pass], first_step: int, trace: list[str] | None = None) -> ListRun:
         ctx = self.ctx
         if self.config.schedule is None:
-            self.mode: Any = KeptGraph(ctx, self.config.recompute)
+            self.mode: Any = KeptGraph(ctx, ctx.recompute)
         else:
             self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches)
         self.first_step, self.trace, self.updates = first_step, trace, 0
@@ -116,7 +116,8 @@ class Executor:
     def _loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
         c = self.config
         n = self.ctx.hi - self.ctx.lo
-        return scaled_loss(c.loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
+        loss_fn = self.ctx.loss_fn or c.loss_fn
+        return scaled_loss(loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
 
     def _timed_pass(self, work, p: _core.Pass) -> None:
         self._traced(p.action)
@@ -136,8 +137,9 @@ class Executor:
         out = self.mode.forward(p, x)
         if ctx.last:
             out = self._loss(out, p)
-            losses = self.result.losses
-            losses[p.mini_batch] = losses.get(p.mini_batch, 0.0) + float(out.detach())
+            if ctx.shard == 0:  # every shard of a split replica has the same loss: count it once
+                losses = self.result.losses
+                losses[p.mini_batch] = losses.get(p.mini_batch, 0.0) + float(out.detach())
         else:
             ctx.links.send_output(out, t)
         self.mode.keep(p, x, out)

@@ -3,11 +3,14 @@
 ``planner._core.RunLayout``): no torch here, and no rule of its own.
 
 One process (rank) per device the plan uses: rank r runs on the r-th used
-device id in ascending order and holds one replica of one stage. A
-micro-batch entering a stage of R replicas is split into R contiguous slices
-(the split the cost model prices), replica j taking the j-th; between two
-stages every sender sends each receiver exactly the samples their slices
-share, and gradients go back the same way.
+device id in ascending order and holds one replica of one stage, or one
+shard of a replica when the stage splits (``tensor_parallel`` t: each
+replica's t ranks are its split group, the ranks of one shard over all
+replicas a replica group). A micro-batch entering a stage of R replicas is
+split into R contiguous slices (the split the cost model prices), replica j
+taking the j-th; between two stages every sender sends each receiver
+exactly the samples their slices share, and gradients go back the same way
+(each shard of a split sender gets its output's gradient once).
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ class Layout:
 
     @property
     def stage_ranks(self) -> list[list[int]]:
-        """Ranks of each stage, by replica index."""
+        """Ranks of each stage, in the order of its devices (replica j's
+        shards together)."""
         return [[r.rank for r in s.replicas] for s in self.stages]
 
     @property

@@ -27,7 +27,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import _core
 from ..errors import InvalidInputError
+from .tensor_parallel import ShardedBlock, ShardedEmbedding, ShardedLMHead, SplitGroup
 
 __all__ = ["ModelSpec", "load_model", "gpt", "bert", "vgg", "hf_gpt2", "digits", "TransformerBlock"]
 
@@ -214,6 +216,11 @@ class TransformerBlock(nn.Module):
         x = self.ln1(x + self._attend(x))
         return self.ln2(x + self.mlp(x))
 
+    def shard(self, split: SplitGroup) -> nn.Module:
+        """Megatron-LM's split of the block (``split_patterns``, where the
+        model declares them: "megatron-block")."""
+        return ShardedBlock(self, split)
+
 
 class _TokenEmbedding(nn.Module):
     """Token + learned position embeddings (+ LayerNorm for BERT)."""
@@ -228,6 +235,10 @@ class _TokenEmbedding(nn.Module):
         positions = torch.arange(ids.shape[1], device=ids.device)
         return self.norm(self.tok(ids) + self.pos(positions))
 
+    def shard(self, split: SplitGroup) -> nn.Module:
+        """The token embedding split over the vocabulary."""
+        return ShardedEmbedding(self, split)
+
 
 class _LMHead(nn.Module):
     def __init__(self, d_model: int, vocab: int):
@@ -237,6 +248,11 @@ class _LMHead(nn.Module):
 
     def forward(self, x):
         return self.proj(self.ln(x))
+
+    def shard(self, split: SplitGroup) -> nn.Module:
+        """The projection split over the vocabulary, with a distributed
+        softmax in its loss (SP1)."""
+        return ShardedLMHead(self, split)
 
 
 class _Transformer(nn.Module):
@@ -300,6 +316,16 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
         emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
         blocks = [TransformerBlock(d_model, n_heads, seq, causal=True, pre_ln=True) for _ in range(n_layers)]
         head = _LMHead(d_model, vocab)
+    # How each layer splits (the profile's ``split``), as the core works it
+    # out for analytic transformer profiles, at this model's fp32 values and
+    # its own vocabulary: what `dapple profile model` writes, and what
+    # `dapple run` checks a split stage against.
+    splits = _core.transformer_splits(hidden=d_model, ffn=4 * d_model, heads=n_heads, vocabulary=vocab,
+                                      positions=seq, seq_len=seq, value_bytes=4.0)
+    emb.split_patterns = [splits["embedding"]]
+    for block in blocks:
+        block.split_patterns = [splits["block"]]
+    head.split_patterns = [splits["lm_head"]]
     config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
     return _language_model(emb, blocks, head, f"gpt-{n_layers}x{d_model}", config)
 

@@ -1,8 +1,10 @@
-"""One rank once its process group is up: its stage's layers and optimizer
-(built afresh or resumed from a checkpoint), its process group, its peers
-and its transport (:class:`RankSetup`, made by :func:`open_rank`), and the
-collectives on them: the gradient AllReduce among a stage's replicas and
-the checkpoint every rank saves."""
+"""One rank once its process group is up: its stage's layers (sharded over
+its split group when the stage splits) and optimizer (ZeRO-1 over its
+replica group when the stage shards it; built afresh or resumed from a
+checkpoint), its process groups, its peers and its transport
+(:class:`RankSetup`, made by :func:`open_rank`), and the collectives on
+them: the gradient AllReduce among a stage's replicas and the checkpoint
+every rank saves."""
 
 from __future__ import annotations
 
@@ -10,16 +12,17 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import Job, check_layer_count
+from .config import Job, check_layer_count, check_split_layers
 from .data import SeededBatches
 from .memory import PeakMemory
-from .training import layers_of, make_optimizer
+from .tensor_parallel import SplitGroup, shard_layers
+from .training import layers_of, make_optimizer, make_sharded_optimizer
 from .transport import PointToPoint, StageLinks
 
 
@@ -69,6 +72,8 @@ class RankSetup:
     rank: int
     stage: int
     replica: int
+    #: This rank's shard of its replica (0 when the stage does not split).
+    shard: int
     first: bool
     last: bool
     layer_range: tuple[int, int]
@@ -77,8 +82,11 @@ class RankSetup:
     module: nn.Module
     params: list[nn.Parameter]
     opt: Any
-    #: The stage's process group (None for a stage of one replica).
+    #: The ranks holding this rank's shard in every replica of the stage:
+    #: its gradient AllReduce (and ZeRO-1) group; None for one replica.
     group: Any
+    #: The ranks this rank's layers are sharded over (None: not split).
+    split: SplitGroup | None
     comm: PointToPoint
     links: StageLinks
     #: Samples [lo, hi) of every micro-batch this replica computes.
@@ -86,6 +94,12 @@ class RankSetup:
     hi: int
     meter: PeakMemory
     slow: float
+    #: The backward re-runs the stage's forward (the stage's recompute,
+    #: or ``--recompute``).
+    recompute: bool = False
+    #: The loss of a split last stage, from its shard of the logits (the
+    #: head's distributed softmax); None: the run's loss function.
+    loss_fn: Callable | None = None
     #: Saved state beyond the model and the optimizer, from the checkpoint
     #: resumed (None when starting afresh).
     resumed: dict | None = None
@@ -129,7 +143,7 @@ class RankSetup:
             "stage": self.stage,
             "layer_range": list(self.layer_range),
             "model": self.module.state_dict(),
-            "optimizer": self.opt.state_dict() if self.opt is not None else None,
+            "optimizer": optimizer_state(self.opt),
             **extra,
         })
         dist.barrier()  # every rank's file is on disk
@@ -152,39 +166,92 @@ def _resume(module: nn.Module, opt, job: Job, rank: int, layer_range: tuple[int,
         )
     module.load_state_dict(resumed["model"])
     if opt is not None:
-        opt.load_state_dict(resumed["optimizer"])
+        local_optimizer(opt).load_state_dict(resumed["optimizer"])
     return resumed
+
+
+def local_optimizer(opt):
+    """The optimizer this rank steps: under ZeRO-1 the one over its part of
+    the parameters, whose state each rank saves and loads as its own (the
+    partition is the same in every run of the plan), so checkpoints need no
+    gathering."""
+    return getattr(opt, "optim", opt)
+
+
+def optimizer_state(opt) -> dict | None:
+    return local_optimizer(opt).state_dict() if opt is not None else None
+
+
+def _process_groups(lay, rank: int) -> tuple[Any, SplitGroup | None]:
+    """Every stage's replica groups, then its split groups, made by every
+    rank in that order (``new_group`` is collective); this rank's replica
+    group and split group."""
+    replica_group = split = None
+    for stage in lay.stages:
+        for ranks in stage.replica_groups:
+            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            if rank in ranks:
+                replica_group = group
+        for ranks in stage.split_groups:
+            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            if rank in ranks and group is not None:
+                split = SplitGroup(group, list(ranks).index(rank), len(ranks))
+    return replica_group, split
+
+
+def _stage_layers(job: Job, rank: int, split: SplitGroup | None) -> tuple[list[nn.Module], Callable | None]:
+    """This rank's layers of its stage (its shards of them when the stage
+    splits), and the loss of a split last stage."""
+    lay, config = job.layout, job.config
+    stage, _ = lay.where(rank)
+    a, b = lay.layer_ranges[stage]
+    made = config.layers_factory()
+    all_layers = layers_of(made)
+    if isinstance(config.batches, SeededBatches):
+        config.batches.use_maker(getattr(made, "make_batch", None))
+    check_layer_count(lay, len(all_layers))
+    check_split_layers(lay, all_layers)
+    layers = all_layers[a:b]
+    del all_layers, made  # the other stages' layers are not this rank's to keep
+    if split is None:
+        return layers, None
+    layers = shard_layers(layers, split)
+    if stage == len(lay.stages) - 1:
+        loss = getattr(layers[-1], "parallel_loss", None)
+        if loss is None:
+            raise ValueError(f"stages[{stage}].tensor_parallel: the last layer's shard has no parallel_loss")
+        return layers, loss
+    return layers, None
 
 
 def open_rank(rank: int, job: Job) -> RankSetup:
     """Build this rank's stage (from the checkpoint when resuming), its
     process groups and its peers; the process group must be up."""
     lay, config = job.layout, job.config
-    stage, replica = lay.where(rank)
-    me = lay.stages[stage].replicas[replica]
+    stage, position = lay.where(rank)
+    stage_layout = lay.stages[stage]
+    me = stage_layout.replicas[position]
     a, b = lay.layer_ranges[stage]
 
     torch.manual_seed(config.seed)
-    made = config.layers_factory()
-    all_layers = layers_of(made)
-    if isinstance(config.batches, SeededBatches):
-        config.batches.use_maker(getattr(made, "make_batch", None))
-    check_layer_count(lay, len(all_layers))
-    layers = all_layers[a:b]
-    del all_layers, made  # the other stages' layers are not this rank's to keep
+    replica_group, split = _process_groups(lay, rank)
+    layers, loss_fn = _stage_layers(job, rank, split)
     dev = rank_device(config.device, rank)
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = make_optimizer(params, config.optimizer, config.lr)
+    if stage_layout.shard_optimizer and replica_group is not None:
+        opt = make_sharded_optimizer(params, config.optimizer, config.lr, replica_group)
+    else:
+        opt = make_optimizer(params, config.optimizer, config.lr)
     resumed = _resume(module, opt, job, rank, (a, b))
-
-    # Process groups: created by every rank, in stage order.
-    groups = [dist.new_group(ranks) if len(ranks) > 1 else None for ranks in lay.stage_ranks]
     comm = PointToPoint(dev)
+    peers = [[(p.rank, (p.start, p.end)) for p in side]
+             for side in (me.receives_from, me.sends_to, me.gradients_to, me.gradients_from)]
     return RankSetup(
         rank=rank,
         stage=stage,
-        replica=replica,
+        replica=me.replica,
+        shard=me.shard,
         first=stage == 0,
         last=stage == len(lay.stages) - 1,
         layer_range=(a, b),
@@ -193,15 +260,17 @@ def open_rank(rank: int, job: Job) -> RankSetup:
         module=module,
         params=params,
         opt=opt,
-        group=groups[stage],
+        group=replica_group,
+        split=split,
         comm=comm,
-        links=StageLinks(comm, [(p.rank, (p.start, p.end)) for p in me.receives_from],
-                         [(p.rank, (p.start, p.end)) for p in me.sends_to], me.start),
+        links=StageLinks(comm, peers[0], peers[1], me.start, grads_to=peers[2], grads_from=peers[3]),
         lo=me.start,
         hi=me.end,
         # The peak of the training iterations, from the size after the stage
         # and its optimizer were built (Adam's state arrives with the first step).
         meter=PeakMemory(cuda=dev.type == "cuda"),
         slow=config.slowdown.get(rank, 1.0),
+        recompute=config.recompute or stage_layout.recompute,
+        loss_fn=loss_fn,
         resumed=resumed,
     )

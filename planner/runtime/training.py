@@ -38,6 +38,22 @@ def make_optimizer(params, optimizer: str, lr: float):
     return getattr(torch.optim, cls)(params, lr=lr, **kwargs) if params else None
 
 
+def make_sharded_optimizer(params, optimizer: str, lr: float, group):
+    """ZeRO-1: the optimizer named ``optimizer`` with its state sharded over
+    the ranks of ``group`` (``ZeroRedundancyOptimizer``: each rank steps
+    its part of the parameters and broadcasts it); None without parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from .optimizers import OPTIMIZERS
+
+    params = list(params)
+    cls, kwargs = OPTIMIZERS[optimizer]
+    if not params:
+        return None
+    return ZeroRedundancyOptimizer(params, optimizer_class=getattr(torch.optim, cls), process_group=group, lr=lr,
+                                   **kwargs)
+
+
 def scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str):
     """The loss of a slice of ``n`` samples, scaled so that the slices'
     gradients add up to the gradient of the mean loss over ``gbs`` samples."""

@@ -78,16 +78,24 @@ class StageLinks:
     and come from, which rank (the core's layout), over ``comm``.
 
     ``prev`` and ``nxt``: ``(rank, (start, end))`` of each peer of the
-    previous and the next stage; ``lo``: the first sample of this replica's
-    slice, so a peer's samples ``[start, end)`` are rows ``start - lo ..
-    end - lo`` of this replica's tensors."""
+    previous and the next stage the input comes from and the output goes
+    to; ``lo``: the first sample of this replica's slice, so a peer's
+    samples ``[start, end)`` are rows ``start - lo .. end - lo`` of this
+    replica's tensors. ``grads_to`` and ``grads_from``: the peers the
+    input's gradient goes to and the output's comes from, where they differ
+    (a split stage's shards all get the same input, but each sender needs
+    its output's gradient once); by default ``prev`` and ``nxt``."""
 
     def __init__(self, comm: PointToPoint, prev: list[tuple[int, tuple[int, int]]],
-                 nxt: list[tuple[int, tuple[int, int]]], lo: int):
+                 nxt: list[tuple[int, tuple[int, int]]], lo: int,
+                 grads_to: list[tuple[int, tuple[int, int]]] | None = None,
+                 grads_from: list[tuple[int, tuple[int, int]]] | None = None):
         self.comm = comm
         self.prev = prev
         self.nxt = nxt
         self.lo = lo
+        self.grads_to = prev if grads_to is None else grads_to
+        self.grads_from = nxt if grads_from is None else grads_from
 
     def receive_input(self, micro_batch: int) -> torch.Tensor:
         """This replica's input of ``micro_batch``: the previous stage's
@@ -103,12 +111,12 @@ class StageLinks:
         """The gradient of ``out`` (this replica's output of ``micro_batch``),
         gathered from the next stage's ranks."""
         grad = torch.empty_like(out)
-        for src, (s0, s1) in self.nxt:
+        for src, (s0, s1) in self.grads_from:
             piece = torch.empty_like(out[s0 - self.lo : s1 - self.lo])
             self.comm.recv_into(piece, src, micro_batch, True)
             grad[s0 - self.lo : s1 - self.lo] = piece
         return grad
 
     def send_input_grad(self, grad: torch.Tensor, micro_batch: int) -> None:
-        for dst, (s0, s1) in self.prev:
+        for dst, (s0, s1) in self.grads_to:
             self.comm.send(grad[s0 - self.lo : s1 - self.lo], dst, micro_batch, True, header=False)

@@ -32,7 +32,7 @@ from .evaluation import eval_line, evaluate
 from .executor import Executor
 from .prediction import PREDICTORS
 from .rank import RankSetup, log_line, open_rank
-from .training import prefixed_state
+from .tensor_parallel import full_state
 
 PHASES = ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
 
@@ -186,5 +186,6 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
         if config.checkpoint_dir and config.checkpoint_every and b % config.checkpoint_every == 0:
             ctx.save_checkpoint(config.checkpoint_dir, b, **loop.checkpoint_state())
         aside_s += time.perf_counter() - t_aside
-    return {"state": prefixed_state(ctx.layers, ctx.layer_range[0]), "trace": trace, "peak_in_flight": loop.peak,
+    # A split stage's shards gathered back: every rank's result is whole layers.
+    return {"state": full_state(ctx.layers, ctx.layer_range[0]), "trace": trace, "peak_in_flight": loop.peak,
             "metrics": loop.metrics(evaluations, aside_s)}

@@ -2,7 +2,9 @@
 //! (`planner/runtime/`) executes this and decides nothing of its own.
 //!
 //! One process (rank) per device the plan uses; rank r runs on the r-th
-//! used device id in ascending order and holds one replica of one stage.
+//! used device id in ascending order and holds one replica of one stage, or
+//! at split degree t one shard of a replica of t ranks (t consecutive
+//! devices of the stage's list).
 //! A micro-batch entering a stage of R replicas is split by the stage's own
 //! `slices` (uneven, for mixed GPUs) or else evenly by `cost::slice_ranges`:
 //! the split the cost model prices; replica j takes the j-th range. Between two stages every sender sends each receiver
@@ -13,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
 use crate::schedule::Action;
@@ -27,27 +29,51 @@ pub struct Peer {
     pub end: u32,
 }
 
+/// One rank of a stage: shard `shard` of replica `replica` (shard 0 of
+/// its own replica when the stage does not split).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaLayout {
     pub rank: u32,
+    /// The replica this rank computes a shard of, and which shard.
+    pub replica: u32,
+    pub shard: u32,
     /// Samples `[start, end)` of every micro-batch this replica computes.
     pub start: u32,
     pub end: u32,
-    /// Ranks of the previous stage this replica's input comes from, in order.
+    /// Ranks of the previous stage this rank's input comes from, in order.
     pub receives_from: Vec<Peer>,
     /// Ranks of the next stage its output goes to, in order.
     pub sends_to: Vec<Peer>,
+    /// Ranks of the previous stage it sends its input's gradient to: every
+    /// shard there needs its output's gradient once, while several shards
+    /// here may have received the same input.
+    pub gradients_to: Vec<Peer>,
+    /// Ranks of the next stage its output's gradient comes from.
+    pub gradients_from: Vec<Peer>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageLayout {
     pub layer_start: usize,
     pub layer_end: usize,
-    /// By replica index.
+    /// One entry per rank, in the order of the stage's devices: replica j's
+    /// shards are entries `j * t .. (j + 1) * t`.
     pub replicas: Vec<ReplicaLayout>,
     /// The stage's actions: forwards and backwards (written `F3`, `B2`),
     /// then the AllReduce and the optimizer step (`AR`, `OPT`).
     pub actions: Vec<Action>,
+    /// Split degree t: the GPUs each replica's layers are sharded over.
+    pub tensor_parallel: u32,
+    /// ZeRO-1: optimizer state sharded over each replica group.
+    pub shard_optimizer: bool,
+    /// The backward re-runs the stage's forward (only its input is kept).
+    pub recompute: bool,
+    /// Ranks of each replica's shards (t consecutive devices of the stage,
+    /// as `plan::check` checks them), by replica.
+    pub split_groups: Vec<Vec<u32>>,
+    /// Ranks holding the same shard in every replica, by shard: the
+    /// gradient AllReduce and ZeRO-1 run over these.
+    pub replica_groups: Vec<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,96 +85,143 @@ pub struct RunLayout {
     pub stages: Vec<StageLayout>,
 }
 
-/// The runtime runs every stage plain: a split, sharded or re-computed
-/// stage is refused by name rather than run as a plain one.
-fn check_plain_stages(plan: &Plan) -> Result<()> {
-    for (i, s) in plan.stages.iter().enumerate() {
-        if s.shape().is_plain() {
-            continue;
-        }
-        let (field, value) = if s.tensor_parallel > 1 {
-            ("tensor_parallel", s.tensor_parallel.to_string())
-        } else if s.shard_optimizer {
-            ("shard_optimizer", "true".to_string())
-        } else {
-            ("recompute", s.recompute.name().to_string())
-        };
-        let mut e = Error::incompatible(format!(
-            "value {value}: dapple run runs plain stages only so far (no split, ZeRO-1 or per-stage \
-             re-computation; `--recompute` re-computes every stage); cost such a plan with dapple estimate"
-        ));
-        e.field = Some(format!("stages[{i}].{field}"));
-        return Err(e);
+/// One rank of a stage while the layout is built: its rank, replica,
+/// shard and samples.
+#[derive(Clone, Copy)]
+struct Slot {
+    rank: u32,
+    replica: u32,
+    shard: u32,
+    range: (u32, u32),
+}
+
+/// The ranks of each stage, with their replica, shard and samples: a
+/// micro-batch is split over the G / t replicas (by the stage's own slices,
+/// else evenly), and every shard of a replica takes the replica's samples.
+fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
+    plan.stages
+        .iter()
+        .map(|s| {
+            let t = s.tensor_parallel.max(1);
+            let ranges = match &s.slices {
+                Some(sizes) => ranges_of(sizes),
+                None => slice_ranges(plan.micro_batch_size, s.devices.len() as u32 / t),
+            };
+            s.devices
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| Slot {
+                    rank: rank_of(d),
+                    replica: i as u32 / t,
+                    shard: i as u32 % t,
+                    range: ranges[i / t as usize],
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The samples `range` shares with each rank of `other` that `links` to
+/// (by that rank's shard), in the other stage's order.
+fn peers(other: &[Slot], (start, end): (u32, u32), links: impl Fn(u32) -> bool) -> Vec<Peer> {
+    other
+        .iter()
+        .filter(|o| links(o.shard))
+        .filter_map(|o| {
+            let (lo, hi) = (o.range.0.max(start), o.range.1.min(end));
+            (lo < hi).then_some(Peer {
+                rank: o.rank,
+                start: lo,
+                end: hi,
+            })
+        })
+        .collect()
+}
+
+/// Rank `me` of stage `i`: between a sender stage of split degree `ts` and
+/// a receiver of `tr`, receiver shard b takes its input from sender shard
+/// b mod ts, and sender shard a its output's gradient from receiver shard
+/// a mod tr (all shards of a replica hold the same input and output).
+fn replica_layout(slots: &[Vec<Slot>], t: &[u32], i: usize, me: Slot) -> ReplicaLayout {
+    let (none, last) = (Vec::new(), slots.len() - 1);
+    let prev = if i > 0 { &slots[i - 1] } else { &none };
+    let next = if i < last { &slots[i + 1] } else { &none };
+    let t_prev = if i > 0 { t[i - 1] } else { 1 };
+    let t_next = if i < last { t[i + 1] } else { 1 };
+    ReplicaLayout {
+        rank: me.rank,
+        replica: me.replica,
+        shard: me.shard,
+        start: me.range.0,
+        end: me.range.1,
+        receives_from: peers(prev, me.range, |a| a == me.shard % t_prev),
+        sends_to: peers(next, me.range, |b| b % t[i] == me.shard),
+        gradients_to: peers(prev, me.range, |a| a % t[i] == me.shard),
+        gradients_from: peers(next, me.range, |b| b == me.shard % t_next),
     }
-    Ok(())
+}
+
+/// Stage `i`'s split groups (by replica) and replica groups (by shard).
+fn groups_of(stage: &[Slot], t: u32) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let split = stage
+        .chunks(t as usize)
+        .map(|g| g.iter().map(|s| s.rank).collect())
+        .collect();
+    let replica = (0..t)
+        .map(|k| {
+            stage
+                .iter()
+                .filter(|s| s.shard == k)
+                .map(|s| s.rank)
+                .collect()
+        })
+        .collect();
+    (split, replica)
 }
 
 impl RunLayout {
     /// The layout of a plan, after checking that its stages can run
-    /// (`plan::check_layout`; the layer count is checked against the model).
+    /// (`plan::check_layout`; the layer count, and which layers of a split
+    /// stage the model can split, are the runtime's to check against the
+    /// model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
-        check_plain_stages(plan)?;
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
         devices.sort_unstable();
         let rank_of = |device: u32| devices.binary_search(&device).expect("a used device") as u32;
-        let mbs = plan.micro_batch_size;
-        let ranges: Vec<Vec<(u32, u32)>> = plan
+        let slots = slots_of(plan, rank_of);
+        let t: Vec<u32> = plan
             .stages
             .iter()
-            .map(|s| match &s.slices {
-                Some(sizes) => ranges_of(sizes),
-                None => slice_ranges(mbs, s.devices.len() as u32),
-            })
+            .map(|s| s.tensor_parallel.max(1))
             .collect();
-        // The samples `(start, end)` shares with each replica of stage `other`.
-        let peers = |other: usize, (start, end): (u32, u32)| -> Vec<Peer> {
-            plan.stages[other]
-                .devices
-                .iter()
-                .zip(&ranges[other])
-                .filter_map(|(&d, &(a, b))| {
-                    let (lo, hi) = (a.max(start), b.min(end));
-                    (lo < hi).then(|| Peer {
-                        rank: rank_of(d),
-                        start: lo,
-                        end: hi,
-                    })
-                })
-                .collect()
-        };
         // One mini-batch: an asynchronous run's lists come from `plan_schedule_over`.
         let schedule = plan_schedule_over(plan, None, 1)?;
-        let last = plan.stages.len() - 1;
         let stages = plan
             .stages
             .iter()
             .enumerate()
-            .map(|(i, s)| StageLayout {
-                layer_start: s.layer_start,
-                layer_end: s.layer_end,
-                replicas: s
-                    .devices
-                    .iter()
-                    .zip(&ranges[i])
-                    .map(|(&d, &range)| ReplicaLayout {
-                        rank: rank_of(d),
-                        start: range.0,
-                        end: range.1,
-                        receives_from: if i > 0 { peers(i - 1, range) } else { vec![] },
-                        sends_to: if i < last {
-                            peers(i + 1, range)
-                        } else {
-                            vec![]
-                        },
-                    })
-                    .collect(),
-                actions: schedule.stages[i].actions.clone(),
+            .map(|(i, s)| {
+                let (split_groups, replica_groups) = groups_of(&slots[i], t[i]);
+                StageLayout {
+                    layer_start: s.layer_start,
+                    layer_end: s.layer_end,
+                    replicas: slots[i]
+                        .iter()
+                        .map(|&me| replica_layout(&slots, &t, i, me))
+                        .collect(),
+                    actions: schedule.stages[i].actions.clone(),
+                    tensor_parallel: t[i],
+                    shard_optimizer: s.shard_optimizer,
+                    recompute: !s.recompute.is_none(),
+                    split_groups,
+                    replica_groups,
+                }
             })
             .collect();
         Ok(RunLayout {
             devices,
-            micro_batch_size: mbs,
+            micro_batch_size: plan.micro_batch_size,
             micro_batches: plan.micro_batches,
             stages,
         })
@@ -219,24 +292,81 @@ mod tests {
     }
 
     #[test]
-    fn a_shaped_stage_is_refused_by_name_not_run_plain() {
+    fn a_split_stage_lays_out_its_groups_and_each_shard_its_peers() {
         use crate::shape::Recompute;
-        let shaped = |stage: &mut Stage| stage.recompute = Recompute::Full;
-        let mut p = plan(4, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3])]);
-        assert!(RunLayout::of(&p).is_ok());
-        shaped(&mut p.stages[1]);
-        let e = RunLayout::of(&p).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("stages[1].recompute"));
-        assert_eq!(e.kind, crate::ErrorKind::Incompatible);
-        p.stages[1].recompute = Recompute::None;
-        p.stages[0].tensor_parallel = 2;
-        let e = RunLayout::of(&p).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("stages[0].tensor_parallel"));
-        assert!(
-            e.message
-                .starts_with("value 2: dapple run runs plain stages only"),
-            "{e}"
+        // Stage 0 on device 0 feeds stage 1: two replicas of two shards.
+        let mut p = plan(4, 2, &[(0, 2, &[0]), (2, 5, &[1, 2, 3, 4])]);
+        p.stages[1].tensor_parallel = 2;
+        p.stages[1].shard_optimizer = true;
+        p.stages[0].recompute = Recompute::Full;
+        let lay = RunLayout::of(&p).unwrap();
+        let (first, second) = (&lay.stages[0], &lay.stages[1]);
+        assert_eq!(
+            (
+                first.tensor_parallel,
+                first.recompute,
+                first.shard_optimizer
+            ),
+            (1, true, false)
         );
+        assert_eq!(
+            (
+                second.tensor_parallel,
+                second.recompute,
+                second.shard_optimizer
+            ),
+            (2, false, true)
+        );
+        assert_eq!(second.split_groups, vec![vec![1, 2], vec![3, 4]]);
+        assert_eq!(second.replica_groups, vec![vec![1, 3], vec![2, 4]]);
+        assert_eq!(first.split_groups, vec![vec![0]]);
+        let at = |r: &ReplicaLayout| (r.replica, r.shard, r.start, r.end);
+        let places: Vec<_> = second.replicas.iter().map(at).collect();
+        assert_eq!(
+            places,
+            [(0, 0, 0, 2), (0, 1, 0, 2), (1, 0, 2, 4), (1, 1, 2, 4)]
+        );
+        let peer = |rank, start, end| Peer { rank, start, end };
+        // Every shard gets the input; one shard of each replica sends the gradient back.
+        let sender = &first.replicas[0];
+        assert_eq!(
+            sender.sends_to,
+            vec![peer(1, 0, 2), peer(2, 0, 2), peer(3, 2, 4), peer(4, 2, 4)]
+        );
+        assert_eq!(sender.gradients_from, vec![peer(1, 0, 2), peer(3, 2, 4)]);
+        assert_eq!(second.replicas[1].receives_from, vec![peer(0, 0, 2)]);
+        assert!(second.replicas[1].gradients_to.is_empty());
+        assert_eq!(second.replicas[2].gradients_to, vec![peer(0, 2, 4)]);
+    }
+
+    #[test]
+    fn every_shard_of_a_split_sender_gets_its_outputs_gradient() {
+        let mut p = plan(2, 2, &[(0, 2, &[0, 1]), (2, 5, &[2])]);
+        p.stages[0].tensor_parallel = 2;
+        let lay = RunLayout::of(&p).unwrap();
+        let peer = |rank, start, end| Peer { rank, start, end };
+        let (shard0, shard1) = (&lay.stages[0].replicas[0], &lay.stages[0].replicas[1]);
+        assert_eq!(
+            (shard0.sends_to.clone(), shard1.sends_to.clone()),
+            (vec![peer(2, 0, 2)], vec![])
+        );
+        assert_eq!(shard1.gradients_from, vec![peer(2, 0, 2)]);
+        let receiver = &lay.stages[1].replicas[0];
+        assert_eq!(receiver.receives_from, vec![peer(0, 0, 2)]);
+        assert_eq!(receiver.gradients_to, vec![peer(0, 0, 2), peer(1, 0, 2)]);
+        assert_eq!(lay.stages[1].replica_groups, vec![vec![2]]);
+    }
+
+    #[test]
+    fn an_asynchronous_plan_takes_plain_stages_only() {
+        let mut p = plan(4, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3])]);
+        p.schedule.kind = ScheduleKind::XPipe;
+        p.stages[0].warmup_micro_batches = 2;
+        p.stages[1].warmup_micro_batches = 1;
+        assert!(RunLayout::of(&p).is_ok(), "{:?}", RunLayout::of(&p));
+        p.stages[1].shard_optimizer = true;
+        let e = RunLayout::of(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[1].shard_optimizer"));
     }
 
     #[test]

@@ -231,19 +231,19 @@ impl TransformerConfig {
     /// split are Q, K and V, the attention output and its softmax
     /// statistics (flash attention keeps no s x s scores) and the MLP's
     /// inner activations.
-    fn block_stored_bytes(&self, s: f64) -> (f64, f64) {
+    fn block_stored_bytes(&self, s: f64, value_bytes: f64) -> (f64, f64) {
         let (h, f, kv, a) = (
             self.hidden as f64,
             self.ffn as f64,
             self.kv_hidden() as f64,
             self.heads as f64,
         );
-        let whole = 4.0 * s * h * BF16;
-        let attention = s * (h + 2.0 * kv) * BF16 + s * h * BF16 + s * a * FP32;
+        let whole = 4.0 * s * h * value_bytes;
+        let attention = s * (h + 2.0 * kv) * value_bytes + s * h * value_bytes + s * a * FP32;
         let mlp = if self.gated_mlp {
-            3.0 * s * f * BF16
+            3.0 * s * f * value_bytes
         } else {
-            2.0 * s * f * BF16
+            2.0 * s * f * value_bytes
         };
         (whole + attention + mlp, whole)
     }
@@ -339,6 +339,18 @@ struct LayerMaker<'a> {
 }
 
 impl LayerMaker<'_> {
+    /// The profile's patterns: bf16 activations, the vocabulary padded as
+    /// Megatron-LM pads it.
+    fn splits(&self) -> SplitMaker<'_> {
+        SplitMaker {
+            config: self.config,
+            s: self.s,
+            value_bytes: BF16,
+            vocabulary: self.config.padded_vocabulary(),
+            vocabulary_what: "vocabulary entries (padded to a multiple of 128)",
+        }
+    }
+
     /// A layer's measurements from its forward FLOPs, stored and output
     /// bytes per sample: linear in the batch, the backward twice the forward.
     fn measurements(&self, fwd_flops: f64, stored: f64, activation: f64) -> Vec<Measurement> {
@@ -357,13 +369,6 @@ impl LayerMaker<'_> {
             .collect()
     }
 
-    fn vocabulary_divisor(&self) -> Divisor {
-        divisor(
-            "vocabulary entries (padded to a multiple of 128)",
-            self.config.padded_vocabulary(),
-        )
-    }
-
     /// Token and (GPT) position embeddings; split over the vocabulary, each
     /// shard looks up its own rows and an AllReduce sums the output.
     fn embedding(&self) -> Layer {
@@ -378,14 +383,7 @@ impl LayerMaker<'_> {
             inputs: None,
             // A lookup: no FLOPs worth counting; it keeps the token ids.
             measurements: self.measurements(0.0, s * TOKEN_ID, s * h * BF16),
-            split: vec![SplitPattern {
-                name: "vocabulary-parallel embedding".into(),
-                divides: vec![self.vocabulary_divisor()],
-                fwd_allreduce_bytes_per_sample: s * h * BF16,
-                bwd_allreduce_bytes_per_sample: 0.0,
-                replicated_param_fraction: positions / (tokens + positions),
-                replicated_stored_fraction: 1.0,
-            }],
+            split: vec![self.splits().embedding()],
         }
     }
 
@@ -394,25 +392,15 @@ impl LayerMaker<'_> {
     fn block(&self, i: u64) -> Layer {
         let (config, s) = (self.config, self.s);
         let h = config.hidden as f64;
-        let (params, whole_params) = config.block_params();
-        let (stored, whole_stored) = config.block_stored_bytes(s);
+        let (params, _) = config.block_params();
+        let (stored, _) = config.block_stored_bytes(s, BF16);
         Layer {
             name: format!("block_{i}"),
             kind: Some(BLOCK_KIND.into()),
             param_bytes: (params * BF16) as u64,
             inputs: None,
             measurements: self.measurements(config.block_fwd_flops(s), stored, s * h * BF16),
-            split: vec![SplitPattern {
-                name: "megatron-block".into(),
-                divides: vec![
-                    divisor("attention heads", config.heads),
-                    divisor("KV heads", config.kv_heads),
-                ],
-                fwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
-                bwd_allreduce_bytes_per_sample: 2.0 * s * h * BF16,
-                replicated_param_fraction: whole_params / params,
-                replicated_stored_fraction: whole_stored / stored,
-            }],
+            split: vec![self.splits().block()],
         }
     }
 
@@ -438,15 +426,117 @@ impl LayerMaker<'_> {
                 whole_stored + logits,
                 s * FP32,
             ),
-            split: vec![SplitPattern {
-                name: "vocabulary-parallel head with distributed softmax (SP1)".into(),
-                divides: vec![self.vocabulary_divisor()],
-                fwd_allreduce_bytes_per_sample: 2.0 * s * FP32,
-                bwd_allreduce_bytes_per_sample: s * h * BF16,
-                replicated_param_fraction: norm / (norm + projection),
-                replicated_stored_fraction: whole_stored / (whole_stored + logits),
-            }],
+            split: vec![self.splits().lm_head()],
         }
+    }
+}
+
+/// The ways a transformer's layers split over t GPUs (what a profile's
+/// `split` lists): the embedding over the vocabulary, a block Megatron-LM's
+/// way, the LM head over the vocabulary with a distributed softmax (SP1).
+/// The one rule for both the analytic profiles (bf16, padded vocabulary)
+/// and a runtime model's (`transformer_splits`: its own value size and
+/// vocabulary, which is what its shards divide).
+struct SplitMaker<'a> {
+    config: &'a TransformerConfig,
+    /// Tokens per sample.
+    s: f64,
+    /// Bytes of one activation value (2 for bf16, 4 for fp32).
+    value_bytes: f64,
+    /// Vocabulary entries the embedding and the head are split over.
+    vocabulary: u64,
+    vocabulary_what: &'a str,
+}
+
+impl SplitMaker<'_> {
+    fn vocabulary_divisor(&self) -> Divisor {
+        divisor(self.vocabulary_what, self.vocabulary)
+    }
+
+    /// Each shard looks up its own rows of the token embedding (the
+    /// position embedding is replicated) and an AllReduce sums the output.
+    fn embedding(&self) -> SplitPattern {
+        let h = self.config.hidden as f64;
+        let tokens = self.vocabulary as f64 * h;
+        let positions = self.config.positions.map_or(0.0, |p| p as f64 * h);
+        SplitPattern {
+            name: "vocabulary-parallel embedding".into(),
+            divides: vec![self.vocabulary_divisor()],
+            fwd_allreduce_bytes_per_sample: self.s * h * self.value_bytes,
+            bwd_allreduce_bytes_per_sample: 0.0,
+            replicated_param_fraction: positions / (tokens + positions),
+            replicated_stored_fraction: 1.0,
+        }
+    }
+
+    /// Attention heads and MLP columns, then rows: an AllReduce of the
+    /// block's output after each (2 forward, 2 backward).
+    fn block(&self) -> SplitPattern {
+        let (config, s) = (self.config, self.s);
+        let h = config.hidden as f64;
+        let (params, whole_params) = config.block_params();
+        let (stored, whole_stored) = config.block_stored_bytes(s, self.value_bytes);
+        SplitPattern {
+            name: "megatron-block".into(),
+            divides: vec![
+                divisor("attention heads", config.heads),
+                divisor("KV heads", config.kv_heads),
+            ],
+            fwd_allreduce_bytes_per_sample: 2.0 * s * h * self.value_bytes,
+            bwd_allreduce_bytes_per_sample: 2.0 * s * h * self.value_bytes,
+            replicated_param_fraction: whole_params / params,
+            replicated_stored_fraction: whole_stored / stored,
+        }
+    }
+
+    /// Forward, each token's maximum and sum are reduced (two fp32
+    /// numbers); backward, the input's gradient. The logits are kept in
+    /// fp32 for the loss.
+    fn lm_head(&self) -> SplitPattern {
+        let (config, s) = (self.config, self.s);
+        let h = config.hidden as f64;
+        let norm = if config.biases { 2.0 * h } else { h };
+        let projection = self.vocabulary as f64 * h;
+        let whole_stored = 2.0 * s * h * self.value_bytes;
+        let logits = s * self.vocabulary as f64 * FP32;
+        SplitPattern {
+            name: "vocabulary-parallel head with distributed softmax (SP1)".into(),
+            divides: vec![self.vocabulary_divisor()],
+            fwd_allreduce_bytes_per_sample: 2.0 * s * FP32,
+            bwd_allreduce_bytes_per_sample: s * h * self.value_bytes,
+            replicated_param_fraction: norm / (norm + projection),
+            replicated_stored_fraction: whole_stored / (whole_stored + logits),
+        }
+    }
+}
+
+/// The sharding patterns of a model's embedding, each block and LM head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerSplits {
+    pub embedding: SplitPattern,
+    pub block: SplitPattern,
+    pub lm_head: SplitPattern,
+}
+
+/// The patterns of a model the runtime runs (`planner/runtime/models.py`'s
+/// GPT): `seq_len` tokens a sample, activations of `value_bytes` each,
+/// the vocabulary as it is (the runtime's shards divide it unpadded).
+pub fn transformer_splits(
+    config: &TransformerConfig,
+    seq_len: u64,
+    value_bytes: f64,
+) -> TransformerSplits {
+    let maker = SplitMaker {
+        config,
+        s: seq_len as f64,
+        value_bytes,
+        vocabulary: config.vocabulary,
+        vocabulary_what: "vocabulary entries",
+    };
+    TransformerSplits {
+        embedding: maker.embedding(),
+        block: maker.block(),
+        lm_head: maker.lm_head(),
     }
 }
 

@@ -27,33 +27,45 @@ impl From<&Peer> for PyPeer {
     }
 }
 
-/// One replica of a stage: its rank, its samples `[start, end)` of every
-/// micro-batch, and the ranks it receives its input from and sends its
-/// output to, in order.
+/// One rank of a stage: shard `shard` of replica `replica`, its samples
+/// `[start, end)` of every micro-batch, the ranks it receives its input
+/// from and sends its output to, and those it sends its input's gradient
+/// to and receives its output's gradient from, in order.
 #[pyclass(frozen, get_all, module = "planner._core", name = "ReplicaLayout")]
 #[derive(Clone)]
 pub struct PyReplicaLayout {
     rank: u32,
+    replica: u32,
+    shard: u32,
     start: u32,
     end: u32,
     receives_from: Vec<PyPeer>,
     sends_to: Vec<PyPeer>,
+    gradients_to: Vec<PyPeer>,
+    gradients_from: Vec<PyPeer>,
 }
 
 impl From<&ReplicaLayout> for PyReplicaLayout {
     fn from(r: &ReplicaLayout) -> Self {
+        let peers = |list: &[dapple_core::layout::Peer]| list.iter().map(PyPeer::from).collect();
         PyReplicaLayout {
             rank: r.rank,
+            replica: r.replica,
+            shard: r.shard,
             start: r.start,
             end: r.end,
-            receives_from: r.receives_from.iter().map(PyPeer::from).collect(),
-            sends_to: r.sends_to.iter().map(PyPeer::from).collect(),
+            receives_from: peers(&r.receives_from),
+            sends_to: peers(&r.sends_to),
+            gradients_to: peers(&r.gradients_to),
+            gradients_from: peers(&r.gradients_from),
         }
     }
 }
 
-/// One stage: its layers, its replicas (by replica index) and its action
-/// list (forwards and backwards, then "AR" and "OPT").
+/// One stage: its layers, its ranks (`replicas`, one entry per rank in the
+/// order of its devices), its action list (forwards and backwards, then
+/// "AR" and "OPT"), its shape (split degree, ZeRO-1, re-computation) and
+/// the ranks of its split groups (by replica) and replica groups (by shard).
 #[pyclass(frozen, get_all, module = "planner._core", name = "StageLayout")]
 #[derive(Clone)]
 pub struct PyStageLayout {
@@ -61,6 +73,11 @@ pub struct PyStageLayout {
     layer_end: usize,
     replicas: Vec<PyReplicaLayout>,
     actions: Vec<PyAction>,
+    tensor_parallel: u32,
+    shard_optimizer: bool,
+    recompute: bool,
+    split_groups: Vec<Vec<u32>>,
+    replica_groups: Vec<Vec<u32>>,
 }
 
 impl From<&StageLayout> for PyStageLayout {
@@ -70,6 +87,11 @@ impl From<&StageLayout> for PyStageLayout {
             layer_end: s.layer_end,
             replicas: s.replicas.iter().map(PyReplicaLayout::from).collect(),
             actions: s.actions.iter().copied().map(PyAction).collect(),
+            tensor_parallel: s.tensor_parallel,
+            shard_optimizer: s.shard_optimizer,
+            recompute: s.recompute,
+            split_groups: s.split_groups.clone(),
+            replica_groups: s.replica_groups.clone(),
         }
     }
 }

@@ -1,6 +1,7 @@
 use dapple_core::gpus::GPU_TYPES;
 use dapple_core::transformer::{
-    transformer_profile as generate, TransformerConfig, TransformerOptions, MODELS,
+    transformer_profile as generate, transformer_splits as splits_of, TransformerConfig,
+    TransformerOptions, MODELS,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -42,8 +43,49 @@ fn transformer_profile(
     Ok(PyProfile::new(p, None))
 }
 
+/// The sharding patterns (a profile layer's `split`, as plain data) of a
+/// runtime model's `embedding`, each `block` and `lm_head`: a GPT-2 style
+/// transformer (biases, LayerNorm, GeLU MLP of `ffn` columns, learned
+/// positions) at `seq_len` tokens a sample, activations of `value_bytes`.
+#[pyfunction]
+#[pyo3(signature = (*, hidden, ffn, heads, vocabulary, positions, seq_len, value_bytes))]
+#[allow(clippy::too_many_arguments)]
+fn transformer_splits<'py>(
+    py: Python<'py>,
+    hidden: u64,
+    ffn: u64,
+    heads: u64,
+    vocabulary: u64,
+    positions: u64,
+    seq_len: u64,
+    value_bytes: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let config = TransformerConfig {
+        hidden,
+        ffn,
+        heads,
+        kv_heads: heads,
+        blocks: 1,
+        vocabulary,
+        positions: Some(positions),
+        gated_mlp: false,
+        biases: true,
+    };
+    let splits = splits_of(&config, seq_len, value_bytes);
+    let out = PyDict::new(py);
+    for (name, pattern) in [
+        ("embedding", &splits.embedding),
+        ("block", &splits.block),
+        ("lm_head", &splits.lm_head),
+    ] {
+        out.set_item(name, crate::convert::to_python(py, pattern)?)?;
+    }
+    Ok(out)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transformer_profile, m)?)?;
+    m.add_function(wrap_pyfunction!(transformer_splits, m)?)?;
     let py = m.py();
     m.add(
         "MODEL_CONFIGS",
