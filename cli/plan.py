@@ -36,6 +36,10 @@ from .render import plan_table
 @click.option("--search-space", type=click.Choice(planner.SEARCH_SPACES), default=planner.SEARCH_SPACES[0], show_default=True,
               help="full: every replication and placement; machine-aligned: a divisor of a machine, whole machines, "
               "or an even share of every machine in use; auto: full up to 16 GPUs.")
+@click.option("--stage-shapes", type=click.Choice(planner.STAGE_SHAPES), default=planner.STAGE_SHAPES[0],
+              show_default=True,
+              help="auto: each stage may split its layers (tensor parallelism), shard its optimizer state over its "
+                   "replicas (ZeRO-1) and re-compute its forward; plain: replicas only (DAPPLE's space).")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
@@ -59,6 +63,7 @@ def plan_command(
     warmup_policy,
     min_micro_batch_size,
     search_space,
+    stage_shapes,
     max_search_gib,
     refine,
     schedule,
@@ -81,6 +86,7 @@ def plan_command(
         warmup_policy=warmup_policy,
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
+        stage_shapes=stage_shapes,
         schedule=schedule,
         max_search_gib=max_search_gib,
         refine=refine,

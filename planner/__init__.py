@@ -27,7 +27,7 @@ from .errors import (
     LimitExceededError,
     RunFailedError,
 )
-from .plan import SEARCH_SPACES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
+from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
 from .profile import (
     MODEL_CONFIGS,
     Profile,
@@ -57,6 +57,7 @@ __all__ = [
     "RunMetrics",
     "SCHEDULE_KINDS",
     "SEARCH_SPACES",
+    "STAGE_SHAPES",
     "SearchStats",
     "Simulation",
     "Topology",

@@ -7,6 +7,7 @@ __version__: str
 WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
+STAGE_SHAPES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
@@ -227,6 +228,7 @@ def search(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    stage_shapes: str = "auto",
     max_search_bytes: int | None = None,
     refine: bool = True,
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...

@@ -17,6 +17,7 @@ from .topology import Topology
 WARMUP_POLICIES: tuple[str, ...] = _core.WARMUP_POLICIES
 #: Search spaces, the default first (see :func:`plan`).
 SEARCH_SPACES: tuple[str, ...] = _core.SEARCH_SPACES
+STAGE_SHAPES: tuple[str, ...] = _core.STAGE_SHAPES
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def plan(
     min_micro_batch_size: int | None = None,
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
+    stage_shapes: str = "auto",
     schedule: str | None = None,
     max_search_gib: float | None = None,
     refine: bool = True,
@@ -143,7 +145,11 @@ def plan(
     the fixed "A" (K_i = S - i) or "B" (K_i = 2(S - i) - 1).
     ``search_space``: "full" (every replication and placement), "machine-
     aligned" (stages of a divisor of a machine, whole machines, or an even
-    share of every machine in use) or "auto" (full up to 16 GPUs). The plan's ``selection`` says how it was chosen:
+    share of every machine in use) or "auto" (full up to 16 GPUs).
+    ``stage_shapes``: "auto" (each stage may split its layers over t GPUs,
+    shard its optimizer state over its replicas (ZeRO-1) and re-compute its
+    forward, each chosen per stage) or "plain" (replicas only: DAPPLE's
+    space). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
     ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan
@@ -173,6 +179,7 @@ def plan(
         # The defaults are the first of each name table; anything else was asked for.
         for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
                                      ("search_space", search_space, SEARCH_SPACES[0]),
+                                     ("stage_shapes", stage_shapes, STAGE_SHAPES[0]),
                                      ("micro_batch_sizes", micro_batch_sizes, None),
                                      ("max_search_gib", max_search_gib, None),
                                      ("refine", refine, True)):
@@ -191,6 +198,7 @@ def plan(
         min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes,
         search_space=search_space,
+        stage_shapes=stage_shapes,
         max_search_bytes=max_search_bytes,
         refine=refine,
     )

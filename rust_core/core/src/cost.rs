@@ -15,6 +15,7 @@ use crate::profile::{LayerCosts, TimePrefix};
 use crate::topology::Topology;
 
 mod shaped;
+pub use shaped::ShapedSums;
 
 /// The timed GPU types, quoted, for messages.
 fn timed_names(devices: &[Option<&str>]) -> String {

@@ -4,7 +4,8 @@
 //! no re-computation) is what DAPPLE plans.
 //!
 //! A stage on G GPUs with split degree t runs the layers that can split on
-//! G / t replicas of t shards each (the shards of a replica on one machine);
+//! G / t replicas of t shards each (t consecutive GPUs, spread evenly over
+//! the machines they use: `uneven_split_group`);
 //! layers that cannot split run data parallel over all G GPUs, as Whale's
 //! collocated hybrid runs ResNet-50 beside its split classifier, and a
 //! bridge gathers their outputs into the split layers (and scatters the
@@ -116,14 +117,6 @@ pub fn uneven_split_group(alloc: &[(usize, u32)], t: u32) -> Option<(usize, Vec<
         .find(|(_, shape)| *shape != first || shape.windows(2).any(|w| w[0] != w[1]))
 }
 
-/// Each layer of a stage at split degree `t`: its shard where it splits
-/// (the least-communication pattern), else `None` (whole, data parallel).
-pub fn shards(layers: &LayerCosts, start: usize, end: usize, t: u32) -> Vec<Option<ShardCost>> {
-    (start..end)
-        .map(|l| if t > 1 { layers.shard(l, t) } else { None })
-        .collect()
-}
-
 /// What one GPU of a stage holds, in bytes: model state all the time, and
 /// per micro-batch in flight. At K micro-batches in flight a GPU holds
 /// `fixed_bytes + K * per_micro_batch_bytes`.
@@ -149,51 +142,65 @@ impl StageMemory {
     }
 }
 
-/// One GPU's memory for layers `start..end` of shape `shape`, where whole
-/// layers take `whole_slice` samples of a micro-batch and split ones
-/// `split_slice` (a replica's), over `replicas` replicas of the split
-/// layers and `gpus` GPUs in all (ZeRO shards whole layers' state over all
-/// of them). A plain stage is `stage_memory_bytes` in `cost.rs`.
-#[allow(clippy::too_many_arguments)]
-pub fn stage_memory(
-    layers: &LayerCosts,
-    start: usize,
-    end: usize,
-    shape: &StageShape,
-    shards: &[Option<ShardCost>],
-    (whole_slice, split_slice): (u32, u32),
-    (gpus, replicas): (u32, u32),
-) -> StageMemory {
-    let mut state = 0.0;
-    let mut weights = 0.0;
-    let mut stored = 0.0;
-    for (l, shard) in (start..end).zip(shards) {
+/// What one GPU of a stage holds of its layers, summed a layer at a time
+/// (the search grows stages from their last layer): whole layers take
+/// `whole_slice` samples of a micro-batch, split ones `split_slice` (a
+/// replica's); ZeRO-1 shards whole layers' optimizer state over all the
+/// stage's `gpus` and split ones' over their `replicas`. Both sharings are
+/// summed, so one sum serves a stage with ZeRO-1 and without. A plain
+/// stage is `stage_memory_bytes` in `cost.rs`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemorySums {
+    state_bytes: f64,
+    sharded_state_bytes: f64,
+    weight_bytes: f64,
+    stored_bytes: f64,
+}
+
+impl MemorySums {
+    /// Add layer `layer`, split as `shard` says (None: whole).
+    pub fn add_layer(
+        &mut self,
+        layers: &LayerCosts,
+        layer: usize,
+        shard: Option<&ShardCost>,
+        (whole_slice, split_slice): (u32, u32),
+        (gpus, replicas): (u32, u32),
+    ) {
         let (param_factor, stored_factor, slice, sharers) = match shard {
             Some(s) => (s.param_factor, s.stored_factor, split_slice, replicas),
             None => (1.0, 1.0, whole_slice, gpus),
         };
-        let sharers = if shape.shard_optimizer { sharers } else { 1 };
-        state += param_factor * layers.model_state_bytes_sharded(l, l + 1, sharers);
-        weights += param_factor * layers.param_bytes(l, l + 1);
-        stored += stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, l + 1);
+        let (l, next) = (layer, layer + 1);
+        self.state_bytes += param_factor * layers.model_state_bytes_sharded(l, next, 1);
+        self.sharded_state_bytes +=
+            param_factor * layers.model_state_bytes_sharded(l, next, sharers);
+        self.weight_bytes += param_factor * layers.param_bytes(l, next);
+        self.stored_bytes +=
+            stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, next);
     }
-    let first_slice = if shards.first().is_some_and(Option::is_some) {
-        split_slice
-    } else {
-        whole_slice
-    };
-    let input = f64::from(first_slice) * layers.cut_bytes_per_sample(start);
-    let (fixed, per_micro_batch) = match shape.recompute {
-        Recompute::None => (state, stored),
-        Recompute::Full => (state + stored, input),
-    };
-    StageMemory {
-        fixed_bytes: fixed,
-        per_micro_batch_bytes: per_micro_batch,
-        model_state_bytes: state,
-        weight_bytes: weights,
-        stored_bytes: stored,
-        input_bytes: input,
+
+    /// The stage's memory as `shape` runs it, its first layer taking
+    /// `input_bytes` per micro-batch in.
+    pub fn memory(&self, shape: &StageShape, input_bytes: f64) -> StageMemory {
+        let state = if shape.shard_optimizer {
+            self.sharded_state_bytes
+        } else {
+            self.state_bytes
+        };
+        let stored = self.stored_bytes;
+        let (fixed, per_micro_batch) = match shape.recompute {
+            Recompute::None => (state, stored),
+            Recompute::Full => (state + stored, input_bytes),
+        };
+        StageMemory {
+            fixed_bytes: fixed,
+            per_micro_batch_bytes: per_micro_batch,
+            model_state_bytes: state,
+            weight_bytes: self.weight_bytes,
+            stored_bytes: stored,
+            input_bytes,
+        }
     }
 }
 

@@ -165,13 +165,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use dapple_core::cost::WarmupPolicy;
     use dapple_core::placement::Policy;
     use dapple_core::schedule::ScheduleKind;
-    use dapple_core::search::SearchSpace;
+    use dapple_core::search::{SearchSpace, StageShapes};
 
     let py = m.py();
     m.add("__version__", dapple_core::PLANNER_VERSION)?;
     m.add("WARMUP_POLICIES", names(py, WarmupPolicy::names())?)?;
     m.add("BASELINES", names(py, Baseline::names())?)?;
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
+    m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     let asynchronous: Vec<&str> = ScheduleKind::ALL
         .iter()

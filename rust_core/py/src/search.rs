@@ -1,5 +1,5 @@
 use dapple_core::cost::WarmupPolicy;
-use dapple_core::search::{search as search_plan, SearchOptions, SearchSpace};
+use dapple_core::search::{search as search_plan, SearchOptions, SearchSpace, StageShapes};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
@@ -15,7 +15,7 @@ type Stats = (Vec<u32>, usize, u64);
 /// searching.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", max_search_bytes=None, refine=true))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -25,6 +25,7 @@ fn search(
     min_micro_batch_size: Option<u32>,
     micro_batch_sizes: Option<Vec<u32>>,
     search_space: &str,
+    stage_shapes: &str,
     max_search_bytes: Option<u64>,
     refine: bool,
 ) -> PyResult<(PyPlan, Stats)> {
@@ -35,6 +36,8 @@ fn search(
     opts.micro_batch_sizes = micro_batch_sizes;
     opts.search_space =
         SearchSpace::parse(search_space).map_err(|e| to_py_err(e.under("search_space")))?;
+    opts.stage_shapes =
+        StageShapes::parse(stage_shapes).map_err(|e| to_py_err(e.under("stage_shapes")))?;
     opts.profile_path = profile.source().map(str::to_string);
     if let Some(bytes) = max_search_bytes {
         opts.max_search_bytes = bytes;

@@ -15,8 +15,7 @@
 //!   stage's input kept per micro-batch.
 
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
-use crate::profile::LayerCosts;
-use crate::shape::{shards, stage_memory, Recompute, StageMemory, StageShape};
+use crate::shape::{MemorySums, Recompute, StageMemory, StageShape};
 use crate::split::ShardCost;
 
 /// The collectives of a stage split `t` ways, its GPUs taken in device
@@ -70,47 +69,38 @@ impl SplitGroups {
     }
 }
 
-/// The layers of a shaped stage: each one's shard at the stage's split
-/// degree (None: whole, data parallel over all its GPUs), and the slices
-/// of a micro-batch whole layers (a GPU's) and split ones (a replica's) take.
-struct ShapedLayers {
+/// A shaped stage's layers `start..end` at split degree `t`, summed one
+/// layer at a time from its last (the search's order, so that growing a
+/// stage by a layer costs one layer): compute, the split layers'
+/// AllReduces and the bridges between split and whole layers, gradient
+/// bytes, and memory. One sum serves every shape at `t`: ZeRO-1 and
+/// re-computation are applied when it is priced
+/// ([`StageCoster::shaped_cost`]).
+pub struct ShapedSums {
+    t: u32,
+    start: usize,
+    end: usize,
     gpus: u32,
     replicas: u32,
     whole_slice: u32,
     split_slice: u32,
-    shards: Vec<Option<ShardCost>>,
-}
-
-impl ShapedLayers {
-    fn any_split(&self) -> bool {
-        self.shards.iter().any(Option::is_some)
-    }
-
-    fn memory(
-        &self,
-        layers: &LayerCosts,
-        start: usize,
-        end: usize,
-        shape: &StageShape,
-    ) -> StageMemory {
-        let slices = (self.whole_slice, self.split_slice);
-        stage_memory(
-            layers,
-            start,
-            end,
-            shape,
-            &self.shards,
-            slices,
-            (self.gpus, self.replicas),
-        )
-    }
-}
-
-/// Forward and backward milliseconds of one micro-batch.
-#[derive(Default)]
-struct Passes {
+    /// Built where t > 1 (used only once some layer splits).
+    groups: Option<SplitGroups>,
+    /// The first layer's shard (None: whole, or no layer yet).
+    first_shard: Option<ShardCost>,
+    any_split: bool,
     fwd_ms: f64,
     bwd_ms: f64,
+    whole_gradient_bytes: f64,
+    split_gradient_bytes: f64,
+    memory: MemorySums,
+}
+
+impl ShapedSums {
+    /// The first layer summed.
+    pub fn start(&self) -> usize {
+        self.start
+    }
 }
 
 impl StageCoster<'_> {
@@ -130,42 +120,10 @@ impl StageCoster<'_> {
         if shape.is_plain() {
             return self.stage_on(start, end, devices, warmup, only_stage);
         }
-        let (mut cost, memory) = self.stage_shaped_memory(start, end, devices, shape, only_stage);
+        let sums = self.shaped_sums(start, end, devices, shape.tensor_parallel);
+        let (mut cost, memory) = self.shaped_cost(&sums, devices, shape, only_stage);
         cost.memory_bytes = memory.at(warmup);
         cost
-    }
-
-    /// [`StageCoster::stage_shaped`] of a shape that is not plain, with one
-    /// micro-batch in flight, and its memory at any depth (what the search
-    /// checks under each warm-up rule).
-    pub fn stage_shaped_memory(
-        &self,
-        start: usize,
-        end: usize,
-        devices: &StageDevices,
-        shape: &StageShape,
-        only_stage: bool,
-    ) -> (StageCost, StageMemory) {
-        debug_assert!(!shape.is_plain());
-        let (memory, slice, passes, allreduce_ms) = self.shaped_parts(start, end, devices, shape);
-        let exposed = if only_stage && shape.tensor_parallel == 1 && !shape.shard_optimizer {
-            // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
-            self.stage_on(start, end, devices, 1, only_stage)
-                .exposed_allreduce_ms
-        } else {
-            allreduce_ms
-        };
-        let cost = StageCost {
-            fwd_ms: passes.fwd_ms,
-            bwd_ms: passes.bwd_ms,
-            allreduce_ms,
-            exposed_allreduce_ms: exposed,
-            memory_bytes: memory.at(1),
-            memory_limit_bytes: devices.memory_limit_bytes,
-            slice_size: slice,
-            bubble_ms: None,
-        };
-        (cost, memory)
     }
 
     /// One GPU's memory of the stage as `shape` runs it.
@@ -176,138 +134,164 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> StageMemory {
-        self.shaped_layers(start, end, devices, shape)
-            .memory(self.layers, start, end, shape)
+        let sums = self.shaped_sums(start, end, devices, shape.tensor_parallel);
+        self.shaped_cost(&sums, devices, shape, false).1
     }
 
-    /// Which layers of the stage split at its degree, and the slices whole
-    /// and split layers take.
-    fn shaped_layers(
+    /// Layers `start..end` on `devices` at split degree `t`, summed.
+    pub fn shaped_sums(
         &self,
         start: usize,
         end: usize,
         devices: &StageDevices,
-        shape: &StageShape,
-    ) -> ShapedLayers {
-        let t = shape.tensor_parallel.max(1);
+        t: u32,
+    ) -> ShapedSums {
+        let mut sums = self.empty_shaped_sums(end, devices, t);
+        while sums.start > start {
+            self.prepend_layer(&mut sums, devices);
+        }
+        sums
+    }
+
+    /// No layers yet of a stage ending at layer `end`.
+    pub fn empty_shaped_sums(&self, end: usize, devices: &StageDevices, t: u32) -> ShapedSums {
+        let t = t.max(1);
         let gpus = devices.replicas;
-        ShapedLayers {
+        ShapedSums {
+            t,
+            start: end,
+            end,
             gpus,
             replicas: gpus / t,
             whole_slice: largest_slice(self.micro_batch, gpus),
             split_slice: largest_slice(self.micro_batch, gpus / t),
-            shards: shards(self.layers, start, end, t),
+            groups: (t > 1).then(|| SplitGroups::new(self.cluster, devices, t)),
+            first_shard: None,
+            any_split: false,
+            fwd_ms: 0.0,
+            bwd_ms: 0.0,
+            whole_gradient_bytes: 0.0,
+            split_gradient_bytes: 0.0,
+            memory: MemorySums::default(),
         }
     }
 
-    /// Memory, the slice a split replica takes (else a GPU's), the passes
-    /// and the gradient synchronisation of a shaped stage.
-    fn shaped_parts(
-        &self,
-        start: usize,
-        end: usize,
-        devices: &StageDevices,
-        shape: &StageShape,
-    ) -> (StageMemory, u32, Passes, f64) {
-        let layers = self.shaped_layers(start, end, devices, shape);
-        let memory = layers.memory(self.layers, start, end, shape);
-        // The split's groups, made once for its AllReduces, bridges and gradients.
-        let groups = layers
-            .any_split()
-            .then(|| SplitGroups::new(self.cluster, devices, shape.tensor_parallel));
-        let mut passes = self.split_passes(start, end, devices, &layers, groups.as_ref());
-        if shape.recompute == Recompute::Full {
-            passes.bwd_ms += passes.fwd_ms;
-        }
-        let allreduce_ms =
-            self.gradient_sync_ms(start, end, devices, &layers.shards, groups.as_ref(), shape);
-        let slice = if layers.any_split() {
-            layers.split_slice
+    /// Add the layer before `sums`' first: its compute (split layers' a
+    /// shard's, with their AllReduces inside each replica's t GPUs), the
+    /// bridge where it meets the next layer split one way and it the
+    /// other (an all-gather of the cut's activations into split layers, a
+    /// reduce-scatter of their gradients back: half an AllReduce each), its
+    /// gradients and its memory.
+    pub fn prepend_layer(&self, sums: &mut ShapedSums, devices: &StageDevices) {
+        let l = sums.start - 1;
+        let shard = if sums.t > 1 {
+            self.layers.shard(l, sums.t)
         } else {
-            layers.whole_slice
+            None
         };
-        (memory, slice, passes, allreduce_ms)
-    }
-
-    /// Compute, the split layers' AllReduces and the bridges of one
-    /// micro-batch, on the stage's (alike) GPUs.
-    fn split_passes(
-        &self,
-        start: usize,
-        end: usize,
-        devices: &StageDevices,
-        shaped: &ShapedLayers,
-        groups: Option<&SplitGroups>,
-    ) -> Passes {
         let (timing, speed) = devices.paces[0];
-        let (whole_slice, split_slice) = (shaped.whole_slice, shaped.split_slice);
-        let layer_shards = &shaped.shards;
-        let (whole, split) = (
-            self.times(timing, whole_slice),
-            self.times(timing, split_slice),
-        );
-        // Only split layers and bridges use the shards' group, and they exist only with it.
-        let shard_group = |bytes: f64| groups.map_or(0.0, |g| g.shards.ms(bytes));
-        let mut passes = Passes::default();
-        let mut run_start = start;
-        for (i, l) in (start..end).enumerate() {
-            let shard = layer_shards[i];
-            let next_is_same = (l + 1 < end) && layer_shards[i + 1].is_some() == shard.is_some();
-            if let Some(s) = shard {
-                let samples = f64::from(split_slice);
-                passes.fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group(s.fwd_allreduce_bytes_per_sample * samples);
-                passes.bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group(s.bwd_allreduce_bytes_per_sample * samples);
-            } else if !next_is_same {
-                // Whole layers in runs: one range of the prefix sums, as a plain stage.
-                passes.fwd_ms += whole.fwd(run_start, l + 1) / speed;
-                passes.bwd_ms += whole.bwd(run_start, l + 1) / speed;
+        let shard_group = |groups: &Option<SplitGroups>, bytes: f64| {
+            groups.as_ref().map_or(0.0, |g| g.shards.ms(bytes))
+        };
+        let (fwd, bwd) = match &shard {
+            Some(s) => {
+                let split = self.times(timing, sums.split_slice);
+                let samples = f64::from(sums.split_slice);
+                (
+                    split.fwd(l, l + 1) / speed * s.compute_factor
+                        + shard_group(&sums.groups, s.fwd_allreduce_bytes_per_sample * samples),
+                    split.bwd(l, l + 1) / speed * s.compute_factor
+                        + shard_group(&sums.groups, s.bwd_allreduce_bytes_per_sample * samples),
+                )
             }
-            if !next_is_same {
-                run_start = l + 1;
+            None => {
+                let whole = self.times(timing, sums.whole_slice);
+                (whole.fwd(l, l + 1) / speed, whole.bwd(l, l + 1) / speed)
             }
-            // A bridge where whole layers meet split ones (never at t = 1).
-            if l + 1 < end && layer_shards[i + 1].is_some() != shard.is_some() {
-                let gather_ms =
-                    shard_group(self.layers.cut_bytes_per_sample(l + 1) * f64::from(split_slice))
-                        / 2.0;
-                if shard.is_none() {
-                    passes.fwd_ms += gather_ms;
-                }
-                passes.bwd_ms += gather_ms;
+        };
+        sums.fwd_ms += fwd;
+        sums.bwd_ms += bwd;
+        if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
+            let cut_bytes = self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice);
+            let gather_ms = shard_group(&sums.groups, cut_bytes) / 2.0;
+            if shard.is_none() {
+                sums.fwd_ms += gather_ms;
             }
+            sums.bwd_ms += gather_ms;
         }
-        passes
+        let gradient_bytes = self.layers.gradient_bytes(l, l + 1);
+        match &shard {
+            Some(s) => sums.split_gradient_bytes += gradient_bytes * s.param_factor,
+            None => sums.whole_gradient_bytes += gradient_bytes,
+        }
+        sums.memory.add_layer(
+            self.layers,
+            l,
+            shard.as_ref(),
+            (sums.whole_slice, sums.split_slice),
+            (sums.gpus, sums.replicas),
+        );
+        sums.any_split |= shard.is_some();
+        sums.first_shard = shard;
+        sums.start = l;
     }
 
-    /// Gradient AllReduces (ZeRO-1: reduce-scatter and all-gather) of one
-    /// iteration: whole layers' over all the stage's GPUs, split layers'
-    /// over each shard's replicas.
-    fn gradient_sync_ms(
+    /// The cost, with one micro-batch in flight, and the memory of the
+    /// summed stage as `shape` (at the sums' split degree) runs it.
+    /// Gradients: whole layers' AllReduce over all the stage's GPUs, split
+    /// ones' over each shard's replicas (ZeRO-1: a reduce-scatter and an
+    /// all-gather in their place); full re-computation runs the forward
+    /// again in the backward and keeps only the stage's input.
+    pub fn shaped_cost(
         &self,
-        start: usize,
-        end: usize,
+        sums: &ShapedSums,
         devices: &StageDevices,
-        layer_shards: &[Option<ShardCost>],
-        groups: Option<&SplitGroups>,
         shape: &StageShape,
-    ) -> f64 {
-        let (mut whole_bytes, mut split_bytes) = (0.0, 0.0);
-        for (l, shard) in (start..end).zip(layer_shards) {
-            let bytes = self.layers.gradient_bytes(l, l + 1);
-            match shard {
-                Some(s) => split_bytes += bytes * s.param_factor,
-                None => whole_bytes += bytes,
-            }
-        }
-        let split_ms = groups.map_or(0.0, |g| g.replicas.ms(split_bytes));
-        let ms = devices.allreduce.ms(whole_bytes) + split_ms;
+        only_stage: bool,
+    ) -> (StageCost, StageMemory) {
+        debug_assert_eq!(shape.tensor_parallel.max(1), sums.t);
+        let split_ms = match &sums.groups {
+            Some(g) if sums.any_split => g.replicas.ms(sums.split_gradient_bytes),
+            _ => 0.0,
+        };
+        let mut allreduce_ms = devices.allreduce.ms(sums.whole_gradient_bytes) + split_ms;
         if shape.shard_optimizer {
             // Half an AllReduce's volume in gradients, half in weights.
-            ms * (1.0 + self.layers.weights_per_gradient_byte()) / 2.0
-        } else {
-            ms
+            allreduce_ms *= (1.0 + self.layers.weights_per_gradient_byte()) / 2.0;
         }
+        let exposed = if only_stage && shape.tensor_parallel <= 1 && !shape.shard_optimizer {
+            // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
+            self.stage_on(sums.start, sums.end, devices, 1, only_stage)
+                .exposed_allreduce_ms
+        } else {
+            allreduce_ms
+        };
+        let first_slice = if sums.first_shard.is_some() {
+            sums.split_slice
+        } else {
+            sums.whole_slice
+        };
+        let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
+        let memory = sums.memory.memory(shape, input_bytes);
+        let bwd_ms = match shape.recompute {
+            Recompute::None => sums.bwd_ms,
+            Recompute::Full => sums.bwd_ms + sums.fwd_ms,
+        };
+        let slice = if sums.any_split {
+            sums.split_slice
+        } else {
+            sums.whole_slice
+        };
+        let cost = StageCost {
+            fwd_ms: sums.fwd_ms,
+            bwd_ms,
+            allreduce_ms,
+            exposed_allreduce_ms: exposed,
+            memory_bytes: memory.at(1),
+            memory_limit_bytes: devices.memory_limit_bytes,
+            slice_size: slice,
+            bubble_ms: None,
+        };
+        (cost, memory)
     }
 }

@@ -30,14 +30,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::rc::Rc;
 
 use crate::cost::{
-    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, StageCost, StageCoster,
-    StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
+    largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, ShapedSums, StageCost,
+    StageCoster, StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
 };
 use crate::placement::{MachineUse, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::shape::{StageMemory, StageShape};
 
-use super::space::Context;
+use super::space::{Context, StageGpus};
 
 /// The memory the DP tables of one search may take, shared by its runs
 /// (one per micro-batch size, in parallel): each run charges the states
@@ -408,7 +408,9 @@ impl<'c, 'a> Dp<'c, 'a> {
     }
 
     /// What layers `i..j` on `devices` cost as `shape` runs them, and their
-    /// memory at any depth.
+    /// memory at any depth. A shape that is not plain is priced from
+    /// `sums` of the stage at its degree, grown to `i` (or made, where
+    /// there are none yet).
     fn price(
         &self,
         i: usize,
@@ -416,6 +418,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         devices: &StageDevices,
         shape: &StageShape,
         only_stage: bool,
+        sums: &mut Option<ShapedSums>,
     ) -> Priced {
         if shape.is_plain() {
             let cost = self
@@ -427,9 +430,19 @@ impl<'c, 'a> Dp<'c, 'a> {
                 memory: None,
             };
         }
-        let (cost, memory) = self
-            .coster
-            .stage_shaped_memory(i, j, devices, shape, only_stage);
+        let sums = match sums {
+            Some(sums) => {
+                while sums.start() > i {
+                    self.coster.prepend_layer(sums, devices);
+                }
+                sums
+            }
+            None => sums.insert(
+                self.coster
+                    .shaped_sums(i, j, devices, shape.tensor_parallel),
+            ),
+        };
+        let (cost, memory) = self.coster.shaped_cost(sums, devices, shape, only_stage);
         Priced {
             shape: *shape,
             cost,
@@ -661,7 +674,8 @@ impl<'c, 'a> Dp<'c, 'a> {
                 };
                 let stages_from_here = k - idx as u32;
                 let devices = self.devices(&state, &takes);
-                let priced = self.price(w[0], w[1], &devices, &StageShape::PLAIN, k == 1);
+                let priced =
+                    self.price(w[0], w[1], &devices, &StageShape::PLAIN, k == 1, &mut None);
                 class = class
                     .and_then(|c| self.fitting_class(&priced, w[0], w[1], stages_from_here, c));
                 let cost = priced.cost;
@@ -741,7 +755,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         let m = f64::from(self.micro_batches);
         let prune_above = self.loosest_incumbent() * (1.0 + 1e-12);
         let mut options: Vec<StageOption> = Vec::new();
-        for (r, places) in self.ctx.stage_options(used, max_replicas, self.micro_batch) {
+        for StageGpus {
+            gpus: r,
+            degrees: allowed,
+            places,
+        } in self.ctx.stage_options(used, max_replicas, self.micro_batch)
+        {
             // Where the stage may start: a stage that takes every GPU left
             // is the first one; any other may be too, leaving the rest idle
             // (a plan need not use every GPU: over a slow network fewer GPUs
@@ -764,7 +783,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             }
             for (placement, takes) in places {
                 let devices = self.devices(used, &takes);
-                let degrees = self.ctx.split_degrees(&devices, r, max_replicas);
+                let degrees = self.ctx.even_degrees(&devices, &allowed);
                 if degrees.is_empty() {
                     continue;
                 }
@@ -805,25 +824,37 @@ impl<'c, 'a> Dp<'c, 'a> {
             (option.end..suffixes.start)
                 .all(|l| self.ctx.layer_runs_at(l, t, option.gpus, max_replicas))
         });
+        // Each degree's sums of the stage, once a shape that is not plain
+        // was priced at it; grown with the stage after that.
+        let mut growing: Vec<(u32, Option<ShapedSums>)> =
+            degrees.iter().map(|&t| (t, None)).collect();
         for i in (option.first..option.end).rev() {
             // Time does not depend on the warm-up depth, memory is
             // checked per rule when prepended: cost the stage once.
             let only_stage = i == 0 && suffixes.entries[0].1.stages == 0;
-            degrees.retain(|&t| self.ctx.layer_runs_at(i, t, option.gpus, max_replicas));
-            degrees.retain(|&t| self.prepend_shapes(option, i, t, only_stage, suffixes));
-            if degrees.is_empty() {
+            growing.retain(|&(t, _)| self.ctx.layer_runs_at(i, t, option.gpus, max_replicas));
+            let mut kept = Vec::with_capacity(growing.len());
+            for (t, mut sums) in std::mem::take(&mut growing) {
+                if self.prepend_shapes(option, i, t, only_stage, suffixes, &mut sums) {
+                    kept.push((t, sums));
+                }
+            }
+            growing = kept;
+            if growing.is_empty() {
                 break;
             }
         }
     }
 
     /// Prepend the stage `i..j` of `option`, split `t` ways, in each shape
-    /// that could be of use: the plain one, and the others (ZeRO-1,
-    /// re-computation) where the plain one does not fit some suffix under
-    /// that suffix's own rule, or where ZeRO-1 can be faster. Elsewhere
-    /// they hold less memory no rule needs, at no less time: any plan they
-    /// make, the plain shape makes no slower. Returns whether a longer stage
-    /// at `t` could still be of use.
+    /// that could be of use: the plain one, then ZeRO-1 and re-computation
+    /// unless a shape already prepended fits every suffix under that
+    /// suffix's own rule and is no slower in any pass (then any plan the
+    /// other makes, that one makes no slower). Re-computation's passes are
+    /// its counterpart's with the forward again in the backward, and
+    /// ZeRO-1's, where weights are no smaller than gradients, at least the
+    /// plain shape's: so they are known, or bounded, before pricing.
+    /// Returns whether a longer stage at `t` could still be of use.
     fn prepend_shapes(
         &mut self,
         option: &mut StageOption,
@@ -831,28 +862,61 @@ impl<'c, 'a> Dp<'c, 'a> {
         t: u32,
         only_stage: bool,
         suffixes: &Suffixes,
+        sums: &mut Option<ShapedSums>,
     ) -> bool {
         let j = suffixes.start;
         let shapes = self.ctx.shapes_at(t, option.gpus, option.devices.mixed);
-        // A layout placed anew may have no stage of these GPUs at `t`.
-        let Some(first) = shapes.first() else {
-            return false;
-        };
-        let base = self.price(i, j, &option.devices, first, only_stage);
-        self.stages_costed += 1;
-        let prepended = self.prepend_stage(option, i, &base, suffixes);
-        let mut longer_may_help = prepended.longer_may_help;
-        let others_needed = !prepended.fits_every_rule || self.objective != Objective::Latency;
-        for shape in &shapes[1..] {
-            let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
-            if !others_needed && !may_be_faster {
+        let mut longer_may_help = false;
+        // Passes of the shapes prepended so far (None: skipped), and of
+        // those that fit every suffix's rule.
+        let mut passes: Vec<(StageShape, Option<[f64; 3]>)> = Vec::with_capacity(shapes.len());
+        let mut fitting: Vec<[f64; 3]> = Vec::new();
+        let no_faster = |v: &[f64; 3], u: &[f64; 3]| (0..3).all(|k| u[k] <= v[k]);
+        for shape in &shapes {
+            // Re-computing: the same shape keeping its activations, plus a
+            // forward. ZeRO-1 where it moves no less: the plain shape's
+            // passes at least.
+            let counterpart = passes
+                .iter()
+                .find(|(s, _)| {
+                    if shape.recompute.is_none() {
+                        shape.shard_optimizer && !self.zero_saves_time && !s.shard_optimizer
+                    } else {
+                        s.recompute.is_none() && s.shard_optimizer == shape.shard_optimizer
+                    }
+                })
+                .map(|&(_, p)| p);
+            let predicted = match counterpart {
+                // Its counterpart was no use: neither is it, no faster.
+                Some(None) => {
+                    passes.push((*shape, None));
+                    continue;
+                }
+                Some(Some([f, b, a])) if !shape.recompute.is_none() => Some([f, b + f, a]),
+                Some(Some(times)) => Some(times),
+                None => None,
+            };
+            if self.objective == Objective::Latency
+                && predicted.is_some_and(|v| fitting.iter().any(|u| no_faster(&v, u)))
+            {
+                passes.push((*shape, None));
                 continue;
             }
-            let priced = self.price(i, j, &option.devices, shape, only_stage);
+            let priced = self.price(i, j, &option.devices, shape, only_stage, sums);
             self.stages_costed += 1;
-            longer_may_help |= self
-                .prepend_stage(option, i, &priced, suffixes)
-                .longer_may_help;
+            let c = &priced.cost;
+            let times = [c.fwd_ms, c.bwd_ms, c.exposed_allreduce_ms];
+            if self.objective == Objective::Latency && fitting.iter().any(|u| no_faster(&times, u))
+            {
+                passes.push((*shape, None));
+                continue;
+            }
+            let prepended = self.prepend_stage(option, i, &priced, suffixes);
+            longer_may_help |= prepended.longer_may_help;
+            if prepended.fits_every_rule {
+                fitting.push(times);
+            }
+            passes.push((*shape, Some(times)));
         }
         longer_may_help
     }
@@ -1138,7 +1202,11 @@ impl Dp<'_, '_> {
         let (j, state) = (suffix.start, &suffix.state);
         let free = state.free();
         let mut children: Vec<WalkChild> = Vec::new();
-        for (r, places) in self
+        for StageGpus {
+            gpus: r,
+            degrees: allowed,
+            places,
+        } in self
             .ctx
             .stage_options(state, max_replicas, self.micro_batch)
         {
@@ -1155,7 +1223,7 @@ impl Dp<'_, '_> {
                     transfer,
                     next: state.taken(&takes),
                 };
-                let mut degrees = self.ctx.split_degrees(&stage.devices, r, max_replicas);
+                let mut degrees = self.ctx.even_degrees(&stage.devices, &allowed);
                 let starts = self.ctx.starts(r, free, j);
                 // Layers from the last start to `j` are in every stage.
                 degrees.retain(|&t| {
@@ -1213,7 +1281,7 @@ impl Dp<'_, '_> {
             if k > 0 && base_fits_deepest && !may_be_faster {
                 continue;
             }
-            let priced = self.price(i, j, &stage.devices, shape, only_stage);
+            let priced = self.price(i, j, &stage.devices, shape, only_stage, &mut None);
             self.stages_costed += 1;
             let limit = priced.cost.memory_limit_bytes;
             if k == 0 {

@@ -272,6 +272,14 @@ impl<'a> Space<'a> {
     }
 }
 
+/// A GPU count a stage may have, the split degrees it may run at, and
+/// where it may go (`Context::stage_options`).
+pub(crate) struct StageGpus {
+    pub(crate) gpus: u32,
+    pub(crate) degrees: Vec<u32>,
+    pub(crate) places: Vec<PlacedTakes>,
+}
+
 /// What a DP run may build: the model's layers on the cluster, under one
 /// memory rule, in one search space.
 pub(crate) struct Context<'a> {
@@ -320,23 +328,28 @@ impl Context<'_> {
     }
 
     /// The GPU counts a stage may have from `state` with micro-batches of
-    /// `micro_batch` samples, ascending, each with where it may go: every
-    /// count up to `max_replicas` (times the largest split degree, where
-    /// the count splits into replicas of no more) in the full space; in the
-    /// machine-aligned space a divisor of a machine's GPUs or whole
-    /// machines, of those that can be placed the fewest that give each
-    /// largest slice (more GPUs at the same slice compute no faster, unless
-    /// they split), and every GPU left (the first stage).
+    /// `micro_batch` samples, ascending, each with the split degrees it may
+    /// run at (1: unsplit) and where it may go. In the full space, every
+    /// count and degree whose replicas take at least the smallest slice
+    /// (`max_replicas` of them at most). In the machine-aligned space, a
+    /// divisor of a machine's GPUs or whole machines, and for each degree,
+    /// of the counts that can be placed, the fewest that give each largest
+    /// slice (more replicas at the same slice compute no faster); and every
+    /// GPU left (the first stage) at every degree.
     pub(crate) fn stage_options(
         &self,
         state: &State,
         max_replicas: u32,
         micro_batch: u32,
-    ) -> Vec<(u32, Vec<PlacedTakes>)> {
+    ) -> Vec<StageGpus> {
         let free = state.free();
         let most = free.min(max_replicas * self.shapes.largest_degree());
-        let allowed = |gpus: u32| self.gpus_allowed(gpus, max_replicas);
-
+        let every_degree = |gpus: u32| self.degrees_of(gpus, max_replicas);
+        let option = |gpus: u32, degrees: Vec<u32>, places: Vec<PlacedTakes>| StageGpus {
+            gpus,
+            degrees,
+            places,
+        };
         match self.space {
             SearchSpace::MachineAligned => {
                 let per_machine = state
@@ -345,67 +358,81 @@ impl Context<'_> {
                     .map(|(m, _)| u32::from(m.capacity))
                     .max()
                     .unwrap_or(1);
-                // Split stages compute faster on more GPUs at one slice.
-                let by_slice = self.shapes.split_degrees.is_empty();
-                let mut last_slice = u32::MAX;
-                let mut options: Vec<(u32, Vec<PlacedTakes>)> = (1..per_machine)
+                let counts: Vec<u32> = (1..per_machine)
                     .filter(|d| per_machine.is_multiple_of(*d))
                     .chain((per_machine..=most).step_by(per_machine as usize))
-                    .filter(|&r| r <= most && r != free && allowed(r))
-                    .filter_map(|r| {
-                        let slice = largest_slice(micro_batch, r);
-                        if by_slice && slice == last_slice {
-                            return None;
-                        }
-                        let places = self.placements(state, r);
-                        if places.is_empty() {
-                            return None;
-                        }
-                        last_slice = slice;
-                        Some((r, places))
-                    })
+                    .filter(|&r| r <= most && r != free)
                     .collect();
-                if free <= most && allowed(free) {
-                    options.push((free, self.placements(state, free)));
+                let mut options: Vec<StageGpus> = Vec::new();
+                for t in std::iter::once(1).chain(self.shapes.split_degrees.iter().copied()) {
+                    let mut last_slice = u32::MAX;
+                    for &gpus in counts
+                        .iter()
+                        .filter(|&&g| g.is_multiple_of(t) && g / t <= max_replicas)
+                    {
+                        let slice = largest_slice(micro_batch, gpus / t);
+                        if slice == last_slice {
+                            continue;
+                        }
+                        let at = match options.iter().position(|o| o.gpus == gpus) {
+                            Some(at) => at,
+                            None => {
+                                let places = self.placements(state, gpus);
+                                if places.is_empty() {
+                                    continue;
+                                }
+                                options.push(option(gpus, Vec::new(), places));
+                                options.len() - 1
+                            }
+                        };
+                        options[at].degrees.push(t);
+                        last_slice = slice;
+                    }
+                }
+                options.sort_by_key(|o| o.gpus);
+                for o in &mut options {
+                    o.degrees.sort_unstable();
+                }
+                if free <= most && !every_degree(free).is_empty() {
+                    options.push(option(
+                        free,
+                        every_degree(free),
+                        self.placements(state, free),
+                    ));
                 }
                 options
             }
             _ => (1..=most)
-                .filter(|&r| allowed(r))
-                .map(|r| (r, self.placements(state, r)))
+                .map(|gpus| (gpus, every_degree(gpus)))
+                .filter(|(_, degrees)| !degrees.is_empty())
+                .map(|(gpus, degrees)| option(gpus, degrees, self.placements(state, gpus)))
                 .collect(),
         }
     }
 
-    /// Whether a stage may have `gpus` GPUs: replicas of at least the
-    /// smallest slice, whole or split.
-    fn gpus_allowed(&self, gpus: u32, max_replicas: u32) -> bool {
-        gpus <= max_replicas
-            || self
-                .shapes
-                .split_degrees
-                .iter()
-                .any(|&t| gpus.is_multiple_of(t) && gpus / t <= max_replicas)
+    /// Every split degree (1: unsplit) a stage of `gpus` GPUs may run at:
+    /// those that divide its GPUs into at most `max_replicas` replicas.
+    fn degrees_of(&self, gpus: u32, max_replicas: u32) -> Vec<u32> {
+        let whole = (gpus <= max_replicas).then_some(1);
+        let split = self
+            .shapes
+            .split_degrees
+            .iter()
+            .copied()
+            .filter(|&t| gpus.is_multiple_of(t) && gpus / t <= max_replicas);
+        whole.into_iter().chain(split).collect()
     }
 
-    /// The split degrees a stage on `devices` (`gpus` GPUs) may have,
-    /// ascending: 1 where its replicas' slices are large enough unsplit,
-    /// and on alike GPUs each degree whose split groups are even
-    /// (`plan::check`) and leave replicas of at least the smallest slice.
-    pub(crate) fn split_degrees(
-        &self,
-        devices: &StageDevices,
-        gpus: u32,
-        max_replicas: u32,
-    ) -> Vec<u32> {
-        let whole = (gpus <= max_replicas).then_some(1);
-        let split = self.shapes.split_degrees.iter().copied().filter(|&t| {
-            !devices.mixed
-                && gpus.is_multiple_of(t)
-                && gpus / t <= max_replicas
-                && uneven_split_group(&devices.alloc, t).is_none()
-        });
-        whole.into_iter().chain(split).collect()
+    /// Of `degrees`, those a stage on `devices` can split by: on alike
+    /// GPUs, into even split groups (`plan::check`).
+    pub(crate) fn even_degrees(&self, devices: &StageDevices, degrees: &[u32]) -> Vec<u32> {
+        degrees
+            .iter()
+            .copied()
+            .filter(|&t| {
+                t == 1 || (!devices.mixed && uneven_split_group(&devices.alloc, t).is_none())
+            })
+            .collect()
     }
 
     /// Whether layer `layer` may be in a stage of `gpus` GPUs split `t`
@@ -473,7 +500,7 @@ impl Context<'_> {
     ) -> Vec<u32> {
         self.stage_options(state, max_replicas, micro_batch)
             .into_iter()
-            .map(|(r, _)| r)
+            .map(|o| o.gpus)
             .collect()
     }
 
