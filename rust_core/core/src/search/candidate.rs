@@ -184,25 +184,40 @@ fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candid
 
 /// Megatron-LM's uniform shapes and Whale's collocated split
 /// (`megatron.rs`), as candidates, where the profile says how layers
-/// split: the search's DP does not choose split degrees yet, so these bring
-/// tensor parallelism into its choice at any cluster size. None for a
-/// profile that splits nothing.
+/// split. Above 16 GPUs the DP splits stages only at the degree of the
+/// fastest of them (`uniform_degree`), so these also bring the other
+/// degrees into the choice. None for a profile that splits nothing.
 pub(crate) fn megatron_candidates(
     profile: &Profile,
     topology: &Topology,
-    space: &Space,
+    global_batch_size: u32,
+    min_slice: u32,
 ) -> Vec<Candidate> {
     if profile.layers.iter().all(|l| l.split.is_empty()) {
         return Vec::new();
     }
-    let min_slice = space.covering().min_slice;
-    uniform_plans(profile, topology, space.global_batch_size, min_slice)
+    uniform_plans(profile, topology, global_batch_size, min_slice)
         .into_iter()
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
         .filter(|(plan, _)| check(plan, profile).is_ok())
         .map(|(plan, source)| Candidate { plan, source })
         .collect()
+}
+
+/// The split degree of the uniform candidate with the smallest formula (2)
+/// value that fits in memory at its warm-up depths; None where none fits.
+pub(crate) fn uniform_degree(candidates: &[Candidate], profile: &Profile) -> Option<u32> {
+    candidates
+        .iter()
+        .filter_map(|c| {
+            let estimate = evaluate(&c.plan, profile).ok()?;
+            estimate
+                .fits_memory
+                .then(|| (estimate.latency_ms, c.plan.stages[0].tensor_parallel))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, t)| t)
 }
 
 /// The baselines' layouts at every micro-batch size, as candidates:

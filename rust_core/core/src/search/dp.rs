@@ -1543,7 +1543,7 @@ mod tests {
             &layers,
             &cluster,
             SearchSpace::Full,
-            StageShapes::Plain,
+            (StageShapes::Plain, None),
             policy,
             1,
             1,

@@ -31,8 +31,8 @@ mod walk;
 pub use space::{SearchSpace, StageShapes};
 
 use candidate::{
-    baseline_candidates, build_plan, megatron_candidates, simulated_and_bound_ms, Candidate,
-    Ranking,
+    baseline_candidates, build_plan, megatron_candidates, simulated_and_bound_ms, uniform_degree,
+    Candidate, Ranking,
 };
 use dp::MemoryBudget;
 use passes::{explain_infeasible, run_passes, second_pass, sizes_alone, PassBest, PassResults};
@@ -144,12 +144,25 @@ pub(crate) fn search_offering(
     let (min_slice, sizes) = micro_batch_split(profile, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
+    // Only the machine-aligned space asks which uniform degree is fastest.
+    let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
+    let uniform = match opts.stage_shapes {
+        StageShapes::Auto => {
+            megatron_candidates(profile, topology, opts.global_batch_size, min_slice)
+        }
+        StageShapes::Plain => Vec::new(),
+    };
     // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
     let space = Space::new(
         &layers,
         &cluster,
         opts.search_space,
-        opts.stage_shapes,
+        (
+            opts.stage_shapes,
+            machine_aligned
+                .then(|| uniform_degree(&uniform, profile))
+                .flatten(),
+        ),
         opts.warmup_policy,
         min_slice,
         opts.global_batch_size,
@@ -172,7 +185,14 @@ pub(crate) fn search_offering(
     // 3. Candidates, costed and ranked by simulation.
     let mut ranking = Ranking::new(profile, opts.warmup_policy);
     let baselines_on = (offered == Offered::WithBaselines).then_some(topology);
-    offer_first_candidates(&mut ranking, &space, &inputs, &passes, baselines_on)?;
+    offer_first_candidates(
+        &mut ranking,
+        &space,
+        &inputs,
+        &passes,
+        baselines_on,
+        uniform,
+    )?;
     offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
     offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
     let Some(fastest_ms) = ranking.fastest_ms() else {
@@ -240,6 +260,7 @@ fn offer_first_candidates(
     inputs: &PlanInputs,
     passes: &PassResults,
     baselines_on: Option<&Topology>,
+    uniform: Vec<Candidate>,
 ) -> Result<()> {
     let mut first = searched_candidates(space, inputs, &passes.bests, |_, _| true);
     if let Some(topology) = baselines_on.filter(|_| sizes_alone(space)) {
@@ -250,8 +271,8 @@ fn offer_first_candidates(
             ranking.warmup_policy(),
         )?);
     }
-    if let Some(topology) = baselines_on {
-        first.extend(megatron_candidates(ranking.profile(), topology, space));
+    if baselines_on.is_some() {
+        first.extend(uniform);
     }
     ranking.offer(first, f64::INFINITY)
 }

@@ -65,24 +65,34 @@ impl ShapeChoices {
     pub(crate) fn new(
         layers: &LayerCosts,
         cluster: &Cluster,
-        space: SearchSpace,
+        (space, uniform_degree): (SearchSpace, Option<u32>),
         shapes: StageShapes,
     ) -> ShapeChoices {
         if shapes == StageShapes::Plain {
             return ShapeChoices::PLAIN;
         }
-        // Up to 16 GPUs a split group may span machines; above, where
-        // the space is machine-aligned, it stays inside one (a group over
-        // the network is slow, and each degree more is a search more).
-        let most = match space {
-            SearchSpace::MachineAligned => {
-                cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1)
+        let splits = |t: u32| (0..layers.num_layers).any(|l| layers.shard(l, t).is_some());
+        // In the full space (up to 16 GPUs) every degree; a split group may
+        // span machines evenly. In the machine-aligned space each degree
+        // more is a DP about as large as the plain one again (GPT-3 on
+        // 128x8: over 200 s with four): there only the degree of the
+        // fastest uniform plan (Megatron-LM's shape), inside one machine,
+        // each stage splitting at it or not.
+        let split_degrees = match space {
+            // Beyond, the uniform candidates alone split (Llama-3-405B on
+            // 2048x8: over 500 s with the one degree in the DP).
+            SearchSpace::MachineAligned if cluster.num_devices() > SPLIT_SEARCH_MAX_DEVICES => {
+                Vec::new()
             }
-            _ => cluster.num_devices(),
+            SearchSpace::MachineAligned => {
+                let per_machine = cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1);
+                uniform_degree
+                    .filter(|&t| t > 1 && t <= per_machine && splits(t))
+                    .into_iter()
+                    .collect()
+            }
+            _ => (2..=cluster.num_devices()).filter(|&t| splits(t)).collect(),
         };
-        let split_degrees = (2..=most)
-            .filter(|&t| (0..layers.num_layers).any(|l| layers.shard(l, t).is_some()))
-            .collect();
         ShapeChoices {
             split_degrees,
             shard_optimizer: layers.model_state_bytes_sharded(0, layers.num_layers, 2)
@@ -112,6 +122,9 @@ impl ShapeChoices {
         self.split_degrees.last().copied().unwrap_or(1)
     }
 }
+
+/// Largest cluster whose DP splits stages (at the fastest uniform degree).
+pub(crate) const SPLIT_SEARCH_MAX_DEVICES: u32 = 1024;
 
 /// Largest cluster the automatic choice searches in full. 128 layers on
 /// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
@@ -209,14 +222,14 @@ impl<'a> Space<'a> {
         layers: &'a LayerCosts,
         cluster: &'a Cluster,
         space: SearchSpace,
-        shapes: StageShapes,
+        (shapes, uniform_degree): (StageShapes, Option<u32>),
         warmup_policy: WarmupPolicy,
         min_slice: u32,
         global_batch_size: u32,
         sizes: Vec<u32>,
     ) -> Space<'a> {
         let space = space.resolve(cluster);
-        let shapes = ShapeChoices::new(layers, cluster, space, shapes);
+        let shapes = ShapeChoices::new(layers, cluster, (space, uniform_degree), shapes);
         let passes: Vec<WarmupPolicy> = match warmup_policy {
             WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
             fixed => vec![fixed],
