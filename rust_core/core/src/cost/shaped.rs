@@ -89,10 +89,18 @@ pub struct ShapedSums {
     /// The first layer's shard (None: whole, or no layer yet).
     first_shard: Option<ShardCost>,
     any_split: bool,
-    fwd_ms: f64,
-    bwd_ms: f64,
-    whole_gradient_bytes: f64,
+    /// Where the run of whole layers the stage starts with ends (None: it
+    /// starts split, or has no layer): such a run is priced from the
+    /// profile's range sums, as a plain stage's layers are, so that a
+    /// stage that splits nothing costs what the plain one does.
+    whole_run_end: Option<usize>,
+    /// Passes of the layers after that run, and the bridges.
+    settled_fwd_ms: f64,
+    settled_bwd_ms: f64,
     split_gradient_bytes: f64,
+    /// Of whole layers, summed a layer at a time (used where some layer
+    /// splits; else the range's, as a plain stage's).
+    whole_gradient_bytes: f64,
     memory: MemorySums,
 }
 
@@ -168,10 +176,11 @@ impl StageCoster<'_> {
             groups: (t > 1).then(|| SplitGroups::new(self.cluster, devices, t)),
             first_shard: None,
             any_split: false,
-            fwd_ms: 0.0,
-            bwd_ms: 0.0,
-            whole_gradient_bytes: 0.0,
+            whole_run_end: None,
+            settled_fwd_ms: 0.0,
+            settled_bwd_ms: 0.0,
             split_gradient_bytes: 0.0,
+            whole_gradient_bytes: 0.0,
             memory: MemorySums::default(),
         }
     }
@@ -193,36 +202,33 @@ impl StageCoster<'_> {
         let shard_group = |groups: &Option<SplitGroups>, bytes: f64| {
             groups.as_ref().map_or(0.0, |g| g.shards.ms(bytes))
         };
-        let (fwd, bwd) = match &shard {
+        match &shard {
             Some(s) => {
+                if let Some(end) = sums.whole_run_end.take() {
+                    let whole = self.times(timing, sums.whole_slice);
+                    sums.settled_fwd_ms += whole.fwd(l + 1, end) / speed;
+                    sums.settled_bwd_ms += whole.bwd(l + 1, end) / speed;
+                }
                 let split = self.times(timing, sums.split_slice);
                 let samples = f64::from(sums.split_slice);
-                (
-                    split.fwd(l, l + 1) / speed * s.compute_factor
-                        + shard_group(&sums.groups, s.fwd_allreduce_bytes_per_sample * samples),
-                    split.bwd(l, l + 1) / speed * s.compute_factor
-                        + shard_group(&sums.groups, s.bwd_allreduce_bytes_per_sample * samples),
-                )
+                sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
+                    + shard_group(&sums.groups, s.fwd_allreduce_bytes_per_sample * samples);
+                sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
+                    + shard_group(&sums.groups, s.bwd_allreduce_bytes_per_sample * samples);
+                sums.split_gradient_bytes += self.layers.gradient_bytes(l, l + 1) * s.param_factor;
             }
             None => {
-                let whole = self.times(timing, sums.whole_slice);
-                (whole.fwd(l, l + 1) / speed, whole.bwd(l, l + 1) / speed)
+                sums.whole_run_end.get_or_insert(l + 1);
+                sums.whole_gradient_bytes += self.layers.gradient_bytes(l, l + 1);
             }
-        };
-        sums.fwd_ms += fwd;
-        sums.bwd_ms += bwd;
+        }
         if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
             let cut_bytes = self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice);
             let gather_ms = shard_group(&sums.groups, cut_bytes) / 2.0;
             if shard.is_none() {
-                sums.fwd_ms += gather_ms;
+                sums.settled_fwd_ms += gather_ms;
             }
-            sums.bwd_ms += gather_ms;
-        }
-        let gradient_bytes = self.layers.gradient_bytes(l, l + 1);
-        match &shard {
-            Some(s) => sums.split_gradient_bytes += gradient_bytes * s.param_factor,
-            None => sums.whole_gradient_bytes += gradient_bytes,
+            sums.settled_bwd_ms += gather_ms;
         }
         sums.memory.add_layer(
             self.layers,
@@ -250,11 +256,21 @@ impl StageCoster<'_> {
         only_stage: bool,
     ) -> (StageCost, StageMemory) {
         debug_assert_eq!(shape.tensor_parallel.max(1), sums.t);
-        let split_ms = match &sums.groups {
-            Some(g) if sums.any_split => g.replicas.ms(sums.split_gradient_bytes),
-            _ => 0.0,
+        let (split_ms, whole_gradient_bytes) = match &sums.groups {
+            Some(g) if sums.any_split => (
+                g.replicas.ms(sums.split_gradient_bytes),
+                sums.whole_gradient_bytes,
+            ),
+            _ => (0.0, self.layers.gradient_bytes(sums.start, sums.end)),
         };
-        let mut allreduce_ms = devices.allreduce.ms(sums.whole_gradient_bytes) + split_ms;
+        let (timing, speed) = devices.paces[0];
+        let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
+        if let Some(end) = sums.whole_run_end {
+            let whole = self.times(timing, sums.whole_slice);
+            fwd_ms += whole.fwd(sums.start, end) / speed;
+            bwd_ms += whole.bwd(sums.start, end) / speed;
+        }
+        let mut allreduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms;
         if shape.shard_optimizer {
             // Half an AllReduce's volume in gradients, half in weights.
             allreduce_ms *= (1.0 + self.layers.weights_per_gradient_byte()) / 2.0;
@@ -273,17 +289,16 @@ impl StageCoster<'_> {
         };
         let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
         let memory = sums.memory.memory(shape, input_bytes);
-        let bwd_ms = match shape.recompute {
-            Recompute::None => sums.bwd_ms,
-            Recompute::Full => sums.bwd_ms + sums.fwd_ms,
-        };
+        if shape.recompute == Recompute::Full {
+            bwd_ms += fwd_ms;
+        }
         let slice = if sums.any_split {
             sums.split_slice
         } else {
             sums.whole_slice
         };
         let cost = StageCost {
-            fwd_ms: sums.fwd_ms,
+            fwd_ms,
             bwd_ms,
             allreduce_ms,
             exposed_allreduce_ms: exposed,
