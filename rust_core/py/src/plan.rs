@@ -52,7 +52,11 @@ impl PyStageShape {
             "StageShape(tensor_parallel={}, replicas={}, shard_optimizer={}, recompute={:?})",
             self.tensor_parallel,
             self.replicas,
-            if self.shard_optimizer { "True" } else { "False" },
+            if self.shard_optimizer {
+                "True"
+            } else {
+                "False"
+            },
             self.recompute
         )
     }

@@ -1542,8 +1542,7 @@ mod tests {
         let space = Space::new(
             &layers,
             &cluster,
-            SearchSpace::Full,
-            (StageShapes::Plain, None),
+            (SearchSpace::Full, StageShapes::Plain, None),
             policy,
             1,
             1,

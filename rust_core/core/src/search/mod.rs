@@ -156,8 +156,8 @@ pub(crate) fn search_offering(
     let space = Space::new(
         &layers,
         &cluster,
-        opts.search_space,
         (
+            opts.search_space,
             opts.stage_shapes,
             machine_aligned
                 .then(|| uniform_degree(&uniform, profile))
@@ -903,7 +903,7 @@ mod tests {
         for layer in &mut profile.layers {
             // Every fourth case nothing splits: pipelines, ZeRO-1 and
             // re-computation are all there is.
-            if case % 4 == 0 || rng.gen_bool(0.3) {
+            if case.is_multiple_of(4) || rng.gen_bool(0.3) {
                 continue;
             }
             layer.split = vec![crate::split::SplitPattern {
@@ -918,7 +918,7 @@ mod tests {
                 replicated_stored_fraction: rng.gen_range(0.0..0.3),
             }];
         }
-        if case % 2 == 0 {
+        if case.is_multiple_of(2) {
             // Larger batches per sample faster, and layers that keep more
             // than their output: where re-computation can pay.
             for layer in &mut profile.layers {

@@ -221,8 +221,8 @@ impl<'a> Space<'a> {
     pub(crate) fn new(
         layers: &'a LayerCosts,
         cluster: &'a Cluster,
-        space: SearchSpace,
-        (shapes, uniform_degree): (StageShapes, Option<u32>),
+        // The space, the stage shapes and the fastest uniform degree.
+        (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<u32>),
         warmup_policy: WarmupPolicy,
         min_slice: u32,
         global_batch_size: u32,
