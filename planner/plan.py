@@ -146,10 +146,10 @@ def plan(
     ``search_space``: "full" (every replication and placement), "machine-
     aligned" (stages of a divisor of a machine, whole machines, or an even
     share of every machine in use) or "auto" (full up to 16 GPUs).
-    ``stage_shapes``: "auto" (each stage may split its layers over t GPUs,
+    ``stage_shapes``: "all" (each stage may split its layers over t GPUs,
     shard its optimizer state over its replicas (ZeRO-1) and re-compute its
-    forward, each chosen per stage) or "plain" (replicas only: DAPPLE's
-    space). The plan's ``selection`` says how it was chosen:
+    forward, each chosen per stage), "auto" (all where the profile says how
+    layers split, else plain) or "plain" (replicas only: DAPPLE's space). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
     ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan

@@ -147,7 +147,7 @@ pub(crate) fn search_offering(
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
     let uniform = match opts.stage_shapes {
-        StageShapes::Auto => {
+        StageShapes::Auto | StageShapes::All => {
             megatron_candidates(profile, topology, opts.global_batch_size, min_slice)
         }
         StageShapes::Plain => Vec::new(),
@@ -983,12 +983,14 @@ mod tests {
             }
             let mut opts = SearchOptions::new(gbs);
             opts.search_space = SearchSpace::Full;
+            // Every shape, also where nothing splits.
+            opts.stage_shapes = StageShapes::All;
             let expected = brute_force(
                 &profile,
                 &topology,
                 gbs,
                 WarmupPolicy::Auto,
-                StageShapes::Auto,
+                StageShapes::All,
             );
             match (expected, search(&profile, &topology, &opts)) {
                 (None, Err(_)) => {}
