@@ -105,7 +105,7 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
             let t = s.tensor_parallel.max(1);
             let ranges = match &s.slices {
                 Some(sizes) => ranges_of(sizes),
-                None => slice_ranges(plan.micro_batch_size, s.devices.len() as u32 / t),
+                None => slice_ranges(plan.micro_batch_size, s.replicas()),
             };
             s.devices
                 .iter()

@@ -165,14 +165,19 @@ impl StageCoster<'_> {
     pub fn empty_shaped_sums(&self, end: usize, devices: &StageDevices, t: u32) -> ShapedSums {
         let t = t.max(1);
         let gpus = devices.replicas;
+        let replicas = StageShape {
+            tensor_parallel: t,
+            ..StageShape::PLAIN
+        }
+        .replicas(gpus);
         ShapedSums {
             t,
             start: end,
             end,
             gpus,
-            replicas: gpus / t,
+            replicas,
             whole_slice: largest_slice(self.micro_batch, gpus),
-            split_slice: largest_slice(self.micro_batch, gpus / t),
+            split_slice: largest_slice(self.micro_batch, replicas),
             groups: (t > 1).then(|| SplitGroups::new(self.cluster, devices, t)),
             first_shard: None,
             any_split: false,

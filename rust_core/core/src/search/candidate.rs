@@ -207,11 +207,12 @@ pub(crate) fn megatron_candidates(
 
 /// The split degree of the uniform candidate with the smallest formula (2)
 /// value that fits in memory at its warm-up depths; None where none fits.
-pub(crate) fn uniform_degree(candidates: &[Candidate], profile: &Profile) -> Option<u32> {
+/// Each candidate keeps its estimate, which the ranking then reuses.
+pub(crate) fn uniform_degree(candidates: &mut [Candidate], profile: &Profile) -> Option<u32> {
     candidates
-        .iter()
+        .iter_mut()
         .filter_map(|c| {
-            let estimate = evaluate(&c.plan, profile).ok()?;
+            let estimate = c.plan.estimate.insert(evaluate(&c.plan, profile).ok()?);
             estimate
                 .fits_memory
                 .then(|| (estimate.latency_ms, c.plan.stages[0].tensor_parallel))

@@ -819,24 +819,17 @@ impl<'c, 'a> Dp<'c, 'a> {
     fn grow_stage(&mut self, option: &mut StageOption, suffixes: &Suffixes) {
         let max_replicas = self.max_replicas();
         // Layers `end..j` are in every stage grown here.
-        let mut degrees = option.degrees.clone();
-        degrees.retain(|&t| {
-            (option.end..suffixes.start)
-                .all(|l| self.ctx.layer_runs_at(l, t, option.gpus, max_replicas))
-        });
-        // Each degree's sums of the stage, once a shape that is not plain
-        // was priced at it; grown with the stage after that.
-        let mut growing: Vec<(u32, Option<ShapedSums>)> =
-            degrees.iter().map(|&t| (t, None)).collect();
+        let always = option.end..suffixes.start;
+        let mut growing = self.degrees_for(&option.degrees, option.gpus, &option.devices, always);
         for i in (option.first..option.end).rev() {
             // Time does not depend on the warm-up depth, memory is
             // checked per rule when prepended: cost the stage once.
             let only_stage = i == 0 && suffixes.entries[0].1.stages == 0;
-            growing.retain(|&(t, _)| self.ctx.layer_runs_at(i, t, option.gpus, max_replicas));
+            growing.retain(|d| self.ctx.layer_runs_at(i, d.t, option.gpus, max_replicas));
             let mut kept = Vec::with_capacity(growing.len());
-            for (t, mut sums) in std::mem::take(&mut growing) {
-                if self.prepend_shapes(option, i, t, only_stage, suffixes, &mut sums) {
-                    kept.push((t, sums));
+            for mut degree in std::mem::take(&mut growing) {
+                if self.prepend_shapes(option, i, &mut degree, only_stage, suffixes) {
+                    kept.push(degree);
                 }
             }
             growing = kept;
@@ -844,6 +837,32 @@ impl<'c, 'a> Dp<'c, 'a> {
                 break;
             }
         }
+    }
+
+    /// The split degrees of `degrees` at which a stage of `gpus` GPUs on
+    /// `devices` can hold layers `always` (those every stage grown from
+    /// here holds), each with its shapes.
+    fn degrees_for(
+        &self,
+        degrees: &[u32],
+        gpus: u32,
+        devices: &StageDevices,
+        always: std::ops::Range<usize>,
+    ) -> Vec<Degree> {
+        let max_replicas = self.max_replicas();
+        degrees
+            .iter()
+            .filter(|&&t| {
+                always
+                    .clone()
+                    .all(|l| self.ctx.layer_runs_at(l, t, gpus, max_replicas))
+            })
+            .map(|&t| Degree {
+                t,
+                shapes: self.ctx.shapes_at(t, gpus, devices.mixed),
+                sums: None,
+            })
+            .collect()
     }
 
     /// Prepend the stage `i..j` of `option`, split `t` ways, in each shape
@@ -859,20 +878,19 @@ impl<'c, 'a> Dp<'c, 'a> {
         &mut self,
         option: &mut StageOption,
         i: usize,
-        t: u32,
+        degree: &mut Degree,
         only_stage: bool,
         suffixes: &Suffixes,
-        sums: &mut Option<ShapedSums>,
     ) -> bool {
         let j = suffixes.start;
-        let shapes = self.ctx.shapes_at(t, option.gpus, option.devices.mixed);
+        let (shapes, sums) = (&degree.shapes, &mut degree.sums);
         let mut longer_may_help = false;
         // Passes of the shapes prepended so far (None: skipped), and of
         // those that fit every suffix's rule.
         let mut passes: Vec<(StageShape, Option<[f64; 3]>)> = Vec::with_capacity(shapes.len());
         let mut fitting: Vec<[f64; 3]> = Vec::new();
         let no_faster = |v: &[f64; 3], u: &[f64; 3]| (0..3).all(|k| u[k] <= v[k]);
-        for shape in &shapes {
+        for shape in shapes {
             // Re-computing: the same shape keeping its activations, plus a
             // forward. ZeRO-1 where it moves no less: the plain shape's
             // passes at least.
@@ -1046,6 +1064,15 @@ struct Suffixes {
     entries: Vec<(u32, Entry)>,
     /// The distinct `neighbour_machines` of the entries, ascending.
     neighbour_counts: Vec<u32>,
+}
+
+/// A split degree a stage is being grown at: the shapes it may take there
+/// (`Context::shapes_at`), and its sums once a shape that is not plain was
+/// priced (grown with the stage after that).
+struct Degree {
+    t: u32,
+    shapes: Vec<StageShape>,
+    sums: Option<ShapedSums>,
 }
 
 /// What prepending one shape of a stage found.
@@ -1223,23 +1250,28 @@ impl Dp<'_, '_> {
                     transfer,
                     next: state.taken(&takes),
                 };
-                let mut degrees = self.ctx.even_degrees(&stage.devices, &allowed);
+                let degrees = self.ctx.even_degrees(&stage.devices, &allowed);
                 let starts = self.ctx.starts(r, free, j);
                 // Layers from the last start to `j` are in every stage.
-                degrees.retain(|&t| {
-                    (starts.end..j).all(|l| self.ctx.layer_runs_at(l, t, r, max_replicas))
-                });
+                let mut degrees = self.degrees_for(&degrees, r, &stage.devices, starts.end..j);
                 for i in starts.rev() {
-                    degrees.retain(|&t| self.ctx.layer_runs_at(i, t, r, max_replicas));
+                    degrees.retain(|d| self.ctx.layer_runs_at(i, d.t, r, max_replicas));
                     let mut kept = Vec::with_capacity(degrees.len());
-                    for &t in &degrees {
+                    for mut degree in std::mem::take(&mut degrees) {
                         if walk.nodes_left == 0 {
                             walk.complete = false;
                             return None;
                         }
                         walk.nodes_left -= 1;
-                        if self.walk_shapes(suffix, &stage, i, t, walk.bound, &mut children) {
-                            kept.push(t);
+                        if self.walk_shapes(
+                            suffix,
+                            &stage,
+                            i,
+                            &mut degree,
+                            walk.bound,
+                            &mut children,
+                        ) {
+                            kept.push(degree);
                         }
                     }
                     degrees = kept;
@@ -1263,7 +1295,7 @@ impl Dp<'_, '_> {
         suffix: &WalkSuffix,
         stage: &WalkStage,
         i: usize,
-        t: u32,
+        degree: &mut Degree,
         bound: f64,
         children: &mut Vec<WalkChild>,
     ) -> bool {
@@ -1273,15 +1305,14 @@ impl Dp<'_, '_> {
             .ctx
             .memory_warmup(suffix.stages + 1, self.micro_batches);
         let only_stage = i == 0 && suffix.stages == 0;
-        let shapes = self.ctx.shapes_at(t, stage.gpus, stage.devices.mixed);
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;
-        for (k, shape) in shapes.iter().enumerate() {
+        for (k, shape) in degree.shapes.iter().enumerate() {
             let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
             if k > 0 && base_fits_deepest && !may_be_faster {
                 continue;
             }
-            let priced = self.price(i, j, &stage.devices, shape, only_stage, &mut None);
+            let priced = self.price(i, j, &stage.devices, shape, only_stage, &mut degree.sums);
             self.stages_costed += 1;
             let limit = priced.cost.memory_limit_bytes;
             if k == 0 {
