@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import _core
 from .errors import IncompatibleInputsError
@@ -80,10 +81,11 @@ class Plan(FileObject):
         """The cluster the plan was made for."""
         return Topology(self.core.topology)
 
-    @property
+    @cached_property
     def stage_shapes(self) -> list[_core.StageShape]:
         """Each stage's split degree, replicas, ZeRO-1, re-computation and
-        split groups, as the core reads them from the plan."""
+        split groups, as the core reads them from the plan (once: pictures
+        read them stage by stage)."""
         return self.core.stage_shapes()
 
     def blocks_per_stage(self, profile: Profile) -> list[int]:
