@@ -131,8 +131,9 @@ def child(spec: dict) -> None:
     if spec.get("baseline"):
         print(json.dumps({"import_s": t_import}))
         return
+    options = {"min_micro_batch_size": spec["min_micro_batch_size"]} if spec.get("min_micro_batch_size") else {}
     t0 = time.perf_counter()
-    p = planner.plan(spec["profile"], spec["topology"], spec["gbs"])
+    p = planner.plan(spec["profile"], spec["topology"], spec["gbs"], **options)
     wall = time.perf_counter() - t0
     stats = p.search_stats
     print(
@@ -145,6 +146,8 @@ def child(spec: dict) -> None:
                 "micro_batch_size": p.micro_batch_size,
                 "micro_batches": p.micro_batches,
                 "latency_ms": p.estimate["latency_ms"] if p.estimate else None,
+                "iteration_ms": p.iteration_ms,
+                "mfu": p.estimate.get("mfu") if p.estimate else None,
                 "search_space": p.data["inputs"]["options"].get("search_space"),
                 "states": stats.states,
                 "stages_costed": stats.stages_costed,
@@ -202,9 +205,11 @@ def run_cli(cmd: list[str], runs: int = 5) -> dict:
     }
 
 
-def run_child(spec: dict) -> dict:
-    """Run one case in a fresh process; return its JSON plus its own rusage."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
+def run_child(spec: dict, python: str = sys.executable) -> dict:
+    """Run one case in a fresh process of ``python`` (an interpreter with
+    planner installed; another build's for a paired comparison); return its
+    JSON plus its own rusage."""
+    cmd = [python, os.path.abspath(__file__), "--child", json.dumps(spec)]
     out, process_s, ru = run_reaped(cmd, stdout=subprocess.PIPE)
     res = json.loads(out)
     res["peak_rss_mb"] = ru.ru_maxrss / 1024  # Linux: kilobytes

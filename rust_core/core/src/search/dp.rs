@@ -37,7 +37,7 @@ use crate::placement::{MachineUse, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::shape::{StageMemory, StageShape};
 
-use super::space::{Context, StageGpus};
+use super::space::{Context, ShapeList, StageDegrees, StageGpus};
 
 /// The memory the DP tables of one search may take, shared by its runs
 /// (one per micro-batch size, in parallel): each run charges the states
@@ -77,6 +77,9 @@ pub(crate) enum Objective {
 
 pub(crate) const NO_PARENT: u32 = u32::MAX;
 
+/// A suffix plan: what the DP compares. Its first stage is kept apart
+/// (`EntryStage`, at the same index), read only to rebuild a plan: the
+/// entries are copied and compared in the innermost loops.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry {
     latency: SuffixLatency,
@@ -86,15 +89,19 @@ pub(crate) struct Entry {
     /// (`DpKey`); more is better.
     neighbour_machines: u32,
     parent: u32,
-    layer_start: u32,
-    layer_end: u32,
-    placement: Placement,
-    /// GPUs of the stage: replicas times split degree.
-    gpus: u32,
-    shape: StageShape,
     /// The strictest memory rule of the run every stage fits under: an
     /// index into `Dp::rules`.
     class: u8,
+}
+
+/// An entry's first stage; it ends where its parent's starts.
+#[derive(Debug, Clone, Copy)]
+struct EntryStage {
+    layer_start: u32,
+    placement: Placement,
+    /// Replicas times split degree.
+    gpus: u32,
+    shape: StageShape,
 }
 
 /// A DP state: the machines used, where the neighbouring stage (the one
@@ -165,6 +172,8 @@ pub(crate) struct Dp<'c, 'a> {
     /// index[j]: state id of each cluster state whose suffix starts at layer j.
     index: Vec<FxHashMap<DpKey, u32>>,
     entries: Vec<Entry>,
+    /// Each entry's first stage, by entry id.
+    entry_stages: Vec<EntryStage>,
     pub(crate) stages_costed: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
     /// 0..j whatever stages hold them, for pruning.
@@ -188,6 +197,20 @@ pub(crate) struct Dp<'c, 'a> {
     /// ZeRO-1 moves less than an AllReduce (weights smaller than
     /// gradients): worth trying where memory does not bind.
     zero_saves_time: bool,
+    /// `prepend_shapes`' lists, kept between calls: it runs once per
+    /// stage costed, too often to allocate them each time.
+    shape_scratch: ShapeScratch,
+    /// Emptied lists of `Degree`s, to fill again (`degrees_for`): one is
+    /// needed per stage option.
+    spare_degrees: Vec<Vec<Degree>>,
+}
+
+/// The passes of the shapes a stage was prepended in so far (None:
+/// skipped), and those of the ones that fit every suffix's rule.
+#[derive(Default)]
+struct ShapeScratch {
+    passes: Vec<(StageShape, Option<[f64; 3]>)>,
+    fitting: Vec<[f64; 3]>,
 }
 
 impl Drop for Dp<'_, '_> {
@@ -278,6 +301,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             states: Vec::new(),
             index: vec![FxHashMap::default(); n + 1],
             entries: Vec::new(),
+            entry_stages: Vec::new(),
             stages_costed: 0,
             fwd_floor,
             fwd_bwd_floor,
@@ -289,6 +313,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             stopped: false,
             zero_saves_time: ctx.shapes.shard_optimizer
                 && ctx.layers.weights_per_gradient_byte() < 1.0,
+            shape_scratch: ShapeScratch::default(),
+            spare_degrees: Vec::new(),
         }
     }
 
@@ -377,6 +403,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// below the best complete plan its class could improve? Only strictly
     /// worse ones are cut, so ties survive and the result does not depend
     /// on thread timing. `free`: GPUs left for layers 0..j.
+    #[inline]
     fn promising(&self, latency: SuffixLatency, j: usize, free: u32, class: u8) -> bool {
         if self.objective != Objective::Latency {
             return true;
@@ -391,8 +418,8 @@ impl<'c, 'a> Dp<'c, 'a> {
     }
 
     /// The strictest rule, at most `ceiling`, under which `priced` (layers
-    /// `start..end`) fits with `stages_from_here` stages from it on; None
-    /// when it fits under none.
+    /// `start..end`) fits with `stages_from_here` stages from it on, and
+    /// its memory under that rule; None when it fits under none.
     fn fitting_class(
         &self,
         priced: &Priced,
@@ -400,34 +427,35 @@ impl<'c, 'a> Dp<'c, 'a> {
         end: usize,
         stages_from_here: u32,
         ceiling: u8,
-    ) -> Option<u8> {
-        (0..=ceiling).rev().find(|&c| {
+    ) -> Option<(u8, f64)> {
+        (0..=ceiling).rev().find_map(|c| {
             let warmup = self.rule_warmup(usize::from(c), stages_from_here);
-            priced.bytes_at(self.ctx.layers, start, end, warmup) <= priced.cost.memory_limit_bytes
+            let bytes = priced.bytes_at(self.ctx.layers, start, end, warmup);
+            (bytes <= priced.cost.memory_limit_bytes).then_some((c, bytes))
         })
     }
 
     /// What layers `i..j` on `devices` cost as `shape` runs them, and their
-    /// memory at any depth. A shape that is not plain is priced from
-    /// `sums` of the stage at its degree, grown to `i` (or made, where
-    /// there are none yet).
+    /// memory at any depth, `warmup` the one asked for first (the cost's
+    /// own). A shape that is not plain is priced from `sums` of the stage
+    /// at its degree, grown to `i` (or made, where there are none yet).
     fn price(
         &self,
-        i: usize,
-        j: usize,
+        (i, j): (usize, usize),
         devices: &StageDevices,
-        shape: &StageShape,
+        (shape, warmup): (&StageShape, u32),
         only_stage: bool,
-        sums: &mut Option<ShapedSums>,
+        sums: &mut Option<Box<ShapedSums>>,
     ) -> Priced {
         if shape.is_plain() {
-            let cost = self
-                .coster
-                .stage_searched(i, j, devices, self.ctx.min_slice, 1, only_stage);
+            let cost =
+                self.coster
+                    .stage_searched(i, j, devices, self.ctx.min_slice, warmup, only_stage);
             return Priced {
                 shape: *shape,
                 cost,
                 memory: None,
+                warmup,
             };
         }
         let sums = match sums {
@@ -437,16 +465,19 @@ impl<'c, 'a> Dp<'c, 'a> {
                 }
                 sums
             }
-            None => sums.insert(
-                self.coster
-                    .shaped_sums(i, j, devices, shape.tensor_parallel),
-            ),
+            None => sums.insert(Box::new(self.coster.shaped_sums(
+                i,
+                j,
+                devices,
+                shape.tensor_parallel,
+            ))),
         };
         let (cost, memory) = self.coster.shaped_cost(sums, devices, shape, only_stage);
         Priced {
             shape: *shape,
             cost,
             memory: Some(memory),
+            warmup,
         }
     }
 
@@ -494,7 +525,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
     }
 
-    fn insert(&mut self, state: u32, entry: Entry) {
+    #[inline(always)]
+    fn insert(&mut self, state: u32, entry: Entry, stage: EntryStage) {
         let front = &self.states[state as usize].front;
         if front
             .iter()
@@ -507,9 +539,14 @@ impl<'c, 'a> Dp<'c, 'a> {
             .copied()
             .filter(|&e| !self.dominates(&entry, &self.entries[e as usize]))
             .collect();
-        self.charge((std::mem::size_of::<Entry>() + std::mem::size_of::<u32>()) as u64);
+        self.charge(
+            (std::mem::size_of::<Entry>()
+                + std::mem::size_of::<EntryStage>()
+                + std::mem::size_of::<u32>()) as u64,
+        );
         let id = self.entries.len() as u32;
         self.entries.push(entry);
+        self.entry_stages.push(stage);
         let front = &mut self.states[state as usize].front;
         *front = keep;
         front.push(id);
@@ -526,14 +563,15 @@ impl<'c, 'a> Dp<'c, 'a> {
             stages: 0,
             neighbour_machines: 0,
             parent: NO_PARENT,
-            layer_start: n as u32,
-            layer_end: n as u32,
-            placement: Placement::of(Policy::FreshFirst),
-            gpus: 0,
-            shape: StageShape::PLAIN,
             class: (self.rules.len() - 1) as u8,
         };
         self.entries.push(root);
+        self.entry_stages.push(EntryStage {
+            layer_start: n as u32,
+            placement: Placement::of(Policy::FreshFirst),
+            gpus: 0,
+            shape: StageShape::PLAIN,
+        });
         self.states[root_state as usize].front.push(0);
         let max_replicas = self.max_replicas();
         // The seeds are plans of the whole space, not of a fixed layout
@@ -610,15 +648,16 @@ impl<'c, 'a> Dp<'c, 'a> {
         let mut stages = Vec::new();
         let mut cur = best;
         while self.entries[cur as usize].parent != NO_PARENT {
-            let e = self.entries[cur as usize];
+            let parent = self.entries[cur as usize].parent;
+            let stage = self.entry_stages[cur as usize];
             stages.push(Step {
-                layer_start: e.layer_start as usize,
-                layer_end: e.layer_end as usize,
-                placement: e.placement,
-                gpus: e.gpus,
-                shape: e.shape,
+                layer_start: stage.layer_start as usize,
+                layer_end: self.entry_stages[parent as usize].layer_start as usize,
+                placement: stage.placement,
+                gpus: stage.gpus,
+                shape: stage.shape,
             });
-            cur = e.parent;
+            cur = parent;
         }
         stages.reverse(); // last pipeline stage first, the order they were placed
         Found { value, stages }
@@ -674,10 +713,17 @@ impl<'c, 'a> Dp<'c, 'a> {
                 };
                 let stages_from_here = k - idx as u32;
                 let devices = self.devices(&state, &takes);
-                let priced =
-                    self.price(w[0], w[1], &devices, &StageShape::PLAIN, k == 1, &mut None);
-                class = class
-                    .and_then(|c| self.fitting_class(&priced, w[0], w[1], stages_from_here, c));
+                let priced = self.price(
+                    (w[0], w[1]),
+                    &devices,
+                    (&StageShape::PLAIN, 1),
+                    k == 1,
+                    &mut None,
+                );
+                class = class.and_then(|c| {
+                    self.fitting_class(&priced, w[0], w[1], stages_from_here, c)
+                        .map(|(fits, _)| fits)
+                });
                 let cost = priced.cost;
                 if class.is_none() {
                     break;
@@ -783,8 +829,10 @@ impl<'c, 'a> Dp<'c, 'a> {
             }
             for (placement, takes) in places {
                 let devices = self.devices(used, &takes);
-                let degrees = self.ctx.even_degrees(&devices, &allowed);
+                // Layers `end..j` are in every stage grown from here.
+                let degrees = self.degrees_for(&allowed, r, &devices, end..j);
                 if degrees.is_empty() {
+                    self.done_with(degrees);
                     continue;
                 }
                 let shares = if is_root {
@@ -818,51 +866,67 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// cannot run at it.
     fn grow_stage(&mut self, option: &mut StageOption, suffixes: &Suffixes) {
         let max_replicas = self.max_replicas();
-        // Layers `end..j` are in every stage grown here.
-        let always = option.end..suffixes.start;
-        let mut growing = self.degrees_for(&option.degrees, option.gpus, &option.devices, always);
+        let mut growing = std::mem::take(&mut option.degrees);
         for i in (option.first..option.end).rev() {
             // Time does not depend on the warm-up depth, memory is
             // checked per rule when prepended: cost the stage once.
             let only_stage = i == 0 && suffixes.entries[0].1.stages == 0;
-            growing.retain(|d| self.ctx.layer_runs_at(i, d.t, option.gpus, max_replicas));
-            let mut kept = Vec::with_capacity(growing.len());
-            for mut degree in std::mem::take(&mut growing) {
-                if self.prepend_shapes(option, i, &mut degree, only_stage, suffixes) {
-                    kept.push(degree);
+            // In place and in order (`retain_mut` costs more, per layer).
+            let mut k = 0;
+            while k < growing.len() {
+                let degree = &mut growing[k];
+                if self
+                    .ctx
+                    .layer_runs_at(i, degree.t, option.gpus, max_replicas)
+                    && self.prepend_shapes(option, i, degree, only_stage, suffixes)
+                {
+                    k += 1;
+                } else {
+                    growing.remove(k);
                 }
             }
-            growing = kept;
             if growing.is_empty() {
                 break;
             }
         }
+        self.done_with(growing);
     }
 
     /// The split degrees of `degrees` at which a stage of `gpus` GPUs on
-    /// `devices` can hold layers `always` (those every stage grown from
-    /// here holds), each with its shapes.
+    /// `devices` splits evenly and can hold layers `always` (those every
+    /// stage grown from here holds), each with its shapes.
+    /// A list from `spare_degrees`, which `done_with` fills.
     fn degrees_for(
-        &self,
-        degrees: &[u32],
+        &mut self,
+        degrees: &StageDegrees,
         gpus: u32,
         devices: &StageDevices,
         always: std::ops::Range<usize>,
     ) -> Vec<Degree> {
         let max_replicas = self.max_replicas();
-        degrees
-            .iter()
-            .filter(|&&t| {
-                always
-                    .clone()
-                    .all(|l| self.ctx.layer_runs_at(l, t, gpus, max_replicas))
-            })
-            .map(|&t| Degree {
-                t,
-                shapes: self.ctx.shapes_at(t, gpus, devices.mixed),
-                sums: None,
-            })
-            .collect()
+        let mut list = self.spare_degrees.pop().unwrap_or_default();
+        for t in self.ctx.degrees(degrees, gpus, max_replicas) {
+            // Every layer runs whole (t = 1).
+            if t == 1
+                || self.ctx.splits_evenly(devices, t)
+                    && always
+                        .clone()
+                        .all(|l| self.ctx.layer_runs_at(l, t, gpus, max_replicas))
+            {
+                list.push(Degree {
+                    t,
+                    shapes: self.ctx.shapes_at(t, gpus, devices.mixed),
+                    sums: None,
+                });
+            }
+        }
+        list
+    }
+
+    /// Keep `list`'s allocation for the next `degrees_for`.
+    fn done_with(&mut self, mut list: Vec<Degree>) {
+        list.clear();
+        self.spare_degrees.push(list);
     }
 
     /// Prepend the stage `i..j` of `option`, split `t` ways, in each shape
@@ -883,12 +947,26 @@ impl<'c, 'a> Dp<'c, 'a> {
         suffixes: &Suffixes,
     ) -> bool {
         let j = suffixes.start;
-        let (shapes, sums) = (&degree.shapes, &mut degree.sums);
+        let (shapes, sums) = (degree.shapes.as_slice(), &mut degree.sums);
+        // The memory asked for first: under the strictest rule the suffix of
+        // fewest stages allows (`fitting_class`).
+        let first = &suffixes.entries[0].1;
+        let warmup = self.rule_warmup(usize::from(first.class), first.stages + 1);
+        if let [only] = shapes {
+            // Nothing to weigh it against (DAPPLE's space, mixed GPUs).
+            let priced = self.price((i, j), &option.devices, (only, warmup), only_stage, sums);
+            self.stages_costed += 1;
+            return self
+                .prepend_stage(option, i, &priced, suffixes)
+                .longer_may_help;
+        }
         let mut longer_may_help = false;
-        // Passes of the shapes prepended so far (None: skipped), and of
-        // those that fit every suffix's rule.
-        let mut passes: Vec<(StageShape, Option<[f64; 3]>)> = Vec::with_capacity(shapes.len());
-        let mut fitting: Vec<[f64; 3]> = Vec::new();
+        let ShapeScratch {
+            mut passes,
+            mut fitting,
+        } = std::mem::take(&mut self.shape_scratch);
+        passes.clear();
+        fitting.clear();
         let no_faster = |v: &[f64; 3], u: &[f64; 3]| (0..3).all(|k| u[k] <= v[k]);
         for shape in shapes {
             // Re-computing: the same shape keeping its activations, plus a
@@ -920,7 +998,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 passes.push((*shape, None));
                 continue;
             }
-            let priced = self.price(i, j, &option.devices, shape, only_stage, sums);
+            let priced = self.price((i, j), &option.devices, (shape, warmup), only_stage, sums);
             self.stages_costed += 1;
             let c = &priced.cost;
             let times = [c.fwd_ms, c.bwd_ms, c.exposed_allreduce_ms];
@@ -936,11 +1014,13 @@ impl<'c, 'a> Dp<'c, 'a> {
             }
             passes.push((*shape, Some(times)));
         }
+        self.shape_scratch = ShapeScratch { passes, fitting };
         longer_may_help
     }
 
     /// Prepend the stage `i..j` on `option`'s GPUs, priced as `priced`, to
     /// every suffix it fits in front of and could lead below the bound.
+    #[inline(always)]
     fn prepend_stage(
         &mut self,
         option: &mut StageOption,
@@ -960,10 +1040,14 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
             let stages = entry.stages + 1;
-            let class = match self.fitting_class(priced, i, j, stages, entry.class) {
-                Some(class) => class,
+            let (class, memory_bytes) = match self.fitting_class(priced, i, j, stages, entry.class)
+            {
+                Some(fits) => fits,
                 // Peak memory ignores limits (to explain infeasibility).
-                None if self.objective == Objective::PeakMemory => 0,
+                None if self.objective == Objective::PeakMemory => {
+                    let warmup = self.rule_warmup(0, stages);
+                    (0, priced.bytes_at(self.ctx.layers, i, j, warmup))
+                }
                 // Not even under the loosest rule. More stages behind means
                 // more micro-batches in flight: the remaining suffixes need
                 // more memory.
@@ -980,8 +1064,6 @@ impl<'c, 'a> Dp<'c, 'a> {
                     continue;
                 }
             }
-            let warmup = self.rule_warmup(usize::from(class), stages);
-            let memory_bytes = priced.bytes_at(self.ctx.layers, i, j, warmup);
             let mut latency = entry.latency;
             if entry.stages > 0 {
                 let t = self.transfer_to_suffix(option, suffixes, entry.neighbour_machines);
@@ -1006,12 +1088,13 @@ impl<'c, 'a> Dp<'c, 'a> {
                     stages,
                     neighbour_machines: option.next_neighbour_machines,
                     parent: eid,
+                    class,
+                },
+                EntryStage {
                     layer_start: i as u32,
-                    layer_end: j as u32,
                     placement: option.placement,
                     gpus: option.gpus,
                     shape: priced.shape,
-                    class,
                 },
             );
         }
@@ -1024,6 +1107,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// The time of the transfer from `option`'s stage to a suffix whose
     /// neighbouring stage is `neighbour_machines` whole machines (where the
     /// state leaves it out), priced once per count.
+    #[inline(always)]
     fn transfer_to_suffix(
         &self,
         option: &mut StageOption,
@@ -1034,20 +1118,35 @@ impl<'c, 'a> Dp<'c, 'a> {
             .neighbour_counts
             .binary_search(&neighbour_machines)
             .expect("every suffix's count is listed");
-        *option.transfer_ms[w].get_or_insert_with(|| {
-            let mut shares = option.shares.clone();
-            if let Some(class) = suffixes.neighbour {
-                // The neighbour, left out of the used: whole machines,
-                // apart from the new stage's.
-                shares.push(TransferShare {
-                    machine: self.group_first[usize::from(class.group)],
-                    senders: 0,
-                    receivers: u32::from(class.capacity),
-                    machines: neighbour_machines,
-                });
-            }
-            self.coster.transfer_over(suffixes.start, &shares)
-        })
+        if let Some(ms) = option.transfer_ms[w] {
+            return ms;
+        }
+        let ms = self.price_transfer(option, suffixes, neighbour_machines);
+        option.transfer_ms[w] = Some(ms);
+        ms
+    }
+
+    /// [`Dp::transfer_to_suffix`] the first time: out of line, as most
+    /// calls find it priced.
+    #[inline(never)]
+    fn price_transfer(
+        &self,
+        option: &StageOption,
+        suffixes: &Suffixes,
+        neighbour_machines: u32,
+    ) -> f64 {
+        let mut shares = option.shares.clone();
+        if let Some(class) = suffixes.neighbour {
+            // The neighbour, left out of the used: whole machines,
+            // apart from the new stage's.
+            shares.push(TransferShare {
+                machine: self.group_first[usize::from(class.group)],
+                senders: 0,
+                receivers: u32::from(class.capacity),
+                machines: neighbour_machines,
+            });
+        }
+        self.coster.transfer_over(suffixes.start, &shares)
     }
 }
 
@@ -1071,8 +1170,10 @@ struct Suffixes {
 /// priced (grown with the stage after that).
 struct Degree {
     t: u32,
-    shapes: Vec<StageShape>,
-    sums: Option<ShapedSums>,
+    shapes: ShapeList,
+    /// Boxed: a degree is listed for every stage option, its sums made
+    /// only for the shapes that are not plain.
+    sums: Option<Box<ShapedSums>>,
 }
 
 /// What prepending one shape of a stage found.
@@ -1089,17 +1190,19 @@ struct Prepended {
 /// A stage's cost as the search prices it, with its memory at any depth.
 struct Priced {
     shape: StageShape,
-    /// With one micro-batch in flight.
+    /// Its memory at `warmup` micro-batches in flight.
     cost: StageCost,
     /// None for a plain shape: its memory is `stage_memory_bytes` of its
     /// slice, from the profile's range sums.
     memory: Option<StageMemory>,
+    warmup: u32,
 }
 
 impl Priced {
     fn bytes_at(&self, layers: &LayerCosts, start: usize, end: usize, warmup: u32) -> f64 {
         match &self.memory {
             Some(memory) => memory.at(warmup),
+            None if warmup == self.warmup => self.cost.memory_bytes,
             None => stage_memory_bytes(layers, start, end, self.cost.slice_size, warmup),
         }
     }
@@ -1109,8 +1212,8 @@ impl Priced {
 /// suffixes, with what it costs whatever its layers.
 struct StageOption {
     gpus: u32,
-    /// The split degrees it may run at (`Context::split_degrees`).
-    degrees: Vec<u32>,
+    /// The split degrees it may run at, each with its shapes.
+    degrees: Vec<Degree>,
     placement: Placement,
     devices: Rc<StageDevices>,
     next_key: DpKey,
@@ -1250,35 +1353,34 @@ impl Dp<'_, '_> {
                     transfer,
                     next: state.taken(&takes),
                 };
-                let degrees = self.ctx.even_degrees(&stage.devices, &allowed);
                 let starts = self.ctx.starts(r, free, j);
                 // Layers from the last start to `j` are in every stage.
-                let mut degrees = self.degrees_for(&degrees, r, &stage.devices, starts.end..j);
+                let mut degrees = self.degrees_for(&allowed, r, &stage.devices, starts.end..j);
                 for i in starts.rev() {
-                    degrees.retain(|d| self.ctx.layer_runs_at(i, d.t, r, max_replicas));
-                    let mut kept = Vec::with_capacity(degrees.len());
-                    for mut degree in std::mem::take(&mut degrees) {
+                    // In place and in order, as `grow_stage` does.
+                    let mut k = 0;
+                    while k < degrees.len() {
+                        let degree = &mut degrees[k];
+                        if !self.ctx.layer_runs_at(i, degree.t, r, max_replicas) {
+                            degrees.remove(k);
+                            continue;
+                        }
                         if walk.nodes_left == 0 {
                             walk.complete = false;
                             return None;
                         }
                         walk.nodes_left -= 1;
-                        if self.walk_shapes(
-                            suffix,
-                            &stage,
-                            i,
-                            &mut degree,
-                            walk.bound,
-                            &mut children,
-                        ) {
-                            kept.push(degree);
+                        if self.walk_shapes(suffix, &stage, i, degree, walk.bound, &mut children) {
+                            k += 1;
+                        } else {
+                            degrees.remove(k);
                         }
                     }
-                    degrees = kept;
                     if degrees.is_empty() {
                         break;
                     }
                 }
+                self.done_with(degrees);
             }
         }
         Some(children)
@@ -1307,15 +1409,21 @@ impl Dp<'_, '_> {
         let only_stage = i == 0 && suffix.stages == 0;
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;
-        for (k, shape) in degree.shapes.iter().enumerate() {
+        for (k, shape) in degree.shapes.as_slice().iter().enumerate() {
             let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
             if k > 0 && base_fits_deepest && !may_be_faster {
                 continue;
             }
-            let priced = self.price(i, j, &stage.devices, shape, only_stage, &mut degree.sums);
+            let priced = self.price(
+                (i, j),
+                &stage.devices,
+                (shape, warmup),
+                only_stage,
+                &mut degree.sums,
+            );
             self.stages_costed += 1;
             let limit = priced.cost.memory_limit_bytes;
-            if k == 0 {
+            if k == 0 && degree.shapes.as_slice().len() > 1 {
                 base_fits_deepest =
                     priced.bytes_at(self.ctx.layers, i, j, self.micro_batches) <= limit;
             }

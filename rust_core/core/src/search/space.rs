@@ -296,8 +296,19 @@ impl<'a> Space<'a> {
 /// where it may go (`Context::stage_options`).
 pub(crate) struct StageGpus {
     pub(crate) gpus: u32,
-    pub(crate) degrees: Vec<u32>,
+    pub(crate) degrees: StageDegrees,
     pub(crate) places: Vec<PlacedTakes>,
+}
+
+/// Which split degrees (1: unsplit) a stage of some GPU count may run at
+/// (`Context::degrees`).
+pub(crate) enum StageDegrees {
+    /// Every one that divides its GPUs into at most the largest number of
+    /// replicas. Not listed: the DP asks for them once per GPU count of
+    /// every state it expands.
+    Dividing,
+    /// These, ascending.
+    Listed(Vec<u32>),
 }
 
 /// What a DP run may build: the model's layers on the cluster, under one
@@ -364,8 +375,13 @@ impl Context<'_> {
     ) -> Vec<StageGpus> {
         let free = state.free();
         let most = free.min(max_replicas * self.shapes.largest_degree());
-        let every_degree = |gpus: u32| self.degrees_of(gpus, max_replicas);
-        let option = |gpus: u32, degrees: Vec<u32>, places: Vec<PlacedTakes>| StageGpus {
+        let runs_at_all = |gpus: u32| {
+            (self
+                .degrees(&StageDegrees::Dividing, gpus, max_replicas)
+                .next())
+            .is_some()
+        };
+        let option = |gpus: u32, degrees: StageDegrees, places: Vec<PlacedTakes>| StageGpus {
             gpus,
             degrees,
             places,
@@ -401,58 +417,63 @@ impl Context<'_> {
                                 if places.is_empty() {
                                     continue;
                                 }
-                                options.push(option(gpus, Vec::new(), places));
+                                options.push(option(
+                                    gpus,
+                                    StageDegrees::Listed(Vec::new()),
+                                    places,
+                                ));
                                 options.len() - 1
                             }
                         };
-                        options[at].degrees.push(t);
+                        if let StageDegrees::Listed(degrees) = &mut options[at].degrees {
+                            degrees.push(t);
+                        }
                         last_slice = slice;
                     }
                 }
                 options.sort_by_key(|o| o.gpus);
                 for o in &mut options {
-                    o.degrees.sort_unstable();
+                    if let StageDegrees::Listed(degrees) = &mut o.degrees {
+                        degrees.sort_unstable();
+                    }
                 }
-                if free <= most && !every_degree(free).is_empty() {
+                if free <= most && runs_at_all(free) {
                     options.push(option(
                         free,
-                        every_degree(free),
+                        StageDegrees::Dividing,
                         self.placements(state, free),
                     ));
                 }
                 options
             }
             _ => (1..=most)
-                .map(|gpus| (gpus, every_degree(gpus)))
-                .filter(|(_, degrees)| !degrees.is_empty())
-                .map(|(gpus, degrees)| option(gpus, degrees, self.placements(state, gpus)))
+                .filter(|&gpus| runs_at_all(gpus))
+                .map(|gpus| option(gpus, StageDegrees::Dividing, self.placements(state, gpus)))
                 .collect(),
         }
     }
 
-    /// Every split degree (1: unsplit) a stage of `gpus` GPUs may run at:
-    /// those that divide its GPUs into at most `max_replicas` replicas.
-    fn degrees_of(&self, gpus: u32, max_replicas: u32) -> Vec<u32> {
-        let whole = (gpus <= max_replicas).then_some(1);
-        let split = self
-            .shapes
-            .split_degrees
-            .iter()
-            .copied()
-            .filter(|&t| gpus.is_multiple_of(t) && gpus / t <= max_replicas);
-        whole.into_iter().chain(split).collect()
+    /// The split degrees of `degrees` (1: unsplit) a stage of `gpus` GPUs
+    /// may run at, ascending; `Dividing`: those that divide its GPUs into at
+    /// most `max_replicas` replicas.
+    pub(crate) fn degrees<'s>(
+        &'s self,
+        degrees: &'s StageDegrees,
+        gpus: u32,
+        max_replicas: u32,
+    ) -> impl Iterator<Item = u32> + 's {
+        std::iter::once(1)
+            .chain(self.shapes.split_degrees.iter().copied())
+            .filter(move |&t| match degrees {
+                StageDegrees::Dividing => gpus.is_multiple_of(t) && gpus / t <= max_replicas,
+                StageDegrees::Listed(listed) => listed.contains(&t),
+            })
     }
 
-    /// Of `degrees`, those a stage on `devices` can split by: on alike
-    /// GPUs, into even split groups (`plan::check`).
-    pub(crate) fn even_degrees(&self, devices: &StageDevices, degrees: &[u32]) -> Vec<u32> {
-        degrees
-            .iter()
-            .copied()
-            .filter(|&t| {
-                t == 1 || (!devices.mixed && uneven_split_group(&devices.alloc, t).is_none())
-            })
-            .collect()
+    /// Whether a stage on `devices` can split `t` ways: on alike GPUs,
+    /// into even split groups (`plan::check`).
+    pub(crate) fn splits_evenly(&self, devices: &StageDevices, t: u32) -> bool {
+        t == 1 || (!devices.mixed && uneven_split_group(&devices.alloc, t).is_none())
     }
 
     /// Whether layer `layer` may be in a stage of `gpus` GPUs split `t`
@@ -474,41 +495,43 @@ impl Context<'_> {
     /// plain one (at `t`) first: then ZeRO-1 over more than one GPU and full
     /// re-computation, each where it applies. Stages on mixed GPUs stay
     /// plain (`plan::check`).
-    pub(crate) fn shapes_at(&self, t: u32, gpus: u32, mixed: bool) -> Vec<StageShape> {
+    pub(crate) fn shapes_at(&self, t: u32, gpus: u32, mixed: bool) -> ShapeList {
+        let mut list = ShapeList::default();
         if let Some(layout) = self.layout {
             // The layout's own shapes, for its stages of that many GPUs.
-            let mut own: Vec<StageShape> = layout
-                .iter()
-                .filter(|&&(_, _, g, shape)| g == gpus && shape.tensor_parallel == t)
-                .map(|&(_, _, _, shape)| shape)
-                .collect();
-            own.dedup();
-            return own;
+            for &(_, _, g, shape) in layout {
+                if g == gpus && shape.tensor_parallel == t {
+                    list.push_unique(shape);
+                }
+            }
+            return list;
         }
         let base = StageShape {
             tensor_parallel: t,
             ..StageShape::PLAIN
         };
         if mixed {
-            return vec![base];
+            list.push_unique(base);
+            return list;
         }
-        let zero = [false, true];
         let recompute: &[Recompute] = if self.shapes.recompute {
             &[Recompute::None, Recompute::Full]
         } else {
             &[Recompute::None]
         };
-        recompute
-            .iter()
-            .flat_map(|&r| zero.iter().map(move |&z| (r, z)))
-            // Whole layers shard over all the stage's GPUs, split ones over its replicas.
-            .filter(|&(_, z)| !z || (self.shapes.shard_optimizer && gpus > 1))
-            .map(|(recompute, shard_optimizer)| StageShape {
-                recompute,
-                shard_optimizer,
-                ..base
-            })
-            .collect()
+        for &recompute in recompute {
+            for shard_optimizer in [false, true] {
+                // Whole layers shard over all the stage's GPUs, split ones over its replicas.
+                if !shard_optimizer || (self.shapes.shard_optimizer && gpus > 1) {
+                    list.push_unique(StageShape {
+                        recompute,
+                        shard_optimizer,
+                        ..base
+                    });
+                }
+            }
+        }
+        list
     }
 
     /// The GPU counts of [`Context::stage_options`] alone.
@@ -548,5 +571,41 @@ impl Context<'_> {
             .find(|(p, _)| *p == placement)
             .map(|(_, c)| c)
             .expect("replaying a placement the search made")
+    }
+}
+
+/// The shapes a stage may take at one split degree, in the order they are
+/// priced. There is at most one per combination of ZeRO-1 and
+/// re-computation, so they fit a fixed array: the DP lists them once per
+/// stage option, too often to allocate each time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShapeList {
+    shapes: [StageShape; ShapeList::CAPACITY],
+    len: usize,
+}
+
+impl ShapeList {
+    const CAPACITY: usize = 2 * Recompute::ALL.len();
+
+    /// Adds `shape` unless it is listed already.
+    fn push_unique(&mut self, shape: StageShape) {
+        if !self.as_slice().contains(&shape) {
+            // Distinct shapes at one degree differ in ZeRO-1 or re-computation.
+            self.shapes[self.len] = shape;
+            self.len += 1;
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[StageShape] {
+        &self.shapes[..self.len]
+    }
+}
+
+impl Default for ShapeList {
+    fn default() -> Self {
+        ShapeList {
+            shapes: [StageShape::PLAIN; ShapeList::CAPACITY],
+            len: 0,
+        }
     }
 }

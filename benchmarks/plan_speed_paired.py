@@ -1,0 +1,135 @@
+"""Planning time of two builds, paired: this checkout's planner against another.
+
+    python benchmarks/plan_speed_paired.py --before /path/to/other/venv/bin/python \\
+        [--suite profiles/regress/paper-table-v.json] [--pairs 5] [--out results/plan_speed_paired.json]
+
+For every case of a regress suite (by default the paper's Table V cases,
+which are also the regress suite CI runs), a fresh process of each build
+plans the case (``plan_speed.py``'s child: ``planner.plan`` timed alone
+with ``time.perf_counter``), in turn A B A B ..., after one warm-up pair.
+A is this interpreter (the build installed beside it), B is ``--before``.
+The ratio A/B is taken pair by pair, so it holds when the machine's speed
+drifts; the median ratio is reported with its minimum and maximum. Both
+builds must choose the same plan: a difference is printed as a warning.
+
+How to make the "before" interpreter: ``git worktree add /tmp/before REV``,
+``python -m venv /tmp/venv-before``, ``/tmp/venv-before/bin/pip install
+/tmp/before``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from plan_speed import ROOT, build_info, machine_info, run_child  # noqa: E402
+
+
+def suite_cases(suite_path: Path) -> list[dict]:
+    """The suite's cases as ``plan_speed`` child specs (profiles resolved
+    against the suite's folder, as ``dapple regress`` does)."""
+    suite = json.loads(suite_path.read_text())
+    return [
+        {
+            "name": case["name"],
+            "profile": str((suite_path.parent / case["profile"]).resolve()),
+            "topology": case["topology"],
+            "gbs": case["global_batch_size"],
+            "min_micro_batch_size": case.get("min_micro_batch_size"),
+        }
+        for case in suite["cases"]
+    ]
+
+
+def paired(case: dict, before: str, pairs: int) -> dict:
+    runs_a, runs_b = [], []
+    for i in range(pairs + 1):  # the first pair warms the file cache and is not counted
+        a, b = run_child(case), run_child(case, python=before)
+        if i:
+            runs_a.append(a)
+            runs_b.append(b)
+    plan_a = (a["shape"], a["micro_batch_size"], a["iteration_ms"])
+    plan_b = (b["shape"], b["micro_batch_size"], b["iteration_ms"])
+    if plan_a != plan_b:
+        print(f"WARNING: {case['name']}: the builds plan differently: {plan_a} against {plan_b}", file=sys.stderr)
+    ratios = [x["plan_s"] / y["plan_s"] for x, y in zip(runs_a, runs_b)]
+    return {
+        "case": case["name"],
+        "pairs": pairs,
+        "plan_s_median": statistics.median(r["plan_s"] for r in runs_a),
+        "before_plan_s_median": statistics.median(r["plan_s"] for r in runs_b),
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_a),
+        "before_peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_b),
+        "same_plan": plan_a == plan_b,
+        "shape": a["shape"],
+        "iteration_ms": a["iteration_ms"],
+    }
+
+
+def markdown_table(doc: dict) -> str:
+    lines = [
+        "| case | now (median) | before (median) | ratio now/before: median (min-max) | peak RSS now / before | same plan |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['case']} | {r['plan_s_median'] * 1000:.1f} ms | {r['before_plan_s_median'] * 1000:.1f} ms | "
+            f"{r['ratio_median']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | "
+            f"{r['peak_rss_mb_max']:.0f} / {r['before_peak_rss_mb_max']:.0f} MB | {'yes' if r['same_plan'] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--before", help="python of the other build (B)")
+    ap.add_argument("--suite", default="profiles/regress/paper-table-v.json", help="regress suite whose cases to time (default: %(default)s)")
+    ap.add_argument("--pairs", type=int, default=5, help="counted pairs per case (default %(default)s)")
+    ap.add_argument("--out", default="benchmarks/results/plan_speed_paired.json", help="results JSON, relative to the repository root (default: %(default)s)")
+    ap.add_argument("--table", metavar="RESULTS_JSON", help="print the markdown table of a results file and exit")
+    args = ap.parse_args()
+    if args.table:
+        print(markdown_table(json.loads(Path(args.table).read_text())), end="")
+        return
+    if not args.before:
+        ap.error("--before PYTHON is required")
+    load_start = os.getloadavg()
+    rows = []
+    for case in suite_cases(Path(ROOT) / args.suite):
+        row = paired(case, args.before, args.pairs)
+        rows.append(row)
+        print(
+            f"{row['case']}: {row['plan_s_median'] * 1000:.1f} ms against {row['before_plan_s_median'] * 1000:.1f} ms, "
+            f"ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})",
+            flush=True,
+        )
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "build": build_info(),
+        "before_python": args.before,
+        "suite": args.suite,
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg(),
+        "rows": rows,
+    }
+    out = Path(ROOT) / args.out
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)  # whole or not at all
+    print(markdown_table(doc), end="")
+
+
+if __name__ == "__main__":
+    main()
