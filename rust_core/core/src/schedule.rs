@@ -733,8 +733,10 @@ impl Schedule {
         let n = self.stages.len();
         let mut next = vec![0usize; n];
         let mut done: FxHashSet<(usize, Action)> = FxHashSet::default();
+        let (mut ran, mut stuck) = (Vec::new(), Vec::new());
         loop {
-            let (mut ran, mut stuck) = (Vec::new(), Vec::new());
+            ran.clear();
+            stuck.clear();
             for (s, st) in self.stages.iter().enumerate() {
                 let Some(&a) = st.actions.get(next[s]) else {
                     continue;
@@ -746,10 +748,8 @@ impl Schedule {
                     _ => None,
                 };
                 match from {
-                    Some(o) if !done.contains(&(o, a)) => stuck.push(format!(
-                        "stage {s} waits at action {} ({a}) for {a} on stage {o}",
-                        next[s]
-                    )),
+                    // Waiting is common; it is put in words only for a deadlock.
+                    Some(o) if !done.contains(&(o, a)) => stuck.push((s, next[s], a, o)),
                     _ => ran.push((s, a)),
                 }
             }
@@ -757,9 +757,15 @@ impl Schedule {
                 if stuck.is_empty() {
                     return Ok(());
                 }
-                return Err(Error::invalid(format!("deadlock: {}", stuck.join("; "))));
+                let waits: Vec<String> = stuck
+                    .iter()
+                    .map(|(s, at, a, o)| {
+                        format!("stage {s} waits at action {at} ({a}) for {a} on stage {o}")
+                    })
+                    .collect();
+                return Err(Error::invalid(format!("deadlock: {}", waits.join("; "))));
             }
-            for (s, a) in ran {
+            for &(s, a) in &ran {
                 next[s] += 1;
                 done.insert((s, a));
             }
