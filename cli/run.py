@@ -175,6 +175,7 @@ def _report(result, config, start, lay, estimate, simulated):
     """The step lines of an asynchronous run (only its end knows them), then
     the summary on stdout."""
     from planner.runtime.evaluation import eval_line
+    from planner.runtime.launcher import steady_iteration_ms
 
     m0 = result.metrics[0]
     losses, iter_ms = result.losses, m0["iteration_ms"]
@@ -185,8 +186,9 @@ def _report(result, config, start, lay, estimate, simulated):
             if start + i + 1 in evaluated:
                 click.echo(eval_line(evaluated[start + i + 1]), err=True)
     how = f", {config.schedule}" if config.schedule else ""
+    steady_ms, left_out = steady_iteration_ms(iter_ms)
     line = (f"ran steps {start + 1}..{config.steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
-            f"mean iteration {sum(iter_ms) / len(iter_ms):.1f} ms")
+            f"median iteration {steady_ms:.1f} ms over steps {start + 1 + left_out}..{config.steps}")
     if estimate is not None:
         line += f" (estimate {estimate:.1f} ms"
         line += f", simulated {simulated:.1f} ms)" if simulated is not None else ")"
@@ -210,8 +212,11 @@ def rank_entries(result) -> dict[str, dict]:
 
 def run_metrics(result, config, start: int, global_batch_size: int, estimate, simulated) -> dict:
     """The run's part of the metrics file: its options, its steps and its ranks."""
+    from planner.runtime.launcher import steady_iteration_ms
+
     m0 = result.metrics[0]
     iter_ms = m0["iteration_ms"]
+    steady_ms, left_out = steady_iteration_ms(iter_ms)
     return {
         "first_step": start + 1,
         "steps": config.steps,
@@ -223,6 +228,8 @@ def run_metrics(result, config, start: int, global_batch_size: int, estimate, si
         "iteration_ms": iter_ms,
         "losses": [loss if math.isfinite(loss) else None for loss in result.losses],
         "mean_iteration_ms": sum(iter_ms) / len(iter_ms),
+        "median_iteration_ms": steady_ms,
+        "warmup_steps": left_out,
         "estimate_ms": estimate,
         "simulated_ms": simulated,
         "ranks": rank_entries(result),

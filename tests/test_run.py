@@ -87,6 +87,10 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 2)
     assert planner.RunMetrics.from_json(out.read_text(), str(out)).steps == 3
     assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
+    # The first step is left out of the steady time; the summary quotes it.
+    assert m["warmup_steps"] == 1
+    assert m["median_iteration_ms"] == sum(m["iteration_ms"][1:]) / 2
+    assert f"median iteration {m['median_iteration_ms']:.1f} ms over steps 2..3" in res.stdout
     assert len(m["losses"]) == 3 and all(x > 0 for x in m["losses"])
     assert m["estimate_ms"] > 0 and m["simulated_ms"] > 0
     assert set(m["ranks"]) == {"0", "1"}
@@ -352,3 +356,25 @@ def test_bad_slowdown_is_a_usage_error(files, value, needle):
     res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--slowdown", value)
     assert res.returncode == 2, res.stderr
     assert needle in one_error_line(res.stderr)
+
+
+def test_the_steady_step_time_leaves_the_first_step_out():
+    from planner.runtime.launcher import steady_iteration_ms
+
+    assert steady_iteration_ms([50.0, 10.0, 12.0, 11.0]) == (11.0, 1)
+    assert steady_iteration_ms([50.0, 10.0, 12.0]) == (11.0, 1)
+    assert steady_iteration_ms([30.0]) == (30.0, 0)  # nothing would be left
+
+
+def test_nccl_is_bound_to_the_ranks_gpu(monkeypatch):
+    from planner.runtime import rank as rank_module
+
+    joined = []
+    monkeypatch.setattr(rank_module.dist, "init_process_group", lambda *a, **kw: joined.append((a, kw)))
+    monkeypatch.setattr(rank_module, "rank_device", lambda device, rank: f"{device}:{rank}")
+    rank_module.init_process_group("cuda", 3, 4, 60)
+    rank_module.init_process_group("cpu", 0, 4, 60)
+    (cuda_args, cuda_kw), (cpu_args, cpu_kw) = joined
+    assert cuda_args == ("nccl",) and cuda_kw["device_id"] == "cuda:3" and cuda_kw["rank"] == 3
+    assert cpu_args == ("gloo",) and "device_id" not in cpu_kw
+

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -24,7 +24,7 @@ from ..plan import Plan
 from .config import Job, RunConfig, check_run
 from .layout import Layout
 from .memory import return_freed_memory
-from .rank import backend
+from .rank import init_process_group
 from .worker import run_rank
 
 
@@ -59,8 +59,7 @@ def _worker(rank: int, world_size: int, port: int, job: Job, out_dir: str, paren
         return_freed_memory()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend(config.device), rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=config.timeout_s))
+    init_process_group(config.device, rank, world_size, config.timeout_s)
     try:
         result = run_rank(rank, job)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -104,8 +103,7 @@ def _run_this_rank(job: Job) -> RunResult | None:
         os.dup2(2, 1)
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend(config.device), rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=config.timeout_s))
+        init_process_group(config.device, rank, world_size, config.timeout_s)
     try:
         try:
             result = run_rank(rank, job)
@@ -135,6 +133,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+WARMUP_STEPS = 1
+"""Steps at the start of each invocation left out of its steady step time:
+the first one fills the allocator's pools, the caches and torch's thread
+pools (and on CUDA, loads the kernels), and runs the slowest."""
+
+
+def steady_iteration_ms(iteration_ms: list[float]) -> tuple[float, int]:
+    """The median step time with the first :data:`WARMUP_STEPS` left out,
+    and how many were left out (none where no step would be left)."""
+    left_out = WARMUP_STEPS if len(iteration_ms) > WARMUP_STEPS else 0
+    return statistics.median(iteration_ms[left_out:]), left_out
 
 
 @dataclass

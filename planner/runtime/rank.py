@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -36,6 +37,15 @@ def log_line(text: str) -> None:
 
 def backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
+
+
+def init_process_group(device: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Join the run's process group: gloo on the CPU; NCCL on CUDA, bound to
+    the rank's own GPU (``device_id``: NCCL otherwise guesses it, warns, and
+    may pick the wrong one)."""
+    bound = {"device_id": rank_device(device, rank)} if device == "cuda" else {}
+    dist.init_process_group(backend(device), rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s), **bound)
 
 
 def rank_device(device: str, rank: int) -> torch.device:
