@@ -97,15 +97,15 @@ def main() -> None:
                 "mfu_target": mfu_target,
                 "states": res["states"],
                 "stages_costed": res["stages_costed"],
-                "verdicts": [
-                    v
-                    for v in (
-                        verdict(res["plan_s"], time_target),
-                        verdict(rss_bytes, rss_target),
-                        verdict(res["mfu"], mfu_target, below=False),
+                "verdicts": {
+                    figure: v
+                    for figure, v in (
+                        ("plan_s", verdict(res["plan_s"], time_target)),
+                        ("peak_rss_bytes", verdict(rss_bytes, rss_target)),
+                        ("mfu", verdict(res["mfu"], mfu_target, below=False)),
                     )
                     if v
-                ],
+                },
             }
             rows.append(row)
             mfu = f"{row['mfu']:.3f}" if row["mfu"] is not None else "-"
@@ -114,7 +114,7 @@ def main() -> None:
                 f"{f' (target < {time_target:g} s)' if time_target else ''}, "
                 f"peak RSS {rss_bytes / 2**20:7.1f} MiB{f' (target < {rss_target / GIB:g} GiB)' if rss_target else ''}, "
                 f"{row['iteration_ms']:,.1f} ms, MFU {mfu}{f' (target >= {mfu_target})' if mfu_target else ''} "
-                f"{' '.join(row['verdicts'])}",
+                f"{' '.join(f'{k} {v}' for k, v in row['verdicts'].items())}",
                 flush=True,
             )
     doc = {

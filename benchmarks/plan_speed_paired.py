@@ -7,10 +7,13 @@ For every case of a regress suite (by default the paper's Table V cases,
 which are also the regress suite CI runs), a fresh process of each build
 plans the case (``plan_speed.py``'s child: ``planner.plan`` timed alone
 with ``time.perf_counter``), in turn A B A B ..., after one warm-up pair.
-A is this interpreter (the build installed beside it), B is ``--before``.
-The ratio A/B is taken pair by pair, so it holds when the machine's speed
-drifts; the median ratio is reported with its minimum and maximum. Both
-builds must choose the same plan: a difference is printed as a warning.
+A is this interpreter (the build installed beside it), B is ``--before``;
+which of the two runs first alternates from pair to pair (A B, B A, ...),
+so an order effect does not lean every ratio one way. The ratio A/B is
+taken pair by pair, so it holds when the machine's speed drifts; the median
+ratio is reported with its minimum and maximum. Both builds must choose the
+same plan in every pair: a difference is printed as a warning. The results
+record each build's planner (its path and when its core was built).
 
 How to make the "before" interpreter: ``git worktree add /tmp/before REV``,
 ``python -m venv /tmp/venv-before``, ``/tmp/venv-before/bin/pip install
@@ -24,6 +27,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,17 +53,23 @@ def suite_cases(suite_path: Path) -> list[dict]:
     ]
 
 
+def plan_of(run: dict) -> tuple:
+    return run["shape"], run["micro_batch_size"], run["iteration_ms"]
+
+
 def paired(case: dict, before: str, pairs: int) -> dict:
     runs_a, runs_b = [], []
     for i in range(pairs + 1):  # the first pair warms the file cache and is not counted
-        a, b = run_child(case), run_child(case, python=before)
+        if i % 2:
+            b, a = run_child(case, python=before), run_child(case)
+        else:
+            a, b = run_child(case), run_child(case, python=before)
         if i:
             runs_a.append(a)
             runs_b.append(b)
-    plan_a = (a["shape"], a["micro_batch_size"], a["iteration_ms"])
-    plan_b = (b["shape"], b["micro_batch_size"], b["iteration_ms"])
-    if plan_a != plan_b:
-        print(f"WARNING: {case['name']}: the builds plan differently: {plan_a} against {plan_b}", file=sys.stderr)
+    plans = {plan_of(r) for r in runs_a + runs_b}
+    if len(plans) > 1:
+        print(f"WARNING: {case['name']}: the runs plan differently: {sorted(plans)}", file=sys.stderr)
     ratios = [x["plan_s"] / y["plan_s"] for x, y in zip(runs_a, runs_b)]
     return {
         "case": case["name"],
@@ -71,10 +81,20 @@ def paired(case: dict, before: str, pairs: int) -> dict:
         "ratio_max": max(ratios),
         "peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_a),
         "before_peak_rss_mb_max": max(r["peak_rss_mb"] for r in runs_b),
-        "same_plan": plan_a == plan_b,
+        "same_plan": len(plans) == 1,
         "shape": a["shape"],
         "iteration_ms": a["iteration_ms"],
     }
+
+
+def build_of(python: str) -> dict:
+    """Which planner ``python`` imports, and when its core was built."""
+    code = (
+        "import datetime, os, planner, planner._core as c; print(planner.__file__); "
+        "print(datetime.datetime.fromtimestamp(os.path.getmtime(c.__file__), datetime.timezone.utc).isoformat())"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout.split()
+    return {"python": python, "planner": out[0], "core_module_built_utc": out[1]}
 
 
 def markdown_table(doc: dict) -> str:
@@ -118,7 +138,8 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "build": build_info(),
-        "before_python": args.before,
+        "before": build_of(args.before),
+        "now": build_of(sys.executable),
         "suite": args.suite,
         "load_average_start": load_start,
         "load_average_end": os.getloadavg(),

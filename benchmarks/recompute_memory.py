@@ -18,13 +18,12 @@ from __future__ import annotations
 import functools
 import json
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 import planner
 from planner.profiler import profile_model
-from planner.runtime.launcher import run_plan
+from planner.runtime.launcher import median_iteration_ms, run_plan
 from planner.runtime import models
 
 HERE = Path(__file__).resolve().parent
@@ -74,7 +73,7 @@ def main() -> None:
                     "stage": stage,
                     "measured_training_peak_bytes": m["peak_memory_bytes"] - m["memory_before_bytes"],
                     "simulated_activation_peak_bytes": sim.stages[stage]["peak_memory_bytes"] - model_state,
-                    "measured_iteration_ms": statistics.median(m["iteration_ms"][1:]),
+                    "measured_iteration_ms": median_iteration_ms(m["iteration_ms"])[0],
                     "simulated_iteration_ms": sim.iteration_ms,
                 })
     param_bytes = [sum(layer["param_bytes"] for layer in profile.data["layers"][a:b])

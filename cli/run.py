@@ -82,7 +82,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
     from planner.runtime import checkpoint as ckpt
     from planner.runtime.config import RunConfig
     from planner.runtime.data import SeededBatches
-    from planner.runtime.launcher import WorkerFailed, launch
+    from planner.runtime.launcher import WorkerFailed, launch, median_iteration_ms
     from planner.runtime.layout import Layout
     from planner.runtime.models import load_model
 
@@ -121,12 +121,13 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         raise RunFailedError(str(e)) from None
     if result is None:
         return  # a rank other than 0 under torchrun: rank 0 reports
-    _report(result, config, start, lay, estimate, simulated)
+    median = median_iteration_ms(result.metrics[0]["iteration_ms"])
+    _report(result, config, start, lay, estimate, simulated, median)
     if metrics_path:
         data = {"plan": plan_path, "model": model_spec,
                 "model_args": {k: repr(v) if not isinstance(v, (int, float, str, bool)) else v
                                for k, v in kwargs.items()},
-                **run_metrics(result, config, start, lay.global_batch_size, estimate, simulated)}
+                **run_metrics(result, config, start, lay.global_batch_size, estimate, simulated, median)}
         write_atomic(metrics_path, planner.RunMetrics.from_dict(data, metrics_path).to_json())
 
 
@@ -171,11 +172,10 @@ def _predictions(plan, profile_path, schedule, recompute):
     return estimate, simulated
 
 
-def _report(result, config, start, lay, estimate, simulated):
+def _report(result, config, start, lay, estimate, simulated, median):
     """The step lines of an asynchronous run (only its end knows them), then
-    the summary on stdout."""
+    the summary on stdout. ``median``: ``median_iteration_ms`` of the run."""
     from planner.runtime.evaluation import eval_line
-    from planner.runtime.launcher import steady_iteration_ms
 
     m0 = result.metrics[0]
     losses, iter_ms = result.losses, m0["iteration_ms"]
@@ -186,9 +186,9 @@ def _report(result, config, start, lay, estimate, simulated):
             if start + i + 1 in evaluated:
                 click.echo(eval_line(evaluated[start + i + 1]), err=True)
     how = f", {config.schedule}" if config.schedule else ""
-    steady_ms, left_out = steady_iteration_ms(iter_ms)
+    median_ms, left_out = median
     line = (f"ran steps {start + 1}..{config.steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
-            f"median iteration {steady_ms:.1f} ms over steps {start + 1 + left_out}..{config.steps}")
+            f"median iteration {median_ms:.1f} ms over steps {start + 1 + left_out}..{config.steps}")
     if estimate is not None:
         line += f" (estimate {estimate:.1f} ms"
         line += f", simulated {simulated:.1f} ms)" if simulated is not None else ")"
@@ -210,13 +210,11 @@ def rank_entries(result) -> dict[str, dict]:
             for r, m in sorted(result.metrics.items())}
 
 
-def run_metrics(result, config, start: int, global_batch_size: int, estimate, simulated) -> dict:
+def run_metrics(result, config, start: int, global_batch_size: int, estimate, simulated, median) -> dict:
     """The run's part of the metrics file: its options, its steps and its ranks."""
-    from planner.runtime.launcher import steady_iteration_ms
-
     m0 = result.metrics[0]
     iter_ms = m0["iteration_ms"]
-    steady_ms, left_out = steady_iteration_ms(iter_ms)
+    median_ms, left_out = median
     return {
         "first_step": start + 1,
         "steps": config.steps,
@@ -228,8 +226,8 @@ def run_metrics(result, config, start: int, global_batch_size: int, estimate, si
         "iteration_ms": iter_ms,
         "losses": [loss if math.isfinite(loss) else None for loss in result.losses],
         "mean_iteration_ms": sum(iter_ms) / len(iter_ms),
-        "median_iteration_ms": steady_ms,
-        "warmup_steps": left_out,
+        "median_iteration_ms": median_ms,
+        "first_steps_left_out": left_out,
         "estimate_ms": estimate,
         "simulated_ms": simulated,
         "ranks": rank_entries(result),

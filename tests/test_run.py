@@ -84,11 +84,11 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert "Gloo" not in res.stdout  # stdout holds the summary only
     m = json.loads(out.read_text())
     # written by the core's own definition of the format, and read back by it
-    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 2)
+    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 3)
     assert planner.RunMetrics.from_json(out.read_text(), str(out)).steps == 3
     assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
-    # The first step is left out of the steady time; the summary quotes it.
-    assert m["warmup_steps"] == 1
+    # The first step is left out of the median; the summary quotes it.
+    assert m["first_steps_left_out"] == 1
     assert m["median_iteration_ms"] == sum(m["iteration_ms"][1:]) / 2
     assert f"median iteration {m['median_iteration_ms']:.1f} ms over steps 2..3" in res.stdout
     assert len(m["losses"]) == 3 and all(x > 0 for x in m["losses"])
@@ -358,12 +358,12 @@ def test_bad_slowdown_is_a_usage_error(files, value, needle):
     assert needle in one_error_line(res.stderr)
 
 
-def test_the_steady_step_time_leaves_the_first_step_out():
-    from planner.runtime.launcher import steady_iteration_ms
+def test_the_median_step_time_leaves_the_first_step_out():
+    from planner.runtime.launcher import median_iteration_ms
 
-    assert steady_iteration_ms([50.0, 10.0, 12.0, 11.0]) == (11.0, 1)
-    assert steady_iteration_ms([50.0, 10.0, 12.0]) == (11.0, 1)
-    assert steady_iteration_ms([30.0]) == (30.0, 0)  # nothing would be left
+    assert median_iteration_ms([50.0, 10.0, 12.0, 11.0]) == (11.0, 1)
+    assert median_iteration_ms([50.0, 10.0, 12.0]) == (11.0, 1)
+    assert median_iteration_ms([30.0]) == (30.0, 0)  # nothing would be left
 
 
 def test_nccl_is_bound_to_the_ranks_gpu(monkeypatch):

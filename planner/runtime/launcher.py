@@ -135,16 +135,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-WARMUP_STEPS = 1
-"""Steps at the start of each invocation left out of its steady step time:
-the first one fills the allocator's pools, the caches and torch's thread
-pools (and on CUDA, loads the kernels), and runs the slowest."""
+FIRST_STEPS_LEFT_OUT = 1
+"""Steps at the start of each invocation left out of the median step time
+``dapple run`` reports: the first one fills the allocator's pools, the
+caches and torch's thread pools (and on CUDA, loads the kernels), and runs
+the slowest. Benchmarks that compare long runs may leave out more."""
 
 
-def steady_iteration_ms(iteration_ms: list[float]) -> tuple[float, int]:
-    """The median step time with the first :data:`WARMUP_STEPS` left out,
-    and how many were left out (none where no step would be left)."""
-    left_out = WARMUP_STEPS if len(iteration_ms) > WARMUP_STEPS else 0
+def median_iteration_ms(iteration_ms: list[float]) -> tuple[float, int]:
+    """The median step time with the first :data:`FIRST_STEPS_LEFT_OUT` left
+    out, and how many were left out (none where no step would be left)."""
+    left_out = FIRST_STEPS_LEFT_OUT if len(iteration_ms) > FIRST_STEPS_LEFT_OUT else 0
     return statistics.median(iteration_ms[left_out:]), left_out
 
 

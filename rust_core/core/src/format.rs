@@ -48,7 +48,7 @@ pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 2, &[1, 
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
 /// What `dapple run --metrics` writes (`metrics.rs`). Version 2 adds
 /// `optimizer`, `schedule` and `evaluations`.
-pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 2, &[1, 2]);
+pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 3, &[1, 2, 3]);
 
 /// Every format, for the binding's `FORMATS` table.
 pub const FORMATS: [FileFormat; 6] = [

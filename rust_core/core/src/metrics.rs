@@ -42,13 +42,15 @@ pub struct RunMetrics {
     /// number (a diverged run).
     pub losses: Vec<Option<f64>>,
     pub mean_iteration_ms: f64,
-    /// The median of `iteration_ms` without its first `warmup_steps`
-    /// (`planner/runtime/launcher.py` `WARMUP_STEPS`): what to compare with
-    /// a prediction. Absent in files written before it was recorded.
+    /// Version 3: the median of `iteration_ms` without its first
+    /// `first_steps_left_out` (`planner/runtime/launcher.py`
+    /// `FIRST_STEPS_LEFT_OUT`), the figure `dapple run` prints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub median_iteration_ms: Option<f64>,
+    /// Version 3: the first steps of the invocation left out of
+    /// `median_iteration_ms` (0 where the run took no more than that).
     #[serde(default)]
-    pub warmup_steps: u32,
+    pub first_steps_left_out: u32,
     /// The plan's formula estimate and simulated iteration, with `--profile`.
     pub estimate_ms: Option<f64>,
     pub simulated_ms: Option<f64>,
@@ -116,10 +118,10 @@ mod tests {
         });
         let metrics = RunMetrics::from_parts(parts.clone()).unwrap();
         assert_eq!(metrics.format, "dapple.run-metrics");
-        assert_eq!(metrics.schema_version, 2);
+        assert_eq!(metrics.schema_version, 3);
         assert_eq!((metrics.schedule, metrics.evaluations.len()), (None, 0));
         assert_eq!(
-            (metrics.median_iteration_ms, metrics.warmup_steps),
+            (metrics.median_iteration_ms, metrics.first_steps_left_out),
             (None, 0)
         );
         assert_eq!(RunMetrics::from_json(&metrics.to_json()).unwrap(), metrics);
@@ -127,11 +129,11 @@ mod tests {
         curves["schedule"] = serde_json::json!("xpipe");
         curves["evaluations"] = serde_json::json!([{"step": 2, "loss": 0.5, "accuracy": 0.9}]);
         curves["median_iteration_ms"] = serde_json::json!(9.5);
-        curves["warmup_steps"] = serde_json::json!(1);
+        curves["first_steps_left_out"] = serde_json::json!(1);
         let read = RunMetrics::from_parts(curves).unwrap();
         assert_eq!(read.schedule, Some(ScheduleKind::XPipe));
         assert_eq!(
-            (read.median_iteration_ms, read.warmup_steps),
+            (read.median_iteration_ms, read.first_steps_left_out),
             (Some(9.5), 1)
         );
         assert_eq!(RunMetrics::from_json(&read.to_json()).unwrap(), read);

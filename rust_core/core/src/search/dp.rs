@@ -94,7 +94,8 @@ pub(crate) struct Entry {
     class: u8,
 }
 
-/// An entry's first stage; it ends where its parent's starts.
+/// An entry's first stage; it ends where its parent's starts (the
+/// root's is a sentinel: only its `layer_start`, the layer count, is read).
 #[derive(Debug, Clone, Copy)]
 struct EntryStage {
     layer_start: u32,
@@ -197,11 +198,11 @@ pub(crate) struct Dp<'c, 'a> {
     /// ZeRO-1 moves less than an AllReduce (weights smaller than
     /// gradients): worth trying where memory does not bind.
     zero_saves_time: bool,
-    /// `prepend_shapes`' lists, kept between calls: it runs once per
-    /// stage costed, too often to allocate them each time.
+    /// `prepend_shapes`' lists, kept between calls: it runs for each
+    /// degree at each layer a stage grows by, too often to allocate them.
     shape_scratch: ShapeScratch,
-    /// Emptied lists of `Degree`s, to fill again (`degrees_for`): one is
-    /// needed per stage option.
+    /// Emptied lists of `Degree`s, to fill again (`degrees_for`,
+    /// `recycle_degrees`): one is needed per stage option.
     spare_degrees: Vec<Vec<Degree>>,
 }
 
@@ -436,9 +437,10 @@ impl<'c, 'a> Dp<'c, 'a> {
     }
 
     /// What layers `i..j` on `devices` cost as `shape` runs them, and their
-    /// memory at any depth, `warmup` the one asked for first (the cost's
-    /// own). A shape that is not plain is priced from `sums` of the stage
-    /// at its degree, grown to `i` (or made, where there are none yet).
+    /// memory at any depth; for a plain shape, the cost's own memory is at
+    /// `warmup` (the depth asked for first). A shape that is not plain is
+    /// priced from `sums` of the stage at its degree, grown to `i` (or
+    /// made, where there are none yet).
     fn price(
         &self,
         (i, j): (usize, usize),
@@ -832,7 +834,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 // Layers `end..j` are in every stage grown from here.
                 let degrees = self.degrees_for(&allowed, r, &devices, end..j);
                 if degrees.is_empty() {
-                    self.done_with(degrees);
+                    self.recycle_degrees(degrees);
                     continue;
                 }
                 let shares = if is_root {
@@ -889,13 +891,13 @@ impl<'c, 'a> Dp<'c, 'a> {
                 break;
             }
         }
-        self.done_with(growing);
+        self.recycle_degrees(growing);
     }
 
     /// The split degrees of `degrees` at which a stage of `gpus` GPUs on
     /// `devices` splits evenly and can hold layers `always` (those every
     /// stage grown from here holds), each with its shapes.
-    /// A list from `spare_degrees`, which `done_with` fills.
+    /// A list from `spare_degrees`, which `recycle_degrees` fills.
     fn degrees_for(
         &mut self,
         degrees: &StageDegrees,
@@ -905,8 +907,9 @@ impl<'c, 'a> Dp<'c, 'a> {
     ) -> Vec<Degree> {
         let max_replicas = self.max_replicas();
         let mut list = self.spare_degrees.pop().unwrap_or_default();
-        for t in self.ctx.degrees(degrees, gpus, max_replicas) {
-            // Every layer runs whole (t = 1).
+        for t in self.ctx.allowed_degrees(degrees, gpus, max_replicas) {
+            // Every layer runs whole at t = 1 (`layer_runs_at`): no need to
+            // scan `always`.
             if t == 1
                 || self.ctx.splits_evenly(devices, t)
                     && always
@@ -924,7 +927,7 @@ impl<'c, 'a> Dp<'c, 'a> {
     }
 
     /// Keep `list`'s allocation for the next `degrees_for`.
-    fn done_with(&mut self, mut list: Vec<Degree>) {
+    fn recycle_degrees(&mut self, mut list: Vec<Degree>) {
         list.clear();
         self.spare_degrees.push(list);
     }
@@ -1190,11 +1193,13 @@ struct Prepended {
 /// A stage's cost as the search prices it, with its memory at any depth.
 struct Priced {
     shape: StageShape,
-    /// Its memory at `warmup` micro-batches in flight.
+    /// For a plain shape, its memory is at `warmup` micro-batches in
+    /// flight; for another, at one (read `memory` instead).
     cost: StageCost,
     /// None for a plain shape: its memory is `stage_memory_bytes` of its
     /// slice, from the profile's range sums.
     memory: Option<StageMemory>,
+    /// The depth of a plain shape's `cost.memory_bytes`.
     warmup: u32,
 }
 
@@ -1380,7 +1385,7 @@ impl Dp<'_, '_> {
                         break;
                     }
                 }
-                self.done_with(degrees);
+                self.recycle_degrees(degrees);
             }
         }
         Some(children)

@@ -307,7 +307,7 @@ pub(crate) enum StageDegrees {
     /// replicas. Not listed: the DP asks for them once per GPU count of
     /// every state it expands.
     Dividing,
-    /// These, ascending.
+    /// These (in any order: `allowed_degrees` lists them ascending).
     Listed(Vec<u32>),
 }
 
@@ -376,10 +376,9 @@ impl Context<'_> {
         let free = state.free();
         let most = free.min(max_replicas * self.shapes.largest_degree());
         let runs_at_all = |gpus: u32| {
-            (self
-                .degrees(&StageDegrees::Dividing, gpus, max_replicas)
-                .next())
-            .is_some()
+            self.allowed_degrees(&StageDegrees::Dividing, gpus, max_replicas)
+                .next()
+                .is_some()
         };
         let option = |gpus: u32, degrees: StageDegrees, places: Vec<PlacedTakes>| StageGpus {
             gpus,
@@ -432,11 +431,6 @@ impl Context<'_> {
                     }
                 }
                 options.sort_by_key(|o| o.gpus);
-                for o in &mut options {
-                    if let StageDegrees::Listed(degrees) = &mut o.degrees {
-                        degrees.sort_unstable();
-                    }
-                }
                 if free <= most && runs_at_all(free) {
                     options.push(option(
                         free,
@@ -456,7 +450,7 @@ impl Context<'_> {
     /// The split degrees of `degrees` (1: unsplit) a stage of `gpus` GPUs
     /// may run at, ascending; `Dividing`: those that divide its GPUs into at
     /// most `max_replicas` replicas.
-    pub(crate) fn degrees<'s>(
+    pub(crate) fn allowed_degrees<'s>(
         &'s self,
         degrees: &'s StageDegrees,
         gpus: u32,
@@ -591,6 +585,7 @@ impl ShapeList {
     fn push_unique(&mut self, shape: StageShape) {
         if !self.as_slice().contains(&shape) {
             // Distinct shapes at one degree differ in ZeRO-1 or re-computation.
+            debug_assert!(self.len < Self::CAPACITY, "a stage shape of another kind");
             self.shapes[self.len] = shape;
             self.len += 1;
         }
