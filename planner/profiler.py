@@ -3,7 +3,11 @@
 For each batch size, each layer runs forward and backward on its own, on
 real tensors: layer i gets layer i-1's real output for that batch (detached,
 as a pipeline stage receives it) and its backward gets a random upstream
-gradient of its output's shape. Times are medians over ``repeats`` runs after
+gradient of its output's shape. The last layer is measured with the loss,
+as the last stage runs it: its forward includes the loss on the batch's
+real targets, its backward starts from the loss, and what the loss keeps
+for backward (the log-probabilities of a cross-entropy: samples x positions
+x classes, in the loss's dtype) counts in its stored activations. Times are medians over ``repeats`` runs after
 ``warmup`` runs: ``time.perf_counter`` around the call on the CPU, CUDA
 events on a GPU. Sizes:
 
@@ -149,9 +153,10 @@ class _Timer:
         return (time.perf_counter() - t0) * 1000.0, result
 
 
-def _saved_bytes(torch, layer, x_in) -> tuple[int, Any]:
-    """Run one forward; bytes of the tensors autograd saves for backward,
-    each storage once, parameters and buffers excluded."""
+def _saved_bytes(torch, layer, x_in, loss=None) -> tuple[int, Any]:
+    """Run one forward (and ``loss`` of its output, where given); bytes of
+    the tensors autograd saves for backward, each storage once, parameters
+    and buffers excluded; and the layer's output."""
     skip = {t.untyped_storage().data_ptr() for t in list(layer.parameters()) + list(layer.buffers())}
     seen: dict[int, int] = {}
 
@@ -167,6 +172,8 @@ def _saved_bytes(torch, layer, x_in) -> tuple[int, Any]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = layer(x_in)
+        if loss is not None:
+            loss(out)
     return sum(seen.values()), out
 
 
@@ -222,11 +229,14 @@ def profile_model(
         with _progress(progress, len(sizes) * len(spec.layers)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
-                inputs, _ = spec.make_batch(b, gen)
+                inputs, targets = spec.make_batch(b, gen)
+                targets = _as_layer_input(targets, dev)
                 x = inputs
-                for (name, layer), record in zip(spec.layers, layers_out):
+                last = len(spec.layers) - 1
+                for k, ((name, layer), record) in enumerate(zip(spec.layers, layers_out)):
                     advance(f"batch {b}: {name}")
-                    m, x = _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, f"{name} at batch {b}")
+                    loss = (lambda out: spec.loss(out, targets)) if k == last else None
+                    m, x = _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, f"{name} at batch {b}", loss)
                     record["measurements"].append({"batch_size": b, **m})
                 for p in spec.parameters():
                     p.grad = None
@@ -247,18 +257,28 @@ def profile_model(
     return Profile.from_dict(data)
 
 
-def _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, what):
+def _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, what, loss=None):
+    """Forward and backward times and sizes of ``layer`` on ``x``; with
+    ``loss``, the layer followed by the loss on its output, the backward
+    started from the loss."""
     x_in = _as_layer_input(x, dev)
-    stored, out = _saved_bytes(torch, layer, x_in)
+    stored, out = _saved_bytes(torch, layer, x_in, loss)
     outs = [t for t in _tensors(out) if t.requires_grad]
     if not _tensors(out):
         raise InvalidInputError(f"layer {what}: returned no tensor")
-    # One upstream gradient per differentiable output, fixed across repeats.
-    grads = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(dev) for t in outs]
+    # One upstream gradient per differentiable output, fixed across repeats;
+    # none after a loss (a scalar: its backward starts at 1).
+    grads = None if loss is not None else [
+        torch.randn(t.shape, generator=gen, dtype=t.dtype).to(dev) for t in outs
+    ]
+
+    def forward():
+        out_i = layer(x_in)
+        return out_i if loss is None else loss(out_i)
 
     fwd, bwd = [], []
     for i in range(warmup + repeats):
-        ms, out_i = timer(lambda: layer(x_in))
+        ms, out_i = timer(forward)
         if outs:
             # The graph just built is the one backward runs through.
             outs_i = [t for t in _tensors(out_i) if t.requires_grad]

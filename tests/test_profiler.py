@@ -88,6 +88,11 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
         assert m["stored_activation_bytes"] > 4 * m["activation_bytes"]
     head = prof.layers[-1]["measurements"]
     assert [m["activation_bytes"] for m in head] == [b * 32 * 256 * 4 for b in (1, 2)]
+    # The head is measured with the loss: the cross-entropy keeps its
+    # log-probabilities (b x 32 positions x 256 classes, fp32) beside what the
+    # head keeps (its input, b x 32 x 64, at least).
+    for b, m in zip([1, 2], head):
+        assert m["stored_activation_bytes"] >= b * 32 * 256 * 4 + b * 32 * 64 * 4
     # The profiler leaves the model clean, and planning takes the profile.
     assert all(p.grad is None for p in spec.parameters())
     plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)
