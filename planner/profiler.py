@@ -7,9 +7,10 @@ gradient of its output's shape. The last layer is measured with the loss,
 as the last stage runs it: its forward includes the loss on the batch's
 real targets, its backward starts from the loss, and what the loss keeps
 for backward (the log-probabilities of a cross-entropy: samples x positions
-x classes, in the loss's dtype) counts in its stored activations. Times are medians over ``repeats`` runs after
-``warmup`` runs: ``time.perf_counter`` around the call on the CPU, CUDA
-events on a GPU. Sizes:
+x classes, in the loss's dtype) counts in its stored activations. Times
+are medians over ``repeats`` runs after ``warmup`` runs:
+``time.perf_counter`` around the call on the CPU, CUDA events on a GPU.
+Sizes:
 
 - ``activation_bytes``: the layer's output tensors (what crosses a cut);
 - ``stored_activation_bytes``: the tensors autograd saves for backward
