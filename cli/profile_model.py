@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from planner.files import check_writable
+from planner.precision import PRECISIONS
 
 from .options import FILE_PATH, PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
 
@@ -13,19 +14,24 @@ from .options import FILE_PATH, PositiveIntList, model_kwargs, model_options, re
 @model_options
 @click.option("--batch-sizes", required=True, type=PositiveIntList(), help="Batch sizes to measure, e.g. 1,2,4,8.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs per layer (median kept).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs before them.")
+@click.option("--dtype", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="Number format: fp32, or bf16/fp16 under torch's autocast, as dapple run --dtype trains.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed passes of the whole model (each layer's median kept).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed passes before them.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="CPU threads torch uses while measuring (1 gives steadier times).")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the factory's (e.g. gpt-4x64).")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @reports_errors
-def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, warmup, threads, model_name, out_path, quiet):
+def profile_model_command(model_spec, model_args, batch_sizes, device, dtype, repeats, warmup, threads, model_name,
+                          out_path, quiet):
     """Measure forward/backward time and memory of each layer of a PyTorch model.
 
-    Every layer runs on real tensors (the previous layer's output), at each
-    batch size; the profile is ready for `dapple plan`.
+    The whole model runs forward and backward on real tensors at each batch
+    size, each layer timed inside the pass; the profile is ready for
+    `dapple plan`.
     """
     kwargs = model_kwargs(model_args)
     check_writable(out_path)  # before measuring, not after
@@ -40,6 +46,7 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, 
         model_name or spec.name,
         batch_sizes,
         device=device,
+        dtype=dtype,
         warmup=warmup,
         repeats=repeats,
         progress=not quiet,
@@ -49,6 +56,6 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, repeats, 
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(
         f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) of {profile.model} at batch sizes "
-        f"{','.join(map(str, profile.batch_sizes))} on {profile.data['device']}",
+        f"{','.join(map(str, profile.batch_sizes))} on {profile.data['device']} in {dtype}",
         err=True,
     )

@@ -61,6 +61,8 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
     out.print(t)
     if shaped:
         out.print(f"shape {SHAPE_KEY}")
+    if est and est.get("memory"):
+        out.print(memory_table(est["memory"], est["stages"]))
     if est:
         for i, tr in enumerate(est["transfers"]):
             out.print(f"transfer {i}->{i + 1}: {tr['bytes'] / 1e6:.2f} MB per micro-batch, {tr['fwd_ms']:.2f} ms each way")
@@ -111,6 +113,27 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         total = plan.topology.num_devices
         if used < total:
             out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
+
+
+def memory_table(terms: list[dict], stages: list[dict]) -> Table:
+    """Each stage's peak memory per GPU in its terms (the estimate's
+    ``memory``), against what its GPU's allocator may hand out."""
+    t = Table(title="peak memory per GPU, GiB", show_edge=False, pad_edge=False, title_justify="left")
+    for col in ("stage", "model state", "in flight", "working", "other", "peak", "x reserve", "GPU"):
+        t.add_column(col, justify="right")
+    for i, (m, s) in enumerate(zip(terms, stages)):
+        reserve = m["allocator_reserved_factor"]
+        t.add_row(
+            str(i),
+            f"{m['model_state_bytes'] / GIB:.2f}",
+            f"{m['micro_batches_in_flight']} x {m['per_micro_batch_bytes'] / GIB:.3f}",
+            f"{m['working_bytes'] / GIB:.3f}",
+            f"{m['other_bytes'] / GIB:.3f}",
+            f"{m['peak_bytes'] / GIB:.2f}",
+            "-" if reserve == 1 else f"{m['peak_bytes'] * reserve / GIB:.2f}",
+            f"{s['memory_limit_bytes'] * reserve / GIB:.0f}",
+        )
+    return t
 
 
 def stage_shapes_text(labels: list[str]) -> str:

@@ -9,6 +9,7 @@ BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
+PRECISIONS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
 SCHEDULE_PREDICTORS: dict[str, str]
@@ -275,3 +276,5 @@ def schedule_actions(
 ) -> list[list[Action]]: ...
 def schedule_validate(lists: list[list[Action]], micro_batches: int) -> None: ...
 def set_max_passes(passes: int) -> None: ...
+
+def autocast_parameter_state(optimizer: str) -> dict[str, float] | None: ...

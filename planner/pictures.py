@@ -335,7 +335,11 @@ def _draw_stage_memory(ax, i: int, st: dict, m: _MemoryScale, plan: Plan) -> Non
     ax.plot([t_peak], [peak], "o", color=color, markersize=5, zorder=4)
     # Stagger the annotations of a shared axis so they do not overlap.
     dy = 8 + (12 * i if m.one_axis else 0)
-    ax.annotate(f"stage {i} peak {peak:.2f} GiB" if m.one_axis else f"peak {peak:.2f} GiB",
+    label = f"stage {i} peak {peak:.2f} GiB" if m.one_axis else f"peak {peak:.2f} GiB"
+    terms = st.get("memory_terms")
+    if terms:
+        label += " = " + memory_terms_text(terms)
+    ax.annotate(label,
                 (t_peak, peak), xytext=(6, dy), textcoords="offset points", fontsize=8.5,
                 color=color, fontweight="bold", zorder=5,
                 arrowprops=dict(arrowstyle="-", color=color, linewidth=0.8) if dy > 10 else None)
@@ -343,6 +347,14 @@ def _draw_stage_memory(ax, i: int, st: dict, m: _MemoryScale, plan: Plan) -> Non
         ax.set_title(_stage_name(plan, i), fontsize=9, loc="left")
     if not m.one_axis or not m.shared_limit:
         ax.axhline(m.limits[i], color=color if not m.shared_limit else "#b22222", linestyle="--", linewidth=1.1)
+
+
+def memory_terms_text(terms: dict) -> str:
+    """A stage's peak in its terms, in GiB: "state 5.73 + 4 x 1.153 in flight
+    + working 0.010 + other 0.000"."""
+    return (f"state {terms['model_state_bytes'] / GIB:.2f} + {terms['micro_batches_in_flight']} x "
+            f"{terms['per_micro_batch_bytes'] / GIB:.3f} in flight + working {terms['working_bytes'] / GIB:.3f}"
+            + (f" + other {terms['other_bytes'] / GIB:.3f}" if terms["other_bytes"] > 0 else ""))
 
 
 def _memory_series(st: dict, total: float) -> tuple[list[float], list[float]]:

@@ -1,31 +1,47 @@
 """Measure a per-layer profile (``dapple.profile``) of a real PyTorch model.
 
-For each batch size, each layer runs forward and backward on its own, on
-real tensors: layer i gets layer i-1's real output for that batch (detached,
-as a pipeline stage receives it) and its backward gets a random upstream
-gradient of its output's shape. The last layer is measured with the loss,
-as the last stage runs it: its forward includes the loss on the batch's
-real targets, its backward starts from the loss, and what the loss keeps
-for backward (the log-probabilities of a cross-entropy: samples x positions
-x classes, in the loss's dtype) counts in its stored activations. Times
-are medians over ``repeats`` runs after ``warmup`` runs:
-``time.perf_counter`` around the call on the CPU, CUDA events on a GPU.
-Sizes:
+At each batch size the model runs whole forward and backward passes, its
+layers chained as in training, the last layer followed by the loss on the
+batch's real targets (as the last stage runs it). Times come from stamps
+between layers inside each pass, with no synchronisation until the pass
+ends: ``time.perf_counter`` on the CPU; CUDA events recorded on the stream
+on a GPU, so each layer's time is the GPU's while the host runs ahead, as
+in training. (Timing each layer on its own, with a synchronisation around
+it, adds the launch latency of every call: a floor of about 1 ms forward
+and 1.8 ms backward per GPT block on an H100, docs/fidelity.md.) A
+backward's boundaries are hooks on each layer's outputs: the gradient of
+layer k's output is complete when layer k's backward begins. A layer's
+time is the median over ``repeats`` passes after ``warmup`` passes.
 
-- ``activation_bytes``: the layer's output tensors (what crosses a cut);
+Sizes, from one more pass per batch size:
+
+- ``activation_bytes``: the layer's output tensors (what crosses a cut; the
+  last layer's own output, not the loss);
 - ``stored_activation_bytes``: the tensors autograd saves for backward
   during the layer's forward (seen through
   ``torch.autograd.graph.saved_tensors_hooks``), each storage counted once
-  by its data pointer, parameters and buffers left out (they are counted as
-  model state);
+  per layer by its data pointer, parameters and buffers left out (model
+  state), and autocast's copies of the weights apart; on the last layer
+  this includes what the loss keeps (a cross-entropy's log-probabilities);
+- ``backward_working_bytes``: what the layer's backward allocates above
+  what was held when it began, at its peak (torch's ``MemTracker``:
+  gradients of activations, temporaries; on the last layer the loss's
+  gradient of the logits), parameter gradients left out;
+- ``weight_copy_bytes`` (per layer, mixed precision only): autocast's
+  copies of the weights that each micro-batch keeps until its backward;
 - ``param_bytes``: the layer's parameters (a parameter shared by two layers
   counts in both).
+
+With ``dtype`` bf16 or fp16 the passes run under ``torch.autocast``, as
+``dapple run --dtype`` trains; the profile records the dtype and the bytes
+per parameter of each state (the core's rule for autocast).
 
 Imports torch only when called; ``import planner`` stays torch-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import platform
 import statistics
@@ -34,6 +50,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInputError
+from .precision import autocast_parameter_state, check_precision, torch_dtype
 from .profile import Profile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,65 +136,6 @@ def _nbytes(x) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(x))
 
 
-def _as_layer_input(x, dev):
-    """What a stage receives: the tensors on the device, detached, floating
-    ones requiring grad (so backward computes the gradient to send back)."""
-
-    def prep(t):
-        t = t.detach().to(dev)
-        if t.is_floating_point() or t.is_complex():
-            t.requires_grad_(True)
-        return t
-
-    return _map(x, prep)
-
-
-class _Timer:
-    def __init__(self, torch, dev):
-        self.torch = torch
-        self.cuda = dev.type == "cuda"
-        self.dev = dev
-
-    def __call__(self, fn) -> tuple[float, Any]:
-        """Run ``fn()``; return (milliseconds, its result)."""
-        if self.cuda:
-            start = self.torch.cuda.Event(enable_timing=True)
-            end = self.torch.cuda.Event(enable_timing=True)
-            self.torch.cuda.synchronize(self.dev)
-            start.record()
-            result = fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end), result
-        t0 = time.perf_counter()
-        result = fn()
-        return (time.perf_counter() - t0) * 1000.0, result
-
-
-def _saved_bytes(torch, layer, x_in, loss=None) -> tuple[int, Any]:
-    """Run one forward (and ``loss`` of its output, where given); bytes of
-    the tensors autograd saves for backward, each storage once, parameters
-    and buffers excluded; and the layer's output."""
-    skip = {t.untyped_storage().data_ptr() for t in list(layer.parameters()) + list(layer.buffers())}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        try:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr and ptr not in skip and ptr not in seen:
-                seen[ptr] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # tensors without storage
-            seen[id(t)] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = layer(x_in)
-        if loss is not None:
-            loss(out)
-    return sum(seen.values()), out
-
-
 def profile_model(
     spec: "ModelSpec",
     model_name: str,
@@ -189,15 +147,18 @@ def profile_model(
     *,
     threads: int | None = 1,
     seed: int = 0,
+    dtype: str = "fp32",
 ) -> Profile:
     """Measure ``spec`` layer by layer at each of ``batch_sizes``; return the
     validated :class:`planner.Profile`.
 
-    ``threads``: CPU threads torch may use while measuring (default 1: steady
-    times on a shared machine; ``None`` keeps torch's setting). The setting
-    is restored afterwards. ``seed`` makes the batches and upstream gradients
-    reproducible. The layers are moved to ``device`` and left there, in
-    training mode, with their gradients cleared."""
+    ``dtype``: ``fp32``, or ``bf16``/``fp16`` for mixed precision as
+    ``dapple run --dtype`` trains (torch's autocast; weights, gradients and
+    optimizer state stay fp32). ``threads``: CPU threads torch may use while
+    measuring (default 1: steady times on a shared machine; ``None`` keeps
+    torch's setting). The setting is restored afterwards. ``seed`` makes the
+    batches reproducible. The layers are moved to ``device`` and left there,
+    in training mode, with their gradients cleared."""
     torch = _torch()
     if not model_name or not model_name.strip():
         raise InvalidInputError("model name must not be blank")
@@ -206,6 +167,8 @@ def profile_model(
         raise InvalidInputError(f"batch sizes must be positive integers, not {batch_sizes!r}")
     if warmup < 0 or repeats < 1:
         raise InvalidInputError(f"need warmup >= 0 and repeats >= 1 (got {warmup}, {repeats})")
+    check_precision(dtype)
+    state = autocast_parameter_state("adam")
     dev = check_device(device)
 
     old_threads = torch.get_num_threads()
@@ -213,32 +176,13 @@ def profile_model(
         torch.set_num_threads(threads)
     try:
         spec.to(dev).train(True)
-        layers_out = [
-            {
-                "name": name,
-                **({"kind": "block"} if name in spec.blocks else {}),
-                "param_bytes": sum(p.numel() * p.element_size() for p in layer.parameters()),
-                "measurements": [],
-                # How the layer splits, where it declares it (the runtime
-                # shards it this way: runtime/tensor_parallel.py).
-                **({"split": list(layer.split_patterns)} if getattr(layer, "split_patterns", None) else {}),
-            }
-            for name, layer in spec.layers
-        ]
+        measured: list[list[dict]] = [[] for _ in spec.layers]
         device_name = _device_name(torch, dev)
-        timer = _Timer(torch, dev)
-        with _progress(progress, len(sizes) * len(spec.layers)) as advance:
+        with _progress(progress, len(sizes) * (1 + warmup + repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
-                inputs, targets = spec.make_batch(b, gen)
-                targets = _as_layer_input(targets, dev)
-                x = inputs
-                last = len(spec.layers) - 1
-                for k, ((name, layer), record) in enumerate(zip(spec.layers, layers_out)):
-                    advance(f"batch {b}: {name}")
-                    loss = (lambda out: spec.loss(out, targets)) if k == last else None
-                    m, x = _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, f"{name} at batch {b}", loss)
-                    record["measurements"].append({"batch_size": b, **m})
+                for record, m in zip(measured, _measure_batch(torch, spec, dev, b, gen, (warmup, repeats, dtype, advance))):
+                    record.append(m)
                 for p in spec.parameters():
                     p.grad = None
     finally:
@@ -248,59 +192,249 @@ def profile_model(
     data = {
         "model": model_name,
         "source": (
-            f"measured by dapple profile on {device_name} {date}: median of {repeats} runs after {warmup} warm-up, "
-            f"torch {torch.__version__}"
+            f"measured by dapple profile on {device_name} {date}: {dtype}, layers timed inside whole passes, "
+            f"median of {repeats} passes after {warmup} warm-up, torch {torch.__version__}"
         ),
         "device": device_name,
         "optimizer": "adam",
-        "layers": layers_out,
+        "dtype": dtype,
+        "parameter_state": state,
+        "layers": [_layer_record(name, layer, spec, records) for (name, layer), records in zip(spec.layers, measured)],
     }
     return Profile.from_dict(data)
 
 
-def _measure_layer(torch, timer, layer, x, dev, gen, warmup, repeats, what, loss=None):
-    """Forward and backward times and sizes of ``layer`` on ``x``; with
-    ``loss``, the layer followed by the loss on its output, the backward
-    started from the loss."""
-    x_in = _as_layer_input(x, dev)
-    stored, out = _saved_bytes(torch, layer, x_in, loss)
-    outs = [t for t in _tensors(out) if t.requires_grad]
-    if not _tensors(out):
-        raise InvalidInputError(f"layer {what}: returned no tensor")
-    # One upstream gradient per differentiable output, fixed across repeats;
-    # none after a loss (a scalar: its backward starts at 1).
-    grads = None if loss is not None else [
-        torch.randn(t.shape, generator=gen, dtype=t.dtype).to(dev) for t in outs
-    ]
+def _layer_record(name, layer, spec, records: list[dict]) -> dict:
+    """A profile layer from its measurements: autocast's weight copies are
+    the same at every batch size (the largest's are kept)."""
+    copies = records[-1]["weight_copy_bytes"]
+    return {
+        "name": name,
+        **({"kind": "block"} if name in spec.blocks else {}),
+        "param_bytes": sum(p.numel() * p.element_size() for p in layer.parameters()),
+        **({"weight_copy_bytes": copies} if copies else {}),
+        "measurements": [{k: v for k, v in m.items() if k != "weight_copy_bytes"} for m in records],
+        # How the layer splits, where it declares it (the runtime
+        # shards it this way: runtime/tensor_parallel.py).
+        **({"split": list(layer.split_patterns)} if getattr(layer, "split_patterns", None) else {}),
+    }
 
-    def forward():
-        out_i = layer(x_in)
-        return out_i if loss is None else loss(out_i)
 
-    fwd, bwd = [], []
-    for i in range(warmup + repeats):
-        ms, out_i = timer(forward)
-        if outs:
-            # The graph just built is the one backward runs through.
-            outs_i = [t for t in _tensors(out_i) if t.requires_grad]
-            bms, _ = timer(lambda: torch.autograd.backward(outs_i, grads))
+class _Clock:
+    """Time stamps inside a pass: ``time.perf_counter`` on the CPU; CUDA
+    events on a GPU, recorded on the stream without waiting and read after
+    one synchronisation at the pass's end (so a layer's time is the GPU's,
+    with the next layer's kernels already queued behind it, as in training)."""
+
+    def __init__(self, torch, dev):
+        self.torch = torch
+        self.cuda = dev.type == "cuda"
+
+    def stamp(self):
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def finish(self, last) -> None:
+        if self.cuda:
+            last.synchronize()
+
+    def ms(self, a, b) -> float:
+        if self.cuda:
+            return a.elapsed_time(b)
+        return (b - a) * 1000.0
+
+
+def _precision_context(torch, dev, dtype: str):
+    """Autocast to ``dtype`` on ``dev``'s type (parameters stay fp32), or nothing for fp32."""
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(dev.type, dtype=torch_dtype(torch, dtype))
+
+
+def _with_loss(torch, layer, loss, targets):
+    """The last layer followed by the loss on the batch's targets, as the
+    last stage runs it; it notes the bytes of the layer's own output (the
+    logits), what a cut after it would carry."""
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+            self.output_bytes = 0
+
+        def forward(self, x):
+            out = self.layer(x)
+            self.output_bytes = _nbytes(out)
+            return loss(out, targets)
+
+    return WithLoss()
+
+
+def _is_weight_copy(t, params: set[int]) -> bool:
+    """Whether ``t`` is (a view of) one of ``params`` cast to another dtype:
+    autocast's copy, which the layer's backward keeps."""
+    fn = t.grad_fn
+    for _ in range(4):  # through a transpose, view or expand
+        if fn is None:
+            return False
+        if fn.name() == "ToCopyBackward0":
+            source = fn.next_functions[0][0]
+            return type(source).__name__ == "AccumulateGrad" and id(source.variable) in params
+        if len(fn.next_functions) != 1:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
+
+
+class _Saved:
+    """What autograd saves during one layer's forward, seen through
+    ``saved_tensors_hooks``: each storage once, the layer's parameters and
+    buffers left out (model state), autocast's copies of its weights apart
+    from the activations (they do not grow with the batch)."""
+
+    def __init__(self, layer):
+        tensors = list(layer.parameters()) + list(layer.buffers())
+        self.skip = {t.untyped_storage().data_ptr() for t in tensors}
+        self.params = {id(p) for p in layer.parameters()}
+        self.activations: dict[int, int] = {}
+        self.weight_copies: dict[int, int] = {}
+
+    def pack(self, t):
+        try:
+            storage = t.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensors without storage
+            ptr, nbytes = id(t), t.numel() * t.element_size()
+        if ptr and ptr not in self.skip:
+            kept = self.weight_copies if _is_weight_copy(t, self.params) else self.activations
+            kept.setdefault(ptr, nbytes)
+        return t
+
+
+def _sizes_pass(torch, layers, inputs, cast) -> list[dict]:
+    """One forward and backward of the whole model: per layer its output
+    bytes, what autograd saves for its backward (activations and weight
+    copies), and what its backward needs above what it held when it began
+    (gradients of activations, temporaries: the peak seen by torch's
+    ``MemTracker``, parameter gradients left out as model state)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(*layers)
+    sizes = []
+    with tracker:
+        x = inputs
+        for layer in layers:
+            saved = _Saved(layer)
+            with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast():
+                out = layer(x)
+            sizes.append({"activation_bytes": _nbytes(out), "saved": saved})
+            x = out
+        x.backward()
+
+    def held(snapshot):
+        return sum(dev["Total"] - dev["Gradient"] for dev in snapshot.values())
+
+    for layer, size in zip(layers, sizes):
+        snapshots = tracker.memory_tracking[layer].snapshots
+        # Keyed by MemTracker's states, a str enum: "Pre-Backward" is _ModState.PRE_BW.
+        if "Pre-Backward" in snapshots:  # else the layer has no backward
+            before, peak = snapshots["Pre-Backward"][-1], snapshots["Peak-Backward"][-1]
+            size["backward_working_bytes"] = max(0, held(peak) - held(before))
         else:
-            bms = 0.0
+            size["backward_working_bytes"] = 0
+    sizes[-1]["activation_bytes"] = layers[-1].output_bytes
+    return sizes
+
+
+def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[float]]:
+    """One forward and backward of the whole model, the last layer ending in
+    the loss: each layer's forward and backward milliseconds, from stamps
+    between layers, with no synchronisation inside the pass.
+
+    A backward's boundaries are the hooks on each layer's outputs: the
+    gradient of layer k's output is complete when layer k+1's backward ends
+    and layer k's begins (the layers form a chain, so autograd runs them in
+    order). A layer with no output that needs a gradient has nothing to do
+    in the backward."""
+    n = len(layers)
+    marks = [clock.stamp()]
+    x, outputs = inputs, []
+    for layer in layers:
+        with cast():
+            x = layer(x)
+        marks.append(clock.stamp())
+        outputs.append(x)
+    arrived: list[list] = [[] for _ in range(n)]
+    handles = [
+        t.register_hook(lambda grad, k=k: arrived[k].append(clock.stamp()))
+        for k in range(n - 1)
+        for t in _tensors(outputs[k])
+        if t.requires_grad
+    ]
+    start = clock.stamp()
+    try:
+        x.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    end = clock.stamp()
+    clock.finish(end)
+    fwd = [clock.ms(marks[k], marks[k + 1]) for k in range(n)]
+    # boundary[k]: when layer k's backward began (ms after the backward's start).
+    boundary = [max((clock.ms(start, s) for s in arrived[k]), default=None) for k in range(n)]
+    boundary[n - 1] = 0.0
+    total = clock.ms(start, end)
+    bwd = []
+    for k in range(n):
+        began = total if boundary[k] is None else boundary[k]
+        ended = total if k == 0 or boundary[k - 1] is None else boundary[k - 1]
+        bwd.append(max(0.0, ended - began))
+    return fwd, bwd
+
+
+def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
+    """Every layer's measurement at batch size ``b``: sizes from one pass,
+    times as the median over ``repeats`` whole passes after ``warmup``."""
+    warmup, repeats, dtype, advance = options
+    inputs, targets = spec.make_batch(b, gen)
+    inputs = _map(inputs, lambda t: t.to(dev))
+    targets = _map(targets, lambda t: t.to(dev))
+    modules = [layer for _, layer in spec.layers]
+    layers = modules[:-1] + [_with_loss(torch, modules[-1], spec.loss, targets)]
+
+    def cast():
+        return _precision_context(torch, dev, dtype)
+
+    advance(f"batch {b}: sizes")
+    sizes = _sizes_pass(torch, layers, inputs, cast)
+    clock = _Clock(torch, dev)
+    fwd: list[list[float]] = [[] for _ in layers]
+    bwd: list[list[float]] = [[] for _ in layers]
+    for i in range(warmup + repeats):
+        advance(f"batch {b}: pass {i + 1} of {warmup + repeats}")
+        f, bk = _timed_pass(torch, clock, layers, inputs, cast)
         if i >= warmup:
-            fwd.append(ms)
-            bwd.append(bms)
-        del out_i
-    with torch.no_grad():
-        next_x = _map(out, lambda t: t.detach())
-    return (
+            for k in range(len(layers)):
+                fwd[k].append(f[k])
+                bwd[k].append(bk[k])
+        for p in spec.parameters():
+            p.grad = None
+    return [
         {
-            "fwd_ms": round(statistics.median(fwd), 6),
-            "bwd_ms": round(statistics.median(bwd), 6),
-            "activation_bytes": _nbytes(out),
-            "stored_activation_bytes": stored,
-        },
-        next_x,
-    )
+            "batch_size": b,
+            "fwd_ms": round(statistics.median(fwd[k]), 6),
+            "bwd_ms": round(statistics.median(bwd[k]), 6),
+            "activation_bytes": size["activation_bytes"],
+            "stored_activation_bytes": sum(size["saved"].activations.values()),
+            "backward_working_bytes": size["backward_working_bytes"],
+            "weight_copy_bytes": sum(size["saved"].weight_copies.values()),
+        }
+        for k, size in enumerate(sizes)
+    ]
 
 
 class _progress:

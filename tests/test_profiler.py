@@ -1,8 +1,10 @@
 """Profiling real PyTorch models: the model factories, the profiler, `dapple profile model`."""
 
 import json
+import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -93,10 +95,71 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     # head keeps (its input, b x 32 x 64, at least).
     for b, m in zip([1, 2], head):
         assert m["stored_activation_bytes"] >= b * 32 * 256 * 4 + b * 32 * 64 * 4
+    # The head's backward starts from the loss's gradient of the logits
+    # (b x 32 x 256 fp32), which it needs on top of what it holds.
+    for b, m in zip([1, 2], head):
+        assert m["backward_working_bytes"] >= b * 32 * 256 * 4
+    assert prof.data["dtype"] == "fp32" and not any("weight_copy_bytes" in layer for layer in prof.layers)
+    assert prof.data["parameter_state"] == {
+        "weight_bytes": 4.0, "gradient_bytes": 4.0, "master_weight_bytes": 0.0, "optimizer_bytes": 8.0}
     # The profiler leaves the model clean, and planning takes the profile.
     assert all(p.grad is None for p in spec.parameters())
     plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)
     assert plan.estimate["latency_ms"] > 0
+
+
+def _whole_model_ms(spec, batch_size: int, repeats: int) -> float:
+    """Median time of the whole model's forward, loss and backward as one
+    call, the way a single-stage run does it."""
+    inputs, targets = spec.make_batch(batch_size, torch.Generator().manual_seed(batch_size))
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        spec.loss(spec.forward(inputs), targets).backward()
+        times.append((time.perf_counter() - start) * 1000.0)
+        for p in spec.parameters():
+            p.grad = None
+    return statistics.median(times[2:])
+
+
+def test_layer_times_add_up_to_the_whole_model_at_batch_1():
+    # Layers are timed inside whole passes, so their sum has no per-layer
+    # floor: within 10% of the whole model timed as one call. Five rounds,
+    # alternating, and each side's least disturbed round compared, so that a
+    # burst of load on this shared machine during one side does not decide.
+    spec = gpt(n_layers=2, d_model=128, seq=64)
+    sums, wholes = [], []
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(5):
+            prof = profile_model(spec, "gpt", [1], warmup=2, repeats=15, progress=False)
+            sums.append(sum(m["fwd_ms"] + m["bwd_ms"] for layer in prof.layers for m in layer["measurements"]))
+            wholes.append(_whole_model_ms(spec, 1, 15))
+    finally:
+        torch.set_num_threads(old)
+    ratio = min(sums) / min(wholes)
+    assert 0.9 <= ratio <= 1.1, (sums, wholes)
+
+
+def test_bf16_profile_records_autocast_weight_copies():
+    prof = profile_model(gpt(n_layers=1), "gpt", [1, 2], warmup=0, repeats=1, progress=False, dtype="bf16")
+    assert prof.data["dtype"] == "bf16"
+    assert "bf16" in prof.data["source"]
+    # The block's four matrices (64x192, 64x64, 64x256, 256x64: 49,152
+    # weights) and the head's (64x256) cast to bf16, 2 bytes each, kept for
+    # the backward; LayerNorms and the embedding are not cast.
+    copies = {layer["name"]: layer.get("weight_copy_bytes") for layer in prof.layers}
+    assert copies == {"embedding": None, "block0": 49_152 * 2, "lm_head": 64 * 256 * 2}
+    # Autocast keeps activations in bf16: the block's stored bytes are below fp32's.
+    fp32 = profile_model(gpt(n_layers=1), "gpt", [2], warmup=0, repeats=1, progress=False)
+    assert prof.layers[1]["measurements"][1]["stored_activation_bytes"] < fp32.layers[1]["measurements"][0][
+        "stored_activation_bytes"]
+    # Planning takes it, weight copies counted per micro-batch in flight.
+    plan = planner.plan(prof, "1x1", global_batch_size=2)
+    assert plan.estimate["latency_ms"] > 0
+    with pytest.raises(planner.InvalidInputError, match="--dtype fp8: not a number format"):
+        profile_model(gpt(n_layers=1), "gpt", [1], progress=False, dtype="fp8")
 
 
 @pytest.mark.parametrize("name", ["bert", "vgg"])

@@ -96,11 +96,13 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                 .as_ref()
                 .is_some_and(|re| re.is_match(&node.name));
             Layer {
+                weight_copy_bytes: None,
                 name: node.name.clone(),
                 kind: is_block.then(|| BLOCK_KIND.to_string()),
                 param_bytes: (node.parameter_bytes * opts.param_bytes_scale).round() as u64,
                 inputs: if is_chain_link { None } else { Some(inputs) },
                 measurements: vec![Measurement {
+                    backward_working_bytes: None,
                     batch_size: opts.batch_size,
                     fwd_ms: node.fwd_ms,
                     bwd_ms: node.bwd_ms,
@@ -113,6 +115,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         .collect();
 
     let profile = Profile {
+        dtype: None,
+        allocator_reserved_factor: None,
         format: crate::format::PROFILE.name.to_string(),
         schema_version: crate::format::PROFILE.version,
         model: opts.model.clone(),

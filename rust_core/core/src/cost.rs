@@ -95,8 +95,14 @@ impl Cluster {
     /// group's `relative_speed`. With several timed types, a group of
     /// another type must give its `relative_speed` (relative to the
     /// profile's own device), and every other timed type must be a group's.
+    /// A GPU's memory is what its allocator may hand out: its size over the
+    /// profile's `allocator_reserved_factor`.
     pub fn for_model(t: &Topology, layers: &LayerCosts) -> Result<Cluster> {
-        Cluster::matched(t, &layers.devices())
+        let mut cluster = Cluster::matched(t, &layers.devices())?;
+        for machine in &mut cluster.machines {
+            machine.memory_bytes /= layers.allocator_reserved_factor;
+        }
+        Ok(cluster)
     }
 
     fn matched(t: &Topology, devices: &[Option<&str>]) -> Result<Cluster> {
@@ -529,8 +535,10 @@ impl WarmupPolicy {
     }
 }
 
-/// Per-device memory of a stage: weights, gradients and optimizer state of
-/// its layers, plus the activations of `warmup` micro-batch slices in flight.
+/// Per-device memory of a stage at its peak, as the allocator counts it:
+/// weights, gradients and optimizer state of its layers, what `warmup`
+/// micro-batch slices in flight keep (activations, autocast's weight
+/// copies), and what the running backward needs on top.
 pub fn stage_memory_bytes(
     layers: &LayerCosts,
     start: usize,
@@ -539,7 +547,8 @@ pub fn stage_memory_bytes(
     warmup: u32,
 ) -> f64 {
     layers.model_state_bytes(start, end)
-        + f64::from(warmup) * f64::from(slice) * layers.stored_bytes_per_sample(start, end)
+        + f64::from(warmup) * layers.in_flight_bytes(start, end, slice)
+        + layers.backward_working_bytes(start, end, slice)
 }
 
 /// AllReduce time left exposed after the backward pass of the last
@@ -951,8 +960,11 @@ impl<'a> StageCoster<'a> {
         min_slice: u32,
     ) -> Option<Vec<u32>> {
         let even = largest_slice(self.micro_batch, replica_machines.len() as u32);
-        let fixed_bytes = self.layers.model_state_bytes(start, end);
-        let bytes_per_sample = f64::from(warmup) * self.layers.stored_bytes_per_sample(start, end);
+        // stage_memory_bytes, as fixed bytes and bytes per sample of the slice.
+        let fixed_bytes = self.layers.model_state_bytes(start, end)
+            + f64::from(warmup) * self.layers.weight_copy_bytes(start, end);
+        let bytes_per_sample = f64::from(warmup) * self.layers.stored_bytes_per_sample(start, end)
+            + self.layers.backward_working_bytes(start, end, 1);
         // Replicas come machine by machine: each machine's speed once.
         let mut last: Option<(usize, f64)> = None;
         let devices: Vec<BalanceDevice> = replica_machines
@@ -1200,6 +1212,61 @@ mod tests {
         let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
         t.machine_groups[1].gpu.memory_bytes = memory;
         t
+    }
+
+    #[test]
+    fn a_stage_memory_counts_each_term() {
+        use crate::profile::ParameterState;
+        // Two layers measured at batch 4: 1000 and 3000 parameter bytes
+        // (fp32: 250 and 750 parameters), keeping 400 and 800 bytes for
+        // backward, their backwards needing 80 and 40 bytes on top; the
+        // second's weights cast by autocast to bf16 (750 x 2 bytes).
+        let mut p = crate::profile::profile_of_layers(
+            "terms",
+            &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)],
+            4,
+        );
+        for (layer, (stored, working)) in p.layers.iter_mut().zip([(400, 80), (800, 40)]) {
+            layer.measurements[0].stored_activation_bytes = Some(stored);
+            layer.measurements[0].backward_working_bytes = Some(working);
+        }
+        p.layers[1].weight_copy_bytes = Some(1500);
+        let memory =
+            |p: &crate::profile::Profile| stage_memory_bytes(&LayerCosts::new(p), 0, 2, 2, 3);
+        // Adam under autocast: fp32 weights 4, gradients 4, moments 8 bytes
+        // a parameter = 4 per parameter byte: 16,000. Each of 3 micro-batch
+        // slices of 2 samples keeps (100 + 200) x 2 of activations and the
+        // 1,500 of copies; the running backward needs max(20, 10) x 2.
+        p.parameter_state = ParameterState::autocast("adam");
+        assert_eq!(memory(&p), 16_000.0 + 3.0 * (600.0 + 1_500.0) + 40.0);
+        // Without a parameter state the same: fp32 with Adam's two slots.
+        p.parameter_state = None;
+        assert_eq!(memory(&p), 16_000.0 + 3.0 * 2_100.0 + 40.0);
+        // SGD with momentum: one slot, 12 bytes a parameter; plain SGD 8.
+        p.parameter_state = ParameterState::autocast("sgd-momentum");
+        assert_eq!(memory(&p), 12_000.0 + 6_300.0 + 40.0);
+        p.parameter_state = ParameterState::autocast("sgd");
+        assert_eq!(memory(&p), 8_000.0 + 6_300.0 + 40.0);
+        // Megatron's mixed precision: bf16 weights and gradients, fp32
+        // master weights and moments, 16 bytes per 2-byte parameter.
+        p.parameter_state = Some(ParameterState {
+            weight_bytes: 2.0,
+            gradient_bytes: 2.0,
+            master_weight_bytes: 4.0,
+            optimizer_bytes: 8.0,
+        });
+        assert_eq!(memory(&p), 32_000.0 + 6_300.0 + 40.0);
+        // The allocator's reserve: a 16 GiB GPU hands out 16 GiB / 1.25.
+        p.allocator_reserved_factor = Some(1.25);
+        let t = crate::topology::Topology::from_spec("1x1-v100").unwrap();
+        let cluster = Cluster::for_model(&t, &LayerCosts::new(&p)).unwrap();
+        let gpu = t.machine_groups[0].gpu.memory_bytes as f64;
+        assert_eq!(cluster.machines[0].memory_bytes, gpu / 1.25);
+        p.allocator_reserved_factor = Some(0.9);
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("allocator_reserved_factor")
+        );
     }
 
     #[test]

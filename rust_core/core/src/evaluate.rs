@@ -9,7 +9,8 @@ use crate::plan::{
     plan_schedule, Estimate, PipelinePosition, Plan, PositionKind, TransferEstimate,
 };
 use crate::profile::Profile;
-use crate::simulate::{sim_stages, simulate_stages, SimStage};
+use crate::shape::MemoryTerms;
+use crate::simulate::{sim_stages, simulate_stages, SimStage, StageTimeline};
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
@@ -57,6 +58,9 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         }
         Err(e) => unreachable!("a checked plan simulates: {e}"),
     };
+    let memory = simulation
+        .as_ref()
+        .map_or_else(|_| Vec::new(), |sim| memory_terms(&sim.stages));
     let headline = iteration_ms.unwrap_or(lat.latency_ms);
     let single = coster.single_device_ms();
     let (peak, fits) = peak_and_fit(&stages);
@@ -77,7 +81,13 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         fits_memory: fits,
         stages,
         transfers,
+        memory,
     }
+}
+
+/// Each stage's peak memory in its terms, as the simulation has them.
+fn memory_terms(timelines: &[StageTimeline]) -> Vec<MemoryTerms> {
+    timelines.iter().filter_map(|t| t.memory_terms).collect()
 }
 
 /// The estimate of a plan with an asynchronous schedule: its simulated
@@ -137,6 +147,7 @@ fn asynchronous_estimate(
         fits_memory: fits,
         stages,
         transfers,
+        memory: memory_terms(&sim.stages),
     }
 }
 

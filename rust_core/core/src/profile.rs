@@ -56,6 +56,30 @@ pub struct Profile {
     /// re-computation): what MFU counts as useful work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_flops_per_sample: Option<f64>,
+    /// The number format the layers computed in when measured (`dapple
+    /// profile model --dtype`); absent: not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Precision>,
+    /// The GPU allocator's reserved bytes over its allocated bytes at the
+    /// measured peak (torch's caching allocator keeps freed blocks, split
+    /// by size): a plan's allocated peak times this must fit the GPU.
+    /// Measured by `dapple profile model` on CUDA; absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_reserved_factor: Option<f64>,
+}
+
+crate::named_enum! {
+    /// Number formats layers compute in: `dapple profile model --dtype` and
+    /// `dapple run --dtype`.
+    pub enum Precision("a number format") {
+        /// Everything in fp32.
+        Fp32 = "fp32",
+        /// Mixed precision: torch's autocast to bfloat16, weights,
+        /// gradients and optimizer state in fp32.
+        Bf16 = "bf16",
+        /// Mixed precision: autocast to float16, with loss scaling.
+        Fp16 = "fp16",
+    }
 }
 
 /// Bytes per parameter of each thing training holds for it. Mixed precision
@@ -74,6 +98,23 @@ pub struct ParameterState {
     pub master_weight_bytes: f64,
     /// The optimizer's state (Adam: two moments).
     pub optimizer_bytes: f64,
+}
+
+impl ParameterState {
+    /// What training under torch's autocast holds per parameter, whatever
+    /// the compute dtype: fp32 weights (also the optimizer's own: no master
+    /// copy), fp32 gradients, and the optimizer's slots in fp32. The cast
+    /// copies autocast makes are measured per layer (`weight_copy_bytes`).
+    /// None for an unknown optimizer.
+    pub fn autocast(optimizer: &str) -> Option<ParameterState> {
+        const FP32: f64 = 4.0;
+        optimizer_state_slots(optimizer).map(|slots| ParameterState {
+            weight_bytes: FP32,
+            gradient_bytes: FP32,
+            master_weight_bytes: 0.0,
+            optimizer_bytes: f64::from(slots) * FP32,
+        })
+    }
 }
 
 /// The model's layer times measured on one more GPU type.
@@ -124,6 +165,13 @@ pub struct Layer {
     /// One entry per profiled batch size, ascending, the same sizes for
     /// every layer.
     pub measurements: Vec<Measurement>,
+    /// Bytes of the layer's weights cast to the compute dtype that one
+    /// micro-batch keeps from its forward to its backward (torch's autocast
+    /// casts them anew in each forward and its backward needs them):
+    /// memory per micro-batch in flight that does not grow with its
+    /// samples. Absent: none (fp32, or weights stored in the compute dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_copy_bytes: Option<u64>,
     /// The ways the layer can be sharded over several GPUs (`split.rs`);
     /// none: it is never split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -143,6 +191,12 @@ pub struct Measurement {
     /// keeps its output, which is the next layer's saved input).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_activation_bytes: Option<u64>,
+    /// Bytes the layer's backward allocates above what was held when it
+    /// began, at its peak: gradients of its activations and temporaries
+    /// (on the last layer, the loss's gradient of the logits). Parameter
+    /// gradients are model state, not counted here. Absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_working_bytes: Option<u64>,
 }
 
 impl Layer {
@@ -164,6 +218,12 @@ impl Layer {
     pub fn stored_bytes_per_sample(&self) -> f64 {
         let m = self.largest_measurement();
         m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / f64::from(m.batch_size)
+    }
+
+    /// Bytes per sample the backward needs on top of what it holds.
+    pub fn backward_working_bytes_per_sample(&self) -> f64 {
+        let m = self.largest_measurement();
+        m.backward_working_bytes.unwrap_or(0) as f64 / f64::from(m.batch_size)
     }
 }
 
@@ -447,6 +507,14 @@ impl Profile {
                 "the profile has zero layers; it needs at least one",
             ));
         }
+        if let Some(factor) = self.allocator_reserved_factor {
+            if !(factor.is_finite() && factor >= 1.0) {
+                return Err(Error::field(
+                    "allocator_reserved_factor",
+                    format!("value {factor} must be a finite number >= 1: an allocator reserves at least what it allocates"),
+                ));
+            }
+        }
         let sizes = self.batch_sizes();
         for (i, layer) in self.layers.iter().enumerate() {
             let at = |f: &str| format!("layers[{i}].{f}");
@@ -641,6 +709,12 @@ pub struct LayerCosts {
     stored_per_sample: Vec<f64>,
     param_prefix: Vec<f64>,
     stored_prefix: Vec<f64>,
+    /// Autocast's weight copies, kept per micro-batch in flight.
+    weight_copy_prefix: Vec<f64>,
+    /// Per-sample bytes each layer's backward needs on top, as a range-max table.
+    working_per_sample: RangeMax,
+    /// The allocator's reserved bytes over allocated ones (1: none).
+    pub allocator_reserved_factor: f64,
     /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
     /// (p in 1..num_layers); entry 0 and num_layers are 0.
     cut_per_sample: Vec<f64>,
@@ -660,6 +734,38 @@ pub struct LayerCosts {
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
+}
+
+/// The largest of any range of values, in O(1) after O(n log n): a sparse
+/// table, row k holding the maxima of the runs of 2^k values.
+#[derive(Debug, Clone)]
+struct RangeMax {
+    rows: Vec<Vec<f64>>,
+}
+
+impl RangeMax {
+    fn new(values: Vec<f64>) -> RangeMax {
+        let mut rows = vec![values];
+        let mut width = 1;
+        while 2 * width <= rows[0].len() {
+            let last = rows.last().expect("row 0");
+            let next = (0..=rows[0].len() - 2 * width)
+                .map(|i| last[i].max(last[i + width]))
+                .collect();
+            rows.push(next);
+            width *= 2;
+        }
+        RangeMax { rows }
+    }
+
+    /// The largest of values `start..end` (0 for an empty range).
+    fn max(&self, start: usize, end: usize) -> f64 {
+        if end <= start {
+            return 0.0;
+        }
+        let k = (usize::BITS - 1 - (end - start).leading_zeros()) as usize;
+        self.rows[k][start].max(self.rows[k][end - (1 << k)])
+    }
 }
 
 /// One GPU type's measured layer times.
@@ -807,6 +913,21 @@ impl LayerCosts {
             stored_per_sample: stored_per_sample.clone(),
             param_prefix: prefix(&params),
             stored_prefix: prefix(&stored_per_sample),
+            weight_copy_prefix: prefix(
+                &profile
+                    .layers
+                    .iter()
+                    .map(|l| l.weight_copy_bytes.unwrap_or(0) as f64)
+                    .collect::<Vec<_>>(),
+            ),
+            working_per_sample: RangeMax::new(
+                profile
+                    .layers
+                    .iter()
+                    .map(Layer::backward_working_bytes_per_sample)
+                    .collect(),
+            ),
+            allocator_reserved_factor: profile.allocator_reserved_factor.unwrap_or(1.0),
             cut_per_sample,
             state_per_param_byte: match &profile.parameter_state {
                 Some(p) => {
@@ -876,6 +997,32 @@ impl LayerCosts {
         self.stored_per_sample[layer]
     }
 
+    /// What one micro-batch of `slice` samples keeps on a GPU of layers
+    /// `start..end` from its forward to its backward: the stored
+    /// activations and autocast's weight copies. The memory per micro-batch
+    /// in flight.
+    pub fn in_flight_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
+        f64::from(slice) * self.stored_bytes_per_sample(start, end)
+            + self.weight_copy_bytes(start, end)
+    }
+
+    /// Autocast's weight copies of layers `start..end`, per micro-batch.
+    pub fn weight_copy_bytes(&self, start: usize, end: usize) -> f64 {
+        self.weight_copy_prefix[end] - self.weight_copy_prefix[start]
+    }
+
+    /// What the backward of a slice of `slice` samples needs on top of what
+    /// the GPU holds, at its peak: the largest of layers `start..end`'s (one
+    /// layer's backward runs at a time, and frees its temporaries).
+    pub fn backward_working_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
+        f64::from(slice) * self.working_per_sample.max(start, end)
+    }
+
+    /// Per-sample [`LayerCosts::backward_working_bytes`] of one layer.
+    pub fn backward_working_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
+        self.working_per_sample.max(layer, layer + 1)
+    }
+
     /// Bytes per sample crossing the cut just before layer `position`.
     pub fn cut_bytes_per_sample(&self, position: usize) -> f64 {
         self.cut_per_sample[position]
@@ -927,6 +1074,20 @@ pub(crate) use tests::{chain_profile, profile_of_layers};
 mod tests {
     use super::*;
 
+    #[test]
+    fn range_max_is_the_largest_of_any_range() {
+        let values = vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0];
+        let table = RangeMax::new(values.clone());
+        for start in 0..values.len() {
+            for end in start + 1..=values.len() {
+                let expected = values[start..end].iter().copied().fold(f64::MIN, f64::max);
+                assert_eq!(table.max(start, end), expected, "{start}..{end}");
+            }
+        }
+        assert_eq!(table.max(3, 3), 0.0);
+        assert_eq!(RangeMax::new(vec![]).max(0, 0), 0.0);
+    }
+
     pub(crate) fn chain_profile(times: &[(f64, f64)], batch: u32) -> Profile {
         let layers: Vec<(f64, f64, u64, u64)> = times
             .iter()
@@ -943,6 +1104,8 @@ mod tests {
         batch: u32,
     ) -> Profile {
         Profile {
+            dtype: None,
+            allocator_reserved_factor: None,
             format: PROFILE.name.into(),
             schema_version: PROFILE.version,
             model: model.into(),
@@ -957,11 +1120,13 @@ mod tests {
                 .enumerate()
                 .map(
                     |(i, &(fwd_ms, bwd_ms, param_bytes, activation_bytes))| Layer {
+                        weight_copy_bytes: None,
                         name: format!("l{i}"),
                         kind: None,
                         param_bytes,
                         inputs: None,
                         measurements: vec![Measurement {
+                            backward_working_bytes: None,
                             batch_size: batch,
                             fwd_ms,
                             bwd_ms,
@@ -1042,6 +1207,7 @@ mod tests {
         let mut p = chain_profile(&[(0.0, 0.0)], 2);
         p.layers[0].measurements = vec![
             Measurement {
+                backward_working_bytes: None,
                 batch_size: 2,
                 fwd_ms: 4.0,
                 bwd_ms: 8.0,
@@ -1049,6 +1215,7 @@ mod tests {
                 stored_activation_bytes: None,
             },
             Measurement {
+                backward_working_bytes: None,
                 batch_size: 4,
                 fwd_ms: 6.0,
                 bwd_ms: 10.0,

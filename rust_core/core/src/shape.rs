@@ -123,8 +123,9 @@ pub fn uneven_split_group(alloc: &[(usize, u32)], t: u32) -> Option<(usize, Vec<
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageMemory {
     /// Weights, gradients, master weights and optimizer state (`model_state`),
-    /// plus under full re-computation one micro-batch's activations, alive
-    /// while its backward runs the forward again.
+    /// what the running backward needs on top (`working_bytes`), plus under
+    /// full re-computation one micro-batch's activations, alive while its
+    /// backward runs the forward again.
     pub fixed_bytes: f64,
     pub per_micro_batch_bytes: f64,
     pub model_state_bytes: f64,
@@ -134,12 +135,39 @@ pub struct StageMemory {
     pub stored_bytes: f64,
     /// The stage's input for one micro-batch: what re-computation keeps.
     pub input_bytes: f64,
+    /// What the running backward needs on top (in `fixed_bytes`).
+    pub working_bytes: f64,
 }
 
 impl StageMemory {
     pub fn at(&self, micro_batches_in_flight: u32) -> f64 {
         self.fixed_bytes + f64::from(micro_batches_in_flight) * self.per_micro_batch_bytes
     }
+}
+
+/// The terms of one GPU's peak memory in a stage, as the simulation has
+/// them: model state, `micro_batches_in_flight` x `per_micro_batch_bytes`,
+/// the running backward's `working_bytes`, and `other_bytes`, the rest of
+/// the peak (a re-computed forward's activations, an asynchronous
+/// schedule's weight versions and XPipe's own moments).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryTerms {
+    /// Weights, gradients, master weights and optimizer state.
+    pub model_state_bytes: f64,
+    /// What one micro-batch keeps from its forward to its backward: its
+    /// activations (on the last stage with the loss's), autocast's weight
+    /// copies; under re-computation only the stage's input.
+    pub per_micro_batch_bytes: f64,
+    /// Most micro-batches in flight at once.
+    pub micro_batches_in_flight: u32,
+    pub working_bytes: f64,
+    pub other_bytes: f64,
+    /// The peak: the sum of the terms.
+    pub peak_bytes: f64,
+    /// What the allocator reserves per byte it allocates (the profile's
+    /// `allocator_reserved_factor`): the peak times this must fit the GPU.
+    pub allocator_reserved_factor: f64,
 }
 
 /// What one GPU of a stage holds of its layers, summed a layer at a time
@@ -155,6 +183,7 @@ pub struct MemorySums {
     sharded_state_bytes: f64,
     weight_bytes: f64,
     stored_bytes: f64,
+    working_bytes: f64,
 }
 
 impl MemorySums {
@@ -176,8 +205,14 @@ impl MemorySums {
         self.sharded_state_bytes +=
             param_factor * layers.model_state_bytes_sharded(l, next, sharers);
         self.weight_bytes += param_factor * layers.param_bytes(l, next);
+        // What a micro-batch keeps (`LayerCosts::in_flight_bytes`): the
+        // activations of its slice, and autocast's copies of the weights.
         self.stored_bytes +=
-            stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, next);
+            stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, next)
+                + param_factor * layers.weight_copy_bytes(l, next);
+        self.working_bytes = self.working_bytes.max(
+            stored_factor * f64::from(slice) * layers.backward_working_bytes_per_sample_of_layer(l),
+        );
     }
 
     /// The stage's memory as `shape` runs it, its first layer taking
@@ -188,10 +223,10 @@ impl MemorySums {
         } else {
             self.state_bytes
         };
-        let stored = self.stored_bytes;
+        let (stored, working) = (self.stored_bytes, self.working_bytes);
         let (fixed, per_micro_batch) = match shape.recompute {
-            Recompute::None => (state, stored),
-            Recompute::Full => (state + stored, input_bytes),
+            Recompute::None => (state + working, stored),
+            Recompute::Full => (state + stored + working, input_bytes),
         };
         StageMemory {
             fixed_bytes: fixed,
@@ -200,6 +235,7 @@ impl MemorySums {
             weight_bytes: self.weight_bytes,
             stored_bytes: stored,
             input_bytes,
+            working_bytes: working,
         }
     }
 }
@@ -207,6 +243,34 @@ impl MemorySums {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summed_memory_of_a_plain_stage_is_the_cost_models() {
+        // Layer by layer, as the search grows a stage, with the terms of
+        // `cost::tests::a_stage_memory_counts_each_term`.
+        let mut p = crate::profile::profile_of_layers(
+            "terms",
+            &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)],
+            4,
+        );
+        for (layer, (stored, working)) in p.layers.iter_mut().zip([(400, 80), (800, 40)]) {
+            layer.measurements[0].stored_activation_bytes = Some(stored);
+            layer.measurements[0].backward_working_bytes = Some(working);
+        }
+        p.layers[1].weight_copy_bytes = Some(1500);
+        let layers = LayerCosts::new(&p);
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
+        }
+        let m = sums.memory(&StageShape::PLAIN, 0.0);
+        assert_eq!(m.fixed_bytes, 16_000.0 + 40.0);
+        assert_eq!(m.per_micro_batch_bytes, 600.0 + 1_500.0);
+        assert_eq!(
+            m.at(3),
+            crate::cost::stage_memory_bytes(&layers, 0, 2, 2, 3)
+        );
+    }
 
     #[test]
     fn a_split_stage_has_one_replica_per_group_of_t_consecutive_devices() {

@@ -29,7 +29,7 @@ use crate::schedule::{
     early_backward_actions, steady_state_window, Action, ActionKind, Predictor, Schedule,
     ScheduleKind, WeightRule,
 };
-use crate::shape::Recompute;
+use crate::shape::{MemoryTerms, Recompute};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -50,10 +50,37 @@ pub struct SimStage {
     pub stored_bytes: f64,
     /// The stage's input for one micro-batch slice: all that re-computation keeps.
     pub input_bytes: f64,
+    /// What a running backward needs on top of what the stage holds.
+    pub working_bytes: f64,
+    /// What the allocator reserves per byte it allocates (1: nothing more).
+    pub allocator_reserved_factor: f64,
     pub memory_limit_bytes: f64,
     /// The stage's plan re-computes it (`Recompute::Full`): `bwd_ms` holds
     /// the forward's re-run already, and it keeps only its input.
     pub recomputes: bool,
+}
+
+impl SimStage {
+    /// A simulated `peak` in its terms, with `in_flight` micro-batches at
+    /// most between their forward and backward.
+    fn memory_terms(&self, in_flight: u32, peak: f64, recompute: bool) -> MemoryTerms {
+        let per_micro_batch = if recompute || self.recomputes {
+            self.input_bytes
+        } else {
+            self.stored_bytes
+        };
+        let named =
+            self.model_state_bytes + f64::from(in_flight) * per_micro_batch + self.working_bytes;
+        MemoryTerms {
+            model_state_bytes: self.model_state_bytes,
+            per_micro_batch_bytes: per_micro_batch,
+            micro_batches_in_flight: in_flight,
+            working_bytes: self.working_bytes,
+            other_bytes: (peak - named).max(0.0),
+            peak_bytes: peak.max(named),
+            allocator_reserved_factor: self.allocator_reserved_factor,
+        }
+    }
 }
 
 crate::named_enum! {
@@ -98,6 +125,9 @@ pub struct StageTimeline {
     pub peak_weight_copies: u32,
     /// (time ms, bytes) after every change of the stage's memory.
     pub memory: Vec<(f64, f64)>,
+    /// What the peak is made of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_terms: Option<MemoryTerms>,
 }
 
 /// One simulated iteration, as `dapple simulate --json` writes it.
@@ -336,12 +366,13 @@ impl Trace {
             ActionKind::Backward if recompute => {
                 self.compute[s] += duration;
                 // The forward is re-run: its activations live through the backward.
-                events.push((start, st.stored_bytes));
-                events.push((end, -st.stored_bytes - st.input_bytes));
+                events.push((start, st.stored_bytes + st.working_bytes));
+                events.push((end, -st.stored_bytes - st.input_bytes - st.working_bytes));
             }
             ActionKind::Backward => {
                 self.compute[s] += duration;
-                events.push((end, -st.stored_bytes));
+                events.push((start, st.working_bytes));
+                events.push((end, -st.stored_bytes - st.working_bytes));
             }
             _ => {}
         }
@@ -496,6 +527,7 @@ pub fn simulate_stages(
                 peak = peak.max(bytes);
                 memory.push((t, bytes));
             }
+            let in_flight = schedule.peak_in_flight(s);
             StageTimeline {
                 compute_ms: compute[s],
                 bubble_fraction: if span_ms > 0.0 {
@@ -505,9 +537,10 @@ pub fn simulate_stages(
                 },
                 peak_memory_bytes: peak,
                 memory_limit_bytes: st.memory_limit_bytes,
-                peak_in_flight: schedule.peak_in_flight(s),
+                peak_in_flight: in_flight,
                 peak_weight_copies: peak_copies,
                 memory,
+                memory_terms: Some(st.memory_terms(in_flight, peak, recompute)),
             }
         })
         .collect();
@@ -677,9 +710,14 @@ pub(crate) fn sim_stages(
                     2.0 * layers.param_bytes(start, end)
                 },
                 stored_bytes: memory.map_or_else(
-                    || slice * layers.stored_bytes_per_sample(start, end),
+                    || layers.in_flight_bytes(start, end, c.slice_size),
                     |m| m.stored_bytes,
                 ),
+                working_bytes: memory.map_or_else(
+                    || layers.backward_working_bytes(start, end, c.slice_size),
+                    |m| m.working_bytes,
+                ),
+                allocator_reserved_factor: layers.allocator_reserved_factor,
                 input_bytes: memory.map_or_else(
                     || slice * layers.cut_bytes_per_sample(start),
                     |m| m.input_bytes,
@@ -730,6 +768,8 @@ mod tests {
                 own_adam_moments_bytes: 0.0,
                 stored_bytes: 10.0,
                 input_bytes: 1.0,
+                working_bytes: 0.0,
+                allocator_reserved_factor: 1.0,
                 memory_limit_bytes: 1e9,
                 recomputes: false,
             };
@@ -775,6 +815,47 @@ mod tests {
             assert_eq!(eb.stages[0].peak_in_flight, 2);
             assert_eq!(gp.stages[0].peak_in_flight, m);
         }
+    }
+
+    #[test]
+    fn a_running_backward_needs_its_working_memory_on_top() {
+        // Early backward on 2 stages holds 2 micro-batches (10 bytes each)
+        // on stage 0; each backward needs 7 bytes more while it runs,
+        // after which its micro-batch's 10 go.
+        let mut stages = equal_stages(2, 1.0, 2.0);
+        for s in &mut stages {
+            s.working_bytes = 7.0;
+        }
+        let eb = Schedule::early_backward_with_policy(2, 4, WarmupPolicy::A).unwrap();
+        let sim = simulate_stages(&stages, &[0.0], &eb, false).unwrap();
+        assert_eq!(sim.stages[0].peak_memory_bytes, 100.0 + 2.0 * 10.0 + 7.0);
+        assert_eq!(
+            sim.stages[0].memory_terms,
+            Some(MemoryTerms {
+                model_state_bytes: 100.0,
+                per_micro_batch_bytes: 10.0,
+                micro_batches_in_flight: 2,
+                working_bytes: 7.0,
+                other_bytes: 0.0,
+                peak_bytes: 127.0,
+                allocator_reserved_factor: 1.0,
+            })
+        );
+        // Re-computing: the inputs of 4 micro-batches (1 byte each, GPipe),
+        // one re-run forward's 10 and the backward's 7.
+        let gp = Schedule::gpipe(2, 4).unwrap();
+        let rc = simulate_stages(&stages, &[0.0], &gp, true).unwrap();
+        assert_eq!(rc.stages[0].peak_memory_bytes, 100.0 + 4.0 + 10.0 + 7.0);
+        // In terms: 4 inputs in flight, the re-run forward's 10 as other.
+        let terms = rc.stages[0].memory_terms.unwrap();
+        assert_eq!(
+            (terms.per_micro_batch_bytes, terms.micro_batches_in_flight),
+            (1.0, 4)
+        );
+        assert_eq!((terms.other_bytes, terms.peak_bytes), (10.0, 121.0));
+        // After the iteration nothing is left of either.
+        let last = |s: &StageTimeline| s.memory.last().unwrap().1;
+        assert_eq!((last(&sim.stages[0]), last(&rc.stages[0])), (100.0, 100.0));
     }
 
     #[test]

@@ -270,6 +270,8 @@ pub fn transformer_profile(
         .collect();
     let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
     let profile = Profile {
+        dtype: None,
+        allocator_reserved_factor: None,
         format: crate::format::PROFILE.name.into(),
         schema_version: crate::format::PROFILE.version,
         model: model.into(),
@@ -359,6 +361,7 @@ impl LayerMaker<'_> {
             .map(|&b| {
                 let fwd_ms = f64::from(b) * fwd_flops / self.flops_per_ms;
                 Measurement {
+                    backward_working_bytes: None,
                     batch_size: b,
                     fwd_ms,
                     bwd_ms: 2.0 * fwd_ms,
@@ -377,6 +380,7 @@ impl LayerMaker<'_> {
         let tokens = config.padded_vocabulary() as f64 * h;
         let positions = config.positions.map_or(0.0, |p| p as f64 * h);
         Layer {
+            weight_copy_bytes: None,
             name: "embedding".into(),
             kind: None,
             param_bytes: ((tokens + positions) * BF16) as u64,
@@ -395,6 +399,7 @@ impl LayerMaker<'_> {
         let (params, _) = config.block_params();
         let (stored, _) = config.block_stored_bytes(s, BF16);
         Layer {
+            weight_copy_bytes: None,
             name: format!("block_{i}"),
             kind: Some(BLOCK_KIND.into()),
             param_bytes: (params * BF16) as u64,
@@ -416,6 +421,7 @@ impl LayerMaker<'_> {
         let whole_stored = 2.0 * s * h * BF16;
         let logits = s * config.padded_vocabulary() as f64 * FP32;
         Layer {
+            weight_copy_bytes: None,
             name: "lm_head".into(),
             kind: None,
             param_bytes: ((norm + projection) * BF16) as u64,

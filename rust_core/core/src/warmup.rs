@@ -27,7 +27,7 @@ pub fn deepest_warmups(stages: &[SimStage], micro_batches: u32) -> Option<Vec<u3
     let mut caps = Vec::with_capacity(stages.len());
     let mut previous = micro_batches;
     for s in stages {
-        let room = s.memory_limit_bytes - s.model_state_bytes;
+        let room = s.memory_limit_bytes - s.model_state_bytes - s.working_bytes;
         let cap = if s.stored_bytes <= 0.0 {
             if room < 0.0 {
                 return None;
@@ -239,6 +239,8 @@ mod tests {
             own_adam_moments_bytes: 0.0,
             stored_bytes: stored,
             input_bytes: 0.0,
+            working_bytes: 0.0,
+            allocator_reserved_factor: 1.0,
             memory_limit_bytes: limit,
             recomputes: false,
         }

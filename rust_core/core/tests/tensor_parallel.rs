@@ -136,6 +136,8 @@ fn the_1f1b_bubble_is_p_minus_1_over_m() {
                 own_adam_moments_bytes: 0.0,
                 stored_bytes: 0.0,
                 input_bytes: 0.0,
+                working_bytes: 0.0,
+                allocator_reserved_factor: 1.0,
                 memory_limit_bytes: 1.0,
                 recomputes: false,
             };

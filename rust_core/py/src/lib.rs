@@ -155,7 +155,10 @@ macro_rules! file_object_methods {
 }
 pub(crate) use file_object_methods;
 
-fn names<'py>(py: Python<'py>, names: Vec<&'static str>) -> PyResult<Bound<'py, PyTuple>> {
+pub(crate) fn names<'py>(
+    py: Python<'py>,
+    names: Vec<&'static str>,
+) -> PyResult<Bound<'py, PyTuple>> {
     PyTuple::new(py, names)
 }
 

@@ -1,4 +1,4 @@
-use dapple_core::profile::{LayerCosts, Profile};
+use dapple_core::profile::{LayerCosts, ParameterState, Precision, Profile};
 use pyo3::prelude::*;
 
 use crate::to_py_err;
@@ -120,7 +120,22 @@ crate::file_object_methods!(PyProfile {
     }
 });
 
+/// Bytes per parameter of each state training under torch's autocast holds
+/// with `optimizer` (the profile's `parameter_state`); None for an unknown
+/// optimizer.
+#[pyfunction]
+fn autocast_parameter_state<'py>(
+    py: Python<'py>,
+    optimizer: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    ParameterState::autocast(optimizer)
+        .map(|state| crate::convert::to_python(py, &state))
+        .transpose()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProfile>()?;
+    m.add_function(wrap_pyfunction!(autocast_parameter_state, m)?)?;
+    m.add("PRECISIONS", crate::names(m.py(), Precision::names())?)?;
     Ok(())
 }

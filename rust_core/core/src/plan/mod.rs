@@ -284,6 +284,9 @@ pub struct Estimate {
     pub stages: Vec<StageCost>,
     /// Transfer between stage i and i+1.
     pub transfers: Vec<TransferEstimate>,
+    /// What each stage's simulated peak memory is made of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory: Vec<crate::shape::MemoryTerms>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

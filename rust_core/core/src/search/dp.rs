@@ -1633,6 +1633,7 @@ mod tests {
             layer.param_bytes = params;
             layer.measurements = [1, 2]
                 .map(|batch| Measurement {
+                    backward_working_bytes: None,
                     batch_size: batch,
                     fwd_ms: f * f64::from(batch),
                     bwd_ms: b * f64::from(batch),

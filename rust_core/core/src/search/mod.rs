@@ -942,6 +942,7 @@ mod tests {
                 layer.measurements = [1u32, 2, 4, 8]
                     .iter()
                     .map(|&b| Measurement {
+                        backward_working_bytes: None,
                         batch_size: b,
                         fwd_ms: one.fwd_ms * f64::from(b).powf(0.4),
                         bwd_ms: one.bwd_ms * f64::from(b).powf(0.4),
