@@ -11,6 +11,7 @@ STAGE_SHAPES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
+EXACT_MEMORY_SOURCE: str
 SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
@@ -234,6 +235,7 @@ def search(
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...
+def calibrate(plan: Plan, metrics: RunMetrics, profile: Profile) -> tuple[Profile, list[dict]]: ...
 def simulate(
     plan: Plan,
     profile: Profile,
