@@ -107,6 +107,22 @@ pub fn profile_optimizer(run_optimizer: &str) -> Option<&'static str> {
     }
 }
 
+impl StageMeasure {
+    /// The stage as two of its ranks measured it: the slower compute, the
+    /// higher peak, the less exact memory source.
+    fn with(self, other: StageMeasure) -> StageMeasure {
+        StageMeasure {
+            compute_ms: self.compute_ms.max(other.compute_ms),
+            peak_memory_bytes: self.peak_memory_bytes.max(other.peak_memory_bytes),
+            memory_source: if self.memory_source == EXACT_MEMORY_SOURCE {
+                other.memory_source
+            } else {
+                self.memory_source
+            },
+        }
+    }
+}
+
 impl Measured {
     /// Each stage's measurements from `metrics`, after checking that they
     /// are of a synchronous run of `plan`. Errors name the metrics' field.
@@ -177,24 +193,19 @@ impl Measured {
             let slot = &mut stages[stage];
             *slot = Some(match slot.take() {
                 None => measure,
-                Some(seen) => StageMeasure {
-                    compute_ms: seen.compute_ms.max(measure.compute_ms),
-                    peak_memory_bytes: seen.peak_memory_bytes.max(measure.peak_memory_bytes),
-                    memory_source: if seen.memory_source == EXACT_MEMORY_SOURCE {
-                        measure.memory_source
-                    } else {
-                        seen.memory_source
-                    },
-                },
+                Some(seen) => seen.with(measure),
             });
         }
+        // As many ranks as the plan's, each the plan's; a rank written
+        // twice ("1" and "01") leaves a stage without one.
+        let stages = stages
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.ok_or_else(|| mismatch("ranks", format!("no rank of stage {i}"))))
+            .collect::<Result<Vec<_>>>()?;
         let steps = metrics.steps - metrics.first_step + 1;
         Ok(Measured {
-            // Every rank of the plan is in `ranks` (as many, each the plan's).
-            stages: stages
-                .into_iter()
-                .map(|s| s.expect("a rank per stage"))
-                .collect(),
+            stages,
             recompute: metrics.recompute,
             optimizer: metrics
                 .optimizer
@@ -659,6 +670,18 @@ mod tests {
             (kind, field.as_str()),
             (crate::ErrorKind::InvalidInput, "ranks.0.phase_ms.compute")
         );
+        let mut twice = ok.clone();
+        let r = twice.ranks.remove("1").unwrap();
+        twice.ranks.insert("00".into(), r);
+        twice.ranks.get_mut("00").unwrap().stage = 0;
+        let (_, field, message) = refused(twice);
+        assert_eq!(
+            (field.as_str(), message.as_str()),
+            (
+                "ranks",
+                "no rank of stage 1: these metrics are not of this plan"
+            )
+        );
         let mut xpipe = ok;
         xpipe.schedule = Some(ScheduleKind::XPipe);
         assert_eq!(refused(xpipe).1, "schedule");
@@ -668,6 +691,20 @@ mod tests {
         let measured = Measured::of(&plan, &metrics([&[1.0], &[1.0]], [0.0, 0.0], "x")).unwrap();
         let e = calibrate(&other, &plan, &measured).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("inputs.profile_sha256"));
+    }
+
+    #[test]
+    fn a_run_that_recomputed_is_costed_recomputing() {
+        let p = profile();
+        let plan = plan_of(&p);
+        // Stage 0 re-runs its forward in the backward: (4 + 4 + 8) ms a
+        // micro-batch, 64 for 4.
+        let mut run = metrics([&[0.0, 64.0], &[0.0, 48.0]], [0.0, 0.0], "rss-since-reset");
+        run.recompute = true;
+        let cal = calibrate(&p, &plan, &Measured::of(&plan, &run).unwrap()).unwrap();
+        assert_eq!(cal.stages[0].predicted_compute_ms, 64.0);
+        assert_eq!(cal.stages[0].time_factor, 1.0);
+        assert_eq!(cal.stages[1].time_factor, 48.0 / 64.0);
     }
 
     #[test]
