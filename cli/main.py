@@ -8,6 +8,7 @@ import click
 
 import planner
 
+from .calibrate import calibrate_command
 from .compare import compare_command
 from .exit_codes import USAGE_ERROR
 from .estimate import estimate_command
@@ -33,6 +34,7 @@ def cli():
 
 cli.add_command(plan_command)
 cli.add_command(estimate_command)
+cli.add_command(calibrate_command)
 cli.add_command(compare_command)
 cli.add_command(simulate_command)
 cli.add_command(topology_group)

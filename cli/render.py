@@ -10,6 +10,7 @@ from planner import Plan, Profile
 from planner.plan import SHAPE_KEY, device_ranges, shape_label
 
 GIB = float(1 << 30)
+MIB = float(1 << 20)
 
 
 def console() -> Console:
@@ -150,3 +151,27 @@ def stage_shapes_text(labels: list[str]) -> str:
 
 def _short(name: str, width: int = 24) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def calibration_table(calibration) -> None:
+    """Per stage of ``dapple calibrate``: measured and predicted compute and
+    peak memory, and the factors the profile took."""
+    out = console()
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("stage", "layers", "compute ms", "predicted ms", "time x", "peak MiB", "predicted MiB",
+                "memory x", "memory source"):
+        t.add_column(col, justify="left" if col in ("layers", "memory source") else "right")
+    for i, s in enumerate(calibration.stages):
+        factor = s["memory_factor"]
+        t.add_row(
+            str(i),
+            f"{s['layer_start']}-{s['layer_end'] - 1}",
+            f"{s['measured_compute_ms']:.2f}",
+            f"{s['predicted_compute_ms']:.2f}",
+            f"{s['time_factor']:.3f}",
+            f"{s['measured_peak_bytes'] / MIB:.1f}",
+            f"{s['predicted_peak_bytes'] / MIB:.1f}",
+            "-" if factor is None else f"{factor:.3f}",
+            s["memory_source"],
+        )
+    out.print(t)

@@ -17,6 +17,7 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
         "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
         "or use `pip install -e .` to work in the source tree."
     ) from e
+from .calibrate import Calibration, calibrate
 from .compare import BASELINES, baseline, compare, layout_plan
 from .errors import (
     DappleError,
@@ -62,6 +63,8 @@ __all__ = [
     "Simulation",
     "Topology",
     "WARMUP_POLICIES",
+    "Calibration",
+    "calibrate",
     "calibrate_stored_activations",
     "choose_warmups",
     "baseline",

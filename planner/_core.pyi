@@ -12,6 +12,7 @@ SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
+EXACT_MEMORY_SOURCE: str
 SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
@@ -235,6 +236,7 @@ def search(
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...
+def calibrate(plan: Plan, metrics: RunMetrics, profile: Profile) -> tuple[Profile, list[dict]]: ...
 def simulate(
     plan: Plan,
     profile: Profile,

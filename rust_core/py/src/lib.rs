@@ -13,6 +13,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 mod artifact;
 mod baselines;
+mod calibrate;
 mod convert;
 mod layout;
 mod metrics;
@@ -220,6 +221,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     topology::register(m)?;
     artifact::register(m)?;
     baselines::register(m)?;
+    calibrate::register(m)?;
     plan::register(m)?;
     simulation::register(m)?;
     metrics::register(m)?;
