@@ -13,6 +13,7 @@ ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
 SCHEDULE_PREDICTORS: dict[str, str]
 PLACEMENT_POLICIES: tuple[str, ...]
+RUN_DTYPES: tuple[str, ...]
 PRESETS: dict[str, str]
 ERROR_CODES: tuple[str, ...]
 MODEL_CONFIGS: tuple[str, ...]

@@ -163,6 +163,7 @@ fn names<'py>(py: Python<'py>, names: Vec<&'static str>) -> PyResult<Bound<'py, 
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use dapple_core::baselines::Baseline;
     use dapple_core::cost::WarmupPolicy;
+    use dapple_core::metrics::RunDtype;
     use dapple_core::placement::Policy;
     use dapple_core::schedule::ScheduleKind;
     use dapple_core::search::{SearchSpace, StageShapes};
@@ -192,6 +193,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         dapple_core::baselines::ASYNCHRONOUS_ROWS_ON.name(),
     )?;
     m.add("PLACEMENT_POLICIES", names(py, Policy::names())?)?;
+    m.add("RUN_DTYPES", names(py, RunDtype::names())?)?;
     let presets = PyDict::new(py);
     for (name, spec) in dapple_core::topology::PRESETS {
         presets.set_item(name, spec)?;
