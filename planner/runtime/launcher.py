@@ -170,7 +170,9 @@ class RunResult:
     iteration's sends to finish), ``allreduce`` (the stage's gradients),
     ``optimizer`` (the step, and what the schedule keeps for later passes)
     and ``end_sync`` (the loss reduction that ends the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
-    the iterations of the iteration time outside receives and inside them."""
+    the iterations of the iteration time outside receives and inside them.
+    ``loss_scale``, under fp16 only: the loss scale at
+    the end, equal on every rank."""
 
     params: dict[str, torch.Tensor]
     per_rank: dict[int, dict[str, torch.Tensor]]

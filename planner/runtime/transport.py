@@ -2,6 +2,12 @@
 and gradients (a shape header, then the data) and the tags that keep
 micro-batches and directions apart.
 
+An activation crosses in whatever dtype its stage's forward produced (under
+``--dtype bf16`` autocast's bf16, or fp32 after an op autocast keeps in
+fp32): the header carries the dtype with the shape. A gradient needs no
+header: autograd gives it its activation's dtype and shape, so the sender of
+the activation receives it into a buffer made like its output.
+
 Sends are non-blocking (``isend``) and waited for at the end of the
 iteration (of the run, for an asynchronous schedule); receives block. Since every rank follows its stage's action list,
 which the core's lock-step check proves deadlock-free, every receive is

@@ -57,6 +57,8 @@ def rank_metrics(ctx: RankSetup, *, iteration_ms: list[float], losses: list[floa
     }
     if asynchronous:
         metrics["asynchronous"] = True
+    if ctx.precision.loss_scale is not None:
+        metrics["loss_scale"] = ctx.precision.loss_scale  # fp16's, at the end: the same on every rank
     return metrics
 
 

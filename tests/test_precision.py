@@ -1,0 +1,177 @@
+"""`dapple run --dtype`: the forwards and the loss under torch.autocast on
+every schedule the runtime runs, fp16 with one loss scale all ranks agree
+on.
+
+Why the tolerances hold: a plan cuts the model between layers and sends
+each activation across in the dtype autocast produced, so a pipeline
+computes every micro-batch with the very operations of one process
+accumulating the same micro-batches in order (``train_single_process(...,
+micro_batches=M)``): equal to fp32's summation-order noise (1e-6). Where a
+replica, a shard or a whole-batch loop computes a matrix product at another
+shape, autocast rounds its output to bf16 (2^-9 relative) or fp16 (2^-12)
+at other places; those runs are held to bounds a few times the differences
+measured, and each test also checks that the bound is tighter than what a
+run without the mixed precision (or without the agreement it tests) gives.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import planner  # noqa: E402
+from planner.runtime.launcher import run_plan  # noqa: E402
+from planner.runtime.reference import train_single_process  # noqa: E402
+from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
+
+LR = 0.1
+STEPS = 5
+GBS = 12
+
+
+@pytest.fixture(scope="module")
+def batches():
+    torch.set_num_threads(1)
+    return make_batches(STEPS, GBS)
+
+
+def run(plan, batches, **options):
+    return run_plan(plan, tiny_layers, mse, batches, STEPS, LR, **FAST, **options)
+
+
+def reference(batches, dtype, micro_batches, layers=tiny_layers, **options):
+    losses = []
+    state = train_single_process(layers, mse, batches, STEPS, LR, dtype=dtype, micro_batches=micro_batches,
+                                 losses=losses, **options)
+    return state, losses
+
+
+STRAIGHT_3 = layout_plan(4, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])])  # 3 micro-batches of 4
+
+
+@pytest.mark.parametrize("kind", ["early-backward-1f1b", "gpipe"])
+def test_a_bf16_pipeline_computes_as_one_process_under_the_same_autocast(batches, kind):
+    p = layout_plan(4, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])], kind=kind)
+    res = run(p, batches, dtype="bf16")
+    ref, ref_losses = reference(batches, "bf16", p.micro_batches)
+    assert max_diff(res.params, ref) < 1e-6
+    assert res.losses == pytest.approx(ref_losses, abs=1e-6)
+    # It ran in bf16: fp32's losses differ by far more than the bound.
+    _, fp32_losses = reference(batches, "fp32", p.micro_batches)
+    assert max(abs(a - b) for a, b in zip(res.losses, fp32_losses)) > 1e-4
+
+
+@pytest.mark.parametrize("plan_of", [
+    lambda: STRAIGHT_3,
+    lambda: layout_plan(3, [(0, 2, [0, 1]), (2, 5, [2])], kind="gpipe"),  # 2:1, GPipe
+])
+def test_recompute_reruns_the_forward_under_its_autocast(batches, plan_of):
+    # torch.utils.checkpoint (non-reentrant) records the autocast state and
+    # re-runs the stage under it: the gradients are those of the plain run.
+    p = plan_of()
+    plain = run(p, batches, dtype="bf16")
+    rc = run(p, batches, dtype="bf16", recompute=True)
+    assert max_diff(plain.params, rc.params) < 1e-6
+    assert rc.replicas_agree(atol=1e-6)
+
+
+def test_bf16_replicas_stay_together(batches):
+    # 2:1 with micro-batch 3: stage 0's replicas compute slices of 2 and 1,
+    # whose products autocast rounds apart from the micro-batch's (measured
+    # 2e-5 here); their AllReduce keeps the replicas equal.
+    p = layout_plan(3, [(0, 3, [5, 2]), (3, 5, [7])])
+    res = run(p, batches, dtype="bf16")
+    ref, _ = reference(batches, "bf16", p.micro_batches)
+    assert max_diff(res.params, ref) < 2e-4
+    assert res.replicas_agree(atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", planner.ASYNCHRONOUS_SCHEDULES)
+def test_an_asynchronous_backward_replays_the_forward_under_its_autocast(kind, batches):
+    # One stage has nothing in flight across an update: each kind is plain
+    # training, its backward a re-run of the forward (compute.Replayed).
+    # Re-run without autocast it would differentiate another function.
+    opt = "momentum" if planner._core.SCHEDULE_PREDICTORS.get(kind) == "momentum" else "sgd"
+    p = layout_plan(4, [(0, 5, [0])])
+    res = run(p, batches, dtype="bf16", schedule=kind, optimizer=opt)
+    ref, ref_losses = reference(batches, "bf16", p.micro_batches, optimizer=opt)
+    assert max_diff(res.params, ref) < 1e-6
+    assert res.losses == pytest.approx(ref_losses, abs=1e-6)
+
+
+def test_bf16_activations_cross_asynchronous_stages(batches):
+    # XPipe at learning rate 0 computes what the synchronous run computes:
+    # the stages' bf16 activations and their gradients cross as sent.
+    p = layout_plan(4, [(0, 1, [0]), (1, 3, [1]), (3, 5, [2])])
+    sync = run_plan(p, tiny_layers, mse, batches, STEPS, 0.0, optimizer="adam", dtype="bf16", **FAST)
+    xpipe = run_plan(p, tiny_layers, mse, batches, STEPS, 0.0, optimizer="adam", dtype="bf16", schedule="xpipe",
+                     **FAST)
+    assert xpipe.losses == pytest.approx(sync.losses, abs=1e-6)
+
+
+class _Boost(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by 30."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 30.0
+
+
+class GradBoost(torch.nn.Module):
+    def forward(self, x):
+        return _Boost.apply(x)
+
+
+def boosted_layers():
+    """tiny_layers with stage 0's gradients 30 times larger: at fp16's first
+    loss scales they overflow on stage 0 alone."""
+    nn = torch.nn
+    return [nn.Linear(6, 8), GradBoost(), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)]
+
+
+def test_fp16_ranks_skip_overflowing_steps_together(batches):
+    # Stage 0's gradients overflow at the first scales, the other stage's do
+    # not: every rank skips those steps and lowers the scale together, as
+    # one process does. Without the ranks' agreement (each its own
+    # GradScaler), stage 0 ends at scale 1024 and the last stage at 65536,
+    # 0.56 away from the reference.
+    p = layout_plan(3, [(0, 3, [0]), (3, 6, [1])])
+    res = run_plan(p, boosted_layers, mse, batches, STEPS, LR, dtype="fp16", **FAST)
+    losses, scales = [], []
+    ref = train_single_process(boosted_layers, mse, batches, STEPS, LR, dtype="fp16", micro_batches=4,
+                               losses=losses, loss_scales=scales)
+    assert scales[-1] < 65536.0  # steps were skipped
+    assert {m["loss_scale"] for m in res.metrics.values()} == {scales[-1]}
+    assert max_diff(res.params, ref) < 1e-6
+    assert res.losses == pytest.approx(losses, abs=1e-6)
+
+
+def test_fp16_replicas_and_a_stage_without_parameters(batches):
+    # Replicas of the last stage, and a first stage of one Tanh (no
+    # optimizer: it joins the ranks' inf check all the same). The
+    # replicas' slices round apart in fp16 (measured 2e-5).
+    layers = lambda: [torch.nn.Tanh(), *boosted_layers()]  # noqa: E731
+    p = layout_plan(4, [(0, 1, [0]), (1, 4, [1]), (4, 7, [2, 3])])
+    res = run_plan(p, layers, mse, batches, STEPS, LR, dtype="fp16", **FAST)
+    scales = []
+    ref = train_single_process(layers, mse, batches, STEPS, LR, dtype="fp16", micro_batches=3, loss_scales=scales)
+    assert {m["loss_scale"] for m in res.metrics.values()} == {scales[-1]}
+    assert max_diff(res.params, ref) < 2e-4
+    assert res.replicas_agree(atol=1e-6)
+
+
+def test_fp16_is_refused_for_an_asynchronous_schedule_on_several_processes(batches):
+    with pytest.raises(planner.InvalidInputError, match="dtype 'fp16' with schedule xpipe on 3 processes"):
+        run(STRAIGHT_3, batches, dtype="fp16", schedule="xpipe", optimizer="adam")
+    with pytest.raises(planner.InvalidInputError, match="dtype 'fp8'"):
+        run(STRAIGHT_3, batches, dtype="fp8")
+
+
+def test_fp16_trains_asynchronously_on_one_process(batches):
+    p = layout_plan(4, [(0, 6, [0])])
+    res = run_plan(p, boosted_layers, mse, batches, STEPS, LR, dtype="fp16", schedule="pipedream", **FAST)
+    ref = train_single_process(boosted_layers, mse, batches, STEPS, LR, dtype="fp16", micro_batches=3)
+    assert max_diff(res.params, ref) < 1e-6
