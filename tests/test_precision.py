@@ -1,6 +1,6 @@
 """`dapple run --dtype`: the forwards and the loss under torch.autocast on
 every schedule the runtime runs, fp16 with one loss scale all ranks agree
-on.
+on; and the CUDA event timer's bookkeeping, with a fake event class.
 
 Why the tolerances hold: a plan cuts the model between layers and sends
 each activation across in the dtype autocast produced, so a pipeline
@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 import planner  # noqa: E402
 from planner.runtime.launcher import run_plan  # noqa: E402
 from planner.runtime.reference import train_single_process  # noqa: E402
+from planner.runtime.timing import EventTimer  # noqa: E402
 from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 LR = 0.1
@@ -175,3 +176,71 @@ def test_fp16_trains_asynchronously_on_one_process(batches):
     res = run_plan(p, boosted_layers, mse, batches, STEPS, LR, dtype="fp16", schedule="pipedream", **FAST)
     ref = train_single_process(boosted_layers, mse, batches, STEPS, LR, dtype="fp16", micro_batches=3)
     assert max_diff(res.params, ref) < 1e-6
+
+
+# ----------------------------------------------------------------------------
+# The CUDA event timer, on a fake event class
+
+
+class FakeEvent:
+    """Records the fake stream's clock; counts waits."""
+
+    clock = 0.0
+    waits = 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self):
+        self.t = FakeEvent.clock
+
+    def synchronize(self):
+        FakeEvent.waits += 1
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_the_event_timer_takes_receive_waits_out_of_its_passes():
+    timer = EventTimer(FakeEvent)
+    FakeEvent.clock, FakeEvent.waits = 0.0, 0
+
+    def advance(ms):
+        FakeEvent.clock += ms
+
+    # a forward of 5 ms with a 2 ms wait for its input inside, a gap of 7 ms
+    # outside any pass, then a backward of 4 ms with a 1 ms wait
+    f = timer.start()
+    r = timer.start()
+    advance(2.0)
+    timer.stop(r, sign=-1)
+    advance(3.0)
+    timer.stop(f)
+    advance(7.0)
+    b = timer.start()
+    advance(1.0)
+    r = timer.start()
+    advance(1.0)
+    timer.stop(r, sign=-1)
+    advance(2.0)
+    timer.stop(b)
+    assert timer.seconds() == pytest.approx((5.0 - 2.0 + 4.0 - 1.0) / 1e3)
+    assert FakeEvent.waits == 1  # one synchronisation for the whole step
+    assert timer.seconds() == 0.0 and FakeEvent.waits == 1  # read once: nothing left, no wait
+
+
+def test_the_executor_times_with_events_only_on_cuda(monkeypatch):
+    from types import SimpleNamespace
+
+    from planner.runtime import executor as ex
+
+    made = []
+    monkeypatch.setattr(ex, "EventTimer", lambda: made.append(1) or "timer")
+    job = SimpleNamespace(config=None, layout=SimpleNamespace(micro_batches=1, micro_batch_size=1,
+                                                              global_batch_size=1))
+    for dev, asked, expected in (("cpu", True, None), ("cuda", False, None), ("cuda", True, "timer")):
+        ctx = SimpleNamespace(dev=torch.device(dev), comm=SimpleNamespace())
+        e = ex.Executor(ctx, job, gpu_timing=asked)
+        assert e.gpu_timer == expected and ctx.comm.gpu_timer == expected
+    assert len(made) == 1

@@ -33,6 +33,7 @@ from .. import _core
 from .compute import KeptGraph, Replayed
 from .config import Job
 from .rank import RankSetup
+from .timing import EventTimer
 from .training import scaled_loss
 
 
@@ -49,6 +50,9 @@ class ListRun:
     peak_in_flight: int = 0
     #: Forwards and backwards, less the waits in their receives.
     compute_s: float = 0.0
+    #: The same on the GPU's clock (``timing.EventTimer``), where the
+    #: executor was asked to time it; None on the CPU.
+    gpu_compute_s: float | None = None
     recv_wait_s: float = 0.0
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
@@ -60,9 +64,11 @@ class Executor:
     """Runs lists of passes on one rank: ``Executor(ctx, job).run(passes,
     first_step, trace)``. ``trace``, when given, receives the actions run
     before the list's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
-    the stage reduces, ``"OPT"``)."""
+    the stage reduces, ``"OPT"``). ``gpu_timing``: on CUDA, also time the
+    forwards and backwards with CUDA events, read at the list's end
+    (``ListRun.gpu_compute_s``): for one-step lists, whose events are few."""
 
-    def __init__(self, ctx: RankSetup, job: Job, predictor=None):
+    def __init__(self, ctx: RankSetup, job: Job, predictor=None, gpu_timing: bool = False):
         self.ctx = ctx
         self.config = job.config
         # Asked of the core once, not at every pass.
@@ -71,6 +77,8 @@ class Executor:
         self.global_batch_size = job.layout.global_batch_size
         self.predictor = predictor
         self._handlers = {"F": self._forward, "B": self._backward, "AR": self._all_reduce, "OPT": self._update}
+        self.gpu_timer = EventTimer() if gpu_timing and ctx.dev.type == "cuda" else None
+        ctx.comm.gpu_timer = self.gpu_timer
 
     def run(self, passes: Sequence[_core.Pass], first_step: int, trace: list[str] | None = None) -> ListRun:
         ctx = self.ctx
@@ -94,6 +102,8 @@ class Executor:
         self.result.recv_wait_s = ctx.comm.recv_s
         # The last stage's losses were kept on the device: read once, here.
         self.result.losses = {m: float(loss) for m, loss in self.losses.items()}
+        if self.gpu_timer is not None:
+            self.result.gpu_compute_s = self.gpu_timer.seconds()
         return self.result
 
     def _traced(self, action: _core.Action) -> None:
@@ -132,7 +142,10 @@ class Executor:
     def _timed_pass(self, work, p: _core.Pass) -> None:
         self._traced(p.action)
         t0, recv_before = time.perf_counter(), self.ctx.comm.recv_s
+        gpu = self.gpu_timer.start() if self.gpu_timer is not None else None
         work(p)
+        if gpu is not None:
+            self.gpu_timer.stop(gpu)
         self.result.compute_s += time.perf_counter() - t0 - (self.ctx.comm.recv_s - recv_before)
 
     def _forward(self, p: _core.Pass) -> None:

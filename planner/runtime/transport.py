@@ -39,10 +39,16 @@ class PointToPoint:
         self.device = device  # NCCL moves only tensors on the rank's GPU, headers too
         self.pending: list[tuple[Any, torch.Tensor]] = []
         self.recv_s = 0.0  # time spent blocked in receives
+        #: On CUDA, the executor's ``timing.EventTimer`` of a step's compute:
+        #: each receive's wait on the stream is taken out of its pass.
+        self.gpu_timer = None
 
     def _recv(self, t: torch.Tensor, src: int, tag_: int) -> None:
         t0 = time.perf_counter()
+        gpu = self.gpu_timer.start() if self.gpu_timer is not None else None
         dist.recv(t, src, tag=tag_)
+        if gpu is not None:
+            self.gpu_timer.stop(gpu, sign=-1)
         self.recv_s += time.perf_counter() - t0
 
     def send(self, t: torch.Tensor, dst: int, m: int, backward: bool, header: bool) -> None:
