@@ -150,6 +150,21 @@ def test_fp16_ranks_skip_overflowing_steps_together(batches):
     assert res.losses == pytest.approx(losses, abs=1e-6)
 
 
+def test_fp16_resumes_with_its_loss_scale(batches, tmp_path):
+    # The checkpoint after step 2 holds the lowered scale: the resumed run
+    # skips and steps as the uninterrupted one does.
+    p = layout_plan(3, [(0, 3, [0]), (3, 6, [1])])
+    common = dict(dtype="fp16", checkpoint_every=2, **FAST)
+    full = run_plan(p, boosted_layers, mse, batches, STEPS, LR, checkpoint_dir=str(tmp_path / "a"), **common)
+    run_plan(p, boosted_layers, mse, batches, 2, LR, checkpoint_dir=str(tmp_path / "b"), **common)
+    saved = torch.load(tmp_path / "b" / "step-2" / "rank-1.pt", weights_only=True)
+    assert saved["loss_scaler"]["scale"] < 65536.0
+    resumed = run_plan(p, boosted_layers, mse, batches, STEPS, LR, checkpoint_dir=str(tmp_path / "b"),
+                       start_step=2, **common)
+    assert max_diff(resumed.params, full.params) < 1e-6
+    assert resumed.metrics[0]["loss_scale"] == full.metrics[0]["loss_scale"]
+
+
 def test_fp16_replicas_and_a_stage_without_parameters(batches):
     # Replicas of the last stage, and a first stage of one Tanh (no
     # optimizer: it joins the ranks' inf check all the same). The
