@@ -16,6 +16,7 @@ import planner
 from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
 from planner.files import check_writable, write_atomic
 
+from planner.precision import PRECISIONS
 from planner.runtime.optimizers import OPTIMIZERS
 
 from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
@@ -47,6 +48,10 @@ from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, 
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads per worker.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: gloo processes; cuda: NCCL, rank r on GPU r (run once on one GPU, docs/runtime.md; not in CI).")
+@click.option("--dtype", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+              help="What the forwards and the loss compute in: bf16 or fp16 under torch.autocast (parameters and "
+                   "optimizer state stay fp32; fp16 with loss scaling, asynchronous schedules on one process "
+                   "only), or fp32 (docs/runtime.md).")
 @click.option("--recompute", is_flag=True,
               help="Keep only each stage's input during the forward; re-run the stage's forward in its backward.")
 @click.option("--exact-memory", is_flag=True,
@@ -59,7 +64,7 @@ from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, 
 @reports_errors
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, eval_every, metrics_path,
                 profile_path,
-                checkpoint_dir, checkpoint_every, resume, threads, device, recompute, exact_memory, slowdowns):
+                checkpoint_dir, checkpoint_every, resume, threads, device, dtype, recompute, exact_memory, slowdowns):
     """Train a model on CPU following a plan: one gloo process per device.
 
     Prints one line per iteration (step, loss, time) on stderr and a summary
@@ -96,6 +101,7 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         start_method="fork" if sys.platform.startswith("linux") else "spawn",
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every or 0, log=True, recompute=recompute,
         exact_memory=exact_memory, device=device, slowdown=slowdown, schedule=schedule, eval_every=eval_every or 0,
+        dtype=dtype,
     ).for_plan(plan)
     spec = _checked_model(config, lay, plan_path, model_spec)
 
@@ -142,9 +148,9 @@ def _checked_model(config, lay, plan_path, model_spec):
     try:
         check_run(config, lay, visible_gpus=visible_gpus(config.device))
     except InvalidInputError as e:
-        if e.field != "slowdown":
+        if e.field not in ("slowdown", "dtype"):
             raise
-        raise click.BadParameter(str(e), param_hint="'--slowdown'") from None
+        raise click.BadParameter(str(e), param_hint=f"'--{e.field}'") from None
     except IncompatibleInputsError as e:
         raise IncompatibleInputsError(f"{plan_path}: {e}") from None
     spec = config.layers_factory()
@@ -187,7 +193,8 @@ def _report(result, config, start, lay, estimate, simulated, median):
                 click.echo(eval_line(evaluated[start + i + 1]), err=True)
     how = f", {config.schedule}" if config.schedule else ""
     median_ms, left_out = median
-    line = (f"ran steps {start + 1}..{config.steps} on {lay.world_size} processes{how}: final loss {losses[-1]:.6f}, "
+    line = (f"ran steps {start + 1}..{config.steps} on {lay.world_size} processes in {config.dtype}{how}: "
+            f"final loss {losses[-1]:.6f}, "
             f"median iteration {median_ms:.1f} ms over steps {start + 1 + left_out}..{config.steps}")
     if estimate is not None:
         line += f" (estimate {estimate:.1f} ms"
@@ -222,6 +229,7 @@ def run_metrics(result, config, start: int, global_batch_size: int, estimate, si
         "recompute": config.recompute or config.schedule is not None,
         "optimizer": config.optimizer,
         "schedule": config.schedule,
+        "dtype": config.dtype,
         "exact_memory": config.exact_memory,
         "iteration_ms": iter_ms,
         "losses": [loss if math.isfinite(loss) else None for loss in result.losses],

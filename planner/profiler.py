@@ -185,6 +185,7 @@ def profile_model(
                     record.append(m)
                 for p in spec.parameters():
                     p.grad = None
+            step_ms = _optimizer_step_ms(torch, spec, dev, warmup, repeats)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -199,9 +200,32 @@ def profile_model(
         "optimizer": "adam",
         "dtype": dtype,
         "parameter_state": state,
+        "optimizer_step_ms": round(step_ms, 6),
         "layers": [_layer_record(name, layer, spec, records) for (name, layer), records in zip(spec.layers, measured)],
     }
     return Profile.from_dict(data)
+
+
+def _optimizer_step_ms(torch, spec, dev, warmup: int, repeats: int) -> float:
+    """Median time of one step of the profile's optimizer (torch's Adam, as
+    ``dapple run --optimizer adam`` makes it) over every parameter, with
+    gradients in place; at learning rate 0, so the weights stay as they
+    are. The first step, which makes the optimizer's state, is not timed."""
+    params = [p for p in spec.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = torch.optim.Adam(params, lr=0.0)
+    clock = _Clock(torch, dev)
+    times = []
+    for i in range(max(warmup, 1) + repeats):
+        start = clock.stamp()
+        optimizer.step()
+        end = clock.stamp()
+        clock.finish(end)
+        times.append(clock.ms(start, end))
+    for p in params:
+        p.grad = None
+    return statistics.median(times[max(warmup, 1):])
 
 
 def _layer_record(name, layer, spec, records: list[dict]) -> dict:

@@ -102,6 +102,13 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     assert prof.data["dtype"] == "fp32" and not any("weight_copy_bytes" in layer for layer in prof.layers)
     assert prof.data["parameter_state"] == {
         "weight_bytes": 4.0, "gradient_bytes": 4.0, "master_weight_bytes": 0.0, "optimizer_bytes": 8.0}
+    # Adam's step over every parameter is timed, and a plan of the whole
+    # model on one device simulates its forward, backward and that step.
+    step_ms = prof.data["optimizer_step_ms"]
+    assert step_ms > 0
+    one = planner.plan(prof, "1x1", global_batch_size=2, micro_batch_sizes=[2])
+    passes = sum(layer["measurements"][1]["fwd_ms"] + layer["measurements"][1]["bwd_ms"] for layer in prof.layers)
+    assert one.iteration_ms == pytest.approx(passes + step_ms, rel=1e-6)
     # The profiler leaves the model clean, and planning takes the profile.
     assert all(p.grad is None for p in spec.parameters())
     plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)

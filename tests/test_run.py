@@ -84,7 +84,7 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert "Gloo" not in res.stdout  # stdout holds the summary only
     m = json.loads(out.read_text())
     # written by the core's own definition of the format, and read back by it
-    assert (m["format"], m["schema_version"]) == ("dapple.run-metrics", 3)
+    assert (m["format"], m["schema_version"], m["dtype"]) == ("dapple.run-metrics", 4, "fp32")
     assert planner.RunMetrics.from_json(out.read_text(), str(out)).steps == 3
     assert len(m["iteration_ms"]) == 3 and all(t > 0 for t in m["iteration_ms"])
     # The first step is left out of the median; the summary quotes it.
@@ -113,7 +113,7 @@ def test_run_asynchronously(files, tmp_path):
     assert res.returncode == 0, res.stderr
     steps = [ln for ln in res.stderr.splitlines() if ln.startswith("step ")]
     assert [ln.split()[1] for ln in steps] == ["1/4", "2/4", "3/4", "4/4"]
-    assert ", xpipe: final loss" in res.stdout
+    assert " in fp32, xpipe: final loss" in res.stdout
     m = json.loads(out.read_text())
     assert (m["schedule"], m["optimizer"], m["recompute"]) == ("xpipe", "rmsprop", True)
     assert len(m["losses"]) == 4 and all(x > 0 for x in m["losses"])
@@ -136,6 +136,49 @@ def test_run_with_recompute(files, tmp_path):
     assert b["simulated_ms"] > a["simulated_ms"]
     for r in b["ranks"].values():
         assert r["peak_memory_bytes"] >= r["memory_before_bytes"] > 0
+
+
+def test_a_bf16_run_has_the_losses_of_one_process_under_the_same_autocast(files, tmp_path):
+    # The 2-stage plan (4 micro-batches of 2) against a plain loop over the
+    # same batches. Accumulating the same 4 micro-batches, the loop computes
+    # the pipeline's very operations: equal within float64's printing
+    # (measured 0). Over whole batches of 8, autocast rounds each product to
+    # bf16 (2^-9 relative) at other shapes: measured 1.8e-4 on losses near
+    # 3.6, held to 1e-3.
+    import functools
+
+    from planner.runtime.data import SeededBatches
+    from planner.runtime.models import gpt
+    from planner.runtime.reference import train_single_process
+
+    out = tmp_path / "m.json"
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 3, "--dtype", "bf16", "--metrics", out)
+    assert res.returncode == 0, res.stderr
+    assert "on 2 processes in bf16: final loss" in res.stdout
+    m = json.loads(out.read_text())
+    assert (m["schema_version"], m["dtype"]) == (4, "bf16")
+    factory = functools.partial(gpt, n_layers=2, d_model=16, n_heads=2, seq=8, vocab=32)
+    batches = SeededBatches(factory, 8, 3, 0)
+    for micro_batches, tolerance in ((4, 1e-6), (1, 1e-3)):
+        losses = []
+        train_single_process(factory, factory().loss, batches, 3, 0.1, dtype="bf16", micro_batches=micro_batches,
+                             losses=losses)
+        assert m["losses"] == pytest.approx(losses, abs=tolerance), micro_batches
+
+
+def test_bad_dtype_is_a_usage_error(files):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--dtype", "fp8")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res.stderr)
+    assert "--dtype" in line and "fp8" in line
+
+
+def test_fp16_with_an_asynchronous_schedule_on_two_processes_is_refused(files):
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--dtype", "fp16", "--schedule", "pipedream")
+    assert res.returncode == 2, res.stderr
+    line = one_error_line(res.stderr)
+    assert "--dtype" in line and "'fp16' with schedule pipedream on 2 processes" in line
+    assert "step 1/" not in res.stderr  # refused before any process started
 
 
 def final_states(d, step):

@@ -32,7 +32,8 @@ from torch.utils.checkpoint import checkpoint
 from .. import _core
 from .rank import RankSetup
 
-#: ``loss_of(out, pass)``: the scaled loss of the last stage's output.
+#: ``loss_of(out, pass)``: the last stage's loss of ``out``, scaled to the
+#: global batch and by the loss scale (fp16): what its backward starts from.
 LossOf = Callable[[torch.Tensor, _core.Pass], torch.Tensor]
 
 
@@ -52,12 +53,14 @@ class KeptGraph:
             if x.is_floating_point():
                 x.requires_grad_(True)
             self.inputs[t] = x
-        if self.recompute:
-            # Stage-level re-computation (GPipe's, and DAPPLE's Table VI):
-            # only the stage input is kept; the backward re-runs the
-            # forward, restoring the RNG state it started with.
-            return ctx.computed(lambda: checkpoint(ctx.module, x, use_reentrant=False))
-        return ctx.computed(lambda: ctx.module(x))
+        with ctx.precision.autocast():
+            if self.recompute:
+                # Stage-level re-computation (GPipe's, and DAPPLE's Table VI):
+                # only the stage input is kept; the backward re-runs the
+                # forward, restoring the RNG state and the autocast state it
+                # started with (non-reentrant checkpoint records both).
+                return ctx.computed(lambda: checkpoint(ctx.module, x, use_reentrant=False))
+            return ctx.computed(lambda: ctx.module(x))
 
     def keep(self, p: _core.Pass, x: torch.Tensor, out: torch.Tensor) -> None:
         """Hold the forward's output (the scaled loss on the last stage) with its graph."""
@@ -132,7 +135,7 @@ class Replayed:
     def forward(self, p: _core.Pass, x: torch.Tensor) -> torch.Tensor:
         w = self._weights(p)
         self.rng[p.action.micro_batch] = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self.cuda])
-        with torch.no_grad():
+        with torch.no_grad(), self.ctx.precision.autocast():
             return self.ctx.computed(lambda: self._run(w, x))
 
     def keep(self, p: _core.Pass, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -161,7 +164,9 @@ class Replayed:
             torch.set_rng_state(cpu_state)
             for d, state in zip(self.cuda, gpu_states):
                 torch.cuda.set_rng_state(state, d)
-            with torch.enable_grad():
+            # Under the forward's autocast too, so the re-run computes what
+            # the forward sent (the loss_of scales and casts its own loss).
+            with torch.enable_grad(), ctx.precision.autocast():
                 out = ctx.computed(lambda: self._run(self.leaves, x))
                 if ctx.last:
                     out = loss_of(out, p)

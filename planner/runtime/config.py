@@ -14,6 +14,7 @@ from typing import Any, Callable
 from .. import _core
 from ..errors import IncompatibleInputsError, InvalidInputError
 from ..plan import Plan
+from ..precision import PRECISIONS
 from .layout import Layout
 from .optimizers import check_optimizer
 from .schedule import run_lists, run_schedule, run_segments
@@ -82,6 +83,10 @@ class RunConfig:
     #: K > 0: score the model on its factory's validation split after
     #: every K-th step (``evaluation.py``).
     eval_every: int = 0
+    #: What the forwards and the loss compute in (``planner.precision.PRECISIONS``): "fp32", or
+    #: "bf16" and "fp16" under ``torch.autocast``, fp16 with loss scaling
+    #: (``training.Precision``).
+    dtype: str = "fp32"
 
     def for_plan(self, plan: Plan) -> "RunConfig":
         """This config with the schedule the run of ``plan`` trains with."""
@@ -90,7 +95,7 @@ class RunConfig:
 
 def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = None) -> None:
     """Refuse a run that cannot start, before any process does: the device,
-    the steps, the processes, the schedule and its optimizer, the slowed
+    the steps, the processes, the schedule and its optimizer, the dtype, the slowed
     ranks, and (``visible_gpus``, when the caller starts the processes on
     this machine) the GPUs. ``config`` has its schedule resolved
     (:meth:`RunConfig.for_plan`)."""
@@ -104,12 +109,28 @@ def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = N
         raise InvalidInputError(
             f"schedule {config.schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
     check_optimizer(config.schedule, config.optimizer)
+    check_dtype(config, layout)
     if any(r >= layout.world_size for r in config.slowdown):
         raise InvalidInputError(f"rank {max(config.slowdown)} is not a rank of the plan (0..{layout.world_size - 1})",
                                 field="slowdown")
     if config.device == "cuda" and visible_gpus is not None and visible_gpus < layout.world_size:
         raise IncompatibleInputsError(
             f"the plan uses {layout.world_size} devices, this machine shows {visible_gpus} GPUs")
+
+
+def check_dtype(config: RunConfig, layout: Layout) -> None:
+    """A known dtype; fp16 under an asynchronous schedule on one process
+    only. fp16's loss scaling skips a step whose gradients overflow, on every
+    rank at once (``training.Precision.for_rank``): an asynchronous
+    schedule's ranks update at different mini-batches, with no step they take
+    together to agree on."""
+    if config.dtype not in PRECISIONS:
+        raise InvalidInputError(f"dtype {config.dtype!r}: use {', '.join(PRECISIONS)}", field="dtype")
+    if config.dtype == "fp16" and config.schedule is not None and layout.world_size > 1:
+        raise InvalidInputError(
+            f"dtype 'fp16' with schedule {config.schedule} on {layout.world_size} processes: loss scaling skips "
+            f"an overflowing step on every rank together, and an asynchronous schedule has no step its ranks "
+            f"take together; use bf16, or one process", field="dtype")
 
 
 def check_layer_count(layout: Layout, n_layers: int, model: str = "the model") -> None:

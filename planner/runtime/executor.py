@@ -33,6 +33,7 @@ from .. import _core
 from .compute import KeptGraph, Replayed
 from .config import Job
 from .rank import RankSetup
+from .timing import EventTimer
 from .training import scaled_loss
 
 
@@ -49,6 +50,9 @@ class ListRun:
     peak_in_flight: int = 0
     #: Forwards and backwards, less the waits in their receives.
     compute_s: float = 0.0
+    #: The same on the GPU's clock (``timing.EventTimer``), where the
+    #: executor was asked to time it; None on the CPU.
+    gpu_compute_s: float | None = None
     recv_wait_s: float = 0.0
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
@@ -60,9 +64,11 @@ class Executor:
     """Runs lists of passes on one rank: ``Executor(ctx, job).run(passes,
     first_step, trace)``. ``trace``, when given, receives the actions run
     before the list's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
-    the stage reduces, ``"OPT"``)."""
+    the stage reduces, ``"OPT"``). ``gpu_timing``: on CUDA, also time the
+    forwards and backwards with CUDA events, read at the list's end
+    (``ListRun.gpu_compute_s``): for one-step lists, whose events are few."""
 
-    def __init__(self, ctx: RankSetup, job: Job, predictor=None):
+    def __init__(self, ctx: RankSetup, job: Job, predictor=None, gpu_timing: bool = False):
         self.ctx = ctx
         self.config = job.config
         # Asked of the core once, not at every pass.
@@ -71,6 +77,8 @@ class Executor:
         self.global_batch_size = job.layout.global_batch_size
         self.predictor = predictor
         self._handlers = {"F": self._forward, "B": self._backward, "AR": self._all_reduce, "OPT": self._update}
+        self.gpu_timer = EventTimer() if gpu_timing and ctx.dev.type == "cuda" else None
+        ctx.comm.gpu_timer = self.gpu_timer
 
     def run(self, passes: Sequence[_core.Pass], first_step: int, trace: list[str] | None = None) -> ListRun:
         ctx = self.ctx
@@ -80,6 +88,7 @@ class Executor:
             self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches)
         self.first_step, self.trace, self.updates = first_step, trace, 0
         self.batches: dict[int, Any] = {}
+        self.losses: dict[int, torch.Tensor] = {}
         self.result = ListRun()
         ctx.comm.recv_s = 0.0
         for p in ctx.params:
@@ -91,6 +100,10 @@ class Executor:
         ctx.comm.wait_all()
         self.result.send_wait_s = time.perf_counter() - t0
         self.result.recv_wait_s = ctx.comm.recv_s
+        # The last stage's losses were kept on the device: read once, here.
+        self.result.losses = {m: float(loss) for m, loss in self.losses.items()}
+        if self.gpu_timer is not None:
+            self.result.gpu_compute_s = self.gpu_timer.seconds()
         return self.result
 
     def _traced(self, action: _core.Action) -> None:
@@ -114,15 +127,25 @@ class Executor:
         return self._batch(p.mini_batch)[which][base + self.ctx.lo : base + self.ctx.hi].to(self.ctx.dev)
 
     def _loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
+        """The loss of the last stage's slice, scaled to the global batch
+        (under the run's autocast, like the forward)."""
         c = self.config
         n = self.ctx.hi - self.ctx.lo
         loss_fn = self.ctx.loss_fn or c.loss_fn
-        return scaled_loss(loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
+        with self.ctx.precision.autocast():
+            return scaled_loss(loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
+
+    def _backward_loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
+        """What the last stage's backward starts from: the loss, times fp16's loss scale."""
+        return self.ctx.precision.scaled(self._loss(out, p))
 
     def _timed_pass(self, work, p: _core.Pass) -> None:
         self._traced(p.action)
         t0, recv_before = time.perf_counter(), self.ctx.comm.recv_s
+        gpu = self.gpu_timer.start() if self.gpu_timer is not None else None
         work(p)
+        if gpu is not None:
+            self.gpu_timer.stop(gpu)
         self.result.compute_s += time.perf_counter() - t0 - (self.ctx.comm.recv_s - recv_before)
 
     def _forward(self, p: _core.Pass) -> None:
@@ -136,10 +159,13 @@ class Executor:
         x = self._rows(p, 0) if ctx.first else ctx.links.receive_input(t)
         out = self.mode.forward(p, x)
         if ctx.last:
-            out = self._loss(out, p)
+            loss = self._loss(out, p)
             if ctx.shard == 0:  # every shard of a split replica has the same loss: count it once
-                losses = self.result.losses
-                losses[p.mini_batch] = losses.get(p.mini_batch, 0.0) + float(out.detach())
+                # Added up in float64 on the device, as Python adds floats,
+                # without waiting for the device at each micro-batch.
+                part = loss.detach().to(torch.float64)
+                self.losses[p.mini_batch] = self.losses[p.mini_batch] + part if p.mini_batch in self.losses else part
+            out = self.ctx.precision.scaled(loss)
         else:
             ctx.links.send_output(out, t)
         self.mode.keep(p, x, out)
@@ -147,7 +173,7 @@ class Executor:
 
     def _run_backward(self, p: _core.Pass) -> None:
         ctx, t = self.ctx, p.action.micro_batch
-        out, x = self.mode.replay(p, self._loss)
+        out, x = self.mode.replay(p, self._backward_loss)
         grad = None if ctx.last else ctx.links.receive_output_grad(out, t)
         self.mode.differentiate(out, grad, x)
         if not ctx.first:

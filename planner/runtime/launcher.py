@@ -169,8 +169,14 @@ class RunResult:
     waits: bubbles and transfers), ``send_wait`` (waiting for the
     iteration's sends to finish), ``allreduce`` (the stage's gradients),
     ``optimizer`` (the step, and what the schedule keeps for later passes)
-    and ``end_sync`` (the loss reduction that ends the iteration). ``compute_ms`` and ``bubble_ms`` are the totals over
-    the iterations of the iteration time outside receives and inside them."""
+    and ``end_sync`` (the loss reduction that ends the iteration). On CUDA,
+    ``compute`` is the GPU's time in the forwards and backwards less its
+    waits for received data (CUDA events, ``timing.py``), the other phases
+    the host's: there they overlap, and ``end_sync`` holds the host's wait
+    for the kernels still queued. ``compute_ms`` and ``bubble_ms`` are the totals over
+    the iterations of the iteration time outside receives and inside them
+    (the host's clock). ``loss_scale``, under fp16 only: the loss scale at
+    the end, equal on every rank."""
 
     params: dict[str, torch.Tensor]
     per_rank: dict[int, dict[str, torch.Tensor]]

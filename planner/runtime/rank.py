@@ -23,7 +23,7 @@ from .config import Job, check_layer_count, check_split_layers
 from .data import SeededBatches
 from .memory import PeakMemory
 from .tensor_parallel import SplitGroup, shard_layers
-from .training import layers_of, make_optimizer, make_sharded_optimizer
+from .training import Precision, layers_of, make_optimizer, make_sharded_optimizer
 from .transport import PointToPoint, StageLinks
 
 
@@ -104,6 +104,8 @@ class RankSetup:
     hi: int
     meter: PeakMemory
     slow: float
+    #: The run's dtype on this rank: autocast, and fp16's loss scale.
+    precision: Precision
     #: The backward re-runs the stage's forward (the stage's recompute,
     #: or ``--recompute``).
     recompute: bool = False
@@ -133,12 +135,13 @@ class RankSetup:
 
     def step_optimizer(self) -> None:
         """One optimizer step on the gradients accumulated (zeros for a
-        parameter without one), then the gradients are let go."""
+        parameter without one; under fp16 unscaled, and skipped on every
+        rank where one overflowed), then the gradients are let go."""
         if self.opt is not None:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            self.opt.step()
+        self.precision.step(self.opt)
         for p in self.params:
             p.grad = None
 
@@ -154,6 +157,7 @@ class RankSetup:
             "layer_range": list(self.layer_range),
             "model": self.module.state_dict(),
             "optimizer": optimizer_state(self.opt),
+            "loss_scaler": self.precision.state_dict(),
             **extra,
         })
         dist.barrier()  # every rank's file is on disk
@@ -255,6 +259,9 @@ def open_rank(rank: int, job: Job) -> RankSetup:
         opt = make_optimizer(params, config.optimizer, config.lr)
     resumed = _resume(module, opt, job, rank, (a, b))
     comm = PointToPoint(dev)
+    precision = Precision.for_rank(config.dtype, dev)
+    # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
+    precision.load_state_dict((resumed or {}).get("loss_scaler"))
     peers = [[(p.rank, (p.start, p.end)) for p in side]
              for side in (me.receives_from, me.sends_to, me.gradients_to, me.gradients_from)]
     return RankSetup(
@@ -280,6 +287,7 @@ def open_rank(rank: int, job: Job) -> RankSetup:
         # and its optimizer were built (Adam's state arrives with the first step).
         meter=PeakMemory(cuda=dev.type == "cuda"),
         slow=config.slowdown.get(rank, 1.0),
+        precision=precision,
         recompute=config.recompute or stage_layout.recompute,
         loss_fn=loss_fn,
         resumed=resumed,

@@ -218,8 +218,10 @@ class ShardedLMHead(ShardedModule):
 
     def parallel_loss(self, local_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross-entropy over tokens (``models._lm_loss``) from
-        each shard's logits: the same number on every shard."""
-        flat = local_logits.reshape(-1, local_logits.shape[-1])
+        each shard's logits: the same number on every shard. In fp32 under
+        autocast too, as autocast computes ``cross_entropy``: the sums of
+        exponentials would lose the loss's precision in bf16."""
+        flat = local_logits.reshape(-1, local_logits.shape[-1]).float()
         per_token = _VocabParallelCrossEntropy.apply(flat, targets.reshape(-1), self.split.index * self.rows,
                                                      self.split.group)
         return per_token.mean()

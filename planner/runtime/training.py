@@ -1,13 +1,99 @@
 """What every trainer shares, the pipeline's workers and the reference
 single-process trainer alike: building the model's layers, the optimizer,
-the loss scaling and the state naming."""
+the loss scaling, the precision (``Precision``) and the state naming."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from ..precision import check_precision, torch_dtype
+
+
+class Precision:
+    """How a trainer computes in ``dtype``: its forwards and its loss under
+    ``torch.autocast`` on ``device_type`` ("cpu" or "cuda"), while the
+    parameters, their gradients and the optimizer's state stay fp32; with
+    fp16, the loss scaled by torch's own GradScaler (fp16's range would
+    flush small gradients to zero). Made by :meth:`single` (one process) or
+    :meth:`for_rank` (one rank of a run)."""
+
+    def __init__(self, dtype: str, device: torch.device, scaler=None):
+        check_precision(dtype)
+        self.dtype = dtype
+        self.device = device
+        self.scaler = scaler
+        self._idle_opt = None
+
+    @classmethod
+    def single(cls, dtype: str, device: torch.device = torch.device("cpu")) -> "Precision":
+        """For a trainer alone in its process: a plain ``GradScaler`` for fp16."""
+        return cls(dtype, device, torch.amp.GradScaler(device.type) if dtype == "fp16" else None)
+
+    @classmethod
+    def for_rank(cls, dtype: str, device: torch.device) -> "Precision":
+        """For one rank of a run whose process group is up. fp16 scales with
+        ``ShardedGradScaler`` (torch's GradScaler that all-reduces its
+        found-inf flag) over every rank: the last stage scales the loss and
+        every stage's gradients come from it, so every rank must unscale by
+        the same scale, and skip an overflowing step and lower the scale
+        together, or the stages and replicas would part."""
+        if dtype != "fp16":
+            return cls(dtype, device)
+        import torch.distributed as dist
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler(device.type, process_group=dist.group.WORLD)
+        # Only the last stage scales a loss; scaling a placeholder makes the
+        # scale on every rank, on the rank's device, for unscale_ and update.
+        scaler.scale(torch.zeros((), device=device))
+        return cls(dtype, device, scaler)
+
+    def autocast(self):
+        """The context a forward and a loss run in. A backward runs outside
+        it, in the dtypes its forward recorded; ``torch.utils.checkpoint``
+        re-runs a forward under the autocast state it first ran in."""
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch_dtype(torch, self.dtype))
+
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a backward starts from: multiplied by the loss scale under fp16."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def step(self, opt) -> None:
+        """One optimizer step on the accumulated gradients: under fp16
+        unscaled first, and skipped (the scale lowered) where any of them,
+        on any rank, is not finite. A rank without parameters (``opt`` None)
+        still joins the ranks' inf check, with a placeholder optimizer whose
+        one gradient is zero, so that it keeps the scale the others keep."""
+        if self.scaler is None:
+            if opt is not None:
+                opt.step()
+            return
+        if opt is None:
+            if self._idle_opt is None:
+                w = torch.zeros(1, device=self.device, requires_grad=True)
+                self._idle_opt = torch.optim.SGD([w], lr=0.0)
+            opt = self._idle_opt
+            opt.param_groups[0]["params"][0].grad = torch.zeros(1, device=self.device)
+        self.scaler.step(opt)
+        self.scaler.update()
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale (None without loss scaling)."""
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def state_dict(self) -> dict | None:
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
 
 def build_layers(layers_factory: Callable[[], Any], seed: int) -> list[nn.Module]:

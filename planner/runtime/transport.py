@@ -2,6 +2,12 @@
 and gradients (a shape header, then the data) and the tags that keep
 micro-batches and directions apart.
 
+An activation crosses in whatever dtype its stage's forward produced (under
+``--dtype bf16`` autocast's bf16, or fp32 after an op autocast keeps in
+fp32): the header carries the dtype with the shape. A gradient needs no
+header: autograd gives it its activation's dtype and shape, so the sender of
+the activation receives it into a buffer made like its output.
+
 Sends are non-blocking (``isend``) and waited for at the end of the
 iteration (of the run, for an asynchronous schedule); receives block. Since every rank follows its stage's action list,
 which the core's lock-step check proves deadlock-free, every receive is
@@ -33,10 +39,16 @@ class PointToPoint:
         self.device = device  # NCCL moves only tensors on the rank's GPU, headers too
         self.pending: list[tuple[Any, torch.Tensor]] = []
         self.recv_s = 0.0  # time spent blocked in receives
+        #: On CUDA, the executor's ``timing.EventTimer`` of a step's compute:
+        #: each receive's wait on the stream is taken out of its pass.
+        self.gpu_timer = None
 
     def _recv(self, t: torch.Tensor, src: int, tag_: int) -> None:
         t0 = time.perf_counter()
+        gpu = self.gpu_timer.start() if self.gpu_timer is not None else None
         dist.recv(t, src, tag=tag_)
+        if gpu is not None:
+            self.gpu_timer.stop(gpu, sign=-1)
         self.recv_s += time.perf_counter() - t0
 
     def send(self, t: torch.Tensor, dst: int, m: int, backward: bool, header: bool) -> None:

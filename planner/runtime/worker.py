@@ -57,19 +57,22 @@ def rank_metrics(ctx: RankSetup, *, iteration_ms: list[float], losses: list[floa
     }
     if asynchronous:
         metrics["asynchronous"] = True
+    if ctx.precision.loss_scale is not None:
+        metrics["loss_scale"] = ctx.precision.loss_scale  # fp16's, at the end: the same on every rank
     return metrics
 
 
 class FlushedSteps:
     """A synchronous schedule: a one-step list a step. ``iteration_ms``
     runs from a barrier to the end of the loss reduction; ``phase_ms``
-    splits it (see ``launcher.RunResult``)."""
+    splits it (see ``launcher.RunResult``). On CUDA its ``compute`` is the
+    GPU's time (``timing.EventTimer``), read once a step."""
 
     logs_live = True  # every rank knows each step's loss when it ends
 
     def __init__(self, ctx: RankSetup, job: Job):
         self.ctx, self.job = ctx, job
-        self.executor = Executor(ctx, job)
+        self.executor = Executor(ctx, job, gpu_timing=True)
         self.iteration_ms: list[float] = []
         self.losses: list[float] = []
         self.phase_ms: dict[str, list[float]] = {k: [] for k in PHASES}
@@ -90,7 +93,10 @@ class FlushedSteps:
         elapsed = t_end - t_start
         waits = {"recv_wait": run.recv_wait_s, "send_wait": run.send_wait_s, "allreduce": run.allreduce_s,
                  "optimizer": run.optimizer_s, "end_sync": t_end - t_listed}
-        for name, seconds in {"compute": elapsed - sum(waits.values()), **waits}.items():
+        # On the CPU the phases add up to the step; on CUDA the compute is
+        # the GPU's own time, which the host's phases overlap.
+        compute = elapsed - sum(waits.values()) if run.gpu_compute_s is None else run.gpu_compute_s
+        for name, seconds in {"compute": compute, **waits}.items():
             self.phase_ms[name].append(seconds * 1e3)
         self.iteration_ms.append(elapsed * 1e3)
         self.losses.append(float(total[0]))

@@ -115,6 +115,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         .collect();
 
     let profile = Profile {
+        optimizer_step_ms: None,
         dtype: None,
         allocator_reserved_factor: None,
         format: crate::format::PROFILE.name.to_string(),

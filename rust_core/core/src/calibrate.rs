@@ -294,7 +294,7 @@ pub fn calibrate(profile: &Profile, plan: &Plan, measured: &Measured) -> Result<
     let (costs, timings) = run_costs(plan, profile, measured.recompute)?;
     let mut as_run = profile.clone();
     if let Some(optimizer) = &measured.optimizer {
-        as_run.optimizer = optimizer.clone();
+        as_run = as_run.with_optimizer(optimizer);
     }
     let (memory, _) = run_costs(plan, &as_run, measured.recompute)?;
     let mut without = as_run;

@@ -1247,6 +1247,9 @@ mod tests {
         assert_eq!(memory(&p), 12_000.0 + 6_300.0 + 40.0);
         p.parameter_state = ParameterState::autocast("sgd");
         assert_eq!(memory(&p), 8_000.0 + 6_300.0 + 40.0);
+        // A run with another optimizer (`dapple calibrate`) takes its state.
+        p.optimizer = "sgd".into();
+        assert_eq!(memory(&p.with_optimizer("adam")), 16_000.0 + 6_300.0 + 40.0);
         // Megatron's mixed precision: bf16 weights and gradients, fp32
         // master weights and moments, 16 bytes per 2-byte parameter.
         p.parameter_state = Some(ParameterState {

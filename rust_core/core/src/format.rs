@@ -47,8 +47,9 @@ pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 2, &[1, 
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
 /// What `dapple run --metrics` writes (`metrics.rs`). Version 2 adds
-/// `optimizer`, `schedule` and `evaluations`.
-pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 3, &[1, 2, 3]);
+/// `optimizer`, `schedule` and `evaluations`; version 3
+/// `median_iteration_ms` and `first_steps_left_out`; version 4 `dtype`.
+pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 4, &[1, 2, 3, 4]);
 
 /// Every format, for the binding's `FORMATS` table.
 pub const FORMATS: [FileFormat; 6] = [

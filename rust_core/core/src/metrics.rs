@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::format::{FileFormat, FileObject, RUN_METRICS};
+use crate::profile::Precision;
 use crate::schedule::ScheduleKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +35,10 @@ pub struct RunMetrics {
     /// synchronous run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleKind>,
+    /// Version 4: the precision of the forwards and the loss (`dapple run
+    /// --dtype`); fp32 in older files.
+    #[serde(default)]
+    pub dtype: Precision,
     /// One per step, on rank 0: from a barrier to the end of the loss
     /// reduction; under an asynchronous schedule, from one update of rank 0
     /// to the next.
@@ -118,8 +123,9 @@ mod tests {
         });
         let metrics = RunMetrics::from_parts(parts.clone()).unwrap();
         assert_eq!(metrics.format, "dapple.run-metrics");
-        assert_eq!(metrics.schema_version, 3);
+        assert_eq!(metrics.schema_version, 4);
         assert_eq!((metrics.schedule, metrics.evaluations.len()), (None, 0));
+        assert_eq!(metrics.dtype, Precision::Fp32);
         assert_eq!(
             (metrics.median_iteration_ms, metrics.first_steps_left_out),
             (None, 0)
@@ -130,16 +136,36 @@ mod tests {
         curves["evaluations"] = serde_json::json!([{"step": 2, "loss": 0.5, "accuracy": 0.9}]);
         curves["median_iteration_ms"] = serde_json::json!(9.5);
         curves["first_steps_left_out"] = serde_json::json!(1);
-        let read = RunMetrics::from_parts(curves).unwrap();
+        curves["dtype"] = serde_json::json!("bf16");
+        let read = RunMetrics::from_parts(curves.clone()).unwrap();
         assert_eq!(read.schedule, Some(ScheduleKind::XPipe));
+        assert_eq!(read.dtype, Precision::Bf16);
         assert_eq!(
             (read.median_iteration_ms, read.first_steps_left_out),
             (Some(9.5), 1)
         );
         assert_eq!(RunMetrics::from_json(&read.to_json()).unwrap(), read);
+        let mut bad_dtype = curves;
+        bad_dtype["dtype"] = serde_json::json!("fp8");
+        let e = RunMetrics::from_parts(bad_dtype).unwrap_err();
+        assert!(e.to_string().contains("fp8"), "{e}");
         let mut unknown = parts;
         unknown["surprise"] = serde_json::json!(1);
         let e = RunMetrics::from_parts(unknown).unwrap_err();
         assert!(e.to_string().contains("surprise"), "{e}");
+    }
+
+    #[test]
+    fn version_3_files_read_as_fp32_runs() {
+        let v3 = serde_json::json!({
+            "format": "dapple.run-metrics", "schema_version": 3,
+            "plan": "p.json", "model": "m:f", "model_args": {},
+            "first_step": 1, "steps": 1, "global_batch_size": 8,
+            "recompute": false, "exact_memory": false,
+            "iteration_ms": [10.0], "losses": [2.3], "mean_iteration_ms": 10.0,
+            "estimate_ms": null, "simulated_ms": null, "ranks": {}
+        });
+        let read = RunMetrics::from_json(&v3.to_string()).unwrap();
+        assert_eq!((read.schema_version, read.dtype), (3, Precision::Fp32));
     }
 }

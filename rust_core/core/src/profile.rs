@@ -66,6 +66,11 @@ pub struct Profile {
     /// Measured by `dapple profile model` on CUDA; absent: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocator_reserved_factor: Option<f64>,
+    /// One step of `optimizer` over all the model's parameters on
+    /// `device`; a stage's step takes its share by parameter bytes.
+    /// Absent: 0 (steps cost nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_step_ms: Option<f64>,
 }
 
 crate::named_enum! {
@@ -79,6 +84,16 @@ crate::named_enum! {
         Bf16 = "bf16",
         /// Mixed precision: autocast to float16, with loss scaling.
         Fp16 = "fp16",
+    }
+}
+
+// named_enum! declares the enum, so its default cannot be derived there.
+#[allow(clippy::derivable_impls)]
+impl Default for Precision {
+    /// What a file that names none computed in (run metrics before
+    /// version 4).
+    fn default() -> Self {
+        Precision::Fp32
     }
 }
 
@@ -444,6 +459,20 @@ impl Profile {
             .collect()
     }
 
+    /// The profile trained with `optimizer` instead: its parameter state
+    /// follows where it is the autocast state of the profile's own
+    /// optimizer (what `dapple profile model` records), else it stays.
+    pub fn with_optimizer(&self, optimizer: &str) -> Profile {
+        let mut out = self.clone();
+        if self.parameter_state.is_some()
+            && self.parameter_state == ParameterState::autocast(&self.optimizer)
+        {
+            out.parameter_state = ParameterState::autocast(optimizer);
+        }
+        out.optimizer = optimizer.to_string();
+        out
+    }
+
     /// SHA-256 of the canonical JSON form, so a plan can tell whether it is
     /// evaluated against the profile it was made from.
     pub fn sha256(&self) -> String {
@@ -506,6 +535,9 @@ impl Profile {
                 "layers",
                 "the profile has zero layers; it needs at least one",
             ));
+        }
+        if let Some(ms) = self.optimizer_step_ms {
+            check_non_negative(|| "optimizer_step_ms".into(), ms)?;
         }
         if let Some(factor) = self.allocator_reserved_factor {
             if !(factor.is_finite() && factor >= 1.0) {
@@ -715,6 +747,8 @@ pub struct LayerCosts {
     working_per_sample: RangeMax,
     /// The allocator's reserved bytes over allocated ones (1: none).
     pub allocator_reserved_factor: f64,
+    /// The optimizer's step time per parameter byte, on the profile's device.
+    optimizer_ms_per_param_byte: f64,
     /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
     /// (p in 1..num_layers); entry 0 and num_layers are 0.
     cut_per_sample: Vec<f64>,
@@ -946,6 +980,13 @@ impl LayerCosts {
             },
             split: profile.layers.iter().map(|l| l.split.clone()).collect(),
             model_flops_per_sample: profile.model_flops_per_sample,
+            optimizer_ms_per_param_byte: match (
+                profile.optimizer_step_ms,
+                params.iter().sum::<f64>(),
+            ) {
+                (Some(ms), total) if total > 0.0 => ms / total,
+                _ => 0.0,
+            },
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
@@ -1004,6 +1045,12 @@ impl LayerCosts {
     pub fn in_flight_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
         f64::from(slice) * self.stored_bytes_per_sample(start, end)
             + self.weight_copy_bytes(start, end)
+    }
+
+    /// The optimizer's step over `param_bytes` of weights (a GPU's share of
+    /// a stage), on the profile's device.
+    pub fn optimizer_step_ms(&self, param_bytes: f64) -> f64 {
+        self.optimizer_ms_per_param_byte * param_bytes
     }
 
     /// Autocast's weight copies of layers `start..end`, per micro-batch.
@@ -1075,6 +1122,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gpu_steps_its_share_of_the_optimizer() {
+        // 10 ms over 4000 parameter bytes: a GPU holding the second layer's
+        // 3000 takes 7.5 ms, one holding half of it (split in two) 3.75.
+        let mut p = profile_of_layers("opt", &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)], 4);
+        assert_eq!(LayerCosts::new(&p).optimizer_step_ms(3000.0), 0.0);
+        p.optimizer_step_ms = Some(10.0);
+        let layers = LayerCosts::new(&p);
+        assert_eq!(layers.optimizer_step_ms(3000.0), 7.5);
+        assert_eq!(layers.optimizer_step_ms(1500.0), 3.75);
+        p.optimizer_step_ms = Some(-1.0);
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("optimizer_step_ms")
+        );
+    }
+
+    #[test]
     fn range_max_is_the_largest_of_any_range() {
         let values = vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0];
         let table = RangeMax::new(values.clone());
@@ -1104,6 +1168,7 @@ mod tests {
         batch: u32,
     ) -> Profile {
         Profile {
+            optimizer_step_ms: None,
             dtype: None,
             allocator_reserved_factor: None,
             format: PROFILE.name.into(),

@@ -669,6 +669,33 @@ impl Default for SimulationOptions {
     }
 }
 
+/// One GPU's optimizer step in stage `s`: over the weights it holds (a
+/// shard's under split), its share of them under ZeRO-1, at the stage's
+/// slowest GPU's relative speed.
+fn optimizer_ms(
+    coster: &StageCoster,
+    s: &crate::plan::Stage,
+    alloc: &Alloc,
+    memory: Option<&crate::shape::StageMemory>,
+) -> f64 {
+    let layers = coster.layers;
+    let shape = s.shape();
+    let weights = memory.map_or_else(
+        || layers.param_bytes(s.layer_start, s.layer_end),
+        |m| m.weight_bytes,
+    );
+    let sharers = if shape.shard_optimizer {
+        shape.replicas(s.devices.len() as u32).max(1)
+    } else {
+        1
+    };
+    let speed = alloc
+        .iter()
+        .map(|&(m, _)| coster.cluster.machines[m].speed)
+        .fold(f64::INFINITY, f64::min);
+    layers.optimizer_step_ms(weights) / f64::from(sharers) / speed
+}
+
 /// The simulator's view of a checked plan's stages, from their costs.
 pub(crate) fn sim_stages(
     coster: &StageCoster,
@@ -697,7 +724,7 @@ pub(crate) fn sim_stages(
                 fwd_ms: c.fwd_ms,
                 bwd_ms: c.bwd_ms,
                 allreduce_ms: c.exposed_allreduce_ms,
-                optimizer_ms: 0.0,
+                optimizer_ms: optimizer_ms(coster, s, alloc, memory.as_ref()),
                 model_state_bytes: memory.map_or_else(
                     || layers.model_state_bytes(start, end),
                     |m| m.model_state_bytes,
