@@ -9,15 +9,15 @@ micro-batch, with and without re-computation, it plans one device at a
 global batch of one micro-batch, predicts (the simulated iteration and the
 peak memory of the plan's estimate), runs the plan with dapple's runtime
 (``--steps`` steps with Adam, the median after the first) and compares.
-It also runs a 2-stage pipelined plan (the straight 1:1 pipeline, 4
-micro-batches of 8) where the machine has a device for each stage: two
+It also runs a 2-stage pipelined plan (the straight 1:1 pipeline at a
+global batch of 32, micro-batches of 8 or more) where the machine has a device for each stage: two
 processes on the CPU; on CUDA, two GPUs (NCCL takes one GPU per rank, so
 one GPU cannot hold both stages: the row records why it was left out).
 
 Sizes: on CUDA the issue's models, GPT 12 x 768 (162.6M parameters) and
 24 x 1024, sequence 512, GPT-2's vocabulary. A CPU thread would take
-minutes a step on those, so ``--device cpu`` runs 4 x 128 and 8 x 192 at
-sequence 64 with a vocabulary of 1024: the same layers, smaller.
+minutes a step on those, so ``--device cpu`` runs 4 x 192 and 8 x 256 at
+sequence 128 with a vocabulary of 2048: the same layers, smaller.
 
 Rows: ``model``, ``dtype``, ``micro_batch_size``, ``recompute``,
 ``stages``, ``predicted_ms``, ``measured_ms``, ``time_ratio`` (predicted
@@ -55,11 +55,12 @@ SIZES = {
         "gpt-24x1024": dict(n_layers=24, d_model=1024, n_heads=16, seq=512, vocab=50257),
     },
     "cpu": {
-        "gpt-4x128": dict(n_layers=4, d_model=128, n_heads=4, seq=64, vocab=1024),
-        "gpt-8x192": dict(n_layers=8, d_model=192, n_heads=6, seq=64, vocab=1024),
+        "gpt-4x192": dict(n_layers=4, d_model=192, n_heads=4, seq=128, vocab=2048),
+        "gpt-8x256": dict(n_layers=8, d_model=256, n_heads=4, seq=128, vocab=2048),
     },
 }
-#: The pipelined row: 4 micro-batches of 8 over two stages.
+#: The pipelined row: a global batch of 4 micro-batches of 8 (or fewer,
+#: larger ones, where the straight baseline runs them faster) over two stages.
 PIPELINE_MICRO_BATCH, PIPELINE_MICRO_BATCHES = 8, 4
 LR = 1e-4
 
@@ -125,7 +126,8 @@ def model_rows(name: str, config: dict, dtype: str, args, torch) -> list[dict]:
     topo = one_device_topology(args.device, torch)
     rows = []
     for mb in MICRO_BATCHES:
-        plan = planner.plan(profile, topo, mb, micro_batch_sizes=[mb], refine=False)
+        # The whole model on the one device, one micro-batch of mb.
+        plan = planner.layout_plan(profile, topo, mb, [(0, len(profile.layers), [0])], min_micro_batch_size=mb)
         for recompute in (False, True):
             print(f"  micro-batch {mb}, recompute {recompute}", file=sys.stderr)
             row = run_row(plan, profile, factory, spec, gen, options, recompute, args.steps)
@@ -145,7 +147,7 @@ def pipeline_row(name, profile, factory, spec, gen, options, args, torch) -> dic
     else:
         topo = links.topology_of(links.measure_links(2, repeats=20))
     gbs = PIPELINE_MICRO_BATCH * PIPELINE_MICRO_BATCHES
-    plan = planner.baseline("straight", profile, topo, gbs)
+    plan = planner.baseline("straight", profile, topo, gbs, min_micro_batch_size=PIPELINE_MICRO_BATCH)
     print(f"  2 stages, {plan.micro_batches} x {plan.micro_batch_size}", file=sys.stderr)
     return row | run_row(plan, profile, factory, spec, gen, options, False, args.steps) | {
         "micro_batch_size": plan.micro_batch_size}

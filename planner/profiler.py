@@ -32,6 +32,10 @@ Sizes, from one more pass per batch size:
 - ``param_bytes``: the layer's parameters (a parameter shared by two layers
   counts in both).
 
+After each timed pass the profile's optimizer (torch's Adam, at learning
+rate 0 so the weights stay) steps on the pass's gradients, as training
+does: ``optimizer_step_ms`` is the median step over every parameter.
+
 With ``dtype`` bf16 or fp16 the passes run under ``torch.autocast``, as
 ``dapple run --dtype`` trains; the profile records the dtype and the bytes
 per parameter of each state (the core's rule for autocast).
@@ -47,7 +51,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import InvalidInputError
 from .precision import autocast_parameter_state, check_precision, torch_dtype
@@ -178,14 +182,20 @@ def profile_model(
         spec.to(dev).train(True)
         measured: list[list[dict]] = [[] for _ in spec.layers]
         device_name = _device_name(torch, dev)
+        # The profile's optimizer, as `dapple run --optimizer adam` makes it,
+        # stepped after each timed pass as training steps it; at learning
+        # rate 0, so the weights stay as they are.
+        stepper = _Stepper(torch, torch.optim.Adam([p for p in spec.parameters() if p.requires_grad], lr=0.0))
         with _progress(progress, len(sizes) * (1 + warmup + repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
-                for record, m in zip(measured, _measure_batch(torch, spec, dev, b, gen, (warmup, repeats, dtype, advance))):
+                options = (warmup, repeats, dtype, advance, stepper)
+                for record, m in zip(measured, _measure_batch(torch, spec, dev, b, gen, options)):
                     record.append(m)
                 for p in spec.parameters():
                     p.grad = None
-            step_ms = _optimizer_step_ms(torch, spec, dev, warmup, repeats)
+            if not stepper.times_ms:  # every step so far made the state
+                stepper.step(_Clock(torch, dev), keep=True)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -200,32 +210,36 @@ def profile_model(
         "optimizer": "adam",
         "dtype": dtype,
         "parameter_state": state,
-        "optimizer_step_ms": round(step_ms, 6),
+        "optimizer_step_ms": round(statistics.median(stepper.times_ms), 6),
         "layers": [_layer_record(name, layer, spec, records) for (name, layer), records in zip(spec.layers, measured)],
     }
     return Profile.from_dict(data)
 
 
-def _optimizer_step_ms(torch, spec, dev, warmup: int, repeats: int) -> float:
-    """Median time of one step of the profile's optimizer (torch's Adam, as
-    ``dapple run --optimizer adam`` makes it) over every parameter, with
-    gradients in place; at learning rate 0, so the weights stay as they
-    are. The first step, which makes the optimizer's state, is not timed."""
-    params = [p for p in spec.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.ones_like(p)
-    optimizer = torch.optim.Adam(params, lr=0.0)
-    clock = _Clock(torch, dev)
-    times = []
-    for i in range(max(warmup, 1) + repeats):
+class _Stepper:
+    """An optimizer stepped after each timed pass, on the gradients the pass
+    left (the caches as training leaves them), and its step times; the
+    first step, which makes the optimizer's state, is not kept."""
+
+    def __init__(self, torch, optimizer):
+        self.optimizer = optimizer
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.torch = torch
+        self.times_ms: list[float] = []
+
+    def step(self, clock, keep: bool) -> None:
+        for p in self.params:
+            if p.grad is None:  # a parameter the pass did not reach
+                p.grad = self.torch.zeros_like(p)
+        fresh = not self.optimizer.state
         start = clock.stamp()
-        optimizer.step()
+        self.optimizer.step()
         end = clock.stamp()
         clock.finish(end)
-        times.append(clock.ms(start, end))
-    for p in params:
-        p.grad = None
-    return statistics.median(times[max(warmup, 1):])
+        if keep and not fresh:
+            self.times_ms.append(clock.ms(start, end))
+        for p in self.params:
+            p.grad = None
 
 
 def _layer_record(name, layer, spec, records: list[dict]) -> dict:
@@ -423,7 +437,7 @@ def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[f
 def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
     """Every layer's measurement at batch size ``b``: sizes from one pass,
     times as the median over ``repeats`` whole passes after ``warmup``."""
-    warmup, repeats, dtype, advance = options
+    warmup, repeats, dtype, advance, stepper = options
     inputs, targets = spec.make_batch(b, gen)
     inputs = _map(inputs, lambda t: t.to(dev))
     targets = _map(targets, lambda t: t.to(dev))
@@ -445,8 +459,7 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
             for k in range(len(layers)):
                 fwd[k].append(f[k])
                 bwd[k].append(bk[k])
-        for p in spec.parameters():
-            p.grad = None
+        stepper.step(clock, keep=i >= warmup)
     return [
         {
             "batch_size": b,

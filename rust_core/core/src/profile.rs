@@ -770,6 +770,16 @@ pub struct LayerCosts {
     pub keeps_adam_moments: bool,
 }
 
+/// The profile's optimizer step per parameter byte (0 where it gives none).
+fn optimizer_ms_per_param_byte(profile: &Profile) -> f64 {
+    // As f64: a sum of u64 sizes may overflow.
+    let params: f64 = profile.layers.iter().map(|l| l.param_bytes as f64).sum();
+    match profile.optimizer_step_ms {
+        Some(ms) if params > 0.0 => ms / params,
+        _ => 0.0,
+    }
+}
+
 /// The largest of any range of values, in O(1) after O(n log n): a sparse
 /// table, row k holding the maxima of the runs of 2^k values.
 #[derive(Debug, Clone)]
@@ -980,13 +990,7 @@ impl LayerCosts {
             },
             split: profile.layers.iter().map(|l| l.split.clone()).collect(),
             model_flops_per_sample: profile.model_flops_per_sample,
-            optimizer_ms_per_param_byte: match (
-                profile.optimizer_step_ms,
-                params.iter().sum::<f64>(),
-            ) {
-                (Some(ms), total) if total > 0.0 => ms / total,
-                _ => 0.0,
-            },
+            optimizer_ms_per_param_byte: optimizer_ms_per_param_byte(profile),
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
