@@ -30,7 +30,9 @@ Sizes, from one more pass per batch size:
 - ``weight_copy_bytes`` (per layer, mixed precision only): autocast's
   copies of the weights that each micro-batch keeps until its backward;
 - ``param_bytes``: the layer's parameters (a parameter shared by two layers
-  counts in both).
+  counts in both);
+- ``allocator_reserved_factor`` (CUDA only): what torch's caching
+  allocator reserved at its peak over what it allocated at its peak.
 
 After each timed pass the profile's optimizer (torch's Adam, at learning
 rate 0 so the weights stay) steps on the pass's gradients, as training
@@ -186,6 +188,8 @@ def profile_model(
         # stepped after each timed pass as training steps it; at learning
         # rate 0, so the weights stay as they are.
         stepper = _Stepper(torch, torch.optim.Adam([p for p in spec.parameters() if p.requires_grad], lr=0.0))
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         with _progress(progress, len(sizes) * (1 + warmup + repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
@@ -196,6 +200,7 @@ def profile_model(
                     p.grad = None
             if not stepper.times_ms:  # every step so far made the state
                 stepper.step(_Clock(torch, dev), keep=True)
+        reserve = _allocator_reserved_factor(torch, dev)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -211,9 +216,23 @@ def profile_model(
         "dtype": dtype,
         "parameter_state": state,
         "optimizer_step_ms": round(statistics.median(stepper.times_ms), 6),
+        **({"allocator_reserved_factor": reserve} if reserve else {}),
         "layers": [_layer_record(name, layer, spec, records) for (name, layer), records in zip(spec.layers, measured)],
     }
     return Profile.from_dict(data)
+
+
+def _allocator_reserved_factor(torch, dev) -> float | None:
+    """On CUDA, what torch's caching allocator reserved at its peak over
+    what it allocated at its peak, over the whole profiling (the largest
+    batch's passes set both); None on the CPU, whose allocator returns
+    memory to the system."""
+    if dev.type != "cuda":
+        return None
+    allocated = torch.cuda.max_memory_allocated(dev)
+    if allocated <= 0:
+        return None
+    return round(max(1.0, torch.cuda.max_memory_reserved(dev) / allocated), 4)
 
 
 class _Stepper:

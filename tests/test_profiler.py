@@ -113,6 +113,12 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     assert all(p.grad is None for p in spec.parameters())
     plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)
     assert plan.estimate["latency_ms"] > 0
+    # Its estimate gives each stage's peak in terms that add up, the
+    # running backward's working memory among them.
+    for m, st in zip(plan.estimate["memory"], plan.estimate["stages"]):
+        named = m["model_state_bytes"] + m["micro_batches_in_flight"] * m["per_micro_batch_bytes"]
+        assert m["peak_bytes"] == pytest.approx(named + m["working_bytes"] + m["other_bytes"])
+        assert m["working_bytes"] > 0 and m["peak_bytes"] == pytest.approx(st["memory_bytes"])
 
 
 def _whole_model_ms(spec, batch_size: int, repeats: int) -> float:
@@ -188,6 +194,7 @@ def test_cli_profile_then_plan(dapple, tmp_path):
     r = dapple("plan", "--profile", out, "--topology", "1x2-nvlink", "--global-batch-size", "8")
     assert r.returncode == 0, r.stderr
     assert "gpt-2x64 on 1x2-nvlink" in r.stdout
+    assert "peak memory per GPU, GiB" in r.stdout and "working" in r.stdout
 
 
 def test_cli_bad_model_spec_is_one_line(dapple, tmp_path):
