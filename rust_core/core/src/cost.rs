@@ -1217,20 +1217,7 @@ mod tests {
     #[test]
     fn a_stage_memory_counts_each_term() {
         use crate::profile::ParameterState;
-        // Two layers measured at batch 4: 1000 and 3000 parameter bytes
-        // (fp32: 250 and 750 parameters), keeping 400 and 800 bytes for
-        // backward, their backwards needing 80 and 40 bytes on top; the
-        // second's weights cast by autocast to bf16 (750 x 2 bytes).
-        let mut p = crate::profile::profile_of_layers(
-            "terms",
-            &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)],
-            4,
-        );
-        for (layer, (stored, working)) in p.layers.iter_mut().zip([(400, 80), (800, 40)]) {
-            layer.measurements[0].stored_activation_bytes = Some(stored);
-            layer.measurements[0].backward_working_bytes = Some(working);
-        }
-        p.layers[1].weight_copy_bytes = Some(1500);
+        let mut p = crate::profile::profile_with_memory_terms();
         let memory =
             |p: &crate::profile::Profile| stage_memory_bytes(&LayerCosts::new(p), 0, 2, 2, 3);
         // Adam under autocast: fp32 weights 4, gradients 4, moments 8 bytes

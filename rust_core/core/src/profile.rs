@@ -1119,7 +1119,7 @@ impl LayerCosts {
 }
 
 #[cfg(test)]
-pub(crate) use tests::{chain_profile, profile_of_layers};
+pub(crate) use tests::{chain_profile, profile_of_layers, profile_with_memory_terms};
 
 #[cfg(test)]
 mod tests {
@@ -1162,6 +1162,21 @@ mod tests {
             .map(|&(f, b)| (f, b, 1000, 100 * u64::from(batch)))
             .collect();
         profile_of_layers("test", &layers, batch)
+    }
+
+    /// Two layers measured at batch 4: 1000 and 3000 parameter bytes (fp32:
+    /// 250 and 750 parameters), keeping 400 and 800 bytes for backward,
+    /// their backwards needing 80 and 40 bytes on top; the second's weights
+    /// cast by autocast to bf16 (750 x 2 bytes). The memory terms' literal
+    /// cases.
+    pub(crate) fn profile_with_memory_terms() -> Profile {
+        let mut p = profile_of_layers("terms", &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)], 4);
+        for (layer, (stored, working)) in p.layers.iter_mut().zip([(400, 80), (800, 40)]) {
+            layer.measurements[0].stored_activation_bytes = Some(stored);
+            layer.measurements[0].backward_working_bytes = Some(working);
+        }
+        p.layers[1].weight_copy_bytes = Some(1500);
+        p
     }
 
     /// A chain of layers (fwd ms, bwd ms, parameter bytes, activation bytes)

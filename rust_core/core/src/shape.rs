@@ -248,17 +248,7 @@ mod tests {
     fn summed_memory_of_a_plain_stage_is_the_cost_models() {
         // Layer by layer, as the search grows a stage, with the terms of
         // `cost::tests::a_stage_memory_counts_each_term`.
-        let mut p = crate::profile::profile_of_layers(
-            "terms",
-            &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 3000, 100)],
-            4,
-        );
-        for (layer, (stored, working)) in p.layers.iter_mut().zip([(400, 80), (800, 40)]) {
-            layer.measurements[0].stored_activation_bytes = Some(stored);
-            layer.measurements[0].backward_working_bytes = Some(working);
-        }
-        p.layers[1].weight_copy_bytes = Some(1500);
-        let layers = LayerCosts::new(&p);
+        let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
             sums.add_layer(&layers, l, None, (2, 2), (1, 1));
