@@ -274,6 +274,9 @@ fn offer_first_candidates(
     if baselines_on.is_some() {
         first.extend(uniform);
     }
+    // The baselines' and uniform layouts come at their own sizes: keep
+    // those the search may use (`--micro-batch-sizes`).
+    first.retain(|c| space.sizes.contains(&c.plan.micro_batch_size));
     ranking.offer(first, f64::INFINITY)
 }
 
@@ -1217,6 +1220,30 @@ mod tests {
         let e = search(&profile, &topology, &SearchOptions::new(2)).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::Incompatible);
         assert!(e.message.contains("global batch size 2"), "{e}");
+    }
+
+    #[test]
+    fn requested_micro_batch_sizes_bind_the_baselines_too() {
+        // Two layers, 2.5 times slower per sample at batch 32 than at 8:
+        // any layout runs fastest in micro-batches of 8, so a baseline
+        // offered at its own fastest size would be chosen over the 32 asked.
+        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 2], 8);
+        for l in &mut p.layers {
+            let mut at_32 = l.measurements[0].clone();
+            (at_32.batch_size, at_32.fwd_ms, at_32.bwd_ms) = (32, 10.0, 20.0);
+            at_32.activation_bytes *= 4;
+            l.measurements.push(at_32);
+        }
+        let t = Topology::from_spec("1x1").unwrap();
+        let free = search(&p, &t, &SearchOptions::new(32)).unwrap();
+        assert_eq!(free.plan.micro_batch_size, 8);
+        let mut opts = SearchOptions::new(32);
+        opts.micro_batch_sizes = Some(vec![32]);
+        let asked = search(&p, &t, &opts).unwrap();
+        assert_eq!(
+            (asked.plan.micro_batch_size, asked.plan.micro_batches),
+            (32, 1)
+        );
     }
 
     #[test]
