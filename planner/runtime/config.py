@@ -83,9 +83,9 @@ class RunConfig:
     #: K > 0: score the model on its factory's validation split after
     #: every K-th step (``evaluation.py``).
     eval_every: int = 0
-    #: What the forwards and the loss compute in (``planner.precision.PRECISIONS``): "fp32", or
-    #: "bf16" and "fp16" under ``torch.autocast``, fp16 with loss scaling
-    #: (``training.Precision``).
+    #: What the forwards and the loss compute in (``PRECISIONS``): "fp32",
+    #: or "bf16" and "fp16" under ``torch.autocast``, fp16 with loss
+    #: scaling (``training.Precision``).
     dtype: str = "fp32"
 
     def for_plan(self, plan: Plan) -> "RunConfig":
@@ -95,8 +95,8 @@ class RunConfig:
 
 def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = None) -> None:
     """Refuse a run that cannot start, before any process does: the device,
-    the steps, the processes, the schedule and its optimizer, the dtype, the slowed
-    ranks, and (``visible_gpus``, when the caller starts the processes on
+    the steps, the processes, the schedule and its optimizer, the dtype, the
+    slowed ranks, and (``visible_gpus``, when the caller starts the processes on
     this machine) the GPUs. ``config`` has its schedule resolved
     (:meth:`RunConfig.for_plan`)."""
     if config.device not in DEVICES:
