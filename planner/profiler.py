@@ -190,7 +190,7 @@ def profile_model(
         stepper = _Stepper(torch, torch.optim.Adam([p for p in spec.parameters() if p.requires_grad], lr=0.0))
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        with _progress(progress, len(sizes) * (1 + warmup + repeats)) as advance:
+        with _progress(progress, len(sizes) * (2 + warmup + 2 * repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
                 options = (warmup, repeats, dtype, advance, stepper)
@@ -321,13 +321,34 @@ def _with_loss(torch, layer, loss, targets):
             super().__init__()
             self.layer = layer
             self.output_bytes = 0
+            #: Called between the layer and the loss (``_Saved.enter_loss``).
+            self.on_loss = None
 
         def forward(self, x):
             out = self.layer(x)
             self.output_bytes = _nbytes(out)
+            if self.on_loss is not None:
+                self.on_loss()
             return loss(out, targets)
 
     return WithLoss()
+
+
+def _checkpointed(torch, layer):
+    """``layer`` under torch's non-reentrant checkpoint, as ``dapple run
+    --recompute`` runs a stage: its backward re-runs the forward, as far as
+    the saved tensors it needs."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return checkpoint(self.layer, x, use_reentrant=False)
+
+    return Checkpointed()
 
 
 def _is_weight_copy(t, params: set[int]) -> bool:
@@ -358,6 +379,13 @@ class _Saved:
         self.params = {id(p) for p in layer.parameters()}
         self.activations: dict[int, int] = {}
         self.weight_copies: dict[int, int] = {}
+        #: What the loss after the last layer keeps (kept apart: under
+        #: re-computation it stays outside the checkpoint).
+        self.loss: dict[int, int] = {}
+        self.in_loss = False
+
+    def enter_loss(self) -> None:
+        self.in_loss = True
 
     def pack(self, t):
         try:
@@ -365,9 +393,12 @@ class _Saved:
             ptr, nbytes = storage.data_ptr(), storage.nbytes()
         except (RuntimeError, NotImplementedError):  # tensors without storage
             ptr, nbytes = id(t), t.numel() * t.element_size()
-        if ptr and ptr not in self.skip:
-            kept = self.weight_copies if _is_weight_copy(t, self.params) else self.activations
-            kept.setdefault(ptr, nbytes)
+        seen = ptr in self.activations or ptr in self.weight_copies or ptr in self.loss
+        if ptr and ptr not in self.skip and not seen:
+            if _is_weight_copy(t, self.params):
+                self.weight_copies[ptr] = nbytes
+            else:
+                (self.loss if self.in_loss else self.activations)[ptr] = nbytes
         return t
 
 
@@ -386,6 +417,8 @@ def _sizes_pass(torch, layers, inputs, cast) -> list[dict]:
         x = inputs
         for layer in layers:
             saved = _Saved(layer)
+            if hasattr(layer, "on_loss"):
+                layer.on_loss = saved.enter_loss
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t), cast():
                 out = layer(x)
             sizes.append({"activation_bytes": _nbytes(out), "saved": saved})
@@ -468,6 +501,7 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
 
     advance(f"batch {b}: sizes")
     sizes = _sizes_pass(torch, layers, inputs, cast)
+    layers[-1].on_loss = None
     clock = _Clock(torch, dev)
     fwd: list[list[float]] = [[] for _ in layers]
     bwd: list[list[float]] = [[] for _ in layers]
@@ -479,18 +513,50 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
                 fwd[k].append(f[k])
                 bwd[k].append(bk[k])
         stepper.step(clock, keep=i >= warmup)
+    rerun = _rerun_ms(torch, clock, spec, (modules, targets, inputs), cast, repeats, advance)
     return [
         {
             "batch_size": b,
             "fwd_ms": round(statistics.median(fwd[k]), 6),
             "bwd_ms": round(statistics.median(bwd[k]), 6),
             "activation_bytes": size["activation_bytes"],
-            "stored_activation_bytes": sum(size["saved"].activations.values()),
+            "stored_activation_bytes": sum(size["saved"].activations.values()) + sum(size["saved"].loss.values()),
             "backward_working_bytes": size["backward_working_bytes"],
+            # The forward re-run when the layer ends a checkpointed stage:
+            # its checkpointed backward over its plain one, within its forward.
+            "recompute_fwd_ms": round(min(max(0.0, statistics.median(rerun[k]) - statistics.median(bwd[k])),
+                                          statistics.median(fwd[k])), 6),
+            **({"loss_stored_bytes": sum(size["saved"].loss.values())} if size["saved"].loss else {}),
             "weight_copy_bytes": sum(size["saved"].weight_copies.values()),
         }
         for k, size in enumerate(sizes)
     ]
+
+
+def _rerun_ms(torch, clock, spec, batch, cast, repeats: int, advance) -> list[list[float]]:
+    """Each layer's backward when it runs under its own checkpoint (the
+    loss outside, as ``dapple run --recompute`` runs it), in ``repeats``
+    passes after one: the plain backward plus what the checkpoint re-runs
+    of the forward when the layer ends a re-computed stage."""
+    modules, targets, inputs = batch
+    layers = [_checkpointed(torch, m) for m in modules[:-1]]
+    layers.append(_with_loss(torch, _checkpointed(torch, modules[-1]), spec.loss, targets))
+    times: list[list[float]] = [[] for _ in layers]
+    for i in range(1 + repeats):
+        advance(f"batch {_batch_size_of(inputs)}: re-computed pass {i + 1} of {1 + repeats}")
+        _, bwd = _timed_pass(torch, clock, layers, inputs, cast)
+        if i >= 1:
+            for k, ms in enumerate(bwd):
+                times[k].append(ms)
+        for p in spec.parameters():
+            p.grad = None
+    return times
+
+
+def _batch_size_of(inputs) -> int:
+    """The batch size of a model input (its first tensor's first dimension)."""
+    tensors = _tensors(inputs)
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
 
 
 class _progress:

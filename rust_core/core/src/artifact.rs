@@ -103,6 +103,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                 inputs: if is_chain_link { None } else { Some(inputs) },
                 measurements: vec![Measurement {
                     backward_working_bytes: None,
+                    recompute_fwd_ms: None,
+                    loss_stored_bytes: None,
                     batch_size: opts.batch_size,
                     fwd_ms: node.fwd_ms,
                     bwd_ms: node.bwd_ms,

@@ -212,6 +212,20 @@ pub struct Measurement {
     /// gradients are model state, not counted here. Absent: 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backward_working_bytes: Option<u64>,
+    /// The forward time the backward re-runs when the layer ends a
+    /// re-computed stage: torch's checkpoint re-runs a segment's forward
+    /// only until every tensor the backward needs is back, so a last
+    /// operation whose output nothing in the segment keeps (the LM head's
+    /// final matmul) is not re-run, nor the loss outside the segment.
+    /// Absent: `fwd_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_fwd_ms: Option<f64>,
+    /// Of `stored_activation_bytes`, what the loss keeps (the last layer's
+    /// log-probabilities of a cross-entropy): under re-computation it stays
+    /// outside the checkpoint, kept by every micro-batch in flight.
+    /// Absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_stored_bytes: Option<u64>,
 }
 
 impl Layer {
@@ -239,6 +253,23 @@ impl Layer {
     pub fn backward_working_bytes_per_sample(&self) -> f64 {
         let m = self.largest_measurement();
         m.backward_working_bytes.unwrap_or(0) as f64 / f64::from(m.batch_size)
+    }
+
+    /// Bytes per sample the loss keeps outside a re-computed stage.
+    pub fn loss_stored_bytes_per_sample(&self) -> f64 {
+        let m = self.largest_measurement();
+        m.loss_stored_bytes.unwrap_or(0) as f64 / f64::from(m.batch_size)
+    }
+
+    /// The share of its forward the layer re-runs when it ends a
+    /// re-computed stage, at the largest measured batch (1 where not
+    /// measured).
+    pub fn rerun_fraction(&self) -> f64 {
+        let m = self.largest_measurement();
+        match m.recompute_fwd_ms {
+            Some(ms) if m.fwd_ms > 0.0 => (ms / m.fwd_ms).clamp(0.0, 1.0),
+            _ => 1.0,
+        }
     }
 }
 
@@ -556,6 +587,11 @@ impl Profile {
             let times: Vec<TimeMeasurement> =
                 layer.measurements.iter().map(TimeMeasurement::of).collect();
             check_times(&format!("layers[{i}]"), &times, &sizes)?;
+            for (k, m) in layer.measurements.iter().enumerate() {
+                if let Some(ms) = m.recompute_fwd_ms {
+                    check_non_negative(|| at(&format!("measurements[{k}].recompute_fwd_ms")), ms)?;
+                }
+            }
             if let Some(inputs) = &layer.inputs {
                 for (k, &src) in inputs.iter().enumerate() {
                     if src >= i {
@@ -747,6 +783,11 @@ pub struct LayerCosts {
     working_per_sample: RangeMax,
     /// The allocator's reserved bytes over allocated ones (1: none).
     pub allocator_reserved_factor: f64,
+    /// Per layer: the share of its forward re-run when it ends a
+    /// re-computed stage (`Measurement::recompute_fwd_ms`).
+    rerun_fraction: Vec<f64>,
+    /// Per layer: bytes per sample the loss keeps outside a re-computed stage.
+    loss_stored_per_sample: Vec<f64>,
     /// The optimizer's step time per parameter byte, on the profile's device.
     optimizer_ms_per_param_byte: f64,
     /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
@@ -768,6 +809,29 @@ pub struct LayerCosts {
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
     /// prediction then reads instead of keeping its own.
     pub keeps_adam_moments: bool,
+}
+
+/// Bytes per sample crossing each cut position 0..=n. A producer's output
+/// crosses cut p (between p-1 and p) when the producer is before p and some
+/// consumer is at or after p. Each tensor is sent once per cut, however
+/// many consumers lie beyond. (Nothing crosses cut 0, before the first
+/// layer, or cut n, after the last: no producer is before the one, no
+/// consumer after the other.)
+fn cut_bytes_per_sample(profile: &Profile, act_per_sample: &[f64]) -> Vec<f64> {
+    let last_consumer: Vec<usize> = profile
+        .readers()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.iter().copied().fold(i, usize::max))
+        .collect();
+    (0..=profile.layers.len())
+        .map(|p| {
+            (0..p)
+                .filter(|&s| last_consumer[s] >= p)
+                .map(|s| act_per_sample[s])
+                .sum()
+        })
+        .collect()
 }
 
 /// The profile's optimizer step per parameter byte (0 where it gives none).
@@ -932,25 +996,7 @@ impl LayerCosts {
             .iter()
             .map(|l| l.param_bytes as f64)
             .collect();
-        // A producer's output crosses cut p (between p-1 and p) when the
-        // producer is before p and some consumer is at or after p. Each
-        // tensor is sent once per cut, however many consumers lie beyond.
-        let last_consumer: Vec<usize> = profile
-            .readers()
-            .iter()
-            .enumerate()
-            .map(|(i, r)| r.iter().copied().fold(i, usize::max))
-            .collect();
-        // (Nothing crosses cut 0, before the first layer, or cut n, after
-        // the last: no producer is before the one, no consumer after the other.)
-        let cut_per_sample: Vec<f64> = (0..=n)
-            .map(|p| {
-                (0..p)
-                    .filter(|&s| last_consumer[s] >= p)
-                    .map(|s| act_per_sample[s])
-                    .sum()
-            })
-            .collect();
+        let cut_per_sample = cut_bytes_per_sample(profile, &act_per_sample);
         LayerCosts {
             num_layers: n,
             timings,
@@ -972,6 +1018,12 @@ impl LayerCosts {
                     .collect(),
             ),
             allocator_reserved_factor: profile.allocator_reserved_factor.unwrap_or(1.0),
+            rerun_fraction: profile.layers.iter().map(Layer::rerun_fraction).collect(),
+            loss_stored_per_sample: profile
+                .layers
+                .iter()
+                .map(Layer::loss_stored_bytes_per_sample)
+                .collect(),
             cut_per_sample,
             state_per_param_byte: match &profile.parameter_state {
                 Some(p) => {
@@ -1055,6 +1107,31 @@ impl LayerCosts {
     /// a stage), on the profile's device.
     pub fn optimizer_step_ms(&self, param_bytes: f64) -> f64 {
         self.optimizer_ms_per_param_byte * param_bytes
+    }
+
+    /// The forward a re-computed stage of layers `start..end` runs again in
+    /// its backward, over its whole forward, on `times` (any GPU type and
+    /// slice): every layer's but the part of the last one torch's
+    /// checkpoint does not re-run.
+    pub fn rerun_ratio(&self, times: &TimePrefix, start: usize, end: usize) -> f64 {
+        let whole = times.fwd(start, end);
+        if end <= start || whole <= 0.0 {
+            return 1.0;
+        }
+        let skipped = times.fwd(end - 1, end) * (1.0 - self.rerun_fraction[end - 1]);
+        (whole - skipped) / whole
+    }
+
+    /// What a re-computed stage of layers `start..end` keeps per sample of
+    /// a micro-batch in flight: its input, and what the loss keeps outside
+    /// the checkpoint where the stage ends with it.
+    pub fn recompute_kept_bytes_per_sample(&self, start: usize, end: usize) -> f64 {
+        self.cut_bytes_per_sample(start) + self.loss_stored_bytes_per_sample_of_layer(end - 1)
+    }
+
+    /// Per sample, what the loss keeps outside a re-computed stage ending at `layer`.
+    pub fn loss_stored_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
+        self.loss_stored_per_sample[layer]
     }
 
     /// Autocast's weight copies of layers `start..end`, per micro-batch.
@@ -1143,6 +1220,30 @@ mod tests {
     }
 
     #[test]
+    fn a_recomputed_stage_reruns_all_but_the_last_layers_tail() {
+        // Forwards of 1 and 3 ms at batch 4; the last layer re-runs a
+        // quarter of its forward (0.75 ms) when it ends a re-computed stage,
+        // and its loss keeps 400 bytes (100 a sample) outside the checkpoint.
+        let mut p = profile_of_layers("rc", &[(1.0, 2.0, 1000, 100), (3.0, 2.0, 1000, 100)], 4);
+        p.layers[1].measurements[0].recompute_fwd_ms = Some(0.75);
+        p.layers[1].measurements[0].loss_stored_bytes = Some(400);
+        let layers = LayerCosts::new(&p);
+        let times = layers.times_at(4);
+        // Both layers: (1 + 0.75) / 4 of the forward.
+        assert_eq!(layers.rerun_ratio(&times, 0, 2), 0.4375);
+        // The first alone re-runs all of its forward (nothing measured).
+        assert_eq!(layers.rerun_ratio(&times, 0, 1), 1.0);
+        // Kept per sample: the stage's input (25 bytes), and the loss's 100.
+        assert_eq!(layers.recompute_kept_bytes_per_sample(1, 2), 125.0);
+        assert_eq!(layers.recompute_kept_bytes_per_sample(0, 1), 0.0);
+        p.layers[1].measurements[0].recompute_fwd_ms = Some(f64::NAN);
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("layers[1].measurements[0].recompute_fwd_ms")
+        );
+    }
+
+    #[test]
     fn range_max_is_the_largest_of_any_range() {
         let values = vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0];
         let table = RangeMax::new(values.clone());
@@ -1211,6 +1312,8 @@ mod tests {
                         inputs: None,
                         measurements: vec![Measurement {
                             backward_working_bytes: None,
+                            recompute_fwd_ms: None,
+                            loss_stored_bytes: None,
                             batch_size: batch,
                             fwd_ms,
                             bwd_ms,
@@ -1292,6 +1395,8 @@ mod tests {
         p.layers[0].measurements = vec![
             Measurement {
                 backward_working_bytes: None,
+                recompute_fwd_ms: None,
+                loss_stored_bytes: None,
                 batch_size: 2,
                 fwd_ms: 4.0,
                 bwd_ms: 8.0,
@@ -1300,6 +1405,8 @@ mod tests {
             },
             Measurement {
                 backward_working_bytes: None,
+                recompute_fwd_ms: None,
+                loss_stored_bytes: None,
                 batch_size: 4,
                 fwd_ms: 6.0,
                 bwd_ms: 10.0,

@@ -133,7 +133,8 @@ pub struct StageMemory {
     pub weight_bytes: f64,
     /// Kept from one micro-batch's forward to its backward.
     pub stored_bytes: f64,
-    /// The stage's input for one micro-batch: what re-computation keeps.
+    /// What re-computation keeps per micro-batch: the stage's input, and
+    /// on the last stage what the loss keeps outside the checkpoint.
     pub input_bytes: f64,
     /// What the running backward needs on top (in `fixed_bytes`).
     pub working_bytes: f64,
@@ -184,6 +185,7 @@ pub struct MemorySums {
     weight_bytes: f64,
     stored_bytes: f64,
     working_bytes: f64,
+    loss_kept_bytes: f64,
 }
 
 impl MemorySums {
@@ -210,6 +212,8 @@ impl MemorySums {
         self.stored_bytes +=
             stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, next)
                 + param_factor * layers.weight_copy_bytes(l, next);
+        self.loss_kept_bytes +=
+            stored_factor * f64::from(slice) * layers.loss_stored_bytes_per_sample_of_layer(l);
         self.working_bytes = self.working_bytes.max(
             stored_factor * f64::from(slice) * layers.backward_working_bytes_per_sample_of_layer(l),
         );
@@ -218,6 +222,7 @@ impl MemorySums {
     /// The stage's memory as `shape` runs it, its first layer taking
     /// `input_bytes` per micro-batch in.
     pub fn memory(&self, shape: &StageShape, input_bytes: f64) -> StageMemory {
+        let input_bytes = input_bytes + self.loss_kept_bytes;
         let state = if shape.shard_optimizer {
             self.sharded_state_bytes
         } else {
@@ -260,6 +265,23 @@ mod tests {
             m.at(3),
             crate::cost::stage_memory_bytes(&layers, 0, 2, 2, 3)
         );
+        // Re-computing, a micro-batch in flight keeps the stage's input (7
+        // bytes here) and what the loss keeps outside the checkpoint: 200
+        // bytes at batch 4, 2 x 50 for a slice of 2.
+        let mut p = crate::profile::profile_with_memory_terms();
+        p.layers[1].measurements[0].loss_stored_bytes = Some(200);
+        let layers = LayerCosts::new(&p);
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
+        }
+        let full = StageShape {
+            recompute: Recompute::Full,
+            ..StageShape::PLAIN
+        };
+        let m = sums.memory(&full, 7.0);
+        assert_eq!((m.per_micro_batch_bytes, m.input_bytes), (107.0, 107.0));
+        assert_eq!(m.fixed_bytes, 16_000.0 + 600.0 + 1_500.0 + 40.0);
     }
 
     #[test]

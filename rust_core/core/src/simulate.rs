@@ -48,8 +48,12 @@ pub struct SimStage {
     pub own_adam_moments_bytes: f64,
     /// Kept from a micro-batch's forward to its backward.
     pub stored_bytes: f64,
-    /// The stage's input for one micro-batch slice: all that re-computation keeps.
+    /// All that re-computation keeps per micro-batch slice: the stage's
+    /// input, and on the last stage what the loss keeps.
     pub input_bytes: f64,
+    /// The forward a backward re-runs under `--recompute`: all but what
+    /// torch's checkpoint leaves of the last layer (`LayerCosts::rerun_ratio`).
+    pub recompute_ms: f64,
     /// What a running backward needs on top of what the stage holds.
     pub working_bytes: f64,
     /// What the allocator reserves per byte it allocates (1: nothing more).
@@ -232,7 +236,7 @@ impl<'a> Replay<'a> {
                 // A simulation re-computing everything re-runs the forward
                 // of stages whose own cost does not count it already.
                 let extra = if self.recompute && !st.recomputes {
-                    st.fwd_ms
+                    st.recompute_ms
                 } else {
                     0.0
                 };
@@ -454,6 +458,23 @@ pub fn early_backward_iteration_ms(
     })
 }
 
+/// `stages` as `schedule` re-runs their forwards: an asynchronous
+/// schedule's backward re-runs the whole forward on its own weights (the
+/// runtime's `Replayed`), not torch's checkpoint.
+fn rerun_as_scheduled<'s>(
+    stages: &'s [SimStage],
+    schedule: &Schedule,
+) -> std::borrow::Cow<'s, [SimStage]> {
+    if !schedule.kind.is_asynchronous() {
+        return std::borrow::Cow::Borrowed(stages);
+    }
+    let whole = stages.iter().map(|s| SimStage {
+        recompute_ms: s.fwd_ms,
+        ..*s
+    });
+    std::borrow::Cow::Owned(whole.collect())
+}
+
 /// Simulate `schedule` on stages with the given costs; `transfer_ms[i]` is
 /// the time to move one micro-batch between stage i and i+1, either way.
 /// An asynchronous schedule always re-computes (see the module's notes).
@@ -464,6 +485,7 @@ pub fn simulate_stages(
     recompute: bool,
 ) -> Result<Simulation> {
     schedule.validate()?;
+    let stages = &*rerun_as_scheduled(stages, schedule);
     let recompute = recompute || schedule.kind.is_asynchronous();
     let s_count = stages.len();
     if schedule.stages.len() != s_count || transfer_ms.len() + 1 != s_count {
@@ -746,9 +768,11 @@ pub(crate) fn sim_stages(
                 ),
                 allocator_reserved_factor: layers.allocator_reserved_factor,
                 input_bytes: memory.map_or_else(
-                    || slice * layers.cut_bytes_per_sample(start),
+                    || slice * layers.recompute_kept_bytes_per_sample(start, end),
                     |m| m.input_bytes,
                 ),
+                recompute_ms: c.fwd_ms
+                    * layers.rerun_ratio(&layers.times_at(c.slice_size), start, end),
                 memory_limit_bytes: c.memory_limit_bytes,
                 recomputes: shape.recompute == Recompute::Full,
             }
@@ -787,6 +811,7 @@ mod tests {
         vec![
             SimStage {
                 fwd_ms: f,
+                recompute_ms: f,
                 bwd_ms: b,
                 allreduce_ms: 0.0,
                 optimizer_ms: 0.0,
@@ -883,6 +908,24 @@ mod tests {
         // After the iteration nothing is left of either.
         let last = |s: &StageTimeline| s.memory.last().unwrap().1;
         assert_eq!((last(&sim.stages[0]), last(&rc.stages[0])), (100.0, 100.0));
+    }
+
+    #[test]
+    fn a_recomputed_backward_reruns_what_the_checkpoint_reruns() {
+        // One stage, one micro-batch: forward 1, backward 2, and under
+        // --recompute the backward re-runs 0.25 of the forward (torch's
+        // checkpoint left the last layer's tail).
+        let mut stages = equal_stages(1, 1.0, 2.0);
+        stages[0].recompute_ms = 0.25;
+        let gp = Schedule::gpipe(1, 1).unwrap();
+        let sim = simulate_stages(&stages, &[], &gp, true).unwrap();
+        assert_eq!(sim.iteration_ms, 1.0 + 2.0 + 0.25);
+        assert_eq!(
+            simulate_stages(&stages, &[], &gp, false)
+                .unwrap()
+                .iteration_ms,
+            3.0
+        );
     }
 
     #[test]

@@ -363,6 +363,8 @@ impl LayerMaker<'_> {
                 let fwd_ms = f64::from(b) * fwd_flops / self.flops_per_ms;
                 Measurement {
                     backward_working_bytes: None,
+                    recompute_fwd_ms: None,
+                    loss_stored_bytes: None,
                     batch_size: b,
                     fwd_ms,
                     bwd_ms: 2.0 * fwd_ms,

@@ -231,6 +231,7 @@ mod tests {
     fn stage(f: f64, b: f64, state: f64, stored: f64, limit: f64) -> SimStage {
         SimStage {
             fwd_ms: f,
+            recompute_ms: f,
             bwd_ms: b,
             allreduce_ms: 0.0,
             optimizer_ms: 0.0,

@@ -128,6 +128,7 @@ fn the_1f1b_bubble_is_p_minus_1_over_m() {
         for m in [1u32, 4, 8, 16, 32] {
             let stage = SimStage {
                 fwd_ms: 1.0,
+                recompute_ms: 1.0,
                 bwd_ms: 2.0,
                 allreduce_ms: 0.0,
                 optimizer_ms: 0.0,

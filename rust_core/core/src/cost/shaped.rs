@@ -295,7 +295,10 @@ impl StageCoster<'_> {
         let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
         let memory = sums.memory.memory(shape, input_bytes);
         if shape.recompute == Recompute::Full {
-            bwd_ms += fwd_ms;
+            // The forward again, but what torch's checkpoint does not re-run
+            // of the last layer (its share from the profile's own times).
+            let own = self.times(0, sums.whole_slice);
+            bwd_ms += fwd_ms * self.layers.rerun_ratio(own, sums.start, sums.end);
         }
         let slice = if sums.any_split {
             sums.split_slice

@@ -1634,6 +1634,8 @@ mod tests {
             layer.measurements = [1, 2]
                 .map(|batch| Measurement {
                     backward_working_bytes: None,
+                    recompute_fwd_ms: None,
+                    loss_stored_bytes: None,
                     batch_size: batch,
                     fwd_ms: f * f64::from(batch),
                     bwd_ms: b * f64::from(batch),

@@ -946,6 +946,8 @@ mod tests {
                     .iter()
                     .map(|&b| Measurement {
                         backward_working_bytes: None,
+                        recompute_fwd_ms: None,
+                        loss_stored_bytes: None,
                         batch_size: b,
                         fwd_ms: one.fwd_ms * f64::from(b).powf(0.4),
                         bwd_ms: one.bwd_ms * f64::from(b).powf(0.4),
