@@ -262,14 +262,19 @@ impl Layer {
     }
 
     /// The share of its forward the layer re-runs when it ends a
-    /// re-computed stage, at the largest measured batch (1 where not
+    /// re-computed stage, at each measured batch size (1 where not
     /// measured).
-    pub fn rerun_fraction(&self) -> f64 {
-        let m = self.largest_measurement();
-        match m.recompute_fwd_ms {
-            Some(ms) if m.fwd_ms > 0.0 => (ms / m.fwd_ms).clamp(0.0, 1.0),
-            _ => 1.0,
-        }
+    pub fn rerun_fractions(&self) -> Vec<(u32, f64)> {
+        self.measurements
+            .iter()
+            .map(|m| {
+                let share = match m.recompute_fwd_ms {
+                    Some(ms) if m.fwd_ms > 0.0 => (ms / m.fwd_ms).clamp(0.0, 1.0),
+                    _ => 1.0,
+                };
+                (m.batch_size, share)
+            })
+            .collect()
     }
 }
 
@@ -783,9 +788,9 @@ pub struct LayerCosts {
     working_per_sample: RangeMax,
     /// The allocator's reserved bytes over allocated ones (1: none).
     pub allocator_reserved_factor: f64,
-    /// Per layer: the share of its forward re-run when it ends a
-    /// re-computed stage (`Measurement::recompute_fwd_ms`).
-    rerun_fraction: Vec<f64>,
+    /// Per layer and measured batch size: the share of its forward re-run
+    /// when it ends a re-computed stage (`Measurement::recompute_fwd_ms`).
+    rerun_fractions: Vec<Vec<(u32, f64)>>,
     /// Per layer: bytes per sample the loss keeps outside a re-computed stage.
     loss_stored_per_sample: Vec<f64>,
     /// The optimizer's step time per parameter byte, on the profile's device.
@@ -1018,7 +1023,7 @@ impl LayerCosts {
                     .collect(),
             ),
             allocator_reserved_factor: profile.allocator_reserved_factor.unwrap_or(1.0),
-            rerun_fraction: profile.layers.iter().map(Layer::rerun_fraction).collect(),
+            rerun_fractions: profile.layers.iter().map(Layer::rerun_fractions).collect(),
             loss_stored_per_sample: profile
                 .layers
                 .iter()
@@ -1110,16 +1115,31 @@ impl LayerCosts {
     }
 
     /// The forward a re-computed stage of layers `start..end` runs again in
-    /// its backward, over its whole forward, on `times` (any GPU type and
-    /// slice): every layer's but the part of the last one torch's
-    /// checkpoint does not re-run.
-    pub fn rerun_ratio(&self, times: &TimePrefix, start: usize, end: usize) -> f64 {
+    /// its backward, over its whole forward, on `times` (any GPU type, at
+    /// slices of `batch`): every layer's but the part of the last one
+    /// torch's checkpoint does not re-run.
+    pub fn rerun_ratio(&self, times: &TimePrefix, start: usize, end: usize, batch: u32) -> f64 {
         let whole = times.fwd(start, end);
         if end <= start || whole <= 0.0 {
             return 1.0;
         }
-        let skipped = times.fwd(end - 1, end) * (1.0 - self.rerun_fraction[end - 1]);
+        let skipped = times.fwd(end - 1, end) * (1.0 - self.rerun_fraction_at(end - 1, batch));
         (whole - skipped) / whole
+    }
+
+    /// Layer `layer`'s re-run share at `batch`: linear between measured
+    /// batch sizes, the nearest one's outside them.
+    fn rerun_fraction_at(&self, layer: usize, batch: u32) -> f64 {
+        let measured = &self.rerun_fractions[layer];
+        let x = f64::from(batch);
+        match measured.iter().position(|&(b, _)| b >= batch) {
+            Some(0) => measured[0].1,
+            None => measured.last().map_or(1.0, |m| m.1),
+            Some(k) => {
+                let ((b0, y0), (b1, y1)) = (measured[k - 1], measured[k]);
+                y0 + (y1 - y0) * (x - f64::from(b0)) / f64::from(b1 - b0)
+            }
+        }
     }
 
     /// What a re-computed stage of layers `start..end` keeps per sample of
@@ -1227,12 +1247,27 @@ mod tests {
         let mut p = profile_of_layers("rc", &[(1.0, 2.0, 1000, 100), (3.0, 2.0, 1000, 100)], 4);
         p.layers[1].measurements[0].recompute_fwd_ms = Some(0.75);
         p.layers[1].measurements[0].loss_stored_bytes = Some(400);
+        // At batch 8 it re-runs three quarters (9 of 12 ms; the other
+        // layer's forward 2, nothing measured): 6 ms at 6, between the two.
+        for l in &mut p.layers {
+            let mut at_8 = l.measurements[0].clone();
+            (at_8.batch_size, at_8.fwd_ms) = (8, 4.0 * l.measurements[0].fwd_ms);
+            at_8.recompute_fwd_ms = at_8.recompute_fwd_ms.map(|_| 9.0);
+            at_8.activation_bytes *= 2;
+            at_8.loss_stored_bytes = at_8.loss_stored_bytes.map(|b| 2 * b);
+            l.measurements.push(at_8);
+        }
         let layers = LayerCosts::new(&p);
         let times = layers.times_at(4);
         // Both layers: (1 + 0.75) / 4 of the forward.
-        assert_eq!(layers.rerun_ratio(&times, 0, 2), 0.4375);
+        assert_eq!(layers.rerun_ratio(&times, 0, 2, 4), 0.4375);
+        // At 6 (between 4 and 8) the last layer re-runs half; below 4 and
+        // above 8 the nearest measured share.
+        assert_eq!(layers.rerun_ratio(&times, 0, 2, 6), 2.5 / 4.0);
+        assert_eq!(layers.rerun_ratio(&times, 0, 2, 1), 0.4375);
+        assert_eq!(layers.rerun_ratio(&times, 0, 2, 64), 3.25 / 4.0);
         // The first alone re-runs all of its forward (nothing measured).
-        assert_eq!(layers.rerun_ratio(&times, 0, 1), 1.0);
+        assert_eq!(layers.rerun_ratio(&times, 0, 1, 4), 1.0);
         // Kept per sample: the stage's input (25 bytes), and the loss's 100.
         assert_eq!(layers.recompute_kept_bytes_per_sample(1, 2), 125.0);
         assert_eq!(layers.recompute_kept_bytes_per_sample(0, 1), 0.0);

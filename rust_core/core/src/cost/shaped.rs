@@ -298,7 +298,10 @@ impl StageCoster<'_> {
             // The forward again, but what torch's checkpoint does not re-run
             // of the last layer (its share from the profile's own times).
             let own = self.times(0, sums.whole_slice);
-            bwd_ms += fwd_ms * self.layers.rerun_ratio(own, sums.start, sums.end);
+            bwd_ms += fwd_ms
+                * self
+                    .layers
+                    .rerun_ratio(own, sums.start, sums.end, sums.whole_slice);
         }
         let slice = if sums.any_split {
             sums.split_slice
