@@ -217,7 +217,8 @@ pub struct Measurement {
     /// only until every tensor the backward needs is back, so a last
     /// operation whose output nothing in the segment keeps (the LM head's
     /// final matmul) is not re-run, nor the loss outside the segment.
-    /// Absent: `fwd_ms`.
+    /// It includes the checkpoint's own work (once per stage), which at
+    /// small batches may exceed what it leaves. Absent: `fwd_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute_fwd_ms: Option<f64>,
     /// Of `stored_activation_bytes`, what the loss keeps (the last layer's
@@ -262,14 +263,16 @@ impl Layer {
     }
 
     /// The share of its forward the layer re-runs when it ends a
-    /// re-computed stage, at each measured batch size (1 where not
-    /// measured).
+    /// re-computed stage, the checkpoint's own work included, at each
+    /// measured batch size (1 where not measured).
     pub fn rerun_fractions(&self) -> Vec<(u32, f64)> {
         self.measurements
             .iter()
             .map(|m| {
                 let share = match m.recompute_fwd_ms {
-                    Some(ms) if m.fwd_ms > 0.0 => (ms / m.fwd_ms).clamp(0.0, 1.0),
+                    // Above 1 where the checkpoint's own work outweighs what
+                    // it leaves (small batches).
+                    Some(ms) if m.fwd_ms > 0.0 => (ms / m.fwd_ms).max(0.0),
                     _ => 1.0,
                 };
                 (m.batch_size, share)
@@ -1268,6 +1271,11 @@ mod tests {
         assert_eq!(layers.rerun_ratio(&times, 0, 2, 64), 3.25 / 4.0);
         // The first alone re-runs all of its forward (nothing measured).
         assert_eq!(layers.rerun_ratio(&times, 0, 1, 4), 1.0);
+        // A checkpoint whose own work outweighs what it leaves: 3.6 ms
+        // re-run of a 3 ms forward, 0.6 ms more than the forward.
+        p.layers[1].measurements[0].recompute_fwd_ms = Some(3.6);
+        let layers = LayerCosts::new(&p);
+        assert!((layers.rerun_ratio(&times, 0, 2, 4) - 4.6 / 4.0).abs() < 1e-12);
         // Kept per sample: the stage's input (25 bytes), and the loss's 100.
         assert_eq!(layers.recompute_kept_bytes_per_sample(1, 2), 125.0);
         assert_eq!(layers.recompute_kept_bytes_per_sample(0, 1), 0.0);
