@@ -513,7 +513,7 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
                 fwd[k].append(f[k])
                 bwd[k].append(bk[k])
         stepper.step(clock, keep=i >= warmup)
-    rerun = _rerun_ms(torch, clock, spec, (modules, targets, inputs), cast, repeats, advance)
+    rerun = _rerun_ms(torch, clock, spec, (b, modules, targets, inputs), cast, repeats, advance)
     return [
         {
             "batch_size": b,
@@ -539,12 +539,12 @@ def _rerun_ms(torch, clock, spec, batch, cast, repeats: int, advance) -> list[li
     loss outside, as ``dapple run --recompute`` runs it), in ``repeats``
     passes after one: the plain backward plus what the checkpoint re-runs
     of the forward when the layer ends a re-computed stage."""
-    modules, targets, inputs = batch
+    b, modules, targets, inputs = batch
     layers = [_checkpointed(torch, m) for m in modules[:-1]]
     layers.append(_with_loss(torch, _checkpointed(torch, modules[-1]), spec.loss, targets))
     times: list[list[float]] = [[] for _ in layers]
     for i in range(1 + repeats):
-        advance(f"batch {_batch_size_of(inputs)}: re-computed pass {i + 1} of {1 + repeats}")
+        advance(f"batch {b}: re-computed pass {i + 1} of {1 + repeats}")
         _, bwd = _timed_pass(torch, clock, layers, inputs, cast)
         if i >= 1:
             for k, ms in enumerate(bwd):
@@ -552,12 +552,6 @@ def _rerun_ms(torch, clock, spec, batch, cast, repeats: int, advance) -> list[li
         for p in spec.parameters():
             p.grad = None
     return times
-
-
-def _batch_size_of(inputs) -> int:
-    """The batch size of a model input (its first tensor's first dimension)."""
-    tensors = _tensors(inputs)
-    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
 
 
 class _progress:

@@ -870,8 +870,8 @@ impl<'a> StageCoster<'a> {
         &self.times[timing][at]
     }
 
-    /// Times on `timing` at any slice size.
-    fn any_times(&self, timing: usize, slice: u32) -> Rc<TimePrefix> {
+    /// Times on `timing` at any slice size (cached).
+    pub(crate) fn any_times(&self, timing: usize, slice: u32) -> Rc<TimePrefix> {
         if let Ok(at) = self.slices.binary_search(&slice) {
             if let Some(t) = self.times[timing].get(at) {
                 return Rc::clone(t);

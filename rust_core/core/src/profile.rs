@@ -240,26 +240,28 @@ impl Layer {
 
     /// Bytes of the layer's output(s) per sample.
     pub fn activation_bytes_per_sample(&self) -> f64 {
+        self.per_sample(|m| m.activation_bytes)
+    }
+
+    /// `bytes` of the largest measurement, per sample.
+    fn per_sample(&self, bytes: impl Fn(&Measurement) -> u64) -> f64 {
         let m = self.largest_measurement();
-        m.activation_bytes as f64 / f64::from(m.batch_size)
+        bytes(m) as f64 / f64::from(m.batch_size)
     }
 
     /// Bytes per sample kept from the forward pass until the backward pass.
     pub fn stored_bytes_per_sample(&self) -> f64 {
-        let m = self.largest_measurement();
-        m.stored_activation_bytes.unwrap_or(m.activation_bytes) as f64 / f64::from(m.batch_size)
+        self.per_sample(|m| m.stored_activation_bytes.unwrap_or(m.activation_bytes))
     }
 
     /// Bytes per sample the backward needs on top of what it holds.
     pub fn backward_working_bytes_per_sample(&self) -> f64 {
-        let m = self.largest_measurement();
-        m.backward_working_bytes.unwrap_or(0) as f64 / f64::from(m.batch_size)
+        self.per_sample(|m| m.backward_working_bytes.unwrap_or(0))
     }
 
     /// Bytes per sample the loss keeps outside a re-computed stage.
     pub fn loss_stored_bytes_per_sample(&self) -> f64 {
-        let m = self.largest_measurement();
-        m.loss_stored_bytes.unwrap_or(0) as f64 / f64::from(m.batch_size)
+        self.per_sample(|m| m.loss_stored_bytes.unwrap_or(0))
     }
 
     /// The share of its forward the layer re-runs when it ends a

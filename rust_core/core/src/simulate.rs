@@ -772,7 +772,12 @@ pub(crate) fn sim_stages(
                     |m| m.input_bytes,
                 ),
                 recompute_ms: c.fwd_ms
-                    * layers.rerun_ratio(&layers.times_at(c.slice_size), start, end, c.slice_size),
+                    * layers.rerun_ratio(
+                        &coster.any_times(0, c.slice_size),
+                        start,
+                        end,
+                        c.slice_size,
+                    ),
                 memory_limit_bytes: c.memory_limit_bytes,
                 recomputes: shape.recompute == Recompute::Full,
             }
