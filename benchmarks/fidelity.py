@@ -3,9 +3,9 @@
     python benchmarks/fidelity.py --device cuda --out benchmarks/results/fidelity-cuda.json
     python benchmarks/fidelity.py --device cpu --out benchmarks/results/fidelity-cpu.json
 
-For each GPT size and each dtype (fp32, bf16) it profiles the model with
-dapple's profiler at micro-batches 1, 2, 4, 8, 16 and 32; then for each
-micro-batch, with and without re-computation, it plans one device at a
+For each GPT size, each dtype (fp32, bf16) and each micro-batch (1, 2, 4,
+8, 16 and 32) it profiles the model with dapple's profiler at that
+micro-batch; then, with and without re-computation, it plans one device at a
 global batch of one micro-batch, predicts (the simulated iteration and the
 peak memory of the plan's estimate), runs the plan with dapple's runtime
 (``--steps`` steps with Adam, the median after the first) and compares.
@@ -114,34 +114,43 @@ def run_row(plan, profile, factory, spec, gen, options: dict, recompute: bool, s
 
 
 def model_rows(name: str, config: dict, dtype: str, args, torch) -> list[dict]:
-    """Every row of one model in one dtype, from one profile."""
+    """Every row of one model in one dtype. Each micro-batch is profiled
+    right before its runs: this VM's speed drifts by several percent over
+    minutes (docs/fidelity.md), and a prediction should be compared with a
+    run made under the same conditions as its profile."""
     factory = functools.partial(models.gpt, **config)
     spec = factory()
-    print(f"{name} {dtype}: profiling at {MICRO_BATCHES}", file=sys.stderr)
-    profile = profile_model(spec, name, MICRO_BATCHES, device=args.device, dtype=dtype, warmup=2, repeats=args.repeats,
-                            progress=False, threads=1)
-    device_name = profile.data["device"]
     options = dict(dtype=dtype, device=args.device, threads=1)
     gen = torch.Generator().manual_seed(0)
     topo = one_device_topology(args.device, torch)
     rows = []
     for mb in MICRO_BATCHES:
+        profile = profiled(spec, name, [mb], dtype, args)
         # The whole model on the one device, one micro-batch of mb.
         plan = planner.layout_plan(profile, topo, mb, [(0, len(profile.layers), [0])], min_micro_batch_size=mb)
         for recompute in (False, True):
             print(f"  micro-batch {mb}, recompute {recompute}", file=sys.stderr)
             row = run_row(plan, profile, factory, spec, gen, options, recompute, args.steps)
-            rows.append({"model": name, "dtype": dtype, "micro_batch_size": mb, **row, "device": device_name})
-    rows.append(pipeline_row(name, profile, factory, spec, gen, options, args, torch) | {"device": device_name})
+            rows.append({"model": name, "dtype": dtype, "micro_batch_size": mb, **row,
+                         "device": profile.data["device"]})
+    rows.append(pipeline_row(name, factory, spec, gen, options, args, torch))
     return rows
 
 
-def pipeline_row(name, profile, factory, spec, gen, options, args, torch) -> dict:
+def profiled(spec, name: str, sizes: list[int], dtype: str, args) -> planner.Profile:
+    print(f"{name} {dtype}: profiling at {sizes}", file=sys.stderr)
+    return profile_model(spec, name, sizes, device=args.device, dtype=dtype, warmup=2, repeats=args.repeats,
+                         progress=False, threads=1)
+
+
+def pipeline_row(name, factory, spec, gen, options, args, torch) -> dict:
     """The straight 2-stage pipeline on two devices of this machine, or why not."""
     row = {"model": name, "dtype": options["dtype"], "micro_batch_size": PIPELINE_MICRO_BATCH, "recompute": False,
            "stages": 2}
     if args.device == "cuda" and torch.cuda.device_count() < 2:
-        return row | {"left_out": "NCCL runs one rank per GPU and this machine has one"}
+        return row | {"left_out": "NCCL runs one rank per GPU and this machine has one",
+                      "device": torch.cuda.get_device_name(0)}
+    profile = profiled(spec, name, [m for m in MICRO_BATCHES if m >= PIPELINE_MICRO_BATCH], options["dtype"], args)
     if args.device == "cuda":
         topo = planner.Topology.from_spec("1x2-nvlink")
     else:
@@ -150,7 +159,7 @@ def pipeline_row(name, profile, factory, spec, gen, options, args, torch) -> dic
     plan = planner.baseline("straight", profile, topo, gbs, min_micro_batch_size=PIPELINE_MICRO_BATCH)
     print(f"  2 stages, {plan.micro_batches} x {plan.micro_batch_size}", file=sys.stderr)
     return row | run_row(plan, profile, factory, spec, gen, options, False, args.steps) | {
-        "micro_batch_size": plan.micro_batch_size}
+        "micro_batch_size": plan.micro_batch_size, "device": profile.data["device"]}
 
 
 def main() -> None:

@@ -42,6 +42,11 @@ With ``dtype`` bf16 or fp16 the passes run under ``torch.autocast``, as
 ``dapple run --dtype`` trains; the profile records the dtype and the bytes
 per parameter of each state (the core's rule for autocast).
 
+On the CPU the process keeps freed memory in its heap from then on
+(``runtime.memory.keep_freed_memory``), as ``dapple run`` does on the CPU:
+glibc's default makes a step's time depend on whether its tensors come back
+as fresh pages.
+
 Imports torch only when called; ``import planner`` stays torch-free.
 """
 
@@ -58,6 +63,7 @@ from typing import TYPE_CHECKING
 from .errors import InvalidInputError
 from .precision import autocast_parameter_state, check_precision, torch_dtype
 from .profile import Profile
+from .runtime.memory import keep_freed_memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runtime.models import ModelSpec
@@ -164,7 +170,8 @@ def profile_model(
     measuring (default 1: steady times on a shared machine; ``None`` keeps
     torch's setting). The setting is restored afterwards. ``seed`` makes the
     batches reproducible. The layers are moved to ``device`` and left there,
-    in training mode, with their gradients cleared."""
+    in training mode, with their gradients cleared. On the CPU the process
+    keeps freed memory in its heap afterwards (the module's note)."""
     torch = _torch()
     if not model_name or not model_name.strip():
         raise InvalidInputError("model name must not be blank")
@@ -176,6 +183,8 @@ def profile_model(
     check_precision(dtype)
     state = autocast_parameter_state("adam")
     dev = check_device(device)
+    if dev.type == "cpu":
+        keep_freed_memory()
 
     old_threads = torch.get_num_threads()
     if threads is not None:

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from ..plan import Plan
 from .config import Job, RunConfig, check_run
 from .layout import Layout
-from .memory import return_freed_memory
+from .memory import set_host_allocator
 from .rank import init_process_group
 from .worker import run_rank
 
@@ -55,8 +55,7 @@ def _worker(rank: int, world_size: int, port: int, job: Job, out_dir: str, paren
         sys.stdout.flush()
         os.dup2(2, 1)
     torch.set_num_threads(config.threads)
-    if config.exact_memory:
-        return_freed_memory()
+    set_host_allocator(config.device, config.exact_memory)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     init_process_group(config.device, rank, world_size, config.timeout_s)
@@ -91,8 +90,7 @@ def _run_this_rank(job: Job) -> RunResult | None:
             f"torchrun started {world_size} processes (WORLD_SIZE) but the plan uses {lay.world_size} devices"
         )
     torch.set_num_threads(config.threads)
-    if config.exact_memory:
-        return_freed_memory()
+    set_host_allocator(config.device, config.exact_memory)
     # As in _worker: gloo prints connection notices on stdout, which is for
     # rank 0's summary only, so stdout goes to stderr while the run lasts
     # (for good on the other ranks).
