@@ -117,6 +117,32 @@ class Pass:
     base_version: int | None
     predicted_updates: int | None
 
+class StageAction:
+    """torch's ``_Action`` notation (``1F3``): stage, computation ("F", "B",
+    "I" or "W") and micro-batch; hashable, printable, picklable."""
+
+    stage: int
+    computation: str
+    micro_batch: int
+    @staticmethod
+    def parse(text: str) -> StageAction: ...
+
+class PipelineOrder:
+    """Every rank's actions over stages it may hold several of, validated."""
+
+    micro_batches: int
+    stage_ranks: list[int]
+    rank_actions: list[list[StageAction]]
+    @staticmethod
+    def interleaved_1f1b(ranks: int, micro_batches: int, chunks: int) -> PipelineOrder: ...
+    @staticmethod
+    def interleaved_zero_bubble(ranks: int, micro_batches: int, chunks: int) -> PipelineOrder: ...
+    @staticmethod
+    def zbv(ranks: int, micro_batches: int) -> PipelineOrder: ...
+    @staticmethod
+    def from_csv(text: str, micro_batches: int) -> PipelineOrder: ...
+    def to_csv(self) -> str: ...
+
 class Peer:
     rank: int
     start: int

@@ -20,6 +20,7 @@ pub mod megatron;
 pub mod metrics;
 pub mod names;
 pub mod pipedream;
+pub mod pipeline_order;
 pub mod placement;
 pub mod plan;
 pub mod profile;

@@ -17,6 +17,7 @@ mod calibrate;
 mod convert;
 mod layout;
 mod metrics;
+mod pipeline_order;
 mod plan;
 mod profile;
 mod regress;
@@ -228,6 +229,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     regress::register(m)?;
     search::register(m)?;
     schedule::register(m)?;
+    pipeline_order::register(m)?;
     transformer::register(m)?;
     layout::register(m)?;
     Ok(())

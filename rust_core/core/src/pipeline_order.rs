@@ -1,0 +1,716 @@
+//! Schedules whose ranks hold several stages, and whose backwards may split,
+//! written as `torch.distributed.pipelining` writes them.
+//!
+//! A rank may hold v stages (chunks) of the model: a looped placement puts
+//! stage s on rank s mod p (interleaved 1F1B), a V-shaped one puts stage s
+//! on rank s for s < p and on rank 2p - 1 - s after (ZB-V, DualPipeV). A
+//! backward runs whole (B), or split into its input gradient (I), which the
+//! previous stage waits for, and its weight gradient (W), which nobody waits
+//! for and so can fill a bubble (Zero Bubble, Qi et al., ICLR 2024).
+//!
+//! An action is written as torch's `_Action`: stage, computation,
+//! micro-batch (`0F0`, `3I2`, `1W5`). A rank's list is one row of torch's
+//! schedule CSV (`_dump_csv` / `_load_csv`, format `compute_only`), without
+//! the empty slots torch pads its rows with: a rank runs its actions in
+//! order, each when its inputs are there.
+//!
+//! The generators reproduce torch's own schedule classes (tests compare them
+//! action by action), and every order is checked by a dry run that finds
+//! deadlocks ([`PipelineOrder::validate`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// What an action computes, written as torch writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Computation {
+    /// `F`: the stage's forward.
+    Forward,
+    /// `B`: the whole backward, input and weight gradients together.
+    FullBackward,
+    /// `I`: the backward to the stage's input, which the previous stage needs.
+    BackwardInput,
+    /// `W`: the backward to the stage's weights, after its `I`.
+    BackwardWeight,
+}
+
+impl Computation {
+    pub const ALL: [Computation; 4] = [
+        Computation::Forward,
+        Computation::FullBackward,
+        Computation::BackwardInput,
+        Computation::BackwardWeight,
+    ];
+
+    /// torch's letter for the computation (`_ComputationType.__str__`).
+    pub const fn symbol(self) -> char {
+        match self {
+            Computation::Forward => 'F',
+            Computation::FullBackward => 'B',
+            Computation::BackwardInput => 'I',
+            Computation::BackwardWeight => 'W',
+        }
+    }
+
+    pub fn from_symbol(symbol: char) -> Option<Computation> {
+        Computation::ALL.into_iter().find(|c| c.symbol() == symbol)
+    }
+}
+
+/// One action of a rank: `computation` of `stage` on `micro_batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageAction {
+    pub stage: u32,
+    pub computation: Computation,
+    pub micro_batch: u32,
+}
+
+impl StageAction {
+    pub const fn new(stage: u32, computation: Computation, micro_batch: u32) -> StageAction {
+        StageAction {
+            stage,
+            computation,
+            micro_batch,
+        }
+    }
+}
+
+impl fmt::Display for StageAction {
+    /// `1F3`, as torch's `_Action.__repr__` writes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}{}{}",
+            self.stage,
+            self.computation.symbol(),
+            self.micro_batch
+        )
+    }
+}
+
+impl FromStr for StageAction {
+    type Err = Error;
+
+    /// A stage, one of `F`, `B`, `I`, `W`, a micro-batch: decimal numbers
+    /// without sign or leading zeros.
+    fn from_str(s: &str) -> Result<StageAction> {
+        let bad = || {
+            Error::invalid(format!(
+                "action {s:?} is not <stage><F|B|I|W><micro-batch>, as in 0F0"
+            ))
+        };
+        let letter_at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let (stage, rest) = s.split_at(letter_at);
+        let mut chars = rest.chars();
+        let computation = chars
+            .next()
+            .and_then(Computation::from_symbol)
+            .ok_or_else(bad)?;
+        let micro_batch = chars.as_str();
+        let number = |digits: &str| {
+            let canonical = !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            digits.parse::<u32>().ok().filter(|_| canonical)
+        };
+        Ok(StageAction::new(
+            number(stage).ok_or_else(bad)?,
+            computation,
+            number(micro_batch).ok_or_else(bad)?,
+        ))
+    }
+}
+
+/// Every rank's list of actions, and the rank each stage lives on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineOrder {
+    pub micro_batches: u32,
+    /// `stage_ranks[s]`: the rank that runs stage s.
+    pub stage_ranks: Vec<u32>,
+    /// `rank_actions[r]`: rank r's actions, in the order it runs them.
+    pub rank_actions: Vec<Vec<StageAction>>,
+}
+
+/// Where a stage lives: looped (stage s on rank s mod p) or V-shaped
+/// (down the ranks, then back up), as torch's
+/// `generate_stage_to_rank_mapping`.
+fn stage_ranks(ranks: u32, stages: u32, v_shape: bool) -> Vec<u32> {
+    (0..stages)
+        .map(|s| {
+            let (lap, at) = (s / ranks, s % ranks);
+            if v_shape && lap % 2 == 1 {
+                ranks - 1 - at
+            } else {
+                at
+            }
+        })
+        .collect()
+}
+
+fn check_shape(ranks: u32, micro_batches: u32, chunks: u32) -> Result<()> {
+    if ranks == 0 || micro_batches == 0 || chunks == 0 {
+        return Err(Error::invalid(format!(
+            "a pipeline order needs at least one rank, micro-batch and chunk, \
+             got {ranks}, {micro_batches} and {chunks}"
+        )));
+    }
+    let passes = 3 * u64::from(ranks) * u64::from(chunks) * u64::from(micro_batches);
+    if passes > crate::schedule::max_passes() {
+        return Err(Error::limit(format!(
+            "{ranks} ranks x {chunks} chunks x {micro_batches} micro-batches is over the limit \
+             of {} passes one schedule holds; use fewer, larger micro-batches, or raise the \
+             limit (--max-passes)",
+            crate::schedule::max_passes()
+        )));
+    }
+    Ok(())
+}
+
+/// Micro-batches per round of torch's interleaved schedules: the
+/// micro-batches split into max(1, n / p) equal rounds.
+fn micro_batches_per_round(ranks: u32, micro_batches: u32) -> Result<u32> {
+    let rounds = (micro_batches / ranks).max(1);
+    if !micro_batches.is_multiple_of(rounds) {
+        return Err(Error::invalid(format!(
+            "interleaved schedules run the micro-batches in {rounds} equal rounds \
+             (micro-batches / ranks), and {micro_batches} micro-batches do not split into them"
+        )));
+    }
+    Ok(micro_batches / rounds)
+}
+
+/// One rank of torch's interleaved 1F1B family (`_get_1f1b_rank_ops`):
+/// `warmup` forwards, then a forward and a backward in turn, then the
+/// remaining backwards; the chunk of each comes round every `per_round`
+/// steps. With `zero_bubble_after`, backwards are `I` and each is followed
+/// by the `W` of the oldest backward once that many 1F1B steps have passed
+/// (torch's ZB1P), the remaining `W`s at the end.
+struct InterleavedRank {
+    rank: u32,
+    ranks: u32,
+    chunks: u32,
+    micro_batches: u32,
+    per_round: u32,
+    warmup: u32,
+    zero_bubble_after: Option<u32>,
+}
+
+impl InterleavedRank {
+    fn forward_stage(&self, step: u32) -> u32 {
+        (step / self.per_round % self.chunks) * self.ranks + self.rank
+    }
+
+    fn backward_stage(&self, step: u32) -> u32 {
+        let chunk = self.chunks - 1 - ((step - self.warmup) / self.per_round) % self.chunks;
+        chunk * self.ranks + self.rank
+    }
+
+    fn actions(&self) -> Vec<StageAction> {
+        let stages = (self.chunks * self.ranks) as usize;
+        let mut next = [vec![0u32; stages], vec![0u32; stages], vec![0u32; stages]];
+        let mut take = |c: Computation, stage: u32| {
+            let slot = match c {
+                Computation::Forward => 0,
+                Computation::BackwardWeight => 2,
+                _ => 1,
+            };
+            let m = next[slot][stage as usize];
+            next[slot][stage as usize] += 1;
+            StageAction::new(stage, c, m)
+        };
+        let backward = match self.zero_bubble_after {
+            Some(_) => Computation::BackwardInput,
+            None => Computation::FullBackward,
+        };
+        let total = self.chunks * self.micro_batches;
+        let mut out = Vec::new();
+        let mut backward_steps = Vec::new();
+        let mut weights_done = 0usize;
+        for step in 0..total + self.warmup {
+            if step < total {
+                out.push(take(Computation::Forward, self.forward_stage(step)));
+            }
+            if step < self.warmup {
+                continue;
+            }
+            out.push(take(backward, self.backward_stage(step)));
+            backward_steps.push(step);
+            if self
+                .zero_bubble_after
+                .is_some_and(|after| step - self.warmup >= after)
+            {
+                let stage = self.backward_stage(backward_steps[weights_done]);
+                out.push(take(Computation::BackwardWeight, stage));
+                weights_done += 1;
+            }
+        }
+        if self.zero_bubble_after.is_some() {
+            for &step in &backward_steps[weights_done..] {
+                out.push(take(Computation::BackwardWeight, self.backward_stage(step)));
+            }
+        }
+        out
+    }
+}
+
+impl PipelineOrder {
+    /// Interleaved 1F1B (Narayanan et al., 2021) over `ranks` ranks holding
+    /// `chunks` looped stages each, as torch's `ScheduleInterleaved1F1B`:
+    /// rank r warms up with (v - 1) x (micro-batches per round) + 2 (p - 1 - r)
+    /// forwards, depth first. `chunks` = 1 is plain 1F1B.
+    pub fn interleaved_1f1b(ranks: u32, micro_batches: u32, chunks: u32) -> Result<PipelineOrder> {
+        Self::interleaved(ranks, micro_batches, chunks, false)
+    }
+
+    /// Interleaved zero bubble (torch's `ScheduleInterleavedZeroBubble`, the
+    /// paper's ZB1P; ZB-H1 at `chunks` = 1): as interleaved 1F1B with
+    /// p - 1 - r fewer warm-up forwards, each backward split into I and W,
+    /// and rank r deferring its first r W's to fill the drain.
+    pub fn interleaved_zero_bubble(
+        ranks: u32,
+        micro_batches: u32,
+        chunks: u32,
+    ) -> Result<PipelineOrder> {
+        Self::interleaved(ranks, micro_batches, chunks, true)
+    }
+
+    fn interleaved(
+        ranks: u32,
+        micro_batches: u32,
+        chunks: u32,
+        zero_bubble: bool,
+    ) -> Result<PipelineOrder> {
+        check_shape(ranks, micro_batches, chunks)?;
+        let per_round = micro_batches_per_round(ranks, micro_batches)?;
+        let hops = if zero_bubble { 1 } else { 2 };
+        let rank_actions = (0..ranks)
+            .map(|rank| {
+                let warmup = ((chunks - 1) * per_round + hops * (ranks - 1 - rank))
+                    .min(micro_batches * chunks);
+                InterleavedRank {
+                    rank,
+                    ranks,
+                    chunks,
+                    micro_batches,
+                    per_round,
+                    warmup,
+                    zero_bubble_after: zero_bubble.then_some(rank),
+                }
+                .actions()
+            })
+            .collect();
+        let order = PipelineOrder {
+            micro_batches,
+            stage_ranks: stage_ranks(ranks, ranks * chunks, false),
+            rank_actions,
+        };
+        order.validate()?;
+        Ok(order)
+    }
+
+    /// ZB-V (Qi et al., section 6; torch's `ScheduleZBVZeroBubble`): two
+    /// V-shaped chunks a rank, rank r holding stages r and 2p - 1 - r.
+    /// Fills the pipeline as if there were at least 2p - 1 micro-batches,
+    /// then leaves out the passes of those that do not exist.
+    pub fn zbv(ranks: u32, micro_batches: u32) -> Result<PipelineOrder> {
+        check_shape(ranks, micro_batches, 2)?;
+        let rank_actions = (0..ranks)
+            .map(|rank| {
+                zbv_rank(rank, ranks, micro_batches.max(2 * ranks - 1))
+                    .into_iter()
+                    .filter(|a| a.micro_batch < micro_batches)
+                    .collect()
+            })
+            .collect();
+        let order = PipelineOrder {
+            micro_batches,
+            stage_ranks: stage_ranks(ranks, 2 * ranks, true),
+            rank_actions,
+        };
+        order.validate()?;
+        Ok(order)
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.rank_actions.len()
+    }
+
+    pub fn stages(&self) -> usize {
+        self.stage_ranks.len()
+    }
+
+    /// Each pass's finish time, and each rank's, when a pass takes
+    /// `duration(action)` and its inputs arrive as soon as they are made:
+    /// every rank runs its next action once the actions it waits for are
+    /// done. A deadlock is an error naming where each rank waits.
+    pub fn timeline(&self, duration: impl Fn(StageAction) -> f64) -> Result<Vec<f64>> {
+        let stages = self.stages();
+        let m = self.micro_batches as usize;
+        // done[c][s * m + mb]: when computation c of stage s on mb finished.
+        let mut done = vec![vec![None::<f64>; stages * m]; 3];
+        let slot = |c: Computation| match c {
+            Computation::Forward => 0,
+            Computation::BackwardWeight => 2,
+            _ => 1,
+        };
+        let mut next = vec![0usize; self.ranks()];
+        let mut free_at = vec![0.0f64; self.ranks()];
+        loop {
+            let mut moved = false;
+            for (rank, actions) in self.rank_actions.iter().enumerate() {
+                while let Some(&a) = actions.get(next[rank]) {
+                    let (s, mb) = (a.stage as usize, a.micro_batch as usize);
+                    let ready = match a.computation {
+                        Computation::Forward if s == 0 => Some(0.0),
+                        Computation::Forward => done[0][(s - 1) * m + mb],
+                        Computation::BackwardWeight => done[1][s * m + mb],
+                        _ if s + 1 == stages => done[0][s * m + mb],
+                        _ => done[1][(s + 1) * m + mb],
+                    };
+                    let Some(ready) = ready else { break };
+                    let end = ready.max(free_at[rank]) + duration(a);
+                    done[slot(a.computation)][s * m + mb] = Some(end);
+                    free_at[rank] = end;
+                    next[rank] += 1;
+                    moved = true;
+                }
+            }
+            if next
+                .iter()
+                .zip(&self.rank_actions)
+                .all(|(&n, a)| n == a.len())
+            {
+                return Ok(free_at);
+            }
+            if !moved {
+                let waits: Vec<String> = (0..self.ranks())
+                    .filter_map(|r| {
+                        let a = self.rank_actions[r].get(next[r])?;
+                        Some(format!("rank {r} at {a}"))
+                    })
+                    .collect();
+                return Err(Error::invalid(format!(
+                    "the pipeline order deadlocks: {}",
+                    waits.join(", ")
+                )));
+            }
+        }
+    }
+
+    /// Every stage runs on its own rank, each (stage, micro-batch) has one
+    /// forward and either one `B` or one `I` and one `W`, and the ranks
+    /// finish (a dry run, [`PipelineOrder::timeline`] at unit times).
+    pub fn validate(&self) -> Result<()> {
+        let (stages, m) = (self.stages(), self.micro_batches as usize);
+        let mut seen = vec![[0u32; 4]; stages * m];
+        for (rank, actions) in self.rank_actions.iter().enumerate() {
+            for a in actions {
+                let owner = self.stage_ranks.get(a.stage as usize);
+                if owner != Some(&(rank as u32)) || a.micro_batch as usize >= m {
+                    return Err(Error::invalid(format!(
+                        "rank {rank}: action {a} names a stage that is not this rank's \
+                         or a micro-batch past {}",
+                        self.micro_batches
+                    )));
+                }
+                let kind = Computation::ALL
+                    .iter()
+                    .position(|&c| c == a.computation)
+                    .expect("every computation is in ALL");
+                seen[a.stage as usize * m + a.micro_batch as usize][kind] += 1;
+            }
+        }
+        for (i, counts) in seen.iter().enumerate() {
+            let [f, b, inp, w] = *counts;
+            if f != 1 || !matches!((b, inp, w), (1, 0, 0) | (0, 1, 1)) {
+                return Err(Error::invalid(format!(
+                    "stage {} micro-batch {}: {f} forwards, {b} whole backwards, {inp} input and \
+                     {w} weight backwards; each needs one forward and one B, or one I and one W",
+                    i / m,
+                    i % m
+                )));
+            }
+        }
+        self.timeline(|_| 1.0).map(|_| ())
+    }
+
+    /// torch's schedule CSV (`compute_only`): one row per rank.
+    pub fn to_csv(&self) -> String {
+        self.rank_actions
+            .iter()
+            .map(|row| {
+                let cells: Vec<String> = row.iter().map(ToString::to_string).collect();
+                cells.join(",") + "\n"
+            })
+            .collect()
+    }
+
+    /// A pipeline order from torch's CSV: one row per rank, a cell per
+    /// action, empty cells (torch's idle slots) skipped. The rank of each
+    /// stage is read off the rows; the order is validated.
+    pub fn from_csv(text: &str, micro_batches: u32) -> Result<PipelineOrder> {
+        let mut rank_actions = Vec::new();
+        for (row, line) in text.lines().enumerate() {
+            let actions = line
+                .split(',')
+                .map(str::trim)
+                .filter(|cell| !cell.is_empty())
+                .map(|cell| {
+                    cell.parse()
+                        .map_err(|e: Error| e.under(&format!("row {row}")))
+                })
+                .collect::<Result<Vec<StageAction>>>()?;
+            rank_actions.push(actions);
+        }
+        let stages = rank_actions
+            .iter()
+            .flatten()
+            .map(|a| a.stage as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut stage_ranks = vec![u32::MAX; stages];
+        for (rank, actions) in rank_actions.iter().enumerate() {
+            for a in actions {
+                stage_ranks[a.stage as usize] = rank as u32;
+            }
+        }
+        if let Some(s) = stage_ranks.iter().position(|&r| r == u32::MAX) {
+            return Err(Error::invalid(format!("stage {s} has no actions")));
+        }
+        let order = PipelineOrder {
+            micro_batches,
+            stage_ranks,
+            rank_actions,
+        };
+        order.validate()?;
+        Ok(order)
+    }
+}
+
+/// One rank of ZB-V over `n` micro-batches (n >= 2p - 1), as torch's
+/// `ScheduleZBVZeroBubble._calculate_single_rank_operations`.
+fn zbv_rank(rank: u32, ranks: u32, n: u32) -> Vec<StageAction> {
+    use Computation::{BackwardInput as I, BackwardWeight as W, Forward as F};
+    let (down, up) = (rank, 2 * ranks - 1 - rank);
+    let mut out = Vec::new();
+    // Forwards and backwards begun on each chunk: [down, up].
+    let (mut f, mut b) = ([0u32; 2], [0u32; 2]);
+    let push = |out: &mut Vec<StageAction>, count: &mut [u32; 2], chunk: usize, c| {
+        out.push(StageAction::new([down, up][chunk], c, count[chunk]));
+        count[chunk] += 1;
+    };
+    for _ in 0..2 * (ranks - rank) - 1 {
+        push(&mut out, &mut f, 0, F);
+    }
+    for _ in 0..rank {
+        push(&mut out, &mut f, 1, F);
+        push(&mut out, &mut f, 0, F);
+    }
+    for _ in 0..ranks - rank {
+        push(&mut out, &mut f, 1, F);
+        out.push(StageAction::new(up, I, b[1]));
+        push(&mut out, &mut b, 1, W);
+    }
+    while f[1] < f[0] || f[0] < n {
+        if f[0] < n {
+            push(&mut out, &mut f, 0, F);
+        }
+        out.push(StageAction::new(down, I, b[0]));
+        push(&mut out, &mut b, 0, W);
+        push(&mut out, &mut f, 1, F);
+        out.push(StageAction::new(up, I, b[1]));
+        push(&mut out, &mut b, 1, W);
+    }
+    // The drain: W's lag their I's from here.
+    let mut w = b;
+    for _ in 0..rank {
+        push(&mut out, &mut b, 0, I);
+        push(&mut out, &mut b, 1, I);
+    }
+    for _ in 0..ranks - rank {
+        push(&mut out, &mut b, 0, I);
+        push(&mut out, &mut w, 0, W);
+    }
+    while w[1] < b[1] {
+        push(&mut out, &mut w, 1, W);
+    }
+    while w[0] < b[0] {
+        push(&mut out, &mut w, 0, W);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(order: &PipelineOrder) -> Vec<String> {
+        order
+            .rank_actions
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn actions_print_and_parse_as_torch_writes_them() {
+        for text in ["0F0", "12I3", "1W0", "3B15"] {
+            assert_eq!(text.parse::<StageAction>().unwrap().to_string(), text);
+        }
+        for bad in [
+            "", "F0", "0F", "0X1", "01F1", "0F01", "-1F0", "0F0 ", "0UNSHARD",
+        ] {
+            assert!(bad.parse::<StageAction>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn interleaved_1f1b_on_two_ranks_two_chunks_four_micro_batches() {
+        // Rank 0 holds stages 0 and 2, rank 1 stages 1 and 3; two rounds of
+        // 2 micro-batches; rank 0 warms up with 1 x 2 + 2 x 1 = 4 forwards.
+        let order = PipelineOrder::interleaved_1f1b(2, 4, 2).unwrap();
+        assert_eq!(
+            rows(&order),
+            [
+                "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3",
+                "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3",
+            ]
+        );
+    }
+
+    #[test]
+    fn one_chunk_interleaved_1f1b_is_dapples_early_backward_at_policy_b() {
+        // torch warms rank r up with 2 (p - 1 - r) forwards and then runs
+        // one more before its first backward: K = 2 (p - r) - 1, DAPPLE's B.
+        use crate::cost::WarmupPolicy;
+        use crate::schedule::{early_backward_actions, ActionKind};
+        let (ranks, micro_batches) = (4, 8);
+        let order = PipelineOrder::interleaved_1f1b(ranks, micro_batches, 1).unwrap();
+        for (rank, actions) in order.rank_actions.iter().enumerate() {
+            let k = WarmupPolicy::B
+                .warmup(ranks - rank as u32, micro_batches)
+                .unwrap();
+            let dapple: Vec<(char, u32)> = early_backward_actions(k, micro_batches)
+                .iter()
+                .map(|a| {
+                    let c = if a.kind == ActionKind::Forward {
+                        'F'
+                    } else {
+                        'B'
+                    };
+                    (c, a.micro_batch.unwrap())
+                })
+                .collect();
+            let torch: Vec<(char, u32)> = actions
+                .iter()
+                .map(|a| (a.computation.symbol(), a.micro_batch))
+                .collect();
+            assert_eq!(torch, dapple, "rank {rank}");
+        }
+    }
+
+    #[test]
+    fn zero_bubble_h1_on_three_ranks() {
+        let order = PipelineOrder::interleaved_zero_bubble(3, 4, 1).unwrap();
+        assert_eq!(
+            rows(&order),
+            [
+                "0F0 0F1 0F2 0I0 0W0 0F3 0I1 0W1 0I2 0W2 0I3 0W3",
+                "1F0 1F1 1I0 1F2 1I1 1W0 1F3 1I2 1W1 1I3 1W2 1W3",
+                "2F0 2I0 2F1 2I1 2F2 2I2 2W0 2F3 2I3 2W1 2W2 2W3",
+            ]
+        );
+    }
+
+    #[test]
+    fn zbv_on_two_ranks() {
+        // Rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+        let order = PipelineOrder::zbv(2, 4).unwrap();
+        assert_eq!(order.stage_ranks, [0, 1, 1, 0]);
+        assert_eq!(
+            rows(&order),
+            [
+                "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0I0 0W0 3F2 3I2 3W2 0I1 0W1 3F3 3I3 3W3 \
+                 0I2 0W2 0I3 0W3",
+                "1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1F3 1I1 1W1 2F3 2I2 2W2 1I2 \
+                 2I3 1I3 1W2 2W3 1W3",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_dry_run_finds_a_deadlock_and_names_where_each_rank_waits() {
+        let mut order = PipelineOrder::interleaved_1f1b(2, 2, 1).unwrap();
+        // The last rank's backward before its own forward: it waits for
+        // itself, and rank 0 for its backward.
+        order.rank_actions[1].swap(0, 1);
+        let err = order.validate().unwrap_err().to_string();
+        assert!(
+            err.ends_with("deadlocks: rank 0 at 0B0, rank 1 at 1B0"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn incomplete_or_misplaced_actions_are_refused() {
+        let mut order = PipelineOrder::interleaved_1f1b(2, 2, 1).unwrap();
+        order.rank_actions[0].pop();
+        assert!(order
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("stage 0 micro-batch 1"));
+        let mut order = PipelineOrder::interleaved_1f1b(2, 2, 1).unwrap();
+        let a = order.rank_actions[0].remove(0);
+        order.rank_actions[1].insert(0, a);
+        assert!(order
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1: action 0F0"));
+    }
+
+    #[test]
+    fn csv_round_trips_and_skips_torchs_empty_slots() {
+        let order = PipelineOrder::zbv(3, 6).unwrap();
+        assert_eq!(PipelineOrder::from_csv(&order.to_csv(), 6).unwrap(), order);
+        let padded = ",".to_string() + &order.to_csv().replace(',', ",,");
+        assert_eq!(PipelineOrder::from_csv(&padded, 6).unwrap(), order);
+        let err = PipelineOrder::from_csv("0F0,0X0\n", 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row 0") && err.contains("0X0"), "{err}");
+    }
+
+    #[test]
+    fn interleaving_divides_the_bubble_by_the_chunks() {
+        // p ranks, m micro-batches, each rank's share of a micro-batch takes
+        // F = 1 and B = 2 split over its v chunks: the iteration is
+        // (m + (p - 1) / v) x 3, the bubble (p - 1) / (v m) of the work.
+        let (p, m) = (4u32, 8u32);
+        for v in [1u32, 2, 4] {
+            let order = PipelineOrder::interleaved_1f1b(p, m, v).unwrap();
+            let end = order
+                .timeline(|a| match a.computation {
+                    Computation::Forward => 1.0 / f64::from(v),
+                    _ => 2.0 / f64::from(v),
+                })
+                .unwrap();
+            let makespan = end.iter().copied().fold(0.0, f64::max);
+            let work = 3.0 * f64::from(m);
+            let bubble = (makespan - work) / work;
+            let closed = f64::from(p - 1) / f64::from(v * m);
+            assert!(
+                (bubble - closed).abs() < 1e-9,
+                "v {v}: {bubble} vs {closed}"
+            );
+        }
+    }
+}
