@@ -13,6 +13,13 @@ backward's boundaries are hooks on each layer's outputs: the gradient of
 layer k's output is complete when layer k's backward begins. A layer's
 time is the median over ``repeats`` passes after ``warmup`` passes.
 
+More passes time what training may run instead of a layer's backward:
+``recompute_fwd_ms``, the forward a re-computed stage re-runs (each layer's
+backward under its own checkpoint, over its plain one), and
+``bwd_weight_ms``, the weight gradient of a backward split as zero-bubble
+schedules split it (the backward over its input gradient, which
+``torch.autograd.grad`` to the layers' outputs alone computes).
+
 Sizes, from one more pass per batch size:
 
 - ``activation_bytes``: the layer's output tensors (what crosses a cut; the
@@ -199,7 +206,7 @@ def profile_model(
         stepper = _Stepper(torch, torch.optim.Adam([p for p in spec.parameters() if p.requires_grad], lr=0.0))
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        with _progress(progress, len(sizes) * (2 + warmup + 2 * repeats)) as advance:
+        with _progress(progress, len(sizes) * (3 + warmup + 3 * repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
                 options = (warmup, repeats, dtype, advance, stepper)
@@ -449,7 +456,8 @@ def _sizes_pass(torch, layers, inputs, cast) -> list[dict]:
     return sizes
 
 
-def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[float]]:
+def _timed_pass(torch, clock, layers, inputs, cast, input_gradients_only: bool = False
+                ) -> tuple[list[float], list[float]]:
     """One forward and backward of the whole model, the last layer ending in
     the loss: each layer's forward and backward milliseconds, from stamps
     between layers, with no synchronisation inside the pass.
@@ -458,7 +466,12 @@ def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[f
     gradient of layer k's output is complete when layer k+1's backward ends
     and layer k's begins (the layers form a chain, so autograd runs them in
     order). A layer with no output that needs a gradient has nothing to do
-    in the backward."""
+    in the backward.
+
+    ``input_gradients_only``: the backward is ``torch.autograd.grad`` to the
+    layers' outputs alone, which leaves out every weight gradient: each
+    layer's input gradient (I of a zero-bubble split). The first layer's
+    input is data, so its I is nothing."""
     n = len(layers)
     marks = [clock.stamp()]
     x, outputs = inputs, []
@@ -476,7 +489,10 @@ def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[f
     ]
     start = clock.stamp()
     try:
-        x.backward()
+        if not input_gradients_only:
+            x.backward()
+        elif any(t.requires_grad for k in range(n - 1) for t in _tensors(outputs[k])):
+            torch.autograd.grad(x, [t for k in range(n - 1) for t in _tensors(outputs[k]) if t.requires_grad])
     finally:
         for h in handles:
             h.remove()
@@ -492,6 +508,10 @@ def _timed_pass(torch, clock, layers, inputs, cast) -> tuple[list[float], list[f
         began = total if boundary[k] is None else boundary[k]
         ended = total if k == 0 or boundary[k - 1] is None else boundary[k - 1]
         bwd.append(max(0.0, ended - began))
+    if input_gradients_only:
+        # The backward stops at the first layer's output: what follows its
+        # arrival is the engine returning, not the layer's work.
+        bwd[0] = 0.0
     return fwd, bwd
 
 
@@ -523,6 +543,7 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
                 bwd[k].append(bk[k])
         stepper.step(clock, keep=i >= warmup)
     rerun = _rerun_ms(torch, clock, spec, (b, modules, targets, inputs), cast, repeats, advance)
+    input_grad = _input_gradient_ms(torch, clock, b, layers, inputs, cast, repeats, advance)
     return [
         {
             "batch_size": b,
@@ -537,10 +558,31 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
             # random state, its hooks), once per stage as in the run.
             "recompute_fwd_ms": round(max(0.0, statistics.median(rerun[k]) - statistics.median(bwd[k])), 6),
             **({"loss_stored_bytes": sum(size["saved"].loss.values())} if size["saved"].loss else {}),
+            # The weight gradient of a split backward: what the backward
+            # does beyond its input gradient (torch's zero-bubble stages
+            # compute W from the gradients the I pass leaves).
+            "bwd_weight_ms": _weight_gradient_ms(statistics.median(bwd[k]), statistics.median(input_grad[k])),
             "weight_copy_bytes": sum(size["saved"].weight_copies.values()),
         }
         for k, size in enumerate(sizes)
     ]
+
+
+def _weight_gradient_ms(backward_ms: float, input_gradient_ms: float) -> float:
+    return round(min(backward_ms, max(0.0, backward_ms - input_gradient_ms)), 6)
+
+
+def _input_gradient_ms(torch, clock, b, layers, inputs, cast, repeats: int, advance) -> list[list[float]]:
+    """Each layer's input gradient at batch size ``b``, in ``repeats``
+    passes after one."""
+    times: list[list[float]] = [[] for _ in layers]
+    for i in range(1 + repeats):
+        advance(f"batch {b}: input-gradient pass {i + 1} of {1 + repeats}")
+        _, input_grad = _timed_pass(torch, clock, layers, inputs, cast, input_gradients_only=True)
+        if i >= 1:
+            for k, ms in enumerate(input_grad):
+                times[k].append(ms)
+    return times
 
 
 def _rerun_ms(torch, clock, spec, batch, cast, repeats: int, advance) -> list[list[float]]:

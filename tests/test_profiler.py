@@ -101,6 +101,10 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     # A layer's re-run under a checkpoint is measured for every layer.
     assert all(m["recompute_fwd_ms"] >= 0 for layer in prof.layers for m in layer["measurements"])
     assert all("loss_stored_bytes" not in m for layer in prof.layers[:-1] for m in layer["measurements"])
+    # The backward's weight gradient is part of it; the embedding reads
+    # token ids, so its whole backward is its weight gradient.
+    assert all(0 <= m["bwd_weight_ms"] <= m["bwd_ms"] for layer in prof.layers for m in layer["measurements"])
+    assert all(m["bwd_weight_ms"] == m["bwd_ms"] for m in prof.layers[0]["measurements"])
     # The head's backward starts from the loss's gradient of the logits
     # (b x 32 x 256 fp32), which it needs on top of what it holds.
     for b, m in zip([1, 2], head):

@@ -391,8 +391,7 @@ fn scale_stage(profile: &mut Profile, c: &StageCalibration, on: &[usize]) {
         for &timing in on {
             if timing == 0 {
                 for m in &mut profile.layers[l].measurements {
-                    m.fwd_ms *= f;
-                    m.bwd_ms *= f;
+                    m.scale_times(f);
                 }
             } else {
                 for m in &mut profile.other_devices[timing - 1].layers[l].measurements {

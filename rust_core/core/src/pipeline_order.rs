@@ -16,7 +16,9 @@
 //!
 //! The generators reproduce torch's own schedule classes (tests compare them
 //! action by action), and every order is checked by a dry run that finds
-//! deadlocks ([`PipelineOrder::validate`]).
+//! deadlocks ([`PipelineOrder::validate`]). The same dry run with each
+//! stage's costs gives the iteration, each rank's busy time and its
+//! activations held over time ([`PipelineOrder::run`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -120,6 +122,66 @@ impl FromStr for StageAction {
             computation,
             number(micro_batch).ok_or_else(bad)?,
         ))
+    }
+}
+
+/// What one stage's passes take, for a dry run with times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageCosts {
+    pub forward_ms: f64,
+    /// The whole backward (B).
+    pub backward_ms: f64,
+    /// The backward split: its input gradient (I) and weight gradient (W).
+    pub backward_input_ms: f64,
+    pub backward_weight_ms: f64,
+    /// Sending the stage's output on, or its input's gradient back, to a
+    /// stage on another rank.
+    pub send_ms: f64,
+    /// What one micro-batch keeps from its forward until its backward is
+    /// whole.
+    pub activation_bytes: f64,
+}
+
+impl StageCosts {
+    /// Costs with the backward split evenly between I and W, nothing sent
+    /// and nothing kept: the closed forms' setting.
+    pub fn equal_passes(forward_ms: f64, backward_ms: f64) -> StageCosts {
+        StageCosts {
+            forward_ms,
+            backward_ms,
+            backward_input_ms: backward_ms / 2.0,
+            backward_weight_ms: backward_ms / 2.0,
+            send_ms: 0.0,
+            activation_bytes: 0.0,
+        }
+    }
+
+    fn of(&self, c: Computation) -> f64 {
+        match c {
+            Computation::Forward => self.forward_ms,
+            Computation::FullBackward => self.backward_ms,
+            Computation::BackwardInput => self.backward_input_ms,
+            Computation::BackwardWeight => self.backward_weight_ms,
+        }
+    }
+}
+
+/// A pipeline order's dry run with times ([`PipelineOrder::run`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrderRun {
+    /// From the first forward to the last rank's last action.
+    pub iteration_ms: f64,
+    /// Each rank's time computing.
+    pub busy_ms: Vec<f64>,
+    /// The most activation bytes each rank held at once.
+    pub peak_activation_bytes: Vec<f64>,
+}
+
+impl OrderRun {
+    /// The share of the ranks' time spent waiting: 1 - busy / (ranks x iteration).
+    pub fn bubble_fraction(&self) -> f64 {
+        let busy: f64 = self.busy_ms.iter().sum();
+        1.0 - busy / (self.busy_ms.len() as f64 * self.iteration_ms)
     }
 }
 
@@ -341,22 +403,39 @@ impl PipelineOrder {
         self.stage_ranks.len()
     }
 
-    /// Each pass's finish time, and each rank's, when a pass takes
-    /// `duration(action)` and its inputs arrive as soon as they are made:
-    /// every rank runs its next action once the actions it waits for are
-    /// done. A deadlock is an error naming where each rank waits.
-    pub fn timeline(&self, duration: impl Fn(StageAction) -> f64) -> Result<Vec<f64>> {
+    /// The order run with `costs[s]` for stage s: each rank runs its next
+    /// action once the actions it waits for are done and their outputs
+    /// have crossed to it (`send_ms` between stages on different ranks; a
+    /// latency, links are not shared). A deadlock is an error naming where
+    /// each rank waits.
+    pub fn run(&self, costs: &[StageCosts]) -> Result<OrderRun> {
+        if costs.len() != self.stages() {
+            return Err(Error::invalid(format!(
+                "{} stage costs given for {} stages",
+                costs.len(),
+                self.stages()
+            )));
+        }
         let stages = self.stages();
         let m = self.micro_batches as usize;
-        // done[c][s * m + mb]: when computation c of stage s on mb finished.
+        // done[c][s * m + mb]: when computation c (forward, input gradient
+        // or whole backward, weight gradient) of stage s on mb finished.
         let mut done = vec![vec![None::<f64>; stages * m]; 3];
         let slot = |c: Computation| match c {
             Computation::Forward => 0,
             Computation::BackwardWeight => 2,
             _ => 1,
         };
-        let mut next = vec![0usize; self.ranks()];
-        let mut free_at = vec![0.0f64; self.ranks()];
+        let crossing = |from: usize, to: usize, sender: usize| {
+            if self.stage_ranks[from] == self.stage_ranks[to] {
+                0.0
+            } else {
+                costs[sender].send_ms
+            }
+        };
+        let ranks = self.ranks();
+        let (mut next, mut free_at) = (vec![0usize; ranks], vec![0.0f64; ranks]);
+        let (mut busy, mut held, mut peak) = (vec![0.0; ranks], vec![0.0; ranks], vec![0.0; ranks]);
         loop {
             let mut moved = false;
             for (rank, actions) in self.rank_actions.iter().enumerate() {
@@ -364,15 +443,30 @@ impl PipelineOrder {
                     let (s, mb) = (a.stage as usize, a.micro_batch as usize);
                     let ready = match a.computation {
                         Computation::Forward if s == 0 => Some(0.0),
-                        Computation::Forward => done[0][(s - 1) * m + mb],
+                        Computation::Forward => {
+                            done[0][(s - 1) * m + mb].map(|t| t + crossing(s - 1, s, s - 1))
+                        }
                         Computation::BackwardWeight => done[1][s * m + mb],
                         _ if s + 1 == stages => done[0][s * m + mb],
-                        _ => done[1][(s + 1) * m + mb],
+                        _ => done[1][(s + 1) * m + mb].map(|t| t + crossing(s + 1, s, s)),
                     };
                     let Some(ready) = ready else { break };
-                    let end = ready.max(free_at[rank]) + duration(a);
+                    let took = costs[s].of(a.computation);
+                    let end = ready.max(free_at[rank]) + took;
                     done[slot(a.computation)][s * m + mb] = Some(end);
-                    free_at[rank] = end;
+                    (free_at[rank], busy[rank]) = (end, busy[rank] + took);
+                    // A micro-batch's activations are kept from its forward
+                    // until its backward is whole (B, or W after I).
+                    match a.computation {
+                        Computation::Forward => {
+                            held[rank] += costs[s].activation_bytes;
+                            peak[rank] = f64::max(peak[rank], held[rank]);
+                        }
+                        Computation::FullBackward | Computation::BackwardWeight => {
+                            held[rank] -= costs[s].activation_bytes;
+                        }
+                        Computation::BackwardInput => {}
+                    }
                     next[rank] += 1;
                     moved = true;
                 }
@@ -382,10 +476,14 @@ impl PipelineOrder {
                 .zip(&self.rank_actions)
                 .all(|(&n, a)| n == a.len())
             {
-                return Ok(free_at);
+                return Ok(OrderRun {
+                    iteration_ms: free_at.iter().copied().fold(0.0, f64::max),
+                    busy_ms: busy,
+                    peak_activation_bytes: peak,
+                });
             }
             if !moved {
-                let waits: Vec<String> = (0..self.ranks())
+                let waits: Vec<String> = (0..ranks)
                     .filter_map(|r| {
                         let a = self.rank_actions[r].get(next[r])?;
                         Some(format!("rank {r} at {a}"))
@@ -401,7 +499,7 @@ impl PipelineOrder {
 
     /// Every stage runs on its own rank, each (stage, micro-batch) has one
     /// forward and either one `B` or one `I` and one `W`, and the ranks
-    /// finish (a dry run, [`PipelineOrder::timeline`] at unit times).
+    /// finish (a dry run, [`PipelineOrder::run`] at unit times).
     pub fn validate(&self) -> Result<()> {
         let (stages, m) = (self.stages(), self.micro_batches as usize);
         let mut seen = vec![[0u32; 4]; stages * m];
@@ -433,7 +531,8 @@ impl PipelineOrder {
                 )));
             }
         }
-        self.timeline(|_| 1.0).map(|_| ())
+        let unit = StageCosts::equal_passes(1.0, 1.0);
+        self.run(&vec![unit; self.stages()]).map(|_| ())
     }
 
     /// torch's schedule CSV (`compute_only`): one row per rank.
@@ -689,28 +788,61 @@ mod tests {
         assert!(err.contains("row 0") && err.contains("0X0"), "{err}");
     }
 
+    /// The bubble fraction of `order` with every rank's share of a
+    /// micro-batch taking F = 1 and B = 2 (I = W = 1), split over its chunks.
+    fn bubble(order: &PipelineOrder, chunks: u32) -> f64 {
+        let v = f64::from(chunks);
+        let costs = StageCosts::equal_passes(1.0 / v, 2.0 / v);
+        order
+            .run(&vec![costs; order.stages()])
+            .unwrap()
+            .bubble_fraction()
+    }
+
     #[test]
     fn interleaving_divides_the_bubble_by_the_chunks() {
-        // p ranks, m micro-batches, each rank's share of a micro-batch takes
-        // F = 1 and B = 2 split over its v chunks: the iteration is
-        // (m + (p - 1) / v) x 3, the bubble (p - 1) / (v m) of the work.
+        // The iteration is (m + (p - 1) / v) x 3: of the ranks' time,
+        // (p - 1) / (v m + p - 1) waits, i.e. (p - 1) / (v m) of the work.
         let (p, m) = (4u32, 8u32);
         for v in [1u32, 2, 4] {
             let order = PipelineOrder::interleaved_1f1b(p, m, v).unwrap();
-            let end = order
-                .timeline(|a| match a.computation {
-                    Computation::Forward => 1.0 / f64::from(v),
-                    _ => 2.0 / f64::from(v),
-                })
-                .unwrap();
-            let makespan = end.iter().copied().fold(0.0, f64::max);
-            let work = 3.0 * f64::from(m);
-            let bubble = (makespan - work) / work;
-            let closed = f64::from(p - 1) / f64::from(v * m);
-            assert!(
-                (bubble - closed).abs() < 1e-9,
-                "v {v}: {bubble} vs {closed}"
-            );
+            let closed = f64::from(p - 1) / f64::from(v * m + p - 1);
+            assert!((bubble(&order, v) - closed).abs() < 1e-9, "v {v}");
         }
+    }
+
+    #[test]
+    fn zero_bubble_h1_waits_a_third_of_1f1b_when_f_i_and_w_are_equal() {
+        // Qi et al., section 3: 1F1B's bubble is (p - 1)(F + B), ZB-H1's
+        // (p - 1)(F + I - W); with F = I = W that is a third.
+        let (p, m) = (4u32, 8u32);
+        let waits = |order: &PipelineOrder| {
+            let run = order.run(&[StageCosts::equal_passes(1.0, 2.0); 4]).unwrap();
+            f64::from(p) * run.iteration_ms - run.busy_ms.iter().sum::<f64>()
+        };
+        let one_f_one_b = waits(&PipelineOrder::interleaved_1f1b(p, m, 1).unwrap());
+        let zb_h1 = waits(&PipelineOrder::interleaved_zero_bubble(p, m, 1).unwrap());
+        assert_eq!(one_f_one_b, f64::from(p * (p - 1)) * 3.0);
+        assert_eq!(zb_h1, f64::from(p * (p - 1)));
+    }
+
+    #[test]
+    fn a_dry_run_charges_sends_between_ranks_only_and_holds_activations_until_w() {
+        // ZB-V on 2 ranks, one micro-batch, every pass 1 ms, 0.5 ms a send:
+        // stages 1 and 2 share rank 1, 3 and 0 rank 0, so only 0 -> 1 and
+        // 2 -> 3 send (and their gradients back). Rank 0: 0F0 3F0 3I0 3W0
+        // 0I0 0W0; rank 1: 1F0 2F0 2I0 2W0 1I0 1W0.
+        let order = PipelineOrder::zbv(2, 1).unwrap();
+        let costs = StageCosts {
+            send_ms: 0.5,
+            activation_bytes: 10.0,
+            ..StageCosts::equal_passes(1.0, 2.0)
+        };
+        let run = order.run(&[costs; 4]).unwrap();
+        // Four F's and four I's in a chain, four sends, and two W's on
+        // the way: 2W0 runs before 1I0 on rank 1, and 0W0 ends the run.
+        assert_eq!(run.iteration_ms, 4.0 + 4.0 + 4.0 * 0.5 + 2.0);
+        assert_eq!(run.busy_ms, [6.0, 6.0]);
+        assert_eq!(run.peak_activation_bytes, [20.0, 20.0]);
     }
 }

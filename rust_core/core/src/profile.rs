@@ -227,6 +227,27 @@ pub struct Measurement {
     /// Absent: 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss_stored_bytes: Option<u64>,
+    /// Of `bwd_ms`, the weight gradient (W) when the backward splits into
+    /// its input gradient (I, the rest) and W, as zero-bubble schedules
+    /// run it. Absent: [`Layer::backward_splits`]'s rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_weight_ms: Option<f64>,
+}
+
+impl Measurement {
+    /// Every time of the measurement multiplied by `factor` (a calibration):
+    /// the passes, and the parts of them the profile records, so that
+    /// their shares stay.
+    pub fn scale_times(&mut self, factor: f64) {
+        self.fwd_ms *= factor;
+        self.bwd_ms *= factor;
+        for ms in [&mut self.recompute_fwd_ms, &mut self.bwd_weight_ms]
+            .into_iter()
+            .flatten()
+        {
+            *ms *= factor;
+        }
+    }
 }
 
 impl Layer {
@@ -278,6 +299,27 @@ impl Layer {
                     _ => 1.0,
                 };
                 (m.batch_size, share)
+            })
+            .collect()
+    }
+
+    /// The backward split into its input gradient (I) and its weight
+    /// gradient (W), at each measured batch size: (batch, I ms, W ms), with
+    /// I + W = `bwd_ms`. Measured where the profile says (`bwd_weight_ms`);
+    /// otherwise W is half the backward of a layer with parameters, as for
+    /// a matrix product y = x W, whose backward is two products of the
+    /// forward's size (dx = dy W^T, dW = x^T dy), and nothing for a layer
+    /// without (Qi et al. assume I = W too).
+    pub fn backward_splits(&self) -> Vec<(u32, f64, f64)> {
+        self.measurements
+            .iter()
+            .map(|m| {
+                let weight_ms = match m.bwd_weight_ms {
+                    Some(ms) => ms,
+                    None if self.param_bytes > 0 => m.bwd_ms / 2.0,
+                    None => 0.0,
+                };
+                (m.batch_size, m.bwd_ms - weight_ms, weight_ms)
             })
             .collect()
     }
@@ -600,6 +642,14 @@ impl Profile {
             for (k, m) in layer.measurements.iter().enumerate() {
                 if let Some(ms) = m.recompute_fwd_ms {
                     check_non_negative(|| at(&format!("measurements[{k}].recompute_fwd_ms")), ms)?;
+                }
+                if let Some(ms) = m.bwd_weight_ms {
+                    if !(ms.is_finite() && (0.0..=m.bwd_ms).contains(&ms)) {
+                        return Err(Error::field(
+                            at(&format!("measurements[{k}].bwd_weight_ms")),
+                            format!("value {ms} must be a number in 0..=bwd_ms ({}): it is part of the backward", m.bwd_ms),
+                        ));
+                    }
                 }
             }
             if let Some(inputs) = &layer.inputs {
@@ -1289,6 +1339,35 @@ mod tests {
     }
 
     #[test]
+    fn a_backward_splits_as_measured_or_in_halves_where_the_layer_has_weights() {
+        let mut p = profile_of_layers("zb", &[(1.0, 2.0, 1000, 100), (3.0, 4.0, 1000, 100)], 4);
+        p.layers[0].param_bytes = 0;
+        p.layers[1].measurements[0].bwd_weight_ms = Some(1.5);
+        assert_eq!(p.layers[0].backward_splits(), [(4, 2.0, 0.0)]);
+        assert_eq!(p.layers[1].backward_splits(), [(4, 2.5, 1.5)]);
+        p.layers[1].measurements[0].bwd_weight_ms = None;
+        assert_eq!(p.layers[1].backward_splits(), [(4, 2.0, 2.0)]);
+        p.layers[1].measurements[0].bwd_weight_ms = Some(4.5);
+        assert_eq!(
+            p.validate().unwrap_err().field.as_deref(),
+            Some("layers[1].measurements[0].bwd_weight_ms")
+        );
+    }
+
+    #[test]
+    fn scaled_times_keep_the_shares_of_re_run_and_weight_gradient() {
+        let mut p = profile_of_layers("cal", &[(2.0, 4.0, 1000, 100)], 4);
+        let m = &mut p.layers[0].measurements[0];
+        (m.recompute_fwd_ms, m.bwd_weight_ms) = (Some(1.0), Some(3.0));
+        m.scale_times(0.5);
+        assert_eq!(
+            (m.fwd_ms, m.bwd_ms, m.recompute_fwd_ms, m.bwd_weight_ms),
+            (1.0, 2.0, Some(0.5), Some(1.5))
+        );
+        p.validate().unwrap();
+    }
+
+    #[test]
     fn range_max_is_the_largest_of_any_range() {
         let values = vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0];
         let table = RangeMax::new(values.clone());
@@ -1358,6 +1437,7 @@ mod tests {
                         measurements: vec![Measurement {
                             backward_working_bytes: None,
                             recompute_fwd_ms: None,
+                            bwd_weight_ms: None,
                             loss_stored_bytes: None,
                             batch_size: batch,
                             fwd_ms,
@@ -1441,6 +1521,7 @@ mod tests {
             Measurement {
                 backward_working_bytes: None,
                 recompute_fwd_ms: None,
+                bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 2,
                 fwd_ms: 4.0,
@@ -1451,6 +1532,7 @@ mod tests {
             Measurement {
                 backward_working_bytes: None,
                 recompute_fwd_ms: None,
+                bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 4,
                 fwd_ms: 6.0,

@@ -215,6 +215,13 @@ impl TransformerConfig {
     /// matrices' parameters per token, and QK^T and AV over all s x s
     /// pairs (causal masking not subtracted, as Megatron-LM counts).
     fn block_fwd_flops(&self, s: f64) -> f64 {
+        self.block_weight_flops(s) + 4.0 * s * s * self.hidden as f64
+    }
+
+    /// Of a block's forward FLOPs, the products with its weight matrices:
+    /// the backward's weight gradient (W of a zero-bubble split) costs as
+    /// much again; QK^T and AV multiply activations and have none.
+    fn block_weight_flops(&self, s: f64) -> f64 {
         let (h, f, kv) = (self.hidden as f64, self.ffn as f64, self.kv_hidden() as f64);
         let matrices = 2.0 * h * h
             + 2.0 * h * kv
@@ -223,7 +230,7 @@ impl TransformerConfig {
             } else {
                 2.0 * h * f
             };
-        2.0 * s * matrices + 4.0 * s * s * h
+        2.0 * s * matrices
     }
 
     /// Bytes one block keeps for its backward, per sample, and the part
@@ -354,9 +361,12 @@ impl LayerMaker<'_> {
         }
     }
 
-    /// A layer's measurements from its forward FLOPs, stored and output
-    /// bytes per sample: linear in the batch, the backward twice the forward.
-    fn measurements(&self, fwd_flops: f64, stored: f64, activation: f64) -> Vec<Measurement> {
+    /// A layer's measurements from its forward FLOPs (`flops.0`, of which
+    /// `flops.1` multiply weights), stored and output bytes per sample:
+    /// linear in the batch, the backward twice the forward, its weight
+    /// gradient as many FLOPs as the forward's weight products.
+    fn measurements(&self, flops: (f64, f64), stored: f64, activation: f64) -> Vec<Measurement> {
+        let (fwd_flops, weight_flops) = flops;
         self.micro_batch_sizes
             .iter()
             .map(|&b| {
@@ -364,6 +374,7 @@ impl LayerMaker<'_> {
                 Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
+                    bwd_weight_ms: Some(f64::from(b) * weight_flops / self.flops_per_ms),
                     loss_stored_bytes: None,
                     batch_size: b,
                     fwd_ms,
@@ -389,7 +400,7 @@ impl LayerMaker<'_> {
             param_bytes: ((tokens + positions) * BF16) as u64,
             inputs: None,
             // A lookup: no FLOPs worth counting; it keeps the token ids.
-            measurements: self.measurements(0.0, s * TOKEN_ID, s * h * BF16),
+            measurements: self.measurements((0.0, 0.0), s * TOKEN_ID, s * h * BF16),
             split: vec![self.splits().embedding()],
         }
     }
@@ -407,7 +418,11 @@ impl LayerMaker<'_> {
             kind: Some(BLOCK_KIND.into()),
             param_bytes: (params * BF16) as u64,
             inputs: None,
-            measurements: self.measurements(config.block_fwd_flops(s), stored, s * h * BF16),
+            measurements: self.measurements(
+                (config.block_fwd_flops(s), config.block_weight_flops(s)),
+                stored,
+                s * h * BF16,
+            ),
             split: vec![self.splits().block()],
         }
     }
@@ -431,7 +446,7 @@ impl LayerMaker<'_> {
             inputs: None,
             // Its output is the loss, one number per token.
             measurements: self.measurements(
-                head_fwd_flops(config, s),
+                (head_fwd_flops(config, s), head_fwd_flops(config, s)),
                 whole_stored + logits,
                 s * FP32,
             ),
@@ -602,6 +617,11 @@ mod tests {
         let flops = c.block_fwd_flops(4096.0) * 2.0;
         assert!((m.fwd_ms - flops / (989.5e12 * 0.5) * 1e3).abs() < 1e-9);
         assert_eq!(m.bwd_ms, 2.0 * m.fwd_ms);
+        // Its weight gradient: the weight products' FLOPs, the forward's
+        // but for QK^T and AV (4 s^2 h).
+        let weights = flops - 2.0 * 4.0 * 4096.0 * 4096.0 * c.hidden as f64;
+        let w = m.bwd_weight_ms.unwrap();
+        assert!((w - weights / (989.5e12 * 0.5) * 1e3).abs() < 1e-9);
         assert_eq!(m.activation_bytes, 2 * 4096 * 4096 * 2);
     }
 

@@ -1635,6 +1635,7 @@ mod tests {
                 .map(|batch| Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
+                    bwd_weight_ms: None,
                     loss_stored_bytes: None,
                     batch_size: batch,
                     fwd_ms: f * f64::from(batch),

@@ -947,6 +947,7 @@ mod tests {
                     .map(|&b| Measurement {
                         backward_working_bytes: None,
                         recompute_fwd_ms: None,
+                        bwd_weight_ms: None,
                         loss_stored_bytes: None,
                         batch_size: b,
                         fwd_ms: one.fwd_ms * f64::from(b).powf(0.4),
