@@ -491,8 +491,8 @@ def _timed_pass(torch, clock, layers, inputs, cast, input_gradients_only: bool =
     try:
         if not input_gradients_only:
             x.backward()
-        elif any(t.requires_grad for k in range(n - 1) for t in _tensors(outputs[k])):
-            torch.autograd.grad(x, [t for k in range(n - 1) for t in _tensors(outputs[k]) if t.requires_grad])
+        elif targets := [t for k in range(n - 1) for t in _tensors(outputs[k]) if t.requires_grad]:
+            torch.autograd.grad(x, targets)
     finally:
         for h in handles:
             h.remove()
