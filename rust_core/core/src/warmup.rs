@@ -8,9 +8,13 @@
 //! forwards than the stage before sends ahead deadlocks), each in 1..=M.
 //!
 //! The choice is made on the simulator's own numbers: start from the
-//! deepest depths memory allows and from policies A and B within them, keep
-//! the fastest, then lower one stage's depth at a time while that makes the
-//! simulated iteration shorter. Pure functions on plain numbers.
+//! deepest depths memory allows and from policies A and B within them, and
+//! improve each by local moves (one stage's depth to any value its
+//! neighbours allow) while that makes the simulated iteration shorter.
+//! The fastest is kept, each depth is lowered while the time stays (less
+//! memory), and the moves are tried again from there, now also moving a
+//! run of neighbouring stages one deeper or one shallower together. Pure functions on
+//! plain numbers. How close to exact this is: docs/simulation.md.
 
 use crate::cost::WarmupPolicy;
 use crate::error::Result;
@@ -108,23 +112,24 @@ pub fn choose_warmups(
             continue;
         }
         seen.push(start.clone());
-        let (k, ms) = descend(start, &deepest, &time)?;
+        let (k, ms) = descend(start, &deepest, &time, false)?;
         if best.as_ref().is_none_or(|(bk, b)| better(ms, &k, *b, bk)) {
             best = Some((k, ms));
         }
     }
-    // Then give back memory: lower each depth while the time stays the same.
+    // Then give back memory: lower each depth while the time stays the
+    // same. A depth given back can open a faster move elsewhere, so the
+    // moves are tried again from there, until neither changes anything.
     if let Some((k, ms)) = best.as_mut() {
-        for i in 0..k.len() {
-            let floor = k.get(i + 1).copied().unwrap_or(1);
-            while k[i] > floor {
-                let mut trial = k.clone();
-                trial[i] -= 1;
-                if !better(time(&trial)?, &trial, *ms, k) {
-                    break;
-                }
-                *k = trial;
+        loop {
+            give_back(k, ms, &time)?;
+            let (again, again_ms) = descend(k.clone(), &deepest, &time, true)?;
+            // Within the tie tolerance the depths given back stay: else the
+            // two steps could undo each other for ever.
+            if !better(again_ms, &again, *ms, k) {
+                break;
             }
+            (*k, *ms) = (again, again_ms);
         }
     }
     Ok(best.map(|(depths, iteration_ms)| ChosenWarmups {
@@ -132,6 +137,23 @@ pub fn choose_warmups(
         iteration_ms,
         simulations: simulations.get(),
     }))
+}
+
+/// Lower each depth, first stage first, while the time stays the same.
+fn give_back(k: &mut Vec<u32>, ms: &mut f64, time: &impl Fn(&[u32]) -> Result<f64>) -> Result<()> {
+    for i in 0..k.len() {
+        let floor = k.get(i + 1).copied().unwrap_or(1);
+        while k[i] > floor {
+            let mut trial = k.clone();
+            trial[i] -= 1;
+            let trial_ms = time(&trial)?;
+            if !better(trial_ms, &trial, *ms, k) {
+                break;
+            }
+            (*k, *ms) = (trial, trial_ms);
+        }
+    }
+    Ok(())
 }
 
 /// Is (ms, depths) better than (best_ms, best)? Faster, or as fast (to a
@@ -151,11 +173,17 @@ fn better(ms: f64, depths: &[u32], best_ms: f64, best: &[u32]) -> bool {
 const DEPTHS_TRIED_PER_STAGE: u32 = 16;
 
 /// Change one stage's depth at a time to the best value its neighbours
-/// allow (K_{i+1} <= K_i <= min(K_{i-1}, cap_i)) until nothing is faster.
+/// allow (K_{i+1} <= K_i <= min(K_{i-1}, cap_i)), and, with `runs`, where
+/// no such change helps, move a run of neighbouring stages one deeper or
+/// one shallower together (a stage's depth is bounded by its neighbours',
+/// so two of them may only move as one), until nothing is faster. Runs are
+/// tried from the best start only: each try of them simulates O(S^2)
+/// vectors, and the search chooses depths for every candidate it ranks.
 fn descend(
     mut k: Vec<u32>,
     caps: &[u32],
     time: &impl Fn(&[u32]) -> Result<f64>,
+    runs: bool,
 ) -> Result<(Vec<u32>, f64)> {
     let mut best_ms = time(&k)?;
     loop {
@@ -177,10 +205,43 @@ fn descend(
                 }
             }
         }
+        if !improved && runs {
+            for trial in run_moves(&k, caps) {
+                let ms = time(&trial)?;
+                if ms < best_ms {
+                    (k, best_ms) = (trial, ms);
+                    improved = true;
+                }
+            }
+        }
         if !improved {
             return Ok((k, best_ms));
         }
     }
+}
+
+/// `k` with a run of two or more neighbouring stages one deeper, or one
+/// shallower, each still valid under `caps`.
+fn run_moves(k: &[u32], caps: &[u32]) -> Vec<Vec<u32>> {
+    let valid = |v: &[u32]| {
+        v.iter().zip(caps).all(|(&d, &cap)| (1..=cap).contains(&d))
+            && v.windows(2).all(|w| w[0] >= w[1])
+    };
+    let mut out = Vec::new();
+    for start in 0..k.len() {
+        for end in start + 2..=k.len() {
+            for deeper in [true, false] {
+                let mut trial = k.to_vec();
+                for d in &mut trial[start..end] {
+                    *d = if deeper { *d + 1 } else { d.saturating_sub(1) };
+                }
+                if valid(&trial) {
+                    out.push(trial);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Depths in low..=high other than `current`: all of them when few, else
@@ -301,5 +362,64 @@ mod tests {
         let tight = vec![stage(1.0, 2.0, 0.0, 1.0, 2.5); 2];
         let k = choose_warmups(&tight, &link, m).unwrap().unwrap().depths;
         assert_eq!(k[0], 2, "{k:?}");
+    }
+
+    /// Every valid depth vector under `caps`: non-increasing, K_i in 1..=caps[i].
+    fn every_vector(caps: &[u32]) -> Vec<Vec<u32>> {
+        let Some((&cap, rest)) = caps.split_first() else {
+            return vec![vec![]];
+        };
+        let tails = every_vector(rest);
+        (1..=cap)
+            .flat_map(|k| {
+                tails
+                    .iter()
+                    .filter(move |t| t.first().is_none_or(|&next| next <= k))
+                    .map(move |t| [vec![k], t.clone()].concat())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_small_pipelines_the_choice_is_the_fastest_valid_vector() {
+        // Random pipelines of 2 to 5 stages and 2 to 10 micro-batches,
+        // unequal stages and links, memory for 1 to 10 micro-batches:
+        // the chosen depths against every valid vector.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(28);
+        let (mut checked, mut vectors) = (0, 0);
+        for _ in 0..400 {
+            let (s, m) = (rng.gen_range(2..=5), rng.gen_range(2..=10));
+            let stages: Vec<SimStage> = (0..s)
+                .map(|_| {
+                    let f = rng.gen_range(0.2..3.0);
+                    stage(
+                        f,
+                        f * rng.gen_range(1.0..3.0),
+                        0.0,
+                        1.0,
+                        rng.gen_range(1.0..11.0),
+                    )
+                })
+                .collect();
+            let links: Vec<f64> = (1..s).map(|_| rng.gen_range(0.0..2.0)).collect();
+            let Some(caps) = deepest_warmups(&stages, m) else {
+                continue;
+            };
+            let chosen = choose_warmups(&stages, &links, m).unwrap().unwrap();
+            let all = every_vector(&caps);
+            let fastest = all
+                .iter()
+                .map(|k| early_backward_iteration_ms(&stages, &links, m, k).unwrap())
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                chosen.iteration_ms <= fastest * (1.0 + 1e-12),
+                "{caps:?} {links:?}: chose {:?} at {} ms, {fastest} ms exists",
+                chosen.depths,
+                chosen.iteration_ms
+            );
+            (checked, vectors) = (checked + 1, vectors + all.len());
+        }
+        assert!(checked > 300 && vectors > 10_000, "{checked} {vectors}");
     }
 }
