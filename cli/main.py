@@ -12,6 +12,7 @@ from .calibrate import calibrate_command
 from .compare import compare_command
 from .exit_codes import USAGE_ERROR
 from .estimate import estimate_command
+from .export import export_command
 from .plan import plan_command
 from .profile import profile_group
 from .regress import regress_command
@@ -42,6 +43,7 @@ cli.add_command(profile_group)
 cli.add_command(regress_command)
 cli.add_command(show_command)
 cli.add_command(run_command)
+cli.add_command(export_command)
 
 
 def main():

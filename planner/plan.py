@@ -92,6 +92,14 @@ class Plan(FileObject):
         """The model's own layers (profile layers of kind "block") per stage."""
         return self.core.blocks_per_stage(profile.core)
 
+    def pipeline_order(self) -> _core.PipelineOrder:
+        """The order torch's pipelining would run the plan by, one pipeline
+        rank per stage (``to_csv()`` is torch's schedule CSV); raises
+        ``IncompatibleInputsError`` where torch cannot run the plan as it is
+        (stages replicated or split unevenly, uneven slices, an
+        asynchronous schedule)."""
+        return self.core.pipeline_order()
+
 
 #: What the words of ``shape_label`` mean, for a line under a table.
 SHAPE_KEY = "tT\u00d7rR: layers split T ways on each of R replicas; zero: ZeRO-1 over the replicas; rc: full re-computation"

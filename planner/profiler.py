@@ -11,7 +11,10 @@ it, adds the launch latency of every call: a floor of about 1 ms forward
 and 1.8 ms backward per GPT block on an H100, docs/fidelity.md.) A
 backward's boundaries are hooks on each layer's outputs: the gradient of
 layer k's output is complete when layer k's backward begins. A layer's
-time is the median over ``repeats`` passes after ``warmup`` passes.
+time is the median over ``repeats`` passes after ``warmup`` passes, less
+what the stamps and hooks themselves cost: every layer's time is scaled by
+the median whole pass without them over the median sum with them (at
+most 1).
 
 More passes time what training may run instead of a layer's backward:
 ``recompute_fwd_ms``, the forward a re-computed stage re-runs (each layer's
@@ -206,7 +209,7 @@ def profile_model(
         stepper = _Stepper(torch, torch.optim.Adam([p for p in spec.parameters() if p.requires_grad], lr=0.0))
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        with _progress(progress, len(sizes) * (3 + warmup + 3 * repeats)) as advance:
+        with _progress(progress, len(sizes) * (4 + warmup + 4 * repeats)) as advance:
             for b in sizes:
                 gen = torch.Generator().manual_seed(seed + b)
                 options = (warmup, repeats, dtype, advance, stepper)
@@ -544,11 +547,16 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
         stepper.step(clock, keep=i >= warmup)
     rerun = _rerun_ms(torch, clock, spec, (b, modules, targets, inputs), cast, repeats, advance)
     input_grad = _input_gradient_ms(torch, clock, b, layers, inputs, cast, repeats, advance)
+    # What the stamps and hooks themselves cost, taken out of every layer's
+    # time in proportion: the whole pass without them over the sum with.
+    plain = _plain_passes_ms(torch, clock, b, (layers, inputs, cast, spec.parameters), repeats, advance)
+    instrumented = [sum(f[i] for f in fwd) + sum(bk[i] for bk in bwd) for i in range(repeats)]
+    unstamped = min(1.0, statistics.median(plain) / statistics.median(instrumented))
     return [
         {
             "batch_size": b,
-            "fwd_ms": round(statistics.median(fwd[k]), 6),
-            "bwd_ms": round(statistics.median(bwd[k]), 6),
+            "fwd_ms": round(unstamped * statistics.median(fwd[k]), 6),
+            "bwd_ms": round(unstamped * statistics.median(bwd[k]), 6),
             "activation_bytes": size["activation_bytes"],
             "stored_activation_bytes": sum(size["saved"].activations.values()) + sum(size["saved"].loss.values()),
             "backward_working_bytes": size["backward_working_bytes"],
@@ -556,20 +564,44 @@ def _measure_batch(torch, spec, dev, b, gen, options) -> list[dict]:
             # its checkpointed backward over its plain one. It may exceed the
             # forward by the checkpoint's own work (saving and restoring the
             # random state, its hooks), once per stage as in the run.
-            "recompute_fwd_ms": round(max(0.0, statistics.median(rerun[k]) - statistics.median(bwd[k])), 6),
+            "recompute_fwd_ms": round(unstamped * max(0.0, statistics.median(rerun[k]) - statistics.median(bwd[k])), 6),
             **({"loss_stored_bytes": sum(size["saved"].loss.values())} if size["saved"].loss else {}),
             # The weight gradient of a split backward: what the backward
             # does beyond its input gradient (torch's zero-bubble stages
             # compute W from the gradients the I pass leaves).
-            "bwd_weight_ms": _weight_gradient_ms(statistics.median(bwd[k]), statistics.median(input_grad[k])),
+            "bwd_weight_ms": _weight_gradient_ms(unstamped, statistics.median(bwd[k]), statistics.median(input_grad[k])),
             "weight_copy_bytes": sum(size["saved"].weight_copies.values()),
         }
         for k, size in enumerate(sizes)
     ]
 
 
-def _weight_gradient_ms(backward_ms: float, input_gradient_ms: float) -> float:
-    return round(min(backward_ms, max(0.0, backward_ms - input_gradient_ms)), 6)
+def _weight_gradient_ms(unstamped: float, backward_ms: float, input_gradient_ms: float) -> float:
+    """The backward beyond its input gradient, both stamped alike (so the
+    stamps' cost cancels), scaled as the backward is, within it."""
+    return round(unstamped * min(backward_ms, max(0.0, backward_ms - input_gradient_ms)), 6)
+
+
+def _plain_passes_ms(torch, clock, b, model, repeats: int, advance) -> list[float]:
+    """The whole forward, loss and backward without stamps or hooks, as a
+    single-stage run computes it, in ``repeats`` passes after one."""
+    layers, inputs, cast, parameters = model
+    times = []
+    for i in range(1 + repeats):
+        advance(f"batch {b}: plain pass {i + 1} of {1 + repeats}")
+        start = clock.stamp()
+        x = inputs
+        for layer in layers:
+            with cast():
+                x = layer(x)
+        x.backward()
+        end = clock.stamp()
+        clock.finish(end)
+        if i >= 1:
+            times.append(clock.ms(start, end))
+        for p in parameters():
+            p.grad = None
+    return times
 
 
 def _input_gradient_ms(torch, clock, b, layers, inputs, cast, repeats: int, advance) -> list[list[float]]:

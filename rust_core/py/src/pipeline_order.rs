@@ -55,7 +55,7 @@ impl PyStageAction {
 /// generators or from torch's schedule CSV.
 #[pyclass(frozen, eq, module = "planner._core", name = "PipelineOrder")]
 #[derive(PartialEq)]
-pub struct PyPipelineOrder(PipelineOrder);
+pub struct PyPipelineOrder(pub(crate) PipelineOrder);
 
 #[pymethods]
 impl PyPipelineOrder {

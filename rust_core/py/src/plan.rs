@@ -174,6 +174,16 @@ crate::file_object_methods!(PyPlan {
         Ok(crate::schedule::actions_of(&self.schedule(schedule, mini_batches)?))
     }
 
+    /// The order torch's pipelining would run this plan by, one pipeline
+    /// rank per stage, in torch's action notation
+    /// (`PipelineOrder::of_plan`); refused, naming what differs, where
+    /// torch cannot run the plan as it is.
+    fn pipeline_order(&self) -> PyResult<crate::pipeline_order::PyPipelineOrder> {
+        dapple_core::pipeline_order::PipelineOrder::of_plan(&self.inner)
+            .map(crate::pipeline_order::PyPipelineOrder)
+            .map_err(to_py_err)
+    }
+
     /// Each stage's list with the weights of every pass, `stage 0: F0@0
     /// F1@0+1 ... AR OPT` (`Schedule::weights_table`); arguments as `actions`.
     #[pyo3(signature = (schedule=None, mini_batches=None))]
