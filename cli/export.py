@@ -9,8 +9,7 @@ from planner.files import check_writable, write_atomic
 
 from .options import FILE_PATH, reports_errors
 
-#: What each target writes. torch's `_PipelineScheduleRuntime` needs more
-#: than the CSV, which the command says on stderr.
+#: The forms a plan can be written in.
 TARGETS = ("torch-csv",)
 
 

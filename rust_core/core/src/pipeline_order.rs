@@ -61,6 +61,17 @@ impl Computation {
     pub fn from_symbol(symbol: char) -> Option<Computation> {
         Computation::ALL.into_iter().find(|c| c.symbol() == symbol)
     }
+
+    /// Which of a stage's three passes over a micro-batch this is: 0 the
+    /// forward, 1 the backward the previous stage waits for (B or I), 2
+    /// the weight gradient.
+    const fn phase(self) -> usize {
+        match self {
+            Computation::Forward => 0,
+            Computation::FullBackward | Computation::BackwardInput => 1,
+            Computation::BackwardWeight => 2,
+        }
+    }
 }
 
 /// One action of a rank: `computation` of `stage` on `micro_batch`.
@@ -275,13 +286,8 @@ impl InterleavedRank {
         let stages = (self.chunks * self.ranks) as usize;
         let mut next = [vec![0u32; stages], vec![0u32; stages], vec![0u32; stages]];
         let mut take = |c: Computation, stage: u32| {
-            let slot = match c {
-                Computation::Forward => 0,
-                Computation::BackwardWeight => 2,
-                _ => 1,
-            };
-            let m = next[slot][stage as usize];
-            next[slot][stage as usize] += 1;
+            let m = next[c.phase()][stage as usize];
+            next[c.phase()][stage as usize] += 1;
             StageAction::new(stage, c, m)
         };
         let backward = match self.zero_bubble_after {
@@ -496,14 +502,8 @@ impl PipelineOrder {
         }
         let stages = self.stages();
         let m = self.micro_batches as usize;
-        // done[c][s * m + mb]: when computation c (forward, input gradient
-        // or whole backward, weight gradient) of stage s on mb finished.
+        // done[phase][s * m + mb]: when that phase of stage s on mb finished.
         let mut done = vec![vec![None::<f64>; stages * m]; 3];
-        let slot = |c: Computation| match c {
-            Computation::Forward => 0,
-            Computation::BackwardWeight => 2,
-            _ => 1,
-        };
         let crossing = |from: usize, to: usize, sender: usize| {
             if self.stage_ranks[from] == self.stage_ranks[to] {
                 0.0
@@ -531,7 +531,7 @@ impl PipelineOrder {
                     let Some(ready) = ready else { break };
                     let took = costs[s].of(a.computation);
                     let end = ready.max(free_at[rank]) + took;
-                    done[slot(a.computation)][s * m + mb] = Some(end);
+                    done[a.computation.phase()][s * m + mb] = Some(end);
                     (free_at[rank], busy[rank]) = (end, busy[rank] + took);
                     // A micro-batch's activations are kept from its forward
                     // until its backward is whole (B, or W after I).
