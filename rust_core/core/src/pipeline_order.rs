@@ -580,6 +580,15 @@ impl PipelineOrder {
     /// finish (a dry run, [`PipelineOrder::run`] at unit times).
     pub fn validate(&self) -> Result<()> {
         let (stages, m) = (self.stages(), self.micro_batches as usize);
+        let actions: usize = self.rank_actions.iter().map(Vec::len).sum();
+        // Each (stage, micro-batch) needs its passes: checked before
+        // counting them, so a large count given by hand allocates nothing.
+        if stages.saturating_mul(m) > actions {
+            return Err(Error::invalid(format!(
+                "{actions} actions cannot hold a forward for each of {stages} stages x {m} \
+                 micro-batches"
+            )));
+        }
         let mut seen = vec![[0u32; 4]; stages * m];
         for (rank, actions) in self.rank_actions.iter().enumerate() {
             for a in actions {
@@ -647,6 +656,13 @@ impl PipelineOrder {
             .map(|a| a.stage as usize + 1)
             .max()
             .unwrap_or(0);
+        let actions: usize = rank_actions.iter().map(Vec::len).sum();
+        if stages > actions {
+            return Err(Error::invalid(format!(
+                "stage {} is past the {actions} actions the rows hold: every stage needs actions",
+                stages - 1
+            )));
+        }
         let mut stage_ranks = vec![u32::MAX; stages];
         for (rank, actions) in rank_actions.iter().enumerate() {
             for a in actions {
@@ -884,6 +900,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("row 0") && err.contains("0X0"), "{err}");
+        // Huge stage or micro-batch numbers are refused before anything
+        // is sized by them.
+        let err = PipelineOrder::from_csv("4000000000F0\n", 1).unwrap_err();
+        assert!(
+            err.to_string().contains("stage 4000000000 is past"),
+            "{err}"
+        );
+        let err = PipelineOrder::from_csv(&order.to_csv(), u32::MAX).unwrap_err();
+        assert!(err.to_string().contains("cannot hold"), "{err}");
     }
 
     /// The bubble fraction of `order` with every rank's share of a
