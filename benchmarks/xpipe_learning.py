@@ -15,7 +15,9 @@ SGD, sits out).
 - synchronous: the plan's own schedule, DAPPLE's early backward (the same
   mathematics as GPipe's or one process's training);
 - xpipe, pipedream (weight stashing), spectrain, async (no prediction):
-  ``dapple run --schedule``.
+  ``dapple run --schedule``, each twice: keeping the forward's activations
+  for the backward ("xpipe"), and re-computing the forward in the
+  backward ("xpipe rc", ``--recompute``: the XPipe paper's setting).
 
 The validation split (359 digits) is scored after every epoch (44 steps of
 32 of the 1,438 training digits). Writes
@@ -76,26 +78,27 @@ def main() -> None:
     steps_per_epoch = spec.train_size // GBS
     steps = args.epochs * steps_per_epoch
     plan = pipeline_plan(profile_model(spec, "digits", [8], repeats=3, progress=False))
-    modes = [None]
+    modes: list[tuple[str | None, bool]] = [(None, False)]
     for kind in planner.ASYNCHRONOUS_SCHEDULES:
         try:
             check_optimizer(kind, optimizer)
-            modes.append(kind)
+            modes += [(kind, False), (kind, True)]
         except planner.IncompatibleInputsError:
             print(f"{kind} cannot predict for {optimizer}: left out", file=sys.stderr)
     runs: dict[str, list[dict]] = {}
     for seed in range(args.seeds):
-        for mode in modes:
+        for mode, recompute in modes:
             torch.manual_seed(seed)
             batches = SeededBatches(factory, GBS, steps, seed)
             t0 = time.perf_counter()
             result = run_plan(plan, factory, spec.loss, batches, steps, lr, optimizer=optimizer, seed=seed,
-                              schedule=mode, eval_every=steps_per_epoch, start_method="fork")
+                              schedule=mode, recompute=recompute, eval_every=steps_per_epoch,
+                              start_method="fork")
             evaluations = result.metrics[0]["evaluations"]
-            name = mode or "synchronous"
+            name = (mode or "synchronous") + (" rc" if recompute else "")
             runs.setdefault(name, []).append({
-                "seed": seed, "schedule": mode, "optimizer": optimizer, "evaluations": evaluations,
-                "losses": result.losses, "wall_s": time.perf_counter() - t0,
+                "seed": seed, "schedule": mode, "recompute": recompute, "optimizer": optimizer,
+                "evaluations": evaluations, "losses": result.losses, "wall_s": time.perf_counter() - t0,
             })
             print(f"seed {seed} {name}: final accuracy {evaluations[-1]['accuracy'] * 100:.2f}%, "
                   f"loss {evaluations[-1]['loss']:.4f}", file=sys.stderr, flush=True)

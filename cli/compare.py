@@ -38,11 +38,15 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
         click.echo(json.dumps([r.as_dict() for r in rows], indent=1))
         return
     t = Table(show_edge=False, pad_edge=False)
-    for col in ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "bound ms", "speedup", "peak GiB"]:
-        t.add_column(col, justify="left" if col in ("strategy", "plan", "schedule") else "right")
+    columns = ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "bound ms", "speedup", "peak GiB", "fits"]
+    for col in columns:
+        # Strategy names whole, on one line: the plan column gives way.
+        width = max(len(r.strategy) for r in rows) if col == "strategy" else None
+        t.add_column(col, justify="left" if col in ("strategy", "plan", "schedule", "fits") else "right",
+                     min_width=width, no_wrap=col == "strategy")
     for r in rows:
         if r.error:
-            t.add_row(r.strategy, "-", "-", "-", "-", "-", "-", "-")
+            t.add_row(r.strategy, *["-"] * (len(columns) - 1))
             continue
         t.add_row(
             r.strategy,
@@ -53,8 +57,11 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
             "-" if r.estimated_ms is None else f"{r.estimated_ms:.1f}",
             f"{r.speedup:.2f}x",
             f"{r.peak_memory_bytes / GIB:.2f}",
+            "yes" if r.fits_memory else "no",
         )
     console().print(t)
+    if any(r.recompute for r in rows):
+        console().print("rc: every stage re-runs its forward in its backward, keeping only its input")
     # Stage shapes under the table, not in a column the fixed width would
     # squeeze; only where a row has a stage that is not plain, so that a
     # comparison of plain plans prints as it did.

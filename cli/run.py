@@ -226,7 +226,7 @@ def run_metrics(result, config, start: int, global_batch_size: int, estimate, si
         "first_step": start + 1,
         "steps": config.steps,
         "global_batch_size": global_batch_size,
-        "recompute": config.recompute or config.schedule is not None,
+        "recompute": config.recompute,
         "optimizer": config.optimizer,
         "schedule": config.schedule,
         "dtype": config.dtype,

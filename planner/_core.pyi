@@ -189,6 +189,7 @@ class Simulation:
     source: str | None
     iteration_ms: float
     peak_memory_bytes: float
+    fits_memory: bool
     schedule: str
     recompute: bool
     mini_batches: int

@@ -84,6 +84,10 @@ class Row:
     error: str | None = None
     #: Each stage's ``shape_label`` ("t4×r2 zero"; "" for a plain stage).
     stage_shapes: list[str] | None = None
+    #: Every stage re-ran its forward in its backward in this row's simulation.
+    recompute: bool | None = None
+    #: Every stage's simulated peak within its GPUs' memory.
+    fits_memory: bool | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -100,13 +104,16 @@ def compare(
 ) -> list[Row]:
     """One row per strategy: DAPPLE's searched plan, data parallelism
     without and with AllReduce overlap, GPipe, a straight pipeline,
-    PipeDream's planner and the other baselines, then each asynchronous
-    schedule (``ASYNCHRONOUS_SCHEDULES``) run on the plan of the baseline
-    ``_core.ASYNCHRONOUS_ROWS_ON`` (GPipe's), as the XPipe paper runs every
-    method on one partition. Times are simulated
+    PipeDream's planner and the other baselines; then the plan of the
+    baseline ``_core.ASYNCHRONOUS_ROWS_ON`` (GPipe's) with every stage
+    re-computing, and each asynchronous schedule (``ASYNCHRONOUS_SCHEDULES``)
+    run on that same plan without and with re-computation, as the XPipe
+    paper runs every method on one partition: each asynchronous row reads
+    against the GPipe row with the same re-computation. Times are simulated
     iterations (an asynchronous schedule's steady-state time per
-    mini-batch, with re-computation; its formula (2) bound is None);
-    speedups are over one GPU running every micro-batch in turn. ``warmup_policy`` applies to
+    mini-batch; its formula (2) bound is None); speedups are over one GPU
+    running every micro-batch in turn; ``fits_memory`` says whether the row
+    fits (a row simulated on another's plan may not). ``warmup_policy`` applies to
     DAPPLE's plan and to every early-backward baseline. ``searched``: the result of
     :func:`planner.plan` for the same inputs, when the caller has it already
     (the search is the expensive part)."""
@@ -142,15 +149,26 @@ def compare(
         rows.append(_row(name, p, simulate(p, prof, overlap_allreduce=overlap), p.estimate["latency_ms"]))
     if all(r.error for r in rows):
         raise made["dapple"]  # no strategy has a plan: the inputs are the problem
+    rows += _on_one_plan(made.get(_core.ASYNCHRONOUS_ROWS_ON), prof)
+    return rows
+
+
+def _on_one_plan(base: Plan | DappleError | None, prof: Profile) -> list[Row]:
+    """The rows run on the plan of ``ASYNCHRONOUS_ROWS_ON`` (``on``): its
+    own schedule with every stage re-computing (``"{on} rc"``), then each
+    asynchronous kind without and with it (``"{kind} on {on}"``,
+    ``"{kind} rc on {on}"``)."""
     on = _core.ASYNCHRONOUS_ROWS_ON
-    base = made.get(on)
+    runs = [(f"{on} rc", None, True)]
     for kind in _core.ASYNCHRONOUS_SCHEDULES:
-        name = f"{kind} ({on}'s plan)"
+        runs += [(f"{kind} on {on}", kind, False), (f"{kind} rc on {on}", kind, True)]
+    rows = []
+    for name, kind, recompute in runs:
         if not isinstance(base, Plan):
             rows.append(Row(name, None, None, None, None, None, None, None, None, error=f"no {on} plan: {base}"))
             continue
         try:
-            sim = simulate(base, prof, schedule=kind)
+            sim = simulate(base, prof, schedule=kind, recompute=recompute)
         except DappleError as e:  # the steady state is over the work limit
             rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(e)))
             continue
@@ -171,4 +189,6 @@ def _row(name: str, p: Plan, sim, estimated_ms: float | None) -> Row:
         speedup=p.estimate["single_device_ms"] / sim.iteration_ms,
         peak_memory_bytes=sim.peak_memory_bytes,
         stage_shapes=[shape_label(s) for s in p.stage_shapes],
+        recompute=sim.recompute,
+        fits_memory=sim.fits_memory,
     )

@@ -638,7 +638,8 @@ def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | N
     ``steps_per_epoch``) of runs' metrics (``dapple.run-metrics`` data with
     ``evaluations``). Runs with the same schedule and optimizer are one
     curve: the mean over them, and the band from the lowest to the highest
-    when there are several (seeds)."""
+    when there are several (seeds). Runs that re-computed (``recompute``)
+    are curves of their own, dashed, labelled "rc"."""
     fmt = picture_format(path)
     _, Figure, _, _ = _matplotlib()
     groups: dict[str, list[dict]] = {}
@@ -646,13 +647,17 @@ def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | N
         if not run.get("evaluations"):
             raise InvalidInputError(f"metrics {i + 1} of {len(runs)} hold no evaluations (run with --eval-every)")
         # Version 1 metrics did not record the optimizer.
-        label = f"{run.get('schedule') or 'synchronous'}, {run.get('optimizer') or 'optimizer unknown'}"
+        label = (f"{run.get('schedule') or 'synchronous'}{' rc' if run.get('recompute') else ''}, "
+                 f"{run.get('optimizer') or 'optimizer unknown'}")
         groups.setdefault(label, []).append(run)
     has_accuracy = any(e.get("accuracy") is not None for r in runs for e in r["evaluations"])
     panels = [("validation loss", "loss")] + ([("validation accuracy", "accuracy")] if has_accuracy else [])
     fig_w, fig_h = 5.2 * len(panels) + 0.6, 4.4
     fig = Figure(figsize=(fig_w, fig_h), dpi=DPI)
-    colors = _stage_colors(max(len(groups), 1)) if len(groups) <= 4 else [None] * len(groups)
+    # One colour per schedule and optimizer, with or without re-computation.
+    kinds = list(dict.fromkeys(label.replace(" rc,", ",") for label in groups))
+    palette = _stage_colors(max(len(kinds), 1)) if len(kinds) <= 4 else [f"C{i % 10}" for i in range(len(kinds))]
+    colors = [palette[kinds.index(label.replace(" rc,", ","))] for label in groups]
     for k, (title, key) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
         for (label, members), color in zip(groups.items(), colors):
@@ -663,7 +668,8 @@ def curves(runs: list[dict], path: str | os.PathLike, steps_per_epoch: float | N
             xs = [s / steps_per_epoch if steps_per_epoch else s for s in steps if at[s]]
             values = [at[s] for s in steps if at[s]]
             mean = [sum(v) / len(v) for v in values]
-            line = ax.plot(xs, mean, label=f"{label} ({len(members)})", color=color, linewidth=1.6)[0]
+            style = "--" if members[0].get("recompute") else "-"
+            line = ax.plot(xs, mean, style, label=f"{label} ({len(members)})", color=color, linewidth=1.6)[0]
             if len(members) > 1:
                 ax.fill_between(xs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(),
                                 alpha=0.18, linewidth=0)

@@ -57,6 +57,11 @@ class Simulation(FileObject):
     def peak_memory_bytes(self) -> float:
         return self.core.peak_memory_bytes
 
+    @property
+    def fits_memory(self) -> bool:
+        """Every stage's peak within its GPUs' memory."""
+        return self.core.fits_memory
+
 
 def simulate(
     plan: Plan | str | os.PathLike,
@@ -71,9 +76,11 @@ def simulate(
     ``schedule``: None for the plan's own, "early-backward-1f1b" (DAPPLE,
     warm-up depth from the plan's policy), "gpipe" (all forwards, then
     all backwards), or an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``:
-    "xpipe", "pipedream", "spectrain", "async"), which always re-computes.
-    ``recompute``: keep only each stage's input and re-run
-    the forward before the backward. ``overlap_allreduce``: whether a
+    "xpipe", "pipedream", "spectrain", "async"). ``recompute``: every stage
+    keeps only its input and re-runs the forward before the backward
+    (torch's checkpoint; under an asynchronous kind the whole forward, on
+    the backward's weights); without it, only the stages whose plan says
+    ``recompute: full`` do. ``overlap_allreduce``: whether a
     data-parallel plan hides its AllReduce behind the last backward."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)

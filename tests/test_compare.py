@@ -106,19 +106,29 @@ def test_inputs_no_strategy_can_use_are_an_error(dapple):
 
 
 @pytest.mark.parametrize("name", ["vgg-19-pbs-32", "bert-48-pbs-2"])
-def test_asynchronous_rows_run_gpipes_plan_without_its_flush(name):
+def test_asynchronous_rows_run_gpipes_plan_without_its_flush_both_ways(name):
     profile = PROFILES / f"{name}.json"
     gbs = max(planner.Profile.load(profile).batch_sizes) * 4
     rows = {r.strategy: r for r in planner.compare(profile, "1x4-nvlink", gbs)}
     on = planner._core.ASYNCHRONOUS_ROWS_ON
     gpipe = planner.baseline(on, profile, "1x4-nvlink", gbs)
-    # The same passes with re-computation, as every asynchronous row runs:
-    # once the pipeline is full there is no flush to wait for.
-    flushed = planner.simulate(gpipe, profile, recompute=True)
+    # GPipe's plan both ways: as planned, and with every stage re-computing.
+    flushed = {False: rows[on], True: rows[f"{on} rc"]}
+    assert flushed[True].simulated_ms == planner.simulate(gpipe, profile, recompute=True).iteration_ms
+    assert flushed[True].simulated_ms > flushed[False].simulated_ms
+    assert (flushed[False].recompute, flushed[True].recompute) == (False, True)
     for kind in planner.ASYNCHRONOUS_SCHEDULES:
-        r = rows[f"{kind} ({on}'s plan)"]
-        assert (r.schedule, r.shape, r.micro_batches, r.estimated_ms) == (kind, gpipe.shape, gpipe.micro_batches, None)
-        assert r.simulated_ms < flushed.iteration_ms
+        for recompute, rc in [(False, ""), (True, " rc")]:
+            r = rows[f"{kind}{rc} on {on}"]
+            assert (r.schedule, r.shape, r.micro_batches, r.estimated_ms) == (kind, gpipe.shape, gpipe.micro_batches, None)
+            assert r.recompute == recompute
+            sim = planner.simulate(gpipe, profile, schedule=kind, recompute=recompute)
+            assert (r.simulated_ms, r.fits_memory) == (sim.iteration_ms, sim.fits_memory)
+            # The same passes as GPipe's with the same re-computation: once
+            # the pipeline is full there is no flush to wait for.
+            assert r.simulated_ms < flushed[recompute].simulated_ms, (kind, recompute)
+        # Keeping activations costs no re-run forward.
+        assert rows[f"{kind} on {on}"].simulated_ms < rows[f"{kind} rc on {on}"].simulated_ms
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,18 @@ between the synchronous and the asynchronous schedules that the executor
   autograd graph on the live weights and keeps it (or, with ``recompute``,
   only the stage input: ``torch.utils.checkpoint``) until its backward.
 - :class:`Replayed` (XPipe, PipeDream's weight stashing, SpecTrain,
-  asynchronous without prediction; docs/xpipe.md): each forward runs
-  without autograd and keeps only the stage input; its backward re-runs the
-  forward (with the forward's random state) on its own weights and
-  differentiates that, so a backward may use other weights than its
-  forward. The core's table (``_core.Pass``) says which weights each pass
-  uses: the live ones, a version stashed at its forward, or a prediction
-  ``s`` updates ahead made by the mini-batch's first pass in that direction
-  (its bellwether) and cached for the others. Gradients, whatever weights
-  they were computed on, accumulate into the live parameters, which the
-  optimizer updates.
+  asynchronous without prediction; docs/xpipe.md): a backward may use other
+  weights than its forward. The core's table (``_core.Pass``) says which
+  weights each pass uses: the live ones, a version stashed at its forward,
+  or a prediction ``s`` updates ahead made by the mini-batch's first pass
+  in that direction (its bellwether) and cached for the others. With
+  ``recompute``, each forward runs without autograd and keeps only the
+  stage input; its backward re-runs the forward (with the forward's random
+  state) on its own weights and differentiates that. Without, each forward
+  keeps its graph, and its backward reads its own weights where the graph
+  saved weights (``backward_weights.WeightedGraph``). Gradients, whatever
+  weights they were computed on, accumulate into the live parameters,
+  which the optimizer updates.
 
 A mode is made for one list and holds what its passes keep between a
 forward and its backward.
@@ -30,6 +32,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from .. import _core
+from .backward_weights import WeightedGraph
 from .rank import RankSetup
 
 #: ``loss_of(out, pass)``: the last stage's loss of ``out``, scaled to the
@@ -83,11 +86,15 @@ class KeptGraph:
 
 
 class Replayed:
-    """Asynchronous passes: forwards without autograd, backwards re-run on
-    the weights the core's table gives them."""
+    """Asynchronous passes: backwards on the weights the core's table gives
+    them, re-running the forward (``recompute``) or on its kept graph."""
 
-    def __init__(self, ctx: RankSetup, passes: Sequence[_core.Pass], predictor, micro_batches: int):
+    def __init__(self, ctx: RankSetup, passes: Sequence[_core.Pass], predictor, micro_batches: int,
+                 recompute: bool):
         self.ctx = ctx
+        self.recompute = recompute
+        #: Without ``recompute``: each forward's graph, output and input.
+        self.kept: dict[int, tuple[WeightedGraph, torch.Tensor, torch.Tensor]] = {}
         self.predictor = predictor
         self.micro_batches = micro_batches
         self.names = [n for n, p in ctx.module.named_parameters() if p.requires_grad]
@@ -110,6 +117,9 @@ class Replayed:
         #: The weights of the backward being run, as leaves of its graph:
         #: from ``replay`` to ``differentiate``.
         self.leaves: list[torch.Tensor] = []
+        #: Without ``recompute``: the graph of the forward being run, from
+        #: ``forward`` to ``keep``.
+        self.graphs: dict[int, WeightedGraph] = {}
 
     def _weights(self, p: _core.Pass) -> list[torch.Tensor]:
         live, ahead = self.ctx.params, p.predicted_updates
@@ -134,23 +144,47 @@ class Replayed:
 
     def forward(self, p: _core.Pass, x: torch.Tensor) -> torch.Tensor:
         w = self._weights(p)
+        if not self.recompute:
+            graph = WeightedGraph(w)
+            self.graphs[p.action.micro_batch] = graph
+            if not self.ctx.first and x.is_floating_point():
+                x.requires_grad_(True)
+            with graph.recording(), self.ctx.precision.autocast():
+                return self.ctx.computed(lambda: self._run(graph.leaves, x))
         self.rng[p.action.micro_batch] = (torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in self.cuda])
         with torch.no_grad(), self.ctx.precision.autocast():
             return self.ctx.computed(lambda: self._run(w, x))
 
     def keep(self, p: _core.Pass, x: torch.Tensor, out: torch.Tensor) -> None:
-        """Hold only the stage input: the backward re-runs the forward."""
-        self.inputs[p.action.micro_batch] = x
+        """With ``recompute``, hold only the stage input: the backward
+        re-runs the forward. Without, the graph (and the scaled loss on the
+        last stage), but no copy of the forward's weights."""
+        t = p.action.micro_batch
+        if self.recompute:
+            self.inputs[t] = x
+            return
+        graph = self.graphs.pop(t)
+        graph.release()
+        self.kept[t] = (graph, out, x)
 
     def in_flight(self) -> int:
-        return len(self.inputs)
+        return len(self.inputs) + len(self.kept)
 
     def replay(self, p: _core.Pass, loss_of: LossOf) -> tuple[torch.Tensor, torch.Tensor]:
-        """Re-run the forward on this backward's weights, with the forward's
-        random state; its output (the scaled loss on the last stage) and its
-        input, both leaves of the new graph."""
+        """The forward's output (the scaled loss on the last stage) and its
+        input, differentiated on this backward's weights: re-run on them
+        with the forward's random state (``recompute``), or the kept graph
+        reading them where it saved weights."""
         ctx, t = self.ctx, p.action.micro_batch
         w = self._weights(p)
+        if not self.recompute:
+            graph, out, x = self.kept.pop(t)
+            graph.rebind(w)
+            self.leaves = graph.leaves
+            for leaf, live in zip(self.leaves, ctx.params):
+                leaf.grad = live.grad
+            self._release_stash(p)
+            return out, x
         x = self.inputs.pop(t)
         x = x.detach().requires_grad_(not ctx.first and x.is_floating_point())
         self.leaves = [v.detach().requires_grad_(True) for v in w]
@@ -170,9 +204,13 @@ class Replayed:
                 out = ctx.computed(lambda: self._run(self.leaves, x))
                 if ctx.last:
                     out = loss_of(out, p)
-        if p.base_version in self.last_use and self.last_use[p.base_version] == t:
-            del self.stash[p.base_version]
+        self._release_stash(p)
         return out, x
+
+    def _release_stash(self, p: _core.Pass) -> None:
+        """Drop a stashed version after the last backward that uses it."""
+        if self.last_use.get(p.base_version) == p.action.micro_batch:
+            del self.stash[p.base_version]
 
     def differentiate(self, out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor) -> None:
         leaves, self.leaves = self.leaves, []

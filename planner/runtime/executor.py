@@ -85,7 +85,7 @@ class Executor:
         if self.config.schedule is None:
             self.mode: Any = KeptGraph(ctx, ctx.recompute)
         else:
-            self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches)
+            self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches, ctx.recompute)
         self.first_step, self.trace, self.updates = first_step, trace, 0
         self.batches: dict[int, Any] = {}
         self.losses: dict[int, torch.Tensor] = {}

@@ -1,27 +1,34 @@
 //! Planning for an asynchronous schedule (`dapple plan --schedule xpipe`).
 //!
 //! Once an asynchronous pipeline is full it never drains, so a mini-batch
-//! takes as long as its busiest stage needs for it: M forwards, M
-//! re-computed forwards and M backwards, and the AllReduce of its
-//! replicas. The objective is that bottleneck, simulated
+//! takes as long as its busiest stage needs for it: M forwards and M
+//! backwards (and M re-run forwards where the stage re-computes), and the
+//! AllReduce of its replicas. The objective is that bottleneck, simulated
 //! (`schedule::steady_state_mini_batches`), within memory counted the
-//! asynchronous way (inputs kept for re-computation, stashed or predicted
-//! weight copies, XPipe's own moments; `simulate.rs`).
+//! asynchronous way (activations kept, or only inputs where a stage
+//! re-computes; stashed or predicted weight copies, XPipe's own moments;
+//! `simulate.rs`).
 //!
 //! Candidates: uniform pipelines, S stages of G / S consecutive GPUs for
 //! every S dividing the G GPUs (up to one layer a stage), layers split by
 //! block partition so the largest per-sample stage work (2 forwards and a
 //! backward, over its replicas) is smallest; each at every micro-batch
-//! size. The fastest that fits is the plan. The DP search of the
+//! size, re-computing no stage, and re-computing exactly the stages that
+//! do not fit otherwise. A stage's memory does not depend on whether the
+//! others re-compute, and re-computing only adds time, so no other choice
+//! of stages to re-compute can be faster and fit. The fastest candidate
+//! that fits is the plan. The DP search of the
 //! synchronous planner (`search/`) is not used: its objective is the
 //! flushed iteration.
 
 use crate::baselines::{block_partition, fastest_that_fits, layout_at_every_size};
 use crate::cost::{Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
+use crate::evaluate::evaluate;
 use crate::plan::{Plan, PlanInputs};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{steady_state_mini_batches, ScheduleKind};
+use crate::shape::Recompute;
 use crate::topology::Topology;
 
 /// The fastest uniform pipeline that fits for asynchronous `kind`; its
@@ -73,11 +80,13 @@ pub fn asynchronous_plan(
         // A micro-batch size too fine to reach a steady state within the
         // work limit is left out, as the synchronous search leaves out
         // sizes over it.
-        candidates.extend(
-            layout_at_every_size(&inputs, &layout, kind, WarmupPolicy::A)
-                .into_iter()
-                .filter(|p| steady_state_mini_batches(p.stages.len(), p.micro_batches).is_ok()),
-        );
+        for plan in layout_at_every_size(&inputs, &layout, kind, WarmupPolicy::A)
+            .into_iter()
+            .filter(|p| steady_state_mini_batches(p.stages.len(), p.micro_batches).is_ok())
+        {
+            candidates.extend(recomputing_where_needed(&plan, profile));
+            candidates.push(plan);
+        }
     }
     fastest_that_fits(
         candidates,
@@ -89,10 +98,27 @@ pub fn asynchronous_plan(
     )
 }
 
+/// `plan` with each stage that does not fit its GPUs' memory re-computing
+/// (keeping only its input for the backward); None where every stage fits
+/// already, or the plan cannot be costed (the candidate itself then says
+/// why).
+fn recomputing_where_needed(plan: &Plan, profile: &Profile) -> Option<Plan> {
+    let estimate = evaluate(plan, profile).ok()?;
+    if estimate.fits_memory {
+        return None;
+    }
+    let mut recomputing = plan.clone();
+    for (stage, cost) in recomputing.stages.iter_mut().zip(&estimate.stages) {
+        if cost.memory_bytes > cost.memory_limit_bytes {
+            stage.recompute = Recompute::Full;
+        }
+    }
+    Some(recomputing)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evaluate::evaluate;
     use crate::profile::chain_profile;
 
     #[test]
@@ -140,5 +166,75 @@ mod tests {
         let big = Topology::from_spec("1x8-nvlink").unwrap();
         let plan = asynchronous_plan(ScheduleKind::XPipe, &profile, &big, 8192, Some(1)).unwrap();
         assert!(steady_state_mini_batches(plan.stages.len(), plan.micro_batches).is_ok());
+    }
+
+    #[test]
+    fn a_stage_re_computes_only_where_it_would_not_fit() {
+        // Layers that keep 3 GB per sample for the backward and pass on
+        // 0.1 GB, on 16 GB GPUs: the first stages, with the most
+        // micro-batches in flight, keep only their inputs; the others keep
+        // their activations.
+        let mut profile = chain_profile(&[(1.0, 2.0); 8], 1);
+        for layer in &mut profile.layers {
+            layer.measurements[0].activation_bytes = 100_000_000;
+            layer.measurements[0].stored_activation_bytes = Some(3_000_000_000);
+        }
+        let topology = Topology::from_spec("1x4-nvlink").unwrap();
+        let (mut seen_recompute, mut seen_mixed) = (false, false);
+        for global_batch_size in [2u32, 4, 8, 16, 32, 64] {
+            let Ok(plan) = asynchronous_plan(
+                ScheduleKind::PipeDream,
+                &profile,
+                &topology,
+                global_batch_size,
+                None,
+            ) else {
+                break;
+            };
+            assert!(plan.estimate.as_ref().unwrap().fits_memory);
+            seen_mixed |= plan.stages.iter().any(|s| s.recompute.is_none())
+                && plan.stages.iter().any(|s| !s.recompute.is_none());
+            for i in 0..plan.stages.len() {
+                if plan.stages[i].recompute.is_none() {
+                    continue;
+                }
+                seen_recompute = true;
+                // Keeping its activations, that stage would not fit.
+                let mut kept = plan.clone();
+                kept.stages[i].recompute = Recompute::None;
+                let cost = &evaluate(&kept, &profile).unwrap().stages[i];
+                assert!(
+                    cost.memory_bytes > cost.memory_limit_bytes,
+                    "{global_batch_size}"
+                );
+            }
+        }
+        assert!(seen_recompute && seen_mixed);
+    }
+
+    #[test]
+    fn an_asynchronous_plan_before_version_4_re_computes_every_stage() {
+        use crate::format::FileObject;
+        let profile = chain_profile(&[(1.0, 2.0); 8], 1);
+        let topology = Topology::from_spec("1x4-nvlink").unwrap();
+        let plan =
+            asynchronous_plan(ScheduleKind::XPipe, &profile, &topology, 32, Some(1)).unwrap();
+        assert!(plan.stages.iter().all(|s| s.recompute.is_none()));
+        let text = plan.to_json();
+        assert_eq!(Plan::from_json(&text).unwrap().stages, plan.stages);
+        let old = text.replace("\"schema_version\": 4", "\"schema_version\": 3");
+        assert_ne!(old, text);
+        let read = Plan::from_json(&old).unwrap();
+        assert_eq!(read.schema_version, 3);
+        assert!(read.stages.iter().all(|s| s.recompute == Recompute::Full));
+        // As it read then: the forward again in every backward.
+        let then = evaluate(&read, &profile).unwrap().iteration_ms.unwrap();
+        let now = evaluate(&plan, &profile).unwrap().iteration_ms.unwrap();
+        assert!(then > now, "{then} vs {now}");
+        // Written again and read, it means the same.
+        assert_eq!(
+            Plan::from_json(&read.to_json()).unwrap().stages,
+            read.stages
+        );
     }
 }

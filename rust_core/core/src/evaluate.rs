@@ -10,7 +10,7 @@ use crate::plan::{
 };
 use crate::profile::Profile;
 use crate::shape::MemoryTerms;
-use crate::simulate::{sim_stages, simulate_stages, SimStage, StageTimeline};
+use crate::simulate::{rerun_as_scheduled, sim_stages, simulate_stages, SimStage, StageTimeline};
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
@@ -93,10 +93,11 @@ fn memory_terms(timelines: &[StageTimeline]) -> Vec<MemoryTerms> {
 /// The estimate of a plan with an asynchronous schedule: its simulated
 /// steady state (`iteration_ms`, time per mini-batch) and the bound it
 /// cannot beat, the busiest stage or link per mini-batch (every forward,
-/// re-computed forward and backward, and the AllReduce; or every transfer
-/// one way), in `latency_ms` and `steady_ms`, with no warm-up or ending
-/// (the pipeline never drains). Memory is the simulation's: inputs kept for
-/// re-computation, weight copies, XPipe's own moments.
+/// backward and, where the stage re-computes, re-run forward, and the
+/// AllReduce; or every transfer one way), in `latency_ms` and `steady_ms`,
+/// with no warm-up or ending (the pipeline never drains). Memory is the
+/// simulation's: activations kept (or only inputs, where a stage
+/// re-computes), weight copies, XPipe's own moments.
 fn asynchronous_estimate(
     coster: &StageCoster,
     plan: &Plan,
@@ -106,19 +107,28 @@ fn asynchronous_estimate(
     transfers_ms: &[f64],
 ) -> Estimate {
     let m = f64::from(plan.micro_batches);
-    let simulation = plan_schedule(plan, None)
-        .and_then(|schedule| simulate_stages(sim_stages, transfers_ms, &schedule, true));
-    let sim = match simulation {
+    let schedule = match plan_schedule(plan, None) {
+        Ok(schedule) => schedule,
+        Err(e) => unreachable!("a checked plan has a schedule: {e}"),
+    };
+    let sim = match simulate_stages(sim_stages, transfers_ms, &schedule, false) {
         Ok(sim) => sim,
         Err(e) => unreachable!("a checked plan simulates: {e}"),
     };
+    let scheduled = rerun_as_scheduled(sim_stages, &schedule);
     // Pipe positions as formula (2) numbers them: stage i at 2i, the link
     // after it at 2i + 1.
     let mut busiest = (0.0f64, 0usize);
-    for (i, (st, timeline)) in stages.iter_mut().zip(&sim.stages).enumerate() {
-        let work = m * (2.0 * st.fwd_ms + st.bwd_ms) + st.exposed_allreduce_ms;
+    for (i, ((st, timeline), run)) in stages
+        .iter_mut()
+        .zip(&sim.stages)
+        .zip(scheduled.iter())
+        .enumerate()
+    {
+        let compute = m * (run.fwd_ms + run.bwd_ms);
+        let work = compute + st.exposed_allreduce_ms;
         st.memory_bytes = timeline.peak_memory_bytes;
-        st.bubble_ms = Some((sim.iteration_ms - m * (2.0 * st.fwd_ms + st.bwd_ms)).max(0.0));
+        st.bubble_ms = Some((sim.iteration_ms - compute).max(0.0));
         if work > busiest.0 {
             busiest = (work, 2 * i);
         }

@@ -358,12 +358,15 @@ mod tests {
     }
 
     #[test]
-    fn an_asynchronous_plan_takes_plain_stages_only() {
+    fn an_asynchronous_plan_re_computes_but_neither_splits_nor_shards() {
         let mut p = plan(4, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3])]);
         p.schedule.kind = ScheduleKind::XPipe;
         p.stages[0].warmup_micro_batches = 2;
         p.stages[1].warmup_micro_batches = 1;
         assert!(RunLayout::of(&p).is_ok(), "{:?}", RunLayout::of(&p));
+        p.stages[0].recompute = crate::shape::Recompute::Full;
+        let lay = RunLayout::of(&p).unwrap();
+        assert!(lay.stages[0].recompute && !lay.stages[1].recompute);
         p.stages[1].shard_optimizer = true;
         let e = RunLayout::of(&p).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("stages[1].shard_optimizer"));

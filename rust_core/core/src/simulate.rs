@@ -11,11 +11,14 @@
 //! An asynchronous schedule (XPipe, PipeDream, SpecTrain, async) runs many
 //! mini-batches without a flush; its `iteration_ms` is the steady-state
 //! time of one mini-batch, measured between two updates of the first stage
-//! after the pipeline has filled and before it drains. Its passes re-run
-//! the forward in the backward (each pass may use other weights, as in the
-//! XPipe paper's implementation), and memory counts the weight copies its
-//! rule keeps (stashed versions, cached predictions) and the Adam moments
-//! XPipe's prediction keeps when the optimizer has none.
+//! after the pipeline has filled and before it drains. A stage that
+//! re-computes (its plan's `recompute`, or `--recompute`) re-runs its whole
+//! forward in the backward on the backward's own weights, as in the XPipe
+//! paper's implementation; one that does not keeps the forward's
+//! activations and costs the backward alone. Memory counts the weight
+//! copies the schedule's rule keeps (stashed versions, cached predictions)
+//! and the Adam moments XPipe's prediction keeps when the optimizer has
+//! none.
 
 use serde::{Deserialize, Serialize};
 
@@ -141,6 +144,8 @@ pub struct Simulation {
     pub format: String,
     pub schema_version: u32,
     pub schedule: ScheduleKind,
+    /// Every stage re-computed its forward in its backward (`--recompute`,
+    /// or the plan re-computes each stage).
     pub recompute: bool,
     /// One iteration; for an asynchronous schedule, the steady-state time
     /// of one mini-batch.
@@ -170,6 +175,13 @@ impl Simulation {
             .iter()
             .map(|s| s.peak_memory_bytes)
             .fold(0.0, f64::max)
+    }
+
+    /// Every stage's peak within its GPUs' memory.
+    pub fn fits_memory(&self) -> bool {
+        self.stages
+            .iter()
+            .all(|s| s.peak_memory_bytes <= s.memory_limit_bytes)
     }
 }
 
@@ -460,8 +472,9 @@ pub fn early_backward_iteration_ms(
 
 /// `stages` as `schedule` re-runs their forwards: an asynchronous
 /// schedule's backward re-runs the whole forward on its own weights (the
-/// runtime's `Replayed`), not torch's checkpoint.
-fn rerun_as_scheduled<'s>(
+/// runtime's `Replayed`), not what torch's checkpoint re-runs, so a stage
+/// whose plan re-computes it also pays what the checkpoint's share left out.
+pub(crate) fn rerun_as_scheduled<'s>(
     stages: &'s [SimStage],
     schedule: &Schedule,
 ) -> std::borrow::Cow<'s, [SimStage]> {
@@ -470,6 +483,11 @@ fn rerun_as_scheduled<'s>(
     }
     let whole = stages.iter().map(|s| SimStage {
         recompute_ms: s.fwd_ms,
+        bwd_ms: if s.recomputes {
+            s.bwd_ms + s.fwd_ms - s.recompute_ms
+        } else {
+            s.bwd_ms
+        },
         ..*s
     });
     std::borrow::Cow::Owned(whole.collect())
@@ -477,7 +495,7 @@ fn rerun_as_scheduled<'s>(
 
 /// Simulate `schedule` on stages with the given costs; `transfer_ms[i]` is
 /// the time to move one micro-batch between stage i and i+1, either way.
-/// An asynchronous schedule always re-computes (see the module's notes).
+/// `recompute`: every stage re-computes, whatever its plan says.
 pub fn simulate_stages(
     stages: &[SimStage],
     transfer_ms: &[f64],
@@ -486,7 +504,6 @@ pub fn simulate_stages(
 ) -> Result<Simulation> {
     schedule.validate()?;
     let stages = &*rerun_as_scheduled(stages, schedule);
-    let recompute = recompute || schedule.kind.is_asynchronous();
     let s_count = stages.len();
     if schedule.stages.len() != s_count || transfer_ms.len() + 1 != s_count {
         return Err(Error::invalid(format!(
@@ -570,7 +587,7 @@ pub fn simulate_stages(
         format: SIMULATION.name.into(),
         schema_version: SIMULATION.version,
         schedule: schedule.kind,
-        recompute,
+        recompute: recompute || stages.iter().all(|s| s.recomputes),
         iteration_ms,
         mini_batches: schedule.mini_batches,
         span_ms: Some(span_ms),
@@ -675,6 +692,7 @@ fn weight_copy_events(schedule: &Schedule, stage: usize, tasks: &[Task]) -> Vec<
 pub struct SimulationOptions {
     /// None: the plan's own schedule.
     pub schedule: Option<ScheduleKind>,
+    /// Every stage re-computes, whatever the plan says of each.
     pub recompute: bool,
     /// Overlap a data-parallel plan's AllReduce with its last backward, as
     /// the estimate does; false gives data parallelism without overlap.
@@ -988,19 +1006,29 @@ mod tests {
         }
     }
 
-    fn asynchronous(kind: ScheduleKind, stages: &[SimStage], m: u32) -> Simulation {
+    fn asynchronous_run(
+        kind: ScheduleKind,
+        stages: &[SimStage],
+        m: u32,
+        recompute: bool,
+    ) -> Simulation {
         let s = stages.len();
         let n = crate::schedule::steady_state_mini_batches(s, m).unwrap();
         let schedule = Schedule::asynchronous(kind, s, m, n).unwrap();
-        simulate_stages(stages, &vec![0.0; s - 1], &schedule, false).unwrap()
+        simulate_stages(stages, &vec![0.0; s - 1], &schedule, recompute).unwrap()
+    }
+
+    /// With re-computation, as the XPipe paper runs it.
+    fn asynchronous(kind: ScheduleKind, stages: &[SimStage], m: u32) -> Simulation {
+        asynchronous_run(kind, stages, m, true)
     }
 
     #[test]
     fn asynchronous_steady_state_is_the_busiest_stage() {
         // Equal stages, free links: once full, every stage runs each
-        // micro-batch's forward, re-computed forward and backward, then
-        // its AllReduce and update, for every M: no bubble per mini-batch,
-        // where GPipe pays (S - 1) passes of each.
+        // micro-batch's forward and backward (and with re-computation the
+        // forward again), then its AllReduce and update, for every M: no
+        // bubble per mini-batch, where GPipe pays (S - 1) passes of each.
         for kind in [
             ScheduleKind::XPipe,
             ScheduleKind::PipeDream,
@@ -1013,17 +1041,20 @@ mod tests {
                     for st in &mut stages {
                         (st.allreduce_ms, st.optimizer_ms) = (0.5, 0.25);
                     }
-                    let sim = asynchronous(kind, &stages, m);
-                    assert!(sim.recompute);
-                    let expected = f64::from(m) * (1.0 + 1.0 + 2.0) + 0.75;
-                    assert!(
-                        (sim.iteration_ms - expected).abs() < 1e-9,
-                        "{kind} S={s} M={m}: {}",
-                        sim.iteration_ms
-                    );
-                    assert!(
-                        sim.span_ms.unwrap() > sim.iteration_ms * f64::from(sim.mini_batches - 1)
-                    );
+                    for (recompute, passes_ms) in [(true, 1.0 + 1.0 + 2.0), (false, 1.0 + 2.0)] {
+                        let sim = asynchronous_run(kind, &stages, m, recompute);
+                        assert_eq!(sim.recompute, recompute);
+                        let expected = f64::from(m) * passes_ms + 0.75;
+                        assert!(
+                            (sim.iteration_ms - expected).abs() < 1e-9,
+                            "{kind} S={s} M={m} recompute={recompute}: {}",
+                            sim.iteration_ms
+                        );
+                        assert!(
+                            sim.span_ms.unwrap()
+                                > sim.iteration_ms * f64::from(sim.mini_batches - 1)
+                        );
+                    }
                 }
             }
         }
@@ -1034,6 +1065,38 @@ mod tests {
             asynchronous(ScheduleKind::XPipe, &stages, 4).iteration_ms,
             4.0 * 7.0
         );
+    }
+
+    #[test]
+    fn an_asynchronous_stage_re_computes_as_its_plan_says() {
+        // Stage 1's plan re-computes it: its cost holds torch's checkpoint
+        // re-run (0.25 of the forward), but an asynchronous backward re-runs
+        // the whole forward, so it paces the pipeline at 1 + 1 + 2 per
+        // micro-batch; the others keep their activations.
+        let mut stages = equal_stages(3, 1.0, 2.0);
+        stages[1].recomputes = true;
+        stages[1].recompute_ms = 0.25;
+        stages[1].bwd_ms = 2.0 + 0.25;
+        let sim = asynchronous_run(ScheduleKind::PipeDream, &stages, 2, false);
+        assert!(!sim.recompute);
+        assert!(
+            (sim.iteration_ms - 2.0 * 4.0).abs() < 1e-9,
+            "{}",
+            sim.iteration_ms
+        );
+        // Per micro-batch in flight, stage 1 holds its input (1 byte), the
+        // others what their layers store (10 bytes).
+        let per: Vec<f64> = sim
+            .stages
+            .iter()
+            .map(|t| t.memory_terms.unwrap().per_micro_batch_bytes)
+            .collect();
+        assert_eq!(per, [10.0, 1.0, 10.0]);
+        // Every stage re-computing: the simulation says so.
+        for st in &mut stages {
+            st.recomputes = true;
+        }
+        assert!(asynchronous_run(ScheduleKind::PipeDream, &stages, 2, false).recompute);
     }
 
     #[test]

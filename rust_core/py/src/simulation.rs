@@ -24,6 +24,12 @@ crate::file_object_methods!(PySimulation {
         self.inner.peak_memory_bytes()
     }
 
+    /// Every stage's peak within its GPUs' memory.
+    #[getter]
+    fn fits_memory(&self) -> bool {
+        self.inner.fits_memory()
+    }
+
     #[getter]
     fn schedule(&self) -> &'static str {
         self.inner.schedule.name()

@@ -208,10 +208,13 @@ fn check_stage_shape(
             "a stage that splits, shards or re-computes takes even slices: drop its slices",
         ));
     }
-    if plan.schedule.kind.is_asynchronous() {
+    if plan.schedule.kind.is_asynchronous() && field != "recompute" {
         return Err(Error::field(
             field,
-            format!("{} plans run plain stages only", plan.schedule.kind),
+            format!(
+                "{} plans run stages that neither split nor shard",
+                plan.schedule.kind
+            ),
         ));
     }
     // Alike by what the topology says of them (type, memory, speed): the

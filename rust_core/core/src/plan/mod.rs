@@ -316,6 +316,16 @@ pub struct TransferEstimate {
 impl FileObject for Plan {
     const FORMAT: FileFormat = PLAN;
 
+    /// Before version 4 every stage of an asynchronous plan re-computed.
+    fn upgraded(mut self) -> Plan {
+        if self.schema_version < 4 && self.schedule.kind.is_asynchronous() {
+            for stage in &mut self.stages {
+                stage.recompute = Recompute::Full;
+            }
+        }
+        self
+    }
+
     /// The embedded topology is a topology file of its own: same checks;
     /// the stages must run on it (`check_layout`). Whether they fit a
     /// profile is checked where the plan is costed (`evaluate`).
