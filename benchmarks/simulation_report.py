@@ -26,9 +26,12 @@ def main() -> None:
     for model, path, gbs in table_v_cases(reference()):
         prof = planner.Profile.load(path)
         for config in "ABC":
-            best = planner.plan(prof, config, gbs)
+            # DAPPLE's schedule: this report studies its warm-up depths.
+            eb = "early-backward-1f1b"
+            best = planner.plan(prof, config, gbs, schedule=eb)
             sim = planner.simulate(best, prof)
-            fixed = {policy: planner.plan(prof, config, gbs, warmup_policy=policy) for policy in ("A", "B")}
+            fixed = {policy: planner.plan(prof, config, gbs, warmup_policy=policy, schedule=eb)
+                     for policy in ("A", "B")}
             rows = planner.compare(prof, config, gbs, searched=best)
             sel = best.data["selection"]
             results.append({

@@ -100,7 +100,7 @@ def main() -> None:
         out = {"model": model, "gbs": gbs, "paper": {"dapple": row["dapple"], "pipedream": row["pipedream"]}}
         for topology_name in ("A", WIDER):
             topo = planner.Topology.resolve(topology_name)
-            ours = planner.plan(prof, topo, gbs)
+            ours = planner.plan(prof, topo, gbs, schedule="early-backward-1f1b")  # DAPPLE's, as the paper's
             baseline = planner.baseline("pipedream-planner", prof, topo, gbs)
             entry = {
                 "dapple": costed(prof, topo, gbs, layout_of(ours)),

@@ -69,7 +69,8 @@ def simulated(plan_data: dict, profile, depths: list[int]) -> float | None:
 
 def check_case(case: dict) -> dict:
     profile = planner.Profile.from_json((SUITE.parent / case["profile"]).read_text())
-    plan = planner.plan(profile, case["topology"], case["global_batch_size"])
+    # Early backward, whose depths this checks.
+    plan = planner.plan(profile, case["topology"], case["global_batch_size"], schedule="early-backward-1f1b")
     data = plan.data
     chosen = [st["warmup_micro_batches"] for st in data["stages"]]
     m = data["micro_batches"]

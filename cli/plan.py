@@ -48,9 +48,11 @@ from .render import plan_table
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
                    "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
-@click.option("--schedule", type=click.Choice(planner.ASYNCHRONOUS_SCHEDULES), default=None,
-              help="Plan for an asynchronous schedule instead (xpipe, pipedream, spectrain, async): the uniform "
-                   "pipeline with the fastest steady state that fits; docs/xpipe.md.")
+@click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
+              help="auto: the fastest of DAPPLE's early backward and ZB-H1 on the layouts the search ranked "
+                   "(docs/schedules.md); a synchronous kind: that kind alone; an asynchronous kind (xpipe, "
+                   "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "
+                   "(docs/xpipe.md).")
 @click.option("--simulate", "simulate_flag", is_flag=True,
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")

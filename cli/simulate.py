@@ -16,7 +16,7 @@ from .render import GIB, console
 @click.option("--schedule", type=click.Choice(planner.SCHEDULE_KINDS), default=None,
               help="Order of forwards and backwards on each stage. Default: the plan's.")
 @click.option("--recompute", is_flag=True,
-              help="Keep only stage inputs; re-run forwards before backwards (asynchronous schedules always do).")
+              help="Every stage keeps only its input and re-runs its forward before its backward (without it, only the stages whose plan says so).")
 @click.option("--actions", "show_actions", is_flag=True,
               help="Print each stage's action list instead, with the weights every pass uses "
                    "(F4@0+2: version 0, predicted 2 updates ahead).")

@@ -11,6 +11,7 @@ STAGE_SHAPES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
+SEARCHED_SCHEDULES: tuple[str, ...]
 ASYNCHRONOUS_ROWS_ON: str
 EXACT_MEMORY_SOURCE: str
 SCHEDULE_PREDICTORS: dict[str, str]
@@ -261,6 +262,7 @@ def search(
     stage_shapes: str = "auto",
     max_search_bytes: int | None = None,
     refine: bool = True,
+    schedule: str | None = None,
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...

@@ -102,7 +102,8 @@ def compare(
     warmup_policy: str = "auto",
     searched: Plan | None = None,
 ) -> list[Row]:
-    """One row per strategy: DAPPLE's searched plan, data parallelism
+    """One row per strategy: DAPPLE's searched plan and its layout run as
+    each other kind the search chooses among (``"dapple as zb-h1"``), data parallelism
     without and with AllReduce overlap, GPipe, a straight pipeline,
     PipeDream's planner and the other baselines; then the plan of the
     baseline ``_core.ASYNCHRONOUS_ROWS_ON`` (GPipe's) with every stage
@@ -149,8 +150,19 @@ def compare(
         rows.append(_row(name, p, simulate(p, prof, overlap_allreduce=overlap), p.estimate["latency_ms"]))
     if all(r.error for r in rows):
         raise made["dapple"]  # no strategy has a plan: the inputs are the problem
+    rows[1:1] = _as_other_kinds(made["dapple"], prof)
     rows += _on_one_plan(made.get(_core.ASYNCHRONOUS_ROWS_ON), prof)
     return rows
+
+
+def _as_other_kinds(searched: Plan | DappleError, prof: Profile) -> list[Row]:
+    """DAPPLE's plan run as each other kind the search chooses among
+    (``SEARCHED_SCHEDULES``), named ``"dapple as {kind}"``: one row per kind
+    on the chosen layout."""
+    if not isinstance(searched, Plan):
+        return []
+    return [_row(f"dapple as {kind}", searched, simulate(searched, prof, schedule=kind), None)
+            for kind in _core.SEARCHED_SCHEDULES if kind != searched.core.schedule_kind]
 
 
 def _on_one_plan(base: Plan | DappleError | None, prof: Profile) -> list[Row]:

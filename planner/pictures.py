@@ -33,6 +33,10 @@ DPI = 110
 COLORS = {
     "forward": "#2f6fc0",
     "backward": "#2e9a47",
+    # A split backward (ZB-H1): the input gradient as a backward, the
+    # deferred weight gradient lighter.
+    "input_gradient": "#2e9a47",
+    "weight_gradient": "#7cc98f",
     "send_forward": "#9cc3ee",
     "send_backward": "#a8dba8",
     "all_reduce": "#f08c1e",
@@ -40,6 +44,10 @@ COLORS = {
     "idle": "#d5d5d5",
     "link_idle": "#f1f1f1",
 }
+
+
+#: The tasks that compute on a stage's GPUs, drawn in its row.
+PASS_KINDS = ("forward", "backward", "input_gradient", "weight_gradient")
 
 
 def picture_format(path: str | os.PathLike) -> str:
@@ -167,7 +175,7 @@ def _draw_tasks(ax, g: _TimelineGeometry, tasks) -> None:
         s, kind, x0, x1 = t["stage"], t["kind"], t["start_ms"], t["end_ms"]
         mb = t.get("micro_batch")
         label = None if mb is None else str(mb)
-        if kind in ("forward", "backward"):
+        if kind in PASS_KINDS:
             _task_block(ax, g, x0, x1, stage_top[s], row_h, COLORS[kind], label)
         elif kind in ("send_forward", "send_backward") and s < n - 1:
             y = g.link_top[s] + (0 if kind == "send_forward" else g.lane_h)
@@ -219,7 +227,7 @@ def _label_idle_shares(ax, g: _TimelineGeometry, tasks) -> None:
     n = g.n
     busy = [0.0] * n
     for t in tasks:
-        if t["kind"] in ("forward", "backward", "all_reduce", "optimizer_step") and t["stage"] < n:
+        if t["kind"] in (*PASS_KINDS, "all_reduce", "optimizer_step") and t["stage"] < n:
             busy[t["stage"]] += t["end_ms"] - t["start_ms"]
     for i in range(n):
         ax.text(1.006, g.stage_top[i] + g.row_h / 2, f"idle {max(0.0, 1 - busy[i] / g.total) * 100:.0f}%",
@@ -232,9 +240,12 @@ def _timeline_title_and_legend(fig, g: _TimelineGeometry, plan: Plan, sim: Simul
            f"{_model(plan)} {plan.kind} {plan.shape}: {sim.schedule}"
            f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
+    split = any(t["kind"] == "weight_gradient" for t in sim.tasks)
+    backward = [("input gradient", COLORS["input_gradient"]), ("weight gradient", COLORS["weight_gradient"])] \
+        if split else [("backward + re-run forward" if recompute else "backward", COLORS["backward"])]
     _legend_line(fig, g.left / g.fig_w, 1 - 0.6 / g.fig_h, [
         ("forward (micro-batch #)", COLORS["forward"]),
-        ("backward + re-run forward" if recompute else "backward", COLORS["backward"]),
+        *backward,
         ("activations \u2192", COLORS["send_forward"]),
         ("\u2190 gradients", COLORS["send_backward"]),
         ("AllReduce", COLORS["all_reduce"]),

@@ -162,9 +162,13 @@ def plan(
     layers split, else plain) or "plain" (replicas only: DAPPLE's space). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
-    ``schedule``: an asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan
-    for instead: the uniform pipeline whose steady state is fastest within
-    memory (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
+    ``schedule``: None or "auto", the fastest of the kinds the search
+    chooses among (``SEARCHED_SCHEDULES``: DAPPLE's early backward, ZB-H1),
+    run on the layouts it ranked (``docs/schedules.md``); a synchronous
+    kind (``SCHEDULE_KINDS``) to plan for that kind alone; or an
+    asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan for instead: the
+    uniform pipeline whose steady state is fastest within memory
+    (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
     ``warmup_policy``, ``micro_batch_sizes``, ``search_space`` and
     ``max_search_gib`` are the synchronous search's: giving one with ``schedule`` is an
     IncompatibleInputsError naming it.
@@ -185,7 +189,7 @@ def plan(
     max_search_bytes = None if max_search_gib is None else int(check_search_gib("max_search_gib", max_search_gib) * 2**30)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
-    if schedule is not None:
+    if schedule in _core.ASYNCHRONOUS_SCHEDULES:
         # The defaults are the first of each name table; anything else was asked for.
         for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
                                      ("search_space", search_space, SEARCH_SPACES[0]),
@@ -211,6 +215,7 @@ def plan(
         stage_shapes=stage_shapes,
         max_search_bytes=max_search_bytes,
         refine=refine,
+        schedule=schedule,
     )
     return Plan(core, SearchStats(list(sizes), states, costed))
 

@@ -45,8 +45,10 @@ def test_simulate_flag_is_a_no_op_kept_for_scripts(dapple):
 def test_refinement_moves_the_plan_and_says_from_where(dapple, tmp_path):
     # AmoebaNet-18 on 16 GPUs over 10 Gbps: the search space's best found
     # plan gets faster by local moves (stage boundaries, GPUs left idle).
+    # Early backward alone: refinement moves the search's own kind.
     amoeba = PROFILES / "amoeba-18-pbs-8.json"
-    args = ("plan", "--profile", amoeba, "--topology", "C", "--global-batch-size", "128")
+    args = ("plan", "--profile", amoeba, "--topology", "C", "--global-batch-size", "128",
+            "--schedule", "early-backward-1f1b")
     refined, unrefined = dapple(*args, "--json"), dapple(*args, "--no-refine", "--json")
     assert refined.returncode == unrefined.returncode == 0, refined.stderr + unrefined.stderr
     moved, space = json.loads(refined.stdout), json.loads(unrefined.stdout)

@@ -21,7 +21,7 @@ def test_actions_print_parse_and_pickle_as_the_core_writes_them():
     assert _core.Action("B", 3) == _core.Action.parse("B3") and _core.Action("AR").micro_batch is None
     assert len({_core.Action("F", 1), _core.Action.parse("F1")}) == 1
     for bad in ("F", "F01", "AR1", "X3", "F-1"):
-        with pytest.raises(planner.InvalidInputError, match="is not F<n>, B<n>, AR or OPT"):
+        with pytest.raises(planner.InvalidInputError, match="is not F<n>, B<n>, I<n>, W<n>, AR or OPT"):
             _core.Action.parse(bad)
     with pytest.raises(ValueError, match="needs a micro-batch"):
         _core.Action("F")

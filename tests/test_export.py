@@ -39,8 +39,26 @@ def test_every_cell_parses_with_torchs_action_notation(tmp_path, dapple):
             assert str(schedules._Action.from_str(cell)) == cell
 
 
+def test_a_zero_bubble_plan_exports_its_split_backwards(tmp_path, dapple):
+    # BERT-48 on configuration B: --schedule auto finds a ZB-H1 plan, one
+    # GPU a stage, that runs faster than early backward's.
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    path = plan_file(tmp_path, dapple, "B")
+    plan = planner.Plan.load(path)
+    assert plan.core.schedule_kind == "zb-h1"
+    out = tmp_path / "schedule.csv"
+    assert dapple("export", "--plan", path, "--to", "torch-csv", "--out", out).returncode == 0
+    rows = [line.split(",") for line in out.read_text().splitlines()]
+    assert len(rows) == len(plan.stages)
+    for rank, row in enumerate(rows):
+        actions = [schedules._Action.from_str(cell) for cell in row]
+        kinds = [str(a.computation_type) for a in actions]
+        assert kinds.count("F") == kinds.count("I") == kinds.count("W") == plan.micro_batches
+        assert {a.stage_index for a in actions} == {rank}
+
+
 @pytest.mark.parametrize("topology,extra,why", [
-    ("B", (), "stages replicated unevenly (1, 1, 2, 2, 2, 2, 2, 2, 2 by stage)"),
+    ("B", ("--schedule", "early-backward-1f1b"), "stages replicated unevenly (1, 1, 2, 2, 2, 2, 2, 2, 2 by stage)"),
     ("A", ("--schedule", "xpipe"), "schedule xpipe is asynchronous"),
 ])
 def test_what_torch_cannot_run_is_refused_in_one_line_and_nothing_written(tmp_path, dapple, topology, extra, why):

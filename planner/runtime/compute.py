@@ -2,9 +2,12 @@
 between the synchronous and the asynchronous schedules that the executor
 (``executor.py``) leaves to its mode.
 
-- :class:`KeptGraph` (early backward, GPipe): each forward builds its
-  autograd graph on the live weights and keeps it (or, with ``recompute``,
-  only the stage input: ``torch.utils.checkpoint``) until its backward.
+- :class:`KeptGraph` (early backward, GPipe, ZB-H1): each forward builds
+  its autograd graph on the live weights and keeps it (or, with
+  ``recompute``, only the stage input: ``torch.utils.checkpoint``) until
+  its backward, whole (B) or split into the input gradient (I) and, later,
+  the weight gradient (W) with torch's own ``stage_backward_input`` and
+  ``stage_backward_weight`` (``torch.distributed.pipelining``).
 - :class:`Replayed` (XPipe, PipeDream's weight stashing, SpecTrain,
   asynchronous without prediction; docs/xpipe.md): a backward may use other
   weights than its forward. The core's table (``_core.Pass``) says which
@@ -28,6 +31,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
@@ -49,6 +53,10 @@ class KeptGraph:
         self.recompute = recompute
         self.inputs: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        #: Split backwards between their I and their W: what the W needs
+        #: (torch's parameter groups; or, on the first stage, whose input
+        #: gradient nobody needs, the output and its gradient), by micro-batch.
+        self.weights_pending: dict[int, object] = {}
 
     def forward(self, p: _core.Pass, x: torch.Tensor) -> torch.Tensor:
         ctx, t = self.ctx, p.action.micro_batch
@@ -70,7 +78,8 @@ class KeptGraph:
         self.outputs[p.action.micro_batch] = out
 
     def in_flight(self) -> int:
-        return len(self.outputs)
+        """Micro-batches whose activations are held: until B, or until W."""
+        return len(self.outputs) + len(self.weights_pending)
 
     def replay(self, p: _core.Pass, loss_of: LossOf) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The forward's output and input, as the forward left them."""
@@ -80,6 +89,33 @@ class KeptGraph:
     def differentiate(self, out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor | None) -> None:
         if out.requires_grad:
             self.ctx.computed(lambda: out.backward(grad))
+
+    def differentiate_input(self, p: _core.Pass, out: torch.Tensor, grad: torch.Tensor | None,
+                            x: torch.Tensor | None) -> None:
+        """I: the gradient of the stage input alone, into ``x.grad``; what
+        its W needs stays (the graph, and the gradients where it splits)."""
+        t = p.action.micro_batch
+        if not out.requires_grad:
+            self.weights_pending[t] = None
+        elif x is None or not x.requires_grad:
+            # The first stage: no stage waits for its input's gradient, so
+            # the whole backward waits for the W.
+            self.weights_pending[t] = (out, grad)
+        else:
+            grads = None if grad is None else [grad]
+            _, groups = self.ctx.computed(
+                lambda: stage_backward_input([out], grads, [x], iter(self.ctx.params)))
+            self.weights_pending[t] = groups
+
+    def differentiate_weights(self, p: _core.Pass) -> None:
+        """W: the weight gradients the micro-batch's I left, added into the
+        parameters' gradients."""
+        pending = self.weights_pending.pop(p.action.micro_batch)
+        if isinstance(pending, tuple):
+            out, grad = pending
+            self.ctx.computed(lambda: out.backward(grad))
+        elif pending is not None:
+            self.ctx.computed(lambda: stage_backward_weight(iter(self.ctx.params), pending))
 
     def before_update(self, version: int) -> None:
         """Nothing to keep: every pass uses the live weights."""

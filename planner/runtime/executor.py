@@ -76,7 +76,8 @@ class Executor:
         self.micro_batch_size = job.layout.micro_batch_size
         self.global_batch_size = job.layout.global_batch_size
         self.predictor = predictor
-        self._handlers = {"F": self._forward, "B": self._backward, "AR": self._all_reduce, "OPT": self._update}
+        self._handlers = {"F": self._forward, "B": self._backward, "I": self._input_gradient,
+                          "W": self._weight_gradient, "AR": self._all_reduce, "OPT": self._update}
         self.gpu_timer = EventTimer() if gpu_timing and ctx.dev.type == "cuda" else None
         ctx.comm.gpu_timer = self.gpu_timer
 
@@ -171,11 +172,21 @@ class Executor:
         self.mode.keep(p, x, out)
         self.result.peak_in_flight = max(self.result.peak_in_flight, self.mode.in_flight())
 
+    def _input_gradient(self, p: _core.Pass) -> None:
+        self._timed_pass(self._run_backward, p)
+
+    def _weight_gradient(self, p: _core.Pass) -> None:
+        self._timed_pass(self.mode.differentiate_weights, p)
+
     def _run_backward(self, p: _core.Pass) -> None:
+        """B, or a split backward's I: the input's gradient goes back at once."""
         ctx, t = self.ctx, p.action.micro_batch
         out, x = self.mode.replay(p, self._backward_loss)
         grad = None if ctx.last else ctx.links.receive_output_grad(out, t)
-        self.mode.differentiate(out, grad, x)
+        if p.action.kind == "I":
+            self.mode.differentiate_input(p, out, grad, x)
+        else:
+            self.mode.differentiate(out, grad, x)
         if not ctx.first:
             ctx.links.send_input_grad(x.grad if x.grad is not None else torch.zeros_like(x), t)
 

@@ -8,6 +8,8 @@ each forward and backward): nothing here reads action text.
   one backward and one forward until the forwards run out, then the
   remaining backwards.
 - GPipe: F0 .. F(M-1), then B(M-1) .. B0 on every stage.
+- ZB-H1: 1F1B with each backward split into its input gradient ``I`` and
+  its weight gradient ``W``, deferred into the waits (torch's order).
 - asynchronous kinds (``_core.ASYNCHRONOUS_SCHEDULES``): one list over many
   mini-batches with ``AR`` and ``OPT`` after each, and the weights of each
   pass (:func:`run_lists`).
@@ -29,7 +31,8 @@ from ..errors import LimitExceededError
 #: A forward ("F", m) or backward ("B", m) of micro-batch m, as tables write it.
 Pair = tuple[str, int]
 
-EARLY_BACKWARD, GPIPE = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
+#: The synchronous kinds, in the core's order: early backward, GPipe, ZB-H1.
+EARLY_BACKWARD, GPIPE, ZERO_BUBBLE_H1 = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
 
 
 def pairs(lists) -> list[list[Pair]]:

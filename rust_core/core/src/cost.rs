@@ -705,17 +705,55 @@ pub fn pipeline_latency(stages: &[PipeStage], micro_batches: u32) -> Latency {
             best = Some((q, p));
         }
     }
-    let (pivot, (tw, ts, te)) = best.expect("at least one stage");
+    let (pivot, phases) = best.expect("at least one stage");
     let paper_q = paper_pivot(stages, micro_batches);
-    Latency {
-        latency_ms: tw + ts + te,
-        warmup_ms: tw,
-        steady_ms: ts,
-        ending_ms: te,
-        pivot,
-        paper_pivot: paper_q,
-        paper_latency_ms: paper_formula(stages, m, paper_q),
+    Latency::of(pivot, phases, paper_q, paper_formula(stages, m, paper_q))
+}
+
+impl Latency {
+    /// The latency at `pivot` of its phases (Tw, Ts, Te), with the paper's
+    /// own pivot and value beside it.
+    fn of(
+        pivot: usize,
+        (tw, ts, te): (f64, f64, f64),
+        paper_pivot: usize,
+        paper_latency_ms: f64,
+    ) -> Self {
+        Latency {
+            latency_ms: tw + ts + te,
+            warmup_ms: tw,
+            steady_ms: ts,
+            ending_ms: te,
+            pivot,
+            paper_pivot,
+            paper_latency_ms,
+        }
     }
+}
+
+/// A lower bound of a ZB-H1 iteration on the same positions, in formula
+/// (2)'s terms. Formula (2)'s ending runs whole backwards back from the
+/// pivot, but a zero-bubble pivot may run its last input gradient before
+/// weight gradients it deferred, so only the pivot's own span is certain:
+/// the first micro-batch's forwards up to it (Tw), its M forwards and
+/// backwards (Ts, the first M - 1; Te, the last backward and its
+/// AllReduce). The paper's pivot and formula do not apply: they are this
+/// bound's.
+pub fn zero_bubble_latency(stages: &[PipeStage], micro_batches: u32) -> Latency {
+    assert!(!stages.is_empty(), "a pipeline has at least one stage");
+    let m = f64::from(micro_batches);
+    let phases = |q: usize| {
+        let tw: f64 = stages[..=q].iter().map(|s| s.fwd_ms).sum();
+        let ts = (m - 1.0) * stages[q].steady_ms;
+        let te = stages[q].steady_ms - stages[q].fwd_ms + stages[q].allreduce_ms;
+        (tw, ts, te)
+    };
+    let total = |p: (f64, f64, f64)| p.0 + p.1 + p.2;
+    let pivot = (0..stages.len())
+        .max_by(|&a, &b| total(phases(a)).total_cmp(&total(phases(b))))
+        .expect("at least one stage");
+    let at_pivot = phases(pivot);
+    Latency::of(pivot, at_pivot, pivot, total(at_pivot))
 }
 
 /// The latency formula folded from the last stage to the first, as the

@@ -2,13 +2,16 @@
 //! planner, with the same model the search uses, so plans can be compared
 //! on equal terms.
 
-use crate::cost::{pipeline_latency, Alloc, PipeStage, StageCost, StageCoster};
+use crate::cost::{
+    pipeline_latency, zero_bubble_latency, Alloc, PipeStage, StageCost, StageCoster,
+};
 use crate::costing::{stage_costs, with_coster};
 use crate::error::Result;
 use crate::plan::{
     plan_schedule, Estimate, PipelinePosition, Plan, PositionKind, TransferEstimate,
 };
 use crate::profile::Profile;
+use crate::schedule::ScheduleKind;
 use crate::shape::MemoryTerms;
 use crate::simulate::{rerun_as_scheduled, sim_stages, simulate_stages, SimStage, StageTimeline};
 
@@ -45,7 +48,10 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
     if plan.schedule.kind.is_asynchronous() {
         return asynchronous_estimate(coster, plan, stages, transfers, &sim_stages, &transfers_ms);
     }
-    let lat = pipeline_latency(&pipe, plan.micro_batches);
+    let lat = match plan.schedule.kind {
+        ScheduleKind::ZeroBubbleH1 => zero_bubble_latency(&pipe, plan.micro_batches),
+        _ => pipeline_latency(&pipe, plan.micro_batches),
+    };
     // A checked plan's own schedule always builds and runs.
     let simulation = plan_schedule(plan, None)
         .and_then(|schedule| simulate_stages(&sim_stages, &transfers_ms, &schedule, false));
@@ -53,6 +59,11 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         Ok(sim) => {
             for (st, timeline) in stages.iter_mut().zip(&sim.stages) {
                 st.bubble_ms = Some(sim.iteration_ms - timeline.compute_ms);
+                if plan.schedule.kind == ScheduleKind::ZeroBubbleH1 {
+                    // Each micro-batch's activations stay until its W, past
+                    // the K_i the cost model's memory counts.
+                    st.memory_bytes = timeline.peak_memory_bytes;
+                }
             }
             Some(sim.iteration_ms)
         }

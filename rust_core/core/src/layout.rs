@@ -59,8 +59,9 @@ pub struct StageLayout {
     /// One entry per rank, in the order of the stage's devices: replica j's
     /// shards are entries `j * t .. (j + 1) * t`.
     pub replicas: Vec<ReplicaLayout>,
-    /// The stage's actions: forwards and backwards (written `F3`, `B2`),
-    /// then the AllReduce and the optimizer step (`AR`, `OPT`).
+    /// The stage's actions: forwards and backwards, whole or split (written
+    /// `F3`, `B2`, `I2`, `W2`), then the AllReduce and the optimizer step
+    /// (`AR`, `OPT`).
     pub actions: Vec<Action>,
     /// Split degree t: the GPUs each replica's layers are sharded over.
     pub tensor_parallel: u32,

@@ -33,6 +33,7 @@ pub mod split;
 pub mod topology;
 pub mod transformer;
 pub mod warmup;
+pub mod work_limit;
 
 pub use error::{Error, ErrorKind, Result};
 pub use format::FileObject;

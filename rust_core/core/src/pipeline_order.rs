@@ -24,8 +24,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::plan::{plan_schedule, Plan};
-use crate::schedule::{ActionKind, Schedule};
 
 /// What an action computes, written as torch writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,12 +230,12 @@ fn check_shape(ranks: u32, micro_batches: u32, chunks: u32) -> Result<()> {
         )));
     }
     let passes = 3 * u64::from(ranks) * u64::from(chunks) * u64::from(micro_batches);
-    if passes > crate::schedule::max_passes() {
+    if passes > crate::work_limit::max_passes() {
         return Err(Error::limit(format!(
             "{ranks} ranks x {chunks} chunks x {micro_batches} micro-batches is over the limit \
              of {} passes one schedule holds; use fewer, larger micro-batches, or raise the \
              limit (--max-passes)",
-            crate::schedule::max_passes()
+            crate::work_limit::max_passes()
         )));
     }
     Ok(())
@@ -401,82 +399,6 @@ impl PipelineOrder {
         };
         order.validate()?;
         Ok(order)
-    }
-
-    /// A synchronous schedule's order, one rank per stage: its forwards and
-    /// backwards. Its AR and OPT stay out: torch's pipeline schedule runs
-    /// the passes of one step, and the caller reduces and steps after it.
-    pub fn of_schedule(schedule: &Schedule) -> Result<PipelineOrder> {
-        if schedule.kind.is_asynchronous() {
-            return Err(Error::incompatible(format!(
-                "schedule {} is asynchronous: torch's pipeline schedules flush every step",
-                schedule.kind
-            )));
-        }
-        let rank_actions = schedule
-            .stages
-            .iter()
-            .map(|stage| {
-                let passes = stage.actions.iter().filter(|a| a.kind.is_pass());
-                passes
-                    .map(|a| {
-                        let computation = match a.kind {
-                            ActionKind::Forward => Computation::Forward,
-                            _ => Computation::FullBackward,
-                        };
-                        let m = a.micro_batch.expect("a pass has a micro-batch");
-                        StageAction::new(stage.stage as u32, computation, m)
-                    })
-                    .collect()
-            })
-            .collect();
-        let order = PipelineOrder {
-            micro_batches: schedule.micro_batches,
-            stage_ranks: (0..schedule.stages.len() as u32).collect(),
-            rank_actions,
-        };
-        order.validate()?;
-        Ok(order)
-    }
-
-    /// The order of `plan`'s own schedule (its warm-up depths K_i), one
-    /// pipeline rank per stage, where torch's pipelining can run the plan
-    /// as it is: it runs one data-parallel and one tensor-parallel degree
-    /// on every pipeline rank, each replica taking an equal slice. Stages
-    /// replicated or split unevenly, uneven slices (mixed GPUs) and an
-    /// asynchronous schedule are refused, naming what differs.
-    pub fn of_plan(plan: &Plan) -> Result<PipelineOrder> {
-        let degrees = |what: &str, per_stage: Vec<u32>| {
-            if per_stage.windows(2).all(|w| w[0] == w[1]) {
-                return Ok(());
-            }
-            let list: Vec<String> = per_stage.iter().map(ToString::to_string).collect();
-            Err(Error::incompatible(format!(
-                "stages {what} unevenly ({} by stage): torch's pipelining runs one degree on every \
-                 pipeline rank",
-                list.join(", ")
-            )))
-        };
-        let split = |s: &crate::plan::Stage| s.tensor_parallel.max(1);
-        degrees(
-            "replicated",
-            plan.stages
-                .iter()
-                .map(|s| s.devices.len() as u32 / split(s))
-                .collect(),
-        )?;
-        degrees("split", plan.stages.iter().map(split).collect())?;
-        if let Some(i) = plan.stages.iter().position(|s| {
-            s.slices
-                .as_ref()
-                .is_some_and(|v| v.windows(2).any(|w| w[0] != w[1]))
-        }) {
-            return Err(Error::incompatible(format!(
-                "stage {i} gives its GPUs uneven slices of each micro-batch (mixed GPUs): \
-                 torch's data parallelism splits a micro-batch evenly"
-            )));
-        }
-        PipelineOrder::of_schedule(&plan_schedule(plan, None)?)
     }
 
     pub fn ranks(&self) -> usize {
@@ -807,26 +729,6 @@ mod tests {
                 .collect();
             assert_eq!(torch, dapple, "rank {rank}");
         }
-    }
-
-    #[test]
-    fn a_dapple_schedule_keeps_its_warm_up_depths_and_leaves_ar_and_opt_to_the_caller() {
-        let early = Schedule::early_backward(3, 4, &[4, 2, 1]).unwrap();
-        let order = PipelineOrder::of_schedule(&early).unwrap();
-        assert_eq!(
-            rows(&order),
-            [
-                "0F0 0F1 0F2 0F3 0B0 0B1 0B2 0B3",
-                "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3",
-                "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3",
-            ]
-        );
-        let gpipe = PipelineOrder::of_schedule(&Schedule::gpipe(2, 2).unwrap()).unwrap();
-        assert_eq!(rows(&gpipe), ["0F0 0F1 0B1 0B0", "1F0 1F1 1B1 1B0"]);
-        let xpipe = Schedule::asynchronous(crate::schedule::ScheduleKind::XPipe, 2, 2, 3).unwrap();
-        let err = PipelineOrder::of_schedule(&xpipe).unwrap_err();
-        assert_eq!(err.kind, crate::ErrorKind::Incompatible);
-        assert!(err.to_string().contains("xpipe is asynchronous"), "{err}");
     }
 
     #[test]

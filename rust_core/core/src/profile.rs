@@ -846,6 +846,9 @@ pub struct LayerCosts {
     /// Per layer and measured batch size: the share of its forward re-run
     /// when it ends a re-computed stage (`Measurement::recompute_fwd_ms`).
     rerun_fractions: Vec<Vec<(u32, f64)>>,
+    /// Per layer and measured batch size: the weight gradient's share of
+    /// its backward (`Layer::backward_splits`).
+    weight_fractions: Vec<Vec<(u32, f64)>>,
     /// Per layer: bytes per sample the loss keeps outside a re-computed stage.
     loss_stored_per_sample: Vec<f64>,
     /// The optimizer's step time per parameter byte, on the profile's device.
@@ -1022,6 +1025,21 @@ impl TimePrefix {
     }
 }
 
+/// A per-layer share measured at some batch sizes, at `batch`: linear
+/// between measured sizes, the nearest one's outside them; `none` where
+/// nothing was measured.
+fn fraction_at(measured: &[(u32, f64)], batch: u32, none: f64) -> f64 {
+    let x = f64::from(batch);
+    match measured.iter().position(|&(b, _)| b >= batch) {
+        Some(0) => measured[0].1,
+        None => measured.last().map_or(none, |m| m.1),
+        Some(k) => {
+            let ((b0, y0), (b1, y1)) = (measured[k - 1], measured[k]);
+            y0 + (y1 - y0) * (x - f64::from(b0)) / f64::from(b1 - b0)
+        }
+    }
+}
+
 impl LayerCosts {
     pub fn new(profile: &Profile) -> LayerCosts {
         let n = profile.layers.len();
@@ -1079,6 +1097,17 @@ impl LayerCosts {
             ),
             allocator_reserved_factor: profile.allocator_reserved_factor.unwrap_or(1.0),
             rerun_fractions: profile.layers.iter().map(Layer::rerun_fractions).collect(),
+            weight_fractions: profile
+                .layers
+                .iter()
+                .map(|l| {
+                    let shares = l.backward_splits().into_iter().map(|(b, input, weight)| {
+                        let whole = input + weight;
+                        (b, if whole > 0.0 { weight / whole } else { 0.0 })
+                    });
+                    shares.collect()
+                })
+                .collect(),
             loss_stored_per_sample: profile
                 .layers
                 .iter()
@@ -1178,23 +1207,30 @@ impl LayerCosts {
         if end <= start || whole <= 0.0 {
             return 1.0;
         }
-        let skipped = times.fwd(end - 1, end) * (1.0 - self.rerun_fraction_at(end - 1, batch));
+        let skipped = times.fwd(end - 1, end)
+            * (1.0 - fraction_at(&self.rerun_fractions[end - 1], batch, 1.0));
         (whole - skipped) / whole
     }
 
-    /// Layer `layer`'s re-run share at `batch`: linear between measured
-    /// batch sizes, the nearest one's outside them.
-    fn rerun_fraction_at(&self, layer: usize, batch: u32) -> f64 {
-        let measured = &self.rerun_fractions[layer];
-        let x = f64::from(batch);
-        match measured.iter().position(|&(b, _)| b >= batch) {
-            Some(0) => measured[0].1,
-            None => measured.last().map_or(1.0, |m| m.1),
-            Some(k) => {
-                let ((b0, y0), (b1, y1)) = (measured[k - 1], measured[k]);
-                y0 + (y1 - y0) * (x - f64::from(b0)) / f64::from(b1 - b0)
-            }
+    /// The share of the backward of layers `start..end` that is their
+    /// weight gradient (W; the rest, the input gradient I, is what the
+    /// stage before waits for), on `times` (any GPU type, at slices of
+    /// `batch`): each layer's share weighted by its backward time.
+    pub fn weight_gradient_ratio(
+        &self,
+        times: &TimePrefix,
+        start: usize,
+        end: usize,
+        batch: u32,
+    ) -> f64 {
+        let whole = times.bwd(start, end);
+        if end <= start || whole <= 0.0 {
+            return 0.0;
         }
+        let weight: f64 = (start..end)
+            .map(|l| times.bwd(l, l + 1) * fraction_at(&self.weight_fractions[l], batch, 0.0))
+            .sum();
+        weight / whole
     }
 
     /// What a re-computed stage of layers `start..end` keeps per sample of
@@ -1352,6 +1388,40 @@ mod tests {
             p.validate().unwrap_err().field.as_deref(),
             Some("layers[1].measurements[0].bwd_weight_ms")
         );
+    }
+
+    #[test]
+    fn a_stages_weight_gradient_share_weighs_each_layers_by_its_backward() {
+        // Layer 0 has no weights (W = 0 of 2 ms), layer 1 measured W = 1.5
+        // of 4 ms, layer 2 has weights and no measurement (half of 6 ms),
+        // all at batch 4; at batch 8 layer 1's W is 5 of 8 ms.
+        let mut p = profile_of_layers(
+            "zb",
+            &[
+                (1.0, 2.0, 1000, 100),
+                (3.0, 4.0, 1000, 100),
+                (1.0, 6.0, 1000, 100),
+            ],
+            4,
+        );
+        p.layers[0].param_bytes = 0;
+        p.layers[1].measurements[0].bwd_weight_ms = Some(1.5);
+        for layer in &mut p.layers {
+            let mut at_8 = layer.measurements[0].clone();
+            at_8.batch_size = 8;
+            at_8.scale_times(2.0);
+            layer.measurements.push(at_8);
+        }
+        p.layers[1].measurements[1].bwd_weight_ms = Some(5.0);
+        p.validate().unwrap();
+        let costs = LayerCosts::new(&p);
+        let times = costs.times_at(4);
+        let ratio = |s, e, b| costs.weight_gradient_ratio(&times, s, e, b);
+        assert_eq!(ratio(0, 1, 4), 0.0);
+        assert!((ratio(0, 3, 4) - (1.5 + 3.0) / 12.0).abs() < 1e-12);
+        // Between measured sizes the share is linear: 0.375 at 4, 0.625 at 8.
+        assert!((ratio(1, 2, 6) - 0.5).abs() < 1e-12);
+        assert_eq!(ratio(2, 2, 4), 0.0);
     }
 
     #[test]

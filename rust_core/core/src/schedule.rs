@@ -17,24 +17,34 @@
 use rustc_hash::FxHashSet;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cost::WarmupPolicy;
 use crate::error::{Error, Result};
+use crate::pipeline_order::{Computation, PipelineOrder, StageAction};
+pub use crate::work_limit::{
+    check_passes, max_passes, set_max_passes, within_passes, MAX_PASSES, MAX_PASSES_CEILING,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     Forward,
+    /// The whole backward: input and weight gradients.
     Backward,
+    /// The backward's input gradient alone, which the stage before waits
+    /// for (zero bubble's B; torch's `I`).
+    InputGradient,
+    /// The backward's weight gradient alone, which nobody waits for (W).
+    WeightGradient,
     AllReduce,
     OptimizerStep,
 }
 
-/// One step of a stage; `micro_batch` is set for forwards and backwards only.
-/// Written `F3`, `B2`, `AR`, `OPT`.
+/// One step of a stage; `micro_batch` is set for the passes (forwards,
+/// backwards and their halves) only. Written `F3`, `B2`, `I2`, `W2`, `AR`,
+/// `OPT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Action {
     pub kind: ActionKind,
@@ -49,6 +59,8 @@ impl ActionKind {
         match self {
             ActionKind::Forward => "F",
             ActionKind::Backward => "B",
+            ActionKind::InputGradient => "I",
+            ActionKind::WeightGradient => "W",
             ActionKind::AllReduce => "AR",
             ActionKind::OptimizerStep => "OPT",
         }
@@ -59,6 +71,8 @@ impl ActionKind {
         [
             ActionKind::Forward,
             ActionKind::Backward,
+            ActionKind::InputGradient,
+            ActionKind::WeightGradient,
             ActionKind::AllReduce,
             ActionKind::OptimizerStep,
         ]
@@ -66,9 +80,29 @@ impl ActionKind {
         .find(|k| k.symbol() == symbol)
     }
 
-    /// A forward or a backward: a pass over one micro-batch.
+    /// A forward, a backward or half of one: a pass over one micro-batch.
     pub const fn is_pass(self) -> bool {
-        matches!(self, ActionKind::Forward | ActionKind::Backward)
+        !matches!(self, ActionKind::AllReduce | ActionKind::OptimizerStep)
+    }
+
+    /// A pass of the backward direction (B, I or W).
+    pub const fn is_backward(self) -> bool {
+        matches!(
+            self,
+            ActionKind::Backward | ActionKind::InputGradient | ActionKind::WeightGradient
+        )
+    }
+
+    /// The pass after which the micro-batch's input gradient goes to the
+    /// stage before (B or I), and which waits for the one of the stage after.
+    pub const fn sends_input_gradient(self) -> bool {
+        matches!(self, ActionKind::Backward | ActionKind::InputGradient)
+    }
+
+    /// The pass that ends the micro-batch's backward and lets its
+    /// activations go (B or W).
+    pub const fn ends_backward(self) -> bool {
+        matches!(self, ActionKind::Backward | ActionKind::WeightGradient)
     }
 }
 
@@ -103,10 +137,15 @@ impl fmt::Display for Action {
 impl FromStr for Action {
     type Err = Error;
 
-    /// Only the canonical spelling: `AR`, `OPT`, or `F`/`B` followed by a
-    /// micro-batch index in decimal without sign or leading zeros.
+    /// Only the canonical spelling: `AR`, `OPT`, or `F`/`B`/`I`/`W`
+    /// followed by a micro-batch index in decimal without sign or leading
+    /// zeros.
     fn from_str(s: &str) -> Result<Action> {
-        let bad = || Error::invalid(format!("action {s:?} is not F<n>, B<n>, AR or OPT"));
+        let bad = || {
+            Error::invalid(format!(
+                "action {s:?} is not F<n>, B<n>, I<n>, W<n>, AR or OPT"
+            ))
+        };
         let split = s.find(|c: char| c.is_ascii_digit()).unwrap_or(s.len());
         let (symbol, digits) = s.split_at(split);
         let kind = ActionKind::from_symbol(symbol).ok_or_else(bad)?;
@@ -134,6 +173,12 @@ crate::named_enum! {
         EarlyBackward1F1B = "early-backward-1f1b",
         /// All forwards, then all backwards; every micro-batch is in flight at once.
         GPipe = "gpipe",
+        /// Zero Bubble's ZB-H1 (Qi et al., ICLR 2024; torch's
+        /// `ScheduleInterleavedZeroBubble` with one stage per rank): 1F1B
+        /// with each backward split into its input gradient, sent on at
+        /// once, and its weight gradient, deferred into what would be
+        /// bubbles; the memory of 1F1B at policy A.
+        ZeroBubbleH1 = "zb-h1",
         /// XPipe: asynchronous 1F1B across mini-batches; each mini-batch's
         /// first micro-batch (its bellwether) predicts the weights the
         /// mini-batch should see with Adam's moments, for all its micro-batches.
@@ -186,7 +231,10 @@ impl ScheduleKind {
 
     /// Kinds that run several mini-batches without a flush between them.
     pub fn is_asynchronous(self) -> bool {
-        !matches!(self, ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe)
+        !matches!(
+            self,
+            ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe | ScheduleKind::ZeroBubbleH1
+        )
     }
 
     pub fn weight_rule(self) -> WeightRule {
@@ -317,58 +365,6 @@ fn check_shape(num_stages: usize, micro_batches: u32, mini_batches: u32) -> Resu
     check_passes(num_stages, u32::try_from(total).unwrap_or(u32::MAX))
 }
 
-/// Most micro-batch passes (stages x micro-batches) one schedule may hold,
-/// by default. Simulating a schedule costs time and memory in proportion to
-/// them (about 1.1 KB a pass), and the search simulates each candidate many
-/// times to choose its warm-up depths. At the limit `dapple simulate` takes
-/// 0.8 s and 285 MB, and a search over sizes up to it (BERT-48, 2^21
-/// samples on 2x8) 6.5 s and 190 MB (`benchmarks/README.md`). A plan above
-/// it is refused (`ErrorKind::Limit`); the search and the baselines leave
-/// out the micro-batch sizes that would pass it. `set_max_passes` raises it
-/// for the process (`--max-passes`), up to [`MAX_PASSES_CEILING`].
-pub const MAX_PASSES: u64 = 1 << 18;
-
-/// The most `set_max_passes` accepts: 2^24 passes, about 18 GB to simulate.
-pub const MAX_PASSES_CEILING: u64 = 1 << 24;
-
-static PASSES_LIMIT: AtomicU64 = AtomicU64::new(MAX_PASSES);
-
-/// The limit on the micro-batch passes of one schedule in this process.
-pub fn max_passes() -> u64 {
-    PASSES_LIMIT.load(Ordering::Relaxed)
-}
-
-/// Set the limit of [`max_passes`] for this process: a command-line
-/// option's, for one command. 1..=[`MAX_PASSES_CEILING`].
-pub fn set_max_passes(passes: u64) -> Result<()> {
-    if !(1..=MAX_PASSES_CEILING).contains(&passes) {
-        return Err(Error::field(
-            "max_passes",
-            format!("value {passes} must be in 1..={MAX_PASSES_CEILING}"),
-        ));
-    }
-    PASSES_LIMIT.store(passes, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Whether `num_stages` x `micro_batches` is within [`max_passes`].
-pub fn within_passes(num_stages: usize, micro_batches: u32) -> bool {
-    num_stages as u64 * u64::from(micro_batches) <= max_passes()
-}
-
-/// [`within_passes`], or a limit error saying what to do.
-pub fn check_passes(num_stages: usize, micro_batches: u32) -> Result<()> {
-    if within_passes(num_stages, micro_batches) {
-        return Ok(());
-    }
-    Err(Error::limit(format!(
-        "{num_stages} stages x {micro_batches} micro-batches is over the limit of {} \
-         micro-batch passes one simulation runs (its time and memory grow with them); \
-         use fewer, larger micro-batches, or raise the limit (--max-passes)",
-        max_passes()
-    )))
-}
-
 /// Mini-batches an asynchronous schedule is simulated over to measure its
 /// steady state: `fill` mini-batches to fill the pipeline (its warm-up
 /// spans 2S - 1 micro-batch passes on the first stage), a window of at
@@ -412,6 +408,37 @@ pub fn steady_state_window(num_stages: usize, micro_batches: u32, mini_batches: 
 }
 
 /// A synchronous schedule from lists without AR and OPT, validated.
+/// The pass a backward of micro-batch `t` of `kind` must follow and that
+/// has not run (`F{t}` for B and I, `I{t}` for W), if any; an error where
+/// a W follows a whole backward.
+fn missing_before(
+    kind: ActionKind,
+    t: usize,
+    fwd: &[Option<usize>],
+    bwd: &[Option<usize>],
+    split: &[bool],
+) -> std::result::Result<Option<String>, String> {
+    if kind != ActionKind::WeightGradient {
+        return Ok(fwd[t].is_none().then(|| format!("F{t}")));
+    }
+    match (bwd[t], split[t]) {
+        (None, _) => Ok(Some(format!("I{t}"))),
+        (Some(j), false) => Err(format!(
+            "follows action {j} (B{t}), whose backward was whole"
+        )),
+        (Some(_), true) => Ok(None),
+    }
+}
+
+/// What `a` gives the stage before: an input gradient, B or I, is written
+/// as B for the dry run of [`Schedule::validate`]; anything else as itself.
+fn gradient_sent(a: Action) -> Action {
+    match a.kind {
+        ActionKind::InputGradient => Action::new(ActionKind::Backward, a.micro_batch),
+        _ => a,
+    }
+}
+
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {
     let stages = lists
         .into_iter()
@@ -432,6 +459,45 @@ fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Re
 }
 
 impl Schedule {
+    /// A synchronous schedule's order, one rank per stage: its forwards and
+    /// backwards. Its AR and OPT stay out: torch's pipeline schedule runs
+    /// the passes of one step, and the caller reduces and steps after it.
+    pub fn pipeline_order(&self) -> Result<PipelineOrder> {
+        let schedule = self;
+        if schedule.kind.is_asynchronous() {
+            return Err(Error::incompatible(format!(
+                "schedule {} is asynchronous: torch's pipeline schedules flush every step",
+                schedule.kind
+            )));
+        }
+        let rank_actions = schedule
+            .stages
+            .iter()
+            .map(|stage| {
+                let passes = stage.actions.iter().filter(|a| a.kind.is_pass());
+                passes
+                    .map(|a| {
+                        let computation = match a.kind {
+                            ActionKind::Forward => Computation::Forward,
+                            ActionKind::InputGradient => Computation::BackwardInput,
+                            ActionKind::WeightGradient => Computation::BackwardWeight,
+                            _ => Computation::FullBackward,
+                        };
+                        let m = a.micro_batch.expect("a pass has a micro-batch");
+                        StageAction::new(stage.stage as u32, computation, m)
+                    })
+                    .collect()
+            })
+            .collect();
+        let order = PipelineOrder {
+            micro_batches: schedule.micro_batches,
+            stage_ranks: (0..schedule.stages.len() as u32).collect(),
+            rank_actions,
+        };
+        order.validate()?;
+        Ok(order)
+    }
+
     /// Early-backward 1F1B with warm-up depth `warmup[i]` = K_i for stage i,
     /// each in 1..=M. The result is validated, so warm-ups that deadlock
     /// (a later stage warming up deeper than an earlier one, K_i < K_{i+1} < M)
@@ -477,6 +543,34 @@ impl Schedule {
                 Error::invalid("warm-up policy auto has no fixed K_i: give each stage's depth")
             })?;
         Schedule::early_backward(num_stages, micro_batches, &warmup)
+    }
+
+    /// ZB-H1 on `num_stages` stages, one a rank: the order torch's
+    /// `ScheduleInterleavedZeroBubble` builds for one chunk
+    /// (`PipelineOrder::interleaved_zero_bubble`, the one place it is
+    /// written), each stage's passes followed by AR and OPT.
+    pub fn zero_bubble_h1(num_stages: usize, micro_batches: u32) -> Result<Schedule> {
+        check_shape(num_stages, micro_batches, 1)?;
+        let order = PipelineOrder::interleaved_zero_bubble(num_stages as u32, micro_batches, 1)?;
+        let lists = order
+            .rank_actions
+            .iter()
+            .map(|actions| {
+                actions
+                    .iter()
+                    .map(|a| {
+                        let kind = match a.computation {
+                            Computation::Forward => ActionKind::Forward,
+                            Computation::BackwardInput => ActionKind::InputGradient,
+                            Computation::BackwardWeight => ActionKind::WeightGradient,
+                            Computation::FullBackward => ActionKind::Backward,
+                        };
+                        Action::new(kind, Some(a.micro_batch))
+                    })
+                    .collect()
+            })
+            .collect();
+        finish(ScheduleKind::ZeroBubbleH1, micro_batches, lists)
     }
 
     /// GPipe: F0 .. F(M-1), then B(M-1) .. B0, on every stage.
@@ -555,7 +649,7 @@ impl Schedule {
                 continue;
             };
             let mini_batch = t / self.micro_batches;
-            let backward = action.kind == ActionKind::Backward;
+            let backward = action.kind.is_backward();
             let first = *bellwether[usize::from(backward)][mini_batch as usize].get_or_insert(live);
             let base_version = match (rule, backward) {
                 (WeightRule::Live, _) | (WeightRule::Stashed, false) => live,
@@ -607,7 +701,7 @@ impl Schedule {
         for a in &self.stages[stage].actions {
             match a.kind {
                 ActionKind::Forward => now += 1,
-                ActionKind::Backward => now = now.saturating_sub(1),
+                kind if kind.ends_backward() => now = now.saturating_sub(1),
                 _ => {}
             }
             peak = peak.max(now);
@@ -615,8 +709,9 @@ impl Schedule {
         peak
     }
 
-    /// Checks each stage's list on its own (every F and B of the run's
-    /// micro-batches exactly once, B_t after F_t, one AR and then one OPT
+    /// Checks each stage's list on its own (every F of the run's
+    /// micro-batches exactly once, and its backward once: whole (B_t) or
+    /// split (I_t, then W_t), after F_t; one AR and then one OPT
     /// per mini-batch after its last backward and before any backward of
     /// the next, nothing after the last OPT), then runs all stages together
     /// with unit durations to prove the schedule cannot deadlock under
@@ -646,6 +741,9 @@ impl Schedule {
         let total = self.total_micro_batches();
         let (m, n_mini) = (self.micro_batches, self.mini_batches as usize);
         let (mut fwd, mut bwd) = (vec![None; total as usize], vec![None; total as usize]);
+        // Where a backward is split: the position of W_t, and whether I_t
+        // (rather than B_t) ran.
+        let (mut weight, mut split) = (vec![None; total as usize], vec![false; total as usize]);
         // Positions of the AR and the OPT of mini-batch 0, 1, ...
         let (mut ars, mut opts): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         // "of mini-batch n" only where there are several.
@@ -664,29 +762,39 @@ impl Schedule {
                     opts[n_mini - 1]
                 )));
             }
+            if a.kind.is_pass() != a.micro_batch.is_some() {
+                let why = if a.kind.is_pass() {
+                    "has no"
+                } else {
+                    "must not have a"
+                };
+                return Err(at(&format!("{why} micro-batch")));
+            }
             let slot = match (a.kind, a.micro_batch) {
-                (ActionKind::Forward | ActionKind::Backward, None) => {
-                    return Err(at("has no micro-batch"))
-                }
-                (ActionKind::AllReduce | ActionKind::OptimizerStep, Some(_)) => {
-                    return Err(at("must not have a micro-batch"))
-                }
                 (_, Some(t)) if t >= total => {
                     return Err(at(&format!("is out of range 0..{total}")))
                 }
                 (ActionKind::Forward, Some(t)) => &mut fwd[t as usize],
-                (ActionKind::Backward, Some(t)) => {
-                    if fwd[t as usize].is_none() {
-                        return Err(at(&format!("comes before F{t}")));
+                // B, I or W: every other pass is F.
+                (kind, Some(t)) => {
+                    let t = t as usize;
+                    let before = missing_before(kind, t, &fwd, &bwd, &split).map_err(|e| at(&e))?;
+                    if let Some(before) = before {
+                        return Err(at(&format!("comes before {before}")));
                     }
-                    let mini = (t / m) as usize;
+                    let mini = t / m as usize;
                     if let Some(&j) = ars.get(mini) {
-                        return Err(format!("action {j} (AR{}) comes before B{t}", of(mini)));
+                        return Err(format!("action {j} (AR{}) comes before {a}", of(mini)));
                     }
                     if mini > opts.len() {
                         return Err(at(&format!("comes before the OPT{}", of(opts.len()))));
                     }
-                    &mut bwd[t as usize]
+                    if kind == ActionKind::WeightGradient {
+                        &mut weight[t]
+                    } else {
+                        split[t] = kind == ActionKind::InputGradient;
+                        &mut bwd[t]
+                    }
                 }
                 (ActionKind::AllReduce, None) => {
                     if ars.len() > opts.len() {
@@ -695,7 +803,8 @@ impl Schedule {
                     ars.push(i);
                     continue;
                 }
-                (ActionKind::OptimizerStep, None) => {
+                // OPT: every other action without a micro-batch is AR.
+                (_, None) => {
                     if ars.len() == opts.len() {
                         let n = opts.len();
                         return Err(at(&format!("comes before the AR{}", of(n))));
@@ -716,6 +825,9 @@ impl Schedule {
         };
         if let Some(msg) = missing("F", &fwd).or_else(|| missing("B", &bwd)) {
             return Err(msg);
+        }
+        if let Some(t) = (0..total as usize).find(|&t| split[t] && weight[t].is_none()) {
+            return Err(format!("W{t} is missing (I{t} ran)"));
         }
         if ars.len() < n_mini {
             return Err(format!("AR{} is missing", of(ars.len())));
@@ -741,16 +853,19 @@ impl Schedule {
                 let Some(&a) = st.actions.get(next[s]) else {
                     continue;
                 };
-                // F_m needs F_m on the stage before, B_m needs B_m on the stage after.
+                // F_m needs F_m on the stage before; B_m and I_m need the
+                // input gradient of m from the stage after (its B_m or I_m,
+                // both recorded as B_m); W_m needs nobody.
                 let from = match a.kind {
                     ActionKind::Forward if s > 0 => Some(s - 1),
-                    ActionKind::Backward if s + 1 < n => Some(s + 1),
+                    kind if kind.sends_input_gradient() && s + 1 < n => Some(s + 1),
                     _ => None,
                 };
+                let needed = gradient_sent(a);
                 match from {
                     // Waiting is common; it is put in words only for a deadlock.
-                    Some(o) if !done.contains(&(o, a)) => stuck.push((s, next[s], a, o)),
-                    _ => ran.push((s, a)),
+                    Some(o) if !done.contains(&(o, needed)) => stuck.push((s, next[s], needed, o)),
+                    _ => ran.push((s, gradient_sent(a))),
                 }
             }
             if ran.is_empty() {
@@ -760,7 +875,8 @@ impl Schedule {
                 let waits: Vec<String> = stuck
                     .iter()
                     .map(|(s, at, a, o)| {
-                        format!("stage {s} waits at action {at} ({a}) for {a} on stage {o}")
+                        let action = self.stages[*s].actions[*at];
+                        format!("stage {s} waits at action {at} ({action}) for {a} on stage {o}")
                     })
                     .collect();
                 return Err(Error::invalid(format!("deadlock: {}", waits.join("; "))));
@@ -789,6 +905,32 @@ impl fmt::Display for Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each rank's row of torch's CSV.
+    fn rows(order: &PipelineOrder) -> Vec<String> {
+        order.to_csv().lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn as_a_pipeline_order_a_dapple_schedule_keeps_its_warm_up_depths_and_leaves_ar_and_opt_to_the_caller(
+    ) {
+        let early = Schedule::early_backward(3, 4, &[4, 2, 1]).unwrap();
+        let order = early.pipeline_order().unwrap();
+        assert_eq!(
+            rows(&order),
+            [
+                "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3",
+                "1F0,1F1,1B0,1F2,1B1,1F3,1B2,1B3",
+                "2F0,2B0,2F1,2B1,2F2,2B2,2F3,2B3",
+            ]
+        );
+        let gpipe = Schedule::gpipe(2, 2).unwrap().pipeline_order().unwrap();
+        assert_eq!(rows(&gpipe), ["0F0,0F1,0B1,0B0", "1F0,1F1,1B1,1B0"]);
+        let xpipe = Schedule::asynchronous(crate::schedule::ScheduleKind::XPipe, 2, 2, 3).unwrap();
+        let err = xpipe.pipeline_order().unwrap_err();
+        assert_eq!(err.kind, crate::ErrorKind::Incompatible);
+        assert!(err.to_string().contains("xpipe is asynchronous"), "{err}");
+    }
 
     /// Non-empty lines of a literal table, trimmed.
     fn lines(text: &str) -> Vec<&str> {
@@ -942,6 +1084,64 @@ mod tests {
         assert!(Schedule::early_backward(2, 4, &[2, 5]).is_err());
         assert!(Schedule::early_backward(2, 4, &[2]).is_err());
         assert!(Schedule::gpipe(0, 4).is_err());
+    }
+
+    #[test]
+    fn zero_bubble_h1_as_a_table() {
+        // torch's ZB1P order for one chunk (pipeline_order.rs holds it to
+        // torch's class), each stage's list closed by AR and OPT.
+        let zb = Schedule::zero_bubble_h1(3, 4).unwrap();
+        assert_eq!(
+            zb.to_string(),
+            "stage 0: F0 F1 F2 I0 W0 F3 I1 W1 I2 W2 I3 W3 AR OPT\n\
+             stage 1: F0 F1 I0 F2 I1 W0 F3 I2 W1 I3 W2 W3 AR OPT\n\
+             stage 2: F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3 AR OPT"
+        );
+        // A micro-batch's activations stay until its W (as torch's
+        // stage_backward_input keeps the graph for stage_backward_weight):
+        // every stage holds up to S of them, where 1F1B's stage i holds S - i.
+        let peaks: Vec<u32> = (0..3).map(|s| zb.peak_in_flight(s)).collect();
+        assert_eq!(peaks, [3, 3, 3]);
+        assert_eq!(
+            rows(&zb.pipeline_order().unwrap())[2],
+            "2F0,2I0,2F1,2I1,2F2,2I2,2W0,2F3,2I3,2W1,2W2,2W3"
+        );
+    }
+
+    #[test]
+    fn validate_rejects_a_split_backward_out_of_order() {
+        let with = |first: &str| {
+            let mut zb = Schedule::zero_bubble_h1(1, 2).unwrap();
+            let text = format!("{first} AR OPT");
+            zb.stages[0].actions = text.split(' ').map(|a| a.parse().unwrap()).collect();
+            zb.validate().map_err(|e| e.to_string())
+        };
+        assert!(with("F0 I0 W0 F1 B1").is_ok());
+        let cases = [
+            ("F0 W0 I0 F1 B1", "action 1 (W0) comes before I0"),
+            (
+                "F0 B0 W0 F1 B1",
+                "action 2 (W0) follows action 1 (B0), whose backward was whole",
+            ),
+            ("F0 I0 F1 B1", "W0 is missing (I0 ran)"),
+            ("F0 I0 B0 W0 F1 B1", "action 2 (B0) duplicates action 1"),
+            ("I0 F0 W0 F1 B1", "action 0 (I0) comes before F0"),
+        ];
+        for (list, why) in cases {
+            let err = with(list).unwrap_err();
+            assert!(err.contains(why), "{list}: {err}");
+        }
+        // An I waits for the stage after's I (or B) of the same micro-batch.
+        let mut zb = Schedule::zero_bubble_h1(2, 1).unwrap();
+        zb.stages[1].actions = ["F0", "W0", "I0", "AR", "OPT"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert!(zb
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("comes before I0"));
     }
 
     #[test]

@@ -40,6 +40,9 @@ use crate::shape::{MemoryTerms, Recompute};
 pub struct SimStage {
     pub fwd_ms: f64,
     pub bwd_ms: f64,
+    /// Of `bwd_ms`, the weight gradient, which a split backward (ZB-H1's
+    /// I then W) runs apart from the input gradient.
+    pub bwd_weight_ms: f64,
     pub allreduce_ms: f64,
     pub optimizer_ms: f64,
     /// Weights, gradients and optimizer state: held all the time.
@@ -95,6 +98,10 @@ crate::named_enum! {
     pub enum TaskKind("a task kind") {
         Forward = "forward",
         Backward = "backward",
+        /// A split backward's input gradient (I), which the stage before waits for.
+        InputGradient = "input_gradient",
+        /// A split backward's weight gradient (W).
+        WeightGradient = "weight_gradient",
         /// Activations from stage `stage` to `stage + 1`.
         SendForward = "send_forward",
         /// Gradients from stage `stage + 1` back to `stage`.
@@ -254,6 +261,17 @@ impl<'a> Replay<'a> {
                 };
                 (self.backward_ready[s][mb.unwrap()], st.bwd_ms + extra)
             }
+            ActionKind::InputGradient => {
+                let extra = if self.recompute && !st.recomputes {
+                    st.recompute_ms
+                } else {
+                    0.0
+                };
+                let input_ms = st.bwd_ms - st.bwd_weight_ms;
+                (self.backward_ready[s][mb.unwrap()], input_ms + extra)
+            }
+            // After its I on the same stage, which the list puts first.
+            ActionKind::WeightGradient => (Some(self.stage_free[s]), st.bwd_weight_ms),
             ActionKind::AllReduce => (Some(self.stage_free[s]), st.allreduce_ms),
             ActionKind::OptimizerStep => (Some(self.stage_free[s]), st.optimizer_ms),
         };
@@ -288,7 +306,7 @@ impl<'a> Replay<'a> {
                 (ActionKind::Forward, Some(mb)) => {
                     self.forward_done(s, mb, end, trace.as_deref_mut())
                 }
-                (ActionKind::Backward, Some(mb)) => {
+                (ActionKind::Backward | ActionKind::InputGradient, Some(mb)) => {
                     self.backward_done(s, mb, end, trace.as_deref_mut())
                 }
                 _ => {}
@@ -356,6 +374,8 @@ impl Trace {
         let kind = match action.kind {
             ActionKind::Forward => TaskKind::Forward,
             ActionKind::Backward => TaskKind::Backward,
+            ActionKind::InputGradient => TaskKind::InputGradient,
+            ActionKind::WeightGradient => TaskKind::WeightGradient,
             ActionKind::AllReduce => TaskKind::AllReduce,
             ActionKind::OptimizerStep => TaskKind::OptimizerStep,
         };
@@ -386,6 +406,20 @@ impl Trace {
                 events.push((end, -st.stored_bytes - st.input_bytes - st.working_bytes));
             }
             ActionKind::Backward => {
+                self.compute[s] += duration;
+                events.push((start, st.working_bytes));
+                events.push((end, -st.stored_bytes - st.working_bytes));
+            }
+            // A split backward keeps the activations from its I (re-run
+            // there, where it re-computes) until its W.
+            ActionKind::InputGradient => {
+                self.compute[s] += duration;
+                let rerun = if recompute { st.stored_bytes } else { 0.0 };
+                let input = if recompute { st.input_bytes } else { 0.0 };
+                events.push((start, rerun + st.working_bytes));
+                events.push((end, -input - st.working_bytes));
+            }
+            ActionKind::WeightGradient => {
                 self.compute[s] += duration;
                 events.push((start, st.working_bytes));
                 events.push((end, -st.stored_bytes - st.working_bytes));
@@ -760,9 +794,16 @@ pub(crate) fn sim_stages(
                 )
             });
             let slice = f64::from(c.slice_size);
+            let times = coster.any_times(0, c.slice_size);
+            let recompute_ms = c.fwd_ms * layers.rerun_ratio(&times, start, end, c.slice_size);
+            let recomputes = shape.recompute == Recompute::Full;
+            // The weight gradient's share of the backward without its re-run.
+            let plain_bwd_ms = c.bwd_ms - if recomputes { recompute_ms } else { 0.0 };
             SimStage {
                 fwd_ms: c.fwd_ms,
                 bwd_ms: c.bwd_ms,
+                bwd_weight_ms: plain_bwd_ms
+                    * layers.weight_gradient_ratio(&times, start, end, c.slice_size),
                 allreduce_ms: c.exposed_allreduce_ms,
                 optimizer_ms: optimizer_ms(coster, s, alloc, memory.as_ref()),
                 model_state_bytes: memory.map_or_else(
@@ -789,15 +830,9 @@ pub(crate) fn sim_stages(
                     || slice * layers.recompute_kept_bytes_per_sample(start, end),
                     |m| m.input_bytes,
                 ),
-                recompute_ms: c.fwd_ms
-                    * layers.rerun_ratio(
-                        &coster.any_times(0, c.slice_size),
-                        start,
-                        end,
-                        c.slice_size,
-                    ),
+                recompute_ms,
                 memory_limit_bytes: c.memory_limit_bytes,
-                recomputes: shape.recompute == Recompute::Full,
+                recomputes,
             }
         })
         .collect()
@@ -836,6 +871,7 @@ mod tests {
                 fwd_ms: f,
                 recompute_ms: f,
                 bwd_ms: b,
+                bwd_weight_ms: b / 2.0,
                 allreduce_ms: 0.0,
                 optimizer_ms: 0.0,
                 model_state_bytes: 100.0,
@@ -988,6 +1024,47 @@ mod tests {
             .map(|t| t.end_ms)
             .fold(0.0, f64::max);
         assert_eq!(ar.start_ms, last_b);
+    }
+
+    #[test]
+    fn zero_bubble_h1_waits_a_third_of_1f1b_and_agrees_with_the_order_dry_run() {
+        // F = I = W = 1 on equal stages with free links: 1F1B (policy A)
+        // takes (M + S - 1) x 3; ZB-H1 fills two thirds of each stage's
+        // wait with deferred weight gradients: 3M + (S - 1).
+        for s in 1..=5usize {
+            for m in [s as u32, 2 * s as u32, 8] {
+                let stages = equal_stages(s, 1.0, 2.0);
+                let links = vec![0.0; s - 1];
+                let one_f_one_b =
+                    Schedule::early_backward_with_policy(s, m, WarmupPolicy::A).unwrap();
+                let zb = Schedule::zero_bubble_h1(s, m).unwrap();
+                let base = simulate_stages(&stages, &links, &one_f_one_b, false).unwrap();
+                let sim = simulate_stages(&stages, &links, &zb, false).unwrap();
+                let (s_f, m_f) = (s as f64, f64::from(m));
+                assert!((base.iteration_ms - 3.0 * (m_f + s_f - 1.0)).abs() < 1e-9);
+                assert!(
+                    (sim.iteration_ms - (3.0 * m_f + s_f - 1.0)).abs() < 1e-9,
+                    "S={s} M={m}: {}",
+                    sim.iteration_ms
+                );
+                // The order's own dry run gives the same iteration.
+                let order = zb.pipeline_order().unwrap();
+                let costs = vec![crate::pipeline_order::StageCosts::equal_passes(1.0, 2.0); s];
+                let run = order.run(&costs).unwrap();
+                assert!((run.iteration_ms - sim.iteration_ms).abs() < 1e-9);
+                // Its tasks: an I and a W per micro-batch on every stage.
+                let count = |kind| sim.tasks.iter().filter(|t| t.kind == kind).count();
+                assert_eq!(count(TaskKind::InputGradient), s * m as usize);
+                assert_eq!(count(TaskKind::WeightGradient), s * m as usize);
+                assert_eq!(count(TaskKind::Backward), 0);
+                // Activations live until W: every stage holds up to
+                // min(S, M) micro-batches, 1F1B's stage i min(S - i, M).
+                for (i, (a, b)) in sim.stages.iter().zip(&base.stages).enumerate() {
+                    assert_eq!(a.peak_in_flight, (s as u32).min(m), "stage {i}");
+                    assert_eq!(b.peak_in_flight, (s as u32 - i as u32).min(m));
+                }
+            }
+        }
     }
 
     #[test]

@@ -294,6 +294,7 @@ mod tests {
             fwd_ms: f,
             recompute_ms: f,
             bwd_ms: b,
+            bwd_weight_ms: b / 2.0,
             allreduce_ms: 0.0,
             optimizer_ms: 0.0,
             model_state_bytes: state,

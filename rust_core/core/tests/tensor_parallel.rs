@@ -130,6 +130,7 @@ fn the_1f1b_bubble_is_p_minus_1_over_m() {
                 fwd_ms: 1.0,
                 recompute_ms: 1.0,
                 bwd_ms: 2.0,
+                bwd_weight_ms: 1.0,
                 allreduce_ms: 0.0,
                 optimizer_ms: 0.0,
                 model_state_bytes: 0.0,

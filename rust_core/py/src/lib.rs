@@ -185,6 +185,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|k| k.name())
         .collect();
     m.add("ASYNCHRONOUS_SCHEDULES", names(py, asynchronous)?)?;
+    let searched: Vec<&str> = dapple_core::search::kinds::SEARCHED_KINDS
+        .iter()
+        .map(|k| k.name())
+        .collect();
+    m.add("SEARCHED_SCHEDULES", names(py, searched)?)?;
     let predictors = PyDict::new(py);
     for kind in ScheduleKind::ALL {
         if let Some(p) = kind.predictor() {

@@ -176,10 +176,11 @@ crate::file_object_methods!(PyPlan {
 
     /// The order torch's pipelining would run this plan by, one pipeline
     /// rank per stage, in torch's action notation
-    /// (`PipelineOrder::of_plan`); refused, naming what differs, where
+    /// (`Plan::pipeline_order`); refused, naming what differs, where
     /// torch cannot run the plan as it is.
     fn pipeline_order(&self) -> PyResult<crate::pipeline_order::PyPipelineOrder> {
-        dapple_core::pipeline_order::PipelineOrder::of_plan(&self.inner)
+        self.inner
+            .pipeline_order()
             .map(crate::pipeline_order::PyPipelineOrder)
             .map_err(to_py_err)
     }

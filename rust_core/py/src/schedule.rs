@@ -33,12 +33,13 @@ impl std::fmt::Display for PyAction {
 
 #[pymethods]
 impl PyAction {
-    /// `kind`: "F", "B", "AR" or "OPT"; `micro_batch` for "F" and "B" only.
+    /// `kind`: "F", "B", "I", "W", "AR" or "OPT"; `micro_batch` for the
+    /// passes (F, B, I, W) only.
     #[new]
     #[pyo3(signature = (kind, micro_batch=None))]
     fn new(kind: &str, micro_batch: Option<u32>) -> PyResult<Self> {
         let kind = ActionKind::from_symbol(kind).ok_or_else(|| {
-            PyValueError::new_err(format!("action kind {kind:?} is not F, B, AR or OPT"))
+            PyValueError::new_err(format!("action kind {kind:?} is not F, B, I, W, AR or OPT"))
         })?;
         if kind.is_pass() != micro_batch.is_some() {
             return Err(PyValueError::new_err(format!(
@@ -50,13 +51,14 @@ impl PyAction {
         Ok(PyAction(Action::new(kind, micro_batch)))
     }
 
-    /// The action written `text` (`F3`, `B2`, `AR`, `OPT`), as the core parses it.
+    /// The action written `text` (`F3`, `B2`, `I2`, `W2`, `AR`, `OPT`), as
+    /// the core parses it.
     #[staticmethod]
     fn parse(text: &str) -> PyResult<Self> {
         text.parse().map(PyAction).map_err(to_py_err)
     }
 
-    /// "F", "B", "AR" or "OPT".
+    /// "F", "B", "I", "W", "AR" or "OPT".
     #[getter]
     fn kind(&self) -> &'static str {
         self.0.kind.symbol()

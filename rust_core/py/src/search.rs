@@ -1,4 +1,5 @@
 use dapple_core::cost::WarmupPolicy;
+use dapple_core::schedule::ScheduleKind;
 use dapple_core::search::{search as search_plan, SearchOptions, SearchSpace, StageShapes};
 use pyo3::prelude::*;
 
@@ -15,7 +16,7 @@ type Stats = (Vec<u32>, usize, u64);
 /// searching.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true, schedule=None))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -28,6 +29,7 @@ fn search(
     stage_shapes: &str,
     max_search_bytes: Option<u64>,
     refine: bool,
+    schedule: Option<&str>,
 ) -> PyResult<(PyPlan, Stats)> {
     let mut opts = SearchOptions::new(global_batch_size);
     opts.warmup_policy =
@@ -43,6 +45,10 @@ fn search(
         opts.max_search_bytes = bytes;
     }
     opts.refine = refine;
+    opts.schedule = match schedule {
+        None | Some("auto") => None,
+        Some(name) => Some(synchronous_kind(name).map_err(to_py_err)?),
+    };
     let result = py
         .detach(|| search_plan(&profile.inner, &topology.inner, &opts))
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
@@ -51,6 +57,19 @@ fn search(
         crate::Wraps::wrap(result.plan, None),
         (s.micro_batch_sizes, s.states, s.stages_costed),
     ))
+}
+
+/// A synchronous schedule kind by name; an asynchronous one is planned by
+/// `asynchronous_plan`, not by the search.
+fn synchronous_kind(name: &str) -> dapple_core::Result<ScheduleKind> {
+    let kind = ScheduleKind::parse(name).map_err(|e| e.under("schedule"))?;
+    if kind.is_asynchronous() {
+        return Err(dapple_core::Error::field(
+            "schedule",
+            format!("value {name:?} is asynchronous: the search plans the synchronous kinds"),
+        ));
+    }
+    Ok(kind)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

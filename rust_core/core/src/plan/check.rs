@@ -66,6 +66,11 @@ fn check_batching(plan: &Plan) -> Result<()> {
     if plan.micro_batches == 0 {
         return Err(Error::field("micro_batches", "value 0 must be >= 1"));
     }
+    if plan.schedule.kind == ScheduleKind::ZeroBubbleH1 {
+        // torch's order runs the micro-batches in equal rounds.
+        crate::schedule::Schedule::zero_bubble_h1(plan.stages.len(), plan.micro_batches)
+            .map_err(|e| e.under("micro_batches"))?;
+    }
     let gbs = plan.inputs.global_batch_size;
     if plan.micro_batch_size.checked_mul(plan.micro_batches) != Some(gbs) {
         return Err(Error::field(
@@ -357,6 +362,9 @@ fn check_warmup(plan: &Plan, i: usize) -> Result<()> {
         Some(expected) if k != expected => {
             let why = match kind {
                 ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
+                ScheduleKind::ZeroBubbleH1 => {
+                    "ZB-H1 runs one micro-batch ahead per stage from here".to_string()
+                }
                 ScheduleKind::EarlyBackward1F1B => {
                     format!("warm-up policy {} gives this stage", policy.name())
                 }

@@ -11,6 +11,7 @@ pub use check::{check, check_layout};
 use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
+use crate::pipeline_order::PipelineOrder;
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
 use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
@@ -404,6 +405,47 @@ fn check_no_negative(value: &serde_json::Value, path: &str) -> Result<()> {
 }
 
 impl Plan {
+    /// The order of `plan`'s own schedule (its warm-up depths K_i), one
+    /// pipeline rank per stage, where torch's pipelining can run the plan
+    /// as it is: it runs one data-parallel and one tensor-parallel degree
+    /// on every pipeline rank, each replica taking an equal slice. Stages
+    /// replicated or split unevenly, uneven slices (mixed GPUs) and an
+    /// asynchronous schedule are refused, naming what differs.
+    pub fn pipeline_order(&self) -> Result<PipelineOrder> {
+        let plan = self;
+        let degrees = |what: &str, per_stage: Vec<u32>| {
+            if per_stage.windows(2).all(|w| w[0] == w[1]) {
+                return Ok(());
+            }
+            let list: Vec<String> = per_stage.iter().map(ToString::to_string).collect();
+            Err(Error::incompatible(format!(
+                "stages {what} unevenly ({} by stage): torch's pipelining runs one degree on every \
+                 pipeline rank",
+                list.join(", ")
+            )))
+        };
+        let split = |s: &crate::plan::Stage| s.tensor_parallel.max(1);
+        degrees(
+            "replicated",
+            plan.stages
+                .iter()
+                .map(|s| s.devices.len() as u32 / split(s))
+                .collect(),
+        )?;
+        degrees("split", plan.stages.iter().map(split).collect())?;
+        if let Some(i) = plan.stages.iter().position(|s| {
+            s.slices
+                .as_ref()
+                .is_some_and(|v| v.windows(2).any(|w| w[0] != w[1]))
+        }) {
+            return Err(Error::incompatible(format!(
+                "stage {i} gives its GPUs uneven slices of each micro-batch (mixed GPUs): \
+                 torch's data parallelism splits a micro-batch evenly"
+            )));
+        }
+        plan_schedule(plan, None)?.pipeline_order()
+    }
+
     /// A plan of this dapple version, not yet costed or selected.
     pub fn new(
         inputs: PlanInputs,
@@ -456,8 +498,10 @@ impl Plan {
 
 /// Micro-batches stage i runs forward before its first backward (K_i):
 /// the warm-up policy's for early backward, all of them for GPipe, one per
-/// stage from here for the asynchronous kinds (PipeDream's 1F1B, which
-/// runs across mini-batches and so is not capped by M); None where the
+/// stage from here up to M for ZB-H1 (its first I waits as policy A's
+/// first B does), one per stage from here for the asynchronous kinds
+/// (PipeDream's 1F1B, which runs across mini-batches and so is not capped
+/// by M); None where the
 /// depth is the plan's own choice (policy auto).
 pub fn warmup_depth(
     kind: ScheduleKind,
@@ -468,6 +512,7 @@ pub fn warmup_depth(
     match kind {
         ScheduleKind::EarlyBackward1F1B => policy.warmup(stages_from_here, micro_batches),
         ScheduleKind::GPipe => Some(micro_batches),
+        ScheduleKind::ZeroBubbleH1 => Some(stages_from_here.min(micro_batches)),
         _ => Some(stages_from_here),
     }
 }
@@ -518,6 +563,7 @@ pub fn plan_schedule_over(
             Schedule::asynchronous(asynchronous, s_count, plan.micro_batches, mini_batches)
         }
         ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches),
+        ScheduleKind::ZeroBubbleH1 => Schedule::zero_bubble_h1(s_count, plan.micro_batches),
         ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
             let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();
             Schedule::early_backward(s_count, plan.micro_batches, &warmup)

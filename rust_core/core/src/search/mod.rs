@@ -9,7 +9,9 @@
 //!    costed and ranked by simulated iteration;
 //! 4. the walk (`walk.rs`): every other layout whose bound is below the
 //!    fastest simulated time, costed the same way (`docs/cost-model.md`);
-//! 5. refinement (`refine.rs`): local moves around the chosen plan.
+//! 5. refinement (`refine.rs`): local moves around the chosen plan;
+//! 6. the schedule kind (`kinds.rs`): the ranked layouts run as each
+//!    synchronous kind, the fastest that fits.
 //!
 //! Data flows one way: each phase imports only those above it in this
 //! list, and none imports this module.
@@ -18,11 +20,12 @@ use crate::cost::{Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::plan::{ChosenBy, Plan, PlanInputs, Selection};
 use crate::profile::{LayerCosts, Profile};
-use crate::schedule::within_passes;
+use crate::schedule::{within_passes, ScheduleKind};
 use crate::topology::Topology;
 
 mod candidate;
 mod dp;
+pub mod kinds;
 mod passes;
 mod refine;
 pub(crate) mod space;
@@ -59,6 +62,9 @@ pub struct SearchOptions {
     /// Improve the chosen plan by local moves (`refine.rs`), up to
     /// `REFINE_MAX_DEVICES` GPUs. Off: the plan is the search space's.
     pub refine: bool,
+    /// The synchronous schedule kind; None ("auto"): the fastest of
+    /// `kinds::SEARCHED_KINDS` (`kinds.rs`).
+    pub schedule: Option<ScheduleKind>,
 }
 
 /// Default of `SearchOptions::max_search_bytes` (`dapple plan
@@ -79,6 +85,7 @@ impl SearchOptions {
             profile_path: None,
             max_search_bytes: DEFAULT_MAX_SEARCH_BYTES,
             refine: true,
+            schedule: None,
         }
     }
 }
@@ -140,6 +147,60 @@ pub(crate) fn search_offering(
     opts: &SearchOptions,
     offered: Offered,
 ) -> Result<SearchResult> {
+    let kinds = opts
+        .schedule
+        .map_or_else(|| kinds::SEARCHED_KINDS.to_vec(), |k| vec![k]);
+    let (chosen, mut ranked, mut stats) = search_layouts(profile, topology, opts, offered)?;
+    if kinds.contains(&ScheduleKind::ZeroBubbleH1) && opts.warmup_policy != WarmupPolicy::A {
+        // ZB-H1 runs policy A's depths: the layouts best at them are its
+        // candidates too (a layout fast only as ZB-H1 can rank low under
+        // searched depths).
+        let at_a = SearchOptions {
+            warmup_policy: WarmupPolicy::A,
+            ..opts.clone()
+        };
+        if let Ok((plan, more, also)) = search_layouts(profile, topology, &at_a, offered) {
+            ranked.push(plan);
+            ranked.extend(more);
+            stats.states += also.states;
+            stats.stages_costed += also.stages_costed;
+            stats.refine_plans_costed += also.refine_plans_costed;
+        }
+    }
+    // 6. The schedule kind.
+    let ranked: Vec<&Plan> = ranked.iter().collect();
+    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, profile)? else {
+        return Err(Error::infeasible(format!(
+            "no layout the search ranked fits in memory as {}",
+            kinds[0]
+        )));
+    };
+    // How the search chose. Its bound and proof are early backward's, over
+    // its space; refinement's start is the chosen layout's.
+    let same_kind = plan.schedule.kind == chosen.schedule.kind;
+    let same_layout = plan.stages.len() == chosen.stages.len()
+        && plan.stages.iter().zip(&chosen.stages).all(|(a, b)| {
+            (a.layer_start, a.layer_end, &a.devices) == (b.layer_start, b.layer_end, &b.devices)
+        });
+    plan.selection = chosen.selection.map(|selection| Selection {
+        simulated_ms: plan.estimate.as_ref().and_then(|e| e.iteration_ms),
+        lower_bound_ms: selection.lower_bound_ms.filter(|_| same_kind),
+        optimal: selection.optimal.filter(|_| same_kind),
+        refined_from_ms: selection.refined_from_ms.filter(|_| same_layout),
+        ..selection
+    });
+    plan.inputs = chosen.inputs;
+    Ok(SearchResult { plan, stats })
+}
+
+/// Phases 1-5: the chosen early-backward plan, every candidate ranked on
+/// the way, and the search's counts.
+fn search_layouts(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+    offered: Offered,
+) -> Result<(Plan, Vec<Plan>, SearchStats)> {
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
     let (min_slice, sizes) = micro_batch_split(profile, opts)?;
     let layers = LayerCosts::new(profile);
@@ -213,7 +274,8 @@ pub(crate) fn search_offering(
         optimal: walked.optimal,
     };
     let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
-    Ok(SearchResult { plan, stats })
+    let ranked = ranking.ranked.into_iter().map(|c| c.plan).collect();
+    Ok((plan, ranked, stats))
 }
 
 /// The smallest slice a GPU may get, and the micro-batch sizes searched.
@@ -752,6 +814,8 @@ mod tests {
                 random_mixed(&mut rng, shapes[case % shapes.len()], case, &mut profile);
             let gbs = [4, 6, 8][case % 3];
             let mut opts = SearchOptions::new(gbs);
+            // Early backward: the brute force's kind.
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
             opts.stage_shapes = StageShapes::Plain;
             opts.search_space = SearchSpace::Full;
             let expected = brute_force(
@@ -816,6 +880,8 @@ mod tests {
                 WarmupPolicy::B
             };
             let mut opts = SearchOptions::new(gbs);
+            // Early backward: the brute force's kind.
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
             opts.stage_shapes = StageShapes::Plain;
             opts.warmup_policy = policy;
             opts.search_space = SearchSpace::Full;
@@ -863,6 +929,8 @@ mod tests {
             let profile = random_profile(&mut rng, layers);
             let gbs = [4, 6, 8][case % 3];
             let mut opts = SearchOptions::new(gbs);
+            // Early backward: the brute force's kind.
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
             opts.stage_shapes = StageShapes::Plain;
             opts.search_space = SearchSpace::Full;
             let expected = brute_force(
@@ -875,6 +943,48 @@ mod tests {
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
             assert_is_the_optimum(expected, search(&profile, &topology, &opts), &what);
         }
+    }
+
+    /// `--schedule auto` is the faster of the search run for each kind alone,
+    /// and is never slower than either.
+    #[test]
+    fn the_schedule_kind_is_chosen_and_never_slower_than_one_kind_alone() {
+        let mut rng = StdRng::seed_from_u64(20261125);
+        let shapes = ["1x2", "1x4", "2x2", "1x8", "2x4"];
+        let mut zb_chosen = 0;
+        for case in 0..40 {
+            let (_, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let layers = rng.gen_range(2..=6);
+            let profile = random_profile(&mut rng, layers);
+            let mut opts = SearchOptions::new([8, 12, 16][case % 3]);
+            opts.stage_shapes = StageShapes::Plain;
+            let ms = |kind: Option<ScheduleKind>| {
+                let mut o = opts.clone();
+                o.schedule = kind;
+                search(&profile, &topology, &o)
+                    .ok()
+                    .map(|r| (r.plan.iteration_ms().unwrap(), r.plan))
+            };
+            let Some((auto, plan)) = ms(None) else {
+                continue;
+            };
+            let alone: Vec<f64> = kinds::SEARCHED_KINDS
+                .iter()
+                .filter_map(|&k| ms(Some(k)).map(|r| r.0))
+                .collect();
+            let fastest = alone.iter().copied().fold(f64::INFINITY, f64::min);
+            assert!(
+                (auto - fastest).abs() <= 1e-9 * fastest,
+                "case {case}: {auto} vs {alone:?}"
+            );
+            let estimate = evaluate(&plan, &profile).unwrap();
+            assert_eq!(estimate.iteration_ms, Some(auto));
+            // Each kind's bound is below its simulation.
+            assert!(estimate.latency_ms <= auto * (1.0 + 1e-9), "case {case}");
+            zb_chosen += usize::from(plan.schedule.kind == ScheduleKind::ZeroBubbleH1);
+        }
+        // Both kinds win somewhere on these cases.
+        assert!((1..40).contains(&zb_chosen), "{zb_chosen}");
     }
 
     /// The search's result is the brute force's (smallest bound, smallest
@@ -1004,6 +1114,8 @@ mod tests {
                     (state * state_share + stored * rng.gen_range(0.1..0.8)) as u64;
             }
             let mut opts = SearchOptions::new(gbs);
+            // Early backward: the brute force's kind.
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
             opts.search_space = SearchSpace::Full;
             // Every shape, also where nothing splits.
             opts.stage_shapes = StageShapes::All;

@@ -1,0 +1,124 @@
+//! The search's phase 6, the schedule kind: the layouts the search
+//! ranked, each run as every synchronous kind it may choose, and the
+//! fastest that fits.
+//!
+//! Phases 1-5 search layouts, micro-batch sizes and warm-up depths for
+//! DAPPLE's early backward. Here the chosen plan and each ranked candidate
+//! are also costed as ZB-H1 (its depths fixed by the kind), in order of a
+//! bound no kind beats (the busiest stage's passes and AllReduce), until
+//! no candidate left can be faster. `search_offering` adds the candidates
+//! of a search at warm-up policy A, whose depths ZB-H1 runs. The walk of
+//! phase 4 prunes by early backward's bound, which ZB-H1 can beat: a
+//! layout the walk left out could be faster as ZB-H1, so the kinds are
+//! compared over the layouts the searches kept (docs/schedules.md).
+
+use crate::cost::WarmupPolicy;
+use crate::error::Result;
+use crate::evaluate::evaluate;
+use crate::plan::{warmup_depth, Plan};
+use crate::profile::Profile;
+use crate::schedule::ScheduleKind;
+
+/// The synchronous kinds the search chooses among; early backward is the
+/// search's own.
+pub const SEARCHED_KINDS: [ScheduleKind; 2] =
+    [ScheduleKind::EarlyBackward1F1B, ScheduleKind::ZeroBubbleH1];
+
+/// `plan`'s layout run as `kind`, with the depths the kind gives, costed;
+/// None where it does not fit, or the kind cannot run its micro-batches
+/// (torch's ZB-H1 order takes them in equal rounds). Early backward keeps
+/// the plan's own depths.
+pub(crate) fn as_kind(plan: &Plan, kind: ScheduleKind, profile: &Profile) -> Result<Option<Plan>> {
+    if kind == plan.schedule.kind {
+        return Ok(Some(plan.clone()));
+    }
+    let mut other = plan.clone();
+    other.schedule.kind = kind;
+    let (count, m) = (other.stages.len() as u32, other.micro_batches);
+    for (i, stage) in other.stages.iter_mut().enumerate() {
+        let policy = other.schedule.warmup_policy;
+        if let Some(k) = warmup_depth(kind, policy, count - i as u32, m) {
+            stage.warmup_micro_batches = k;
+        }
+    }
+    // The plan checked as `plan` was; only the kind's own rules can refuse it.
+    let Ok(estimate) = evaluate(&other, profile) else {
+        return Ok(None);
+    };
+    Ok(estimate.fits_memory.then_some(Plan {
+        estimate: Some(estimate),
+        ..other
+    }))
+}
+
+/// A costed plan's simulated iteration.
+fn simulated_ms(plan: &Plan) -> f64 {
+    plan.iteration_ms().unwrap_or(f64::INFINITY)
+}
+
+/// The least time `plan`'s layout can take under any synchronous kind: its
+/// busiest stage's forwards and backwards of every micro-batch, then its
+/// AllReduce.
+fn busiest_stage_ms(plan: &Plan) -> f64 {
+    let m = f64::from(plan.micro_batches);
+    plan.estimate.as_ref().map_or(0.0, |e| {
+        e.stages
+            .iter()
+            .map(|s| m * (s.fwd_ms + s.bwd_ms) + s.exposed_allreduce_ms)
+            .fold(0.0, f64::max)
+    })
+}
+
+/// The fastest plan that fits among `chosen` and `ranked` run as each kind
+/// in `kinds`: `chosen` as each kind first, then the ranked layouts in
+/// order of their bound while it is below the fastest found. A ranked plan
+/// searched under another warm-up policy than `chosen`'s is a candidate of
+/// the kinds whose depths are fixed only; every result records `chosen`'s
+/// policy.
+pub(crate) fn fastest_kind(
+    chosen: &Plan,
+    ranked: &[&Plan],
+    kinds: &[ScheduleKind],
+    profile: &Profile,
+) -> Result<Option<Plan>> {
+    let mut best: Option<Plan> = None;
+    let policy = chosen.schedule.warmup_policy;
+    keep_faster(&mut best, chosen, kinds, policy, profile)?;
+    let mut others: Vec<(f64, &Plan)> = ranked.iter().map(|p| (busiest_stage_ms(p), *p)).collect();
+    others.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (bound, plan) in others {
+        if best.as_ref().is_some_and(|b| bound >= simulated_ms(b)) {
+            break;
+        }
+        keep_faster(&mut best, plan, kinds, policy, profile)?;
+    }
+    Ok(best)
+}
+
+/// `plan` run as each of `kinds` under warm-up policy `policy`, kept in
+/// `best` where it fits and is faster.
+fn keep_faster(
+    best: &mut Option<Plan>,
+    plan: &Plan,
+    kinds: &[ScheduleKind],
+    policy: WarmupPolicy,
+    profile: &Profile,
+) -> Result<()> {
+    for &kind in kinds {
+        let depths_searched = kind == ScheduleKind::EarlyBackward1F1B;
+        if depths_searched && plan.schedule.warmup_policy != policy {
+            continue;
+        }
+        let Some(mut run) = as_kind(plan, kind, profile)? else {
+            continue;
+        };
+        run.schedule.warmup_policy = policy;
+        if best
+            .as_ref()
+            .is_none_or(|b| simulated_ms(&run) < simulated_ms(b))
+        {
+            *best = Some(run);
+        }
+    }
+    Ok(())
+}
