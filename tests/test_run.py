@@ -350,6 +350,28 @@ def test_raising_worker_fails_the_run(files):
     assert res.elapsed < 60
 
 
+def test_a_rank_that_only_lost_its_peer_is_not_named_as_the_cause(tmp_path):
+    # Rank 0 fails on gloo's closed connection because rank 1 raised: torch
+    # may report rank 0 first; the run names rank 1 and its error.
+    import pickle
+    from types import SimpleNamespace
+
+    from planner.runtime.launcher import _root_cause
+
+    files = [tmp_path / f"rank-{r}" for r in range(3)]
+    traces = ["Traceback ...\nRuntimeError: [pair.cc:547] Connection closed by peer [127.0.0.1]:1",
+              "Traceback ...\nRuntimeError: injected failure at step 2"]
+    for path, trace in zip(files, traces):
+        path.write_bytes(pickle.dumps(trace))
+    context = SimpleNamespace(error_files=[str(p) for p in files])
+    lost = "RuntimeError: [pair.cc:547] Connection closed by peer [127.0.0.1]:1"
+    assert _root_cause(context, 0, lost) == (1, "RuntimeError: injected failure at step 2")
+    assert _root_cause(context, 1, "RuntimeError: injected failure at step 2")[0] == 1
+    # Only peers lost: the first report stands.
+    files[1].write_bytes(pickle.dumps(traces[0]))
+    assert _root_cause(context, 0, lost) == (0, lost)
+
+
 def children(pid):
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):

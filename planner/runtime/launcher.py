@@ -8,6 +8,7 @@ rank of a run torchrun started; then the ranks' results gathered into one
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import statistics
 import sys
@@ -287,6 +288,27 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
+#: What a rank says when a peer it talks to went away: the consequence of
+#: another rank's failure, not its cause (gloo's words).
+PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _root_cause(context, index: int, line: str) -> tuple[int, str]:
+    """The failure that started it: where the rank torch reports first only
+    lost a peer, the first rank that raised anything else (each failed rank
+    left its traceback in its error file)."""
+    if not any(marker in line for marker in PEER_LOSS):
+        return index, line
+    for rank, path in enumerate(context.error_files):
+        if rank == index or not os.access(path, os.R_OK) or os.path.getsize(path) == 0:
+            continue
+        with open(path, "rb") as fh:  # written by torch's spawn in our own worker
+            other = _last_line(pickle.load(fh))
+        if not any(marker in other for marker in PEER_LOSS):
+            return rank, other
+    return index, line
+
+
 def _watch(context) -> None:
     """Poll the workers once a second until all exit. On the first failure
     (torch stops the others in ``join``) raise WorkerFailed; whatever happens,
@@ -297,7 +319,7 @@ def _watch(context) -> None:
         while not context.join(timeout=1):
             pass
     except ProcessRaisedException as e:
-        raise WorkerFailed(e.error_index, _last_line(str(e))) from None
+        raise WorkerFailed(*_root_cause(context, e.error_index, _last_line(str(e)))) from None
     except ProcessExitedException as e:
         code = e.exit_code
         how = f"killed by signal {e.signal_name}" if code is not None and code < 0 else f"exited with code {code}"
