@@ -161,8 +161,16 @@ def _as_other_kinds(searched: Plan | DappleError, prof: Profile) -> list[Row]:
     on the chosen layout."""
     if not isinstance(searched, Plan):
         return []
-    return [_row(f"dapple as {kind}", searched, simulate(searched, prof, schedule=kind), None)
-            for kind in _core.SEARCHED_SCHEDULES if kind != searched.core.schedule_kind]
+    rows = []
+    for kind in _core.SEARCHED_SCHEDULES:
+        if kind == searched.core.schedule_kind:
+            continue
+        name = f"dapple as {kind}"
+        try:
+            rows.append(_row(name, searched, simulate(searched, prof, schedule=kind), None))
+        except DappleError as e:  # the kind cannot run the plan's micro-batches
+            rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(e)))
+    return rows
 
 
 def _on_one_plan(base: Plan | DappleError | None, prof: Profile) -> list[Row]:

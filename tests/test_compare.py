@@ -107,6 +107,15 @@ def test_compare_command(dapple):
     assert by_name["dapple"]["simulated_ms"] >= auto["dapple"]["simulated_ms"] - 1e-6
 
 
+def test_a_kind_that_cannot_run_dapples_plan_is_an_error_row():
+    # Three stages of 16 micro-batches: torch's ZB-H1 order takes them in 5
+    # rounds, which 16 does not split into.
+    rows = {r.strategy: r for r in planner.compare(PROFILES / "bert-48-pbs-2.json", "3x1-25gbps", 32)}
+    assert rows["dapple"].error is None and rows["dapple"].schedule == "early-backward-1f1b"
+    assert (rows["dapple"].micro_batches, len(rows["dapple"].shape.split(":"))) == (16, 3)
+    assert "equal rounds" in rows["dapple as zb-h1"].error
+
+
 def test_inputs_no_strategy_can_use_are_an_error(dapple):
     from conftest import assert_one_line_error
 

@@ -12,8 +12,6 @@ import socket
 
 import pytest
 
-import planner
-
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402

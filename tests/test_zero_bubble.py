@@ -61,15 +61,15 @@ def test_zb_h1_trains_like_one_process(stages):
 @pytest.mark.parametrize("stages", [
     # a split stage feeding a plain one, and two split stages
     "t2-then-1", "t2-p2",
-    # a re-computed stage feeding a plain one
-    "recompute-then-1",
+    # a plain stage feeding a re-computed one, whose I runs on the checkpoint
+    "1-then-recompute",
 ])
 def test_zb_h1_trains_shaped_stages_like_one_process(stages):
     import test_shaped_run as shaped
 
     torch.set_num_threads(1)
     plans = {**shaped.CASES,
-             "recompute-then-1": shaped.shaped_plan(2, [(0, 2, [0], {"recompute": "full"}), (2, 4, [1], {})])}
+             "1-then-recompute": shaped.shaped_plan(2, [(0, 2, [0], {}), (2, 4, [1], {"recompute": "full"})])}
     data = plans[stages].core.to_dict()
     data["schedule"]["kind"] = "zb-h1"
     plan = planner.Plan.from_dict(data)

@@ -122,7 +122,8 @@ fn asynchronous_estimate(
         Ok(schedule) => schedule,
         Err(e) => unreachable!("a checked plan has a schedule: {e}"),
     };
-    let sim = match simulate_stages(sim_stages, transfers_ms, &schedule, false) {
+    let recompute = plan.recomputes_every_stage();
+    let sim = match simulate_stages(sim_stages, transfers_ms, &schedule, recompute) {
         Ok(sim) => sim,
         Err(e) => unreachable!("a checked plan simulates: {e}"),
     };
@@ -136,7 +137,12 @@ fn asynchronous_estimate(
         .zip(scheduled.iter())
         .enumerate()
     {
-        let compute = m * (run.fwd_ms + run.bwd_ms);
+        let rerun = if recompute && !run.recomputes {
+            run.recompute_ms
+        } else {
+            0.0
+        };
+        let compute = m * (run.fwd_ms + run.bwd_ms + rerun);
         let work = compute + st.exposed_allreduce_ms;
         st.memory_bytes = timeline.peak_memory_bytes;
         st.bubble_ms = Some((sim.iteration_ms - compute).max(0.0));

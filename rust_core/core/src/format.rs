@@ -41,11 +41,12 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// predates it refuses such a plan by naming the field. Version 4: an
 /// asynchronous plan re-computes only the stages whose `recompute` says so;
 /// before, every stage of one did, and an older asynchronous plan is read
-/// that way (`Plan::upgraded`).
+/// that way (`Plan::recomputes_every_stage`).
 pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 4, &[1, 2, 3, 4]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
-/// per-stage `peak_weight_copies`.
-pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 2, &[1, 2]);
+/// per-stage `peak_weight_copies`; version 3 the split backward's task
+/// kinds `input_gradient` and `weight_gradient`.
+pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 3, &[1, 2, 3]);
 /// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
@@ -74,13 +75,6 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
     /// read runs them.
     fn check(&self) -> Result<()> {
         Ok(())
-    }
-
-    /// What an older version's file means in this version's terms, where
-    /// a field's meaning changed (a plan's `recompute`); run on every read
-    /// before `check`. The file's `schema_version` stays as read.
-    fn upgraded(self) -> Self {
-        self
     }
 
     fn from_json(text: &str) -> Result<Self> {
@@ -116,7 +110,6 @@ pub trait FileObject: Sized + Serialize + DeserializeOwned {
         check_envelope(fields, Self::FORMAT)?;
         let read = read()?;
         check_objects(input, &to_value(&read), "")?;
-        let read = read.upgraded();
         read.check()?;
         Ok(read)
     }

@@ -214,7 +214,7 @@ impl RunLayout {
                     actions: schedule.stages[i].actions.clone(),
                     tensor_parallel: t[i],
                     shard_optimizer: s.shard_optimizer,
-                    recompute: !s.recompute.is_none(),
+                    recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
                     split_groups,
                     replica_groups,
                 }

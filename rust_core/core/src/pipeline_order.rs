@@ -229,7 +229,9 @@ fn check_shape(ranks: u32, micro_batches: u32, chunks: u32) -> Result<()> {
              got {ranks}, {micro_batches} and {chunks}"
         )));
     }
-    let passes = 3 * u64::from(ranks) * u64::from(chunks) * u64::from(micro_batches);
+    // The work limit's unit: a stage's micro-batch (its F and its B, or
+    // its I and W), as a schedule counts them.
+    let passes = u64::from(ranks) * u64::from(chunks) * u64::from(micro_batches);
     if passes > crate::work_limit::max_passes() {
         return Err(Error::limit(format!(
             "{ranks} ranks x {chunks} chunks x {micro_batches} micro-batches is over the limit \

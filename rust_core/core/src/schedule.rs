@@ -177,7 +177,8 @@ crate::named_enum! {
         /// `ScheduleInterleavedZeroBubble` with one stage per rank): 1F1B
         /// with each backward split into its input gradient, sent on at
         /// once, and its weight gradient, deferred into what would be
-        /// bubbles; the memory of 1F1B at policy A.
+        /// bubbles. Each micro-batch's activations stay until its W, so
+        /// every stage holds up to min(S, M) of them.
         ZeroBubbleH1 = "zb-h1",
         /// XPipe: asynchronous 1F1B across mini-batches; each mini-batch's
         /// first micro-batch (its bellwether) predicts the weights the
@@ -407,7 +408,6 @@ pub fn steady_state_window(num_stages: usize, micro_batches: u32, mini_batches: 
     (fill, last - fill)
 }
 
-/// A synchronous schedule from lists without AR and OPT, validated.
 /// The pass a backward of micro-batch `t` of `kind` must follow and that
 /// has not run (`F{t}` for B and I, `I{t}` for W), if any; an error where
 /// a W follows a whole backward.
@@ -439,6 +439,7 @@ fn gradient_sent(a: Action) -> Action {
     }
 }
 
+/// A synchronous schedule from lists without AR and OPT, validated.
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {
     let stages = lists
         .into_iter()

@@ -857,7 +857,8 @@ pub(crate) fn sim_inputs(
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
     let (stages, transfers) = sim_inputs(plan, profile, opts.overlap_allreduce)?;
     let schedule = plan_schedule(plan, opts.schedule)?;
-    simulate_stages(&stages, &transfers, &schedule, opts.recompute)
+    let recompute = opts.recompute || plan.recomputes_every_stage();
+    simulate_stages(&stages, &transfers, &schedule, recompute)
 }
 
 #[cfg(test)]

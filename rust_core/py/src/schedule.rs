@@ -219,6 +219,7 @@ fn schedule_actions(
     let kind = ScheduleKind::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
     let schedule = match (kind, warmup) {
         (ScheduleKind::GPipe, _) => Schedule::gpipe(num_stages, micro_batches),
+        (ScheduleKind::ZeroBubbleH1, _) => Schedule::zero_bubble_h1(num_stages, micro_batches),
         (asynchronous, _) if asynchronous.is_asynchronous() => {
             Schedule::asynchronous(asynchronous, num_stages, micro_batches, mini_batches)
         }

@@ -317,16 +317,6 @@ pub struct TransferEstimate {
 impl FileObject for Plan {
     const FORMAT: FileFormat = PLAN;
 
-    /// Before version 4 every stage of an asynchronous plan re-computed.
-    fn upgraded(mut self) -> Plan {
-        if self.schema_version < 4 && self.schedule.kind.is_asynchronous() {
-            for stage in &mut self.stages {
-                stage.recompute = Recompute::Full;
-            }
-        }
-        self
-    }
-
     /// The embedded topology is a topology file of its own: same checks;
     /// the stages must run on it (`check_layout`). Whether they fit a
     /// profile is checked where the plan is costed (`evaluate`).
@@ -405,6 +395,13 @@ fn check_no_negative(value: &serde_json::Value, path: &str) -> Result<()> {
 }
 
 impl Plan {
+    /// Every stage re-computes, whatever its `recompute` says: an
+    /// asynchronous plan before version 4 meant that (and may hold stages
+    /// on unlike GPUs, which a stage's own `recompute` may not).
+    pub fn recomputes_every_stage(&self) -> bool {
+        self.schema_version < 4 && self.schedule.kind.is_asynchronous()
+    }
+
     /// The order of `plan`'s own schedule (its warm-up depths K_i), one
     /// pipeline rank per stage, where torch's pipelining can run the plan
     /// as it is: it runs one data-parallel and one tensor-parallel degree

@@ -171,7 +171,8 @@ pub(crate) fn search_offering(
     let ranked: Vec<&Plan> = ranked.iter().collect();
     let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, profile)? else {
         return Err(Error::infeasible(format!(
-            "no layout the search ranked fits in memory as {}",
+            "no layout the search ranked runs as {} within memory (ZB-H1 also needs its \
+             micro-batches in equal rounds of at least the stage count)",
             kinds[0]
         )));
     };
@@ -186,7 +187,9 @@ pub(crate) fn search_offering(
         simulated_ms: plan.estimate.as_ref().and_then(|e| e.iteration_ms),
         lower_bound_ms: selection.lower_bound_ms.filter(|_| same_kind),
         optimal: selection.optimal.filter(|_| same_kind),
-        refined_from_ms: selection.refined_from_ms.filter(|_| same_layout),
+        refined_from_ms: selection
+            .refined_from_ms
+            .filter(|_| same_layout && same_kind),
         ..selection
     });
     plan.inputs = chosen.inputs;
