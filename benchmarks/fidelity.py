@@ -14,6 +14,17 @@ global batch of 32, micro-batches of 8 or more) where the machine has a device f
 processes on the CPU; on CUDA, two GPUs (NCCL takes one GPU per rank, so
 one GPU cannot hold both stages: the row records why it was left out).
 
+On CUDA the single-process rows run their one rank in this process, as
+torchrun starts a rank (``launched_by_torchrun``), not in a spawned worker:
+a spawned process pays for importing torch and starting CUDA, seconds a row
+over 48 rows. Before each profile and each run the GPU's cache is emptied
+and the profiled model is moved back to the host, so a run's peak counts
+its own tensors; ``allocated_before_bytes`` records what was still
+allocated when the run began (0 when nothing leaked).
+
+The file is rewritten after every row (``"complete": false`` until the last
+one), so a run stopped early still leaves its rows.
+
 Sizes: on CUDA the issue's models, GPT 12 x 768 (162.6M parameters) and
 24 x 1024, sequence 512, GPT-2's vocabulary. A CPU thread would take
 minutes a step on those, so ``--device cpu`` runs 4 x 192 and 8 x 256 at
@@ -31,8 +42,10 @@ holds the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
+import gc
 import json
 import os
 import statistics
@@ -44,7 +57,7 @@ from pathlib import Path
 import planner
 from planner.profiler import profile_model
 from planner.runtime import links, models
-from planner.runtime.launcher import FIRST_STEPS_LEFT_OUT, median_iteration_ms, run_plan
+from planner.runtime.launcher import FIRST_STEPS_LEFT_OUT, free_port, median_iteration_ms, run_plan
 
 HERE = Path(__file__).resolve().parent
 MICRO_BATCHES = [1, 2, 4, 8, 16, 32]
@@ -89,15 +102,41 @@ def measured(run, device: str) -> tuple[float, float | None]:
     return ms, max(m["peak_memory_bytes"] for m in run.metrics.values())
 
 
+def release_device_memory(device: str, torch) -> int:
+    """Free what the last profile or run left cached on the GPU; the bytes
+    still allocated afterwards (0 on the CPU)."""
+    gc.collect()
+    if device != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    return int(torch.cuda.memory_allocated())
+
+
+@contextlib.contextmanager
+def rank_in_this_process():
+    """A world of one rank in this process, as torchrun would describe it."""
+    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run_row(plan, profile, factory, spec, gen, options: dict, recompute: bool, steps: int) -> dict:
     import torch
 
     gbs = plan.micro_batch_size * plan.micro_batches
     batches = [spec.make_batch(gbs, gen) for _ in range(2)]
-    if options["device"] == "cuda":
-        torch.cuda.empty_cache()
-    run = run_plan(plan, factory, spec.loss, batches, steps, LR, optimizer="adam", start_method="fork",
-                   recompute=recompute, **options)
+    allocated_before = release_device_memory(options["device"], torch)
+    in_process = options["device"] == "cuda" and len(plan.stages) == 1
+    with rank_in_this_process() if in_process else contextlib.nullcontext():
+        run = run_plan(plan, factory, spec.loss, batches, steps, LR, optimizer="adam", start_method="fork",
+                       recompute=recompute, **options)
     predicted_ms, predicted_peak = predicted(plan, profile, recompute)
     measured_ms, measured_peak = measured(run, options["device"])
     return {
@@ -110,10 +149,36 @@ def run_row(plan, profile, factory, spec, gen, options: dict, recompute: bool, s
         "predicted_peak_bytes": round(predicted_peak),
         "measured_peak_bytes": measured_peak,
         "memory_ratio": None if measured_peak is None else round(predicted_peak / measured_peak, 4),
+        "allocated_before_bytes": allocated_before,
+        "in_process": in_process,
+        # What explains a ratio: the run's median phases (rank 0, first step
+        # left out) and the profile's sums they are predicted from.
+        "measured_phase_ms": median_phases(run.metrics[0]),
+        "profile_ms": profile_sums(profile, plan.micro_batch_size),
     }
 
 
-def model_rows(name: str, config: dict, dtype: str, args, torch) -> list[dict]:
+def median_phases(metrics: dict) -> dict[str, float]:
+    phases = {}
+    for phase, times in metrics.get("phase_ms", {}).items():
+        if times:
+            phases[phase] = round(median_iteration_ms(times)[0], 4)
+    return phases
+
+
+def profile_sums(profile: planner.Profile, batch_size: int) -> dict[str, float]:
+    """The profile's forward and backward summed over the layers at
+    ``batch_size`` (where it was measured), and the optimizer's step."""
+    sums = {"fwd_ms": 0.0, "bwd_ms": 0.0}
+    for layer in profile.data["layers"]:
+        for m in layer["measurements"]:
+            if m["batch_size"] == batch_size:
+                sums["fwd_ms"] += m["fwd_ms"]
+                sums["bwd_ms"] += m["bwd_ms"]
+    return {k: round(v, 4) for k, v in sums.items()} | {"optimizer_step_ms": profile.data.get("optimizer_step_ms")}
+
+
+def model_rows(name: str, config: dict, dtype: str, args, torch, emit) -> None:
     """Every row of one model in one dtype. Each micro-batch is profiled
     right before its runs: this VM's speed drifts by several percent over
     minutes (docs/fidelity.md), and a prediction should be compared with a
@@ -123,24 +188,32 @@ def model_rows(name: str, config: dict, dtype: str, args, torch) -> list[dict]:
     options = dict(dtype=dtype, device=args.device, threads=1)
     gen = torch.Generator().manual_seed(0)
     topo = one_device_topology(args.device, torch)
-    rows = []
-    for mb in MICRO_BATCHES:
+    for mb in args.micro_batches:
         profile = profiled(spec, name, [mb], dtype, args)
         # The whole model on the one device, one micro-batch of mb.
         plan = planner.layout_plan(profile, topo, mb, [(0, len(profile.layers), [0])], min_micro_batch_size=mb)
         for recompute in (False, True):
             print(f"  micro-batch {mb}, recompute {recompute}", file=sys.stderr)
             row = run_row(plan, profile, factory, spec, gen, options, recompute, args.steps)
-            rows.append({"model": name, "dtype": dtype, "micro_batch_size": mb, **row,
-                         "device": profile.data["device"]})
-    rows.append(pipeline_row(name, factory, spec, gen, options, args, torch))
-    return rows
+            emit({"model": name, "dtype": dtype, "micro_batch_size": mb, **row, "device": profile.data["device"]})
+    if not args.no_pipeline:
+        emit(pipeline_row(name, factory, spec, gen, options, args, torch))
 
 
 def profiled(spec, name: str, sizes: list[int], dtype: str, args) -> planner.Profile:
+    """The profile of ``spec`` at ``sizes``; the model goes back to the host
+    afterwards, so that runs find the GPU empty."""
+    import torch
+
     print(f"{name} {dtype}: profiling at {sizes}", file=sys.stderr)
-    return profile_model(spec, name, sizes, device=args.device, dtype=dtype, warmup=2, repeats=args.repeats,
-                         progress=False, threads=1)
+    release_device_memory(args.device, torch)
+    try:
+        return profile_model(spec, name, sizes, device=args.device, dtype=dtype, warmup=2, repeats=args.repeats,
+                             progress=False, threads=1)
+    finally:
+        spec.to("cpu")
+        for p in spec.parameters():
+            p.grad = None
 
 
 def pipeline_row(name, factory, spec, gen, options, args, torch) -> dict:
@@ -169,35 +242,76 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out)")
     ap.add_argument("--repeats", type=int, default=10, help="timed passes per profiled micro-batch")
     ap.add_argument("--models", default=None, help="comma-separated subset of the device's model names")
+    ap.add_argument("--dtypes", type=_names(DTYPES), default=DTYPES, help="comma-separated subset of fp32,bf16")
+    ap.add_argument("--micro-batches", type=_counts, default=MICRO_BATCHES,
+                    help="comma-separated micro-batch sizes (default 1,2,4,8,16,32)")
+    ap.add_argument("--no-pipeline", action="store_true", help="leave the 2-stage rows out")
     args = ap.parse_args()
     import torch
 
     sizes = SIZES[args.device]
     names = args.models.split(",") if args.models else list(sizes)
+    unknown = sorted(set(names) - set(sizes))
+    if unknown:
+        ap.error(f"--models: {', '.join(unknown)} not among {', '.join(sizes)}")
     started = time.time()
     load_before = os.getloadavg()
-    rows = [row for name in names for dtype in DTYPES for row in model_rows(name, sizes[name], dtype, args, torch)]
+    # A copy of the tree without its history (a lent GPU machine's) names
+    # its commit in DAPPLE_COMMIT.
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
-    out = {
-        "command": "python benchmarks/fidelity.py " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": commit,
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "wall_s": round(time.time() - started, 1),
-        "steps": args.steps,
-        "first_steps_left_out": FIRST_STEPS_LEFT_OUT,
-        "optimizer": "adam",
-        "models": {n: sizes[n] for n in names},
-        "rows": rows,
-    }
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.replace(args.out)
+                            cwd=HERE).stdout.strip() or os.environ.get("DAPPLE_COMMIT", "")
+    rows: list[dict] = []
+
+    def write(complete: bool) -> None:
+        out = {
+            "command": "python benchmarks/fidelity.py " + " ".join(sys.argv[1:]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit,
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "wall_s": round(time.time() - started, 1),
+            "complete": complete,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "first_steps_left_out": FIRST_STEPS_LEFT_OUT,
+            "optimizer": "adam",
+            "models": {n: sizes[n] for n in names},
+            "rows": rows,
+        }
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=2) + "\n")
+        tmp.replace(args.out)
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        write(complete=False)
+
+    for name in names:
+        for dtype in args.dtypes:
+            model_rows(name, sizes[name], dtype, args, torch, emit)
+    write(complete=True)
     print_table(rows)
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of counts: {text!r}") from None
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"counts must be positive: {text!r}")
+    return counts
+
+
+def _names(allowed: list[str]):
+    def parse(text: str) -> list[str]:
+        names = text.split(",")
+        if not set(names) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {', '.join(allowed)}")
+        return names
+    return parse
 
 
 def print_table(rows: list[dict]) -> None:

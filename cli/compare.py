@@ -11,14 +11,17 @@ from rich.table import Table
 import planner
 from planner.plan import SHAPE_KEY
 
-from .options import count_option_type, json_option, max_passes_option, profile_option, reports_errors, topology_option, warmup_policy_option
+from .options import (count_option_type, global_batch_size_or_default, json_option, max_passes_option, profile_option,
+                      reports_errors, topology_option, warmup_policy_option)
 from .render import GIB, console, stage_shapes_text
 
 
 @click.command("compare")
 @profile_option
 @topology_option
-@click.option("--global-batch-size", type=count_option_type(), required=True, help="Samples per iteration.")
+@click.option("--global-batch-size", type=count_option_type(), default=None,
+              help="Samples per iteration. Default: the profile's largest measured batch size x the GPUs, as "
+                   "dapple plan takes it.")
 @click.option("--min-micro-batch-size", type=count_option_type(), default=None,
               help="Smallest per-GPU slice of a micro-batch. Default: the profile's smallest measured batch size.")
 @warmup_policy_option
@@ -27,10 +30,12 @@ from .render import GIB, console, stage_shapes_text
 @reports_errors
 def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, warmup_policy, as_json):
     """Compare strategies by simulated iteration time."""
+    profile = planner.Profile.load(profile_path)
+    topo = planner.Topology.resolve(topology)
     rows = planner.compare(
-        profile_path,
-        topology,
-        global_batch_size,
+        profile,
+        topo,
+        global_batch_size_or_default(global_batch_size, profile, topo),
         min_micro_batch_size=min_micro_batch_size,
         warmup_policy=warmup_policy,
     )

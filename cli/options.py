@@ -39,6 +39,17 @@ class FilePath(click.ParamType):
 FILE_PATH = FilePath()
 
 
+def global_batch_size_or_default(global_batch_size: int | None, profile: planner.Profile,
+                                 topology: planner.Topology) -> int:
+    """The global batch asked for, or by default the profile's largest
+    measured batch on every GPU (said on stderr)."""
+    if global_batch_size is not None:
+        return global_batch_size
+    global_batch_size = max(profile.batch_sizes) * topology.num_devices
+    click.echo(f"global batch size not given; using {global_batch_size}", err=True)
+    return global_batch_size
+
+
 def profile_option(f):
     return click.option(
         "--profile",

@@ -11,6 +11,7 @@ from planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
 from .options import (
     FILE_PATH,
     count_option_type,
+    global_batch_size_or_default,
     json_option,
     max_passes_option,
     profile_option,
@@ -79,9 +80,7 @@ def plan_command(
         check_writable(out_path)  # before the search, not after it
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
-    if global_batch_size is None:
-        global_batch_size = max(profile.batch_sizes) * topo.num_devices
-        click.echo(f"global batch size not given; using {global_batch_size}", err=True)
+    global_batch_size = global_batch_size_or_default(global_batch_size, profile, topo)
     result = planner.plan(
         profile,
         topo,

@@ -1,5 +1,5 @@
-"""``dapple run``: train a model following a plan, one local CPU process (gloo)
-per device of the plan."""
+"""``dapple run``: train a model following a plan, one local process per
+device of the plan: gloo on the CPU, or NCCL with ``--device cuda``."""
 
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, 
 def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedule, seed, eval_every, metrics_path,
                 profile_path,
                 checkpoint_dir, checkpoint_every, resume, threads, device, dtype, recompute, exact_memory, slowdowns):
-    """Train a model on CPU following a plan: one gloo process per device.
+    """Train a model following a plan, on CPU or CUDA: a process per device.
+
+    gloo on the CPU; NCCL with --device cuda.
 
     Prints one line per iteration (step, loss, time) on stderr and a summary
     on stdout. If a worker fails or dies, the others are stopped and the

@@ -299,3 +299,10 @@ def test_text_outputs_show_each_stages_shape(dapple, shaped_plan, tmp_path):
         assert "\u00d7" not in r.stdout and "shape" not in r.stdout, r.stdout
         outputs[command] = r.stdout
     assert "stage 0: busy" in outputs["simulate"]
+
+
+def test_run_says_it_trains_on_cuda_too(dapple):
+    listed = dapple("--help").stdout
+    run_line = next(line for line in listed.splitlines() if line.strip().startswith("run "))
+    assert "CUDA" in run_line and "on CPU following" not in run_line
+    assert "NCCL" in dapple("run", "--help").stdout

@@ -205,3 +205,17 @@ def test_a_plain_comparison_prints_no_stage_shapes(dapple):
     table = dapple("compare", "--profile", BERT, "--topology", "A", "--global-batch-size", "64")
     assert table.returncode == 0, table.stderr
     assert "stage shapes" not in table.stdout and "\u00d7" not in table.stdout
+
+
+def test_compare_takes_plans_default_global_batch(dapple):
+    # Without --global-batch-size, compare plans what dapple plan would:
+    # the profile's largest measured batch on every GPU, said on stderr.
+    profile = PROFILES / "bert-48-pbs-2.json"
+    r = dapple("compare", "--profile", profile, "--topology", "A", "--json")
+    assert r.returncode == 0, r.stderr
+    gbs = max(planner.Profile.load(profile).batch_sizes) * 16
+    assert f"global batch size not given; using {gbs}" in r.stderr
+    dapple_row = json.loads(r.stdout)[0]
+    assert dapple_row["micro_batches"] * dapple_row["micro_batch_size"] == gbs
+    planned = dapple("plan", "--profile", profile, "--topology", "A", "--json")
+    assert f"using {gbs}" in planned.stderr
