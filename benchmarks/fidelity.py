@@ -23,7 +23,13 @@ its own tensors; ``allocated_before_bytes`` records what was still
 allocated when the run began (0 when nothing leaked).
 
 The file is rewritten after every row (``"complete": false`` until the last
-one), so a run stopped early still leaves its rows.
+one), so a run stopped early still leaves its rows. Each single-process row
+keeps the profile it was predicted from, so that a later cost model can
+predict it again without the machine:
+
+    python benchmarks/fidelity.py --repredict benchmarks/results/fidelity-cuda.json [--out new.json]
+
+prints the table with the current model's predictions (and writes them).
 
 Sizes: on CUDA the issue's models, GPT 12 x 768 (162.6M parameters) and
 24 x 1024, sequence 512, GPT-2's vocabulary. A CPU thread would take
@@ -195,7 +201,9 @@ def model_rows(name: str, config: dict, dtype: str, args, torch, emit) -> None:
         for recompute in (False, True):
             print(f"  micro-batch {mb}, recompute {recompute}", file=sys.stderr)
             row = run_row(plan, profile, factory, spec, gen, options, recompute, args.steps)
-            emit({"model": name, "dtype": dtype, "micro_batch_size": mb, **row, "device": profile.data["device"]})
+            emit({"model": name, "dtype": dtype, "micro_batch_size": mb, **row, "device": profile.data["device"],
+                  "device_memory_bytes": topo.data["machine_groups"][0]["gpu"]["memory_bytes"],
+                  "profile": profile.data})
     if not args.no_pipeline:
         emit(pipeline_row(name, factory, spec, gen, options, args, torch))
 
@@ -237,8 +245,10 @@ def pipeline_row(name, factory, spec, gen, options, args, torch) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", choices=["cpu", "cuda"])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--repredict", type=Path, metavar="RESULTS",
+                    help="predict the rows of a results file again with this cost model (no torch, no runs)")
     ap.add_argument("--steps", type=int, default=12, help="steps per run (the first is left out)")
     ap.add_argument("--repeats", type=int, default=10, help="timed passes per profiled micro-batch")
     ap.add_argument("--models", default=None, help="comma-separated subset of the device's model names")
@@ -247,6 +257,11 @@ def main() -> None:
                     help="comma-separated micro-batch sizes (default 1,2,4,8,16,32)")
     ap.add_argument("--no-pipeline", action="store_true", help="leave the 2-stage rows out")
     args = ap.parse_args()
+    if args.repredict:
+        repredict(args.repredict, args.out)
+        return
+    if args.device is None or args.out is None:
+        ap.error("--device and --out are needed, or --repredict")
     import torch
 
     sizes = SIZES[args.device]
@@ -312,6 +327,35 @@ def _names(allowed: list[str]):
             raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {', '.join(allowed)}")
         return names
     return parse
+
+
+def repredict(path: Path, out: Path | None) -> None:
+    """The rows of ``path`` predicted again from their own profiles, with the
+    measured columns kept; the table printed, and written to ``out``."""
+    results = json.loads(path.read_text())
+    for row in results["rows"]:
+        if "profile" not in row:
+            continue  # a row left out, or one from before profiles were kept
+        profile = planner.Profile.from_dict(row["profile"])
+        topo = planner.Topology.from_spec("1x1").data
+        topo["machine_groups"][0]["gpu"]["memory_bytes"] = row["device_memory_bytes"]
+        mb = row["micro_batch_size"]
+        plan = planner.layout_plan(profile, planner.Topology.from_dict(topo), mb, [(0, len(profile.layers), [0])],
+                                   min_micro_batch_size=mb)
+        predicted_ms, predicted_peak = predicted(plan, profile, row["recompute"])
+        row["predicted_ms"] = round(predicted_ms, 4)
+        row["time_ratio"] = round(predicted_ms / row["measured_ms"], 4)
+        row["predicted_peak_bytes"] = round(predicted_peak)
+        if row["measured_peak_bytes"]:
+            row["memory_ratio"] = round(predicted_peak / row["measured_peak_bytes"], 4)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE).stdout.strip()
+    results["repredicted"] = {"commit": commit, "from": str(path)}
+    if out is not None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.replace(out)
+    print_table(results["rows"])
 
 
 def print_table(rows: list[dict]) -> None:

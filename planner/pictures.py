@@ -274,8 +274,9 @@ def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
              f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
     _title(fig, 0.6, 0.2, title, fontsize=11)
     fig.text(0.6 / fig.get_figwidth(), 1 - 0.48 / fig.get_figheight(),
-             "solid: memory in use; dotted: weights, gradients and optimizer state (held all the time); "
-             "dashed: GPU memory", fontsize=8.5, ha="left", va="top", color="#444444")
+             "solid: memory in use; dotted: weights and optimizer state (held all the time; the gradients "
+             "come with the first backward and go with the optimizer step); dashed: GPU memory",
+             fontsize=8.5, ha="left", va="top", color="#444444")
     _save(fig, path, fmt)
 
 

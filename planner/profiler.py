@@ -46,7 +46,9 @@ Sizes, from one more pass per batch size:
 
 After each timed pass the profile's optimizer (torch's Adam, at learning
 rate 0 so the weights stay) steps on the pass's gradients, as training
-does: ``optimizer_step_ms`` is the median step over every parameter.
+does: ``optimizer_step_ms`` is the median step over every parameter, and
+``optimizer_step_bytes`` what one step allocates above what was held before
+it, at its peak (torch's ``MemTracker``, on one step that is not timed).
 
 With ``dtype`` bf16 or fp16 the passes run under ``torch.autocast``, as
 ``dapple run --dtype`` trains; the profile records the dtype and the bytes
@@ -217,7 +219,7 @@ def profile_model(
                     record.append(m)
                 for p in spec.parameters():
                     p.grad = None
-            if not stepper.times_ms:  # every step so far made the state
+            while not stepper.times_ms:  # every step so far made the state, or measured its memory
                 stepper.step(_Clock(torch, dev), keep=True)
         reserve = _allocator_reserved_factor(torch, dev)
     finally:
@@ -235,6 +237,7 @@ def profile_model(
         "dtype": dtype,
         "parameter_state": state,
         "optimizer_step_ms": round(statistics.median(stepper.times_ms), 6),
+        "optimizer_step_bytes": stepper.step_bytes,
         **({"allocator_reserved_factor": reserve} if reserve else {}),
         "layers": [_layer_record(name, layer, spec, records) for (name, layer), records in zip(spec.layers, measured)],
     }
@@ -264,20 +267,44 @@ class _Stepper:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.torch = torch
         self.times_ms: list[float] = []
+        #: What one step allocates above what was held when it began, at its
+        #: peak; measured on the first step that finds the state made.
+        self.step_bytes: int | None = None
 
     def step(self, clock, keep: bool) -> None:
         for p in self.params:
             if p.grad is None:  # a parameter the pass did not reach
                 p.grad = self.torch.zeros_like(p)
         fresh = not self.optimizer.state
-        start = clock.stamp()
-        self.optimizer.step()
-        end = clock.stamp()
-        clock.finish(end)
-        if keep and not fresh:
-            self.times_ms.append(clock.ms(start, end))
+        if not fresh and self.step_bytes is None:
+            self.step_bytes = self._measured_step_bytes()  # not timed: the tracker slows it
+        else:
+            start = clock.stamp()
+            self.optimizer.step()
+            end = clock.stamp()
+            clock.finish(end)
+            if keep and not fresh:
+                self.times_ms.append(clock.ms(start, end))
         for p in self.params:
             p.grad = None
+
+    def _measured_step_bytes(self) -> int:
+        """One step under torch's MemTracker: its peak over what was held
+        before it (torch's foreach Adam holds about one more copy of the
+        weights; the loop over parameters, the CPU's default, the largest
+        parameter's)."""
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        def total(snapshot) -> int:
+            return sum(device["Total"] for device in snapshot.values())
+
+        tracker = MemTracker()
+        tracker.track_external(self.optimizer, *self.params)
+        with tracker:
+            before = total(tracker.get_tracker_snapshot("current"))
+            self.optimizer.step()
+            peak = total(tracker.get_tracker_snapshot("peak"))
+        return max(0, peak - before)
 
 
 def _layer_record(name, layer, spec, records: list[dict]) -> dict:

@@ -116,6 +116,12 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     # model on one device simulates its forward, backward and that step.
     step_ms = prof.data["optimizer_step_ms"]
     assert step_ms > 0
+    # And what the step allocates on top: on the CPU torch's Adam loops over
+    # the parameters, each step's temporaries a few copies of one (2 of the
+    # largest, measured); on a GPU its foreach form holds about one copy of
+    # them all.
+    largest = max(p.numel() * 4 for p in spec.parameters())
+    assert largest <= prof.data["optimizer_step_bytes"] <= 3 * largest
     one = planner.plan(prof, "1x1", global_batch_size=2, micro_batch_sizes=[2])
     passes = sum(layer["measurements"][1]["fwd_ms"] + layer["measurements"][1]["bwd_ms"] for layer in prof.layers)
     assert one.iteration_ms == pytest.approx(passes + step_ms, rel=1e-6)
@@ -123,12 +129,13 @@ def test_profile_of_gpt_is_valid_and_measures_sizes():
     assert all(p.grad is None for p in spec.parameters())
     plan = planner.plan(prof, "1x2-nvlink", global_batch_size=4)
     assert plan.estimate["latency_ms"] > 0
-    # Its estimate gives each stage's peak in terms that add up, the
-    # running backward's working memory among them.
+    # Its estimate gives each stage's simulated peak in terms that add up,
+    # the running backward's or the optimizer step's working memory among
+    # them, at most the cost model's count (gradients held all the time).
     for m, st in zip(plan.estimate["memory"], plan.estimate["stages"]):
         named = m["model_state_bytes"] + m["micro_batches_in_flight"] * m["per_micro_batch_bytes"]
         assert m["peak_bytes"] == pytest.approx(named + m["working_bytes"] + m["other_bytes"])
-        assert m["working_bytes"] > 0 and m["peak_bytes"] == pytest.approx(st["memory_bytes"])
+        assert m["working_bytes"] > 0 and m["peak_bytes"] <= st["memory_bytes"] * (1 + 1e-9)
 
 
 def _whole_model_ms(spec, batch_size: int, repeats: int) -> float:

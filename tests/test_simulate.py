@@ -30,11 +30,16 @@ def test_simulation_never_beats_the_analytic_bound(name, gbs, topology):
     assert {"forward", "optimizer_step"} | backward <= kinds
     forwards = [t for t in sim.tasks if t["kind"] == "forward"]
     assert len(forwards) == p.micro_batches * len(p.stages)
-    for st, est in zip(sim.stages, p.estimate["stages"]):
+    for stage, st, est in zip(p.stages, sim.stages, p.estimate["stages"]):
         assert 0.0 <= st["bubble_fraction"] <= 1.0  # 1.0: a stage of zero-time layers (inputs)
         # The estimate's memory is the simulated peak (K_i micro-batches in
-        # flight under 1F1B; ZB-H1 holds each until its W).
-        assert st["peak_memory_bytes"] == pytest.approx(est["memory_bytes"], rel=1e-9)
+        # flight under 1F1B; ZB-H1 holds each until its W) with the
+        # gradients counted all the time: the simulation makes them at the
+        # stage's first backward, so its peak is at most the estimate's and
+        # less by at most the gradients (fp32 here: the parameter bytes).
+        gradients = sum(layer["param_bytes"] for layer in prof.layers[stage["layer_start"]:stage["layer_end"]])
+        assert est["memory_bytes"] - gradients * (1 + 1e-9) <= st["peak_memory_bytes"]
+        assert st["peak_memory_bytes"] <= est["memory_bytes"] * (1 + 1e-9)
 
 
 def test_gpipe_holds_more_and_recompute_holds_less():

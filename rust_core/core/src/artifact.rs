@@ -119,6 +119,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
 
     let profile = Profile {
         optimizer_step_ms: None,
+        optimizer_step_bytes: None,
         dtype: None,
         allocator_reserved_factor: None,
         format: crate::format::PROFILE.name.to_string(),

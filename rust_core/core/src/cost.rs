@@ -538,7 +538,8 @@ impl WarmupPolicy {
 /// Per-device memory of a stage at its peak, as the allocator counts it:
 /// weights, gradients and optimizer state of its layers, what `warmup`
 /// micro-batch slices in flight keep (activations, autocast's weight
-/// copies), and what the running backward needs on top.
+/// copies), and what the running backward needs on top; or the optimizer's
+/// step where that is larger (`LayerCosts::optimizer_step_peak_bytes`).
 pub fn stage_memory_bytes(
     layers: &LayerCosts,
     start: usize,
@@ -546,9 +547,10 @@ pub fn stage_memory_bytes(
     slice: u32,
     warmup: u32,
 ) -> f64 {
-    layers.model_state_bytes(start, end)
+    let backward = layers.model_state_bytes(start, end)
         + f64::from(warmup) * layers.in_flight_bytes(start, end, slice)
-        + layers.backward_working_bytes(start, end, slice)
+        + layers.backward_working_bytes(start, end, slice);
+    backward.max(layers.optimizer_step_peak_bytes(start, end))
 }
 
 /// AllReduce time left exposed after the backward pass of the last
@@ -997,6 +999,15 @@ impl<'a> StageCoster<'a> {
         warmup: u32,
         min_slice: u32,
     ) -> Option<Vec<u32>> {
+        // Whatever the slices, each GPU steps the optimizer over the whole
+        // stage (`stage_memory_bytes`' other moment).
+        let step_peak = self.layers.optimizer_step_peak_bytes(start, end);
+        if replica_machines
+            .iter()
+            .any(|&m| step_peak > self.cluster.machines[m].memory_bytes)
+        {
+            return None;
+        }
         let even = largest_slice(self.micro_batch, replica_machines.len() as u32);
         // stage_memory_bytes, as fixed bytes and bytes per sample of the slice.
         let fixed_bytes = self.layers.model_state_bytes(start, end)

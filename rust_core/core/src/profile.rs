@@ -71,6 +71,12 @@ pub struct Profile {
     /// Absent: 0 (steps cost nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_step_ms: Option<f64>,
+    /// What that step allocates above what was held when it began, at its
+    /// peak (torch's foreach Adam: about one more copy of the weights); a
+    /// stage's step takes its share by parameter bytes. Measured by
+    /// `dapple profile model`; absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_step_bytes: Option<u64>,
 }
 
 crate::named_enum! {
@@ -824,6 +830,29 @@ impl TimeMeasurement {
     }
 }
 
+/// What the backward of a re-computed stage needs on top of what its
+/// micro-batch kept (its input, and on the last stage what the loss keeps
+/// outside the checkpoint, `loss_kept_bytes`), at its peak. torch's
+/// checkpoint re-runs the forward at the first saved tensor the backward
+/// asks for, so the backward has two moments:
+/// - the loss's backward first, before anything is re-run: the largest
+///   `working_bytes` on top of what was kept;
+/// - then the re-run's activations (`rerun_bytes`: the stored activations
+///   and weight copies, less what the loss kept) with each layer's backward
+///   on them (`rerun_working_bytes`, the loss's share left out), while the
+///   loss's kept bytes are gone and the input stays.
+///
+/// On a stage without the loss the second is always the larger: the
+/// re-run's activations and the working memory on top.
+pub fn recompute_backward_bytes(
+    working_bytes: f64,
+    rerun_bytes: f64,
+    rerun_working_bytes: f64,
+    loss_kept_bytes: f64,
+) -> f64 {
+    working_bytes.max(rerun_bytes + rerun_working_bytes - loss_kept_bytes)
+}
+
 /// The profile reduced to what the cost model reads: per-layer time
 /// functions of the batch size, parameter bytes, and the bytes crossing
 /// each cut position, as prefix sums so any layer range costs O(1).
@@ -853,6 +882,9 @@ pub struct LayerCosts {
     loss_stored_per_sample: Vec<f64>,
     /// The optimizer's step time per parameter byte, on the profile's device.
     optimizer_ms_per_param_byte: f64,
+    /// What the optimizer's step allocates above what it holds, per
+    /// parameter byte it steps.
+    optimizer_step_bytes_per_param_byte: f64,
     /// cut_per_sample[p]: bytes per sample crossing the cut before layer p
     /// (p in 1..num_layers); entry 0 and num_layers are 0.
     cut_per_sample: Vec<f64>,
@@ -897,14 +929,18 @@ fn cut_bytes_per_sample(profile: &Profile, act_per_sample: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// The profile's optimizer step per parameter byte (0 where it gives none).
-fn optimizer_ms_per_param_byte(profile: &Profile) -> f64 {
+/// The profile's optimizer step, its time and its temporaries, per
+/// parameter byte (0 where it gives none).
+fn optimizer_step_per_param_byte(profile: &Profile) -> (f64, f64) {
     // As f64: a sum of u64 sizes may overflow.
     let params: f64 = profile.layers.iter().map(|l| l.param_bytes as f64).sum();
-    match profile.optimizer_step_ms {
-        Some(ms) if params > 0.0 => ms / params,
-        _ => 0.0,
+    if params <= 0.0 {
+        return (0.0, 0.0);
     }
+    (
+        profile.optimizer_step_ms.unwrap_or(0.0) / params,
+        profile.optimizer_step_bytes.unwrap_or(0) as f64 / params,
+    )
 }
 
 /// The largest of any range of values, in O(1) after O(n log n): a sparse
@@ -1131,7 +1167,8 @@ impl LayerCosts {
             },
             split: profile.layers.iter().map(|l| l.split.clone()).collect(),
             model_flops_per_sample: profile.model_flops_per_sample,
-            optimizer_ms_per_param_byte: optimizer_ms_per_param_byte(profile),
+            optimizer_ms_per_param_byte: optimizer_step_per_param_byte(profile).0,
+            optimizer_step_bytes_per_param_byte: optimizer_step_per_param_byte(profile).1,
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
@@ -1198,6 +1235,20 @@ impl LayerCosts {
         self.optimizer_ms_per_param_byte * param_bytes
     }
 
+    /// What the optimizer's step over `param_bytes` of weights allocates
+    /// above what the GPU holds, at its peak.
+    pub fn optimizer_step_bytes(&self, param_bytes: f64) -> f64 {
+        self.optimizer_step_bytes_per_param_byte * param_bytes
+    }
+
+    /// A GPU's memory while it steps the optimizer over layers
+    /// `start..end`, whole: their model state and the step's temporaries.
+    /// Activations are gone by then, so a stage's peak is the larger of
+    /// this and its backward's (`cost::stage_memory_bytes`).
+    pub fn optimizer_step_peak_bytes(&self, start: usize, end: usize) -> f64 {
+        self.model_state_bytes(start, end) + self.optimizer_step_bytes(self.param_bytes(start, end))
+    }
+
     /// The forward a re-computed stage of layers `start..end` runs again in
     /// its backward, over its whole forward, on `times` (any GPU type, at
     /// slices of `batch`): every layer's but the part of the last one
@@ -1243,6 +1294,35 @@ impl LayerCosts {
     /// Per sample, what the loss keeps outside a re-computed stage ending at `layer`.
     pub fn loss_stored_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
         self.loss_stored_per_sample[layer]
+    }
+
+    /// Per sample, what layer `layer`'s backward needs on top when it runs
+    /// after the loss's own backward has finished and freed what the loss
+    /// kept: its working memory without the loss's share (the same as
+    /// [`LayerCosts::backward_working_bytes_per_sample_of_layer`] for a
+    /// layer without the loss).
+    pub fn rerun_working_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
+        (self.backward_working_bytes_per_sample_of_layer(layer)
+            - self.loss_stored_bytes_per_sample_of_layer(layer))
+        .max(0.0)
+    }
+
+    /// What the backward of a re-computed stage of layers `start..end`
+    /// needs on top of what its micro-batch kept
+    /// ([`LayerCosts::recompute_kept_bytes_per_sample`]), at its peak, for
+    /// a slice of `slice` samples ([`recompute_backward_bytes`]).
+    pub fn recompute_backward_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
+        let samples = f64::from(slice);
+        let loss_kept = samples * self.loss_stored_bytes_per_sample_of_layer(end - 1);
+        let rerun_working = (start..end)
+            .map(|l| samples * self.rerun_working_bytes_per_sample_of_layer(l))
+            .fold(0.0, f64::max);
+        recompute_backward_bytes(
+            self.backward_working_bytes(start, end, slice),
+            self.in_flight_bytes(start, end, slice) - loss_kept,
+            rerun_working,
+            loss_kept,
+        )
     }
 
     /// Autocast's weight copies of layers `start..end`, per micro-batch.
@@ -1328,6 +1408,41 @@ mod tests {
             p.validate().unwrap_err().field.as_deref(),
             Some("optimizer_step_ms")
         );
+    }
+
+    #[test]
+    fn a_recomputed_backward_peaks_at_the_larger_of_its_two_moments() {
+        // GPT 4 x 256, sequence 256, batch 8 on the CPU, in MiB as torch's
+        // MemTracker measured one step re-computing the whole model: the
+        // blocks store 129.3 and the head 36 (32 of them the loss's
+        // log-probabilities); the head's backward needs 64 with the loss's
+        // gradients, a block's 9. Before the re-run the loss's backward
+        // needs 64 over what was kept; after it, the 133.3 re-run with the
+        // head's 64 less the loss's 32 on them, the loss's 32 gone.
+        assert_eq!(recompute_backward_bytes(64.0, 133.3, 32.0, 32.0), 133.3);
+        // Small blocks: the loss's moment is the larger.
+        assert_eq!(recompute_backward_bytes(64.0, 10.0, 32.0, 32.0), 64.0);
+        // No loss on the stage: all it stored, and the working memory on top.
+        assert_eq!(recompute_backward_bytes(9.0, 129.0, 9.0, 0.0), 138.0);
+        // From a profile: the same two moments, layer by layer. Batch 4;
+        // the last layer stores 800 (400 of them the loss's) and needs 600
+        // (the loss's 400 and 200 of its own); the first stores 1200 and
+        // needs 80.
+        let mut p = profile_of_layers("rc", &[(1.0, 2.0, 1000, 100), (1.0, 2.0, 1000, 100)], 4);
+        for (layer, (stored, working)) in p.layers.iter_mut().zip([(1200, 80), (800, 600)]) {
+            layer.measurements[0].stored_activation_bytes = Some(stored);
+            layer.measurements[0].backward_working_bytes = Some(working);
+        }
+        p.layers[1].measurements[0].loss_stored_bytes = Some(400);
+        let layers = LayerCosts::new(&p);
+        assert_eq!(layers.rerun_working_bytes_per_sample_of_layer(1), 50.0);
+        assert_eq!(layers.rerun_working_bytes_per_sample_of_layer(0), 20.0);
+        // Slice 4: max(600, (2000 - 400) + 200 - 400) = 1400.
+        assert_eq!(layers.recompute_backward_bytes(0, 2, 4), 1400.0);
+        // Without the loss's layer: 1200 re-run, 80 on top.
+        assert_eq!(layers.recompute_backward_bytes(0, 1, 4), 1280.0);
+        // The last layer alone: the loss's moment, max(600, 400 + 200 - 400).
+        assert_eq!(layers.recompute_backward_bytes(1, 2, 4), 600.0);
     }
 
     #[test]
@@ -1483,6 +1598,7 @@ mod tests {
     ) -> Profile {
         Profile {
             optimizer_step_ms: None,
+            optimizer_step_bytes: None,
             dtype: None,
             allocator_reserved_factor: None,
             format: PROFILE.name.into(),

@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::LayerCosts;
+use crate::profile::{recompute_backward_bytes, LayerCosts};
 use crate::split::ShardCost;
 
 crate::named_enum! {
@@ -123,9 +123,9 @@ pub fn uneven_split_group(alloc: &[(usize, u32)], t: u32) -> Option<(usize, Vec<
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageMemory {
     /// Weights, gradients, master weights and optimizer state (`model_state`),
-    /// what the running backward needs on top (`working_bytes`), plus under
-    /// full re-computation one micro-batch's activations, alive while its
-    /// backward runs the forward again.
+    /// and what the running backward needs on top: `working_bytes`, or
+    /// under full re-computation `recompute_backward_bytes` (one
+    /// micro-batch's re-run activations with the working memory on them).
     pub fixed_bytes: f64,
     pub per_micro_batch_bytes: f64,
     pub model_state_bytes: f64,
@@ -138,11 +138,28 @@ pub struct StageMemory {
     pub input_bytes: f64,
     /// What the running backward needs on top (in `fixed_bytes`).
     pub working_bytes: f64,
+    /// What a re-computed backward brings back: the re-run's activations
+    /// and weight copies, less what the loss kept.
+    pub rerun_bytes: f64,
+    /// What a re-computed backward needs on top of `input_bytes`, at its
+    /// peak (`profile::recompute_backward_bytes`; in `fixed_bytes` when the
+    /// stage re-computes).
+    pub recompute_backward_bytes: f64,
+    /// The gradients (in `model_state_bytes`): made by the stage's first
+    /// backward, freed by its optimizer step.
+    pub gradient_bytes: f64,
+    /// What the optimizer's step allocates above the model state, on the
+    /// weights the GPU steps (a ZeRO-1 shard's).
+    pub optimizer_step_bytes: f64,
 }
 
 impl StageMemory {
+    /// The peak with `micro_batches_in_flight`: the backward's, or the
+    /// optimizer step's where that is larger (activations are gone by then).
     pub fn at(&self, micro_batches_in_flight: u32) -> f64 {
-        self.fixed_bytes + f64::from(micro_batches_in_flight) * self.per_micro_batch_bytes
+        let backward =
+            self.fixed_bytes + f64::from(micro_batches_in_flight) * self.per_micro_batch_bytes;
+        backward.max(self.model_state_bytes + self.optimizer_step_bytes)
     }
 }
 
@@ -183,8 +200,12 @@ pub struct MemorySums {
     state_bytes: f64,
     sharded_state_bytes: f64,
     weight_bytes: f64,
+    /// The weights each GPU steps under ZeRO-1 (its shard of them).
+    sharded_weight_bytes: f64,
+    gradient_bytes: f64,
     stored_bytes: f64,
     working_bytes: f64,
+    rerun_working_bytes: f64,
     loss_kept_bytes: f64,
 }
 
@@ -207,6 +228,9 @@ impl MemorySums {
         self.sharded_state_bytes +=
             param_factor * layers.model_state_bytes_sharded(l, next, sharers);
         self.weight_bytes += param_factor * layers.param_bytes(l, next);
+        self.sharded_weight_bytes +=
+            param_factor * layers.param_bytes(l, next) / f64::from(sharers.max(1));
+        self.gradient_bytes += param_factor * layers.gradient_bytes(l, next);
         // What a micro-batch keeps (`LayerCosts::in_flight_bytes`): the
         // activations of its slice, and autocast's copies of the weights.
         self.stored_bytes +=
@@ -217,21 +241,31 @@ impl MemorySums {
         self.working_bytes = self.working_bytes.max(
             stored_factor * f64::from(slice) * layers.backward_working_bytes_per_sample_of_layer(l),
         );
+        self.rerun_working_bytes = self.rerun_working_bytes.max(
+            stored_factor * f64::from(slice) * layers.rerun_working_bytes_per_sample_of_layer(l),
+        );
     }
 
     /// The stage's memory as `shape` runs it, its first layer taking
-    /// `input_bytes` per micro-batch in.
-    pub fn memory(&self, shape: &StageShape, input_bytes: f64) -> StageMemory {
+    /// `input_bytes` per micro-batch in; `layers` prices the optimizer's step.
+    pub fn memory(&self, layers: &LayerCosts, shape: &StageShape, input_bytes: f64) -> StageMemory {
         let input_bytes = input_bytes + self.loss_kept_bytes;
-        let state = if shape.shard_optimizer {
-            self.sharded_state_bytes
+        let (state, stepped) = if shape.shard_optimizer {
+            (self.sharded_state_bytes, self.sharded_weight_bytes)
         } else {
-            self.state_bytes
+            (self.state_bytes, self.weight_bytes)
         };
         let (stored, working) = (self.stored_bytes, self.working_bytes);
+        let rerun = stored - self.loss_kept_bytes;
+        let recompute_backward = recompute_backward_bytes(
+            working,
+            rerun,
+            self.rerun_working_bytes,
+            self.loss_kept_bytes,
+        );
         let (fixed, per_micro_batch) = match shape.recompute {
             Recompute::None => (state + working, stored),
-            Recompute::Full => (state + stored + working, input_bytes),
+            Recompute::Full => (state + recompute_backward, input_bytes),
         };
         StageMemory {
             fixed_bytes: fixed,
@@ -241,6 +275,10 @@ impl MemorySums {
             stored_bytes: stored,
             input_bytes,
             working_bytes: working,
+            rerun_bytes: rerun,
+            recompute_backward_bytes: recompute_backward,
+            gradient_bytes: self.gradient_bytes,
+            optimizer_step_bytes: layers.optimizer_step_bytes(stepped),
         }
     }
 }
@@ -258,16 +296,52 @@ mod tests {
         for l in (0..2).rev() {
             sums.add_layer(&layers, l, None, (2, 2), (1, 1));
         }
-        let m = sums.memory(&StageShape::PLAIN, 0.0);
+        let m = sums.memory(&layers, &StageShape::PLAIN, 0.0);
         assert_eq!(m.fixed_bytes, 16_000.0 + 40.0);
         assert_eq!(m.per_micro_batch_bytes, 600.0 + 1_500.0);
         assert_eq!(
             m.at(3),
             crate::cost::stage_memory_bytes(&layers, 0, 2, 2, 3)
         );
+        // An optimizer step that needs 2 bytes per parameter byte over the
+        // model state (8000 here) is the peak below 4 micro-batches in
+        // flight: 16,000 + 8,000 against 16,040 + 3 x 2,100.
+        let mut stepped = crate::profile::profile_with_memory_terms();
+        stepped.optimizer_step_bytes = Some(8_000);
+        let stepped_layers = LayerCosts::new(&stepped);
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&stepped_layers, l, None, (2, 2), (1, 1));
+        }
+        let m = sums.memory(&stepped_layers, &StageShape::PLAIN, 0.0);
+        assert_eq!(
+            (m.gradient_bytes, m.optimizer_step_bytes),
+            (4_000.0, 8_000.0)
+        );
+        assert_eq!((m.at(3), m.at(4)), (24_000.0, 16_040.0 + 4.0 * 2_100.0));
+        for k in [3, 4] {
+            assert_eq!(
+                m.at(k),
+                crate::cost::stage_memory_bytes(&stepped_layers, 0, 2, 2, k)
+            );
+        }
+        // Under ZeRO-1 over 4 GPUs each steps a quarter of the weights.
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&stepped_layers, l, None, (2, 2), (4, 4));
+        }
+        let zero = StageShape {
+            shard_optimizer: true,
+            ..StageShape::PLAIN
+        };
+        assert_eq!(
+            sums.memory(&stepped_layers, &zero, 0.0)
+                .optimizer_step_bytes,
+            2_000.0
+        );
         // Re-computing, a micro-batch in flight keeps the stage's input (7
         // bytes here) and what the loss keeps outside the checkpoint: 200
-        // bytes at batch 4, 2 x 50 for a slice of 2.
+        // bytes at batch 4, 2 x 50 for a slice of 2 (part of l1's stored 800).
         let mut p = crate::profile::profile_with_memory_terms();
         p.layers[1].measurements[0].loss_stored_bytes = Some(200);
         let layers = LayerCosts::new(&p);
@@ -279,9 +353,22 @@ mod tests {
             recompute: Recompute::Full,
             ..StageShape::PLAIN
         };
-        let m = sums.memory(&full, 7.0);
+        let m = sums.memory(&layers, &full, 7.0);
         assert_eq!((m.per_micro_batch_bytes, m.input_bytes), (107.0, 107.0));
-        assert_eq!(m.fixed_bytes, 16_000.0 + 600.0 + 1_500.0 + 40.0);
+        // The re-run brings back the stored activations and weight copies
+        // but the loss's: 600 + 1500 - 100. On them l0's backward needs 40
+        // (l1's working 20 a slice is less than the loss's 100, all the
+        // loss's). Before the re-run the loss's backward needs 40 over what
+        // was kept; after it, 2000 + 40 with the loss's 100 gone: 1940.
+        assert_eq!(
+            (m.rerun_bytes, m.recompute_backward_bytes),
+            (2000.0, 1940.0)
+        );
+        assert_eq!(m.fixed_bytes, 16_000.0 + 1_940.0);
+        assert_eq!(
+            m.recompute_backward_bytes,
+            layers.recompute_backward_bytes(0, 2, 2)
+        );
     }
 
     #[test]

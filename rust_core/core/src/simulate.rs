@@ -62,6 +62,17 @@ pub struct SimStage {
     pub recompute_ms: f64,
     /// What a running backward needs on top of what the stage holds.
     pub working_bytes: f64,
+    /// What a re-computed backward brings back: the re-run's activations,
+    /// less what the loss kept (`StageMemory::rerun_bytes`).
+    pub rerun_bytes: f64,
+    /// What a re-computed backward needs on top of `input_bytes` at its
+    /// peak (`profile::recompute_backward_bytes`).
+    pub recompute_backward_bytes: f64,
+    /// The gradients, part of `model_state_bytes`: made by the stage's
+    /// first backward, let go after its optimizer step.
+    pub gradient_bytes: f64,
+    /// What the optimizer's step allocates above the model state while it runs.
+    pub optimizer_step_bytes: f64,
     /// What the allocator reserves per byte it allocates (1: nothing more).
     pub allocator_reserved_factor: f64,
     pub memory_limit_bytes: f64,
@@ -71,25 +82,62 @@ pub struct SimStage {
 }
 
 impl SimStage {
-    /// A simulated `peak` in its terms, with `in_flight` micro-batches at
-    /// most between their forward and backward.
-    fn memory_terms(&self, in_flight: u32, peak: f64, recompute: bool) -> MemoryTerms {
-        let per_micro_batch = if recompute || self.recomputes {
-            self.input_bytes
+    /// What the running backward needs on top of the micro-batches in
+    /// flight, and what each of those keeps: re-computing, the re-run with
+    /// its working memory over the input (and the loss's kept bytes);
+    /// otherwise the working memory over the stored activations.
+    pub fn backward_and_kept_bytes(&self, recompute: bool) -> (f64, f64) {
+        if recompute {
+            (self.recompute_backward_bytes, self.input_bytes)
         } else {
-            self.stored_bytes
-        };
-        let named =
-            self.model_state_bytes + f64::from(in_flight) * per_micro_batch + self.working_bytes;
+            (self.working_bytes, self.stored_bytes)
+        }
+    }
+
+    /// The simulated peak in its terms, as held at that instant.
+    fn memory_terms(&self, peak: &HeldTerms, recompute: bool) -> MemoryTerms {
+        let (_, per_micro_batch) = self.backward_and_kept_bytes(recompute || self.recomputes);
         MemoryTerms {
-            model_state_bytes: self.model_state_bytes,
+            model_state_bytes: peak.state_bytes,
             per_micro_batch_bytes: per_micro_batch,
-            micro_batches_in_flight: in_flight,
-            working_bytes: self.working_bytes,
-            other_bytes: (peak - named).max(0.0),
-            peak_bytes: peak.max(named),
+            micro_batches_in_flight: peak.in_flight.max(0) as u32,
+            working_bytes: peak.working_bytes,
+            other_bytes: peak.total()
+                - peak.state_bytes
+                - peak.in_flight_bytes
+                - peak.working_bytes,
+            peak_bytes: peak.total(),
             allocator_reserved_factor: self.allocator_reserved_factor,
         }
+    }
+}
+
+/// What a stage holds at one instant, by term.
+#[derive(Debug, Clone, Copy, Default)]
+struct HeldTerms {
+    /// Model state: without the gradients until the first backward.
+    state_bytes: f64,
+    in_flight: i32,
+    in_flight_bytes: f64,
+    working_bytes: f64,
+    other_bytes: f64,
+}
+
+impl HeldTerms {
+    fn add(&mut self, event: MemoryEvent) {
+        match event.term {
+            Term::InFlight(count) => {
+                self.in_flight += count;
+                self.in_flight_bytes += event.bytes;
+            }
+            Term::Working => self.working_bytes += event.bytes,
+            Term::Gradients => self.state_bytes += event.bytes,
+            Term::Other => self.other_bytes += event.bytes,
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.state_bytes + self.in_flight_bytes + self.working_bytes + self.other_bytes
     }
 }
 
@@ -196,10 +244,33 @@ impl Simulation {
 #[derive(Default)]
 struct Trace {
     tasks: Vec<Task>,
-    /// (time, change of bytes) per stage.
-    memory_events: Vec<Vec<(f64, f64)>>,
+    /// Each stage's changes of memory.
+    memory_events: Vec<Vec<MemoryEvent>>,
+    /// Whether each stage holds its gradients now.
+    gradients_held: Vec<bool>,
     /// Forward and backward time per stage.
     compute: Vec<f64>,
+}
+
+/// Which term of a stage's memory (`MemoryTerms`) a change belongs to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Term {
+    /// Micro-batches in flight: the count's change.
+    InFlight(i32),
+    /// A running backward's or optimizer step's working memory.
+    Working,
+    /// The gradients, part of the model state.
+    Gradients,
+    /// A re-computed forward's activations, weight versions.
+    Other,
+}
+
+/// `bytes` more (or fewer) of `term` from time `t` on.
+#[derive(Debug, Clone, Copy)]
+struct MemoryEvent {
+    t: f64,
+    bytes: f64,
+    term: Term,
 }
 
 /// The state of one run of the action lists: when each stage, link and
@@ -355,6 +426,7 @@ impl Trace {
         Trace {
             tasks: Vec::new(),
             memory_events: vec![Vec::new(); stages],
+            gradients_held: vec![false; stages],
             compute: vec![0.0; stages],
         }
     }
@@ -386,43 +458,64 @@ impl Trace {
             start_ms: start,
             end_ms: end,
         });
+        let kept = st.backward_and_kept_bytes(recompute).1;
         let events = &mut self.memory_events[s];
+        let mut at = |t: f64, bytes: f64, term: Term| events.push(MemoryEvent { t, bytes, term });
+        // A re-computed backward's re-run activations (and the loss's
+        // moment), beyond the working memory.
+        let rerun_extra = st.recompute_backward_bytes - st.working_bytes;
         match action.kind {
             ActionKind::Forward => {
                 self.compute[s] += duration;
-                events.push((
-                    start,
-                    if recompute {
-                        st.input_bytes
-                    } else {
-                        st.stored_bytes
-                    },
-                ));
+                at(start, kept, Term::InFlight(1));
             }
-            ActionKind::Backward if recompute => {
+            ActionKind::Backward | ActionKind::InputGradient => {
                 self.compute[s] += duration;
-                // The forward is re-run: its activations live through the backward.
-                events.push((start, st.stored_bytes + st.working_bytes));
-                events.push((end, -st.stored_bytes - st.input_bytes - st.working_bytes));
-            }
-            ActionKind::Backward => {
-                self.compute[s] += duration;
-                events.push((start, st.working_bytes));
-                events.push((end, -st.stored_bytes - st.working_bytes));
-            }
-            // A split backward keeps the activations from its I (re-run
-            // there, where it re-computes) until its W.
-            ActionKind::InputGradient => {
-                self.compute[s] += duration;
-                let rerun = if recompute { st.stored_bytes } else { 0.0 };
-                let input = if recompute { st.input_bytes } else { 0.0 };
-                events.push((start, rerun + st.working_bytes));
-                events.push((end, -input - st.working_bytes));
+                at(start, st.working_bytes, Term::Working);
+                at(end, -st.working_bytes, Term::Working);
+                if recompute {
+                    // The forward is re-run: its activations live through the backward.
+                    at(start, rerun_extra, Term::Other);
+                    at(end, -rerun_extra, Term::Other);
+                }
+                match (action.kind, recompute) {
+                    (ActionKind::Backward, _) => at(end, -kept, Term::InFlight(-1)),
+                    // A split backward keeps the activations from its I (re-run
+                    // there, where it re-computes) until its W.
+                    (_, true) => {
+                        at(end, -kept, Term::InFlight(-1));
+                        at(end, st.rerun_bytes, Term::Other);
+                    }
+                    (_, false) => {}
+                }
             }
             ActionKind::WeightGradient => {
                 self.compute[s] += duration;
-                events.push((start, st.working_bytes));
-                events.push((end, -st.stored_bytes - st.working_bytes));
+                at(start, st.working_bytes, Term::Working);
+                at(end, -st.working_bytes, Term::Working);
+                if recompute {
+                    at(end, -st.rerun_bytes, Term::Other);
+                } else {
+                    at(end, -kept, Term::InFlight(-1));
+                }
+            }
+            ActionKind::OptimizerStep => {
+                at(start, st.optimizer_step_bytes, Term::Working);
+                at(end, -st.optimizer_step_bytes, Term::Working);
+            }
+            ActionKind::AllReduce => {}
+        }
+        // The gradients: made by a stage's first backward that computes
+        // weight gradients (B, or a split backward's W), let go after its
+        // optimizer step (the runtime sets them to None).
+        match action.kind {
+            ActionKind::Backward | ActionKind::WeightGradient if !self.gradients_held[s] => {
+                self.gradients_held[s] = true;
+                at(end, st.gradient_bytes, Term::Gradients);
+            }
+            ActionKind::OptimizerStep if self.gradients_held[s] => {
+                self.gradients_held[s] = false;
+                at(end, -st.gradient_bytes, Term::Gradients);
             }
             _ => {}
         }
@@ -571,36 +664,14 @@ pub fn simulate_stages(
         tasks,
         mut memory_events,
         compute,
+        ..
     } = trace;
     let iteration_ms = mini_batch_ms(schedule, &tasks, span_ms);
     let timelines = (0..s_count)
         .map(|s| {
-            let st = &stages[s];
-            let mut events = std::mem::take(&mut memory_events[s]);
-            let copies = weight_copy_events(schedule, s, &tasks);
-            let mut peak_copies = 0u32;
-            let mut now_copies = 0i64;
-            let mut copy_events: Vec<(f64, i64)> = copies;
-            copy_events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            for &(t, d) in &copy_events {
-                now_copies += d;
-                peak_copies = peak_copies.max(now_copies as u32);
-                events.push((t, d as f64 * st.weight_bytes));
-            }
-            // Memory freed at an instant can be reused at that instant.
-            events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-            let mut bytes = st.model_state_bytes;
-            if schedule.kind.predictor() == Some(Predictor::Adam) {
-                bytes += st.own_adam_moments_bytes;
-            }
-            let mut peak = bytes;
-            let mut memory = vec![(0.0, bytes)];
-            for (t, delta) in events {
-                bytes += delta;
-                peak = peak.max(bytes);
-                memory.push((t, bytes));
-            }
-            let in_flight = schedule.peak_in_flight(s);
+            let events = std::mem::take(&mut memory_events[s]);
+            let (memory, at_peak, peak_copies) =
+                memory_over_time(&stages[s], s, schedule, &tasks, events);
             StageTimeline {
                 compute_ms: compute[s],
                 bubble_fraction: if span_ms > 0.0 {
@@ -608,12 +679,12 @@ pub fn simulate_stages(
                 } else {
                     0.0
                 },
-                peak_memory_bytes: peak,
-                memory_limit_bytes: st.memory_limit_bytes,
-                peak_in_flight: in_flight,
+                peak_memory_bytes: at_peak.total(),
+                memory_limit_bytes: stages[s].memory_limit_bytes,
+                peak_in_flight: schedule.peak_in_flight(s),
                 peak_weight_copies: peak_copies,
                 memory,
-                memory_terms: Some(st.memory_terms(in_flight, peak, recompute)),
+                memory_terms: Some(stages[s].memory_terms(&at_peak, recompute)),
             }
         })
         .collect();
@@ -628,6 +699,55 @@ pub fn simulate_stages(
         stages: timelines,
         tasks,
     })
+}
+
+/// Stage `s`'s memory over time from its recorded changes and the weight
+/// copies its schedule makes: (time, bytes) steps, what it held by term at
+/// its peak, and the most weight copies at once.
+fn memory_over_time(
+    st: &SimStage,
+    s: usize,
+    schedule: &Schedule,
+    tasks: &[Task],
+    mut events: Vec<MemoryEvent>,
+) -> (Vec<(f64, f64)>, HeldTerms, u32) {
+    let mut copy_events = weight_copy_events(schedule, s, tasks);
+    copy_events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut peak_copies, mut now_copies) = (0u32, 0i64);
+    for &(t, d) in &copy_events {
+        now_copies += d;
+        peak_copies = peak_copies.max(now_copies as u32);
+        events.push(MemoryEvent {
+            t,
+            bytes: d as f64 * st.weight_bytes,
+            term: Term::Other,
+        });
+    }
+    // Memory freed at an instant can be reused at that instant.
+    events.sort_by(|a, b| a.t.total_cmp(&b.t).then(a.bytes.total_cmp(&b.bytes)));
+    let mut now = HeldTerms {
+        // The gradients come with the first backward.
+        state_bytes: st.model_state_bytes - st.gradient_bytes,
+        // XPipe's own moments, held all the time.
+        other_bytes: if schedule.kind.predictor() == Some(Predictor::Adam) {
+            st.own_adam_moments_bytes
+        } else {
+            0.0
+        },
+        ..HeldTerms::default()
+    };
+    let mut bytes = now.total();
+    let mut at_peak = now;
+    let mut memory = vec![(0.0, bytes)];
+    for event in events {
+        bytes += event.bytes;
+        now.add(event);
+        if now.total() > at_peak.total() {
+            at_peak = now;
+        }
+        memory.push((event.t, bytes));
+    }
+    (memory, at_peak, peak_copies)
 }
 
 /// The time of one mini-batch: the whole span for one, otherwise the mean
@@ -825,6 +945,23 @@ pub(crate) fn sim_stages(
                     || layers.backward_working_bytes(start, end, c.slice_size),
                     |m| m.working_bytes,
                 ),
+                rerun_bytes: memory.map_or_else(
+                    || {
+                        layers.in_flight_bytes(start, end, c.slice_size)
+                            - slice * layers.loss_stored_bytes_per_sample_of_layer(end - 1)
+                    },
+                    |m| m.rerun_bytes,
+                ),
+                recompute_backward_bytes: memory.map_or_else(
+                    || layers.recompute_backward_bytes(start, end, c.slice_size),
+                    |m| m.recompute_backward_bytes,
+                ),
+                gradient_bytes: memory
+                    .map_or_else(|| layers.gradient_bytes(start, end), |m| m.gradient_bytes),
+                optimizer_step_bytes: memory.map_or_else(
+                    || layers.optimizer_step_bytes(layers.param_bytes(start, end)),
+                    |m| m.optimizer_step_bytes,
+                ),
                 allocator_reserved_factor: layers.allocator_reserved_factor,
                 input_bytes: memory.map_or_else(
                     || slice * layers.recompute_kept_bytes_per_sample(start, end),
@@ -881,6 +1018,10 @@ mod tests {
                 stored_bytes: 10.0,
                 input_bytes: 1.0,
                 working_bytes: 0.0,
+                rerun_bytes: 10.0,
+                recompute_backward_bytes: 10.0,
+                gradient_bytes: 0.0,
+                optimizer_step_bytes: 0.0,
                 allocator_reserved_factor: 1.0,
                 memory_limit_bytes: 1e9,
                 recomputes: false,
@@ -930,6 +1071,68 @@ mod tests {
     }
 
     #[test]
+    fn gradients_live_from_the_first_backward_to_the_optimizer_step() {
+        // One stage: 100 bytes of model state, 30 of them gradients;
+        // micro-batches keep 10 bytes, a backward needs 7 more.
+        let mut stages = equal_stages(1, 1.0, 2.0);
+        stages[0].working_bytes = 7.0;
+        stages[0].gradient_bytes = 30.0;
+        let peak = |stages: &[SimStage], schedule: &Schedule| {
+            let sim = simulate_stages(stages, &[], schedule, false).unwrap();
+            (
+                sim.stages[0].peak_memory_bytes,
+                sim.stages[0].memory_terms.unwrap(),
+            )
+        };
+        // GPipe, 2 micro-batches: the first backward starts with both in
+        // flight and no gradients (70 + 20 + 7 = 97); the second with one
+        // and all of them (100 + 10 + 7 = 117).
+        let gpipe = Schedule::gpipe(1, 2).unwrap();
+        let (bytes, terms) = peak(&stages, &gpipe);
+        assert_eq!(bytes, 117.0);
+        assert_eq!(
+            (
+                terms.model_state_bytes,
+                terms.micro_batches_in_flight,
+                terms.working_bytes
+            ),
+            (100.0, 1, 7.0)
+        );
+        // With 5 bytes of gradients the first is the larger: 95 + 20 + 7.
+        stages[0].gradient_bytes = 5.0;
+        let (bytes, terms) = peak(&stages, &gpipe);
+        assert_eq!(bytes, 122.0);
+        assert_eq!(
+            (
+                terms.model_state_bytes,
+                terms.micro_batches_in_flight,
+                terms.other_bytes
+            ),
+            (95.0, 2, 0.0)
+        );
+        // One micro-batch: its backward never sees the gradients.
+        let (bytes, _) = peak(&stages, &Schedule::gpipe(1, 1).unwrap());
+        assert_eq!(bytes, 95.0 + 10.0 + 7.0);
+        // The optimizer's step (1 ms) needs 50 over the whole model state:
+        // its moment is the peak, in the working term.
+        stages[0].optimizer_step_bytes = 50.0;
+        stages[0].optimizer_ms = 1.0;
+        let (bytes, terms) = peak(&stages, &gpipe);
+        assert_eq!(bytes, 150.0);
+        assert_eq!(
+            (
+                terms.model_state_bytes,
+                terms.micro_batches_in_flight,
+                terms.working_bytes
+            ),
+            (100.0, 0, 50.0)
+        );
+        // After the step the gradients are gone, and so is everything else.
+        let sim = simulate_stages(&stages, &[], &gpipe, false).unwrap();
+        assert_eq!(sim.stages[0].memory.last().unwrap().1, 95.0);
+    }
+
+    #[test]
     fn a_running_backward_needs_its_working_memory_on_top() {
         // Early backward on 2 stages holds 2 micro-batches (10 bytes each)
         // on stage 0; each backward needs 7 bytes more while it runs,
@@ -937,6 +1140,8 @@ mod tests {
         let mut stages = equal_stages(2, 1.0, 2.0);
         for s in &mut stages {
             s.working_bytes = 7.0;
+            // No loss: the re-run's 10 with the backward's 7 on them.
+            s.recompute_backward_bytes = 17.0;
         }
         let eb = Schedule::early_backward_with_policy(2, 4, WarmupPolicy::A).unwrap();
         let sim = simulate_stages(&stages, &[0.0], &eb, false).unwrap();

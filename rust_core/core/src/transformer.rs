@@ -278,6 +278,7 @@ pub fn transformer_profile(
     let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
     let profile = Profile {
         optimizer_step_ms: None,
+        optimizer_step_bytes: None,
         dtype: None,
         allocator_reserved_factor: None,
         format: crate::format::PROFILE.name.into(),

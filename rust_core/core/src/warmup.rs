@@ -31,14 +31,18 @@ pub fn deepest_warmups(stages: &[SimStage], micro_batches: u32) -> Option<Vec<u3
     let mut caps = Vec::with_capacity(stages.len());
     let mut previous = micro_batches;
     for s in stages {
-        let room = s.memory_limit_bytes - s.model_state_bytes - s.working_bytes;
-        let cap = if s.stored_bytes <= 0.0 {
+        if s.model_state_bytes + s.optimizer_step_bytes > s.memory_limit_bytes {
+            return None; // the optimizer's step does not fit, whatever the depth
+        }
+        let (backward, per_micro_batch) = s.backward_and_kept_bytes(s.recomputes);
+        let room = s.memory_limit_bytes - s.model_state_bytes - backward;
+        let cap = if per_micro_batch <= 0.0 {
             if room < 0.0 {
                 return None;
             }
             micro_batches
         } else {
-            let k = (room / s.stored_bytes).floor();
+            let k = (room / per_micro_batch).floor();
             if k < 1.0 {
                 return None;
             }
@@ -303,6 +307,10 @@ mod tests {
             stored_bytes: stored,
             input_bytes: 0.0,
             working_bytes: 0.0,
+            rerun_bytes: stored,
+            recompute_backward_bytes: stored,
+            gradient_bytes: 0.0,
+            optimizer_step_bytes: 0.0,
             allocator_reserved_factor: 1.0,
             memory_limit_bytes: limit,
             recomputes: false,

@@ -293,7 +293,7 @@ impl StageCoster<'_> {
             sums.whole_slice
         };
         let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
-        let memory = sums.memory.memory(shape, input_bytes);
+        let memory = sums.memory.memory(self.layers, shape, input_bytes);
         if shape.recompute == Recompute::Full {
             // The forward again, but what torch's checkpoint does not re-run
             // of the last layer (its share from the profile's own times).
