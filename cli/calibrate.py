@@ -6,7 +6,7 @@ import click
 
 import planner
 from planner.calibrate import EXACT_MEMORY_SOURCE, load_metrics
-from planner.files import check_writable
+from planner.files import check_writable, path_text
 
 from .options import FILE_PATH, plan_options, profile_for, reports_errors
 from .render import calibration_table
@@ -36,5 +36,5 @@ def calibrate_command(plan_path, profile_path, metrics_path, out_path):
     for note in result.memory_notes:
         click.echo(f"memory left alone where {note} (only {EXACT_MEMORY_SOURCE} peaks calibrate stored activations)",
                    err=True)
-    click.echo(f"calibrated profile written to {out_path}", err=True)
+    click.echo(f"calibrated profile written to {path_text(out_path)}", err=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
-from planner.files import check_writable, write_atomic
+from planner.files import check_writable, path_text, write_atomic
 
 from .options import FILE_PATH, reports_errors
 
@@ -36,5 +36,5 @@ def export_command(plan_path, target, out_path):
     order = plan.pipeline_order()
     write_atomic(out_path, order.to_csv())
     layers = ", ".join(f"{s['layer_start']}..{s['layer_end']}" for s in plan.stages)
-    click.echo(f"{out_path}: {len(order.rank_actions)} pipeline ranks, {order.micro_batches} micro-batches of "
+    click.echo(f"{path_text(out_path)}: {len(order.rank_actions)} pipeline ranks, {order.micro_batches} micro-batches of "
                f"{plan.micro_batch_size}; stage layers {layers}; each replica group runs the same rows", err=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
-from planner.files import check_writable
+from planner.files import check_writable, path_text
 from planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
 
 from .options import (
@@ -100,7 +100,7 @@ def plan_command(
     else:
         plan_table(result, profile)
     if out_path is not None:
-        click.echo(f"plan written to {out_path}", err=True)
+        click.echo(f"plan written to {path_text(out_path)}", err=True)
     stats = result.search_stats
     if stats is not None:
         click.echo(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
-from planner.files import check_writable
+from planner.files import check_writable, path_text
 
 from .options import FILE_PATH, count_option_type, reports_errors
 from .profile_model import profile_model_command
@@ -49,7 +49,7 @@ def import_artifact(
         profile = planner.calibrate_stored_activations(profile, measured_peak_memory_gib * 2**30, batch_size)
     profile.save(out_path)
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
-    click.echo(f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) from {graph_txt}", err=True)
+    click.echo(f"{path_text(out_path)}: {len(profile.layers)} layers ({blocks} blocks) from {path_text(graph_txt)}", err=True)
 
 
 @profile_group.command("merge")
@@ -69,7 +69,7 @@ def merge(profile_paths, out_path):
     check_writable(out_path)
     merged = planner.merge_profiles([planner.Profile.load(p) for p in profile_paths])
     merged.save(out_path)
-    click.echo(f"{out_path}: {merged.model} timed on {', '.join(map(str, merged.devices))}", err=True)
+    click.echo(f"{path_text(out_path)}: {merged.model} timed on {', '.join(map(str, merged.devices))}", err=True)
 
 
 profile_group.add_command(profile_model_command, "model")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner.files import check_writable
+from planner.files import check_writable, path_text
 from planner.precision import PRECISIONS
 
 from .options import FILE_PATH, PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
@@ -55,7 +55,7 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, dtype, re
     profile.save(out_path)
     blocks = sum(1 for layer in profile.layers if layer.get("kind") == "block")
     click.echo(
-        f"{out_path}: {len(profile.layers)} layers ({blocks} blocks) of {profile.model} at batch sizes "
+        f"{path_text(out_path)}: {len(profile.layers)} layers ({blocks} blocks) of {profile.model} at batch sizes "
         f"{','.join(map(str, profile.batch_sizes))} on {profile.data['device']} in {dtype}",
         err=True,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 import planner
-from planner.files import check_writable
+from planner.files import check_writable, path_text
 
 from .options import FILE_PATH, PositiveIntList, count_option_type, reports_errors
 
@@ -37,7 +37,7 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     profile.save(out_path)
     params = sum(layer["param_bytes"] for layer in profile.layers) / profile.data["parameter_state"]["weight_bytes"]
     click.echo(
-        f"{out_path}: {profile.model}, {len(profile.layers)} layers, {params / 1e9:.2f}e9 parameters, "
+        f"{path_text(out_path)}: {profile.model}, {len(profile.layers)} layers, {params / 1e9:.2f}e9 parameters, "
         f"sequence {seq_len}, timed at {efficiency} of the {profile.data['device']} bf16 peak",
         err=True,
     )

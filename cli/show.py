@@ -9,7 +9,7 @@ import click
 
 import planner
 from planner.errors import DappleIOError
-from planner.files import output_target, read_text, write_all_atomic
+from planner.files import output_target, path_text, read_text, write_all_atomic
 
 from planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
 
@@ -71,14 +71,14 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     for kind, path in wanted:
         key = os.path.abspath(path)
         if key in seen:
-            raise click.UsageError(f"--{seen[key]} and --{kind} both write {path}")
+            raise click.UsageError(f"--{seen[key]} and --{kind} both write {path_text(path)}")
         seen[key] = kind
     # Check every name before any work, so a typo costs nothing and writes nothing.
     for _, path in wanted:
         pictures.picture_format(path)
         output_target(path)
 
-    runs = [planner.RunMetrics.from_json(read_text(p), p).to_dict() for p in metrics_paths] if curves_path else []
+    runs = [planner.RunMetrics.from_json(read_text(p), path_text(p)).to_dict() for p in metrics_paths] if curves_path else []
     needs_sim = gantt_path or memory_path
     plan = planner.Plan.load(plan_path) if plan_path else None
     if plan is None:
@@ -108,4 +108,4 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     write_all_atomic([(path, draw[kind][0]) for kind, path in wanted])
     for kind, path in wanted:
         what = draw[kind][1].format(schedule=sim.schedule if sim is not None else "")
-        click.echo(f"wrote {path} ({what})", err=True)
+        click.echo(f"wrote {path_text(path)} ({what})", err=True)

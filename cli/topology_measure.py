@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from planner.errors import InvalidInputError
-from planner.files import check_writable, write_atomic
+from planner.files import check_writable, path_text, write_atomic
 
 from .options import FILE_PATH, PositiveIntList, reports_errors, require_torch
 
@@ -57,6 +57,6 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
                    f"{r['allreduce_ms']:>13.3f} {r['allreduce_model_ms']:>9.3f}", file=err)
     if out_path is not None:
         write_atomic(out_path, topo.text)
-        click.echo(f"wrote {out_path}", file=err)
+        click.echo(f"wrote {path_text(out_path)}", file=err)
     else:
         click.echo(topo.text, nl=False)

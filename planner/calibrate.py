@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 
 from . import _core
-from .files import read_text
+from .files import path_text, read_text
 from .plan import Plan
 from .profile import Profile
 
@@ -39,7 +39,7 @@ class Calibration:
 
 def load_metrics(path: str | os.PathLike) -> _core.RunMetrics:
     """A ``dapple.run-metrics`` file, checked by the core."""
-    return _core.RunMetrics.from_json(read_text(path), str(path))
+    return _core.RunMetrics.from_json(read_text(path), path_text(path))
 
 
 def calibrate(plan: Plan | str | os.PathLike, metrics: _core.RunMetrics | str | os.PathLike,

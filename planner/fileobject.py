@@ -8,7 +8,7 @@ import os
 from functools import cached_property
 from typing import Any, ClassVar
 
-from .files import read_text, write_atomic
+from .files import path_text, read_text, write_atomic
 
 
 class FileObject:
@@ -31,7 +31,7 @@ class FileObject:
 
     @classmethod
     def load(cls, path: str | os.PathLike):
-        return cls.from_json(read_text(path), str(path))
+        return cls.from_json(read_text(path), path_text(path))
 
     def save(self, path: str | os.PathLike) -> None:
         write_atomic(path, self.text)

@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from .errors import DappleIOError
+from .errors import DappleIOError, LimitExceededError
+from .limits import MAX_INPUT_BYTES
 
 
 def special_kind(mode: int) -> str | None:
@@ -26,6 +27,13 @@ def special_kind(mode: int) -> str | None:
     return None if stat.S_ISREG(mode) else "special file"
 
 
+def path_text(path: str | os.PathLike) -> str:
+    """A file name as text for messages and the core: the bytes of a name
+    that is not UTF-8 (which Python holds as lone surrogates, and which no
+    UTF-8 text may carry) escaped as ``\\xff``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _empty_path_error(role: str) -> DappleIOError:
     return DappleIOError(f"'': empty {role} path; give a file name")
 
@@ -39,24 +47,28 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise DappleIOError(f"{path}: no such file") from None
+        raise DappleIOError(f"{path_text(path)}: no such file") from None
     except IsADirectoryError:
-        raise DappleIOError(f"{path}: is a directory, not a file") from None
+        raise DappleIOError(f"{path_text(path)}: is a directory, not a file") from None
     except OSError as e:
-        raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
+        raise DappleIOError(f"{path_text(path)}: cannot read ({e.strerror})") from None
     try:
         kind = special_kind(os.fstat(fd).st_mode)
         if kind is not None:
-            raise DappleIOError(f"{path}: is a {kind}, not a regular file")
+            raise DappleIOError(f"{path_text(path)}: is a {kind}, not a regular file")
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as f:
             fd = -1  # closed by the file object
-            data = f.read()
+            data = f.read(MAX_INPUT_BYTES + 1)  # a sparse file of GiBs is refused, not read
+        if len(data) > MAX_INPUT_BYTES:
+            raise LimitExceededError(
+                f"{path_text(path)}: more than {MAX_INPUT_BYTES // 2**20} MiB, the most dapple reads of one input "
+                "(MAX_INPUT_BYTES in planner/limits.py); no profile, topology, plan or metrics file comes near it")
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DappleIOError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise DappleIOError(f"{path_text(path)}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
-        raise DappleIOError(f"{path}: cannot read ({e.strerror})") from None
+        raise DappleIOError(f"{path_text(path)}: cannot read ({e.strerror})") from None
     finally:
         if fd >= 0:
             os.close(fd)
@@ -72,16 +84,22 @@ def output_target(path: str | os.PathLike) -> Path:
     reach a reader."""
     if str(path) == "":
         raise _empty_path_error("output")
+    if os.fspath(path).endswith(("/", os.sep)):
+        # Path() would drop the slash and write a file where a folder was meant.
+        raise DappleIOError(f"{path_text(path)}: ends with a slash, so names a folder; give a file name")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise DappleIOError(f"{path_text(path)}: a symbolic link to {path_text(os.readlink(path))}, which does not "
+                            "exist; dapple writes through a link only to an existing file")
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
         return target
     except OSError as e:
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+        raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
     kind = special_kind(mode)
     if kind is not None:
-        raise DappleIOError(f"{path}: is a {kind}; dapple writes only regular files")
+        raise DappleIOError(f"{path_text(path)}: is a {kind}; dapple writes only regular files")
     return target
 
 
@@ -92,7 +110,7 @@ def _temp_beside(path: str | os.PathLike, target: Path) -> tuple[int, str]:
     try:
         return tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=directory)
     except OSError as e:
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+        raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
 
 
 def check_writable(path: str | os.PathLike) -> None:
@@ -133,7 +151,7 @@ def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
         os.replace(tmp, target)
     except OSError as e:
         _remove_quietly(tmp)
-        raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+        raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
     except BaseException:
         _remove_quietly(tmp)
         raise
@@ -158,7 +176,7 @@ def write_all_atomic(outputs: list[tuple[str | os.PathLike, Callable[[str], obje
             try:
                 os.replace(tmp, target)
             except OSError as e:
-                raise DappleIOError(f"{path}: cannot write ({e.strerror})") from None
+                raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
     except BaseException:
         for _, tmp, _ in staged:
             _remove_quietly(tmp)

@@ -10,6 +10,13 @@ from .errors import InvalidInputError
 #: The largest batch or micro-batch size: the core counts samples in 32 bits.
 MAX_COUNT = 2**32 - 1
 
+#: The most bytes dapple reads of one input file (a profile, topology,
+#: plan, metrics or suite file, a graph.txt, a model config): 256 MiB, far
+#: above any real one (the largest shipped file is under 1 MiB). A larger
+#: file is refused (exit 9) before it is read whole: a sparse file of
+#: several GiB would otherwise exhaust memory first.
+MAX_INPUT_BYTES = 256 * 2**20
+
 
 def check_count(field: str, value: object, minimum: int = 1) -> int:
     """``value`` as a sample count in ``minimum..MAX_COUNT``, or an

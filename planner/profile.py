@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from . import _core
 from .fileobject import FileObject
-from .files import read_text
+from .files import path_text, read_text
 from .limits import check_count
 
 
@@ -79,7 +79,7 @@ def import_artifact_profile(
         read_text(path),
         model=model,
         batch_size=check_count("batch_size", batch_size),
-        source=str(path),
+        source=path_text(path),
         param_bytes_scale=param_bytes_scale,
         block_pattern=block_pattern,
         origin=origin,
@@ -111,8 +111,8 @@ def transformer_profile(
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:
-        name = model or os.path.splitext(os.path.basename(config))[0]
-        core = _core.transformer_profile(model=name, text=read_text(config), source=str(config), **common)
+        name = model or path_text(os.path.splitext(os.path.basename(config))[0])
+        core = _core.transformer_profile(model=name, text=read_text(config), source=path_text(config), **common)
     return Profile(core)
 
 

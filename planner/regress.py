@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import _core
 from .errors import DappleError, InfeasibleError
-from .files import read_text, write_atomic
+from .files import path_text, read_text, write_atomic
 from .plan import plan
 from .profile import Profile
 
@@ -44,7 +44,7 @@ class Outcome:
 def load_suite(path: str | os.PathLike) -> dict:
     """The suite at ``path``, read and checked by the core
     (``rust_core/core/src/regress.rs``), as plain data."""
-    return _core.RegressSuite.from_json(read_text(path), str(path)).to_dict()
+    return _core.RegressSuite.from_json(read_text(path), path_text(path)).to_dict()
 
 
 def run_suite(path: str | os.PathLike, suite: dict | None = None) -> list[Outcome]:
@@ -70,7 +70,7 @@ def run_suite(path: str | os.PathLike, suite: dict | None = None) -> list[Outcom
                                     str(e)))
             continue
         except DappleError as e:
-            raise type(e)(f"{path}: case {case['name']!r}: {e}", code=e.code) from None
+            raise type(e)(f"{path_text(path)}: case {case['name']!r}: {e}", code=e.code) from None
         actual = p.iteration_ms
         if expected is None:
             status = "new"
@@ -93,4 +93,4 @@ def update_suite(path: str | os.PathLike, outcomes: list[Outcome], suite: dict |
         if o.actual_ms is not None:
             case["expected_ms"] = round(o.actual_ms, 3)
             case["expected_shape"] = o.actual_shape
-    write_atomic(path, _core.RegressSuite.from_dict(suite, str(path)).to_json())
+    write_atomic(path, _core.RegressSuite.from_dict(suite, path_text(path)).to_json())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from . import _core
 from .fileobject import FileObject
+from .files import path_text
 
 #: The paper's clusters by preset name, as specs (the core's table).
 PRESETS: dict[str, str] = dict(_core.PRESETS)
@@ -35,7 +36,7 @@ class Topology(FileObject):
         # os.path.isfile is False, not an error, for names too long to be files.
         if s.endswith(".json") or os.sep in s or os.path.isfile(s):
             return cls.load(s)
-        return cls.from_spec(s)
+        return cls.from_spec(path_text(s))  # a spec is text: a name's stray bytes escaped
 
     @property
     def name(self) -> str:

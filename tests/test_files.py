@@ -107,3 +107,48 @@ def test_reading_refuses_special_files(tmp_path):
 def test_a_long_topology_spec_is_an_invalid_spec_not_a_file_error(dapple):
     r = dapple("topology", "show", "9" * 300)
     assert_one_line_error(r, 3, "topology spec")
+
+
+def test_file_names_that_are_not_utf8_are_named_escaped(dapple, tmp_path):
+    # A name's byte 0xff is no UTF-8: Python holds it as a lone surrogate,
+    # which once reached the core as text and ended in an internal error.
+    bad = tmp_path / os.fsdecode(b"bad\xff.json")
+    bad.write_bytes(BERT.read_bytes())
+    for args in (["estimate", "--plan", bad], ["simulate", "--plan", bad], ["topology", "show", bad]):
+        r = dapple(*args)
+        assert_one_line_error(r, 3, "bad\\xff.json", "not a dapple.")
+    r = dapple("plan", "--profile", bad, "--topology", "A", "--global-batch-size", "64")
+    assert r.returncode == 0, r.stderr
+    missing = tmp_path / os.fsdecode(b"graph\xfe.txt")
+    r = dapple("profile", "import-artifact", missing, "--model", "m", "--batch-size", "2", "--out", tmp_path / "p.json")
+    assert_one_line_error(r, 6, "graph\\xfe.txt", "no such file")
+    out = tmp_path / os.fsdecode(b"plan\xff.json")
+    r = dapple(*PLAN_ARGS, "--out", out)
+    assert r.returncode == 0 and "plan written to" in r.stderr and "plan\\xff.json" in r.stderr, r.stderr
+    assert planner.Plan.load(out).shape
+
+
+def test_an_output_ending_in_a_slash_is_refused_and_nothing_written(dapple, tmp_path):
+    # Path("out/") is Path("out"): the plan once went to a file named out.
+    r = dapple(*PLAN_ARGS, "--out", f"{tmp_path}/out/")
+    assert_one_line_error(r, 6, "out/", "slash")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dangling_symlink_output_is_refused_and_left_dangling(dapple, tmp_path):
+    link = tmp_path / "latest.json"
+    link.symlink_to(tmp_path / "results" / "plan.json")
+    r = dapple(*PLAN_ARGS, "--out", link)
+    assert_one_line_error(r, 6, "latest.json", "does not exist")
+    assert link.is_symlink() and not link.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["latest.json"]
+
+
+def test_an_input_over_the_size_limit_is_refused_unread(dapple, tmp_path):
+    from planner.limits import MAX_INPUT_BYTES
+
+    huge = tmp_path / "plan.json"
+    with open(huge, "wb") as f:
+        f.truncate(4 * 2**30)  # sparse: 4 GiB of zeros in no disk space
+    r = dapple("estimate", "--plan", huge, timeout=60)
+    assert_one_line_error(r, 9, "plan.json", f"more than {MAX_INPUT_BYTES // 2**20} MiB")
