@@ -13,6 +13,7 @@ from planner.plan import SHAPE_KEY
 
 from .options import (count_option_type, global_batch_size_or_default, json_option, max_passes_option, profile_option,
                       reports_errors, topology_option, warmup_policy_option)
+from .progress import quiet_option, working
 from .render import GIB, console, stage_shapes_text
 
 
@@ -27,18 +28,21 @@ from .render import GIB, console, stage_shapes_text
 @warmup_policy_option
 @json_option
 @max_passes_option
+@quiet_option
 @reports_errors
-def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, warmup_policy, as_json):
+def compare_command(profile_path, topology, global_batch_size, min_micro_batch_size, warmup_policy, as_json, quiet):
     """Compare strategies by simulated iteration time."""
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
-    rows = planner.compare(
-        profile,
-        topo,
-        global_batch_size_or_default(global_batch_size, profile, topo),
-        min_micro_batch_size=min_micro_batch_size,
-        warmup_policy=warmup_policy,
-    )
+    global_batch_size = global_batch_size_or_default(global_batch_size, profile, topo)
+    with working(f"comparing strategies for {profile.model} on {topo.name}", quiet):
+        rows = planner.compare(
+            profile,
+            topo,
+            global_batch_size,
+            min_micro_batch_size=min_micro_batch_size,
+            warmup_policy=warmup_policy,
+        )
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=1))
         return

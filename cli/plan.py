@@ -19,6 +19,7 @@ from .options import (
     topology_option,
     warmup_policy_option,
 )
+from .progress import quiet_option, working
 from .render import plan_table
 
 
@@ -58,6 +59,7 @@ from .render import plan_table
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
 @json_option
+@quiet_option
 @max_passes_option
 @reports_errors
 def plan_command(
@@ -74,6 +76,7 @@ def plan_command(
     simulate_flag,
     out_path,
     as_json,
+    quiet,
 ):
     """Find the plan with the shortest simulated iteration time."""
     if out_path is not None:
@@ -81,18 +84,19 @@ def plan_command(
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
     global_batch_size = global_batch_size_or_default(global_batch_size, profile, topo)
-    result = planner.plan(
-        profile,
-        topo,
-        global_batch_size,
-        warmup_policy=warmup_policy,
-        min_micro_batch_size=min_micro_batch_size,
-        search_space=search_space,
-        stage_shapes=stage_shapes,
-        schedule=schedule,
-        max_search_gib=max_search_gib,
-        refine=refine,
-    )
+    with working(f"planning {profile.model} on {topo.name}", quiet):
+        result = planner.plan(
+            profile,
+            topo,
+            global_batch_size,
+            warmup_policy=warmup_policy,
+            min_micro_batch_size=min_micro_batch_size,
+            search_space=search_space,
+            stage_shapes=stage_shapes,
+            schedule=schedule,
+            max_search_gib=max_search_gib,
+            refine=refine,
+        )
     if out_path is not None:
         result.save(out_path)
     if as_json:

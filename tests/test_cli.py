@@ -306,3 +306,46 @@ def test_run_says_it_trains_on_cuda_too(dapple):
     run_line = next(line for line in listed.splitlines() if line.strip().startswith("run "))
     assert "CUDA" in run_line and "on CPU following" not in run_line
     assert "NCCL" in dapple("run", "--help").stdout
+
+
+def _stderr_on_a_terminal(args: list[str], env: dict) -> str:
+    """Run dapple with stderr on a pseudo-terminal; what it showed there."""
+    import os
+    import pty
+    import subprocess
+
+    from conftest import DAPPLE, ROOT
+
+    main, tty = pty.openpty()
+    proc = subprocess.Popen([str(DAPPLE), *map(str, args)], stdout=subprocess.DEVNULL, stderr=tty,
+                            stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+    os.close(tty)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    assert proc.wait(timeout=120) == 0, shown
+    return shown.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+def test_a_progress_indicator_shows_on_a_terminal_only(dapple, command, monkeypatch):
+    import os
+
+    monkeypatch.setenv("DAPPLE_PROGRESS_DELAY_S", "0")  # shown at once, however fast the call
+    args = [command, "--profile", PROFILES / "bert-48-pbs-2.json", "--topology", "A", "--global-batch-size", "64"]
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "100"}
+    what = "planning" if command == "plan" else "comparing strategies"
+    shown = _stderr_on_a_terminal(args, env)
+    assert what in shown and "BERT-48 on A" in shown, shown
+    assert "0:00:0" in shown  # the elapsed time
+    # --quiet, or stderr not a terminal: nothing of it.
+    assert what not in _stderr_on_a_terminal([*args, "--quiet"], env)
+    piped = dapple(*args)
+    assert piped.returncode == 0 and what not in piped.stderr, piped.stderr
