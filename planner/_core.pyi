@@ -250,6 +250,10 @@ def transformer_profile(
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float
 ) -> dict[str, dict]: ...
+def check_memory_floor(
+    profile: Profile, topology: Topology, global_batch_size: int, *, min_micro_batch_size: int | None = None
+) -> None: ...
+
 def search(
     profile: Profile,
     topology: Topology,

@@ -120,6 +120,10 @@ def compare(
     (the search is the expensive part)."""
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
+    # No layout fits at all: say so now, not after each strategy has searched.
+    _core.check_memory_floor(prof.core, topo.core, check_count("global_batch_size", global_batch_size),
+                             min_micro_batch_size=None if min_micro_batch_size is None
+                             else check_count("min_micro_batch_size", min_micro_batch_size))
 
     def make(kind: str) -> Plan:
         if kind == "dapple":

@@ -165,3 +165,40 @@ def test_a_timeline_limit_is_the_callers_to_set():
     check_timeline_size(plan, "g.png", max_tasks=tasks)
     with pytest.raises(planner.LimitExceededError, match="--max-tasks-drawn"):
         check_timeline_size(plan, "g.png", max_tasks=tasks - 1)
+
+
+@pytest.mark.parametrize("command,topology,gbs", [("plan", "A", "1000000000"), ("compare", "B", "2147483647")])
+def test_requests_no_layout_can_fit_fail_before_any_search(dapple, command, topology, gbs):
+    # These searched for 42 s and 25 s before saying no plan fits; the
+    # floor every layout keeps (the model's activations of the smallest
+    # micro-batch over all GPUs) says it at once.
+    r = dapple(command, "--profile", PROFILES / "bert-48-pbs-2.json", "--topology", topology,
+               "--global-batch-size", gbs, timeout=60)
+    assert_one_line_error(r, 5, "no plan fits in GPU memory: every plan keeps at least", "lower the global batch size")
+
+
+def test_the_memory_floor_never_refuses_a_plan_the_search_finds():
+    from planner import _core
+
+    # Four layers keeping 1000 bytes a sample each, on two GPUs of 1 GiB.
+    profile = planner.Profile.from_dict({
+        "format": "dapple.profile", "schema_version": 1, "model": "tiny", "optimizer": "sgd",
+        "layers": [{"name": f"l{i}", "param_bytes": 1000,
+                    "measurements": [{"batch_size": 1, "fwd_ms": 1.0, "bwd_ms": 2.0, "activation_bytes": 1000,
+                                      "stored_activation_bytes": 1000}]} for i in range(4)]})
+    data = planner.Topology.from_spec("1x2").data
+    data["machine_groups"][0]["gpu"]["memory_bytes"] = 2**30
+    topology = planner.Topology.from_dict(data)
+    gbs, refused = 2**21, []
+    for slice_ in (2**14, 2**16, 2**18, 2**19, 2**20):
+        try:
+            _core.check_memory_floor(profile.core, topology.core, gbs, min_micro_batch_size=slice_)
+        except planner.InfeasibleError:
+            refused.append(slice_)
+            with pytest.raises(planner.InfeasibleError):  # the search agrees
+                planner.plan(profile, topology, gbs, min_micro_batch_size=slice_, refine=False)
+        else:
+            planner.plan(profile, topology, gbs, min_micro_batch_size=slice_, refine=False)
+    # 4000 bytes a sample over 2 GPUs: slices of 2^19 samples need 2^30
+    # bytes, just the GPU; above, the floor refuses without a search.
+    assert refused == [2**20]

@@ -72,7 +72,24 @@ fn synchronous_kind(name: &str) -> dapple_core::Result<ScheduleKind> {
     Ok(kind)
 }
 
+/// Raise the infeasible error when no plan of any layout can fit, found
+/// without searching; None otherwise.
+#[pyfunction]
+#[pyo3(signature = (profile, topology, global_batch_size, *, min_micro_batch_size=None))]
+fn check_memory_floor(
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+) -> PyResult<()> {
+    let mut opts = SearchOptions::new(global_batch_size);
+    opts.min_micro_batch_size = min_micro_batch_size;
+    dapple_core::search::check_memory_floor(&profile.inner, &topology.inner, &opts)
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(check_memory_floor, m)?)?;
     Ok(())
 }

@@ -38,7 +38,10 @@ use candidate::{
     Candidate, Ranking,
 };
 use dp::MemoryBudget;
-use passes::{explain_infeasible, run_passes, second_pass, sizes_alone, PassBest, PassResults};
+use passes::{
+    explain_infeasible, memory_floor_error, run_passes, second_pass, sizes_alone, PassBest,
+    PassResults,
+};
 use refine::{refine_from_two_starts, Refined, REFINE_MAX_DEVICES};
 use space::{searched_micro_batch_sizes, Space};
 
@@ -196,6 +199,20 @@ pub(crate) fn search_offering(
     Ok(SearchResult { plan, stats })
 }
 
+/// An infeasible error when no plan of any layout can fit these inputs,
+/// found without searching (`passes::memory_floor_error`): `dapple
+/// compare` asks it before building the baselines one by one.
+pub fn check_memory_floor(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+) -> Result<()> {
+    let (_, sizes) = micro_batch_split(profile, opts)?;
+    let layers = LayerCosts::new(profile);
+    let cluster = Cluster::for_model(topology, &layers)?;
+    memory_floor_error(&layers, &cluster, &sizes).map_or(Ok(()), Err)
+}
+
 /// Phases 1-5: the chosen early-backward plan, every candidate ranked on
 /// the way, and the search's counts.
 fn search_layouts(
@@ -208,6 +225,9 @@ fn search_layouts(
     let (min_slice, sizes) = micro_batch_split(profile, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
+    if let Some(e) = memory_floor_error(&layers, &cluster, &sizes) {
+        return Err(e); // at once, not after searching every micro-batch size
+    }
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
     let mut uniform = match opts.stage_shapes {

@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicU64;
 use rayon::prelude::*;
 
 use crate::error::Error;
+use crate::profile::LayerCosts;
 
 use super::dp::{Dp, Found, MemoryBudget, Objective};
 use super::space::{SearchSpace, Space, AUTO_FULL_MAX_DEVICES};
@@ -267,6 +268,44 @@ pub(crate) fn search_memory_limit(
         space.name(),
         gib(budget.limit_bytes),
     )))
+}
+
+/// An error when no plan can fit, shown before any search: every plan
+/// holds, at each stage's first backward, one micro-batch's activations of
+/// every layer of the stage (re-computing, the re-run's; what the loss
+/// keeps left out) spread over at most the stage's GPUs, so some GPU holds
+/// at least the whole model's activations of the smallest micro-batch
+/// over all the GPUs (the largest of the stages' shares is at least their
+/// sum over their GPUs). None where that fits the largest GPU.
+pub(crate) fn memory_floor_error(
+    layers: &LayerCosts,
+    cluster: &crate::cost::Cluster,
+    sizes: &[u32],
+) -> Option<Error> {
+    let smallest = f64::from(*sizes.iter().min()?);
+    let n = layers.num_layers;
+    let per_sample = layers.stored_bytes_per_sample(0, n)
+        - (0..n)
+            .map(|l| layers.loss_stored_bytes_per_sample_of_layer(l))
+            .sum::<f64>();
+    let gpus = f64::from(cluster.num_devices());
+    let floor = per_sample * smallest / gpus;
+    let largest = cluster
+        .machines
+        .iter()
+        .map(|m| m.memory_bytes)
+        .fold(0.0, f64::max);
+    let gib = |x: f64| x / f64::from(1u32 << 30);
+    (floor > largest).then(|| {
+        Error::infeasible(format!(
+            "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's \
+             activations, {:.2} MiB a sample, of a micro-batch of at least {smallest} samples over {gpus} GPUs), \
+             but the largest GPU has {:.2} GiB; lower the global batch size",
+            gib(floor),
+            per_sample / f64::from(1u32 << 20),
+            gib(largest),
+        ))
+    })
 }
 
 /// Why no plan came out: none fits in memory (the least any needs, with
