@@ -1,6 +1,6 @@
 """Fuzzing the command line (issue 12): every numeric option with values
 from the edge of its range and past it, and outputs that are special
-files. The contract: an exit code from the documented table (never 1, an
+files, dangling links, names ending in a slash or not UTF-8 (issue 29). The contract: an exit code from the documented table (never 1, an
 internal error), no traceback, one line on stderr when it fails, and no
 output that replaces a special file or is left half written.
 
@@ -78,11 +78,14 @@ def places(tmp_path_factory):
     (root / "old.json").write_text("old\n")
     (root / "target.json").write_text("old\n")
     os.symlink(root / "target.json", root / "link.json")
+    os.symlink(root / "gone" / "plan.json", root / "dangling.json")
     plan = root / "plan.json"
     planner.plan(BERT, "2x2-nvlink", 24).save(plan)
     return {"root": root, "fifo": fifo, "dir": root / "dir", "device": "/dev/null", "old": root / "old.json",
             "link": root / "link.json", "missing": root / "no" / "such" / "p.json", "new": root / "new.json",
-            "empty": "", "plan": plan}
+            "empty": "", "plan": plan, "dangling": root / "dangling.json", "slash": f"{root}/folder/",
+            # A name that is not UTF-8: written, and named escaped.
+            "bytes": root / os.fsdecode(b"new\xff.json")}
 
 
 def assert_places_intact(places) -> None:
@@ -90,14 +93,19 @@ def assert_places_intact(places) -> None:
     assert places["dir"].is_dir()
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert places["link"].is_symlink()
-    for name in ("old", "link", "new"):
+    # Refused, and nothing written: the link still points nowhere, no
+    # file or folder took the slash's name.
+    assert places["dangling"].is_symlink() and not places["dangling"].exists()
+    assert not (places["root"] / "folder").exists() and not (places["root"] / "gone").exists()
+    for name in ("old", "link", "new", "bytes"):
         path = places[name]
         if path.exists():  # untouched, or a whole plan
             text = path.read_text()
             assert text == "old\n" or planner.Plan.from_json(text), name
 
 
-OUTPUTS = st.sampled_from(["fifo", "dir", "device", "old", "link", "missing", "new", "empty"])
+OUTPUTS = st.sampled_from(["fifo", "dir", "device", "old", "link", "missing", "new", "empty", "dangling", "slash",
+                           "bytes"])
 
 
 @CLI_FUZZ
