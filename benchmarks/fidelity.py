@@ -84,14 +84,20 @@ PIPELINE_MICRO_BATCH, PIPELINE_MICRO_BATCHES = 8, 4
 LR = 1e-4
 
 
-def one_device_topology(device: str, torch) -> planner.Topology:
-    """One device: on CUDA with the GPU's own memory; on the CPU the spec's."""
-    topo = planner.Topology.from_spec("1x1")
-    if device != "cuda":
-        return topo
-    data = topo.data
-    data["machine_groups"][0]["gpu"]["memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
-    return planner.Topology.from_dict(data)
+def device_memory_bytes(device: str, torch) -> int:
+    """The memory of the one device: on CUDA the GPU's own; on the CPU the
+    spec's."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory
+    return planner.Topology.from_spec("1x1").data["machine_groups"][0]["gpu"]["memory_bytes"]
+
+
+def whole_model_plan(profile: planner.Profile, memory_bytes: int, mb: int) -> planner.Plan:
+    """The whole model on one device of ``memory_bytes``, one micro-batch of ``mb``."""
+    data = planner.Topology.from_spec("1x1").data
+    data["machine_groups"][0]["gpu"]["memory_bytes"] = memory_bytes
+    topo = planner.Topology.from_dict(data)
+    return planner.layout_plan(profile, topo, mb, [(0, len(profile.layers), [0])], min_micro_batch_size=mb)
 
 
 def predicted(plan: planner.Plan, profile: planner.Profile, recompute: bool) -> tuple[float, float]:
@@ -193,16 +199,15 @@ def model_rows(name: str, config: dict, dtype: str, args, torch, emit) -> None:
     spec = factory()
     options = dict(dtype=dtype, device=args.device, threads=1)
     gen = torch.Generator().manual_seed(0)
-    topo = one_device_topology(args.device, torch)
+    memory_bytes = device_memory_bytes(args.device, torch)
     for mb in args.micro_batches:
         profile = profiled(spec, name, [mb], dtype, args)
-        # The whole model on the one device, one micro-batch of mb.
-        plan = planner.layout_plan(profile, topo, mb, [(0, len(profile.layers), [0])], min_micro_batch_size=mb)
+        plan = whole_model_plan(profile, memory_bytes, mb)
         for recompute in (False, True):
             print(f"  micro-batch {mb}, recompute {recompute}", file=sys.stderr)
             row = run_row(plan, profile, factory, spec, gen, options, recompute, args.steps)
             emit({"model": name, "dtype": dtype, "micro_batch_size": mb, **row, "device": profile.data["device"],
-                  "device_memory_bytes": topo.data["machine_groups"][0]["gpu"]["memory_bytes"],
+                  "device_memory_bytes": memory_bytes,
                   "profile": profile.data})
     if not args.no_pipeline:
         emit(pipeline_row(name, factory, spec, gen, options, args, torch))
@@ -337,11 +342,7 @@ def repredict(path: Path, out: Path | None) -> None:
         if "profile" not in row:
             continue  # a row left out, or one from before profiles were kept
         profile = planner.Profile.from_dict(row["profile"])
-        topo = planner.Topology.from_spec("1x1").data
-        topo["machine_groups"][0]["gpu"]["memory_bytes"] = row["device_memory_bytes"]
-        mb = row["micro_batch_size"]
-        plan = planner.layout_plan(profile, planner.Topology.from_dict(topo), mb, [(0, len(profile.layers), [0])],
-                                   min_micro_batch_size=mb)
+        plan = whole_model_plan(profile, row["device_memory_bytes"], row["micro_batch_size"])
         predicted_ms, predicted_peak = predicted(plan, profile, row["recompute"])
         row["predicted_ms"] = round(predicted_ms, 4)
         row["time_ratio"] = round(predicted_ms / row["measured_ms"], 4)

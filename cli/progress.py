@@ -36,11 +36,11 @@ def working(what: str, quiet: bool) -> Iterator[None]:
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
     progress.add_task(what, total=None)
-    lock, done = threading.Lock(), [False]
+    lock, done = threading.Lock(), threading.Event()
 
     def start() -> None:
-        with lock:
-            if not done[0]:
+        with lock:  # never after the block has ended and stopped it
+            if not done.is_set():
                 progress.start()
 
     timer = threading.Timer(delay_s, start)
@@ -51,5 +51,5 @@ def working(what: str, quiet: bool) -> Iterator[None]:
     finally:
         timer.cancel()
         with lock:
-            done[0] = True
+            done.set()
             progress.stop()  # nothing to stop if it never started

@@ -1111,6 +1111,8 @@ impl LayerCosts {
             .map(|l| l.param_bytes as f64)
             .collect();
         let cut_per_sample = cut_bytes_per_sample(profile, &act_per_sample);
+        let (optimizer_ms_per_param_byte, optimizer_step_bytes_per_param_byte) =
+            optimizer_step_per_param_byte(profile);
         LayerCosts {
             num_layers: n,
             timings,
@@ -1167,8 +1169,8 @@ impl LayerCosts {
             },
             split: profile.layers.iter().map(|l| l.split.clone()).collect(),
             model_flops_per_sample: profile.model_flops_per_sample,
-            optimizer_ms_per_param_byte: optimizer_step_per_param_byte(profile).0,
-            optimizer_step_bytes_per_param_byte: optimizer_step_per_param_byte(profile).1,
+            optimizer_ms_per_param_byte,
+            optimizer_step_bytes_per_param_byte,
             keeps_adam_moments: matches!(profile.optimizer.as_str(), "adam" | "adamw" | "lamb"),
         }
     }
@@ -1313,16 +1315,24 @@ impl LayerCosts {
     /// a slice of `slice` samples ([`recompute_backward_bytes`]).
     pub fn recompute_backward_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
         let samples = f64::from(slice);
-        let loss_kept = samples * self.loss_stored_bytes_per_sample_of_layer(end - 1);
         let rerun_working = (start..end)
             .map(|l| samples * self.rerun_working_bytes_per_sample_of_layer(l))
             .fold(0.0, f64::max);
         recompute_backward_bytes(
             self.backward_working_bytes(start, end, slice),
-            self.in_flight_bytes(start, end, slice) - loss_kept,
+            self.rerun_bytes(start, end, slice),
             rerun_working,
-            loss_kept,
+            samples * self.loss_stored_bytes_per_sample_of_layer(end - 1),
         )
+    }
+
+    /// What the backward of a re-computed stage of layers `start..end`
+    /// brings back for a slice of `slice` samples: what a micro-batch keeps
+    /// in flight without re-computation, less what the loss keeps outside
+    /// the checkpoint.
+    pub fn rerun_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
+        self.in_flight_bytes(start, end, slice)
+            - f64::from(slice) * self.loss_stored_bytes_per_sample_of_layer(end - 1)
     }
 
     /// Autocast's weight copies of layers `start..end`, per micro-batch.

@@ -946,10 +946,7 @@ pub(crate) fn sim_stages(
                     |m| m.working_bytes,
                 ),
                 rerun_bytes: memory.map_or_else(
-                    || {
-                        layers.in_flight_bytes(start, end, c.slice_size)
-                            - slice * layers.loss_stored_bytes_per_sample_of_layer(end - 1)
-                    },
+                    || layers.rerun_bytes(start, end, c.slice_size),
                     |m| m.rerun_bytes,
                 ),
                 recompute_backward_bytes: memory.map_or_else(

@@ -254,7 +254,6 @@ pub(crate) fn search_memory_limit(
     space: SearchSpace,
 ) -> Option<Error> {
     let bytes = budget.exceeded()?;
-    let gib = |x: u64| x as f64 / f64::from(1u32 << 30);
     let advice = if space == SearchSpace::Full {
         "use the machine-aligned space (--search-space machine-aligned), or merge layers in the profile"
     } else {
@@ -263,10 +262,10 @@ pub(crate) fn search_memory_limit(
     Some(Error::limit(format!(
         "the search's tables reached {:.2} GiB on {} GPUs in the {} space, past the limit of {:.2} GiB; \
          {advice}, or raise the limit (--max-search-gib)",
-        gib(bytes),
+        gib(bytes as f64),
         cluster.num_devices(),
         space.name(),
-        gib(budget.limit_bytes),
+        gib(budget.limit_bytes as f64),
     )))
 }
 
@@ -290,12 +289,7 @@ pub(crate) fn memory_floor_error(
             .sum::<f64>();
     let gpus = f64::from(cluster.num_devices());
     let floor = per_sample * smallest / gpus;
-    let largest = cluster
-        .machines
-        .iter()
-        .map(|m| m.memory_bytes)
-        .fold(0.0, f64::max);
-    let gib = |x: f64| x / f64::from(1u32 << 30);
+    let largest = gpu_memory_range(cluster).1;
     (floor > largest).then(|| {
         Error::infeasible(format!(
             "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's \
@@ -333,7 +327,6 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error 
     if let Some(e) = search_memory_limit(budget, ctx.cluster, ctx.space) {
         return e;
     }
-    let gib = |x: f64| x / (1u64 << 30) as f64;
     match least {
         None => Error::incompatible(format!(
             "no plan of the search space fits {} layers on {} GPUs with global batch size {gbs} and slices of \
@@ -343,9 +336,7 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error 
             ctx.min_slice,
         )),
         Some((b, f)) => {
-            let memory = ctx.cluster.machines.iter().map(|m| m.memory_bytes);
-            let largest = memory.clone().fold(0.0, f64::max);
-            let smallest = memory.fold(f64::INFINITY, f64::min);
+            let (smallest, largest) = gpu_memory_range(ctx.cluster);
             // Small memories read in bytes, not as 0.00 GiB.
             let size = |x: f64| {
                 if x < f64::from(1u32 << 20) {
@@ -367,4 +358,19 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error 
             ))
         }
     }
+}
+
+/// Bytes as GiB, for messages.
+fn gib(bytes: f64) -> f64 {
+    bytes / f64::from(1u32 << 30)
+}
+
+/// The smallest and the largest memory of the cluster's GPUs (as the
+/// search fits plans: after the allocator's reserve).
+fn gpu_memory_range(cluster: &crate::cost::Cluster) -> (f64, f64) {
+    let memory = cluster.machines.iter().map(|m| m.memory_bytes);
+    (
+        memory.clone().fold(f64::INFINITY, f64::min),
+        memory.fold(0.0, f64::max),
+    )
 }
