@@ -60,10 +60,10 @@ import sys
 import time
 from pathlib import Path
 
-import planner
-from planner.profiler import profile_model
-from planner.runtime import links, models
-from planner.runtime.launcher import FIRST_STEPS_LEFT_OUT, free_port, median_iteration_ms, run_plan
+from dapple import planner
+from dapple.planner.profiler import profile_model
+from dapple.planner.runtime import links, models
+from dapple.planner.runtime.launcher import FIRST_STEPS_LEFT_OUT, free_port, median_iteration_ms, run_plan
 
 HERE = Path(__file__).resolve().parent
 MICRO_BATCHES = [1, 2, 4, 8, 16, 32]

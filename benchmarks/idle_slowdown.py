@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from planner.runtime import models
+from dapple.planner.runtime import models
 
 
 def main() -> None:

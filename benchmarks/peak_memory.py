@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 
 PROFILES = ROOT / "profiles" / "artifact"
 BERT48 = PROFILES / "bert-48-pbs-2.json"
@@ -35,7 +35,7 @@ def measure(args: list[str]) -> dict:
     wall seconds, peak resident bytes, the last stderr line."""
     start = time.monotonic()
     # From outside the checkout, so that the installed package runs.
-    done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "cli.main", *map(str, args)],
+    done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "dapple.cli.main", *map(str, args)],
                           capture_output=True, text=True, cwd=tempfile.gettempdir())
     wall = time.monotonic() - start
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))

@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-import planner
+from dapple import planner
 
 ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_BATCH = {"VGG-19": 2048, "BERT-24": 128, "BERT-48": 64, "XLNet-36": 128, "AmoebaNet-36": 128, "GNMT-16": 1024}

@@ -49,7 +49,7 @@ CASES = [
 
 
 def make_profile(source: tuple[str, str, int] | None, folder: str, name: str) -> str:
-    import planner
+    from dapple import planner
 
     path = os.path.join(folder, name + ".json")
     if source is None:

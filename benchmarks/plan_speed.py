@@ -125,7 +125,10 @@ def paper_gbs(name: str, largest_batch: int) -> tuple[int, str]:
 
 def child(spec: dict) -> None:
     t0 = time.perf_counter()
-    import planner
+    try:
+        from dapple import planner
+    except ImportError:  # a build from before the one `dapple` package (plan_speed_paired.py)
+        import planner
 
     t_import = time.perf_counter() - t0
     if spec.get("baseline"):
@@ -234,7 +237,7 @@ def machine_info() -> dict:
             mem = round(int(f.readline().split()[1]) / 2**20, 1)
     except (OSError, ValueError, IndexError):
         pass
-    import planner
+    from dapple import planner
 
     return {
         "nproc": len(os.sched_getaffinity(0)),
@@ -251,7 +254,7 @@ def machine_info() -> dict:
 def build_info() -> dict:
     """Which planner was timed: the commit, Rust sources changed since it and
     when the extension module was built."""
-    import planner._core as core
+    import dapple.planner._core as core
 
     def git(*a: str) -> str | None:
         try:
@@ -259,7 +262,7 @@ def build_info() -> dict:
         except (OSError, subprocess.CalledProcessError):
             return None
 
-    dirty = git("status", "--porcelain", "--", "rust_core", "planner")
+    dirty = git("status", "--porcelain", "--", "rust_core", "dapple")
     return {
         "git_head": git("rev-parse", "--short", "HEAD"),
         "uncommitted_core_changes": [line.split(maxsplit=1)[-1] for line in dirty.splitlines()] if dirty else [],
@@ -270,7 +273,7 @@ def build_info() -> dict:
 
 
 def cases(quick: bool, synthetic_paths: dict, repeats: int) -> list[dict]:
-    import planner
+    from dapple import planner
 
     out = []
     for path in sorted(glob.glob(os.path.join(ROOT, "profiles", "artifact", "*.json"))):
@@ -347,7 +350,7 @@ def main() -> None:
             file=sys.stderr,
         )
     with tempfile.TemporaryDirectory() as tmp:
-        import planner
+        from dapple import planner
 
         syn_paths, syn_info = {}, {}
         for sublinear in (False, True):

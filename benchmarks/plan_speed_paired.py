@@ -89,8 +89,12 @@ def paired(case: dict, before: str, pairs: int) -> dict:
 
 def build_of(python: str) -> dict:
     """Which planner ``python`` imports, and when its core was built."""
+    # Builds before the one `dapple` package installed `planner` at the top.
     code = (
-        "import datetime, os, planner, planner._core as c; print(planner.__file__); "
+        "import datetime, os\n"
+        "try:\n    import dapple.planner as p, dapple.planner._core as c\n"
+        "except ImportError:\n    import planner as p, planner._core as c\n"
+        "print(p.__file__)\n"
         "print(datetime.datetime.fromtimestamp(os.path.getmtime(c.__file__), datetime.timezone.utc).isoformat())"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout.split()

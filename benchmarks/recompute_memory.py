@@ -21,10 +21,10 @@ import platform
 import sys
 from pathlib import Path
 
-import planner
-from planner.profiler import profile_model
-from planner.runtime.launcher import median_iteration_ms, run_plan
-from planner.runtime import models
+from dapple import planner
+from dapple.planner.profiler import profile_model
+from dapple.planner.runtime.launcher import median_iteration_ms, run_plan
+from dapple.planner.runtime import models
 
 HERE = Path(__file__).resolve().parent
 CONFIG = dict(n_layers=4, d_model=128, n_heads=4, seq=128, vocab=256)
@@ -81,7 +81,7 @@ def main() -> None:
     out = {
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads in the parent, 1 per worker",
         "torch": torch.__version__,
-        "model": {"factory": "planner.runtime.models:gpt", **CONFIG},
+        "model": {"factory": "dapple.planner.runtime.models:gpt", **CONFIG},
         "micro_batch_size": MBS,
         "micro_batches": M,
         "stage_param_bytes": param_bytes,

@@ -33,10 +33,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import planner
-from planner.profiler import profile_model
-from planner.runtime.launcher import run_plan
-from planner.runtime import links, models
+from dapple import planner
+from dapple.planner.profiler import profile_model
+from dapple.planner.runtime.launcher import run_plan
+from dapple.planner.runtime import links, models
 
 HERE = Path(__file__).resolve().parent
 GBS = 16
@@ -121,7 +121,7 @@ def main() -> None:
     links_seen = [cy["link"] for cy in cycles]
     out = {
         "torch": torch.__version__,
-        "model": "planner.runtime.models:gpt (defaults)",
+        "model": "dapple.planner.runtime.models:gpt (defaults)",
         "global_batch_size": GBS,
         "cycles": args.cycles,
         "steps": args.steps,

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import planner
+from dapple import planner
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles" / "artifact"

@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from paper_plans import reference, table_v_cases  # noqa: E402
 
 

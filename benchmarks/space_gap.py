@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from plan_speed import ROOT, paper_gbs  # noqa: E402
 
 

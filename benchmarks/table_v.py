@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from paper_plans import paper_plan, reference, shipped_profiles  # noqa: E402
 
 def describe(plan: planner.Plan | None, profile: planner.Profile) -> dict | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from paper_plans import ROOT, layout_plan, reference  # noqa: E402
 
 PIPEDREAM_REFERENCE = ROOT / "tests" / "data" / "pipedream-reference.json"

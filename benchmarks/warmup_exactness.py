@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-import planner
+from dapple import planner
 
 HERE = Path(__file__).resolve().parent
 SUITE = HERE.parent / "profiles" / "regress" / "paper-table-v.json"

@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 
 PROFILES = ROOT / "profiles" / "artifact"
 TOPOLOGIES = ROOT / "profiles" / "topologies"

@@ -29,11 +29,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-import planner  # noqa: E402
-from planner.profiler import profile_model  # noqa: E402
-from planner.runtime import links, models  # noqa: E402
-from planner.runtime.data import SeededBatches  # noqa: E402
-from planner.runtime.launcher import run_plan  # noqa: E402
+from dapple import planner  # noqa: E402
+from dapple.planner.profiler import profile_model  # noqa: E402
+from dapple.planner.runtime import links, models  # noqa: E402
+from dapple.planner.runtime.data import SeededBatches  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
 
 CONFIG = dict(n_layers=4, d_model=128, n_heads=4, seq=64, vocab=256)
 GBS = 32

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-import planner
+from dapple import planner
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "profiles" / "whale"

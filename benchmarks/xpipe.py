@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import planner
+from dapple import planner
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles" / "artifact"

@@ -2,7 +2,7 @@
 training (issue 10; the XPipe paper's Table I and Figure 2, in miniature).
 
 scikit-learn's handwritten digits (shipped inside the package: no
-download), the model ``planner.runtime.models:digits`` (3 hidden layers of
+download), the model ``dapple.planner.runtime.models:digits`` (3 hidden layers of
 64 and a head: 4 layers), a straight 4-stage pipeline on 4 local CPU
 processes, global batch 32 in 4 micro-batches of 8. Every mode trains the
 same epochs with the same seeds and hyper-parameters: by default momentum
@@ -40,13 +40,13 @@ from pathlib import Path
 
 import torch
 
-import planner
-from planner import pictures
-from planner.profiler import profile_model
-from planner.runtime import models
-from planner.runtime.data import SeededBatches
-from planner.runtime.launcher import run_plan
-from planner.runtime.optimizers import check_optimizer
+from dapple import planner
+from dapple.planner import pictures
+from dapple.planner.profiler import profile_model
+from dapple.planner.runtime import models
+from dapple.planner.runtime.data import SeededBatches
+from dapple.planner.runtime.launcher import run_plan
+from dapple.planner.runtime.optimizers import check_optimizer
 
 HERE = Path(__file__).resolve().parent
 GBS, MICRO_BATCHES = 32, 4
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     args = ap.parse_args()
     optimizer, lr = args.optimizer, args.lr
-    factory = functools.partial(models.load_model, "planner.runtime.models:digits")
+    factory = functools.partial(models.load_model, "dapple.planner.runtime.models:digits")
     spec = factory()
     steps_per_epoch = spec.train_size // GBS
     steps = args.epochs * steps_per_epoch

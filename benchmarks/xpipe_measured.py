@@ -44,10 +44,10 @@ from pathlib import Path
 
 import torch
 
-import planner
-from planner.profiler import profile_model
-from planner.runtime import links, models
-from planner.runtime.launcher import run_plan
+from dapple import planner
+from dapple.planner.profiler import profile_model
+from dapple.planner.runtime import links, models
+from dapple.planner.runtime.launcher import run_plan
 
 HERE = Path(__file__).resolve().parent
 GBS, SKIP = 16, 10

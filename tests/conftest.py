@@ -74,7 +74,7 @@ def shaped_plan(tmp_path):
     """(plan, profile) paths: a small Llama-style transformer on one 8-GPU
     machine in two stages written by hand, stage 0 split 2 ways over 2
     replicas with ZeRO-1, stage 1 four plain replicas that re-compute."""
-    import planner
+    from dapple import planner
 
     config = tmp_path / "shaped-config.json"
     config.write_text(json.dumps({

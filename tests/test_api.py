@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES
 
 BERT = PROFILES / "bert-48-pbs-2.json"
@@ -59,7 +59,7 @@ def test_min_micro_batch_size_is_respected():
 
 
 def test_planner_imports_without_torch():
-    code = "import sys, planner; planner.plan(%r, 'A', 64); print('torch' in sys.modules)" % str(BERT)
+    code = "import sys; from dapple import planner; planner.plan(%r, 'A', 64); print('torch' in sys.modules)" % str(BERT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

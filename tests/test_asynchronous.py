@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import PROFILES, assert_one_line_error
 
-import planner
+from dapple import planner
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 
@@ -125,9 +125,9 @@ def test_a_plan_for_an_asynchronous_schedule(dapple, gpipe_plan, tmp_path):
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.prediction import PREDICTORS, AdamPrediction, MomentumPrediction  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.prediction import PREDICTORS, AdamPrediction, MomentumPrediction  # noqa: E402
+from dapple.planner.runtime.reference import train_single_process  # noqa: E402
 from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 STEPS = 6
@@ -139,7 +139,7 @@ def optimizer_for(kind):
 
 
 def test_predictors_are_the_cores_and_the_optimizer_tables():
-    from planner.runtime.optimizers import PREDICTS_FOR
+    from dapple.planner.runtime.optimizers import PREDICTS_FOR
 
     assert set(PREDICTORS) == set(PREDICTS_FOR) == set(planner._core.SCHEDULE_PREDICTORS.values())
 
@@ -255,7 +255,7 @@ def test_replicated_stages_reduce_each_mini_batch(batches):
 
 
 def test_a_plan_made_for_an_asynchronous_schedule_trains_with_it(batches):
-    from planner.runtime.schedule import run_schedule
+    from dapple.planner.runtime.schedule import run_schedule
 
     own = layout_plan(4, THREE_STAGES, kind="xpipe")
     sync = layout_plan(4, THREE_STAGES)
@@ -319,7 +319,7 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(batches, tmp_path
 def test_spectrain_without_momentum_is_refused(dapple, tmp_path):
     path = tmp_path / "plan.json"
     layout_plan(4, THREE_STAGES).save(path)
-    r = dapple("run", "--plan", path, "--model", "planner.runtime.models:gpt", "--steps", 2,
+    r = dapple("run", "--plan", path, "--model", "dapple.planner.runtime.models:gpt", "--steps", 2,
                "--schedule", "spectrain", "--optimizer", "adam")
     assert_one_line_error(r, 4, "--optimizer", "'adam'", "spectrain")
 
@@ -329,9 +329,9 @@ def test_spectrain_without_momentum_is_refused(dapple, tmp_path):
 
 
 def digits_factory():
-    from planner.runtime import models
+    from dapple.planner.runtime import models
 
-    return models.load_model("planner.runtime.models:digits")
+    return models.load_model("dapple.planner.runtime.models:digits")
 
 
 def test_the_digits_model_declares_its_split():
@@ -342,15 +342,15 @@ def test_the_digits_model_declares_its_split():
     x, y = spec.make_batch(32, torch.Generator().manual_seed(0))
     assert x.shape == (32, 64) and set(y.tolist()) <= set(range(10))
     # the split is fixed: the same digits whatever the seed of the model
-    from planner.runtime import models
+    from dapple.planner.runtime import models
 
     assert torch.equal(models.digits(seed=3).validation()[0], x_val)
 
 
 @pytest.mark.parametrize("schedule", [None, "xpipe"])
 def test_evaluations_score_the_model_trained_so_far(schedule):
-    from planner.runtime.data import SeededBatches
-    from planner.runtime.training import layers_of
+    from dapple.planner.runtime.data import SeededBatches
+    from dapple.planner.runtime.training import layers_of
 
     spec = digits_factory()
     plan = layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16)
@@ -372,7 +372,7 @@ def test_evaluations_score_the_model_trained_so_far(schedule):
 def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
     plan = tmp_path / "plan.json"
     layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16).save(plan)
-    model = ["--model", "planner.runtime.models:digits", "--optimizer", "adam", "--lr", "0.01", "--steps", 4,
+    model = ["--model", "dapple.planner.runtime.models:digits", "--optimizer", "adam", "--lr", "0.01", "--steps", 4,
              "--eval-every", 2]
     files = []
     for schedule in (None, "xpipe"):
@@ -399,7 +399,7 @@ def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
     r = dapple("show", "--metrics", tmp_path / "bare.json", "--curves", tmp_path / "c3.png")
     assert_one_line_error(r, 3, "no evaluations", "--eval-every")
     assert not (tmp_path / "c2.png").exists() and not (tmp_path / "c3.png").exists()
-    r = dapple("run", "--plan", plan, "--model", "planner.runtime.models:gpt", "--steps", 2, "--eval-every", 1)
+    r = dapple("run", "--plan", plan, "--model", "dapple.planner.runtime.models:gpt", "--steps", 2, "--eval-every", 1)
     assert_one_line_error(r, 4, "--eval-every", "declares no validation split")
 
 
@@ -408,6 +408,6 @@ def test_a_run_too_long_to_list_at_once_is_a_limit_error(dapple, tmp_path):
     # MAX_PASSES / 4 = 65,536 mini-batches; checkpoints or evaluations cut it.
     plan = tmp_path / "plan.json"
     layout_plan(8, [(0, 2, [0]), (2, 4, [1])], gbs=16).save(plan)
-    r = dapple("run", "--plan", plan, "--model", "planner.runtime.models:digits", "--steps", 70_000,
+    r = dapple("run", "--plan", plan, "--model", "dapple.planner.runtime.models:digits", "--steps", 70_000,
                "--schedule", "xpipe")
     assert_one_line_error(r, 9, "--steps", "70000 mini-batches", "at most 65536", "--checkpoint-every")

@@ -1,5 +1,5 @@
 """A forward's graph differentiated on other weights
-(``planner.runtime.backward_weights``): what an asynchronous backward
+(``dapple.planner.runtime.backward_weights``): what an asynchronous backward
 without re-computation computes, checked against the chain rule by hand."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.func import functional_call  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from planner.runtime.backward_weights import WeightedGraph  # noqa: E402
+from dapple.planner.runtime.backward_weights import WeightedGraph  # noqa: E402
 
 
 def model_and_weights():

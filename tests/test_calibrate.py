@@ -7,10 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from conftest import assert_one_line_error, run_dapple  # noqa: E402
 
-MODEL = ["--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
+MODEL = ["--model", "dapple.planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
          "--model-arg", "n_heads=2", "--model-arg", "seq=8", "--model-arg", "vocab=32"]
 
 

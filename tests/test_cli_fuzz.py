@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import planner
-from cli.exit_codes import INTERNAL_ERROR
-from cli.main import main
+from dapple import planner
+from dapple.cli.exit_codes import INTERNAL_ERROR
+from dapple.cli.main import main
 from conftest import PROFILES
-from planner.limits import MAX_PASSES, set_max_passes
+from dapple.planner.limits import MAX_PASSES, set_max_passes
 
 EXAMPLES = int(os.environ.get("DAPPLE_CLI_FUZZ_EXAMPLES", "40"))
 CLI_FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES, ROOT
 
 BERT = PROFILES / "bert-48-pbs-2.json"
@@ -162,7 +162,7 @@ def llama_70b(tmp_path_factory):
 
 
 def test_compare_rows_show_each_stages_shape(llama_70b):
-    from planner.plan import shape_label
+    from dapple.planner.plan import shape_label
 
     rows = {r.strategy: r for r in planner.compare(llama_70b, "4x8-a100-80gb", 256)}
     megatron = planner.baseline("megatron", llama_70b, "4x8-a100-80gb", 256)
@@ -194,7 +194,7 @@ def test_compare_command_lists_stage_shapes_under_the_table_where_a_stage_is_not
     # rows without a plan have no shapes to show
     assert "gpipe" not in shapes
     js = dapple("compare", "--profile", llama_70b, "--topology", "4x8-a100-80gb", "--global-batch-size", 256, "--json")
-    from cli.render import stage_shapes_text
+    from dapple.cli.render import stage_shapes_text
 
     for row in json.loads(js.stdout):
         if row["stage_shapes"] is not None:

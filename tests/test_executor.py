@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
-import planner
-from planner import _core
-from planner.runtime.config import RunConfig, check_run
-from planner.runtime.layout import Layout
+from dapple import planner
+from dapple.planner import _core
+from dapple.planner.runtime.config import RunConfig, check_run
+from dapple.planner.runtime.layout import Layout
 from test_runtime import layout_plan
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES
 
 BERT = PROFILES / "bert-48-pbs-2.json"

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-import planner
-from planner.errors import DappleIOError
-from planner.files import read_text, write_all_atomic, write_atomic
+from dapple import planner
+from dapple.planner.errors import DappleIOError
+from dapple.planner.files import read_text, write_all_atomic, write_atomic
 from conftest import PROFILES, assert_one_line_error
 
 BERT = PROFILES / "bert-48-pbs-2.json"
@@ -145,7 +145,7 @@ def test_a_dangling_symlink_output_is_refused_and_left_dangling(dapple, tmp_path
 
 
 def test_an_input_over_the_size_limit_is_refused_unread(dapple, tmp_path):
-    from planner.limits import MAX_INPUT_BYTES
+    from dapple.planner.limits import MAX_INPUT_BYTES
 
     huge = tmp_path / "plan.json"
     with open(huge, "wb") as f:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import planner
-import planner._core as core
+from dapple import planner
+import dapple.planner._core as core
 from conftest import PROFILES, ROOT
 
 EXAMPLES = int(os.environ.get("DAPPLE_FUZZ_EXAMPLES", "150"))

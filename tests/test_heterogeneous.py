@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES, ROOT
 
 WHALE_16 = ROOT / "profiles" / "topologies" / "whale-8v100-8p100.json"

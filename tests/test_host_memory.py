@@ -1,4 +1,4 @@
-"""The C allocator's two settings (``planner.runtime.memory``): freed memory
+"""The C allocator's two settings (``dapple.planner.runtime.memory``): freed memory
 kept in the heap (runs and profiles on the CPU), or given back at once
 (``--exact-memory``). Each case runs in its own process: mallopt is global."""
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # resident set's growth then what is left of it, in MiB.
 FREED = """
 import ctypes, ctypes.util
-from planner.runtime import memory
+from dapple.planner.runtime import memory
 assert memory.{setting}()
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 libc.malloc.restype = ctypes.c_void_p

@@ -4,9 +4,9 @@ counts that would wrap or exhaust memory."""
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES, assert_one_line_error
-from planner._core import MAX_PASSES
+from dapple.planner._core import MAX_PASSES
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 PLAN_ARGS = ["plan", "--profile", BERT, "--topology", "A"]
@@ -148,7 +148,7 @@ def test_a_limit_can_be_raised_for_one_command(dapple, small_profile, tmp_path):
     raised = dapple("estimate", "--plan", out, "--profile", profile, "--max-passes", str(over))
     assert raised.returncode == 0, raised.stderr
     # Ranges: at least one pass, at most the ceiling; a timeline's tasks likewise.
-    from planner.limits import MAX_PASSES_CEILING, MAX_TASKS_DRAWN_CEILING
+    from dapple.planner.limits import MAX_PASSES_CEILING, MAX_TASKS_DRAWN_CEILING
 
     for bad in ("0", str(MAX_PASSES_CEILING + 1)):
         assert dapple("estimate", "--plan", out, "--profile", profile, "--max-passes", bad).returncode == 2
@@ -158,7 +158,7 @@ def test_a_limit_can_be_raised_for_one_command(dapple, small_profile, tmp_path):
 
 
 def test_a_timeline_limit_is_the_callers_to_set():
-    from planner.pictures import check_timeline_size
+    from dapple.planner.pictures import check_timeline_size
 
     plan = planner.baseline("straight", PROFILES / "bert-48-pbs-2.json", "1x2-nvlink", 64, warmup_policy="A")
     tasks = 2 * plan.micro_batches * (2 * len(plan.stages) - 1) + 2 * len(plan.stages)
@@ -178,7 +178,7 @@ def test_requests_no_layout_can_fit_fail_before_any_search(dapple, command, topo
 
 
 def test_the_memory_floor_never_refuses_a_plan_the_search_finds():
-    from planner import _core
+    from dapple.planner import _core
 
     # Four layers keeping 1000 bytes a sample each, on two GPUs of 1 GiB.
     profile = planner.Profile.from_dict({

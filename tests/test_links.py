@@ -9,7 +9,7 @@ from conftest import PROFILES, assert_one_line_error
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime import links  # noqa: E402
+from dapple.planner.runtime import links  # noqa: E402
 
 
 def test_fit_recovers_a_known_link():

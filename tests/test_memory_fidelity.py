@@ -15,9 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import planner  # noqa: E402
-from planner.profiler import profile_model  # noqa: E402
-from planner.runtime import models  # noqa: E402
+from dapple import planner  # noqa: E402
+from dapple.planner.profiler import profile_model  # noqa: E402
+from dapple.planner.runtime import models  # noqa: E402
 
 CASES = [
     (dict(n_layers=4, d_model=256, n_heads=4, seq=256, vocab=4096), 8),

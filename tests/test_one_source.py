@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import planner
-import planner._core as core
+from dapple import planner
+import dapple.planner._core as core
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = sorted((ROOT / "planner").rglob("*.py")) + sorted((ROOT / "cli").glob("*.py"))
+PYTHON = sorted((ROOT / "dapple" / "planner").rglob("*.py")) + sorted((ROOT / "dapple" / "cli").glob("*.py"))
 
 
 def code_strings(path: Path) -> list[tuple[int, str]]:
@@ -92,7 +92,7 @@ def test_no_private_helper_crosses_a_module():
 def test_cli_choices_are_the_cores():
     from click import Choice
 
-    from cli.main import cli
+    from dapple.cli.main import cli
 
     choices = {}
     for name, command in cli.commands.items():
@@ -107,7 +107,7 @@ def test_cli_choices_are_the_cores():
 
 
 def test_every_core_error_code_has_its_class_and_only_errors_py_spells_them():
-    from planner import errors
+    from dapple.planner import errors
 
     for code in core.ERROR_CODES:
         cls = errors.class_of_code(code)
@@ -117,5 +117,5 @@ def test_every_core_error_code_has_its_class_and_only_errors_py_spells_them():
     # that are no English word are looked for.
     codes = {code for code in core.ERROR_CODES if "_" in code}
     assert len(codes) >= 4
-    spelled = [found for found in offenders(lambda s: s in codes) if not found.startswith("planner/errors.py")]
+    spelled = [found for found in offenders(lambda s: s in codes) if not found.startswith("dapple/planner/errors.py")]
     assert spelled == []

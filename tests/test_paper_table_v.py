@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES, ROOT, SHARED
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -117,7 +117,7 @@ def test_importing_planner_does_not_import_matplotlib():
     import subprocess
     import sys
 
-    code = "import sys, planner, planner.pictures; assert 'matplotlib' not in sys.modules"
+    code = "import sys, dapple.planner, dapple.planner.pictures; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -126,7 +126,7 @@ def figure_texts(monkeypatch, draw):
     legends, titles, GPU tags), caught before it is saved."""
     import matplotlib.text
 
-    from planner import pictures
+    from dapple.planner import pictures
 
     figures = []
     monkeypatch.setattr(pictures, "_save", lambda fig, path, fmt: figures.append(fig))
@@ -139,8 +139,8 @@ def figure_texts(monkeypatch, draw):
 
 def drawn(monkeypatch, plan_path, profile_path, tmp_path):
     """The texts of the timeline, memory picture and diagram of a plan."""
-    import planner
-    from planner import pictures
+    from dapple import planner
+    from dapple.planner import pictures
 
     plan, profile = planner.Plan.load(str(plan_path)), planner.Profile.load(str(profile_path))
     sim = planner.simulate(plan, profile)

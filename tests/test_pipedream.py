@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES, ROOT
 
 REFERENCE = ROOT / "tests" / "data" / "pipedream-reference.json"

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from planner._core import PipelineOrder, StageAction
+from dapple.planner._core import PipelineOrder, StageAction
 
 torch = pytest.importorskip("torch")
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")

@@ -18,10 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import planner  # noqa: E402
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
-from planner.runtime.timing import EventTimer  # noqa: E402
+from dapple import planner  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.reference import train_single_process  # noqa: E402
+from dapple.planner.runtime.timing import EventTimer  # noqa: E402
 from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 LR = 0.1
@@ -248,7 +248,7 @@ def test_the_event_timer_takes_receive_waits_out_of_its_passes():
 def test_the_executor_times_with_events_only_on_cuda(monkeypatch):
     from types import SimpleNamespace
 
-    from planner.runtime import executor as ex
+    from dapple.planner.runtime import executor as ex
 
     made = []
     monkeypatch.setattr(ex, "EventTimer", lambda: made.append(1) or "timer")

@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from conftest import assert_one_line_error  # noqa: E402
-from planner.profiler import profile_model  # noqa: E402
-from planner.runtime.models import ModelSpec, bert, gpt, load_model, vgg  # noqa: E402
+from dapple.planner.profiler import profile_model  # noqa: E402
+from dapple.planner.runtime.models import ModelSpec, bert, gpt, load_model, vgg  # noqa: E402
 
 FACTORIES = {"gpt": gpt, "bert": bert, "vgg": vgg}
 
@@ -55,20 +55,20 @@ def test_gpt_is_causal_and_predicts_next_tokens():
 
 
 def test_load_model_names_the_spec_in_errors():
-    spec = load_model("planner.runtime.models:gpt", n_layers=2)
+    spec = load_model("dapple.planner.runtime.models:gpt", n_layers=2)
     assert spec.layer_names == ["embedding", "block0", "block1", "lm_head"]
     for bad, needle in [
-        ("planner.runtime.models", "expected package.module:function"),
-        ("planner.runtime.nosuch:gpt", "no module named planner.runtime.nosuch"),
-        ("planner.runtime.models:nosuch", "has no function nosuch"),
-        ("planner.topology:PRESETS", "is not a function"),
-        ("planner.profiler:cpu_name", "returned str, not a planner.runtime.models.ModelSpec"),
+        ("dapple.planner.runtime.models", "expected package.module:function"),
+        ("dapple.planner.runtime.nosuch:gpt", "no module named dapple.planner.runtime.nosuch"),
+        ("dapple.planner.runtime.models:nosuch", "has no function nosuch"),
+        ("dapple.planner.topology:PRESETS", "is not a function"),
+        ("dapple.planner.profiler:cpu_name", "returned str, not a dapple.planner.runtime.models.ModelSpec"),
     ]:
         with pytest.raises(planner.InvalidInputError) as e:
             load_model(bad)
         assert bad in str(e.value) and needle in str(e.value), str(e.value)
     with pytest.raises(planner.InvalidInputError, match="unexpected keyword argument 'depth'"):
-        load_model("planner.runtime.models:gpt", depth=3)
+        load_model("dapple.planner.runtime.models:gpt", depth=3)
 
 
 def test_profile_of_gpt_is_valid_and_measures_sizes():
@@ -202,7 +202,7 @@ def test_profile_of_bert_and_vgg(name):
 
 def test_cli_profile_then_plan(dapple, tmp_path):
     out = tmp_path / "gpt.json"
-    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2",
+    r = dapple("profile", "model", "--model", "dapple.planner.runtime.models:gpt", "--model-arg", "n_layers=2",
                "--batch-sizes", "1,2", "--repeats", "2", "--warmup", "1", "--out", out)
     assert r.returncode == 0, r.stderr
     assert "4 layers (2 blocks)" in r.stderr
@@ -216,15 +216,15 @@ def test_cli_profile_then_plan(dapple, tmp_path):
 
 def test_cli_bad_model_spec_is_one_line(dapple, tmp_path):
     out = tmp_path / "p.json"
-    r = dapple("profile", "model", "--model", "planner.runtime.models:nosuch", "--batch-sizes", "1", "--out", out)
-    assert_one_line_error(r, 3, "planner.runtime.models:nosuch", "no function nosuch")
+    r = dapple("profile", "model", "--model", "dapple.planner.runtime.models:nosuch", "--batch-sizes", "1", "--out", out)
+    assert_one_line_error(r, 3, "dapple.planner.runtime.models:nosuch", "no function nosuch")
     r = dapple("profile", "model", "--model", "no_such_package.models:gpt", "--batch-sizes", "1", "--out", out)
     assert_one_line_error(r, 3, "no_such_package.models:gpt", "no module named no_such_package")
     assert not out.exists()
 
 
 def test_cli_bad_batch_sizes_is_a_usage_error(dapple, tmp_path):
-    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--batch-sizes", "1,two",
+    r = dapple("profile", "model", "--model", "dapple.planner.runtime.models:gpt", "--batch-sizes", "1,two",
                "--out", tmp_path / "p.json")
     assert r.returncode == 2
     assert "'1,two'" in r.stderr and "Traceback" not in r.stderr
@@ -232,14 +232,14 @@ def test_cli_bad_batch_sizes_is_a_usage_error(dapple, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cli_cuda_without_cuda_is_one_line(dapple, tmp_path):
-    r = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--batch-sizes", "1",
+    r = dapple("profile", "model", "--model", "dapple.planner.runtime.models:gpt", "--batch-sizes", "1",
                "--device", "cuda", "--out", tmp_path / "p.json")
     assert_one_line_error(r, 3, "--device cuda", "CUDA is not available")
 
 
 def test_hf_gpt2_when_transformers_is_installed():
     pytest.importorskip("transformers")
-    spec = load_model("planner.runtime.models:hf_gpt2", n_layers=2)
+    spec = load_model("dapple.planner.runtime.models:hf_gpt2", n_layers=2)
     assert spec.layer_names == ["embedding", "block0", "block1", "lm_head"]
     inputs, _ = spec.make_batch(2, torch.Generator().manual_seed(0))
     changed = inputs.clone()
@@ -252,6 +252,6 @@ def test_hf_gpt2_when_transformers_is_installed():
 
 
 def test_planning_and_the_runtime_package_do_not_import_torch():
-    code = "import sys, planner, planner.runtime, planner.profiler; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, dapple.planner, dapple.planner.runtime, dapple.planner.profiler; assert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from conftest import DAPPLE, ROOT  # noqa: E402
 
-MODEL = ["--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
+MODEL = ["--model", "dapple.planner.runtime.models:gpt", "--model-arg", "n_layers=2", "--model-arg", "d_model=16",
          "--model-arg", "n_heads=2", "--model-arg", "seq=8", "--model-arg", "vocab=32"]
 N_LAYERS = 4  # embedding, block0, block1, lm_head
 
@@ -148,9 +148,9 @@ def test_a_bf16_run_has_the_losses_of_one_process_under_the_same_autocast(files,
     # 3.6, held to 1e-3.
     import functools
 
-    from planner.runtime.data import SeededBatches
-    from planner.runtime.models import gpt
-    from planner.runtime.reference import train_single_process
+    from dapple.planner.runtime.data import SeededBatches
+    from dapple.planner.runtime.models import gpt
+    from dapple.planner.runtime.reference import train_single_process
 
     out = tmp_path / "m.json"
     res = run("run", "--plan", files["plan"], *MODEL, "--steps", 3, "--dtype", "bf16", "--metrics", out)
@@ -210,8 +210,8 @@ def test_resume_equals_uninterrupted_run(files, tmp_path):
     # and the run trained like one process on the seeded batches (one a step)
     import functools
 
-    from planner.runtime import models
-    from planner.runtime.reference import train_single_process
+    from dapple.planner.runtime import models
+    from dapple.planner.runtime.reference import train_single_process
 
     factory = functools.partial(models.gpt, n_layers=2, d_model=16, n_heads=2, seq=8, vocab=32)
     spec = factory()
@@ -356,7 +356,7 @@ def test_a_rank_that_only_lost_its_peer_is_not_named_as_the_cause(tmp_path):
     import pickle
     from types import SimpleNamespace
 
-    from planner.runtime.launcher import _root_cause
+    from dapple.planner.runtime.launcher import _root_cause
 
     files = [tmp_path / f"rank-{r}" for r in range(3)]
     traces = ["Traceback ...\nRuntimeError: [pair.cc:547] Connection closed by peer [127.0.0.1]:1",
@@ -425,7 +425,7 @@ def test_bad_slowdown_is_a_usage_error(files, value, needle):
 
 
 def test_the_median_step_time_leaves_the_first_step_out():
-    from planner.runtime.launcher import median_iteration_ms
+    from dapple.planner.runtime.launcher import median_iteration_ms
 
     assert median_iteration_ms([50.0, 10.0, 12.0, 11.0]) == (11.0, 1)
     assert median_iteration_ms([50.0, 10.0, 12.0]) == (11.0, 1)
@@ -433,7 +433,7 @@ def test_the_median_step_time_leaves_the_first_step_out():
 
 
 def test_nccl_is_bound_to_the_ranks_gpu(monkeypatch):
-    from planner.runtime import rank as rank_module
+    from dapple.planner.runtime import rank as rank_module
 
     joined = []
     monkeypatch.setattr(rank_module.dist, "init_process_group", lambda *a, **kw: joined.append((a, kw)))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from planner.runtime import schedule as sch
+from dapple.planner.runtime import schedule as sch
 
 # ----------------------------------------------------------------------------
 # Schedules against literal tables (no torch needed)
@@ -32,7 +32,7 @@ def layout_plan(mbs, stages, kind="early-backward-1f1b", policy="A", depths=None
     devices; stages are (layer_start, layer_end, devices); K_i by ``policy``
     (M for gpipe) unless ``depths`` gives them (policy auto); ``slices``:
     each stage's own slices (None for the even split)."""
-    import planner
+    from dapple import planner
 
     m = (gbs or GBS) // mbs
     s = len(stages)
@@ -90,7 +90,7 @@ def test_plan_warmup_from_stages_and_format():
 
 
 def test_bad_schedules_rejected():
-    import planner
+    from dapple import planner
 
     with pytest.raises(ValueError, match="deadlock"):
         sch.early_backward(2, 4, [1, 2])  # later stage deeper than earlier, < M
@@ -109,10 +109,10 @@ def test_bad_schedules_rejected():
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.layout import Layout  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
-from planner.runtime.training import build_layers, prefixed_state  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.layout import Layout  # noqa: E402
+from dapple.planner.runtime.reference import train_single_process  # noqa: E402
+from dapple.planner.runtime.training import build_layers, prefixed_state  # noqa: E402
 
 LR = 0.1
 STEPS = 5
@@ -261,7 +261,7 @@ def test_spawn_start_method(batches, reference):
 
 @pytest.mark.parametrize("factory_name", ["gpt", "hf_gpt2"])
 def test_language_model_spec_2_to_1(factory_name):
-    # A ModelSpec from planner.runtime.models: token-id inputs, a transformer
+    # A ModelSpec from dapple.planner.runtime.models: token-id inputs, a transformer
     # block per layer, cross-entropy over tokens. hf_gpt2 is a HuggingFace
     # GPT-2 built from its config (random weights, no hub access), cut into
     # embedding / blocks / head the same way.
@@ -269,7 +269,7 @@ def test_language_model_spec_2_to_1(factory_name):
 
     if factory_name == "hf_gpt2":
         pytest.importorskip("transformers")
-    models = pytest.importorskip("planner.runtime.models")
+    models = pytest.importorskip("dapple.planner.runtime.models")
     factory = functools.partial(getattr(models, factory_name), n_layers=2, d_model=32, n_heads=4, seq=8, vocab=64)
     spec = factory()
     g = torch.Generator().manual_seed(0)
@@ -295,8 +295,8 @@ def test_recompute_lowers_measured_peak_memory():
     (memory.PeakMemory), with freed memory returned to the system at once."""
     import functools
 
-    models = pytest.importorskip("planner.runtime.models")
-    from planner.runtime import memory
+    models = pytest.importorskip("dapple.planner.runtime.models")
+    from dapple.planner.runtime import memory
 
     import platform
 

@@ -21,7 +21,7 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-import planner  # noqa: E402
+from dapple import planner  # noqa: E402
 from conftest import PROFILES, ROOT  # noqa: E402
 from test_fuzz import mutations, mutated  # noqa: E402
 

@@ -8,15 +8,15 @@ import functools
 
 import pytest
 
-import planner
+from dapple import planner
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.layout import Layout  # noqa: E402
-from planner.runtime.models import gpt  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
-from planner.runtime.training import build_layers, prefixed_state  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.layout import Layout  # noqa: E402
+from dapple.planner.runtime.models import gpt  # noqa: E402
+from dapple.planner.runtime.reference import train_single_process  # noqa: E402
+from dapple.planner.runtime.training import build_layers, prefixed_state  # noqa: E402
 
 STEPS = 5
 LR = 0.1
@@ -94,7 +94,7 @@ def test_split_stages_train_as_one_process(name, batches, reference, tmp_path):
     # Every rank gathered its stage back whole, and all agree.
     assert res.replicas_agree(atol=1e-6)
     # Each shard held half of the matrices while it trained (its own checkpoint).
-    from planner.runtime import checkpoint
+    from dapple.planner.runtime import checkpoint
 
     lay = Layout.of(p)
     stage = next(i for i, s in enumerate(lay.stages) if s.tensor_parallel == 2)
@@ -137,7 +137,7 @@ def test_zero1_over_two_replicas_trains_as_one_process(batches, tmp_path):
     assert diff < 1e-5
     # Each replica keeps the momentum of its part of the stage's parameters
     # only, and the two parts make up the whole.
-    from planner.runtime import checkpoint
+    from dapple.planner.runtime import checkpoint
 
     held = [len(checkpoint.load_rank(str(tmp_path), STEPS, r)["optimizer"]["state"]) for r in (1, 2)]
     stage_params = sum(1 for _, layer in GPT().layers[2:] for _ in layer.parameters())
@@ -192,7 +192,7 @@ def test_a_split_layer_that_cannot_split_is_refused_before_the_run():
     # 3 heads: t = 2 cannot split a block.
     p = shaped_plan(2, [(0, 4, [0, 1], T2)])
     three_heads = functools.partial(gpt, n_layers=2, d_model=12, n_heads=3, seq=8, vocab=32)
-    from planner.runtime.config import check_split_layers
+    from dapple.planner.runtime.config import check_split_layers
 
     with pytest.raises(planner.IncompatibleInputsError, match=r"stages\[0\].tensor_parallel: value 2 cannot split layer 1"):
         check_split_layers(Layout.of(p), [layer for _, layer in three_heads().layers])

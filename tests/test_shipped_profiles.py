@@ -27,7 +27,7 @@ def test_shipped_profiles_are_reproducible(tmp_path):
 
 def test_every_shipped_profile_loads_and_names_its_source():
     for path in PROFILES.glob("*.json"):
-        import planner
+        from dapple import planner
 
         prof = planner.Profile.load(path)
         assert "DAPPLE artifact" in prof.data["source"]

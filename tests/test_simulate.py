@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import planner
+from dapple import planner
 from conftest import PROFILES
 
 CASES = [

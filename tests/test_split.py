@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import planner
+from dapple import planner
 
 TINY = {  # a Llama-style config small enough to plan in a blink
     "model_type": "llama",
@@ -192,18 +192,18 @@ def test_dapple_run_refuses_a_split_stage_whose_layers_do_not_all_split(tiny_pro
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
     path = _hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 4, tmp_path)
-    result = dapple("run", "--plan", path, "--model", "planner.runtime.models:digits", "--model-arg", "n_layers=6",
+    result = dapple("run", "--plan", path, "--model", "dapple.planner.runtime.models:digits", "--model-arg", "n_layers=6",
                     "--steps", 1)
     assert result.returncode == 4, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert (f"{path}: field stages[0].tensor_parallel: value 4: layer 0 of planner.runtime.models:digits declares "
+    assert (f"{path}: field stages[0].tensor_parallel: value 4: layer 0 of dapple.planner.runtime.models:digits declares "
             "no split pattern") in result.stderr
 
 
 def test_profiling_the_gpt_model_writes_the_patterns_the_runtime_splits(tmp_path, dapple):
     pytest.importorskip("torch")
     out = tmp_path / "gpt.json"
-    result = dapple("profile", "model", "--model", "planner.runtime.models:gpt", "--model-arg", "n_layers=1",
+    result = dapple("profile", "model", "--model", "dapple.planner.runtime.models:gpt", "--model-arg", "n_layers=1",
                     "--model-arg", "d_model=16", "--model-arg", "n_heads=2", "--model-arg", "seq=8",
                     "--model-arg", "vocab=32", "--batch-sizes", "1", "--repeats", "1", "--out", out)
     assert result.returncode == 0, result.stderr

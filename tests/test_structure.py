@@ -15,7 +15,7 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 100
 RUST_CRATES = {"dapple_core": ROOT / "rust_core" / "core" / "src", "dapple_py": ROOT / "rust_core" / "py" / "src"}
-PYTHON_PACKAGES = ("planner", "cli")
+PYTHON_PACKAGES = ("dapple",)  # planner/ and cli/ are links to its subpackages
 
 
 # ---- Rust -------------------------------------------------------------------

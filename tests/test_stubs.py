@@ -5,7 +5,7 @@ import ast
 import inspect
 from pathlib import Path
 
-import planner._core as core
+import dapple.planner._core as core
 
 STUB = Path(core.__file__).parent / "_core.pyi"
 TREE = ast.parse(STUB.read_text())

@@ -18,8 +18,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.training import build_layers, prefixed_state  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.training import build_layers, prefixed_state  # noqa: E402
 from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 LR = 0.1

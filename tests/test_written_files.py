@@ -1,5 +1,5 @@
 """Every JSON file a command writes carries the `format` and
-`schema_version` of the core's table (`planner._core.FORMATS`) and reads
+`schema_version` of the core's table (`dapple.planner._core.FORMATS`) and reads
 back through the core's own parser for that format. (`profile model` and
 `topology measure` are read back by `dapple plan` in test_profiler.py and
 test_links.py; `run --metrics` in test_run.py.)"""
@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-import planner
-import planner._core as core
+from dapple import planner
+import dapple.planner._core as core
 from conftest import PROFILES, SHARED
 
 BERT = PROFILES / "bert-48-pbs-2.json"

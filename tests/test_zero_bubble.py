@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import PROFILES
 
-import planner
+from dapple import planner
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 
@@ -34,8 +34,8 @@ def test_a_plan_simulated_as_zb_h1_fills_its_waits_with_weight_gradients():
 
 torch = pytest.importorskip("torch")
 
-from planner.runtime.launcher import run_plan  # noqa: E402
-from planner.runtime.reference import train_single_process  # noqa: E402
+from dapple.planner.runtime.launcher import run_plan  # noqa: E402
+from dapple.planner.runtime.reference import train_single_process  # noqa: E402
 from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 STEPS = 5

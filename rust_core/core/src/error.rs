@@ -1,7 +1,7 @@
 //! One error type for the whole core, with stable codes.
 //!
 //! The binding raises each `ErrorKind` as the Python exception class of
-//! its code (`planner.errors.class_of_code`) and the CLI maps those to exit
+//! its code (`dapple.planner.errors.class_of_code`) and the CLI maps those to exit
 //! codes, so a code here never changes meaning.
 
 use std::fmt;

@@ -9,7 +9,7 @@ use pyo3::types::PyTuple;
 use crate::schedule::PyAction;
 
 /// Samples `[start, end)` of each micro-batch exchanged with `rank`.
-#[pyclass(frozen, get_all, module = "planner._core", name = "Peer")]
+#[pyclass(frozen, get_all, module = "dapple.planner._core", name = "Peer")]
 #[derive(Clone)]
 pub struct PyPeer {
     rank: u32,
@@ -31,7 +31,7 @@ impl From<&Peer> for PyPeer {
 /// `[start, end)` of every micro-batch, the ranks it receives its input
 /// from and sends its output to, and those it sends its input's gradient
 /// to and receives its output's gradient from, in order.
-#[pyclass(frozen, get_all, module = "planner._core", name = "ReplicaLayout")]
+#[pyclass(frozen, get_all, module = "dapple.planner._core", name = "ReplicaLayout")]
 #[derive(Clone)]
 pub struct PyReplicaLayout {
     rank: u32,
@@ -66,7 +66,7 @@ impl From<&ReplicaLayout> for PyReplicaLayout {
 /// order of its devices), its action list (forwards and backwards, then
 /// "AR" and "OPT"), its shape (split degree, ZeRO-1, re-computation) and
 /// the ranks of its split groups (by replica) and replica groups (by shard).
-#[pyclass(frozen, get_all, module = "planner._core", name = "StageLayout")]
+#[pyclass(frozen, get_all, module = "dapple.planner._core", name = "StageLayout")]
 #[derive(Clone)]
 pub struct PyStageLayout {
     layer_start: usize,
@@ -98,7 +98,7 @@ impl From<&StageLayout> for PyStageLayout {
 
 /// What each process of a run does (`layout::RunLayout`), from `Plan.layout`.
 /// Picklable, so launched workers get it as it is.
-#[pyclass(frozen, module = "planner._core", name = "RunLayout")]
+#[pyclass(frozen, module = "dapple.planner._core", name = "RunLayout")]
 pub struct PyRunLayout(pub(crate) RunLayout);
 
 #[pymethods]

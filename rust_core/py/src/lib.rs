@@ -5,7 +5,7 @@
 //! huggingface tokenizers does; JSON text appears only where a file is read
 //! (`from_json`) or written (`to_json`). The tables of names users and files
 //! spell (warm-up policies, baselines, presets, formats) come from the core.
-//! Core errors become the exception classes of `planner.errors`, looked up
+//! Core errors become the exception classes of `dapple.planner.errors`, looked up
 //! by their code in `to_py_err`.
 
 use pyo3::prelude::*;
@@ -27,11 +27,11 @@ mod simulation;
 mod topology;
 mod transformer;
 
-/// Raise a core error as the matching `planner.errors` class.
+/// Raise a core error as the matching `dapple.planner.errors` class.
 pub(crate) fn to_py_err(err: dapple_core::Error) -> PyErr {
     Python::attach(|py| {
         let built = py
-            .import("planner.errors")
+            .import("dapple.planner.errors")
             .and_then(|m| m.getattr("class_of_code"))
             .and_then(|class_of| class_of.call1((err.kind.code(),)))
             .and_then(|cls| {
@@ -93,7 +93,7 @@ pub(crate) trait Wraps: Sized {
 macro_rules! file_object_class {
     ($(#[$doc:meta])* $class:ident($core:ty, $name:literal)) => {
         $(#[$doc])*
-        #[pyclass(frozen, module = "planner._core", name = $name)]
+        #[pyclass(frozen, module = "dapple.planner._core", name = $name)]
         pub struct $class {
             pub(crate) inner: $core,
             /// The file it was read from, named in errors.

@@ -8,7 +8,7 @@ use crate::to_py_err;
 
 /// One action of a rank: `computation` ("F", "B", "I" or "W") of `stage`
 /// on `micro_batch`. Prints as torch's `_Action` (`1F3`); picklable.
-#[pyclass(frozen, eq, hash, str, module = "planner._core", name = "StageAction")]
+#[pyclass(frozen, eq, hash, str, module = "dapple.planner._core", name = "StageAction")]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PyStageAction(StageAction);
 
@@ -53,7 +53,7 @@ impl PyStageAction {
 
 /// Every rank's actions, validated (no deadlock), from one of the
 /// generators or from torch's schedule CSV.
-#[pyclass(frozen, eq, module = "planner._core", name = "PipelineOrder")]
+#[pyclass(frozen, eq, module = "dapple.planner._core", name = "PipelineOrder")]
 #[derive(PartialEq)]
 pub struct PyPipelineOrder(pub(crate) PipelineOrder);
 

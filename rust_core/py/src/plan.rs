@@ -14,7 +14,7 @@ use crate::{to_py_err, with_source};
 /// How one stage runs besides replicating its layers (`shape.rs`), with
 /// what follows from its GPUs: asked by pictures and tables, never
 /// re-derived in Python.
-#[pyclass(frozen, get_all, module = "planner._core", name = "StageShape")]
+#[pyclass(frozen, get_all, module = "dapple.planner._core", name = "StageShape")]
 #[derive(Clone)]
 pub struct PyStageShape {
     /// Whale's split degree t (1: no layer splits).

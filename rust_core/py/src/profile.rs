@@ -5,7 +5,7 @@ use crate::to_py_err;
 
 /// A validated profile (`dapple.profile`). Built from JSON once; every
 /// function of this module takes it as it is.
-#[pyclass(frozen, module = "planner._core", name = "Profile")]
+#[pyclass(frozen, module = "dapple.planner._core", name = "Profile")]
 pub struct PyProfile {
     pub(crate) inner: Profile,
     /// The file it was read from, named in errors and recorded in plans.

@@ -19,7 +19,7 @@ use crate::to_py_err;
     hash,
     str,
     from_py_object,
-    module = "planner._core",
+    module = "dapple.planner._core",
     name = "Action"
 )]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,7 +86,7 @@ impl PyAction {
 /// version its weights come from (`base_version`) and the updates predicted
 /// ahead of that (`predicted_updates`, 0: none); None for "AR" and "OPT".
 /// Prints as the core's weights table (`F4@0+2`); picklable.
-#[pyclass(frozen, eq, str, get_all, module = "planner._core", name = "Pass")]
+#[pyclass(frozen, eq, str, get_all, module = "dapple.planner._core", name = "Pass")]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PyPass {
     action: PyAction,

@@ -149,7 +149,7 @@ def plan(
 
     ``profile``: a Profile or a profile JSON path. ``topology``: a Topology,
     a spec such as ``"2x8-nvlink"``, a preset ``"A"``/``"B"``/``"C"`` or a
-    topology JSON path. Raises :class:`planner.errors.InfeasibleError` when no
+    topology JSON path. Raises :class:`dapple.planner.errors.InfeasibleError` when no
     plan fits in memory, with the smallest memory need found.
     ``warmup_policy``: "auto" (each stage's warm-up depth K_i searched), or
     the fixed "A" (K_i = S - i) or "B" (K_i = 2(S - i) - 1).
@@ -174,7 +174,7 @@ def plan(
     IncompatibleInputsError naming it.
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
-    :class:`planner.errors.LimitExceededError` saying how far it got.
+    :class:`dapple.planner.errors.LimitExceededError` saying how far it got.
     ``refine``: improve the chosen plan by local moves (a stage boundary by
     a layer, GPUs swapped, handed over or left idle), each kept when it
     simulates faster, and again from its layout placed anew by the paper's

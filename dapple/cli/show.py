@@ -7,11 +7,11 @@ import os
 
 import click
 
-import planner
-from planner.errors import DappleIOError
-from planner.files import output_target, path_text, read_text, write_all_atomic
+from dapple import planner
+from dapple.planner.errors import DappleIOError
+from dapple.planner.files import output_target, path_text, read_text, write_all_atomic
 
-from planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
+from dapple.planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
 
 from .options import FILE_PATH, max_passes_option, plan_options, profile_for, reports_errors
 
@@ -57,7 +57,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     dapple show --plan plan.json --gantt gantt.png --memory memory.svg --diagram plan.png
     dapple show --metrics xpipe.json --metrics sync.json --curves curves.png
     """
-    from planner import pictures
+    from dapple.planner import pictures
 
     wanted = [(k, p) for k, p in (("gantt", gantt_path), ("memory", memory_path), ("diagram", diagram_path),
                                   ("curves", curves_path)) if p]

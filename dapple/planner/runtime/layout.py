@@ -1,6 +1,6 @@
 """What each process of a run does, as the core lays it out from a plan
 (``rust_core/core/src/layout.rs``, crossing the binding as
-``planner._core.RunLayout``): no torch here, and no rule of its own.
+``dapple.planner._core.RunLayout``): no torch here, and no rule of its own.
 
 One process (rank) per device the plan uses: rank r runs on the r-th used
 device id in ascending order and holds one replica of one stage, or one

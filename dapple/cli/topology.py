@@ -6,7 +6,7 @@ import json
 
 import click
 
-import planner
+from dapple import planner
 
 from .options import json_option, reports_errors
 from .topology_measure import topology_measure_command

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-import planner
-from planner.files import check_writable, path_text, write_atomic
+from dapple import planner
+from dapple.planner.files import check_writable, path_text, write_atomic
 
 from .options import FILE_PATH, reports_errors
 

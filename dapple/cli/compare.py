@@ -8,8 +8,8 @@ import json
 import click
 from rich.table import Table
 
-import planner
-from planner.plan import SHAPE_KEY
+from dapple import planner
+from dapple.planner.plan import SHAPE_KEY
 
 from .options import (count_option_type, global_batch_size_or_default, json_option, max_passes_option, profile_option,
                       reports_errors, topology_option, warmup_policy_option)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-import planner
-from planner.files import check_writable, path_text
-from planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
+from dapple import planner
+from dapple.planner.files import check_writable, path_text
+from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
 
 from .options import (
     FILE_PATH,

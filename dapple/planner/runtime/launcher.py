@@ -1,7 +1,7 @@
 """Starting a run: one process per rank, spawned here and watched, or one
 rank of a run torchrun started; then the ranks' results gathered into one
 :class:`RunResult`. :func:`launch` takes the plan and a
-:class:`~planner.runtime.config.RunConfig`; the training itself is
+:class:`~dapple.planner.runtime.config.RunConfig`; the training itself is
 ``worker.py``'s.
 """
 

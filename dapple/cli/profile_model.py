@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from planner.files import check_writable, path_text
-from planner.precision import PRECISIONS
+from dapple.planner.files import check_writable, path_text
+from dapple.planner.precision import PRECISIONS
 
 from .options import FILE_PATH, PositiveIntList, model_kwargs, model_options, reports_errors, require_torch
 
@@ -36,8 +36,8 @@ def profile_model_command(model_spec, model_args, batch_sizes, device, dtype, re
     kwargs = model_kwargs(model_args)
     check_writable(out_path)  # before measuring, not after
     require_torch("profile model")
-    from planner.profiler import check_device, profile_model
-    from planner.runtime.models import load_model
+    from dapple.planner.profiler import check_device, profile_model
+    from dapple.planner.runtime.models import load_model
 
     check_device(device)
     spec = load_model(model_spec, **kwargs)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-import planner
-from planner.calibrate import EXACT_MEMORY_SOURCE, load_metrics
-from planner.files import check_writable, path_text
+from dapple import planner
+from dapple.planner.calibrate import EXACT_MEMORY_SOURCE, load_metrics
+from dapple.planner.files import check_writable, path_text
 
 from .options import FILE_PATH, plan_options, profile_for, reports_errors
 from .render import calibration_table

@@ -1,7 +1,7 @@
 """Per-stage action lists of a plan, generated and checked by the Rust core
 (``rust_core/core/src/schedule.rs``), so that the runtime executes the same
 lists the simulator runs. Actions cross the binding typed
-(``planner._core.Action``, and ``planner._core.Pass`` with the weights of
+(``dapple.planner._core.Action``, and ``dapple.planner._core.Pass`` with the weights of
 each forward and backward): nothing here reads action text.
 
 - early-backward (DAPPLE 1F1B): stage i runs K_i forwards, then alternates

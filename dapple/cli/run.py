@@ -12,12 +12,12 @@ import sys
 
 import click
 
-import planner
-from planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
-from planner.files import check_writable, write_atomic
+from dapple import planner
+from dapple.planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
+from dapple.planner.files import check_writable, write_atomic
 
-from planner.precision import PRECISIONS
-from planner.runtime.optimizers import OPTIMIZERS
+from dapple.planner.precision import PRECISIONS
+from dapple.planner.runtime.optimizers import OPTIMIZERS
 
 from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
 
@@ -36,7 +36,7 @@ from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, 
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, metavar="K",
               help="Score the model on the validation split its factory declares after every K steps "
-                   "(e.g. planner.runtime.models:digits); the results go to --metrics.")
+                   "(e.g. dapple.planner.runtime.models:digits); the results go to --metrics.")
 @click.option("--metrics", "metrics_path", type=FILE_PATH, default=None,
               help="Write per-iteration and per-rank measurements to this JSON file.")
 @click.option("--profile", "profile_path", type=FILE_PATH, default=None,
@@ -85,13 +85,13 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         check_writable(metrics_path)  # before the run, not after it
     torch = require_torch("run")
 
-    from planner.profiler import check_device
-    from planner.runtime import checkpoint as ckpt
-    from planner.runtime.config import RunConfig
-    from planner.runtime.data import SeededBatches
-    from planner.runtime.launcher import WorkerFailed, launch, median_iteration_ms
-    from planner.runtime.layout import Layout
-    from planner.runtime.models import load_model
+    from dapple.planner.profiler import check_device
+    from dapple.planner.runtime import checkpoint as ckpt
+    from dapple.planner.runtime.config import RunConfig
+    from dapple.planner.runtime.data import SeededBatches
+    from dapple.planner.runtime.launcher import WorkerFailed, launch, median_iteration_ms
+    from dapple.planner.runtime.layout import Layout
+    from dapple.planner.runtime.models import load_model
 
     check_device(device)
     plan = planner.Plan.load(plan_path)
@@ -143,9 +143,9 @@ def _checked_model(config, lay, plan_path, model_spec):
     """The run's model, built once the options passed their checks against
     the plan (``config.check_run``, before the model is built), and checked
     to fit the plan."""
-    from planner.runtime.config import check_layer_count, check_run, check_split_layers
-    from planner.runtime.evaluation import declares_validation
-    from planner.runtime.launcher import visible_gpus
+    from dapple.planner.runtime.config import check_layer_count, check_run, check_split_layers
+    from dapple.planner.runtime.evaluation import declares_validation
+    from dapple.planner.runtime.launcher import visible_gpus
 
     try:
         check_run(config, lay, visible_gpus=visible_gpus(config.device))
@@ -183,7 +183,7 @@ def _predictions(plan, profile_path, schedule, recompute):
 def _report(result, config, start, lay, estimate, simulated, median):
     """The step lines of an asynchronous run (only its end knows them), then
     the summary on stdout. ``median``: ``median_iteration_ms`` of the run."""
-    from planner.runtime.evaluation import eval_line
+    from dapple.planner.runtime.evaluation import eval_line
 
     m0 = result.metrics[0]
     losses, iter_ms = result.losses, m0["iteration_ms"]

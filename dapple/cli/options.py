@@ -10,9 +10,9 @@ import traceback
 
 import click
 
-import planner
-from planner.errors import DappleError, DappleIOError, InvalidInputError
-from planner.limits import MAX_COUNT, MAX_PASSES, MAX_PASSES_CEILING, set_max_passes
+from dapple import planner
+from dapple.planner.errors import DappleError, DappleIOError, InvalidInputError
+from dapple.planner.limits import MAX_COUNT, MAX_PASSES, MAX_PASSES_CEILING, set_max_passes
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
@@ -140,8 +140,8 @@ def model_options(f):
                      help="Argument for the factory, repeatable, e.g. --model-arg n_layers=8 "
                           "(values are Python literals).")(f)
     return click.option("--model", "model_spec", required=True, metavar="MODULE:FUNCTION",
-                        help="Model factory returning a planner.runtime.models.ModelSpec, e.g. "
-                             "planner.runtime.models:gpt (also :bert, :vgg, :hf_gpt2 with transformers "
+                        help="Model factory returning a dapple.planner.runtime.models.ModelSpec, e.g. "
+                             "dapple.planner.runtime.models:gpt (also :bert, :vgg, :hf_gpt2 with transformers "
                              "installed).")(f)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-import planner
-from planner.files import check_writable, path_text
+from dapple import planner
+from dapple.planner.files import check_writable, path_text
 
 from .options import FILE_PATH, count_option_type, reports_errors
 from .profile_model import profile_model_command

@@ -14,7 +14,7 @@ from .files import path_text, read_text, write_atomic
 class FileObject:
     """Mixed into a frozen dataclass whose first field is ``core``."""
 
-    #: The binding's class this one wraps (``planner._core.Plan``, ...).
+    #: The binding's class this one wraps (``dapple.planner._core.Plan``, ...).
     core_class: ClassVar[Any]
     core: Any
 

@@ -6,7 +6,7 @@ maker. The profiler (:mod:`planner.profiler`) times each layer; a pipeline
 runtime cuts the list into stages.
 
 On the command line a model is named ``package.module:function``, e.g.
-``planner.runtime.models:gpt``; :func:`load_model` imports it. Any function
+``dapple.planner.runtime.models:gpt``; :func:`load_model` imports it. Any function
 returning a :class:`ModelSpec` works.
 
 Factories build their weights from a fixed ``seed`` without touching the
@@ -109,7 +109,7 @@ def load_model(spec: str, **kwargs) -> ModelSpec:
     ``dapple`` command."""
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name.strip() or not func_name.strip() or ":" in func_name:
-        raise InvalidInputError(f"--model {spec}: expected package.module:function, e.g. planner.runtime.models:gpt")
+        raise InvalidInputError(f"--model {spec}: expected package.module:function, e.g. dapple.planner.runtime.models:gpt")
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
@@ -141,7 +141,7 @@ def load_model(spec: str, **kwargs) -> ModelSpec:
         raise InvalidInputError(f"--model {spec}: building the model failed: {type(e).__name__}: {e}") from None
     if not isinstance(result, ModelSpec):
         raise InvalidInputError(
-            f"--model {spec}: returned {type(result).__name__}, not a planner.runtime.models.ModelSpec"
+            f"--model {spec}: returned {type(result).__name__}, not a dapple.planner.runtime.models.ModelSpec"
         )
     _check(result, spec)
     if not result.name:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-import planner
-from planner.plan import SHAPE_KEY, shape_label
+from dapple import planner
+from dapple.planner.plan import SHAPE_KEY, shape_label
 
 from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
 from .render import GIB, console

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-import planner
+from dapple import planner
 
 from .calibrate import calibrate_command
 from .compare import compare_command

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from planner.errors import InvalidInputError
-from planner.files import check_writable, path_text, write_atomic
+from dapple.planner.errors import InvalidInputError
+from dapple.planner.files import check_writable, path_text, write_atomic
 
 from .options import FILE_PATH, PositiveIntList, reports_errors, require_torch
 
@@ -41,7 +41,7 @@ def topology_measure_command(processes, sizes_kib, repeats, name, out_path):
     if out_path is not None:
         check_writable(out_path)  # before measuring, not after
     require_torch("topology measure")
-    from planner.runtime.links import measure_links, topology_of
+    from dapple.planner.runtime.links import measure_links, topology_of
 
     try:
         measured = measure_links(processes, [k * 1024 for k in sizes_kib], repeats)

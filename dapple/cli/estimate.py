@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-import planner
+from dapple import planner
 
 from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
 from .render import plan_table

@@ -14,7 +14,7 @@
 | 9 | limit: the work asked for is over a documented limit, each with an option to raise it (the micro-batch passes one simulation runs, `MAX_PASSES` in `schedule.rs`, `--max-passes`; the tasks a timeline draws, `MAX_TASKS_DRAWN` in `limits.py`, `--max-tasks-drawn`; the memory of the search's tables, `DEFAULT_MAX_SEARCH_BYTES` in `search.rs`, `--max-search-gib`), or an input file over `MAX_INPUT_BYTES` (`limits.py`, 256 MiB, no option: no real input comes near it); the message says what to do |
 """
 
-from planner import errors
+from dapple.planner import errors
 
 OK = 0
 INTERNAL_ERROR = 1

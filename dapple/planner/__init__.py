@@ -1,6 +1,6 @@
 """dapple: plan synchronous pipeline + data parallel training (DAPPLE).
 
-    import planner
+    from dapple import planner
     p = planner.plan("profiles/bert-48.json", "2x8-nvlink", global_batch_size=64)
     print(p.shape, p.iteration_ms)   # simulated iteration, the planner's objective
 
@@ -13,7 +13,7 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
     raise ImportError(
-        f"dapple's compiled core (planner._core) is missing from {_os.path.dirname(__file__)}: this is the "
+        f"dapple's compiled core (dapple.planner._core) is missing from {_os.path.dirname(__file__)}: this is the "
         "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
         "or use `pip install -e .` to work in the source tree."
     ) from e

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from planner.regress import load_suite, run_suite, update_suite
+from dapple.planner.regress import load_suite, run_suite, update_suite
 
 from .exit_codes import REGRESSION
 from .options import FILE_PATH, max_passes_option, reports_errors

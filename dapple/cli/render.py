@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner import Plan, Profile
-from planner.plan import SHAPE_KEY, device_ranges, shape_label
+from dapple.planner import Plan, Profile
+from dapple.planner.plan import SHAPE_KEY, device_ranges, shape_label
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
