@@ -55,6 +55,20 @@ from .render import plan_table
                    "(docs/schedules.md); a synchronous kind: that kind alone; an asynchronous kind (xpipe, "
                    "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "
                    "(docs/xpipe.md).")
+@click.option("--stages", type=count_option_type(), default=None,
+              help="Hint: exactly this many pipeline stages (Whale's num_task_graph; docs/hints.md).")
+@click.option("--micro-batches", type=count_option_type(), default=None,
+              help="Hint: exactly this many micro-batches per iteration (Whale's num_micro_batch).")
+@click.option("--pin-cut", "pin_cuts", multiple=True, metavar="LAYER",
+              help="Hint: a stage starts at this layer (index or layer name). Repeatable.")
+@click.option("--replicate", multiple=True, metavar="START..END[:N]",
+              help="Hint: layers START..END (end excluded) form one unsplit stage, of N replicas where given "
+                   "(Whale's replicate). Repeatable.")
+@click.option("--split", multiple=True, metavar="START..END:T",
+              help="Hint: layers START..END form one stage split T ways (Whale's split). Repeatable.")
+@click.option("--from-layout", default=None, metavar="LAYOUT",
+              help="Hint: the stages of a Megatron-LM --pipeline-model-parallel-layout string, e.g. 'Et*15|t*17L', "
+                   "so that the layout run today is costed (docs/export.md).")
 @click.option("--simulate", "simulate_flag", is_flag=True,
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
@@ -73,6 +87,12 @@ def plan_command(
     max_search_gib,
     refine,
     schedule,
+    stages,
+    micro_batches,
+    pin_cuts,
+    replicate,
+    split,
+    from_layout,
     simulate_flag,
     out_path,
     as_json,
@@ -96,6 +116,12 @@ def plan_command(
             schedule=schedule,
             max_search_gib=max_search_gib,
             refine=refine,
+            stages=stages,
+            micro_batches=micro_batches,
+            pin_cuts=pin_cuts,
+            replicate=replicate,
+            split=split,
+            from_layout=from_layout,
         )
     if out_path is not None:
         result.save(out_path)

@@ -267,6 +267,10 @@ def search(
     max_search_bytes: int | None = None,
     refine: bool = True,
     schedule: str | None = None,
+    stages: int | None = None,
+    micro_batches: int | None = None,
+    cuts: list[int] = ...,
+    ranges: list[tuple[int, int, int, int | None]] = ...,
 ) -> tuple[Plan, tuple[list[int], int, int]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...

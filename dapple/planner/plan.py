@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 from . import _core
 from .errors import IncompatibleInputsError
 from .fileobject import FileObject
+from .hints import read_hints
 from .limits import check_count, check_search_gib
 from .profile import Profile
 from .topology import Topology
@@ -131,6 +133,18 @@ def device_ranges(ids: list[int]) -> str:
     return ",".join(parts)
 
 
+def _refuse_search_options(schedule: str, options) -> None:
+    """An error naming the first of ``options`` (name, value, default) given
+    other than its default: they are the synchronous search's, not
+    asynchronous planning's."""
+    for name, value, default in options:
+        if value != default:
+            raise IncompatibleInputsError(
+                f"{name}: value {value!r} applies to the synchronous search, not to planning for "
+                f"schedule {schedule} (uniform pipelines by their steady state)"
+            )
+
+
 def plan(
     profile: Profile | str | os.PathLike,
     topology: Topology | str,
@@ -144,6 +158,12 @@ def plan(
     schedule: str | None = None,
     max_search_gib: float | None = None,
     refine: bool = True,
+    stages: int | None = None,
+    micro_batches: int | None = None,
+    pin_cuts: Iterable[int | str] = (),
+    replicate: Iterable[str] = (),
+    split: Iterable[str] = (),
+    from_layout: str | None = None,
 ) -> Plan:
     """Search the plan with the shortest simulated iteration that fits in memory.
 
@@ -169,9 +189,8 @@ def plan(
     asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan for instead: the
     uniform pipeline whose steady state is fastest within memory
     (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
-    ``warmup_policy``, ``micro_batch_sizes``, ``search_space`` and
-    ``max_search_gib`` are the synchronous search's: giving one with ``schedule`` is an
-    IncompatibleInputsError naming it.
+    The search's options (all but ``min_micro_batch_size``) given with an
+    asynchronous ``schedule`` are an IncompatibleInputsError naming one.
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
     :class:`dapple.planner.errors.LimitExceededError` saying how far it got.
@@ -180,6 +199,9 @@ def plan(
     simulates faster, and again from its layout placed anew by the paper's
     policies, up to 64 GPUs; the plan may then lie outside the search
     space (``selection.refined_from_ms``). False: the space's plan.
+    ``stages``, ``micro_batches``, ``pin_cuts``, ``replicate``, ``split``,
+    ``from_layout``: Whale's hints, constraints the search stays exact under
+    (``docs/hints.md``, :func:`dapple.planner.hints.read_hints`).
     """
     gbs = check_count("global_batch_size", global_batch_size)
     if min_micro_batch_size is not None:
@@ -191,17 +213,18 @@ def plan(
     topo = Topology.resolve(topology)
     if schedule in _core.ASYNCHRONOUS_SCHEDULES:
         # The defaults are the first of each name table; anything else was asked for.
-        for name, value, default in (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
-                                     ("search_space", search_space, SEARCH_SPACES[0]),
-                                     ("stage_shapes", stage_shapes, STAGE_SHAPES[0]),
-                                     ("micro_batch_sizes", micro_batch_sizes, None),
-                                     ("max_search_gib", max_search_gib, None),
-                                     ("refine", refine, True)):
-            if value != default:
-                raise IncompatibleInputsError(
-                    f"{name}: value {value!r} applies to the synchronous search, not to planning for "
-                    f"schedule {schedule} (uniform pipelines by their steady state)"
-                )
+        _refuse_search_options(schedule, (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
+                                          ("search_space", search_space, SEARCH_SPACES[0]),
+                                          ("stage_shapes", stage_shapes, STAGE_SHAPES[0]),
+                                          ("micro_batch_sizes", micro_batch_sizes, None),
+                                          ("max_search_gib", max_search_gib, None),
+                                          ("refine", refine, True),
+                                          ("stages", stages, None),
+                                          ("micro_batches", micro_batches, None),
+                                          ("pin_cuts", tuple(pin_cuts), ()),
+                                          ("replicate", tuple(replicate), ()),
+                                          ("split", tuple(split), ()),
+                                          ("from_layout", from_layout, None)))
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
     core, (sizes, states, costed) = _core.search(
@@ -216,6 +239,8 @@ def plan(
         max_search_bytes=max_search_bytes,
         refine=refine,
         schedule=schedule,
+        **read_hints(prof, stages=stages, micro_batches=micro_batches, pin_cuts=pin_cuts, replicate=replicate,
+                     split=split, from_layout=from_layout).as_search_options(),
     )
     return Plan(core, SearchStats(list(sizes), states, costed))
 

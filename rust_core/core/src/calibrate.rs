@@ -492,6 +492,7 @@ mod tests {
                 options: PlanOptions {
                     min_micro_batch_size: 1,
                     search_space: None,
+                    hints: Default::default(),
                 },
             },
             2,

@@ -15,6 +15,7 @@ pub mod error;
 pub mod evaluate;
 pub mod format;
 pub mod gpus;
+pub mod hints;
 pub mod layout;
 pub mod megatron;
 pub mod metrics;

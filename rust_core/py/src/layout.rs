@@ -31,7 +31,12 @@ impl From<&Peer> for PyPeer {
 /// `[start, end)` of every micro-batch, the ranks it receives its input
 /// from and sends its output to, and those it sends its input's gradient
 /// to and receives its output's gradient from, in order.
-#[pyclass(frozen, get_all, module = "dapple.planner._core", name = "ReplicaLayout")]
+#[pyclass(
+    frozen,
+    get_all,
+    module = "dapple.planner._core",
+    name = "ReplicaLayout"
+)]
 #[derive(Clone)]
 pub struct PyReplicaLayout {
     rank: u32,

@@ -8,7 +8,14 @@ use crate::to_py_err;
 
 /// One action of a rank: `computation` ("F", "B", "I" or "W") of `stage`
 /// on `micro_batch`. Prints as torch's `_Action` (`1F3`); picklable.
-#[pyclass(frozen, eq, hash, str, module = "dapple.planner._core", name = "StageAction")]
+#[pyclass(
+    frozen,
+    eq,
+    hash,
+    str,
+    module = "dapple.planner._core",
+    name = "StageAction"
+)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PyStageAction(StageAction);
 

@@ -86,7 +86,14 @@ impl PyAction {
 /// version its weights come from (`base_version`) and the updates predicted
 /// ahead of that (`predicted_updates`, 0: none); None for "AR" and "OPT".
 /// Prints as the core's weights table (`F4@0+2`); picklable.
-#[pyclass(frozen, eq, str, get_all, module = "dapple.planner._core", name = "Pass")]
+#[pyclass(
+    frozen,
+    eq,
+    str,
+    get_all,
+    module = "dapple.planner._core",
+    name = "Pass"
+)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PyPass {
     action: PyAction,

@@ -1,6 +1,8 @@
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::search::{search as search_plan, SearchOptions, SearchSpace, StageShapes};
+use dapple_core::search::{
+    search as search_plan, Hints, RangeHint, SearchOptions, SearchSpace, StageShapes,
+};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
@@ -11,12 +13,17 @@ use crate::{to_py_err, with_inputs};
 /// Micro-batch sizes tried, states created, stages costed.
 type Stats = (Vec<u32>, usize, u64);
 
+/// A range hint as Python gives it: (layer_start, layer_end, split degree,
+/// replicas or None).
+type PyRangeHint = (usize, usize, u32, Option<u32>);
+
 /// Search the best plan. Returns (plan, stats). The profile's source is
 /// recorded as the plan's `inputs.profile_path`. The GIL is released while
-/// searching.
+/// searching. The hints (`hints.rs`): a stage count, a micro-batch count,
+/// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true, schedule=None))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true, schedule=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -30,6 +37,10 @@ fn search(
     max_search_bytes: Option<u64>,
     refine: bool,
     schedule: Option<&str>,
+    stages: Option<u32>,
+    micro_batches: Option<u32>,
+    cuts: Vec<usize>,
+    ranges: Vec<PyRangeHint>,
 ) -> PyResult<(PyPlan, Stats)> {
     let mut opts = SearchOptions::new(global_batch_size);
     opts.warmup_policy =
@@ -48,6 +59,22 @@ fn search(
     opts.schedule = match schedule {
         None | Some("auto") => None,
         Some(name) => Some(synchronous_kind(name).map_err(to_py_err)?),
+    };
+    opts.hints = Hints {
+        stages,
+        micro_batches,
+        cuts,
+        ranges: ranges
+            .into_iter()
+            .map(
+                |(layer_start, layer_end, tensor_parallel, replicas)| RangeHint {
+                    layer_start,
+                    layer_end,
+                    tensor_parallel,
+                    replicas,
+                },
+            )
+            .collect(),
     };
     let result = py
         .detach(|| search_plan(&profile.inner, &topology.inner, &opts))

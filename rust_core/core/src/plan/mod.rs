@@ -11,6 +11,7 @@ pub use check::{check, check_layout};
 use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
+use crate::hints::Hints;
 use crate::pipeline_order::PipelineOrder;
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
@@ -130,6 +131,7 @@ impl PlanInputs {
             options: PlanOptions {
                 min_micro_batch_size,
                 search_space: Some(made_by.into()),
+                hints: Hints::default(),
             },
         }
     }
@@ -145,6 +147,10 @@ pub struct PlanOptions {
     /// baseline strategy that made the plan ("data-parallel", "gpipe", ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search_space: Option<String>,
+    /// The user's constraints the search kept to (`search::hints`); empty
+    /// (absent in the file): none.
+    #[serde(default, skip_serializing_if = "Hints::is_empty")]
+    pub hints: Hints,
 }
 
 /// Which schedule a plan runs: its kind and the rule its warm-up depths

@@ -15,11 +15,13 @@ use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
 use crate::shape::StageShape;
+
+use crate::hints::{Hints, NO_HINTS};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
-use super::space::{Context, SearchSpace, ShapeChoices, Space};
+use super::space::{hints_admit, Context, SearchSpace, ShapeChoices, Space};
 
 /// What building, checking and estimating one plan costs, in simulated
 /// tasks, beyond its simulations (`cost_candidate`).
@@ -67,6 +69,8 @@ pub(crate) fn simulated_and_bound_ms(plan: &Plan) -> (f64, f64) {
 pub(crate) struct Ranking<'p> {
     profile: &'p Profile,
     warmup_policy: WarmupPolicy,
+    /// Candidates the hints do not admit are never ranked.
+    hints: &'p Hints,
     pub(crate) ranked: Vec<Candidate>,
     /// Plans offered to simulation, whether or not their bound let them be
     /// simulated: a count that does not depend on the number of threads.
@@ -74,10 +78,15 @@ pub(crate) struct Ranking<'p> {
 }
 
 impl<'p> Ranking<'p> {
-    pub(crate) fn new(profile: &'p Profile, warmup_policy: WarmupPolicy) -> Ranking<'p> {
+    pub(crate) fn new(
+        profile: &'p Profile,
+        warmup_policy: WarmupPolicy,
+        hints: &'p Hints,
+    ) -> Ranking<'p> {
         Ranking {
             profile,
             warmup_policy,
+            hints,
             ranked: Vec::new(),
             offered: 0,
         }
@@ -100,7 +109,9 @@ impl<'p> Ranking<'p> {
 
     /// Cost `candidates` (those that could beat `fastest_ms`) and rank the
     /// ones that fit.
-    pub(crate) fn offer(&mut self, candidates: Vec<Candidate>, fastest_ms: f64) -> Result<()> {
+    pub(crate) fn offer(&mut self, mut candidates: Vec<Candidate>, fastest_ms: f64) -> Result<()> {
+        // The baselines' and uniform layouts are made without the hints.
+        candidates.retain(|c| hints_admit(self.hints, &c.plan));
         self.offered += candidates.len() as u32;
         let costed =
             simulate_in_bound_order(candidates, fastest_ms, self.profile, self.warmup_policy)?;
@@ -291,6 +302,7 @@ pub(crate) fn best_placement_of(
         space: SearchSpace::Full,
         layout: Some(&layout),
         shapes: ShapeChoices::of_layout(&layout),
+        hints: &NO_HINTS,
     };
     let (b, m) = (plan.micro_batch_size, plan.micro_batches);
     let mut dp = Dp::new(&ctx, b, m, Objective::Latency, vec![policy], None);

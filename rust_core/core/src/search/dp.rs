@@ -519,6 +519,11 @@ impl<'c, 'a> Dp<'c, 'a> {
         if a.stages > b.stages || a.class < b.class || a.neighbour_machines < b.neighbour_machines {
             return false;
         }
+        // Under a hinted stage count, fewer stages is not better: the
+        // suffix must end with that many.
+        if self.ctx.hints.stages.is_some() && a.stages != b.stages {
+            return false;
+        }
         match self.objective {
             Objective::Latency => {
                 a.latency.best <= b.latency.best && a.latency.steady <= b.latency.steady
@@ -577,8 +582,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         self.states[root_state as usize].front.push(0);
         let max_replicas = self.max_replicas();
         // The seeds are plans of the whole space, not of a fixed layout
-        // (and a layout's run has no shared bound to seed): skip them.
-        if self.objective == Objective::Latency && self.ctx.layout.is_none() {
+        // (and a layout's run has no shared bound to seed) nor of the
+        // space the hints leave: skip them.
+        if self.objective == Objective::Latency
+            && self.ctx.layout.is_none()
+            && self.ctx.hints.is_empty()
+        {
             self.seed_incumbent(&machines, max_replicas);
         }
         for j in (1..=n).rev() {
@@ -896,7 +905,8 @@ impl<'c, 'a> Dp<'c, 'a> {
 
     /// The split degrees of `degrees` at which a stage of `gpus` GPUs on
     /// `devices` splits evenly and can hold layers `always` (those every
-    /// stage grown from here holds), each with its shapes.
+    /// stage grown from here holds), and which the hints allow for a stage
+    /// ending where `always` ends, each with its shapes.
     /// A list from `spare_degrees`, which `recycle_degrees` fills.
     fn degrees_for(
         &mut self,
@@ -908,6 +918,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         let max_replicas = self.max_replicas();
         let mut list = self.spare_degrees.pop().unwrap_or_default();
         for t in self.ctx.allowed_degrees(degrees, gpus, max_replicas) {
+            if !self.ctx.hints.admits_degree(always.end, t, gpus) {
+                continue;
+            }
             // Every layer runs whole at t = 1 (`layer_runs_at`): no need to
             // scan `always`.
             if t == 1
@@ -1043,6 +1056,9 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
             let stages = entry.stages + 1;
+            if !self.ctx.hints.admits_stage_count(stages, i) {
+                continue;
+            }
             let (class, memory_bytes) = match self.fitting_class(priced, i, j, stages, entry.class)
             {
                 Some(fits) => fits,
@@ -1445,7 +1461,7 @@ impl Dp<'_, '_> {
             }
             l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
             let floor = self.completion_floor(l, i, stage_free(suffix, stage));
-            if floor < bound {
+            if floor < bound && self.ctx.hints.admits_stage_count(suffix.stages + 1, i) {
                 children.push(WalkChild {
                     floor,
                     step: Step {
@@ -1693,8 +1709,8 @@ mod tests {
             (SearchSpace::Full, StageShapes::Plain, None),
             policy,
             1,
-            1,
-            vec![1],
+            (1, vec![1]),
+            &crate::hints::NO_HINTS,
         );
         f(space.covering())
     }

@@ -31,6 +31,7 @@ mod refine;
 pub(crate) mod space;
 mod walk;
 
+pub use crate::hints::{Hints, RangeHint};
 pub use space::{SearchSpace, StageShapes};
 
 use candidate::{
@@ -68,6 +69,8 @@ pub struct SearchOptions {
     /// The synchronous schedule kind; None ("auto"): the fastest of
     /// `kinds::SEARCHED_KINDS` (`kinds.rs`).
     pub schedule: Option<ScheduleKind>,
+    /// The user's constraints (`hints.rs`); empty: none.
+    pub hints: Hints,
 }
 
 /// Default of `SearchOptions::max_search_bytes` (`dapple plan
@@ -89,6 +92,7 @@ impl SearchOptions {
             max_search_bytes: DEFAULT_MAX_SEARCH_BYTES,
             refine: true,
             schedule: None,
+            hints: Hints::default(),
         }
     }
 }
@@ -207,7 +211,7 @@ pub fn check_memory_floor(
     topology: &Topology,
     opts: &SearchOptions,
 ) -> Result<()> {
-    let (_, sizes) = micro_batch_split(profile, opts)?;
+    let (_, sizes) = micro_batch_split(profile, topology, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
     memory_floor_error(&layers, &cluster, &sizes).map_or(Ok(()), Err)
@@ -222,12 +226,13 @@ fn search_layouts(
     offered: Offered,
 ) -> Result<(Plan, Vec<Plan>, SearchStats)> {
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
-    let (min_slice, sizes) = micro_batch_split(profile, opts)?;
+    let (min_slice, sizes) = micro_batch_split(profile, topology, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
     if let Some(e) = memory_floor_error(&layers, &cluster, &sizes) {
         return Err(e); // at once, not after searching every micro-batch size
     }
+    let hints = &opts.hints;
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
     let mut uniform = match opts.stage_shapes {
@@ -249,8 +254,8 @@ fn search_layouts(
         ),
         opts.warmup_policy,
         min_slice,
-        opts.global_batch_size,
-        sizes,
+        (opts.global_batch_size, sizes),
+        hints,
     );
     // 2. The DP passes: each rule's best plans, and the space's bound.
     let budget = MemoryBudget::new(opts.max_search_bytes);
@@ -263,11 +268,11 @@ fn search_layouts(
     };
     let lower_bound_ms = passes.lower_bound_ms(&space);
     if !lower_bound_ms.is_finite() {
-        return Err(explain_infeasible(&space, &budget));
+        return Err(hints.named_in(explain_infeasible(&space, &budget)));
     }
     let inputs = plan_inputs(profile, topology, &space, opts);
     // 3. Candidates, costed and ranked by simulation.
-    let mut ranking = Ranking::new(profile, opts.warmup_policy);
+    let mut ranking = Ranking::new(profile, opts.warmup_policy, hints);
     let baselines_on = (offered == Offered::WithBaselines).then_some(topology);
     offer_first_candidates(
         &mut ranking,
@@ -280,7 +285,7 @@ fn search_layouts(
     offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
     offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
     let Some(fastest_ms) = ranking.fastest_ms() else {
-        return Err(explain_infeasible(&space, &budget));
+        return Err(hints.named_in(explain_infeasible(&space, &budget)));
     };
     // 4. The walk over every other layout that could simulate faster.
     let order = walk::walk_order(&space, &passes, sizes_alone(&space));
@@ -302,13 +307,34 @@ fn search_layouts(
 }
 
 /// The smallest slice a GPU may get, and the micro-batch sizes searched.
-fn micro_batch_split(profile: &Profile, opts: &SearchOptions) -> Result<(u32, Vec<u32>)> {
+fn micro_batch_split(
+    profile: &Profile,
+    topology: &Topology,
+    opts: &SearchOptions,
+) -> Result<(u32, Vec<u32>)> {
     let gbs = opts.global_batch_size;
     if gbs == 0 {
         return Err(Error::field("global_batch_size", "value 0 must be >= 1"));
     }
     let min_slice = profile.min_slice(opts.min_micro_batch_size);
-    let requested = opts.micro_batch_sizes.as_deref();
+    opts.hints
+        .validate(profile.layers.len(), topology.num_devices(), gbs)?;
+    // A micro-batch count is its one size: with sizes listed too, one of them.
+    let hinted = opts.hints.micro_batches.map(|m| vec![gbs / m]);
+    let requested = match (&hinted, opts.micro_batch_sizes.as_deref()) {
+        (Some(one), Some(listed)) if !listed.contains(&one[0]) => {
+            return Err(Error::field(
+                "hints.micro_batches",
+                format!(
+                    "--micro-batches {}: its size {} is not among --micro-batch-sizes {listed:?}",
+                    gbs / one[0],
+                    one[0]
+                ),
+            ))
+        }
+        (Some(one), _) => Some(one.as_slice()),
+        (None, listed) => listed,
+    };
     Ok((
         min_slice,
         searched_micro_batch_sizes(gbs, min_slice, requested)?,
@@ -322,14 +348,16 @@ fn plan_inputs(
     space: &Space,
     opts: &SearchOptions,
 ) -> PlanInputs {
-    PlanInputs::new(
+    let mut inputs = PlanInputs::new(
         profile,
         topology,
         space.global_batch_size,
         space.covering().min_slice,
         space.space().name(),
         opts.profile_path.clone(),
-    )
+    );
+    inputs.options.hints = opts.hints.clone();
+    inputs
 }
 
 /// The first candidates: each pass's best plan at each micro-batch size
@@ -465,7 +493,7 @@ fn refine_chosen(
         inputs,
         space.covering().layers,
         cluster,
-        space.covering().min_slice,
+        (space.covering().min_slice, &opts.hints),
     )?;
     stats.refine_plans_costed = refined.plans_costed;
     Ok((refined.moves_kept > 0).then_some(refined))
@@ -657,6 +685,7 @@ mod tests {
                 options: PlanOptions {
                     min_micro_batch_size: min_slice,
                     search_space: None,
+                    hints: Default::default(),
                 },
             },
             b,
@@ -680,6 +709,17 @@ mod tests {
         gbs: u32,
         policy: WarmupPolicy,
         shapes: StageShapes,
+    ) -> Option<(f64, f64)> {
+        brute_force_under(profile, topology, (gbs, policy), shapes, &Hints::default())
+    }
+
+    /// `brute_force` over the plans `hints` admit.
+    fn brute_force_under(
+        profile: &Profile,
+        topology: &Topology,
+        (gbs, policy): (u32, WarmupPolicy),
+        shapes: StageShapes,
+        hints: &Hints,
     ) -> Option<(f64, f64)> {
         let n = profile.layers.len();
         let layer_costs = LayerCosts::new(profile);
@@ -705,6 +745,9 @@ mod tests {
                     );
                     // Shapes the profile, micro-batch or GPUs do not allow.
                     if shapes != StageShapes::Plain && check(&plan, profile).is_err() {
+                        continue;
+                    }
+                    if !space::hints_admit(hints, &plan) {
                         continue;
                     }
                     let est = evaluate(&plan, profile).expect("brute-force plans are valid");
@@ -1163,6 +1206,123 @@ mod tests {
         assert!(split > 5 && zero > 5, "{split} split, {zero} ZeRO stages");
     }
 
+    /// One hint of each kind, drawn for a model of `layers` layers on
+    /// `gpus` GPUs at a global batch of `gbs` (case 5: two at once).
+    fn random_hints(rng: &mut StdRng, case: usize, layers: usize, gpus: u32, gbs: u32) -> Hints {
+        let mut hints = Hints::default();
+        let range = |rng: &mut StdRng| {
+            let start = rng.gen_range(0..layers);
+            (start, rng.gen_range(start + 1..=layers))
+        };
+        match case % 6 {
+            0 => hints.stages = Some(rng.gen_range(1..=gpus.min(layers as u32))),
+            1 => {
+                let divisors: Vec<u32> = (1..=gbs).filter(|m| gbs.is_multiple_of(*m)).collect();
+                hints.micro_batches = Some(divisors[rng.gen_range(0..divisors.len())]);
+            }
+            2 => hints.cuts = vec![rng.gen_range(1..layers)],
+            3 | 4 => {
+                let (layer_start, layer_end) = range(rng);
+                let (tensor_parallel, replicas) = if case % 6 == 3 {
+                    (1, rng.gen_bool(0.5).then(|| rng.gen_range(1..=gpus)))
+                } else {
+                    (rng.gen_range(2..=gpus.max(2)), None)
+                };
+                hints.ranges = vec![RangeHint {
+                    layer_start,
+                    layer_end,
+                    tensor_parallel,
+                    replicas,
+                }];
+            }
+            _ => {
+                hints.stages = Some(rng.gen_range(1..=gpus.min(layers as u32)));
+                hints.cuts = vec![rng.gen_range(1..layers)];
+            }
+        }
+        hints
+    }
+
+    /// Issue 29: under each hint (a stage count, a micro-batch count, a
+    /// boundary, a replicated or split range) the search returns the
+    /// smallest simulated iteration of the plans the hint admits, found by
+    /// enumerating every plan and keeping those; where none is admitted it
+    /// fails, naming the hints.
+    #[test]
+    fn hints_constrain_the_search_exactly() {
+        let mut rng = StdRng::seed_from_u64(20261126);
+        let shapes = ["1x2", "1x4", "2x2", "2x1", "1x3", "2x3"];
+        let (mut found, mut refused, mut binding) = (0, 0, 0);
+        for case in 0..96 {
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let gpus = topology.num_devices();
+            let layers = rng.gen_range(2..=if gpus >= 4 { 3 } else { 5 });
+            // Split ranges need layers that split, and every shape searched.
+            let splits = case % 6 == 4;
+            let profile = if splits {
+                random_split_profile(&mut rng, layers, case)
+            } else {
+                random_profile(&mut rng, layers)
+            };
+            let shapes_searched = if splits {
+                StageShapes::All
+            } else {
+                StageShapes::Plain
+            };
+            let gbs = [4, 6, 8][case % 3];
+            let hints = random_hints(&mut rng, case, layers, gpus, gbs);
+            if hints.validate(layers, gpus, gbs).is_err() {
+                continue;
+            }
+            let mut opts = SearchOptions::new(gbs);
+            // Early backward: the brute force's kind.
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
+            opts.search_space = SearchSpace::Full;
+            opts.stage_shapes = shapes_searched;
+            opts.hints = hints.clone();
+            let expected = brute_force_under(
+                &profile,
+                &topology,
+                (gbs, WarmupPolicy::Auto),
+                shapes_searched,
+                &hints,
+            );
+            let what = format!(
+                "case {case} ({spec}, {layers} layers, gbs {gbs}, {})",
+                hints.describe()
+            );
+            let got = search(&profile, &topology, &opts);
+            if let Err(e) = &got {
+                assert!(e.message.contains(&hints.describe()), "{what}: {e}");
+                refused += 1;
+            }
+            if let Some(plan) = assert_is_the_optimum(expected, got, &what) {
+                assert!(
+                    space::hints_admit(&hints, &plan),
+                    "{what}: {}",
+                    plan.shape()
+                );
+                assert_eq!(plan.inputs.options.hints, hints, "{what}: recorded");
+                found += 1;
+                // The hint cost something: the free optimum is faster.
+                let free = brute_force(
+                    &profile,
+                    &topology,
+                    gbs,
+                    WarmupPolicy::Auto,
+                    shapes_searched,
+                );
+                binding += usize::from(free.unwrap().1 < expected.unwrap().1 * (1.0 - 1e-9));
+            }
+        }
+        eprintln!("{found} found, {refused} refused, {binding} binding");
+        // The hints bind on many cases: the free optimum is not admitted.
+        assert!(
+            found > 50 && refused > 0 && binding > 20,
+            "{found} found, {refused} refused, {binding} binding"
+        );
+    }
+
     #[test]
     fn a_layout_placed_anew_has_the_smallest_bound_of_its_placements() {
         // Random layouts (2-4 stages of random layers and GPU counts, some
@@ -1240,6 +1400,7 @@ mod tests {
                 space: SearchSpace::Full,
                 layout: None,
                 shapes: ShapeChoices::PLAIN,
+                hints: &crate::hints::NO_HINTS,
             };
             // Every placement of the layout, back to front, by the policies,
             // at the formula value the search's own plans are built with.
@@ -1423,6 +1584,7 @@ mod tests {
             space: SearchSpace::MachineAligned,
             layout: None,
             shapes: ShapeChoices::PLAIN,
+            hints: &crate::hints::NO_HINTS,
         };
         let empty = State::empty(&cluster.group_and_gpus());
         // 200 samples: 1, 2 and 4 GPUs (slices 200, 100, 50), then whole

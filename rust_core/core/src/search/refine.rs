@@ -38,6 +38,8 @@ use crate::plan::{check_layout, Plan, PlanInputs, Stage};
 use crate::profile::{LayerCosts, Profile};
 
 use super::candidate::{best_placement_of, cost_candidate};
+use super::space::hints_admit;
+use crate::hints::Hints;
 
 /// Who holds a GPU: a stage (by index) or nobody.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +108,7 @@ pub(crate) fn refine_from_two_starts(
     inputs: &PlanInputs,
     layers: &LayerCosts,
     cluster: &Cluster,
-    min_slice: u32,
+    (min_slice, hints): (u32, &Hints),
 ) -> Result<Refined> {
     let refine_from = |plan: &Plan| {
         refine(
@@ -114,7 +116,7 @@ pub(crate) fn refine_from_two_starts(
             profile,
             layers,
             cluster,
-            min_slice,
+            (min_slice, hints),
             REFINE_TASK_BUDGET,
         )
     };
@@ -142,13 +144,14 @@ pub(crate) fn refine_from_two_starts(
 }
 
 /// Improve `plan` (costed, simulated and fitting in memory) by local moves
-/// until none helps or `work_tasks` simulated tasks are spent.
+/// the hints admit until none helps or `work_tasks` simulated tasks are
+/// spent.
 pub(crate) fn refine(
     plan: &Plan,
     profile: &Profile,
     layers: &LayerCosts,
     cluster: &Cluster,
-    min_slice: u32,
+    (min_slice, hints): (u32, &Hints),
     work_tasks: u64,
 ) -> Result<Refined> {
     let from_ms = simulated_ms(plan);
@@ -172,6 +175,7 @@ pub(crate) fn refine(
                     cluster,
                     min_slice,
                 )
+                .filter(|p| hints_admit(hints, p))
             })
             .collect();
         let costed: Vec<(Option<Plan>, u64)> = batch
@@ -464,6 +468,7 @@ mod tests {
     use super::*;
     use crate::cost::WarmupPolicy;
     use crate::evaluate::evaluate;
+    use crate::hints::NO_HINTS;
     use crate::plan::{PlanInputs, ScheduleChoice};
     use crate::schedule::ScheduleKind;
     use crate::topology::{with_one_slow_machine, Topology};
@@ -528,7 +533,15 @@ mod tests {
         let layers = LayerCosts::new(profile);
         let cluster = Cluster::for_model(&plan.inputs.topology, &layers).unwrap();
         let min_slice = plan.inputs.options.min_micro_batch_size;
-        refine(plan, profile, &layers, &cluster, min_slice, u64::MAX).unwrap()
+        refine(
+            plan,
+            profile,
+            &layers,
+            &cluster,
+            (min_slice, &NO_HINTS),
+            u64::MAX,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -842,9 +855,9 @@ mod tests {
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::for_model(&topology, &layers).unwrap();
         // One batch of moves at most, then no work is left.
-        let r = refine(&plan, &profile, &layers, &cluster, 1, 1).unwrap();
+        let r = refine(&plan, &profile, &layers, &cluster, (1, &NO_HINTS), 1).unwrap();
         assert!(r.plans_costed <= BATCH as u64, "{}", r.plans_costed);
-        let full = refine(&plan, &profile, &layers, &cluster, 1, u64::MAX).unwrap();
+        let full = refine(&plan, &profile, &layers, &cluster, (1, &NO_HINTS), u64::MAX).unwrap();
         assert!(full.plans_costed > r.plans_costed);
     }
 }

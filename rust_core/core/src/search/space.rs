@@ -11,6 +11,9 @@ use crate::profile::LayerCosts;
 use crate::schedule::within_passes;
 use crate::shape::{uneven_split_group, Recompute, StageShape};
 
+use crate::hints::Hints;
+use crate::plan::Plan;
+
 crate::named_enum! {
     /// Which stage replications and placements the search tries.
     pub enum SearchSpace("a search space") {
@@ -248,11 +251,23 @@ impl<'a> Space<'a> {
         (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<u32>),
         warmup_policy: WarmupPolicy,
         min_slice: u32,
-        global_batch_size: u32,
-        sizes: Vec<u32>,
+        (global_batch_size, sizes): (u32, Vec<u32>),
+        hints: &'a Hints,
     ) -> Space<'a> {
         let space = space.resolve(cluster);
-        let shapes = ShapeChoices::new(layers, cluster, (space, uniform_degree), shapes);
+        let mut shapes = ShapeChoices::new(layers, cluster, (space, uniform_degree), shapes);
+        // A hinted split degree is searched whatever the space would search.
+        for t in hints
+            .ranges
+            .iter()
+            .map(|r| r.tensor_parallel)
+            .filter(|&t| t > 1)
+        {
+            if !shapes.split_degrees.contains(&t) {
+                shapes.split_degrees.push(t);
+                shapes.split_degrees.sort_unstable();
+            }
+        }
         let passes: Vec<WarmupPolicy> = match warmup_policy {
             WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
             fixed => vec![fixed],
@@ -267,6 +282,7 @@ impl<'a> Space<'a> {
                 space,
                 layout: None,
                 shapes: shapes.clone(),
+                hints,
             })
             .collect();
         let mut by_looseness: Vec<usize> = (0..contexts.len()).collect();
@@ -339,6 +355,9 @@ pub(crate) struct Context<'a> {
     /// shape), placed anew (`candidate::best_placement_of`).
     pub(crate) layout: Option<&'a [(usize, usize, u32, StageShape)]>,
     pub(crate) shapes: ShapeChoices,
+    /// The user's constraints (`hints.rs`): where stages may start, their
+    /// split degrees and their count.
+    pub(crate) hints: &'a Hints,
 }
 
 /// Most partly used machines a stage placed inside one machine may leave
@@ -362,10 +381,13 @@ impl Context<'_> {
                 None => 0..0,
             };
         }
+        let Some(lowest) = self.hints.lowest_start(j) else {
+            return 0..0; // inside a hinted range
+        };
         if replicas == free {
-            0..1
+            lowest..1
         } else {
-            0..j
+            lowest..j
         }
     }
 
@@ -619,6 +641,23 @@ impl Default for ShapeList {
             len: 0,
         }
     }
+}
+
+/// Whether a whole plan keeps to the hints (`Hints::admits_layout`).
+pub(crate) fn hints_admit(hints: &Hints, plan: &Plan) -> bool {
+    let layout: Vec<(usize, usize, u32, u32)> = plan
+        .stages
+        .iter()
+        .map(|s| {
+            (
+                s.layer_start,
+                s.layer_end,
+                s.devices.len() as u32,
+                s.tensor_parallel,
+            )
+        })
+        .collect();
+    hints.admits_layout(&layout, plan.micro_batches)
 }
 
 #[cfg(test)]
