@@ -1,0 +1,75 @@
+"""DeepSpeed's pipeline partition for a plan, as JSON: the ``parts``
+boundaries its ``PipelineModule`` keeps (``parts[s]`` .. ``parts[s + 1]``
+are stage s's layers, len = stages + 1), over a layer list with one entry
+per profile layer, with the topology's axes, the activation checkpoint
+interval and the config's batch keys.
+
+DeepSpeed takes no ``parts`` argument (DeepSpeed issue 2974): a
+``PipelineModule`` subclass sets them in ``_partition_layers``
+(``docs/export.md``), unless they are DeepSpeed's own ``uniform``
+partition, which ``partition_method`` then names. It runs 1F1B only
+(``TrainSchedule``; ``shape.one_f_one_b``) and ZeRO stage 1 at most.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..plan import Plan
+from .shape import RunShape, one_f_one_b, run_shape
+
+TARGET = "DeepSpeed"
+
+
+@dataclass(frozen=True)
+class DeepSpeedPartition:
+    """The JSON text and its data, the shape, and what ``--approximate`` changed."""
+
+    text: str
+    data: dict
+    shape: RunShape
+    changes: tuple[str, ...]
+
+
+def uniform_parts(num_layers: int, num_stages: int) -> list[int]:
+    """DeepSpeed's ``partition_uniform`` (``deepspeed/runtime/utils.py``):
+    each stage n // S layers and the first n mod S one more; with no more
+    layers than stages, one layer a stage and the rest empty."""
+    if num_layers <= num_stages:
+        return [min(s, num_layers) for s in range(num_stages + 1)]
+    chunk, residual = num_layers // num_stages, num_layers % num_stages
+    return [s * chunk + min(s, residual) for s in range(num_stages + 1)]
+
+
+def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPartition:
+    """DeepSpeed's partition of ``plan``."""
+    shape = run_shape(plan, TARGET, approximate)
+    changes = shape.changes + one_f_one_b(plan, TARGET, approximate)
+    parts = [start for start, _ in shape.stage_ranges] + [shape.stage_ranges[-1][1]]
+    num_layers = parts[-1]
+    config = {
+        "train_batch_size": shape.global_batch_size,
+        "train_micro_batch_size_per_gpu": shape.micro_batch_per_replica,
+        "gradient_accumulation_steps": shape.micro_batches,
+    }
+    if shape.shard_optimizer:
+        config["zero_optimization"] = {"stage": 1}
+    data = {
+        "about": f"DeepSpeed pipeline partition from dapple plan {plan.path or ''!r} (dapple export --to deepspeed): "
+                 "build PipelineModule over one layer per profile layer, in order; docs/export.md",
+        "model": plan.data["inputs"]["model"],
+        "num_layers": num_layers,
+        "num_stages": shape.stages,
+        "parts": parts,
+        "topology": {"num_pp": shape.stages, "num_mp": shape.tensor_parallel, "num_dp": shape.replicas},
+        # One checkpoint over each stage's layers: DeepSpeed checkpoints
+        # every `interval` layers of a stage, the last chunk shorter.
+        "activation_checkpoint_interval": shape.most_layers_per_stage if shape.recompute else 0,
+        "config": config,
+    }
+    if parts == uniform_parts(num_layers, shape.stages):
+        # DeepSpeed's own method gives these parts; where none does,
+        # _partition_layers must set them.
+        data["partition_method"] = "uniform"
+    return DeepSpeedPartition(text=json.dumps(data, indent=2) + "\n", data=data, shape=shape, changes=changes)

@@ -1,0 +1,77 @@
+"""Megatron-LM's arguments for a plan (``pretrain_gpt.py``), as a bash
+array to source: the pipeline layout string, the tensor and pipeline sizes,
+the micro-batch and global batch, the distributed optimizer (ZeRO-1) and
+full re-computation where the plan has them.
+
+Megatron takes the data-parallel size as the world size over tensor x
+pipeline, so it is said in a comment: launch that many processes. It runs
+1F1B only (``shape.one_f_one_b``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ..megatron_layout import layer_tokens, plan_layout
+from ..plan import Plan
+from ..profile import Profile
+from .shape import RunShape, one_f_one_b, run_shape
+
+TARGET = "Megatron-LM"
+#: The bash array the file sets.
+ARRAY = "DAPPLE_MEGATRON_ARGS"
+
+
+@dataclass(frozen=True)
+class MegatronArguments:
+    """The file's text, its arguments (one a word), the layout string, the
+    shape, and what ``--approximate`` changed."""
+
+    text: str
+    arguments: tuple[str, ...]
+    layout: str
+    shape: RunShape
+    changes: tuple[str, ...]
+
+
+def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:
+    """Megatron-LM's arguments for ``plan`` over ``profile``'s layers (a
+    transformer: embedding, blocks, head; ``megatron_layout.layer_tokens``)."""
+    # The profile first: one that is no transformer has no layout at all.
+    layout = plan_layout([(s["layer_start"], s["layer_end"]) for s in plan.stages], profile)
+    tokens = layer_tokens(profile)
+    shape = run_shape(plan, TARGET, approximate)
+    changes = shape.changes + one_f_one_b(plan, TARGET, approximate)
+    blocks_per_stage = [tokens[start:end].count("t") for start, end in shape.stage_ranges]
+    options: list[tuple[str, ...]] = [
+        ("--tensor-model-parallel-size", str(shape.tensor_parallel)),
+        ("--pipeline-model-parallel-size", str(shape.stages)),
+    ]
+    if shape.stages > 1:
+        options.append(("--pipeline-model-parallel-layout", layout))
+    options += [
+        ("--num-layers", str(sum(blocks_per_stage))),
+        ("--micro-batch-size", str(shape.micro_batch_per_replica)),
+        ("--global-batch-size", str(shape.global_batch_size)),
+    ]
+    if shape.shard_optimizer:
+        # Megatron's distributed optimizer shards the optimizer state (and
+        # the fp32 master weights) over the data-parallel ranks: ZeRO-1.
+        options.append(("--use-distributed-optimizer",))
+    if shape.recompute:
+        # One checkpoint per stage over all its transformer layers: Megatron
+        # checkpoints uniform chunks of N layers, the last of a stage shorter.
+        options += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                    ("--recompute-num-layers", str(max(blocks_per_stage)))]
+    header = [
+        f"Megatron-LM arguments from dapple plan {plan.path or ''!r}, model {plan.data['inputs']['model']!r}:",
+        f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x pipeline,",
+        f"{shape.gpus} / {shape.tensor_parallel * shape.stages} = {shape.replicas}: launch {shape.gpus} processes.",
+        f"dapple export --to megatron; docs/export.md. Use: source this file, then",
+        f'torchrun ... pretrain_gpt.py "${{{ARRAY}[@]}}" with the model\'s own arguments.',
+    ]
+    text = "\n".join([*(f"# {line}" for line in header), f"{ARRAY}=("]
+                     + [f"    {' '.join(shlex.quote(word) for word in option)}" for option in options] + [")"]) + "\n"
+    return MegatronArguments(text=text, arguments=tuple(word for option in options for word in option),
+                             layout=layout, shape=shape, changes=changes)

@@ -1,0 +1,152 @@
+"""What every export target takes: one pipeline, one tensor-parallel degree,
+one data-parallel degree, ZeRO-1 and re-computation on every stage or on
+none, even micro-batch slices, synchronous steps.
+
+A plan that differs is refused with one line naming the feature
+(``IncompatibleInputsError``, exit 4, as ``dapple export --to torch-csv``),
+or with ``approximate`` rounded to the most common value among the stages,
+each change said in :attr:`RunShape.changes`: nothing is approximated
+silently. Ties go to the value the first stages have.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .. import _core
+from ..errors import IncompatibleInputsError
+from ..plan import Plan
+from ..runtime.schedule import EARLY_BACKWARD
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """A plan as one degree of each kind; ``changes``: what ``--approximate``
+    changed to get there (empty when the plan is exactly this)."""
+
+    stage_ranges: tuple[tuple[int, int], ...]
+    tensor_parallel: int
+    replicas: int
+    shard_optimizer: bool
+    recompute: bool
+    #: Samples each replica takes of a micro-batch (the targets' micro-batch size).
+    micro_batch_per_replica: int
+    micro_batches: int
+    changes: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> int:
+        return len(self.stage_ranges)
+
+    @property
+    def gpus(self) -> int:
+        return self.stages * self.tensor_parallel * self.replicas
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_per_replica * self.replicas * self.micro_batches
+
+    @property
+    def most_layers_per_stage(self) -> int:
+        return max(end - start for start, end in self.stage_ranges)
+
+    def describe(self) -> str:
+        """``4 stages x tensor parallel 4 x data parallel 2 = 32 GPUs``."""
+        return (f"{self.stages} stages x tensor parallel {self.tensor_parallel} x data parallel {self.replicas} "
+                f"= {self.gpus} GPUs")
+
+
+class Rounding:
+    """One value for every stage, or the refusal naming the feature; under
+    ``approximate`` the most common value, with the change recorded."""
+
+    def __init__(self, target: str, approximate: bool):
+        self.target, self.approximate, self.changes = target, approximate, []
+
+    def refuse(self, what: str, why: str, instead: str | None) -> None:
+        """Refuse ``what`` (one line: the target, the feature, why, and what
+        --approximate would write), or under approximate record that it
+        becomes ``instead`` (None: no approximation exists)."""
+        if instead is None or not self.approximate:
+            hint = f"; --approximate writes {instead}" if instead else ""
+            raise IncompatibleInputsError(f"{self.target} cannot express {what}: {why}{hint}")
+        self.changes.append(f"{what} -> {instead}")
+
+    def one(self, values: list, feature: str, unit: str):
+        if len(set(values)) == 1:
+            return values[0]
+        chosen = Counter(values).most_common(1)[0][0]
+        listed = ", ".join(map(_word, values))
+        self.refuse(f"{feature} ({unit} {listed} by stage)", "it takes one for every stage",
+                    f"the most common, {_word(chosen)}, on every stage")
+        return chosen
+
+
+def _word(value) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+
+
+def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
+    """The plan as ``target`` runs it: one degree of each kind on every
+    stage. Raises ``IncompatibleInputsError`` naming what ``target`` cannot
+    express; ``approximate`` rounds instead and says so in ``changes``."""
+    rounding = Rounding(target, approximate)
+    kind = plan.core.schedule_kind
+    if kind in _core.ASYNCHRONOUS_SCHEDULES:
+        rounding.refuse(f"schedule {kind}", f"it is asynchronous, and {target} runs synchronous steps, each ending "
+                        "in one optimizer step; plan with a synchronous --schedule", None)
+    shapes = plan.stage_shapes
+    tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
+                                   "split degrees")
+    replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
+    shard = rounding.one([s.shard_optimizer and s.replicas > 1 for s in shapes], "ZeRO-1 on some stages only", "ZeRO-1")
+    recompute = rounding.one([s.recompute != "none" for s in shapes], "re-computation on some stages only",
+                             "re-computes")
+    per_replica = _samples_per_replica(plan, replicas, rounding)
+    return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
+                    tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
+                    recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
+                    changes=tuple(rounding.changes))
+
+
+def _samples_per_replica(plan: Plan, replicas: int, rounding: Rounding) -> int:
+    """What each replica takes of a micro-batch, the same on every stage
+    (the targets split a micro-batch evenly): the core's slices, or under
+    approximate the even share over ``replicas``."""
+    even = max(1, round(plan.micro_batch_size / replicas))
+    sizes = set()
+    for i, stage in enumerate(plan.core.layout().stages):
+        slices = [r.end - r.start for r in stage.replicas if r.shard == 0]
+        sizes |= set(slices)
+        if len(set(slices)) > 1:
+            listed = ", ".join(map(str, slices))
+            what = ("uneven slices on mixed GPUs" if plan.stages[i].get("slices")
+                    else f"a micro-batch of {plan.micro_batch_size} samples split unevenly")
+            rounding.refuse(f"{what} (stage {i}: {listed} samples)", "it splits a micro-batch evenly",
+                            f"{even} samples for each of {replicas} replicas (a global batch of "
+                            f"{even * replicas * plan.micro_batches})")
+            return even
+    return sizes.pop() if len(sizes) == 1 else even
+
+
+def one_f_one_b(plan: Plan, target: str, approximate: bool = False) -> tuple[str, ...]:
+    """Check that the plan runs 1F1B as Megatron-LM and DeepSpeed do (their
+    only schedule): early backward, stage i running min(S - i, M) forwards
+    before its first backward (Megatron's ``forward_backward_pipelining_
+    without_interleaving``, DeepSpeed's ``TrainSchedule``). Raises
+    ``IncompatibleInputsError`` naming the difference; under ``approximate``
+    returns it as changes."""
+    rounding = Rounding(target, approximate)
+    kind = plan.core.schedule_kind
+    stages, micro_batches = len(plan.stages), plan.micro_batches
+    theirs = [min(stages - i, micro_batches) for i in range(stages)]
+    if kind != EARLY_BACKWARD:
+        rounding.refuse(f"schedule {kind}", f"it runs 1F1B ({EARLY_BACKWARD}) only",
+                        f"its 1F1B, K_i = {', '.join(map(str, theirs))}")
+        return tuple(rounding.changes)
+    ours = [s["warmup_micro_batches"] for s in plan.stages]
+    if ours != theirs:
+        rounding.refuse(f"warm-up depths K_i {', '.join(map(str, ours))} by stage",
+                        "its 1F1B runs K_i = min(S - i, M)", f"its 1F1B, K_i = {', '.join(map(str, theirs))}")
+    return tuple(rounding.changes)
