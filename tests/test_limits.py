@@ -177,6 +177,24 @@ def test_requests_no_layout_can_fit_fail_before_any_search(dapple, command, topo
     assert_one_line_error(r, 5, "no plan fits in GPU memory: every plan keeps at least", "lower the global batch size")
 
 
+def test_the_full_space_past_its_size_is_refused_before_searching(dapple, small_profile):
+    # Issue 29: the full space on 32x8 ran about a minute to reach its table
+    # limit (GNMT-32 on 4x8 runs minutes). Past 32 GPUs of multi-GPU
+    # machines it is refused at once at the default limit; a raised limit
+    # searches it (a 4-layer model, quickly).
+    args = ["plan", "--profile", PROFILES / "vgg-19-pbs-32.json", "--global-batch-size", 2048,
+            "--search-space", "full"]
+    r = dapple(*args, "--topology", "32x8", timeout=60)
+    assert_one_line_error(r, 9, "the full search space on 256 GPUs of multi-GPU machines", "up to 32",
+                          "--search-space machine-aligned", "--max-search-gib")
+    assert dapple(*args, "--topology", "64x1").returncode == 0  # no partly used machines
+    assert dapple(*args, "--topology", "2x8").returncode == 0
+    small = ["plan", "--profile", small_profile(), "--topology", "5x8", "--search-space", "full"]
+    assert dapple(*small).returncode == 9
+    raised = dapple(*small, "--max-search-gib", "1.01", timeout=120)
+    assert raised.returncode == 0, raised.stderr
+
+
 def test_the_memory_floor_never_refuses_a_plan_the_search_finds():
     from dapple.planner import _core
 

@@ -40,8 +40,8 @@ use candidate::{
 };
 use dp::MemoryBudget;
 use passes::{
-    explain_infeasible, memory_floor_error, run_passes, second_pass, sizes_alone, PassBest,
-    PassResults,
+    explain_infeasible, full_space_limit_error, memory_floor_error, run_passes, second_pass,
+    sizes_alone, PassBest, PassResults,
 };
 use refine::{refine_from_two_starts, Refined, REFINE_MAX_DEVICES};
 use space::{searched_micro_batch_sizes, Space};
@@ -231,6 +231,10 @@ fn search_layouts(
     let cluster = Cluster::for_model(topology, &layers)?;
     if let Some(e) = memory_floor_error(&layers, &cluster, &sizes) {
         return Err(e); // at once, not after searching every micro-batch size
+    }
+    let table_limits = (opts.max_search_bytes, DEFAULT_MAX_SEARCH_BYTES);
+    if let Some(e) = full_space_limit_error(&cluster, opts.search_space, table_limits) {
+        return Err(e);
     }
     let hints = &opts.hints;
     // Only the machine-aligned space asks which uniform degree is fastest.

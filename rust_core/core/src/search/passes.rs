@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::profile::LayerCosts;
 
 use super::dp::{Dp, Found, MemoryBudget, Objective};
-use super::space::{SearchSpace, Space, AUTO_FULL_MAX_DEVICES};
+use super::space::{SearchSpace, Space, AUTO_FULL_MAX_DEVICES, FULL_SPACE_MAX_SHARED_GPUS};
 
 /// Largest cluster on which every micro-batch size runs the DP on its own
 /// and gives candidates (its best plans, those of other stage counts, the
@@ -267,6 +267,35 @@ pub(crate) fn search_memory_limit(
         space.name(),
         gib(budget.limit_bytes as f64),
     )))
+}
+
+/// A limit error, before searching, for the full space on more GPUs of
+/// multi-GPU machines than `FULL_SPACE_MAX_SHARED_GPUS` with the table
+/// limit at most its default (single-GPU machines have no partly used
+/// patterns: 64x1 plans in 2 s); None otherwise.
+pub(crate) fn full_space_limit_error(
+    cluster: &crate::cost::Cluster,
+    space: SearchSpace,
+    (max_search_bytes, default_bytes): (u64, u64),
+) -> Option<Error> {
+    let shared: u32 = cluster
+        .machines
+        .iter()
+        .map(|m| m.gpus)
+        .filter(|&g| g > 1)
+        .sum();
+    let over = space.resolve(cluster) == SearchSpace::Full
+        && shared > FULL_SPACE_MAX_SHARED_GPUS
+        && max_search_bytes <= default_bytes;
+    over.then(|| {
+        Error::limit(format!(
+            "the full search space on {shared} GPUs of multi-GPU machines is past what its tables hold at \
+             the default limit of {:.2} GiB (its partly used machine patterns grow combinatorially: it searches \
+             up to {FULL_SPACE_MAX_SHARED_GPUS}); use the machine-aligned space (--search-space machine-aligned), \
+             or raise the limit (--max-search-gib) to search it anyway",
+            gib(default_bytes as f64),
+        ))
+    })
 }
 
 /// An error when no plan can fit, shown before any search: every plan

@@ -136,6 +136,14 @@ impl ShapeChoices {
 /// Largest cluster whose DP splits stages (at the fastest uniform degree).
 pub(crate) const SPLIT_SEARCH_MAX_DEVICES: u32 = 1024;
 
+/// Most GPUs on machines of several GPUs the full space searches at the
+/// default table limit: its partly used machine patterns grow
+/// combinatorially (BERT-48 on 4x8 takes 33 s and 1.9 million states; on
+/// 8x8 VGG-19 passes 1 GiB of tables after 51 s, and 32x8 takes minutes to
+/// fail), so beyond it the request is refused before searching. Raising
+/// the limit (`--max-search-gib`) searches anyway.
+pub(crate) const FULL_SPACE_MAX_SHARED_GPUS: u32 = 32;
+
 /// Largest cluster the automatic choice searches in full. 128 layers on
 /// 4x8 GPUs take 1.1 s in full when time is linear in the batch and 59 s
 /// when small batches are less efficient (benchmarks/README.md).
