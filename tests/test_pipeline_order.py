@@ -58,8 +58,19 @@ def test_zbv_equals_torchs(ranks, micro_batches):
         torch.distributed.pipelining._utils.generate_stage_to_rank_mapping(ranks, 2 * ranks, style="v").items())]
 
 
+@pytest.mark.parametrize("ranks,micro_batches", [(1, 2), (2, 4), (2, 5), (3, 6), (3, 9), (4, 8), (4, 11), (8, 16),
+                                                 (8, 24)])
+def test_dualpipev_equals_torchs(ranks, micro_batches):
+    order = PipelineOrder.dualpipev(ranks, micro_batches)
+    sch = object.__new__(schedules.ScheduleDualPipeV)
+    sch.pp_group_size, sch._n_microbatches = ranks, micro_batches
+    theirs = [[str(a) for a in sch._calculate_single_rank_operations(r) if a is not None] for r in range(ranks)]
+    assert order.rank_cells() == theirs
+    assert order.stage_ranks == PipelineOrder.zbv(ranks, micro_batches).stage_ranks  # the same V
+
+
 def test_every_csv_cell_parses_with_torch_and_loads_back():
-    for order in (PipelineOrder.interleaved_1f1b(4, 8, 2), PipelineOrder.zbv(4, 8)):
+    for order in (PipelineOrder.interleaved_1f1b(4, 8, 2), PipelineOrder.zbv(4, 8), PipelineOrder.dualpipev(4, 8)):
         text = order.to_csv()
         for row in text.splitlines():
             for cell in row.split(","):

@@ -204,7 +204,15 @@ pub struct PipelineOrder {
     pub stage_ranks: Vec<u32>,
     /// `rank_actions[r]`: rank r's actions, in the order it runs them.
     pub rank_actions: Vec<Vec<StageAction>>,
+    /// `overlapped[r]`: the positions k of rank r's list where actions k
+    /// and k + 1, a forward and a whole backward of other micro-batches,
+    /// run as one (DualPipeV; torch's `OVERLAP_F_B`, written
+    /// `(0F3;3B1)OVERLAP_F_B`), ascending. Empty: none on any rank.
+    pub overlapped: Vec<Vec<usize>>,
 }
+
+/// torch's name of an overlapped forward and backward (`_ComputationType`).
+const OVERLAP_F_B: &str = "OVERLAP_F_B";
 
 /// Where a stage lives: looped (stage s on rank s mod p) or V-shaped
 /// (down the ranks, then back up), as torch's
@@ -375,6 +383,7 @@ impl PipelineOrder {
             micro_batches,
             stage_ranks: stage_ranks(ranks, ranks * chunks, false),
             rank_actions,
+            overlapped: Vec::new(),
         };
         order.validate()?;
         Ok(order)
@@ -398,6 +407,36 @@ impl PipelineOrder {
             micro_batches,
             stage_ranks: stage_ranks(ranks, 2 * ranks, true),
             rank_actions,
+            overlapped: Vec::new(),
+        };
+        order.validate()?;
+        Ok(order)
+    }
+
+    /// DualPipeV (DeepSeek-V3's DualPipe folded into a V; torch's
+    /// `ScheduleDualPipeV`): two V-shaped chunks a rank, as ZB-V, with at
+    /// least 2p micro-batches. In its steady state each rank runs a forward
+    /// of one chunk overlapped with a whole backward of the other, so that
+    /// each one's communication can hide under the other's compute; it
+    /// splits backwards into I and W only where that fills the fill and
+    /// the drain.
+    pub fn dualpipev(ranks: u32, micro_batches: u32) -> Result<PipelineOrder> {
+        check_shape(ranks, micro_batches, 2)?;
+        if micro_batches < 2 * ranks {
+            return Err(Error::invalid(format!(
+                "DualPipeV needs at least as many micro-batches as stages: {micro_batches} \
+                 micro-batches for {} stages",
+                2 * ranks
+            )));
+        }
+        let (rank_actions, overlapped) = (0..ranks)
+            .map(|rank| DualPipeRank::new(rank, ranks).actions(micro_batches))
+            .unzip();
+        let order = PipelineOrder {
+            micro_batches,
+            stage_ranks: stage_ranks(ranks, 2 * ranks, true),
+            rank_actions,
+            overlapped,
         };
         order.validate()?;
         Ok(order)
@@ -513,6 +552,7 @@ impl PipelineOrder {
                  micro-batches"
             )));
         }
+        self.validate_overlaps()?;
         let mut seen = vec![[0u32; 4]; stages * m];
         for (rank, actions) in self.rank_actions.iter().enumerate() {
             for a in actions {
@@ -546,14 +586,67 @@ impl PipelineOrder {
         self.run(&vec![unit; self.stages()]).map(|_| ())
     }
 
+    /// The positions of rank `rank`'s list that begin an overlapped pair.
+    fn overlaps_of(&self, rank: usize) -> &[usize] {
+        self.overlapped.get(rank).map_or(&[], Vec::as_slice)
+    }
+
+    /// Each rank's cells as torch writes its actions: one a cell, an
+    /// overlapped pair as `(0F3;3B1)OVERLAP_F_B`.
+    pub fn rank_cells(&self) -> Vec<Vec<String>> {
+        (0..self.ranks())
+            .map(|rank| {
+                let (row, pairs) = (&self.rank_actions[rank], self.overlaps_of(rank));
+                let mut cells = Vec::with_capacity(row.len());
+                let mut k = 0;
+                while k < row.len() {
+                    if pairs.binary_search(&k).is_ok() {
+                        cells.push(format!("({};{}){OVERLAP_F_B}", row[k], row[k + 1]));
+                        k += 2;
+                    } else {
+                        cells.push(row[k].to_string());
+                        k += 1;
+                    }
+                }
+                cells
+            })
+            .collect()
+    }
+
+    /// Each overlapped pair is a forward and a whole backward, inside its
+    /// rank's list, no two sharing an action.
+    fn validate_overlaps(&self) -> Result<()> {
+        if !self.overlapped.is_empty() && self.overlapped.len() != self.ranks() {
+            return Err(Error::invalid(format!(
+                "overlapped pairs are given for {} ranks of {}",
+                self.overlapped.len(),
+                self.ranks()
+            )));
+        }
+        for (rank, pairs) in self.overlapped.iter().enumerate() {
+            let row = &self.rank_actions[rank];
+            let mut free_from = 0;
+            for &k in pairs {
+                let pair = row.get(k).zip(row.get(k + 1));
+                let kinds = pair.map(|(f, b)| (f.computation, b.computation));
+                if k < free_from || kinds != Some((Computation::Forward, Computation::FullBackward))
+                {
+                    return Err(Error::invalid(format!(
+                        "rank {rank}: the overlapped pair at action {k} is not a forward and a whole \
+                         backward of its own, in order"
+                    )));
+                }
+                free_from = k + 2;
+            }
+        }
+        Ok(())
+    }
+
     /// torch's schedule CSV (`compute_only`): one row per rank.
     pub fn to_csv(&self) -> String {
-        self.rank_actions
-            .iter()
-            .map(|row| {
-                let cells: Vec<String> = row.iter().map(ToString::to_string).collect();
-                cells.join(",") + "\n"
-            })
+        self.rank_cells()
+            .into_iter()
+            .map(|cells| cells.join(",") + "\n")
             .collect()
     }
 
@@ -561,18 +654,24 @@ impl PipelineOrder {
     /// action, empty cells (torch's idle slots) skipped. The rank of each
     /// stage is read off the rows; the order is validated.
     pub fn from_csv(text: &str, micro_batches: u32) -> Result<PipelineOrder> {
-        let mut rank_actions = Vec::new();
+        let (mut rank_actions, mut overlapped) = (Vec::new(), Vec::new());
         for (row, line) in text.lines().enumerate() {
-            let actions = line
-                .split(',')
-                .map(str::trim)
-                .filter(|cell| !cell.is_empty())
-                .map(|cell| {
-                    cell.parse()
-                        .map_err(|e: Error| e.under(&format!("row {row}")))
-                })
-                .collect::<Result<Vec<StageAction>>>()?;
+            let (mut actions, mut pairs) = (Vec::new(), Vec::new());
+            for cell in line.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                let parsed = match overlapped_pair(cell) {
+                    Some(pair) => {
+                        pairs.push(actions.len());
+                        pair.map(|(f, b)| vec![f, b])
+                    }
+                    None => cell.parse().map(|a| vec![a]),
+                };
+                actions.extend(parsed.map_err(|e: Error| e.under(&format!("row {row}")))?);
+            }
             rank_actions.push(actions);
+            overlapped.push(pairs);
+        }
+        if overlapped.iter().all(Vec::is_empty) {
+            overlapped.clear();
         }
         let stages = rank_actions
             .iter()
@@ -600,9 +699,161 @@ impl PipelineOrder {
             micro_batches,
             stage_ranks,
             rank_actions,
+            overlapped,
         };
         order.validate()?;
         Ok(order)
+    }
+}
+
+/// The two actions of a cell written `(0F3;3B1)OVERLAP_F_B`, or None for a
+/// cell of another form.
+fn overlapped_pair(cell: &str) -> Option<Result<(StageAction, StageAction)>> {
+    let inner = cell
+        .strip_prefix('(')?
+        .strip_suffix(OVERLAP_F_B)?
+        .strip_suffix(')')?;
+    let bad = || {
+        Error::invalid(format!(
+            "cell {cell:?} is not an overlapped forward and whole backward, as in (0F3;3B1){OVERLAP_F_B}"
+        ))
+    };
+    Some((|| {
+        let (f, b) = inner.split_once(';').ok_or_else(bad)?;
+        let (f, b): (StageAction, StageAction) = (f.parse()?, b.parse()?);
+        let kinds = (f.computation, b.computation);
+        if kinds != (Computation::Forward, Computation::FullBackward) {
+            return Err(bad());
+        }
+        Ok((f, b))
+    })())
+}
+
+/// One rank of DualPipeV, as torch's
+/// `ScheduleDualPipeV._calculate_single_rank_operations`: its actions and
+/// the positions of its overlapped pairs.
+struct DualPipeRank {
+    rank: u32,
+    ranks: u32,
+    /// The rank's two stages: going down the ranks, and back up.
+    stage: [u32; 2],
+    /// Passes begun per chunk: forwards, and backwards (I or B).
+    forwards: [u32; 2],
+    backwards: [u32; 2],
+    /// (chunk, micro-batch) of each I whose W is still to run, oldest first.
+    pending_weights: std::collections::VecDeque<(usize, u32)>,
+    actions: Vec<StageAction>,
+    overlapped: Vec<usize>,
+}
+
+impl DualPipeRank {
+    fn new(rank: u32, ranks: u32) -> DualPipeRank {
+        DualPipeRank {
+            rank,
+            ranks,
+            stage: [rank, 2 * ranks - 1 - rank],
+            forwards: [0; 2],
+            backwards: [0; 2],
+            pending_weights: Default::default(),
+            actions: Vec::new(),
+            overlapped: Vec::new(),
+        }
+    }
+
+    fn forward(&mut self, chunk: usize) {
+        let mb = self.forwards[chunk];
+        self.forwards[chunk] += 1;
+        self.actions.push(StageAction::new(
+            self.stage[chunk],
+            Computation::Forward,
+            mb,
+        ));
+    }
+
+    /// A whole backward (B), or its input half (I) with the W queued.
+    fn backward(&mut self, chunk: usize, split: bool) {
+        let mb = self.backwards[chunk];
+        self.backwards[chunk] += 1;
+        let computation = if split {
+            self.pending_weights.push_back((chunk, mb));
+            Computation::BackwardInput
+        } else {
+            Computation::FullBackward
+        };
+        self.actions
+            .push(StageAction::new(self.stage[chunk], computation, mb));
+    }
+
+    /// The oldest queued W, if any.
+    fn weight(&mut self) {
+        if let Some((chunk, mb)) = self.pending_weights.pop_front() {
+            self.actions.push(StageAction::new(
+                self.stage[chunk],
+                Computation::BackwardWeight,
+                mb,
+            ));
+        }
+    }
+
+    /// A forward of `chunk` overlapped with a whole backward of the other.
+    fn overlapped_pair(&mut self, chunk: usize) {
+        self.overlapped.push(self.actions.len());
+        self.forward(chunk);
+        self.backward(1 - chunk, false);
+    }
+
+    fn actions(mut self, micro_batches: u32) -> (Vec<StageAction>, Vec<usize>) {
+        let (r, p) = (self.rank, self.ranks);
+        // 1. Forwards of the down chunk, 2 (p - r - 1).
+        for _ in 0..2 * (p - r - 1) {
+            self.forward(0);
+        }
+        // 2. Down and up forwards in turn.
+        for _ in 0..=r {
+            self.forward(0);
+            self.forward(1);
+        }
+        // 3. Zero bubble on the up chunk: I, the oldest W, a forward.
+        for _ in 0..p - r - 1 {
+            self.backward(1, true);
+            self.weight();
+            self.forward(1);
+        }
+        // 4. The steady state: each chunk's forward overlapped with the
+        // other's backward (the last rank's first pair is not overlapped).
+        for i in 0..micro_batches - 2 * p + r + 1 {
+            if i == 0 && r == p - 1 {
+                self.forward(0);
+                self.backward(1, false);
+            } else {
+                self.overlapped_pair(0);
+            }
+            self.overlapped_pair(1);
+        }
+        // 5. The up chunk's backward, then an up forward with a down backward.
+        for _ in 0..p - r - 1 {
+            self.backward(1, false);
+            self.overlapped_pair(1);
+        }
+        // 6. Backwards of both chunks, split from half-way on (odd ranks
+        // split the up chunk's first).
+        let mut split = false;
+        let half = r.div_ceil(2); // torch's (r + 1) // 2: half of the r + 1 steps
+        for i in 0..=r {
+            split |= i == half && r % 2 == 1;
+            self.backward(1, split);
+            split |= i == half && r % 2 == 0;
+            self.backward(0, split);
+        }
+        // 7. A W and a down backward in turn; 8. the W's left.
+        for _ in 0..p - r - 1 {
+            self.weight();
+            self.backward(0, split);
+        }
+        for _ in 0..=r {
+            self.weight();
+        }
+        (self.actions, self.overlapped)
     }
 }
 
@@ -760,6 +1011,57 @@ mod tests {
                  2I3 1I3 1W2 2W3 1W3",
             ]
         );
+    }
+
+    #[test]
+    fn dualpipev_on_two_ranks_four_micro_batches_as_torch_prints_it() {
+        // torch 2.9's ScheduleDualPipeV for 2 ranks and 4 micro-batches:
+        // rank 0 holds stages 0 and 3, rank 1 stages 1 and 2.
+        let order = PipelineOrder::dualpipev(2, 4).unwrap();
+        let rows: Vec<String> = order.rank_cells().iter().map(|r| r.join(" ")).collect();
+        assert_eq!(
+            rows,
+            [
+                "0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0F3;3B1)OVERLAP_F_B (3F2;0B0)OVERLAP_F_B 3B2 \
+                 (3F3;0B1)OVERLAP_F_B 3B3 0I2 0W2 0I3 0W3",
+                "1F0 2F0 1F1 2F1 1F2 2B0 (2F2;1B0)OVERLAP_F_B (1F3;2B1)OVERLAP_F_B \
+                 (2F3;1B1)OVERLAP_F_B 2B2 1B2 2I3 1I3 2W3 1W3",
+            ]
+        );
+        assert_eq!(order.stage_ranks, [0, 1, 1, 0]);
+        // The CSV round-trips, overlapped pairs included.
+        assert_eq!(PipelineOrder::from_csv(&order.to_csv(), 4).unwrap(), order);
+        // Fewer micro-batches than stages is refused, as torch refuses it.
+        assert!(PipelineOrder::dualpipev(2, 3).is_err());
+        // A pair that is not a forward and a whole backward is refused.
+        for bad in [
+            "(0F0;3I0)OVERLAP_F_B",
+            "(0F0)OVERLAP_F_B",
+            "(0F0;3B0)OVERLAP",
+        ] {
+            assert!(PipelineOrder::from_csv(bad, 1).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dualpipev_idles_as_zbv_on_equal_passes() {
+        // F = 1, I = W = 1 (B = 2) on every chunk: each rank waits p - 1,
+        // as in ZB-V; the overlapped pairs' gain (one's communication under
+        // the other's compute) is outside a dry run whose sends take no
+        // rank's time.
+        for p in [2u32, 3, 4, 8] {
+            for m in [2 * p, 2 * p + 1, 4 * p] {
+                let costs = vec![StageCosts::equal_passes(1.0, 2.0); 2 * p as usize];
+                let run = PipelineOrder::dualpipev(p, m).unwrap().run(&costs).unwrap();
+                assert!(run
+                    .busy_ms
+                    .iter()
+                    .all(|b| run.iteration_ms - b == f64::from(p - 1)));
+                assert_eq!(run.busy_ms[0], f64::from(6 * m));
+                let zbv = PipelineOrder::zbv(p, m).unwrap().run(&costs).unwrap();
+                assert_eq!(run.iteration_ms, zbv.iteration_ms, "p {p} m {m}");
+            }
+        }
     }
 
     #[test]

@@ -494,6 +494,7 @@ impl Schedule {
             micro_batches: schedule.micro_batches,
             stage_ranks: (0..schedule.stages.len() as u32).collect(),
             rank_actions,
+            overlapped: Vec::new(),
         };
         order.validate()?;
         Ok(order)

@@ -91,6 +91,14 @@ impl PyPipelineOrder {
             .map_err(to_py_err)
     }
 
+    /// DualPipeV, as torch's `ScheduleDualPipeV`.
+    #[staticmethod]
+    fn dualpipev(ranks: u32, micro_batches: u32) -> PyResult<Self> {
+        PipelineOrder::dualpipev(ranks, micro_batches)
+            .map(PyPipelineOrder)
+            .map_err(to_py_err)
+    }
+
     /// The order in torch's CSV (`compute_only`; empty cells skipped).
     #[staticmethod]
     fn from_csv(text: &str, micro_batches: u32) -> PyResult<Self> {
@@ -102,6 +110,12 @@ impl PyPipelineOrder {
     /// torch's schedule CSV: one row per rank.
     fn to_csv(&self) -> String {
         self.0.to_csv()
+    }
+
+    /// Each rank's cells as torch writes its actions (an overlapped
+    /// forward and backward as one cell, `(0F3;3B1)OVERLAP_F_B`).
+    fn rank_cells(&self) -> Vec<Vec<String>> {
+        self.0.rank_cells()
     }
 
     #[getter]
