@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::shape::StageShape;
 
 /// The hints of one search; the default constrains nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,15 +204,19 @@ impl Hints {
         })
     }
 
-    /// Whether a plan's stages, each (layer_start, layer_end, GPUs, split
-    /// degree) front to back, and its micro-batch count satisfy every hint.
-    pub fn admits_layout(&self, stages: &[(usize, usize, u32, u32)], micro_batches: u32) -> bool {
+    /// Whether a plan's stages, each (layer_start, layer_end, GPUs, shape)
+    /// front to back, and its micro-batch count satisfy every hint.
+    pub fn admits_layout(
+        &self,
+        stages: &[(usize, usize, u32, StageShape)],
+        micro_batches: u32,
+    ) -> bool {
         let count = stages.len() as u32;
         self.micro_batches.is_none_or(|m| m == micro_batches)
             && self.stages.is_none_or(|n| n == count)
-            && stages.iter().all(|&(start, end, gpus, t)| {
+            && stages.iter().all(|&(start, end, gpus, shape)| {
                 self.lowest_start(end).is_some_and(|lowest| lowest <= start)
-                    && self.admits_degree(end, t, gpus)
+                    && self.admits_degree(end, shape.tensor_parallel, gpus)
             })
     }
 }
@@ -301,23 +306,34 @@ mod tests {
 
     #[test]
     fn whole_layouts_are_checked_against_every_hint() {
+        let split = |t: u32| StageShape {
+            tensor_parallel: t,
+            ..StageShape::PLAIN
+        };
         let hints = Hints {
             stages: Some(2),
             cuts: vec![4],
             ranges: vec![range(4, 6, 2, None)],
             ..Hints::default()
         };
-        assert!(hints.admits_layout(&[(0, 4, 2, 1), (4, 6, 4, 2)], 8));
+        assert!(hints.admits_layout(&[(0, 4, 2, split(1)), (4, 6, 4, split(2))], 8));
         assert!(
-            !hints.admits_layout(&[(0, 4, 2, 1), (4, 6, 4, 1)], 8),
+            !hints.admits_layout(&[(0, 4, 2, split(1)), (4, 6, 4, split(1))], 8),
             "the range's degree"
         );
         assert!(
-            !hints.admits_layout(&[(0, 3, 2, 1), (3, 6, 4, 2)], 8),
+            !hints.admits_layout(&[(0, 3, 2, split(1)), (3, 6, 4, split(2))], 8),
             "the cut"
         );
         assert!(
-            !hints.admits_layout(&[(0, 2, 1, 1), (2, 4, 1, 1), (4, 6, 4, 2)], 8),
+            !hints.admits_layout(
+                &[
+                    (0, 2, 1, split(1)),
+                    (2, 4, 1, split(1)),
+                    (4, 6, 4, split(2))
+                ],
+                8
+            ),
             "the count"
         );
         let counted = Hints {
@@ -325,7 +341,8 @@ mod tests {
             ..Hints::default()
         };
         assert!(
-            counted.admits_layout(&[(0, 6, 2, 1)], 4) && !counted.admits_layout(&[(0, 6, 2, 1)], 8)
+            counted.admits_layout(&[(0, 6, 2, split(1))], 4)
+                && !counted.admits_layout(&[(0, 6, 2, split(1))], 8)
         );
     }
 

@@ -14,14 +14,13 @@ use crate::megatron::uniform_plans;
 use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
-use crate::shape::StageShape;
 
 use crate::hints::{Hints, NO_HINTS};
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
-use super::space::{hints_admit, Context, SearchSpace, ShapeChoices, Space};
+use super::space::{hints_admit, layout_of, Context, SearchSpace, ShapeChoices, Space};
 
 /// What building, checking and estimating one plan costs, in simulated
 /// tasks, beyond its simulations (`cost_candidate`).
@@ -281,18 +280,7 @@ pub(crate) fn best_placement_of(
     cluster: &Cluster,
     min_slice: u32,
 ) -> Result<Option<Plan>> {
-    let layout: Vec<(usize, usize, u32, StageShape)> = plan
-        .stages
-        .iter()
-        .map(|s| {
-            (
-                s.layer_start,
-                s.layer_end,
-                s.devices.len() as u32,
-                s.shape(),
-            )
-        })
-        .collect();
+    let layout = layout_of(plan);
     let policy = plan.schedule.warmup_policy;
     let ctx = Context {
         layers,

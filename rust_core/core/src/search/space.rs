@@ -651,21 +651,25 @@ impl Default for ShapeList {
     }
 }
 
-/// Whether a whole plan keeps to the hints (`Hints::admits_layout`).
-pub(crate) fn hints_admit(hints: &Hints, plan: &Plan) -> bool {
-    let layout: Vec<(usize, usize, u32, u32)> = plan
-        .stages
+/// A plan's stages as (layer_start, layer_end, GPUs, shape), front to back:
+/// what a layout's DP run (`Context::layout`) and the hints read.
+pub(crate) fn layout_of(plan: &Plan) -> Vec<(usize, usize, u32, StageShape)> {
+    plan.stages
         .iter()
         .map(|s| {
             (
                 s.layer_start,
                 s.layer_end,
                 s.devices.len() as u32,
-                s.tensor_parallel,
+                s.shape(),
             )
         })
-        .collect();
-    hints.admits_layout(&layout, plan.micro_batches)
+        .collect()
+}
+
+/// Whether a whole plan keeps to the hints (`Hints::admits_layout`).
+pub(crate) fn hints_admit(hints: &Hints, plan: &Plan) -> bool {
+    hints.admits_layout(&layout_of(plan), plan.micro_batches)
 }
 
 #[cfg(test)]
