@@ -142,7 +142,7 @@ impl Hints {
             if r.tensor_parallel == 0 || r.replicas == Some(0) {
                 return bad("degrees must be at least 1".into());
             }
-            if r.tensor_parallel * r.replicas.unwrap_or(1) > gpus {
+            if u64::from(r.tensor_parallel) * u64::from(r.replicas.unwrap_or(1)) > u64::from(gpus) {
                 return bad(format!("needs more GPUs than the topology's {gpus}"));
             }
             if let Some(c) = self
@@ -183,23 +183,25 @@ impl Hints {
     /// Whether a stage ending at layer `j` may run split `t` ways on `gpus`
     /// GPUs: a hinted range ending there fixes its degree and replicas.
     pub(crate) fn admits_degree(&self, j: usize, t: u32, gpus: u32) -> bool {
-        self.ranges
-            .iter()
-            .filter(|r| r.layer_end == j)
-            .all(|r| r.tensor_parallel == t && r.replicas.is_none_or(|n| n * t == gpus))
+        self.ranges.iter().filter(|r| r.layer_end == j).all(|r| {
+            r.tensor_parallel == t
+                && r.replicas
+                    .is_none_or(|n| u64::from(n) * u64::from(t) == u64::from(gpus))
+        })
     }
 
-    /// Whether a suffix of `stages` stages whose first starts at layer `i`
-    /// can still become a plan of the hinted stage count: no more stages
-    /// than it, all of them once the suffix starts at layer 0, and a layer
-    /// left in front for each stage still missing.
-    pub(crate) fn admits_stage_count(&self, stages: u32, i: usize) -> bool {
+    /// Whether a suffix of `stages` stages whose first starts at layer `i`,
+    /// with `free` GPUs left in front of it, can still become a plan of the
+    /// hinted stage count: no more stages than it, all of them once the
+    /// suffix starts at layer 0, and a layer and a GPU left in front for
+    /// each stage still missing.
+    pub(crate) fn admits_stage_count(&self, stages: u32, i: usize, free: u32) -> bool {
         self.stages.is_none_or(|n| {
             stages <= n
                 && if i == 0 {
                     stages == n
                 } else {
-                    (n - stages) as usize <= i
+                    (n - stages) as usize <= i && n - stages <= free
                 }
         })
     }
@@ -294,14 +296,16 @@ mod tests {
             ..Hints::default()
         };
         // Stages so far, first layer of the first of them.
-        assert!(hints.admits_stage_count(1, 5) && hints.admits_stage_count(1, 2));
+        // Stages so far, first layer of the first of them, GPUs left.
+        assert!(hints.admits_stage_count(1, 5, 2) && hints.admits_stage_count(1, 2, 4));
         assert!(
-            !hints.admits_stage_count(1, 1),
+            !hints.admits_stage_count(1, 1, 4),
             "two stages cannot fit in one layer"
         );
-        assert!(!hints.admits_stage_count(2, 0) && hints.admits_stage_count(3, 0));
-        assert!(!hints.admits_stage_count(4, 7));
-        assert!(Hints::default().admits_stage_count(9, 0));
+        assert!(!hints.admits_stage_count(1, 5, 1), "nor on one GPU");
+        assert!(!hints.admits_stage_count(2, 0, 4) && hints.admits_stage_count(3, 0, 0));
+        assert!(!hints.admits_stage_count(4, 7, 4));
+        assert!(Hints::default().admits_stage_count(9, 0, 0));
     }
 
     #[test]

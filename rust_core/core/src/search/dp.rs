@@ -1056,7 +1056,11 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
             let stages = entry.stages + 1;
-            if !self.ctx.hints.admits_stage_count(stages, i) {
+            if !self
+                .ctx
+                .hints
+                .admits_stage_count(stages, i, suffixes.free - option.gpus)
+            {
                 continue;
             }
             let (class, memory_bytes) = match self.fitting_class(priced, i, j, stages, entry.class)
@@ -1461,7 +1465,13 @@ impl Dp<'_, '_> {
             }
             l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
             let floor = self.completion_floor(l, i, stage_free(suffix, stage));
-            if floor < bound && self.ctx.hints.admits_stage_count(suffix.stages + 1, i) {
+            let free = stage_free(suffix, stage);
+            if floor < bound
+                && self
+                    .ctx
+                    .hints
+                    .admits_stage_count(suffix.stages + 1, i, free)
+            {
                 children.push(WalkChild {
                     floor,
                     step: Step {
