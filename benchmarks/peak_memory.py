@@ -31,7 +31,7 @@ LIMIT_BYTES = 2 * 2**30
 
 
 def measure(args: list[str]) -> dict:
-    """Run `python -m cli.main ARGS` under /usr/bin/time -v: exit code,
+    """Run `python -m dapple.cli.main ARGS` under /usr/bin/time -v: exit code,
     wall seconds, peak resident bytes, the last stderr line."""
     start = time.monotonic()
     # From outside the checkout, so that the installed package runs.

@@ -1,4 +1,4 @@
-"""The Python API: what `import planner` gives users."""
+"""The Python API: what `from dapple import planner` gives users."""
 
 import json
 import subprocess

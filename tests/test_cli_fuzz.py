@@ -4,7 +4,7 @@ files, dangling links, names ending in a slash or not UTF-8 (issue 29). The cont
 internal error), no traceback, one line on stderr when it fails, and no
 output that replaces a special file or is left half written.
 
-In-process (``cli.main.main`` with its own argv), a fixed seed and a bounded
+In-process (``dapple.cli.main.main`` with its own argv), a fixed seed and a bounded
 number of examples, so CI runs the same cases in about a minute. A longer
 local run: ``DAPPLE_CLI_FUZZ_EXAMPLES=2000 pytest tests/test_cli_fuzz.py``.
 """

@@ -278,17 +278,29 @@ def test_megatron_gets_the_layout_degrees_batches_and_distributed_optimizer(tmp_
 
 
 def test_megatron_recomputes_each_stage_as_one_chunk(tmp_path, dapple, llama):
+    # Megatron checkpoints a stage's transformer layers in chunks of N and
+    # indexes past the stage's last layer unless N divides its count.
     rc = {"tensor_parallel": 2, "recompute": "full"}
-    stages = [(0, 2, [0, 1], rc), (2, 5, [2, 3], rc), (5, 6, [4, 5], rc)]
-    plan = hand_plan(tmp_path, llama, stages, micro_batch_size=2, micro_batches=4, warmups=[3, 2, 1])
+    even = hand_plan(tmp_path, llama, [(0, 3, [0, 1], rc), (3, 6, [2, 3], rc)], micro_batch_size=2,
+                     micro_batches=4, warmups=[2, 1])
     out = tmp_path / "megatron.sh"
-    assert dapple("export", "--plan", plan, "--to", "megatron", "--out", out).returncode == 0
+    assert dapple("export", "--plan", even, "--to", "megatron", "--out", out).returncode == 0
     words = source_array(out)
-    assert words[words.index("--pipeline-model-parallel-layout") + 1] == "Et|t*3|L"
-    # The most transformer layers of a stage (3): one checkpoint a stage.
+    assert words[words.index("--pipeline-model-parallel-layout") + 1] == "Ett|ttL"
+    # Two transformer layers a stage: one checkpoint a stage.
     assert words[-6:] == ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                          "--recompute-num-layers", "3"]
+                          "--recompute-num-layers", "2"]
     assert "--use-distributed-optimizer" not in words
+    # 1 and 3 layers: no N makes one chunk a stage; the divisor 1 only aloud.
+    uneven = hand_plan(tmp_path, llama, [(0, 2, [0, 1], rc), (2, 5, [2, 3], rc), (5, 6, [4, 5], rc)], name="uneven.json",
+                       micro_batch_size=2, micro_batches=4, warmups=[3, 2, 1])
+    r = dapple("export", "--plan", uneven, "--to", "megatron", "--out", out)
+    assert_one_line_error(r, 4, "Megatron-LM cannot express one re-computed checkpoint a stage over unequal "
+                          "transformer layers (1, 3, 0 by stage)", "--recompute-num-layers 1")
+    r = dapple("export", "--plan", uneven, "--to", "megatron", "--out", out, "--approximate")
+    assert r.returncode == 0, r.stderr
+    assert source_array(out)[-2:] == ["--recompute-num-layers", "1"]
+    assert "approximated: one re-computed checkpoint a stage" in r.stderr
 
 
 def test_megatron_cores_own_parser_reads_the_layouts_written(tmp_path, dapple, llama):

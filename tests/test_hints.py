@@ -76,12 +76,50 @@ def test_the_python_api_takes_the_same_hints():
         (["--stages", 1, "--pin-cut", 10], 4, ["no plan keeps the hints --stages 1 --pin-cut 10"]),
         # Kept by some layouts, but none of them fits in memory.
         (["--replicate", "0..53:1", "--micro-batches", 1], 5,
-         ["needs 24.71 GiB", "(under the hints --micro-batches 1 --replicate 0..53:1)"]),
+         ["no plan fits in GPU memory", "(under the hints --micro-batches 1 --replicate 0..53:1)"]),
+        # The floor every plan keeps, at the hinted micro-batch size.
+        (["--micro-batches", 1, "--global-batch-size", 1024], 5,
+         ["every plan keeps at least", "(under the hints --micro-batches 1)"]),
+        (["--micro-batches", 16], 4, ["--micro-batches 16: micro-batches of 1 samples are below the smallest "
+                                      "slice of 2"]),
+        (["--split", "0..10:99999999999"], 3, ["--split 0..10:99999999999: degree 99999999999 must be a whole "
+                                               "number from 1 to 4294967295"]),
+        (["--pin-cut", "\u00b2"], 3, ["neither a layer index nor a layer name"]),
+        (["--replicate", "\u00b2..4"], 3, ["neither a layer index nor a layer name"]),
     ],
 )
 def test_a_hint_no_plan_can_keep_names_itself(dapple, args, code, needles):
     r = dapple("plan", "--profile", BERT, "--topology", "1x4-nvlink", "--global-batch-size", 16, *args)
     assert_one_line_error(r, code, *needles)
+
+
+def test_more_micro_batches_than_a_simulation_runs_is_a_limit(dapple, small_profile):
+    from dapple.planner.limits import MAX_PASSES
+
+    m = MAX_PASSES + 1  # one stage of MAX_PASSES + 1 micro-batches of 1
+    r = dapple("plan", "--profile", small_profile(), "--topology", "1x2", "--global-batch-size", m,
+               "--micro-batches", m)
+    assert_one_line_error(r, 9, f"--micro-batches {m}: even one stage", "--max-passes")
+
+
+def test_a_layer_name_two_layers_share_is_refused_with_their_indices(dapple, tmp_path):
+    profile = json.loads(BERT.read_text())
+    profile["layers"][3]["name"] = profile["layers"][2]["name"]
+    path = tmp_path / "twice.json"
+    path.write_text(json.dumps(profile))
+    name = profile["layers"][2]["name"]
+    r = dapple("plan", "--profile", path, "--topology", "1x4-nvlink", "--global-batch-size", 16, "--pin-cut", name)
+    assert_one_line_error(r, 3, f"2 layers are named {name!r} (layers 2, 3); give the index")
+
+
+def test_the_machine_aligned_space_keeps_a_hinted_replica_count():
+    # 24 replicas of a micro-batch of 30 take the same largest slice (2) as
+    # 16 do, so the machine-aligned space, which keeps the fewest GPUs per
+    # slice, left 24 out; a hint asking for them brings them back.
+    plan = planner.plan(BERT, "4x8-nvlink", 30, min_micro_batch_size=1, micro_batches=1, replicate=["0..53:24"],
+                        stage_shapes="plain")
+    assert plan.data["inputs"]["options"]["search_space"] == "machine-aligned"
+    assert [(s["layer_start"], s["layer_end"], len(s["devices"])) for s in plan.stages] == [(0, 53, 24)]
 
 
 def test_a_megatron_layout_round_trips_to_the_same_plan(dapple, tmp_path):

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import IncompatibleInputsError, InvalidInputError
-from .limits import check_count
+from .limits import MAX_COUNT, check_count
 from .profile import Profile
 
 
@@ -35,31 +35,46 @@ class Hints:
                 "cuts": list(self.cuts), "ranges": list(self.ranges)}
 
 
+def _digits(text: str) -> bool:
+    """Decimal digits only (``str.isdigit`` also takes other scripts' digits)."""
+    return text.isascii() and text.isdigit()
+
+
 def _layer(text: str, names: list[str], option: str, value: str, *, end: bool = False) -> int:
-    """A layer given by index or by name; an end may be the layer count."""
+    """A layer given by index or by name (a name the profile gives one layer
+    only); an end may be the layer count."""
     text = text.strip()
-    if text.isdigit():
+    if _digits(text):
         index = int(text)
         if index <= len(names) if end else index < len(names):
             return index
         raise InvalidInputError(f"{option} {value}: layer {index} is past the profile's {len(names)} layers")
-    if text in names:
-        return names.index(text) + (1 if end else 0)
+    at = [i for i, name in enumerate(names) if name == text]
+    if len(at) > 1:
+        raise InvalidInputError(f"{option} {value}: {len(at)} layers are named {text!r} (layers "
+                                f"{', '.join(map(str, at))}); give the index")
+    if at:
+        return at[0] + (1 if end else 0)
     raise InvalidInputError(f"{option} {value}: {text!r} is neither a layer index nor a layer name of the profile")
 
 
 def _range(value: str, names: list[str], option: str, degree: str) -> tuple[int, int, int | None]:
     """``START..END[:N]``: layers START to END (excluded), by index or name
     (a name as END includes that layer), and the degree N where given."""
-    layers, _, number = str(value).partition(":")
+    # N after the last colon, where digits follow it (layer names may hold colons).
+    layers, colon, number = str(value).rpartition(":")
+    if not colon or not _digits(number):
+        layers, number = str(value), ""
     start, dots, end = layers.partition("..")
     if not dots or not start or not end:
         raise InvalidInputError(f"{option} {value}: expected START..END[:N], e.g. 0..12:{degree}")
     n = None
     if number:
-        if not number.isdigit() or int(number) < 1:
-            raise InvalidInputError(f"{option} {value}: {degree} {number!r} must be a whole number >= 1")
-        n = int(number)
+        try:
+            n = check_count(degree, int(number))
+        except InvalidInputError:
+            raise InvalidInputError(f"{option} {value}: {degree} {number} must be a whole number from 1 to "
+                                    f"{MAX_COUNT}") from None
     return _layer(start, names, option, value), _layer(end, names, option, value, end=True), n
 
 

@@ -6,7 +6,7 @@
 
 matplotlib is imported here, lazily, and only its Agg canvas is used: the
 global pyplot backend of an interactive session is left alone, and
-``import planner`` stays light.
+``from dapple import planner`` stays light.
 """
 
 from __future__ import annotations

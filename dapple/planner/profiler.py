@@ -59,7 +59,7 @@ On the CPU the process keeps freed memory in its heap from then on
 glibc's default makes a step's time depend on whether its tensors come back
 as fresh pages.
 
-Imports torch only when called; ``import planner`` stays torch-free.
+Imports torch only when called; ``from dapple import planner`` stays torch-free.
 """
 
 from __future__ import annotations

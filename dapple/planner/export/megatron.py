@@ -10,13 +10,14 @@ pipeline, so it is said in a comment: launch that many processes. It runs
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 
 from ..megatron_layout import layer_tokens, plan_layout
 from ..plan import Plan
 from ..profile import Profile
-from .shape import RunShape, one_f_one_b, run_shape
+from .shape import Rounding, RunShape, one_f_one_b, run_shape
 
 TARGET = "Megatron-LM"
 #: The bash array the file sets.
@@ -35,6 +36,28 @@ class MegatronArguments:
     changes: tuple[str, ...]
 
 
+def _recompute_chunk(blocks_per_stage: list[int], rounding: Rounding) -> tuple[int, tuple[str, ...]]:
+    """Megatron's ``--recompute-num-layers`` N for a plan whose stages each
+    re-compute as one checkpoint, and what ``--approximate`` changed.
+
+    Megatron-core checkpoints a stage's transformer layers in chunks of N
+    from its first (``TransformerBlock._checkpointed_forward``, method
+    ``uniform``), and indexes past its last layer where N does not divide
+    the stage's count: one chunk a stage needs every stage with
+    transformer layers to hold the same number. Otherwise the greatest
+    common divisor of the counts runs (smaller chunks, each keeping its
+    input), under ``approximate`` only."""
+    counts = [count for count in blocks_per_stage if count > 0]
+    if len(set(counts)) <= 1:
+        return (counts[0] if counts else 1), ()
+    chunk = math.gcd(*counts)
+    rounding.refuse(f"one re-computed checkpoint a stage over unequal transformer layers "
+                    f"({', '.join(map(str, blocks_per_stage))} by stage)",
+                    "it checkpoints chunks of --recompute-num-layers layers, which must divide every stage's",
+                    f"--recompute-num-layers {chunk}, the greatest common divisor (more checkpoints, more memory)")
+    return chunk, tuple(rounding.changes)
+
+
 def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:
     """Megatron-LM's arguments for ``plan`` over ``profile``'s layers (a
     transformer: embedding, blocks, head; ``megatron_layout.layer_tokens``)."""
@@ -42,8 +65,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
     layout = plan_layout([(s["layer_start"], s["layer_end"]) for s in plan.stages], profile)
     tokens = layer_tokens(profile)
     shape = run_shape(plan, TARGET, approximate)
-    changes = shape.changes + one_f_one_b(plan, TARGET, approximate)
     blocks_per_stage = [tokens[start:end].count("t") for start, end in shape.stage_ranges]
+    chunk = _recompute_chunk(blocks_per_stage, Rounding(TARGET, approximate)) if shape.recompute else None
+    changes = shape.changes + one_f_one_b(plan, TARGET, approximate) + (chunk[1] if chunk else ())
     options: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(shape.tensor_parallel)),
         ("--pipeline-model-parallel-size", str(shape.stages)),
@@ -59,11 +83,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         # Megatron's distributed optimizer shards the optimizer state (and
         # the fp32 master weights) over the data-parallel ranks: ZeRO-1.
         options.append(("--use-distributed-optimizer",))
-    if shape.recompute:
-        # One checkpoint per stage over all its transformer layers: Megatron
-        # checkpoints uniform chunks of N layers, the last of a stage shorter.
+    if chunk:
         options += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                    ("--recompute-num-layers", str(max(blocks_per_stage)))]
+                    ("--recompute-num-layers", str(chunk[0]))]
     header = [
         f"Megatron-LM arguments from dapple plan {plan.path or ''!r}, model {plan.data['inputs']['model']!r}:",
         f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x pipeline,",

@@ -1,7 +1,7 @@
 """Running real PyTorch models: model factories (:mod:`dapple.planner.runtime.models`).
 
 Import-light on purpose: importing this package does not import torch, so
-planning (``import planner``) never needs it. ``ModelSpec`` and
+planning (``from dapple import planner``) never needs it. ``ModelSpec`` and
 ``load_model`` are loaded from :mod:`dapple.planner.runtime.models` (which imports
 torch) on first use.
 """

@@ -123,7 +123,10 @@ impl Hints {
             if c == 0 || c >= layers {
                 return Err(Error::field(
                     "hints.cuts",
-                    format!("--pin-cut {c}: a boundary must be in front of one of layers 1..{} (the profile has {layers} layers)", layers - 1),
+                    match layers {
+                        0 | 1 => format!("--pin-cut {c}: a profile of one layer has no boundary to pin"),
+                        _ => format!("--pin-cut {c}: a boundary must be in front of one of layers 1 to {} (the profile has {layers} layers)", layers - 1),
+                    },
                 ));
             }
         }
@@ -190,18 +193,28 @@ impl Hints {
         })
     }
 
+    /// Whether a hinted range asks for a stage of `gpus` GPUs split `t` ways.
+    pub(crate) fn fixes_gpus(&self, gpus: u32, t: u32) -> bool {
+        self.ranges.iter().any(|r| {
+            r.tensor_parallel == t
+                && r.replicas
+                    .is_some_and(|n| u64::from(n) * u64::from(t) == u64::from(gpus))
+        })
+    }
+
     /// Whether a suffix of `stages` stages whose first starts at layer `i`,
     /// with `free` GPUs left in front of it, can still become a plan of the
-    /// hinted stage count: no more stages than it, all of them once the
-    /// suffix starts at layer 0, and a layer and a GPU left in front for
-    /// each stage still missing.
+    /// hinted stage count: all of them once the suffix starts at layer 0,
+    /// fewer before, and a layer and a GPU left in front for each stage
+    /// still missing.
     pub(crate) fn admits_stage_count(&self, stages: u32, i: usize, free: u32) -> bool {
         self.stages.is_none_or(|n| {
             stages <= n
                 && if i == 0 {
                     stages == n
                 } else {
-                    (n - stages) as usize <= i && n - stages <= free
+                    // At least one stage is still missing in front.
+                    stages < n && (n - stages) as usize <= i && n - stages <= free
                 }
         })
     }
@@ -304,7 +317,7 @@ mod tests {
         );
         assert!(!hints.admits_stage_count(1, 5, 1), "nor on one GPU");
         assert!(!hints.admits_stage_count(2, 0, 4) && hints.admits_stage_count(3, 0, 0));
-        assert!(!hints.admits_stage_count(4, 7, 4));
+        assert!(!hints.admits_stage_count(4, 7, 4) && !hints.admits_stage_count(3, 7, 4));
         assert!(Hints::default().admits_stage_count(9, 0, 0));
     }
 

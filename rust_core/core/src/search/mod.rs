@@ -229,14 +229,15 @@ fn search_layouts(
     let (min_slice, sizes) = micro_batch_split(profile, topology, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
+    let hints = &opts.hints;
     if let Some(e) = memory_floor_error(&layers, &cluster, &sizes) {
-        return Err(e); // at once, not after searching every micro-batch size
+        // At once, not after searching every micro-batch size.
+        return Err(hints.named_in(e));
     }
     let table_limits = (opts.max_search_bytes, DEFAULT_MAX_SEARCH_BYTES);
     if let Some(e) = full_space_limit_error(&cluster, opts.search_space, table_limits) {
         return Err(e);
     }
-    let hints = &opts.hints;
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
     let mut uniform = match opts.stage_shapes {
@@ -323,6 +324,9 @@ fn micro_batch_split(
     let min_slice = profile.min_slice(opts.min_micro_batch_size);
     opts.hints
         .validate(profile.layers.len(), topology.num_devices(), gbs)?;
+    if let Some(m) = opts.hints.micro_batches {
+        check_micro_batch_count(m, gbs, min_slice)?;
+    }
     // A micro-batch count is its one size: with sizes listed too, one of them.
     let hinted = opts.hints.micro_batches.map(|m| vec![gbs / m]);
     let requested = match (&hinted, opts.micro_batch_sizes.as_deref()) {
@@ -343,6 +347,28 @@ fn micro_batch_split(
         min_slice,
         searched_micro_batch_sizes(gbs, min_slice, requested)?,
     ))
+}
+
+/// `--micro-batches m` at a global batch of `gbs` (m divides it: checked
+/// by `Hints::validate`): micro-batches no smaller than the smallest slice,
+/// and a count one simulation may run.
+fn check_micro_batch_count(m: u32, gbs: u32, min_slice: u32) -> Result<()> {
+    if gbs / m < min_slice {
+        return Err(Error::incompatible(format!(
+            "--micro-batches {m}: micro-batches of {} samples are below the smallest slice of \
+             {min_slice} (the profile's smallest measured batch size; lower it with \
+             --min-micro-batch-size)",
+            gbs / m
+        )));
+    }
+    if !within_passes(1, m) {
+        return Err(Error::limit(format!(
+            "--micro-batches {m}: even one stage over {m} micro-batches is past the limit of {} \
+             passes one simulation runs; raise it with --max-passes",
+            crate::work_limit::max_passes()
+        )));
+    }
+    Ok(())
 }
 
 /// What every plan of this search records of its inputs.

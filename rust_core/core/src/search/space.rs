@@ -452,7 +452,9 @@ impl Context<'_> {
                         .filter(|&&g| g.is_multiple_of(t) && g / t <= max_replicas)
                     {
                         let slice = largest_slice(micro_batch, gpus / t);
-                        if slice == last_slice {
+                        // More GPUs at the same slice compute no faster,
+                        // unless a hint asks for that many.
+                        if slice == last_slice && !self.hints.fixes_gpus(gpus, t) {
                             continue;
                         }
                         let at = match options.iter().position(|o| o.gpus == gpus) {
