@@ -214,8 +214,11 @@ def test_compare_takes_plans_default_global_batch(dapple):
     r = dapple("compare", "--profile", profile, "--topology", "A", "--json")
     assert r.returncode == 0, r.stderr
     gbs = max(planner.Profile.load(profile).batch_sizes) * 16
-    assert f"global batch size not given; using {gbs}" in r.stderr
+    assert f"global batch size not given; used {gbs}" in r.stderr
     dapple_row = json.loads(r.stdout)[0]
     assert dapple_row["micro_batches"] * dapple_row["micro_batch_size"] == gbs
     planned = dapple("plan", "--profile", profile, "--topology", "A", "--json")
-    assert f"using {gbs}" in planned.stderr
+    assert f"used {gbs}" in planned.stderr
+    # Said once the plan is made: a failure stays one line.
+    failed = dapple("plan", "--profile", profile, "--topology", "A", "--stages", 99)
+    assert failed.returncode == 3 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr

@@ -444,3 +444,14 @@ def test_nccl_is_bound_to_the_ranks_gpu(monkeypatch):
     assert cuda_args == ("nccl",) and cuda_kw["device_id"] == "cuda:3" and cuda_kw["rank"] == 3
     assert cpu_args == ("gloo",) and "device_id" not in cpu_kw
 
+
+
+@pytest.mark.parametrize("option,value", [("--seed", "18446744073709551616"), ("--seed", "-1"),
+                                          ("--steps", "99999999999999999999")])
+def test_seeds_and_steps_past_their_ranges_are_usage_errors(dapple, option, value):
+    # torch takes 64-bit seeds: past them it raised an overflow, exit 1
+    # (issue 29's fuzz campaign); steps are counts like every other.
+    args = {"--seed": "0", "--steps": "1", option: value}
+    r = dapple("run", "--plan", "plan.json", "--model", "dapple.planner.runtime.models:gpt",
+               *[word for pair in args.items() for word in pair])
+    assert r.returncode == 2 and option in r.stderr and "Traceback" not in r.stderr, r.stderr

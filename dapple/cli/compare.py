@@ -34,7 +34,7 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
     """Compare strategies by simulated iteration time."""
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
-    global_batch_size = global_batch_size_or_default(global_batch_size, profile, topo)
+    global_batch_size, batch_note = global_batch_size_or_default(global_batch_size, profile, topo)
     with working(f"comparing strategies for {profile.model} on {topo.name}", quiet):
         rows = planner.compare(
             profile,
@@ -43,6 +43,8 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
             min_micro_batch_size=min_micro_batch_size,
             warmup_policy=warmup_policy,
         )
+    if batch_note:
+        click.echo(batch_note, err=True)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=1))
         return

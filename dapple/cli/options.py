@@ -40,14 +40,14 @@ FILE_PATH = FilePath()
 
 
 def global_batch_size_or_default(global_batch_size: int | None, profile: planner.Profile,
-                                 topology: planner.Topology) -> int:
+                                 topology: planner.Topology) -> tuple[int, str | None]:
     """The global batch asked for, or by default the profile's largest
-    measured batch on every GPU (said on stderr)."""
+    measured batch on every GPU, with a note saying so for stderr. The
+    caller prints the note once it has succeeded: a failure is one line."""
     if global_batch_size is not None:
-        return global_batch_size
+        return global_batch_size, None
     global_batch_size = max(profile.batch_sizes) * topology.num_devices
-    click.echo(f"global batch size not given; using {global_batch_size}", err=True)
-    return global_batch_size
+    return global_batch_size, f"global batch size not given; used {global_batch_size}"
 
 
 def profile_option(f):

@@ -103,7 +103,7 @@ def plan_command(
         check_writable(out_path)  # before the search, not after it
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
-    global_batch_size = global_batch_size_or_default(global_batch_size, profile, topo)
+    global_batch_size, batch_note = global_batch_size_or_default(global_batch_size, profile, topo)
     with working(f"planning {profile.model} on {topo.name}", quiet):
         result = planner.plan(
             profile,
@@ -131,6 +131,8 @@ def plan_command(
         plan_table(result, profile)
     if out_path is not None:
         click.echo(f"plan written to {path_text(out_path)}", err=True)
+    if batch_note:
+        click.echo(batch_note, err=True)
     stats = result.search_stats
     if stats is not None:
         click.echo(

@@ -19,13 +19,13 @@ from dapple.planner.files import check_writable, write_atomic
 from dapple.planner.precision import PRECISIONS
 from dapple.planner.runtime.optimizers import OPTIMIZERS
 
-from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
+from .options import FILE_PATH, count_option_type, max_passes_option, model_kwargs, model_options, reports_errors, require_torch
 
 
 @click.command("run")
 @click.option("--plan", "plan_path", required=True, type=FILE_PATH, help="Plan JSON (dapple.plan).")
 @model_options
-@click.option("--steps", type=click.IntRange(min=1), required=True, help="Total training steps (including resumed ones).")
+@click.option("--steps", type=count_option_type(), required=True, help="Total training steps (including resumed ones).")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Learning rate.")
 @click.option("--optimizer", type=click.Choice(tuple(OPTIMIZERS)), default="sgd", show_default=True,
               help="sgd, momentum (SGD with momentum 0.9), rmsprop (momentum 0.9) or adam.")
@@ -33,7 +33,9 @@ from .options import FILE_PATH, max_passes_option, model_kwargs, model_options, 
               help="Train asynchronously instead of with the plan's schedule: xpipe (Adam-based weight "
                    "prediction), pipedream (weight stashing), spectrain (momentum-based prediction, needs "
                    "--optimizer momentum) or async (no prediction); docs/xpipe.md.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data generator and of torch.")
+# torch takes seeds of 64 bits; past them it raised an overflow (issue 29's fuzz).
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the data generator and of torch.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=None, metavar="K",
               help="Score the model on the validation split its factory declares after every K steps "
                    "(e.g. dapple.planner.runtime.models:digits); the results go to --metrics.")

@@ -230,7 +230,8 @@ fn parse_node(line: usize, text: &str) -> Result<Node> {
     // reprs), so the id ends at the first separator and the metrics start
     // after the last one.
     let (first, last) = match (text.find(SEPARATOR), text.rfind(SEPARATOR)) {
-        (Some(first), Some(last)) if first < last => (first, last),
+        // Two separators that do not overlap (" -- -- " holds one twice).
+        (Some(first), Some(last)) if first + SEPARATOR.len() <= last => (first, last),
         _ => {
             return Err(at_line(
                 line,
@@ -481,6 +482,11 @@ mod tests {
             .contains(r#"line 2: node id "node1" is already defined on line 1"#));
         let unindented_edge = node("node1", "x", "1", "0") + "node1 -- node1\n";
         assert!(error_of(&unindented_edge).starts_with("line 2: expected a node"));
+        // Separators that overlap are one, not a node (found by the
+        // command-line fuzz campaign: it panicked slicing the text).
+        for overlapping in ["node -- -- --\n", "n -- --\n"] {
+            assert!(error_of(overlapping).starts_with("line 1: expected a node"), "{overlapping:?}");
+        }
 
         let cycle = node("node1", "x", "1", "0")
             + &node("node2", "y", "1", "0")
