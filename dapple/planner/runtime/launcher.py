@@ -25,7 +25,7 @@ from ..plan import Plan
 from .config import Job, RunConfig, check_run
 from .layout import Layout
 from .memory import set_host_allocator
-from .rank import init_process_group
+from .rank import init_process_group, silence_stdout
 from .worker import run_rank
 
 
@@ -50,11 +50,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker(rank: int, world_size: int, port: int, job: Job, out_dir: str, parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     config = job.config
-    if config.log:
-        # Keep the parent's stdout for its own output: gloo prints connection
-        # notices there.
-        sys.stdout.flush()
-        os.dup2(2, 1)
+    silence_stdout()  # gloo's connection notices; the parent prints the run's output
     torch.set_num_threads(config.threads)
     set_host_allocator(config.device, config.exact_memory)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -93,13 +89,12 @@ def _run_this_rank(job: Job) -> RunResult | None:
     torch.set_num_threads(config.threads)
     set_host_allocator(config.device, config.exact_memory)
     # As in _worker: gloo prints connection notices on stdout, which is for
-    # rank 0's summary only, so stdout goes to stderr while the run lasts
-    # (for good on the other ranks).
+    # rank 0's summary only, so stdout is silenced while the run lasts (for
+    # good on the other ranks).
     saved_stdout = None
     if config.log:
-        sys.stdout.flush()
         saved_stdout = os.dup(1) if rank == 0 else None
-        os.dup2(2, 1)
+        silence_stdout()
     owns_group = not dist.is_initialized()
     if owns_group:
         init_process_group(config.device, rank, world_size, config.timeout_s)

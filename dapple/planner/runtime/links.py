@@ -33,13 +33,14 @@ import torch.multiprocessing as mp
 from ..profiler import cpu_name
 from ..topology import Topology
 from .launcher import free_port
+from .rank import silence_stdout
 
 DEFAULT_SIZES_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 _WARMUP = 5
 
 
 def _bench(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: str) -> None:
-    os.dup2(2, 1)  # gloo prints connection notices on stdout, which may hold the caller's JSON
+    silence_stdout()  # gloo's connection notices: stdout may hold the caller's JSON
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)

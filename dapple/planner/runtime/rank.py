@@ -35,6 +35,19 @@ def log_line(text: str) -> None:
     sys.stderr.flush()
 
 
+def silence_stdout() -> None:
+    """Point this process's stdout (the file descriptor, which C++ writes
+    to as well) at /dev/null. gloo prints "[Gloo] Rank r is connected to n
+    peer ranks" there for every group it connects; a worker writes nothing
+    else to stdout (its lines go to stderr, ``log_line``), and the notices
+    are noise on a run's output and a second line where a command must fail
+    in one."""
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
 def backend(device: str) -> str:
     return "nccl" if device == "cuda" else "gloo"
 

@@ -101,11 +101,14 @@ impl SimStage {
             model_state_bytes: peak.state_bytes,
             per_micro_batch_bytes: per_micro_batch,
             micro_batches_in_flight: peak.in_flight.max(0) as u32,
-            working_bytes: peak.working_bytes,
-            other_bytes: peak.total()
+            // Sums of events that came and went: rounding can leave
+            // -1e-12 where nothing is held, which no file may say.
+            working_bytes: peak.working_bytes.max(0.0),
+            other_bytes: (peak.total()
                 - peak.state_bytes
                 - peak.in_flight_bytes
-                - peak.working_bytes,
+                - peak.working_bytes)
+                .max(0.0),
             peak_bytes: peak.total(),
             allocator_reserved_factor: self.allocator_reserved_factor,
         }
