@@ -349,3 +349,16 @@ def test_a_progress_indicator_shows_on_a_terminal_only(dapple, command, monkeypa
     assert what not in _stderr_on_a_terminal([*args, "--quiet"], env)
     piped = dapple(*args)
     assert piped.returncode == 0 and what not in piped.stderr, piped.stderr
+
+
+def test_a_profile_the_plans_stages_do_not_cover_is_refused_by_name(dapple, tmp_path):
+    # Issue 29's fuzz campaign: show's diagram indexed past the profile's
+    # layers (exit 1) when given another model's profile.
+    plan = tmp_path / "plan.json"
+    assert dapple("plan", "--profile", PROFILES / "bert-24-pbs-6.json", "--topology", "1x4-nvlink",
+                  "--global-batch-size", 24, "--out", plan, "--quiet").returncode == 0
+    other = PROFILES / "vgg-19-pbs-32.json"
+    layers = len(json.loads(other.read_text())["layers"])
+    r = dapple("show", "--plan", plan, "--profile", other, "--diagram", tmp_path / "d.png")
+    assert_one_line_error(r, 4, "the plan's stages end at layer 29", f"has {layers} layers")
+    assert not (tmp_path / "d.png").exists()

@@ -11,7 +11,8 @@ import traceback
 import click
 
 from dapple import planner
-from dapple.planner.errors import DappleError, DappleIOError, InvalidInputError
+from dapple.planner.errors import DappleError, DappleIOError, IncompatibleInputsError, InvalidInputError
+from dapple.planner.files import path_text
 from dapple.planner.limits import MAX_COUNT, MAX_PASSES, MAX_PASSES_CEILING, set_max_passes
 
 from .exit_codes import INTERNAL_ERROR, exit_code_for
@@ -89,6 +90,17 @@ def load_plan_and_profile(plan_path: str, profile_path: str | None) -> tuple[pla
     """The plan, and the profile given or else the one the plan records."""
     plan = planner.Plan.load(plan_path)
     return plan, profile_for(plan, plan_path, profile_path)
+
+
+def covering_profile(plan: planner.Plan, plan_path: str, profile: planner.Profile) -> planner.Profile:
+    """``profile``, where the plan's stages cover its layers; else an
+    incompatible-inputs error naming both. For readers of a profile the
+    core does not check against the plan (its hash): a picture's labels."""
+    end = plan.stages[-1]["layer_end"] if plan.stages else 0
+    if end != len(profile.layers):
+        raise IncompatibleInputsError(f"{path_text(plan_path)}: the plan's stages end at layer {end}; profile "
+                                      f"{profile.model!r} has {len(profile.layers)} layers")
+    return profile
 
 
 def profile_for(plan: planner.Plan, plan_path: str, profile_path: str | None) -> planner.Profile:

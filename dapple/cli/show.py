@@ -13,7 +13,7 @@ from dapple.planner.files import output_target, path_text, read_text, write_all_
 
 from dapple.planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
 
-from .options import FILE_PATH, max_passes_option, plan_options, profile_for, reports_errors
+from .options import FILE_PATH, covering_profile, max_passes_option, plan_options, profile_for, reports_errors
 
 
 def _picture_option(name: str, what: str):
@@ -84,7 +84,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     if plan is None:
         profile = None
     elif needs_sim or profile_path:
-        profile = profile_for(plan, plan_path, profile_path)
+        profile = covering_profile(plan, plan_path, profile_for(plan, plan_path, profile_path))
     else:
         # The diagram only uses the profile for layer counts: do without it
         # when the one the plan records is not there.
