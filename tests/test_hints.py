@@ -85,6 +85,8 @@ def test_the_python_api_takes_the_same_hints():
         (["--split", "0..10:99999999999"], 3, ["--split 0..10:99999999999: degree 99999999999 must be a whole "
                                                "number from 1 to 4294967295"]),
         (["--pin-cut", "\u00b2"], 3, ["neither a layer index nor a layer name"]),
+        # More digits than int() reads (4,300) are a number past the layers.
+        (["--pin-cut", "9" * 5000], 3, ["is past the profile's 53 layers"]),
         (["--replicate", "\u00b2..4"], 3, ["neither a layer index nor a layer name"]),
     ],
 )

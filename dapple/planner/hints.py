@@ -40,15 +40,21 @@ def _digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _number(digits: str) -> int:
+    """``digits`` as a number, capped past any count (``int`` refuses more
+    than 4,300 digits)."""
+    return int(digits) if len(digits) <= 20 else 10**20
+
+
 def _layer(text: str, names: list[str], option: str, value: str, *, end: bool = False) -> int:
     """A layer given by index or by name (a name the profile gives one layer
     only); an end may be the layer count."""
     text = text.strip()
     if _digits(text):
-        index = int(text)
+        index = _number(text)
         if index <= len(names) if end else index < len(names):
             return index
-        raise InvalidInputError(f"{option} {value}: layer {index} is past the profile's {len(names)} layers")
+        raise InvalidInputError(f"{option} {value}: layer {text} is past the profile's {len(names)} layers")
     at = [i for i, name in enumerate(names) if name == text]
     if len(at) > 1:
         raise InvalidInputError(f"{option} {value}: {len(at)} layers are named {text!r} (layers "
@@ -71,7 +77,7 @@ def _range(value: str, names: list[str], option: str, degree: str) -> tuple[int,
     n = None
     if number:
         try:
-            n = check_count(degree, int(number))
+            n = check_count(degree, _number(number))
         except InvalidInputError:
             raise InvalidInputError(f"{option} {value}: {degree} {number} must be a whole number from 1 to "
                                     f"{MAX_COUNT}") from None
