@@ -322,6 +322,17 @@ def test_resume_without_checkpoint_is_invalid_input(files, tmp_path):
     assert "no checkpoint" in one_error_line(res.stderr)
 
 
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line(files, tmp_path):
+    # A link to nothing (issue 29's fuzz campaign: exit 1); a file there is
+    # refused by the option's type already (exit 2).
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--checkpoint-dir", dangling)
+    assert res.returncode == 6, res.stderr
+    assert "cannot make the folder: a link to nothing" in one_error_line(res.stderr)
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_cuda_without_cuda_is_one_line(files):
     res = run("run", "--plan", files["plan"], *MODEL, "--steps", 1, "--device", "cuda")

@@ -13,8 +13,8 @@ import sys
 import click
 
 from dapple import planner
-from dapple.planner.errors import IncompatibleInputsError, InvalidInputError, RunFailedError
-from dapple.planner.files import check_writable, write_atomic
+from dapple.planner.errors import DappleIOError, IncompatibleInputsError, InvalidInputError, RunFailedError
+from dapple.planner.files import check_writable, path_text, write_atomic
 
 from dapple.planner.precision import PRECISIONS
 from dapple.planner.runtime.optimizers import OPTIMIZERS
@@ -115,7 +115,11 @@ def run_command(plan_path, model_spec, model_args, steps, lr, optimizer, schedul
         if start > steps:
             raise InvalidInputError(f"{checkpoint_dir}: the latest checkpoint is at step {start}, past --steps {steps}")
     if checkpoint_dir:
-        os.makedirs(checkpoint_dir, exist_ok=True)
+        try:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+        except OSError as e:  # a file, or a link to nothing, where the folder would be (fuzz campaign: exit 1)
+            what = "a link to nothing" if os.path.islink(checkpoint_dir) else e.strerror
+            raise DappleIOError(f"--checkpoint-dir {path_text(checkpoint_dir)}: cannot make the folder: {what}") from None
     estimate, simulated = _predictions(plan, profile_path, config.schedule, recompute)
     torch.manual_seed(seed)
     batches = SeededBatches(factory, lay.global_batch_size, steps, seed)
