@@ -220,3 +220,49 @@ def test_the_memory_floor_never_refuses_a_plan_the_search_finds():
     # 4000 bytes a sample over 2 GPUs: slices of 2^19 samples need 2^30
     # bytes, just the GPU; above, the floor refuses without a search.
     assert refused == [2**20]
+
+
+def test_a_search_past_its_step_limit_writes_its_best_plan_and_says_so(dapple, tmp_path):
+    # Issue 29: GNMT-32 (192 layers) on 4x8 at a global batch of 256 took
+    # 38 s, most of it at one micro-batch of 256, where thousands of layouts
+    # come within 2 ms of data parallelism. Past the steps of a size, its
+    # complete plans so far stay candidates and the rest is left to the walk.
+    out = tmp_path / "plan.json"
+    args = ["plan", "--profile", PROFILES / "gnmt-16-pbs-64.json", "--topology", "2x4", "--global-batch-size", "256",
+            "--out", out]
+    r = dapple(*args, "--max-search-steps", "20000")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: at micro-batch sizes")]
+    assert len(notes) == 1 and "limit of 20000 steps per size (--max-search-steps)" in notes[0], r.stderr
+    limited = planner.Plan.load(out)
+    exact = planner.plan(PROFILES / "gnmt-16-pbs-64.json", "2x4", 256, refine=False)
+    assert exact.search_stats.abandoned_micro_batch_sizes == []
+    assert exact.data["selection"]["optimal"] is True
+    # The best found is a plan of the space: no faster than its optimum, and
+    # the bound it records is still below both.
+    selection = limited.data["selection"]
+    assert selection["simulated_ms"] >= exact.data["selection"]["simulated_ms"] * (1 - 1e-9)
+    assert selection["lower_bound_ms"] <= exact.data["selection"]["lower_bound_ms"] * (1 + 1e-9)
+    # The API names the sizes; a limit is a count.
+    again = planner.plan(PROFILES / "gnmt-16-pbs-64.json", "2x4", 256, max_search_steps=20000)
+    assert again.search_stats.abandoned_micro_batch_sizes
+    assert set(again.search_stats.abandoned_micro_batch_sizes) <= set(again.search_stats.micro_batch_sizes)
+    for bad in ("0", "-1", "x"):
+        assert dapple(*args, "--max-search-steps", bad).returncode == 2
+    with pytest.raises(planner.InvalidInputError, match="max_search_steps"):
+        planner.plan(PROFILES / "gnmt-16-pbs-64.json", "2x4", 256, max_search_steps=0)
+
+
+def test_a_slow_baseline_or_a_limit_in_one_row_leaves_the_comparison(dapple, small_profile):
+    # Issue 29: at a global batch of 2^24 the megatron row's one stage of
+    # 524,288 micro-batches is over the passes one simulation runs; that row
+    # says so and the others are compared (before, the command ended exit 9).
+    r = dapple("compare", "--profile", small_profile(), "--topology", "1x2", "--global-batch-size", str(2**20),
+               "--min-micro-batch-size", "1", "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    rows = {row["strategy"]: row for row in json.loads(r.stdout)}
+    assert rows["dapple"]["error"] is None
+    limited = [name for name, row in rows.items() if row["error"] and "--max-passes" in row["error"]]
+    assert limited, rows

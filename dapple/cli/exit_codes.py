@@ -11,7 +11,7 @@
 | 6 | I/O error: a file could not be read or written |
 | 7 | regression: `dapple regress` found a slower or infeasible plan |
 | 8 | run failed: a worker of `dapple run` raised or died |
-| 9 | limit: the work asked for is over a documented limit, each with an option to raise it (the micro-batch passes one simulation runs, `MAX_PASSES` in `schedule.rs`, `--max-passes`; the tasks a timeline draws, `MAX_TASKS_DRAWN` in `limits.py`, `--max-tasks-drawn`; the memory of the search's tables, `DEFAULT_MAX_SEARCH_BYTES` in `search.rs`, `--max-search-gib`), or an input file over `MAX_INPUT_BYTES` (`limits.py`, 256 MiB, no option: no real input comes near it); the message says what to do |
+| 9 | limit: the work asked for is over a documented limit, each with an option to raise it (the micro-batch passes one simulation runs, `MAX_PASSES` in `schedule.rs`, `--max-passes`; the tasks a timeline draws, `MAX_TASKS_DRAWN` in `limits.py`, `--max-tasks-drawn`; the memory of the search's tables, `DEFAULT_MAX_SEARCH_BYTES` in `search.rs`, `--max-search-gib`; the steps of its DP at one micro-batch size where no plan was found, `DEFAULT_MAX_SEARCH_STEPS` in `search/mod.rs`, `--max-search-steps`), or an input file over `MAX_INPUT_BYTES` (`limits.py`, 256 MiB, no option: no real input comes near it); the message says what to do |
 """
 
 from dapple.planner import errors

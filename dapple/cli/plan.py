@@ -6,7 +6,7 @@ import click
 
 from dapple import planner
 from dapple.planner.files import check_writable, path_text
-from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, MAX_SEARCH_GIB
+from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, DEFAULT_MAX_SEARCH_STEPS, MAX_SEARCH_GIB
 
 from .options import (
     FILE_PATH,
@@ -46,6 +46,11 @@ from .render import plan_table
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
+@click.option("--max-search-steps", type=count_option_type(), default=None,
+              help=f"Most steps (a stage costed, or put in front of one partial plan) the search may take at one "
+                   f"micro-batch size (default {DEFAULT_MAX_SEARCH_STEPS:,}, a few seconds); past it that size's other "
+                   "layouts are left to the bounded walk and the plan is the best found (said on stderr); exit 9 "
+                   "where none was.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
@@ -85,6 +90,7 @@ def plan_command(
     search_space,
     stage_shapes,
     max_search_gib,
+    max_search_steps,
     refine,
     schedule,
     stages,
@@ -115,6 +121,7 @@ def plan_command(
             stage_shapes=stage_shapes,
             schedule=schedule,
             max_search_gib=max_search_gib,
+            max_search_steps=max_search_steps,
             refine=refine,
             stages=stages,
             micro_batches=micro_batches,
@@ -139,3 +146,12 @@ def plan_command(
             f"searched micro-batch sizes {stats.micro_batch_sizes}: {stats.states} states, {stats.stages_costed} stages costed",
             err=True,
         )
+        if stats.abandoned_micro_batch_sizes:
+            limit = DEFAULT_MAX_SEARCH_STEPS if max_search_steps is None else max_search_steps
+            optimal = (result.data.get("selection") or {}).get("optimal") is True
+            click.echo(
+                f"note: at micro-batch sizes {stats.abandoned_micro_batch_sizes} the search stopped at its limit of "
+                f"{limit} steps per size (--max-search-steps); their other layouts were walked within the walk's "
+                f"budget, so the plan is {'still' if optimal else 'not'} proven optimal",
+                err=True,
+            )

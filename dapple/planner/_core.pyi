@@ -23,6 +23,7 @@ GPU_TYPES: dict[str, dict[str, Any]]
 MAX_PASSES: int
 MAX_PASSES_CEILING: int
 DEFAULT_MAX_SEARCH_BYTES: int
+DEFAULT_MAX_SEARCH_STEPS: int
 FORMATS: dict[str, tuple[int, list[int]]]
 
 class Profile:
@@ -268,13 +269,14 @@ def search(
     search_space: str = "auto",
     stage_shapes: str = "auto",
     max_search_bytes: int | None = None,
+    max_search_steps: int | None = None,
     refine: bool = True,
     schedule: str | None = None,
     stages: int | None = None,
     micro_batches: int | None = None,
     cuts: list[int] = ...,
     ranges: list[tuple[int, int, int, int | None]] = ...,
-) -> tuple[Plan, tuple[list[int], int, int]]: ...
+) -> tuple[Plan, tuple[list[int], int, int, list[int]]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...
 def calibrate(plan: Plan, metrics: RunMetrics, profile: Profile) -> tuple[Profile, list[dict]]: ...

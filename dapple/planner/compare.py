@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from . import _core
-from .errors import DappleError, IncompatibleInputsError, InfeasibleError
+from .errors import DappleError, IncompatibleInputsError, InfeasibleError, LimitExceededError
 from .limits import check_count
 from .plan import Plan, plan, shape_label
 from .profile import Profile
@@ -144,8 +144,9 @@ def compare(
         if kind not in made:
             try:
                 made[kind] = make(kind)
-            except (InfeasibleError, IncompatibleInputsError) as e:
-                # This strategy has no plan for these inputs; the others may.
+            except (InfeasibleError, IncompatibleInputsError, LimitExceededError) as e:
+                # This strategy has no plan for these inputs (or none within
+                # a work limit, such as its micro-batches' passes); the others may.
                 made[kind] = e
         p = made[kind]
         if isinstance(p, DappleError):

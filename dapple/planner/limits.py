@@ -35,6 +35,11 @@ def check_count(field: str, value: object, minimum: int = 1) -> int:
 DEFAULT_MAX_SEARCH_GIB = _core.DEFAULT_MAX_SEARCH_BYTES / 2**30
 MAX_SEARCH_GIB = 1024.0
 
+#: Most steps the search's DP may take at one micro-batch size by default
+#: (the core's ``DEFAULT_MAX_SEARCH_STEPS``): past it that size's other
+#: layouts are left to the walk and the plan is the best found.
+DEFAULT_MAX_SEARCH_STEPS = _core.DEFAULT_MAX_SEARCH_STEPS
+
 
 def check_search_gib(field: str, value: object) -> float:
     """``value`` as a search memory limit in GiB, above 0 and at most

@@ -28,6 +28,8 @@ class SearchStats:
     micro_batch_sizes: list[int]
     states: int
     stages_costed: int
+    #: Sizes whose DP run passed ``max_search_steps`` and stopped.
+    abandoned_micro_batch_sizes: list[int]
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,17 @@ def _refuse_search_options(schedule: str, options) -> None:
             )
 
 
+def _checked_counts(min_micro_batch_size, micro_batch_sizes, max_search_steps):
+    """:func:`plan`'s optional counts, each checked where given."""
+    if min_micro_batch_size is not None:
+        min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
+    if micro_batch_sizes is not None:
+        micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
+    if max_search_steps is not None:
+        max_search_steps = check_count("max_search_steps", max_search_steps)
+    return min_micro_batch_size, micro_batch_sizes, max_search_steps
+
+
 def plan(
     profile: Profile | str | os.PathLike,
     topology: Topology | str,
@@ -157,6 +170,7 @@ def plan(
     stage_shapes: str = "auto",
     schedule: str | None = None,
     max_search_gib: float | None = None,
+    max_search_steps: int | None = None,
     refine: bool = True,
     stages: int | None = None,
     micro_batches: int | None = None,
@@ -194,6 +208,13 @@ def plan(
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
     :class:`dapple.planner.errors.LimitExceededError` saying how far it got.
+    ``max_search_steps``: most steps (a stage costed, or put in front of one
+    partial plan) the DP may take at one micro-batch size (default
+    ``limits.DEFAULT_MAX_SEARCH_STEPS``); past it that size's run stops, its
+    best complete plans so far are candidates, its other layouts are left to
+    the walk (within its budget), and the plan is the best found (``search_stats.abandoned_micro_batch_sizes``
+    names them; ``selection.optimal`` says whether the walk still proved it).
+    Where nothing was found, a LimitExceededError.
     ``refine``: improve the chosen plan by local moves (a stage boundary by
     a layer, GPUs swapped, handed over or left idle), each kept when it
     simulates faster, and again from its layout placed anew by the paper's
@@ -204,30 +225,23 @@ def plan(
     (``docs/hints.md``, :func:`dapple.planner.hints.read_hints`).
     """
     gbs = check_count("global_batch_size", global_batch_size)
-    if min_micro_batch_size is not None:
-        min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
-    if micro_batch_sizes is not None:
-        micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
+    min_micro_batch_size, micro_batch_sizes, max_search_steps = _checked_counts(
+        min_micro_batch_size, micro_batch_sizes, max_search_steps)
     max_search_bytes = None if max_search_gib is None else int(check_search_gib("max_search_gib", max_search_gib) * 2**30)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
     if schedule in _core.ASYNCHRONOUS_SCHEDULES:
         # The defaults are the first of each name table; anything else was asked for.
-        _refuse_search_options(schedule, (("warmup_policy", warmup_policy, WARMUP_POLICIES[0]),
-                                          ("search_space", search_space, SEARCH_SPACES[0]),
-                                          ("stage_shapes", stage_shapes, STAGE_SHAPES[0]),
-                                          ("micro_batch_sizes", micro_batch_sizes, None),
-                                          ("max_search_gib", max_search_gib, None),
-                                          ("refine", refine, True),
-                                          ("stages", stages, None),
-                                          ("micro_batches", micro_batches, None),
-                                          ("pin_cuts", tuple(pin_cuts), ()),
-                                          ("replicate", tuple(replicate), ()),
-                                          ("split", tuple(split), ()),
-                                          ("from_layout", from_layout, None)))
+        _refuse_search_options(schedule, (
+            ("warmup_policy", warmup_policy, WARMUP_POLICIES[0]), ("search_space", search_space, SEARCH_SPACES[0]),
+            ("stage_shapes", stage_shapes, STAGE_SHAPES[0]), ("micro_batch_sizes", micro_batch_sizes, None),
+            ("max_search_gib", max_search_gib, None), ("max_search_steps", max_search_steps, None),
+            ("refine", refine, True), ("stages", stages, None), ("micro_batches", micro_batches, None),
+            ("pin_cuts", tuple(pin_cuts), ()), ("replicate", tuple(replicate), ()), ("split", tuple(split), ()),
+            ("from_layout", from_layout, None)))
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
-    core, (sizes, states, costed) = _core.search(
+    core, (sizes, states, costed, abandoned) = _core.search(
         prof.core,
         topo.core,
         gbs,
@@ -237,12 +251,13 @@ def plan(
         search_space=search_space,
         stage_shapes=stage_shapes,
         max_search_bytes=max_search_bytes,
+        max_search_steps=max_search_steps,
         refine=refine,
         schedule=schedule,
         **read_hints(prof, stages=stages, micro_batches=micro_batches, pin_cuts=pin_cuts, replicate=replicate,
                      split=split, from_layout=from_layout).as_search_options(),
     )
-    return Plan(core, SearchStats(list(sizes), states, costed))
+    return Plan(core, SearchStats(list(sizes), states, costed, list(abandoned)))
 
 
 def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan:

@@ -485,7 +485,10 @@ mod tests {
         // Separators that overlap are one, not a node (found by the
         // command-line fuzz campaign: it panicked slicing the text).
         for overlapping in ["node -- -- --\n", "n -- --\n"] {
-            assert!(error_of(overlapping).starts_with("line 1: expected a node"), "{overlapping:?}");
+            assert!(
+                error_of(overlapping).starts_with("line 1: expected a node"),
+                "{overlapping:?}"
+            );
         }
 
         let cycle = node("node1", "x", "1", "0")

@@ -217,6 +217,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "DEFAULT_MAX_SEARCH_BYTES",
         dapple_core::search::DEFAULT_MAX_SEARCH_BYTES,
     )?;
+    m.add(
+        "DEFAULT_MAX_SEARCH_STEPS",
+        dapple_core::search::DEFAULT_MAX_SEARCH_STEPS,
+    )?;
     m.add("ERROR_CODES", names(py, dapple_core::ErrorKind::names())?)?;
     let formats = PyDict::new(py);
     for f in dapple_core::format::FORMATS {

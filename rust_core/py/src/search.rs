@@ -11,7 +11,7 @@ use crate::topology::PyTopology;
 use crate::{to_py_err, with_inputs};
 
 /// Micro-batch sizes tried, states created, stages costed.
-type Stats = (Vec<u32>, usize, u64);
+type Stats = (Vec<u32>, usize, u64, Vec<u32>);
 
 /// A range hint as Python gives it: (layer_start, layer_end, split degree,
 /// replicas or None).
@@ -23,7 +23,7 @@ type PyRangeHint = (usize, usize, u32, Option<u32>);
 /// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, refine=true, schedule=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -35,6 +35,7 @@ fn search(
     search_space: &str,
     stage_shapes: &str,
     max_search_bytes: Option<u64>,
+    max_search_steps: Option<u64>,
     refine: bool,
     schedule: Option<&str>,
     stages: Option<u32>,
@@ -54,6 +55,9 @@ fn search(
     opts.profile_path = profile.source().map(str::to_string);
     if let Some(bytes) = max_search_bytes {
         opts.max_search_bytes = bytes;
+    }
+    if let Some(stages) = max_search_steps {
+        opts.max_search_steps = stages;
     }
     opts.refine = refine;
     opts.schedule = match schedule {
@@ -82,7 +86,12 @@ fn search(
     let s = result.stats;
     Ok((
         crate::Wraps::wrap(result.plan, None),
-        (s.micro_batch_sizes, s.states, s.stages_costed),
+        (
+            s.micro_batch_sizes,
+            s.states,
+            s.stages_costed,
+            s.abandoned_micro_batch_sizes,
+        ),
     ))
 }
 

@@ -176,6 +176,10 @@ pub(crate) struct Dp<'c, 'a> {
     /// Each entry's first stage, by entry id.
     entry_stages: Vec<EntryStage>,
     pub(crate) stages_costed: u64,
+    /// The run's work: each stage costed, and each stage put in front of
+    /// one suffix (a stage meets every suffix of its state, and a state
+    /// of a wide cluster can have thousands). `work_limit` bounds it.
+    pub(crate) steps: u64,
     /// Lower bounds on the forward (and forward+backward) time of layers
     /// 0..j whatever stages hold them, for pruning.
     fwd_floor: Vec<f64>,
@@ -195,6 +199,12 @@ pub(crate) struct Dp<'c, 'a> {
     group_first: Vec<usize>,
     /// The budget ran out: the run stopped and its results mean nothing.
     stopped: bool,
+    /// Most steps this run may take (`with_work_limit`).
+    work_limit: u64,
+    /// The run passed `work_limit` and stopped: its results are the best
+    /// complete plans it had found (real plans, not the size's best), and
+    /// `floor_ms` is all that is known below them.
+    pub(crate) abandoned: bool,
     /// ZeRO-1 moves less than an AllReduce (weights smaller than
     /// gradients): worth trying where memory does not bind.
     zero_saves_time: bool,
@@ -304,6 +314,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             entries: Vec::new(),
             entry_stages: Vec::new(),
             stages_costed: 0,
+            steps: 0,
             fwd_floor,
             fwd_bwd_floor,
             work_floor,
@@ -312,6 +323,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             shapes: FxHashMap::default(),
             group_first: group_firsts(ctx.cluster),
             stopped: false,
+            work_limit: u64::MAX,
+            abandoned: false,
             zero_saves_time: ctx.shapes.shard_optimizer
                 && ctx.layers.weights_per_gradient_byte() < 1.0,
             shape_scratch: ShapeScratch::default(),
@@ -351,6 +364,26 @@ impl<'c, 'a> Dp<'c, 'a> {
     pub(crate) fn with_budget(mut self, budget: &'c MemoryBudget) -> Self {
         self.budget = Some(budget);
         self
+    }
+
+    /// Stop the run once it has taken more than `steps` steps (the
+    /// search's work limit per micro-batch size, `SearchOptions::
+    /// max_search_steps`): a limit on its time, as `with_budget` is on
+    /// its memory.
+    pub(crate) fn with_work_limit(mut self, steps: u64) -> Self {
+        self.work_limit = steps;
+        self
+    }
+
+    /// No plan of this run's micro-batch size has a formula value below
+    /// this, whatever its stages: one micro-batch's forward and backward
+    /// through every layer, and the M passes of the busiest GPU's share of
+    /// the work (`completion_floor` of the empty suffix).
+    pub(crate) fn floor_ms(&self) -> f64 {
+        let n = self.ctx.layers.num_layers;
+        let gpus = f64::from(self.ctx.cluster.num_devices());
+        let busiest = f64::from(self.micro_batches) * self.work_floor[n] / gpus;
+        self.fwd_bwd_floor[n].max(busiest)
     }
 
     /// Charge `bytes` of new table memory; past the limit the run stops.
@@ -590,10 +623,16 @@ impl<'c, 'a> Dp<'c, 'a> {
         {
             self.seed_incumbent(&machines, max_replicas);
         }
-        for j in (1..=n).rev() {
+        'layers: for j in (1..=n).rev() {
             for sid in self.states_starting_at(j) {
                 if self.stopped {
                     return self.rules.iter().map(|_| None).collect();
+                }
+                self.abandoned |= self.steps > self.work_limit;
+                if self.abandoned {
+                    // The complete plans found so far (one stage over
+                    // every layer is among the first) stay candidates.
+                    break 'layers;
                 }
                 self.expand_state(sid, j, max_replicas);
             }
@@ -764,6 +803,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         };
         let mut options = self.stage_options_before(&suffixes, max_replicas);
         for option in &mut options {
+            // One state of a wide cluster can hold millions of stages:
+            // the work limit is checked per option, not only per state.
+            if self.steps > self.work_limit {
+                self.abandoned = true;
+                return;
+            }
             self.grow_stage(option, &suffixes);
         }
     }
@@ -1054,7 +1099,10 @@ impl<'c, 'a> Dp<'c, 'a> {
             longer_may_help: k != 0,
             fits_every_rule,
         };
+        // The costing, and each suffix below.
+        self.steps += 1;
         for (k, &(eid, entry)) in suffixes.entries.iter().enumerate() {
+            self.steps += 1;
             let stages = entry.stages + 1;
             if !self
                 .ctx

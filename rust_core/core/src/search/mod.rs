@@ -63,6 +63,12 @@ pub struct SearchOptions {
     /// Most memory the DP's tables may take (`DEFAULT_MAX_SEARCH_BYTES`);
     /// past it the search stops with a limit error.
     pub max_search_bytes: u64,
+    /// Most steps the DP may take at one micro-batch size (a stage costed,
+    /// or put in front of one suffix: `Dp::steps`;
+    /// `DEFAULT_MAX_SEARCH_STEPS`); past it that size's run stops, its best
+    /// complete plans so far are candidates, its other layouts are left
+    /// to the walk, and the plan is the best of them all.
+    pub max_search_steps: u64,
     /// Improve the chosen plan by local moves (`refine.rs`), up to
     /// `REFINE_MAX_DEVICES` GPUs. Off: the plan is the search space's.
     pub refine: bool,
@@ -79,6 +85,14 @@ pub struct SearchOptions {
 /// 128x8); the full space on 32x8 passes it in about half a minute.
 pub const DEFAULT_MAX_SEARCH_BYTES: u64 = 1 << 30;
 
+/// Default of `SearchOptions::max_search_steps` (`dapple plan
+/// --max-search-steps`): 2e7 stages, about 3 s of one core. The paper's
+/// cases cost at most 6e5 per size; a near-tie over many layers (GNMT-32's
+/// 192 layers on 4x8 at one micro-batch of 256: 2.3e8, 38 s) passes it, and
+/// so does a search whose tables would grow past their memory limit after
+/// a minute or more.
+pub const DEFAULT_MAX_SEARCH_STEPS: u64 = 10_000_000;
+
 impl SearchOptions {
     pub fn new(global_batch_size: u32) -> Self {
         SearchOptions {
@@ -90,6 +104,7 @@ impl SearchOptions {
             stage_shapes: StageShapes::Auto,
             profile_path: None,
             max_search_bytes: DEFAULT_MAX_SEARCH_BYTES,
+            max_search_steps: DEFAULT_MAX_SEARCH_STEPS,
             refine: true,
             schedule: None,
             hints: Hints::default(),
@@ -104,6 +119,10 @@ pub struct SearchStats {
     pub stages_costed: u64,
     /// Plans refinement costed around the chosen one.
     pub refine_plans_costed: u64,
+    /// Micro-batch sizes whose DP run passed `max_search_steps` and
+    /// stopped: their other layouts were left to the walk, within its
+    /// budget.
+    pub abandoned_micro_batch_sizes: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -172,6 +191,10 @@ pub(crate) fn search_offering(
             stats.states += also.states;
             stats.stages_costed += also.stages_costed;
             stats.refine_plans_costed += also.refine_plans_costed;
+            stats.abandoned_micro_batch_sizes = merged_sizes(
+                &stats.abandoned_micro_batch_sizes,
+                &also.abandoned_micro_batch_sizes,
+            );
         }
     }
     // 6. The schedule kind.
@@ -264,16 +287,17 @@ fn search_layouts(
     );
     // 2. The DP passes: each rule's best plans, and the space's bound.
     let budget = MemoryBudget::new(opts.max_search_bytes);
-    let passes = run_passes(&space, &budget)?;
+    let passes = run_passes(&space, &budget, opts.max_search_steps)?;
     let mut stats = SearchStats {
         micro_batch_sizes: space.sizes.clone(),
         states: passes.states,
         stages_costed: passes.stages_costed,
         refine_plans_costed: 0,
+        abandoned_micro_batch_sizes: passes.abandoned_sizes(),
     };
     let lower_bound_ms = passes.lower_bound_ms(&space);
     if !lower_bound_ms.is_finite() {
-        return Err(hints.named_in(explain_infeasible(&space, &budget)));
+        return Err(hints.named_in(explain_infeasible(&space, &budget, opts.max_search_steps)));
     }
     let inputs = plan_inputs(profile, topology, &space, opts);
     // 3. Candidates, costed and ranked by simulation.
@@ -289,15 +313,19 @@ fn search_layouts(
     )?;
     offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
     offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
-    let Some(fastest_ms) = ranking.fastest_ms() else {
-        return Err(hints.named_in(explain_infeasible(&space, &budget)));
-    };
     // 4. The walk over every other layout that could simulate faster.
+    let fastest_ms = fastest_or_why_none(&ranking, &space, &budget, opts, &stats)?;
     let order = walk::walk_order(&space, &passes, sizes_alone(&space));
     let walked = walk::walk(&space, &inputs, profile, order, fastest_ms, lower_bound_ms)?;
     let candidates = ranking.offered;
     if let Some(plan) = walked.fastest {
         ranking.add_costed(plan);
+    }
+    if ranking.ranked.is_empty() {
+        // Only where a run stopped at the work limit (above).
+        let e = work_limit_error(&stats, opts.max_search_steps)
+            .unwrap_or_else(|| explain_infeasible(&space, &budget, opts.max_search_steps));
+        return Err(hints.named_in(e));
     }
     // 5. Refinement around the chosen plan.
     let refined = refine_chosen(&ranking, &space, &inputs, opts, &mut stats)?;
@@ -309,6 +337,49 @@ fn search_layouts(
     let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
     let ranked = ranking.ranked.into_iter().map(|c| c.plan).collect();
     Ok((plan, ranked, stats))
+}
+
+/// The ranking's fastest simulated time, the walk's bound. With no
+/// candidate, the walk may still find a plan where some size's run stopped
+/// at the work limit (its bound is then infinite); else nothing fits.
+fn fastest_or_why_none(
+    ranking: &Ranking,
+    space: &Space,
+    budget: &MemoryBudget,
+    opts: &SearchOptions,
+    stats: &SearchStats,
+) -> Result<f64> {
+    match ranking.fastest_ms() {
+        Some(ms) => Ok(ms),
+        None if !stats.abandoned_micro_batch_sizes.is_empty() => Ok(f64::INFINITY),
+        None => {
+            let e = explain_infeasible(space, budget, opts.max_search_steps);
+            Err(opts.hints.named_in(e))
+        }
+    }
+}
+
+/// Where no candidate was found and some micro-batch size's run was
+/// abandoned at the work limit: a limit error saying which, and what to do
+/// (no plan found is not proof that none fits).
+fn work_limit_error(stats: &SearchStats, max_search_steps: u64) -> Option<Error> {
+    let sizes = &stats.abandoned_micro_batch_sizes;
+    (!sizes.is_empty()).then(|| {
+        Error::limit(format!(
+            "the search found no plan (nor did the walk, within its budget), and at micro-batch sizes {sizes:?} it stopped at its limit of \
+             {max_search_steps} steps per size without finishing; search fewer sizes (--micro-batches, --min-micro-batch-size), \
+             merge layers in the profile, or raise the limit \
+            (--max-search-steps)"
+        ))
+    })
+}
+
+/// Two ascending lists of sizes as one, without repeats.
+fn merged_sizes(a: &[u32], b: &[u32]) -> Vec<u32> {
+    let mut all: Vec<u32> = a.iter().chain(b).copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    all
 }
 
 /// The smallest slice a GPU may get, and the micro-batch sizes searched.
@@ -495,7 +566,8 @@ fn offer_second_pass(
     let Some(fastest_ms) = ranking.fastest_ms() else {
         return Ok(());
     };
-    let (bests, states, stages_costed) = second_pass(space, fastest_ms, opts.max_search_bytes);
+    let limits = (opts.max_search_bytes, opts.max_search_steps);
+    let (bests, states, stages_costed) = second_pass(space, fastest_ms, limits);
     stats.states += states;
     stats.stages_costed += stages_costed;
     // A pass's best plan at a size the first runs already offered is the
@@ -1525,6 +1597,67 @@ mod tests {
         let e = search(&profile, &topology, &opts).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::Limit);
         assert!(e.message.contains("--max-search-gib"), "{e}");
+    }
+
+    #[test]
+    fn past_its_work_limit_a_size_keeps_its_plans_and_a_true_bound() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let specs = ["2x4-nvlink", "1x8-nvlink", "4x2-nvlink"];
+        let (mut abandoned, mut still_optimal) = (0, 0);
+        for case in 0..18 {
+            let profile = random_profile(&mut rng, 8);
+            let topology = Topology::from_spec(specs[case % specs.len()]).unwrap();
+            let mut opts = SearchOptions::new(16);
+            opts.search_space = SearchSpace::Full;
+            opts.refine = false;
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
+            let Ok(exact) = search(&profile, &topology, &opts) else {
+                continue;
+            };
+            let exact_sel = exact.plan.selection.clone().unwrap();
+            assert!(exact.stats.abandoned_micro_batch_sizes.is_empty());
+            opts.max_search_steps = [1, 50, 400][case % 3];
+            let limited = match search(&profile, &topology, &opts) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Nothing found at all: a limit, never "infeasible".
+                    assert_eq!(e.kind, crate::ErrorKind::Limit, "case {case}: {e}");
+                    assert!(e.message.contains("--max-search-steps"), "{e}");
+                    continue;
+                }
+            };
+            let sel = limited.plan.selection.clone().unwrap();
+            let sizes = &limited.stats.abandoned_micro_batch_sizes;
+            abandoned += usize::from(!sizes.is_empty());
+            assert!(sizes
+                .iter()
+                .all(|b| limited.stats.micro_batch_sizes.contains(b)));
+            // The plan is one of the space, so no faster than its optimum;
+            // the bound stays a bound (floors below the abandoned sizes).
+            let (ms, exact_ms) = (sel.simulated_ms.unwrap(), exact_sel.simulated_ms.unwrap());
+            assert!(
+                ms >= exact_ms * (1.0 - 1e-9),
+                "case {case}: {ms} < {exact_ms}"
+            );
+            let bound = sel.lower_bound_ms.unwrap();
+            assert!(
+                bound <= exact_sel.lower_bound_ms.unwrap() * (1.0 + 1e-9),
+                "case {case}"
+            );
+            assert!(bound <= ms * (1.0 + 1e-9), "case {case}");
+            let again = evaluate(&limited.plan, &profile).unwrap();
+            assert!(again.fits_memory);
+            // Proven optimal only where it is.
+            if sel.optimal == Some(true) {
+                still_optimal += 1;
+                assert!((ms - exact_ms).abs() <= 1e-9 * exact_ms, "case {case}");
+            }
+        }
+        assert!(abandoned >= 6, "the limits bind: {abandoned}");
+        assert!(
+            still_optimal >= 1,
+            "the walk still proves some: {still_optimal}"
+        );
     }
 
     #[test]

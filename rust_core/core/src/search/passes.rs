@@ -34,6 +34,11 @@ pub(crate) struct PassBest {
     /// None where no plan fits, or where another size's plan was the
     /// pass's best under a shared bound.
     pub(crate) found: Option<Found>,
+    /// Where the size's run passed the work limit before it finished (so
+    /// `found` is the best plan it had completed, not the size's best):
+    /// the floor below which no plan of the size has its formula value
+    /// (`Dp::floor_ms`). The size's other plans are left to the walk.
+    pub(crate) abandoned_floor_ms: Option<f64>,
 }
 
 /// A pass's best plan of another stage count at one micro-batch size.
@@ -65,7 +70,11 @@ pub(crate) fn sizes_alone(space: &Space) -> bool {
 /// share each pass's best formula value for pruning (far less work): a
 /// size that cannot reach it is cut and only the pass's best is a
 /// candidate, though the walk still visits the other sizes.
-pub(crate) fn run_passes(space: &Space, budget: &MemoryBudget) -> Result<PassResults, Error> {
+pub(crate) fn run_passes(
+    space: &Space,
+    budget: &MemoryBudget,
+    work_limit: u64,
+) -> Result<PassResults, Error> {
     let alone = sizes_alone(space);
     let rules = space.rules.len();
     // One bound per pass, per size or shared by the sizes.
@@ -78,7 +87,7 @@ pub(crate) fn run_passes(space: &Space, budget: &MemoryBudget) -> Result<PassRes
         .map(|k| {
             let set = if alone { k } else { 0 };
             let bounds = &incumbents[set * rules..(set + 1) * rules];
-            run_size(space, space.sizes[k], bounds, budget, alone)
+            run_size(space, space.sizes[k], bounds, (budget, work_limit), alone)
         })
         .collect();
     if let Some(e) = search_memory_limit(budget, space.cluster(), space.space()) {
@@ -114,7 +123,7 @@ fn run_size(
     space: &Space,
     b: u32,
     bounds: &[AtomicU64],
-    budget: &MemoryBudget,
+    (budget, work_limit): (&MemoryBudget, u64),
     alone: bool,
 ) -> SizeRun {
     let mut dp = Dp::new(
@@ -125,8 +134,10 @@ fn run_size(
         space.rules.clone(),
         Some(bounds),
     )
-    .with_budget(budget);
+    .with_budget(budget)
+    .with_work_limit(work_limit);
     let found = dp.run();
+    let abandoned_floor_ms = dp.abandoned.then(|| dp.floor_ms());
     // Up to 16 GPUs, each rule's best plan of every other stage count is a
     // candidate too: fewer, wider stages can simulate faster than the
     // formula's best (fewer bubbles).
@@ -155,6 +166,7 @@ fn run_size(
             pass,
             micro_batch_size: b,
             found,
+            abandoned_floor_ms,
         })
         .collect();
     SizeRun {
@@ -192,21 +204,39 @@ fn keep_only_each_pass_best(bests: &mut [PassBest], passes: usize) {
 
 impl PassResults {
     /// The smallest formula (2) value over the space: no plan of it
-    /// simulates faster. Infinite when no plan fits.
+    /// simulates faster. Infinite when no plan fits. A size whose run was
+    /// abandoned counts with its floor.
     pub(crate) fn lower_bound_ms(&self, space: &Space) -> f64 {
         self.bests
             .iter()
             .filter(|r| r.pass == space.covering_pass())
-            .filter_map(|r| r.found.as_ref().map(|f| f.value))
+            .filter_map(|r| r.abandoned_floor_ms.or(r.found.as_ref().map(|f| f.value)))
             .fold(f64::INFINITY, f64::min)
     }
 
-    /// Whether the first runs already offered pass `pass`'s best plan at
-    /// micro-batch size `b`.
-    pub(crate) fn offered(&self, pass: usize, b: u32) -> bool {
-        self.bests
+    /// The micro-batch sizes whose runs passed the work limit, ascending.
+    pub(crate) fn abandoned_sizes(&self) -> Vec<u32> {
+        let mut sizes: Vec<u32> = self
+            .bests
             .iter()
-            .any(|r| r.pass == pass && r.micro_batch_size == b && r.found.is_some())
+            .filter(|r| r.abandoned_floor_ms.is_some())
+            .map(|r| r.micro_batch_size)
+            .collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    }
+
+    /// Whether the first runs already offered pass `pass`'s best plan at
+    /// micro-batch size `b` (a run abandoned at the work limit offered a
+    /// plan, perhaps not the best).
+    pub(crate) fn offered(&self, pass: usize, b: u32) -> bool {
+        self.bests.iter().any(|r| {
+            r.pass == pass
+                && r.micro_batch_size == b
+                && r.found.is_some()
+                && r.abandoned_floor_ms.is_none()
+        })
     }
 }
 
@@ -220,7 +250,7 @@ impl PassResults {
 pub(crate) fn second_pass(
     space: &Space,
     fastest_ms: f64,
-    max_search_bytes: u64,
+    (max_search_bytes, work_limit): (u64, u64),
 ) -> (Vec<PassBest>, usize, u64) {
     let budget = MemoryBudget::new(max_search_bytes);
     let each: Vec<SizeRun> = space
@@ -232,7 +262,7 @@ pub(crate) fn second_pass(
                 .iter()
                 .map(|_| AtomicU64::new(fastest_ms.to_bits()))
                 .collect();
-            let mut run = run_size(space, b, &bounds, &budget, false);
+            let mut run = run_size(space, b, &bounds, (&budget, work_limit), false);
             run.bests.retain(|r| r.found.is_some());
             run
         })
@@ -334,8 +364,14 @@ pub(crate) fn memory_floor_error(
 /// Why no plan came out: none fits in memory (the least any needs, with
 /// numbers), or the space held none at all (a plan may leave GPUs idle, so
 /// one GPU holding every layer is always in it: not expected).
-pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error {
+/// The search for the least memory a plan needs prunes nothing by time
+/// (every layout is a candidate), so it may take this many times the
+/// search's steps: BERT-48 on A with 128 MiB GPUs needs about 2e7 per size.
+const EXPLAIN_STEPS_FACTOR: u64 = 4;
+
+pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget, work_limit: u64) -> Error {
     let (ctx, gbs) = (space.covering(), space.global_batch_size);
+    let mut abandoned = false;
     let least = space
         .sizes
         .iter()
@@ -348,13 +384,28 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget) -> Error 
                 vec![ctx.policy],
                 None,
             )
-            .with_budget(budget);
-            dp.run().pop().flatten().map(|f| (b, f))
+            .with_budget(budget)
+            .with_work_limit(work_limit.saturating_mul(EXPLAIN_STEPS_FACTOR));
+            let found = dp.run().pop().flatten().map(|f| (b, f));
+            abandoned |= dp.abandoned;
+            found
         })
         .min_by(|a, b| a.1.value.total_cmp(&b.1.value));
     // Past the limit a run stops and finds nothing: say so instead.
     if let Some(e) = search_memory_limit(budget, ctx.cluster, ctx.space) {
         return e;
+    }
+    // The search itself finished and found nothing that fits: that stands;
+    // only the least need (an unpruned search) is past the work limit.
+    if abandoned {
+        return Error::infeasible(format!(
+            "no plan of the search space fits in GPU memory ({} layers on {} GPUs, global batch size \
+             {gbs}); the least memory a plan needs was not found: that search stopped at its limit \
+             of {} steps per micro-batch size ({EXPLAIN_STEPS_FACTOR} x --max-search-steps)",
+            ctx.layers.num_layers,
+            ctx.cluster.num_devices(),
+            work_limit.saturating_mul(EXPLAIN_STEPS_FACTOR),
+        ));
     }
     match least {
         None => Error::incompatible(format!(

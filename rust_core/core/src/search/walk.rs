@@ -34,8 +34,9 @@ pub(crate) struct Walked {
 /// The micro-batch sizes to walk, with their smallest bound, most
 /// promising first. Sizes share one bound and one budget in this order, so
 /// the outcome does not depend on thread timing. A size searched alone
-/// without a plan has none that fits. Sizes cut by a shared bound come
-/// last, with no bound of their own (negative infinity).
+/// without a plan has none that fits. Sizes cut by a shared bound, and
+/// sizes whose run passed the work limit, come last, with no bound of
+/// their own (negative infinity).
 pub(crate) fn walk_order(
     space: &Space,
     passes: &PassResults,
@@ -44,9 +45,15 @@ pub(crate) fn walk_order(
     let mut order: Vec<(f64, u32)> = passes
         .bests
         .iter()
-        .filter(|r| r.pass == space.covering_pass() && (r.found.is_some() || !sizes_alone))
+        .filter(|r| {
+            r.pass == space.covering_pass()
+                && (r.found.is_some() || r.abandoned_floor_ms.is_some() || !sizes_alone)
+        })
         .map(|r| {
-            let bound = r.found.as_ref().map_or(f64::NEG_INFINITY, |f| f.value);
+            let bound = match (&r.found, r.abandoned_floor_ms) {
+                (Some(f), None) => f.value,
+                _ => f64::NEG_INFINITY,
+            };
             (bound, r.micro_batch_size)
         })
         .collect();
