@@ -466,3 +466,12 @@ def test_seeds_and_steps_past_their_ranges_are_usage_errors(dapple, option, valu
     r = dapple("run", "--plan", "plan.json", "--model", "dapple.planner.runtime.models:gpt",
                *[word for pair in args.items() for word in pair])
     assert r.returncode == 2 and option in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_more_than_one_thread_per_worker_runs(files):
+    # Issue 29's fuzz campaign: `--threads 2` hung for ever. The workers were
+    # forked after the parent had used OpenMP's thread pool, and a forked
+    # child that asks for two threads waits on it; they are spawned now.
+    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 2, "--threads", 2)
+    assert res.returncode == 0, res.stderr
+    assert "final loss" in res.stdout

@@ -245,8 +245,12 @@ def launch(plan: Plan, config: RunConfig, layout: Layout | None = None) -> RunRe
     check_run(config, layout, visible_gpus=visible_gpus(config.device))
     if launched_by_torchrun():
         return _run_this_rank(Job.of(plan, config, layout))
-    # CUDA does not survive fork.
-    start_method = "spawn" if config.device == "cuda" else config.start_method
+    # CUDA does not survive fork, nor does OpenMP's thread pool: a forked
+    # child that asks torch for more than one thread waits for ever on the
+    # parent's pool (`dapple run --threads 2` hung in TransformerBlock's
+    # first op, found by the command-line fuzz campaign).
+    forkable = config.device != "cuda" and config.threads == 1
+    start_method = config.start_method if forkable else "spawn"
     with tempfile.TemporaryDirectory(prefix="dapple-run-") as tmp:
         out_dir = config.out_dir or tmp
         # The folder reaches each worker as its own argument, not through the config.

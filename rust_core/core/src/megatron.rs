@@ -13,7 +13,7 @@
 //! the Whale paper): one stage on every GPU, the layers that split sharded
 //! over all of them, the others data parallel (`uniform_plans`).
 
-use crate::cost::WarmupPolicy;
+use crate::cost::{divisors, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
@@ -179,9 +179,13 @@ fn shaped_plans(
                 continue;
             };
             let d = gpus / t / p;
-            for b in
-                (min_slice..=global_batch_size).filter(|b| global_batch_size.is_multiple_of(b * d))
-            {
+            // Divisors, not a count to the batch: 2^32 - 1 samples took minutes.
+            let per_replica = if global_batch_size.is_multiple_of(d) {
+                divisors(global_batch_size / d)
+            } else {
+                Vec::new()
+            };
+            for b in per_replica.into_iter().filter(|&b| b >= min_slice) {
                 for &(shard_optimizer, recompute) in &shapes {
                     let shape = StageShape {
                         tensor_parallel: t,

@@ -4,7 +4,7 @@
 //! stage may be; the baselines ask [`micro_batch_sizes`] which sizes a
 //! layout may run at.
 
-use crate::cost::{largest_slice, smallest_slice, Cluster, StageDevices, WarmupPolicy};
+use crate::cost::{divisors, largest_slice, smallest_slice, Cluster, StageDevices, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
@@ -179,24 +179,6 @@ pub(crate) fn micro_batch_sizes(
         .filter(|&b| smallest_slice(b, widest_stage_gpus) >= min_slice)
         .filter(|b| within_passes(stages, global_batch_size / b))
         .collect()
-}
-
-/// The divisors of `n`, ascending, in O(sqrt n) steps (a global batch of
-/// 10^9 has 100; counting to it took seconds).
-pub(crate) fn divisors(n: u32) -> Vec<u32> {
-    let (mut small, mut large) = (Vec::new(), Vec::new());
-    let mut d = 1u32;
-    while u64::from(d) * u64::from(d) <= u64::from(n) {
-        if n.is_multiple_of(d) {
-            small.push(d);
-            if d != n / d {
-                large.push(n / d);
-            }
-        }
-        d += 1;
-    }
-    small.extend(large.into_iter().rev());
-    small
 }
 
 /// The micro-batch sizes the search runs: the requested ones (each must
