@@ -472,6 +472,14 @@ def test_more_than_one_thread_per_worker_runs(files):
     # Issue 29's fuzz campaign: `--threads 2` hung for ever. The workers were
     # forked after the parent had used OpenMP's thread pool, and a forked
     # child that asks for two threads waits on it; they are spawned now.
-    res = run("run", "--plan", files["plan"], *MODEL, "--steps", 2, "--threads", 2)
-    assert res.returncode == 0, res.stderr
-    assert "final loss" in res.stdout
+    # Run in a session of its own, to see that nothing of it outlives it:
+    # spawned workers start multiprocessing's resource tracker, which
+    # lingered a moment after the command had ended.
+    proc = subprocess.Popen(dapple_cmd("run", "--plan", files["plan"], *MODEL, "--steps", 2, "--threads", 2),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env(),
+                            start_new_session=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "final loss" in out
+    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the run left running: {left}"

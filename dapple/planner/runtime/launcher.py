@@ -262,8 +262,23 @@ def launch(plan: Plan, config: RunConfig, layout: Layout | None = None) -> RunRe
             join=False,
             start_method=start_method,
         )
-        _watch(context)
+        try:
+            _watch(context)
+        finally:
+            if start_method == "spawn":
+                _stop_resource_tracker()
         return _collect(layout, out_dir)
+
+
+def _stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker, which spawned workers start,
+    and wait for it: left alone it outlives the command by a moment (found
+    by the command-line fuzz campaign). A later spawn starts it again."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython 3.8+; private
+    if stop is not None:
+        stop()
 
 
 def run_plan(plan: Plan, layers_factory: Callable[[], Any], loss_fn: Callable, batches: list, steps: int, lr: float,

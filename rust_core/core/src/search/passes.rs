@@ -361,14 +361,16 @@ pub(crate) fn memory_floor_error(
     })
 }
 
-/// Why no plan came out: none fits in memory (the least any needs, with
-/// numbers), or the space held none at all (a plan may leave GPUs idle, so
-/// one GPU holding every layer is always in it: not expected).
 /// The search for the least memory a plan needs prunes nothing by time
 /// (every layout is a candidate), so it may take this many times the
-/// search's steps: BERT-48 on A with 128 MiB GPUs needs about 2e7 per size.
+/// search's steps: BERT-48 on A with 128 MiB GPUs needs between 1e7 and 2e7 per size.
 const EXPLAIN_STEPS_FACTOR: u64 = 4;
 
+/// Why no plan came out: none fits in memory (the least any needs, with
+/// numbers), or the space held none at all (a plan may leave GPUs idle, so
+/// one GPU holding every layer is always in it: not expected). Its runs
+/// stop at `EXPLAIN_STEPS_FACTOR` times the search's work limit; past it
+/// the error says that no plan fits, without the least need.
 pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget, work_limit: u64) -> Error {
     let (ctx, gbs) = (space.covering(), space.global_batch_size);
     let mut abandoned = false;
