@@ -266,3 +266,10 @@ def test_a_slow_baseline_or_a_limit_in_one_row_leaves_the_comparison(dapple, sma
     assert rows["dapple"]["error"] is None
     limited = [name for name, row in rows.items() if row["error"] and "--max-passes" in row["error"]]
     assert limited, rows
+
+
+def test_a_usage_error_naming_a_file_with_a_newline_is_one_line(dapple):
+    # The fifth fuzz campaign: click quotes an extra argument as given, so a
+    # name holding a newline made the error two lines.
+    r = dapple(*PLAN_ARGS, "--global-batch-size", "8", "new\nline.json")
+    assert_one_line_error(r, 2, "unexpected extra argument", "new\\nline.json")
