@@ -212,10 +212,9 @@ def plan(
     partial plan) the DP may take at one micro-batch size (default
     ``limits.DEFAULT_MAX_SEARCH_STEPS``); past it that size's run stops, its
     best complete plans so far are candidates, its other layouts are left to
-    the walk (within its budget), and the plan is the best found
-    (``search_stats.abandoned_micro_batch_sizes`` names the sizes;
-    ``selection.optimal`` says whether the walk still proved it). Where
-    nothing was found, a LimitExceededError.
+    the walk (within its budget), and the plan is the best found (``search_stats.abandoned_micro_batch_sizes``
+    names them; ``selection.optimal`` says whether the walk still proved it).
+    Where nothing was found, a LimitExceededError.
     ``refine``: improve the chosen plan by local moves (a stage boundary by
     a layer, GPUs swapped, handed over or left idle), each kept when it
     simulates faster, and again from its layout placed anew by the paper's
