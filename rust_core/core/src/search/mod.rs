@@ -86,11 +86,10 @@ pub struct SearchOptions {
 pub const DEFAULT_MAX_SEARCH_BYTES: u64 = 1 << 30;
 
 /// Default of `SearchOptions::max_search_steps` (`dapple plan
-/// --max-search-steps`): 2e7 stages, about 3 s of one core. The paper's
-/// cases cost at most 6e5 per size; a near-tie over many layers (GNMT-32's
-/// 192 layers on 4x8 at one micro-batch of 256: 2.3e8, 38 s) passes it, and
-/// so does a search whose tables would grow past their memory limit after
-/// a minute or more.
+/// --max-search-steps`): 1e7 steps, a second or two of one core here. A
+/// near-tie over many layers passes it (GNMT-32's 192 layers on 4x8 at one
+/// micro-batch of 256 costed 2.3e8 stages in 38 s), and so does a search
+/// whose tables grew past their memory limit after a minute or more.
 pub const DEFAULT_MAX_SEARCH_STEPS: u64 = 10_000_000;
 
 impl SearchOptions {
