@@ -22,9 +22,38 @@ pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
     })
 }
 
+/// [`evaluate`] without the simulation (`iteration_ms` None): formula (2),
+/// the bound a search candidate is ranked by before it is simulated.
+pub(crate) fn bound_estimate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
+    with_coster(plan, profile, |coster, allocs, _| {
+        bound_estimate_stages(coster, plan, allocs)
+    })
+}
+
 /// Cost a plan whose stages have already been checked: formula (2) and
 /// its terms, and the simulated iteration of the plan's own schedule.
 pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc]) -> Estimate {
+    estimate_stages_simulated(coster, plan, allocs, true)
+}
+
+/// [`estimate_stages`] without the simulation (`iteration_ms` None):
+/// formula (2), a bound, is all a search candidate needs until it is
+/// costed, and under warm-up policy auto it is simulated only then, with
+/// the depths chosen for it.
+pub(crate) fn bound_estimate_stages(
+    coster: &StageCoster,
+    plan: &Plan,
+    allocs: &[Alloc],
+) -> Estimate {
+    estimate_stages_simulated(coster, plan, allocs, false)
+}
+
+fn estimate_stages_simulated(
+    coster: &StageCoster,
+    plan: &Plan,
+    allocs: &[Alloc],
+    simulated: bool,
+) -> Estimate {
     let (costs, transfers_ms) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
     let mut pipe: Vec<PipeStage> = Vec::new();
     let mut stages = Vec::new();
@@ -53,10 +82,13 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
         _ => pipeline_latency(&pipe, plan.micro_batches),
     };
     // A checked plan's own schedule always builds and runs.
-    let simulation = plan_schedule(plan, None)
-        .and_then(|schedule| simulate_stages(&sim_stages, &transfers_ms, &schedule, false));
+    let simulation = simulated.then(|| {
+        plan_schedule(plan, None)
+            .and_then(|schedule| simulate_stages(&sim_stages, &transfers_ms, &schedule, false))
+    });
     let iteration_ms = match &simulation {
-        Ok(sim) => {
+        None => None,
+        Some(Ok(sim)) => {
             for (st, timeline) in stages.iter_mut().zip(&sim.stages) {
                 st.bubble_ms = Some(sim.iteration_ms - timeline.compute_ms);
                 if plan.schedule.kind == ScheduleKind::ZeroBubbleH1 {
@@ -67,11 +99,12 @@ pub(crate) fn estimate_stages(coster: &StageCoster, plan: &Plan, allocs: &[Alloc
             }
             Some(sim.iteration_ms)
         }
-        Err(e) => unreachable!("a checked plan simulates: {e}"),
+        Some(Err(e)) => unreachable!("a checked plan simulates: {e}"),
     };
-    let memory = simulation
-        .as_ref()
-        .map_or_else(|_| Vec::new(), |sim| memory_terms(&sim.stages));
+    let memory = match &simulation {
+        Some(Ok(sim)) => memory_terms(&sim.stages),
+        _ => Vec::new(),
+    };
     let headline = iteration_ms.unwrap_or(lat.latency_ms);
     let single = coster.single_device_ms();
     let (peak, fits) = peak_and_fit(&stages);

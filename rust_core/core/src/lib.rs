@@ -11,6 +11,7 @@ pub mod baselines;
 pub mod calibrate;
 pub mod cost;
 mod costing;
+pub mod early_backward;
 pub mod error;
 pub mod evaluate;
 pub mod format;

@@ -14,7 +14,6 @@
 //! mini-batch's last micro-batch. Which weights each pass computes with is
 //! read off the list (`Schedule::pass_weights`).
 
-use rustc_hash::FxHashSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -439,6 +438,15 @@ fn gradient_sent(a: Action) -> Action {
     }
 }
 
+/// Has stage `o` run `a` (F_m, or B_m for an input gradient) in the dry run?
+fn ran_before(forward_ran: &[Vec<bool>], gradient_ran: &[Vec<bool>], o: usize, a: Action) -> bool {
+    match (a.kind, a.micro_batch) {
+        (ActionKind::Forward, Some(m)) => forward_ran[o][m as usize],
+        (ActionKind::Backward, Some(m)) => gradient_ran[o][m as usize],
+        _ => false,
+    }
+}
+
 /// A synchronous schedule from lists without AR and OPT, validated.
 fn finish(kind: ScheduleKind, micro_batches: u32, lists: Vec<Vec<Action>>) -> Result<Schedule> {
     let stages = lists
@@ -846,7 +854,11 @@ impl Schedule {
     fn simulate(&self) -> Result<()> {
         let n = self.stages.len();
         let mut next = vec![0usize; n];
-        let mut done: FxHashSet<(usize, Action)> = FxHashSet::default();
+        // Which F_m and which input gradients (B_m or I_m) each stage has
+        // run: all a dependency names (validate_stage bounds each m).
+        let total = self.total_micro_batches() as usize;
+        let mut forward_ran = vec![vec![false; total]; n];
+        let mut gradient_ran = vec![vec![false; total]; n];
         let (mut ran, mut stuck) = (Vec::new(), Vec::new());
         loop {
             ran.clear();
@@ -866,7 +878,9 @@ impl Schedule {
                 let needed = gradient_sent(a);
                 match from {
                     // Waiting is common; it is put in words only for a deadlock.
-                    Some(o) if !done.contains(&(o, needed)) => stuck.push((s, next[s], needed, o)),
+                    Some(o) if !ran_before(&forward_ran, &gradient_ran, o, needed) => {
+                        stuck.push((s, next[s], needed, o))
+                    }
                     _ => ran.push((s, gradient_sent(a))),
                 }
             }
@@ -885,7 +899,11 @@ impl Schedule {
             }
             for &(s, a) in &ran {
                 next[s] += 1;
-                done.insert((s, a));
+                match (a.kind, a.micro_batch) {
+                    (ActionKind::Forward, Some(m)) => forward_ran[s][m as usize] = true,
+                    (ActionKind::Backward, Some(m)) => gradient_ran[s][m as usize] = true,
+                    _ => {}
+                }
             }
         }
     }

@@ -574,11 +574,11 @@ fn run_lists(
     }
 }
 
-/// Iteration time of early-backward 1F1B with warm-up depths `warmup`
-/// (K_i, non-increasing, each in 1..=M), without recording tasks: the
-/// objective the planner minimises. Equals `simulate_stages(...).iteration_ms`
-/// on the same schedule (`tests::lean_run_equals_the_recorded_one`).
-pub fn early_backward_iteration_ms(
+/// Early backward with warm-up depths `warmup` replayed from its action
+/// lists without recording tasks: its iteration time, or the deadlock
+/// that stops depths that are not valid. `early_backward::iteration_ms`
+/// computes the same faster, for valid depths.
+pub(crate) fn replay_early_backward_ms(
     stages: &[SimStage],
     transfer_ms: &[f64],
     micro_batches: u32,

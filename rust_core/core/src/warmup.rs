@@ -17,12 +17,13 @@
 //! plain numbers. How close to exact this is: docs/simulation.md.
 
 use crate::cost::WarmupPolicy;
+use crate::early_backward::iteration_ms_and_passes;
 use crate::error::Result;
 use crate::evaluate::evaluate;
 use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
-use crate::simulate::{early_backward_iteration_ms, sim_inputs, SimStage};
+use crate::simulate::{sim_inputs, SimStage};
 
 /// Deepest K_i each stage's memory allows, at most M and never deeper than
 /// the stage before (so the vector itself is valid). None when some stage
@@ -64,8 +65,11 @@ pub fn deepest_warmups(stages: &[SimStage], micro_batches: u32) -> Option<Vec<u3
 pub struct ChosenWarmups {
     pub depths: Vec<u32>,
     pub iteration_ms: f64,
-    /// Iterations simulated to find them: the work the choice cost.
+    /// Iterations simulated to find them.
     pub simulations: u64,
+    /// Micro-batch passes they simulated: the work the choice cost
+    /// (a long steady state is skipped over, not simulated).
+    pub simulated_passes: u64,
 }
 
 /// Most micro-batch passes (stages x micro-batches, per iteration
@@ -105,15 +109,17 @@ fn choose_warmups_within(
     };
     let s_count = stages.len();
     let simulations = std::cell::Cell::new(0u64);
-    let passes_each = s_count as u64 * u64::from(micro_batches);
+    let passes = std::cell::Cell::new(0u64);
     // Past the budget a trial is not simulated and never better: each
     // loop below runs out of improvements, and the best so far stands.
     let time = |k: &[u32]| {
-        if simulations.get() > 0 && simulations.get() * passes_each >= budget_passes {
+        if simulations.get() > 0 && passes.get() >= budget_passes {
             return Ok(f64::INFINITY);
         }
+        let (ms, simulated) = iteration_ms_and_passes(stages, transfer_ms, micro_batches, k)?;
         simulations.set(simulations.get() + 1);
-        early_backward_iteration_ms(stages, transfer_ms, micro_batches, k)
+        passes.set(passes.get() + simulated);
+        Ok(ms)
     };
     // Fixed policies, clipped to what memory allows (a minimum of two
     // non-increasing sequences is non-increasing, so each stays valid).
@@ -164,6 +170,7 @@ fn choose_warmups_within(
         depths,
         iteration_ms,
         simulations: simulations.get(),
+        simulated_passes: passes.get(),
     }))
 }
 
@@ -293,27 +300,42 @@ fn depths_to_try(low: u32, high: u32, current: u32) -> Vec<u32> {
 }
 
 /// `plan` run as early backward under warm-up policy auto, with the depths
-/// `choose_warmups` picks, costed, and the number of iterations simulated
+/// `choose_warmups` picks, costed, and the micro-batch passes simulated
 /// to choose them. None when no depths fit in memory.
 pub fn plan_with_chosen_warmups(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
+    plan_with_chosen_warmups_below(plan, profile, f64::INFINITY)
+}
+
+/// [`plan_with_chosen_warmups`], where only a plan faster than `below_ms`
+/// is wanted: None, without the plan's full simulation, when its depths
+/// simulate no faster.
+pub(crate) fn plan_with_chosen_warmups_below(
+    plan: &Plan,
+    profile: &Profile,
+    below_ms: f64,
+) -> Result<(Option<Plan>, u64)> {
     let (stages, transfers) = sim_inputs(plan, profile, true)?;
     let Some(chosen) = choose_warmups(&stages, &transfers, plan.micro_batches)? else {
         return Ok((None, 0));
     };
-    let (depths, simulations) = (chosen.depths, chosen.simulations);
-    let mut chosen = plan.clone();
-    chosen.schedule.kind = ScheduleKind::EarlyBackward1F1B;
-    chosen.schedule.warmup_policy = WarmupPolicy::Auto;
-    for (stage, k) in chosen.stages.iter_mut().zip(depths) {
+    let simulated_passes = chosen.simulated_passes;
+    if chosen.iteration_ms >= below_ms {
+        return Ok((None, simulated_passes));
+    }
+    let mut costed = plan.clone();
+    costed.schedule.kind = ScheduleKind::EarlyBackward1F1B;
+    costed.schedule.warmup_policy = WarmupPolicy::Auto;
+    for (stage, k) in costed.stages.iter_mut().zip(chosen.depths) {
         stage.warmup_micro_batches = k;
     }
-    chosen.estimate = Some(evaluate(&chosen, profile)?);
-    Ok((Some(chosen), simulations))
+    costed.estimate = Some(evaluate(&costed, profile)?);
+    Ok((Some(costed), simulated_passes))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::early_backward::iteration_ms as early_backward_iteration_ms;
     use crate::schedule::Schedule;
     use crate::simulate::simulate_stages;
 

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
 use crate::error::{ErrorKind, Result};
-use crate::evaluate::{estimate_stages, evaluate};
+use crate::evaluate::{bound_estimate, bound_estimate_stages, estimate_stages, evaluate};
 use crate::megatron::uniform_plans;
 use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
@@ -17,7 +17,7 @@ use crate::schedule::{within_passes, ScheduleKind};
 
 use crate::hints::{Hints, NO_HINTS};
 use crate::topology::Topology;
-use crate::warmup::plan_with_chosen_warmups;
+use crate::warmup::{plan_with_chosen_warmups, plan_with_chosen_warmups_below};
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
 use super::space::{hints_admit, layout_of, Context, SearchSpace, ShapeChoices, Space};
@@ -154,7 +154,11 @@ fn simulate_in_bound_order(
             .map(|Candidate { plan, source }| {
                 let plan = match warmup_policy {
                     WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
-                    _ => Some(plan),
+                    _ if simulated(&plan) => Some(plan),
+                    _ => Some(Plan {
+                        estimate: Some(evaluate(&plan, profile)?),
+                        ..plan
+                    }),
                 };
                 Ok(plan
                     .filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
@@ -174,8 +178,15 @@ fn simulate_in_bound_order(
     Ok(costed)
 }
 
-/// The candidates with an estimate: baselines' layouts come uncosted; the
-/// search's own are costed.
+/// Has the plan's estimate been simulated?
+fn simulated(plan: &Plan) -> bool {
+    plan.estimate
+        .as_ref()
+        .is_some_and(|e| e.iteration_ms.is_some())
+}
+
+/// The candidates with an estimate, at least its bound: baselines' layouts
+/// come uncosted; the search's own with their bound.
 fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candidate>> {
     candidates
         .into_par_iter()
@@ -183,7 +194,7 @@ fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candid
             let plan = match plan.estimate {
                 Some(_) => plan,
                 None => Plan {
-                    estimate: Some(evaluate(&plan, profile)?),
+                    estimate: Some(bound_estimate(&plan, profile)?),
                     ..plan
                 },
             };
@@ -222,7 +233,10 @@ pub(crate) fn uniform_degree(candidates: &mut [Candidate], profile: &Profile) ->
     candidates
         .iter_mut()
         .filter_map(|c| {
-            let estimate = c.plan.estimate.insert(evaluate(&c.plan, profile).ok()?);
+            let estimate = c
+                .plan
+                .estimate
+                .insert(bound_estimate(&c.plan, profile).ok()?);
             estimate
                 .fits_memory
                 .then(|| (estimate.latency_ms, c.plan.stages[0].tensor_parallel))
@@ -305,19 +319,31 @@ pub(crate) fn best_placement_of(
 /// with the depths that simulate fastest within memory (`warmup.rs`), else
 /// at its fixed policy's depths (estimated now unless it was). None when
 /// it does not fit in memory. Also the work it took, in simulated tasks:
-/// the layout is simulated once to cost it and again for each warm-up
-/// vector tried, each simulation runs every stage's 2M passes, and
-/// building and checking the plan costs `PLAN_OVERHEAD_TASKS`.
+/// the layout is simulated once to cost it (every stage's 2M tasks, F and
+/// B), the warm-up choice's passes (two tasks each) on top, and building
+/// and checking the plan costs `PLAN_OVERHEAD_TASKS`.
 pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
+    cost_candidate_below(plan, profile, f64::INFINITY)
+}
+
+/// [`cost_candidate`] where only a plan faster than `below_ms` is wanted:
+/// under warm-up policy auto, one whose chosen depths simulate no faster
+/// is None without its full simulation (the walk's case).
+pub(crate) fn cost_candidate_below(
+    plan: &Plan,
+    profile: &Profile,
+    below_ms: f64,
+) -> Result<(Option<Plan>, u64)> {
     let per_simulation = 2 * u64::from(plan.micro_batches) * plan.stages.len() as u64;
     let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
     let costed = match plan.schedule.warmup_policy {
         WarmupPolicy::Auto => {
-            let (chosen, simulations) = plan_with_chosen_warmups(plan, profile)?;
-            tasks += simulations * per_simulation;
+            let (chosen, simulated_passes) =
+                plan_with_chosen_warmups_below(plan, profile, below_ms)?;
+            tasks += 2 * simulated_passes;
             chosen
         }
-        _ if plan.estimate.is_some() => Some(plan.clone()),
+        _ if simulated(plan) => Some(plan.clone()),
         _ => Some(Plan {
             estimate: Some(evaluate(plan, profile)?),
             ..plan.clone()
@@ -386,6 +412,9 @@ pub(crate) fn plan_of_steps(
         warmup_policy: ctx.policy,
     };
     let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
-    plan.estimate = Some(estimate_stages(&coster, &plan, &allocs));
+    plan.estimate = Some(match ctx.policy {
+        WarmupPolicy::Auto => bound_estimate_stages(&coster, &plan, &allocs),
+        _ => estimate_stages(&coster, &plan, &allocs),
+    });
     plan
 }

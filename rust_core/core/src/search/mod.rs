@@ -700,13 +700,8 @@ mod tests {
         all_warmups(&caps)
             .iter()
             .map(|k| {
-                crate::simulate::early_backward_iteration_ms(
-                    &stages,
-                    &transfers,
-                    plan.micro_batches,
-                    k,
-                )
-                .unwrap()
+                crate::early_backward::iteration_ms(&stages, &transfers, plan.micro_batches, k)
+                    .unwrap()
             })
             .min_by(f64::total_cmp)
     }

@@ -37,7 +37,7 @@ use crate::error::Result;
 use crate::plan::{check_layout, Plan, PlanInputs, Stage};
 use crate::profile::{LayerCosts, Profile};
 
-use super::candidate::{best_placement_of, cost_candidate};
+use super::candidate::{best_placement_of, cost_candidate_below};
 use super::space::hints_admit;
 use crate::hints::Hints;
 
@@ -181,7 +181,7 @@ pub(crate) fn refine(
         let costed: Vec<(Option<Plan>, u64)> = batch
             .par_iter()
             .map(|candidate| match candidate {
-                Some(candidate) => cost(candidate, profile),
+                Some(candidate) => cost(candidate, profile, best_ms * (1.0 - 1e-9)),
                 None => Ok((None, 0)),
             })
             .collect::<Result<_>>()?;
@@ -275,14 +275,15 @@ fn simulated_ms(plan: &Plan) -> f64 {
         .expect("refinement costs simulated plans")
 }
 
-/// A neighbour costed as the search costs a candidate (`cost_candidate`);
-/// None without cost when it is no valid plan: a move can give a stage
-/// more GPUs than its micro-batch has slices of the minimum size.
-fn cost(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
+/// A neighbour costed as the search costs a candidate, where it could be
+/// faster than `below_ms` (`cost_candidate_below`); None without cost when
+/// it is no valid plan: a move can give a stage more GPUs than its
+/// micro-batch has slices of the minimum size.
+fn cost(plan: &Plan, profile: &Profile, below_ms: f64) -> Result<(Option<Plan>, u64)> {
     if check_layout(plan, Some(profile)).is_err() {
         return Ok((None, 0));
     }
-    cost_candidate(plan, profile)
+    cost_candidate_below(plan, profile, below_ms)
 }
 
 /// Every move of `plan`, in the order they are tried. GPUs on one machine
@@ -526,7 +527,7 @@ mod tests {
             warmup_policy: policy,
         };
         let plan = Plan::new(inputs, b, m, schedule, stages);
-        cost(&plan, profile).unwrap().0
+        cost(&plan, profile, f64::INFINITY).unwrap().0
     }
 
     fn refined(plan: &Plan, profile: &Profile) -> Refined {

@@ -13,7 +13,9 @@ use crate::plan::{Plan, PlanInputs};
 use crate::profile::Profile;
 use crate::schedule::within_passes;
 
-use super::candidate::{build_plan, cost_candidate, simulated_and_bound_ms, PLAN_OVERHEAD_TASKS};
+use super::candidate::{
+    build_plan, cost_candidate_below, simulated_and_bound_ms, PLAN_OVERHEAD_TASKS,
+};
 use super::dp::{Dp, Found, LayoutWalk, Objective, Step};
 use super::passes::PassResults;
 use super::space::Space;
@@ -84,6 +86,7 @@ pub(crate) fn walk(
         inputs,
         profile,
         fastest: None,
+        fastest_ms,
         failure: None,
     };
     if fastest_ms <= lower_bound_ms * (1.0 + 1e-12) {
@@ -140,6 +143,8 @@ struct Visitor<'s, 'a> {
     inputs: &'s PlanInputs,
     profile: &'s Profile,
     fastest: Option<Plan>,
+    /// The fastest simulated time so far, the ranking's or the walk's.
+    fastest_ms: f64,
     failure: Option<Error>,
 }
 
@@ -153,7 +158,7 @@ impl Visitor<'_, '_> {
             return f64::INFINITY; // not simulated: over the limit
         }
         let plan = build_plan(self.inputs, self.space.covering(), b, m, &found);
-        let (plan, tasks) = match cost_candidate(&plan, self.profile) {
+        let (plan, tasks) = match cost_candidate_below(&plan, self.profile, self.fastest_ms) {
             Ok(costed) => costed,
             Err(e) => {
                 self.failure.get_or_insert(e);
@@ -166,6 +171,7 @@ impl Visitor<'_, '_> {
             Some(p) if self.fastest.as_ref().is_none_or(|w| ms(&p) < ms(w)) => {
                 let simulated = ms(&p);
                 self.fastest = Some(p);
+                self.fastest_ms = self.fastest_ms.min(simulated);
                 simulated
             }
             _ => f64::INFINITY,
