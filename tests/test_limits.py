@@ -273,3 +273,12 @@ def test_a_usage_error_naming_a_file_with_a_newline_is_one_line(dapple):
     # name holding a newline made the error two lines.
     r = dapple(*PLAN_ARGS, "--global-batch-size", "8", "new\nline.json")
     assert_one_line_error(r, 2, "unexpected extra argument", "new\\nline.json")
+
+
+def test_an_input_error_naming_a_file_with_a_newline_is_one_line(dapple, tmp_path):
+    # The sixth fuzz campaign (seed 20261133): a picture named with a
+    # newline and an unknown suffix, refused by dapple show itself (exit 3).
+    plan = tmp_path / "plan.json"
+    assert dapple(*PLAN_ARGS, "--global-batch-size", "8", "--out", str(plan)).returncode == 0
+    r = dapple("show", "--plan", str(plan), "--gantt", str(tmp_path / "new\nline.txt"))
+    assert_one_line_error(r, 3, "unsupported picture format", "new\\nline.txt")

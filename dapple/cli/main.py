@@ -11,6 +11,7 @@ from dapple import planner
 from .calibrate import calibrate_command
 from .compare import compare_command
 from .exit_codes import USAGE_ERROR
+from .options import one_line
 from .estimate import estimate_command
 from .export import export_command
 from .plan import plan_command
@@ -46,12 +47,6 @@ cli.add_command(run_command)
 cli.add_command(export_command)
 
 
-def _one_line(text: str) -> str:
-    """``text`` with its control characters escaped (``\\n``): click quotes
-    arguments as given, and a file name may hold a newline."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 def main():
     # Usage errors (unknown option, bad value, missing argument) are one
     # line on stderr and exit 2, like every other error; --help shows usage.
@@ -65,13 +60,13 @@ def main():
         sys.exit(USAGE_ERROR)
     except click.exceptions.UsageError as e:
         hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
-        click.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)
+        click.echo(f"error: {one_line(e.format_message())}{hint}", err=True)
         sys.exit(USAGE_ERROR)
     except click.exceptions.Abort:
         click.echo("Aborted!", err=True)  # as click says it (Ctrl-C)
         sys.exit(1)
     except click.ClickException as e:
-        click.echo(f"error: {e.format_message()}", err=True)
+        click.echo(f"error: {one_line(e.format_message())}", err=True)
         sys.exit(e.exit_code)
     sys.exit(0)
 

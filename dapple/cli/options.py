@@ -216,6 +216,12 @@ def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")(f)
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``): an error
+    quotes names as given, and a file name may hold a newline."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def reports_errors(f):
     """Turn dapple errors into one line on stderr and their exit code.
 
@@ -227,14 +233,14 @@ def reports_errors(f):
         try:
             return f(*args, **kwargs)
         except DappleError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {one_line(str(e))}", err=True)
             sys.exit(exit_code_for(e))
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as e:  # noqa: BLE001 - the boundary of the program
             if os.environ.get("DAPPLE_DEBUG"):
                 traceback.print_exc()
-            click.echo(f"internal error: {type(e).__name__}: {e} (set DAPPLE_DEBUG=1 for details; please report it)", err=True)
+            click.echo(f"internal error: {type(e).__name__}: {one_line(str(e))} (set DAPPLE_DEBUG=1 for details; please report it)", err=True)
             sys.exit(INTERNAL_ERROR)
 
     return wrapper

@@ -190,9 +190,14 @@ impl Cluster {
 
     /// Index of the machine that holds GPU `device`.
     pub fn machine_of(&self, device: u32) -> Option<usize> {
+        // Machines number their GPUs in order, each from the next free id.
+        let i = self
+            .machines
+            .partition_point(|m| m.first_device + m.gpus <= device);
         self.machines
-            .iter()
-            .position(|m| device >= m.first_device && device < m.first_device + m.gpus)
+            .get(i)
+            .is_some_and(|m| device >= m.first_device)
+            .then_some(i)
     }
 
     /// GPU ids for stages given as GPUs per machine, in pipeline order:
@@ -1279,6 +1284,29 @@ mod tests {
         let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
         t.machine_groups[1].gpu.memory_bytes = memory;
         t
+    }
+
+    #[test]
+    fn each_gpu_is_on_the_machine_that_numbers_it() {
+        // Machines of 1 to 4 GPUs in unequal groups: every id on its machine,
+        // the first id past the last GPU on none.
+        let mut t = Topology::from_spec("3x4-nvlink").unwrap();
+        let mut second = t.machine_groups[0].clone();
+        (second.machines, second.gpus_per_machine) = (5, 1);
+        let mut third = second.clone();
+        (third.machines, third.gpus_per_machine) = (2, 3);
+        t.machine_groups.extend([second, third]);
+        let cluster = Cluster::new(&t);
+        let mut expected = Vec::new();
+        for (m, machine) in cluster.machines.iter().enumerate() {
+            expected.extend(std::iter::repeat_n(Some(m), machine.gpus as usize));
+        }
+        expected.push(None);
+        let found: Vec<Option<usize>> = (0..=cluster.num_devices())
+            .map(|d| cluster.machine_of(d))
+            .collect();
+        assert_eq!(found, expected);
+        assert_eq!(cluster.num_devices(), 12 + 5 + 6);
     }
 
     #[test]
