@@ -23,6 +23,13 @@ const TOKEN_ID: f64 = 8.0;
 /// (`--make-vocab-size-divisible-by`), so that it splits evenly.
 pub const VOCAB_PADDING: u64 = 128;
 
+/// Most blocks a config may ask for. A profile takes about 1.7 KB a
+/// block, so 100,000 blocks write about 170 MB, which reads back under
+/// the 256 MiB every command reads a file with (`limits.py`); the largest
+/// models have about a hundred. Past it the layers alone would not fit in
+/// memory (2^31 blocks asked for 309 GB, an abort, in a fuzz campaign).
+pub const MAX_BLOCKS: u64 = 100_000;
+
 /// Shipped model configs, by name: Hugging Face `config.json` files.
 pub const MODELS: [(&str, &str); 7] = [
     (
@@ -137,6 +144,18 @@ impl TransformerConfig {
         let hidden = required(&["hidden_size", "n_embd", "d_model"], "the hidden size")?;
         let heads = required(&["num_attention_heads", "n_head"], "the attention heads")?;
         let blocks = required(&["num_hidden_layers", "n_layer"], "the number of blocks")?;
+        if blocks > MAX_BLOCKS {
+            let key = ["num_hidden_layers", "n_layer"]
+                .into_iter()
+                .find(|k| obj.get(*k).is_some_and(|v| !v.is_null()))
+                .unwrap_or("num_hidden_layers");
+            return Err(Error::field(
+                key,
+                format!(
+                    "value {blocks} is over the {MAX_BLOCKS} blocks a generated profile may have"
+                ),
+            ));
+        }
         let vocabulary = required(&["vocab_size"], "the vocabulary size")?;
         let kv_heads = number(&["num_key_value_heads"], "the KV heads")?.unwrap_or(heads);
         let gpt_style = obj.contains_key("n_embd");
@@ -635,6 +654,22 @@ mod tests {
         assert_eq!(
             head.measurements[0].stored_activation_bytes,
             Some(logits + 2 * 4096 * 4096 * 2)
+        );
+    }
+
+    #[test]
+    fn a_config_past_the_most_blocks_names_its_field() {
+        let config = |blocks: u64| {
+            format!(r#"{{"n_embd": 128, "n_head": 4, "n_layer": {blocks}, "vocab_size": 500}}"#)
+        };
+        assert!(TransformerConfig::from_json(&config(MAX_BLOCKS)).is_ok());
+        // The sixth fuzz campaign's config: 2^31 blocks aborted the command.
+        let e = TransformerConfig::from_json(&config(1 << 31)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("n_layer"));
+        assert!(
+            e.message
+                .contains("value 2147483648 is over the 100000 blocks"),
+            "{e}"
         );
     }
 
