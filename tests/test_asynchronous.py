@@ -399,6 +399,18 @@ def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
     r = dapple("show", "--metrics", tmp_path / "bare.json", "--curves", tmp_path / "c3.png")
     assert_one_line_error(r, 3, "no evaluations", "--eval-every")
     assert not (tmp_path / "c2.png").exists() and not (tmp_path / "c3.png").exists()
+    # A plan that names no profile: the diagram's note comes after success,
+    # never before the one line of a failure.
+    unnamed = json.loads(plan.read_text())
+    unnamed["inputs"].pop("profile_path", None)
+    (tmp_path / "unnamed.json").write_text(json.dumps(unnamed))
+    diagram = ["--plan", tmp_path / "unnamed.json", "--diagram", tmp_path / "d.png"]
+    r = dapple("show", *diagram, "--metrics", tmp_path / "bare.json", "--curves", tmp_path / "c4.png")
+    assert_one_line_error(r, 3, "no evaluations", "--eval-every")
+    assert not (tmp_path / "d.png").exists() and not (tmp_path / "c4.png").exists()
+    r = dapple("show", *diagram)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("note: the plan's profile is not available")
     r = dapple("run", "--plan", plan, "--model", "dapple.planner.runtime.models:gpt", "--steps", 2, "--eval-every", 1)
     assert_one_line_error(r, 4, "--eval-every", "declares no validation split")
 

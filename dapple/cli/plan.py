@@ -49,7 +49,7 @@ from .render import plan_table
 @click.option("--max-search-steps", type=count_option_type(), default=None,
               help=f"Most steps (a stage costed, or put in front of one partial plan) the search may take at one "
                    f"micro-batch size (default {DEFAULT_MAX_SEARCH_STEPS:,}, a few seconds); past it that size's other "
-                   "layouts are left to the bounded walk and the plan is the best found (said on stderr); exit 9 "
+                   "layouts are left to the bounded walk, and it is not searched again and the plan is the best found (said on stderr); exit 9 "
                    "where none was.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "

@@ -81,6 +81,8 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     runs = [planner.RunMetrics.from_json(read_text(p), path_text(p)).to_dict() for p in metrics_paths] if curves_path else []
     needs_sim = gantt_path or memory_path
     plan = planner.Plan.load(plan_path) if plan_path else None
+    # Said after the pictures are written: a failure is one line, alone.
+    notes = []
     if plan is None:
         profile = None
     elif needs_sim or profile_path:
@@ -92,7 +94,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
             profile = profile_for(plan, plan_path, None)
         except (DappleIOError, planner.InvalidInputError):
             profile = None
-            click.echo("note: the plan's profile is not available; the diagram omits model layer counts", err=True)
+            notes.append("note: the plan's profile is not available; the diagram omits model layer counts")
 
     if gantt_path:
         pictures.check_timeline_size(plan, gantt_path, max_tasks_drawn)  # before simulating, and naming the target
@@ -109,3 +111,5 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
     for kind, path in wanted:
         what = draw[kind][1].format(schedule=sim.schedule if sim is not None else "")
         click.echo(f"wrote {path_text(path)} ({what})", err=True)
+    for note in notes:
+        click.echo(note, err=True)

@@ -21,12 +21,14 @@
 //! synchronous planner (`search/`) is not used: its objective is the
 //! flushed iteration.
 
-use crate::baselines::{block_partition, fastest_that_fits, layout_at_every_size};
+use crate::baselines::{fastest_that_fits, layout_at_every_size};
+use crate::block_partition::block_partition;
 use crate::cost::{Cluster, WarmupPolicy};
+use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_costed;
 use crate::plan::{Plan, PlanInputs};
-use crate::profile::{LayerCosts, Profile};
+use crate::profile::Profile;
 use crate::schedule::{steady_state_mini_batches, ScheduleKind};
 use crate::shape::Recompute;
 use crate::topology::Topology;
@@ -50,8 +52,9 @@ pub fn asynchronous_plan(
         ));
     }
     let min_slice = profile.min_slice(min_micro_batch_size);
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::for_model(topology, &layers)?;
+    let costs = ProfileCosts::new(profile);
+    let layers = &costs.layers;
+    let cluster = Cluster::for_model(topology, layers)?;
     let gpus = cluster.num_devices();
     let n = layers.num_layers;
     let t = layers.times_at(min_slice);
@@ -84,13 +87,13 @@ pub fn asynchronous_plan(
             .into_iter()
             .filter(|p| steady_state_mini_batches(p.stages.len(), p.micro_batches).is_ok())
         {
-            candidates.extend(recomputing_where_needed(&plan, profile));
+            candidates.extend(recomputing_where_needed(&plan, &costs));
             candidates.push(plan);
         }
     }
     fastest_that_fits(
         candidates,
-        profile,
+        &costs,
         WarmupPolicy::A,
         kind.name(),
         global_batch_size,
@@ -102,8 +105,8 @@ pub fn asynchronous_plan(
 /// (keeping only its input for the backward); None where every stage fits
 /// already, or either plan cannot be costed (the candidate itself then
 /// says why).
-fn recomputing_where_needed(plan: &Plan, profile: &Profile) -> Option<Plan> {
-    let estimate = evaluate(plan, profile).ok()?;
+fn recomputing_where_needed(plan: &Plan, costs: &ProfileCosts) -> Option<Plan> {
+    let estimate = evaluate_costed(plan, costs).ok()?;
     if estimate.fits_memory {
         return None;
     }
@@ -115,13 +118,14 @@ fn recomputing_where_needed(plan: &Plan, profile: &Profile) -> Option<Plan> {
     }
     // A stage may not re-compute everywhere (on unlike GPUs): then there is
     // no such candidate.
-    evaluate(&recomputing, profile).ok()?;
+    evaluate_costed(&recomputing, costs).ok()?;
     Some(recomputing)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::evaluate::evaluate;
     use crate::profile::chain_profile;
 
     #[test]

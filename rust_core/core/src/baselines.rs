@@ -17,9 +17,11 @@
 
 use rayon::prelude::*;
 
+use crate::block_partition::{block_partition, weighted_block_partition};
 use crate::cost::{Cluster, StageCoster, WarmupPolicy};
+use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_costed;
 use crate::megatron::megatron_plans;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
@@ -27,7 +29,7 @@ use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
 use crate::search::space::micro_batch_sizes;
 use crate::topology::Topology;
-use crate::warmup::plan_with_chosen_warmups;
+use crate::warmup::plan_with_chosen_warmups_below;
 
 crate::named_enum! {
     /// The strategies `dapple compare` runs beside the search.
@@ -53,49 +55,6 @@ crate::named_enum! {
         /// degree, pipeline depth and data parallelism, with 1F1B.
         Megatron = "megatron",
     }
-}
-
-/// Contiguous split of `weights` into `parts` blocks minimising the largest
-/// block sum (block partition of a sequence), as (start, end) ranges.
-pub fn block_partition(weights: &[f64], parts: usize) -> Vec<(usize, usize)> {
-    let parts = parts.clamp(1, weights.len().max(1));
-    weighted_block_partition(weights, &vec![1.0; parts])
-}
-
-/// Contiguous split of `weights` into one block per capacity, in order,
-/// minimising the largest block sum over its capacity: the slowest stage
-/// when block k runs at speed `capacities[k]`.
-pub fn weighted_block_partition(weights: &[f64], capacities: &[f64]) -> Vec<(usize, usize)> {
-    let n = weights.len();
-    let parts = capacities.len().clamp(1, n.max(1));
-    let mut prefix = vec![0.0; n + 1];
-    for (i, w) in weights.iter().enumerate() {
-        prefix[i + 1] = prefix[i] + w;
-    }
-    // best[k][j]: smallest largest block time over splits of the first j items into k blocks.
-    let mut best = vec![vec![f64::INFINITY; n + 1]; parts + 1];
-    let mut cut = vec![vec![0usize; n + 1]; parts + 1];
-    best[0][0] = 0.0;
-    for k in 1..=parts {
-        for j in k..=n {
-            for i in (k - 1)..j {
-                let v = best[k - 1][i].max((prefix[j] - prefix[i]) / capacities[k - 1]);
-                if v < best[k][j] {
-                    best[k][j] = v;
-                    cut[k][j] = i;
-                }
-            }
-        }
-    }
-    let mut ranges = Vec::with_capacity(parts);
-    let mut j = n;
-    for k in (1..=parts).rev() {
-        let i = cut[k][j];
-        ranges.push((i, j));
-        j = i;
-    }
-    ranges.reverse();
-    ranges
 }
 
 /// A stage layout before micro-batching: layer ranges and their devices.
@@ -386,20 +345,21 @@ pub type StageLayout = (usize, usize, Vec<u32>);
 /// The baseline's layout at every micro-batch size it can take (each
 /// device's slice at least `min_slice`), with the K_i of `policy` (one
 /// micro-batch under auto, whose depths are chosen later). Not costed.
-pub fn baseline_layouts(
+pub(crate) fn baseline_layouts(
     kind: Baseline,
-    profile: &Profile,
+    costs: &ProfileCosts,
     topology: &Topology,
     global_batch_size: u32,
     min_slice: u32,
     policy: WarmupPolicy,
 ) -> Result<Vec<Plan>> {
+    let profile = costs.profile;
     if kind == Baseline::Megatron {
         return megatron_plans(profile, topology, global_batch_size, min_slice);
     }
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::for_model(topology, &layers)?;
-    let stages = layout(kind, profile, &layers, &cluster, min_slice)?;
+    let layers = &costs.layers;
+    let cluster = Cluster::for_model(topology, layers)?;
+    let stages = layout(kind, profile, layers, &cluster, min_slice)?;
     let inputs = PlanInputs::new(
         profile,
         topology,
@@ -411,7 +371,7 @@ pub fn baseline_layouts(
     let mut plans = layout_at_every_size(&inputs, &stages, baseline_schedule(kind), policy);
     if matches!(kind, Baseline::WhaleDataParallel | Baseline::WhalePipeline) {
         for plan in &mut plans {
-            balance_slices(plan, &layers, &cluster, min_slice);
+            balance_slices(plan, layers, &cluster, min_slice);
         }
     }
     Ok(plans)
@@ -523,17 +483,11 @@ pub fn baseline_plan(
     } else {
         policy
     };
-    let layouts = baseline_layouts(
-        kind,
-        profile,
-        topology,
-        global_batch_size,
-        min_slice,
-        policy,
-    )?;
+    let costs = ProfileCosts::new(profile);
+    let layouts = baseline_layouts(kind, &costs, topology, global_batch_size, min_slice, policy)?;
     fastest_that_fits(
         layouts,
-        profile,
+        &costs,
         policy,
         kind.name(),
         global_batch_size,
@@ -569,7 +523,7 @@ pub fn layout_plan(
     let layouts = layout_at_every_size(&inputs, stages, schedule_kind, policy);
     fastest_that_fits(
         layouts,
-        profile,
+        &ProfileCosts::new(profile),
         policy,
         made_by,
         global_batch_size,
@@ -579,24 +533,23 @@ pub fn layout_plan(
 
 pub(crate) fn fastest_that_fits(
     layouts: Vec<Plan>,
-    profile: &Profile,
+    costs: &ProfileCosts,
     policy: WarmupPolicy,
     name: &str,
     global_batch_size: u32,
     min_slice: u32,
 ) -> Result<Plan> {
-    // Each micro-batch size is checked and costed like a hand-written plan
-    // (which re-hashes the profile each time: well under a millisecond),
-    // in parallel; the choice below runs in size order.
+    // Each micro-batch size is checked and costed like a hand-written
+    // plan, in parallel; the choice below runs in size order.
     let costed: Vec<(Option<Plan>, f64)> = layouts
         .into_par_iter()
         .map(|plan| {
-            let estimate = evaluate(&plan, profile)?;
+            let estimate = evaluate_costed(&plan, costs)?;
             let need = estimate.peak_memory_bytes;
             let searched =
                 policy == WarmupPolicy::Auto && plan.schedule.kind != ScheduleKind::GPipe;
             let costed = if searched {
-                plan_with_chosen_warmups(&plan, profile)?.0
+                plan_with_chosen_warmups_below(&plan, costs, f64::INFINITY)?.0
             } else {
                 Some(Plan {
                     estimate: Some(estimate),
@@ -636,23 +589,6 @@ pub(crate) fn fastest_that_fits(
 mod tests {
     use super::*;
     use crate::profile::chain_profile;
-
-    #[test]
-    fn block_partition_minimises_the_largest_block() {
-        assert_eq!(
-            block_partition(&[1.0, 1.0, 1.0, 1.0], 2),
-            vec![(0, 2), (2, 4)]
-        );
-        assert_eq!(
-            block_partition(&[5.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2),
-            vec![(0, 1), (1, 6)]
-        );
-        assert_eq!(
-            block_partition(&[1.0, 2.0, 3.0, 4.0, 5.0], 3),
-            vec![(0, 3), (3, 4), (4, 5)]
-        );
-        assert_eq!(block_partition(&[1.0; 3], 5).len(), 3);
-    }
 
     #[test]
     fn baselines_are_valid_plans_of_their_kind() {

@@ -29,7 +29,7 @@
 //! (`stage_costs`, no formula copied here).
 
 use crate::cost::{Alloc, StageCost, StageCoster};
-use crate::costing::{stage_costs, with_coster};
+use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
 use crate::layout::RunLayout;
 use crate::metrics::RunMetrics;
@@ -262,7 +262,7 @@ fn run_costs(
     ran.inputs.profile_sha256 = String::new();
     with_coster(
         &ran,
-        profile,
+        &ProfileCosts::new(profile),
         |coster: &StageCoster, allocs: &[Alloc], _| {
             let (costs, _) = stage_costs(coster, &ran, allocs, ran.stages.len() == 1);
             let timings = ran

@@ -5,7 +5,7 @@
 use crate::cost::{
     pipeline_latency, zero_bubble_latency, Alloc, PipeStage, StageCost, StageCoster,
 };
-use crate::costing::{stage_costs, with_coster};
+use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::Result;
 use crate::plan::{
     plan_schedule, Estimate, PipelinePosition, Plan, PositionKind, TransferEstimate,
@@ -17,15 +17,20 @@ use crate::simulate::{rerun_as_scheduled, sim_stages, simulate_stages, SimStage,
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
-    with_coster(plan, profile, |coster, allocs, _| {
+    evaluate_costed(plan, &ProfileCosts::new(profile))
+}
+
+/// [`evaluate`] with what the profile gives every plan derived once.
+pub(crate) fn evaluate_costed(plan: &Plan, costs: &ProfileCosts) -> Result<Estimate> {
+    with_coster(plan, costs, |coster, allocs, _| {
         estimate_stages(coster, plan, allocs)
     })
 }
 
 /// [`evaluate`] without the simulation (`iteration_ms` None): formula (2),
 /// the bound a search candidate is ranked by before it is simulated.
-pub(crate) fn bound_estimate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
-    with_coster(plan, profile, |coster, allocs, _| {
+pub(crate) fn bound_estimate(plan: &Plan, costs: &ProfileCosts) -> Result<Estimate> {
+    with_coster(plan, costs, |coster, allocs, _| {
         bound_estimate_stages(coster, plan, allocs)
     })
 }

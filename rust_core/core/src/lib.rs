@@ -8,6 +8,7 @@ pub mod artifact;
 pub mod asynchronous;
 pub mod balance;
 pub mod baselines;
+pub mod block_partition;
 pub mod calibrate;
 pub mod cost;
 mod costing;

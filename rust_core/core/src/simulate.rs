@@ -23,7 +23,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
-use crate::costing::{stage_costs, with_coster};
+use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
 use crate::plan::{plan_schedule, Plan};
@@ -980,10 +980,10 @@ pub(crate) fn sim_stages(
 /// (data-parallel) stage hides its AllReduce behind the last backward.
 pub(crate) fn sim_inputs(
     plan: &Plan,
-    profile: &Profile,
+    costs: &ProfileCosts,
     overlap_allreduce: bool,
 ) -> Result<(Vec<SimStage>, Vec<f64>)> {
-    with_coster(plan, profile, |coster, allocs, _| {
+    with_coster(plan, costs, |coster, allocs, _| {
         let overlap = plan.stages.len() == 1 && overlap_allreduce;
         let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
         (sim_stages(coster, plan, &costs, allocs), transfers)
@@ -992,7 +992,8 @@ pub(crate) fn sim_inputs(
 
 /// Simulate a plan with the same stage costs the estimate uses.
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
-    let (stages, transfers) = sim_inputs(plan, profile, opts.overlap_allreduce)?;
+    let (stages, transfers) =
+        sim_inputs(plan, &ProfileCosts::new(profile), opts.overlap_allreduce)?;
     let schedule = plan_schedule(plan, opts.schedule)?;
     let recompute = opts.recompute || plan.recomputes_every_stage();
     simulate_stages(&stages, &transfers, &schedule, recompute)

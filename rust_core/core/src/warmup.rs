@@ -17,9 +17,10 @@
 //! plain numbers. How close to exact this is: docs/simulation.md.
 
 use crate::cost::WarmupPolicy;
+use crate::costing::ProfileCosts;
 use crate::early_backward::iteration_ms_and_passes;
 use crate::error::Result;
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_costed;
 use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
@@ -303,7 +304,7 @@ fn depths_to_try(low: u32, high: u32, current: u32) -> Vec<u32> {
 /// `choose_warmups` picks, costed, and the micro-batch passes simulated
 /// to choose them. None when no depths fit in memory.
 pub fn plan_with_chosen_warmups(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
-    plan_with_chosen_warmups_below(plan, profile, f64::INFINITY)
+    plan_with_chosen_warmups_below(plan, &ProfileCosts::new(profile), f64::INFINITY)
 }
 
 /// [`plan_with_chosen_warmups`], where only a plan faster than `below_ms`
@@ -311,10 +312,10 @@ pub fn plan_with_chosen_warmups(plan: &Plan, profile: &Profile) -> Result<(Optio
 /// simulate no faster.
 pub(crate) fn plan_with_chosen_warmups_below(
     plan: &Plan,
-    profile: &Profile,
+    costs: &ProfileCosts,
     below_ms: f64,
 ) -> Result<(Option<Plan>, u64)> {
-    let (stages, transfers) = sim_inputs(plan, profile, true)?;
+    let (stages, transfers) = sim_inputs(plan, costs, true)?;
     let Some(chosen) = choose_warmups(&stages, &transfers, plan.micro_batches)? else {
         return Ok((None, 0));
     };
@@ -328,7 +329,7 @@ pub(crate) fn plan_with_chosen_warmups_below(
     for (stage, k) in costed.stages.iter_mut().zip(chosen.depths) {
         stage.warmup_micro_batches = k;
     }
-    costed.estimate = Some(evaluate(&costed, profile)?);
+    costed.estimate = Some(evaluate_costed(&costed, costs)?);
     Ok((Some(costed), simulated_passes))
 }
 

@@ -25,10 +25,20 @@ pub fn check(plan: &Plan, profile: &Profile) -> Result<(Vec<Alloc>, WarmupPolicy
 /// it and covers its layers; without, the layer count is the runtime's to
 /// check against the model. Returns each stage's GPUs per machine.
 pub fn check_layout(plan: &Plan, profile: Option<&Profile>) -> Result<Vec<Alloc>> {
+    let hash = profile.map(Profile::sha256);
+    check_layout_hashed(plan, profile.zip(hash.as_deref()))
+}
+
+/// [`check_layout`] with the profile's hash given beside it.
+pub(crate) fn check_layout_hashed(
+    plan: &Plan,
+    profile: Option<(&Profile, &str)>,
+) -> Result<Vec<Alloc>> {
     check_batching(plan)?;
-    if let Some(profile) = profile {
-        check_made_from(plan, profile)?;
+    if let Some((_, hash)) = profile {
+        check_made_from(plan, hash)?;
     }
+    let profile = profile.map(|(p, _)| p);
     let layers = profile.map(|p| p.layers.len());
     let cluster = Cluster::new(&plan.inputs.topology);
     // The stage that uses each device so far.
@@ -84,18 +94,18 @@ fn check_batching(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// The plan was made from `profile`, where it records which (an empty hash
-/// is a hand-written plan's "unknown").
-fn check_made_from(plan: &Plan, profile: &Profile) -> Result<()> {
+/// The plan was made from the profile of hash `profile_sha256`, where it
+/// records which (an empty hash is a hand-written plan's "unknown").
+fn check_made_from(plan: &Plan, profile_sha256: &str) -> Result<()> {
     let expected_hash = &plan.inputs.profile_sha256;
-    if expected_hash.is_empty() || *expected_hash == profile.sha256() {
+    if expected_hash.is_empty() || expected_hash == profile_sha256 {
         return Ok(());
     }
     let mut e = Error::incompatible(format!(
         "the plan was made from another profile (sha256 {}..., this one is {}...)",
         // Characters, not bytes: a hand-edited hash may not be ASCII.
         expected_hash.chars().take(12).collect::<String>(),
-        &profile.sha256()[..12]
+        &profile_sha256[..12]
     ));
     e.field = Some("inputs.profile_sha256".into());
     Err(e)

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 mod check;
+pub(crate) use check::check_layout_hashed;
 pub use check::{check, check_layout};
 
 use crate::cost::{StageCost, WarmupPolicy};

@@ -8,16 +8,16 @@ use rayon::prelude::*;
 
 use crate::baselines::{baseline_layouts, Baseline};
 use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
+use crate::costing::ProfileCosts;
 use crate::error::{ErrorKind, Result};
-use crate::evaluate::{bound_estimate, bound_estimate_stages, estimate_stages, evaluate};
+use crate::evaluate::{bound_estimate, bound_estimate_stages, estimate_stages, evaluate_costed};
 use crate::megatron::uniform_plans;
-use crate::plan::{check, Plan, PlanInputs, ScheduleChoice, Stage};
-use crate::profile::{LayerCosts, Profile};
+use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::schedule::{within_passes, ScheduleKind};
 
 use crate::hints::{Hints, NO_HINTS};
 use crate::topology::Topology;
-use crate::warmup::{plan_with_chosen_warmups, plan_with_chosen_warmups_below};
+use crate::warmup::plan_with_chosen_warmups_below;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
 use super::space::{hints_admit, layout_of, Context, SearchSpace, ShapeChoices, Space};
@@ -66,7 +66,7 @@ pub(crate) fn simulated_and_bound_ms(plan: &Plan) -> (f64, f64) {
 
 /// The candidates costed so far that fit in memory, fastest first.
 pub(crate) struct Ranking<'p> {
-    profile: &'p Profile,
+    costs: &'p ProfileCosts<'p>,
     warmup_policy: WarmupPolicy,
     /// Candidates the hints do not admit are never ranked.
     hints: &'p Hints,
@@ -78,12 +78,12 @@ pub(crate) struct Ranking<'p> {
 
 impl<'p> Ranking<'p> {
     pub(crate) fn new(
-        profile: &'p Profile,
+        costs: &'p ProfileCosts<'p>,
         warmup_policy: WarmupPolicy,
         hints: &'p Hints,
     ) -> Ranking<'p> {
         Ranking {
-            profile,
+            costs,
             warmup_policy,
             hints,
             ranked: Vec::new(),
@@ -91,8 +91,8 @@ impl<'p> Ranking<'p> {
         }
     }
 
-    pub(crate) fn profile(&self) -> &'p Profile {
-        self.profile
+    pub(crate) fn costs(&self) -> &'p ProfileCosts<'p> {
+        self.costs
     }
 
     pub(crate) fn warmup_policy(&self) -> WarmupPolicy {
@@ -113,7 +113,7 @@ impl<'p> Ranking<'p> {
         candidates.retain(|c| hints_admit(self.hints, &c.plan));
         self.offered += candidates.len() as u32;
         let costed =
-            simulate_in_bound_order(candidates, fastest_ms, self.profile, self.warmup_policy)?;
+            simulate_in_bound_order(candidates, fastest_ms, self.costs, self.warmup_policy)?;
         self.ranked.extend(costed);
         self.ranked.sort_by(Candidate::faster);
         Ok(())
@@ -136,10 +136,10 @@ impl<'p> Ranking<'p> {
 fn simulate_in_bound_order(
     candidates: Vec<Candidate>,
     mut fastest_ms: f64,
-    profile: &Profile,
+    costs: &ProfileCosts,
     warmup_policy: WarmupPolicy,
 ) -> Result<Vec<Candidate>> {
-    let mut bounded = estimated(candidates, profile)?;
+    let mut bounded = estimated(candidates, costs)?;
     let bound = |c: &Candidate| c.plan.estimate.as_ref().expect("bounded").latency_ms;
     bounded.sort_by(|a, b| bound(a).total_cmp(&bound(b)));
     let width = rayon::current_num_threads().max(1);
@@ -153,10 +153,12 @@ fn simulate_in_bound_order(
             .into_par_iter()
             .map(|Candidate { plan, source }| {
                 let plan = match warmup_policy {
-                    WarmupPolicy::Auto => plan_with_chosen_warmups(&plan, profile)?.0,
+                    WarmupPolicy::Auto => {
+                        plan_with_chosen_warmups_below(&plan, costs, f64::INFINITY)?.0
+                    }
                     _ if simulated(&plan) => Some(plan),
                     _ => Some(Plan {
-                        estimate: Some(evaluate(&plan, profile)?),
+                        estimate: Some(evaluate_costed(&plan, costs)?),
                         ..plan
                     }),
                 };
@@ -187,14 +189,14 @@ fn simulated(plan: &Plan) -> bool {
 
 /// The candidates with an estimate, at least its bound: baselines' layouts
 /// come uncosted; the search's own with their bound.
-fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candidate>> {
+fn estimated(candidates: Vec<Candidate>, costs: &ProfileCosts) -> Result<Vec<Candidate>> {
     candidates
         .into_par_iter()
         .map(|Candidate { plan, source }| {
             let plan = match plan.estimate {
                 Some(_) => plan,
                 None => Plan {
-                    estimate: Some(bound_estimate(&plan, profile)?),
+                    estimate: Some(bound_estimate(&plan, costs)?),
                     ..plan
                 },
             };
@@ -209,11 +211,12 @@ fn estimated(candidates: Vec<Candidate>, profile: &Profile) -> Result<Vec<Candid
 /// fastest of them (`uniform_degree`), so these also bring the other
 /// degrees into the choice. None for a profile that splits nothing.
 pub(crate) fn megatron_candidates(
-    profile: &Profile,
+    costs: &ProfileCosts,
     topology: &Topology,
     global_batch_size: u32,
     min_slice: u32,
 ) -> Vec<Candidate> {
+    let profile = costs.profile;
     if profile.layers.iter().all(|l| l.split.is_empty()) {
         return Vec::new();
     }
@@ -221,7 +224,7 @@ pub(crate) fn megatron_candidates(
         .into_iter()
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
-        .filter(|(plan, _)| check(plan, profile).is_ok())
+        .filter(|(plan, _)| costs.check(plan).is_ok())
         .map(|(plan, source)| Candidate { plan, source })
         .collect()
 }
@@ -229,14 +232,11 @@ pub(crate) fn megatron_candidates(
 /// The split degree of the uniform candidate with the smallest formula (2)
 /// value that fits in memory at its warm-up depths; None where none fits.
 /// Each candidate keeps its estimate, which the ranking then reuses.
-pub(crate) fn uniform_degree(candidates: &mut [Candidate], profile: &Profile) -> Option<u32> {
+pub(crate) fn uniform_degree(candidates: &mut [Candidate], costs: &ProfileCosts) -> Option<u32> {
     candidates
         .iter_mut()
         .filter_map(|c| {
-            let estimate = c
-                .plan
-                .estimate
-                .insert(bound_estimate(&c.plan, profile).ok()?);
+            let estimate = c.plan.estimate.insert(bound_estimate(&c.plan, costs).ok()?);
             estimate
                 .fits_memory
                 .then(|| (estimate.latency_ms, c.plan.stages[0].tensor_parallel))
@@ -252,7 +252,7 @@ pub(crate) fn uniform_degree(candidates: &mut [Candidate], profile: &Profile) ->
 /// the cluster (PipeDream's planner on machines of unequal size) offers
 /// none.
 pub(crate) fn baseline_candidates(
-    profile: &Profile,
+    costs: &ProfileCosts,
     topology: &Topology,
     space: &Space,
     warmup_policy: WarmupPolicy,
@@ -266,7 +266,7 @@ pub(crate) fn baseline_candidates(
     for kind in kinds {
         let layouts = match baseline_layouts(
             kind,
-            profile,
+            costs,
             topology,
             global_batch_size,
             min_slice,
@@ -288,16 +288,15 @@ pub(crate) fn baseline_candidates(
 /// warm-up policy, costed as a candidate; None when none fits.
 pub(crate) fn best_placement_of(
     plan: &Plan,
-    profile: &Profile,
+    costs: &ProfileCosts,
     inputs: &PlanInputs,
-    layers: &LayerCosts,
     cluster: &Cluster,
     min_slice: u32,
 ) -> Result<Option<Plan>> {
     let layout = layout_of(plan);
     let policy = plan.schedule.warmup_policy;
     let ctx = Context {
-        layers,
+        layers: &costs.layers,
         cluster,
         policy,
         min_slice,
@@ -312,7 +311,7 @@ pub(crate) fn best_placement_of(
         return Ok(None);
     };
     let placed = build_plan(inputs, &ctx, b, m, &found);
-    Ok(cost_candidate(&placed, profile)?.0)
+    Ok(cost_candidate(&placed, costs)?.0)
 }
 
 /// A candidate costed as the search ranks it: under warm-up policy auto
@@ -322,8 +321,8 @@ pub(crate) fn best_placement_of(
 /// the layout is simulated once to cost it (every stage's 2M tasks, F and
 /// B), the warm-up choice's passes (two tasks each) on top, and building
 /// and checking the plan costs `PLAN_OVERHEAD_TASKS`.
-pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<Plan>, u64)> {
-    cost_candidate_below(plan, profile, f64::INFINITY)
+pub(crate) fn cost_candidate(plan: &Plan, costs: &ProfileCosts) -> Result<(Option<Plan>, u64)> {
+    cost_candidate_below(plan, costs, f64::INFINITY)
 }
 
 /// [`cost_candidate`] where only a plan faster than `below_ms` is wanted:
@@ -331,21 +330,20 @@ pub(crate) fn cost_candidate(plan: &Plan, profile: &Profile) -> Result<(Option<P
 /// is None without its full simulation (the walk's case).
 pub(crate) fn cost_candidate_below(
     plan: &Plan,
-    profile: &Profile,
+    costs: &ProfileCosts,
     below_ms: f64,
 ) -> Result<(Option<Plan>, u64)> {
     let per_simulation = 2 * u64::from(plan.micro_batches) * plan.stages.len() as u64;
     let mut tasks = PLAN_OVERHEAD_TASKS + per_simulation;
     let costed = match plan.schedule.warmup_policy {
         WarmupPolicy::Auto => {
-            let (chosen, simulated_passes) =
-                plan_with_chosen_warmups_below(plan, profile, below_ms)?;
+            let (chosen, simulated_passes) = plan_with_chosen_warmups_below(plan, costs, below_ms)?;
             tasks += 2 * simulated_passes;
             chosen
         }
         _ if simulated(plan) => Some(plan.clone()),
         _ => Some(Plan {
-            estimate: Some(evaluate(plan, profile)?),
+            estimate: Some(evaluate_costed(plan, costs)?),
             ..plan.clone()
         }),
     };

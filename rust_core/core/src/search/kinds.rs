@@ -13,10 +13,10 @@
 //! compared over the layouts the searches kept (docs/schedules.md).
 
 use crate::cost::WarmupPolicy;
+use crate::costing::ProfileCosts;
 use crate::error::Result;
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_costed;
 use crate::plan::{warmup_depth, Plan};
-use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
 
 /// The synchronous kinds the search chooses among; early backward is the
@@ -28,7 +28,11 @@ pub const SEARCHED_KINDS: [ScheduleKind; 2] =
 /// None where it does not fit, or the kind cannot run its micro-batches
 /// (torch's ZB-H1 order takes them in equal rounds). Early backward keeps
 /// the plan's own depths.
-pub(crate) fn as_kind(plan: &Plan, kind: ScheduleKind, profile: &Profile) -> Result<Option<Plan>> {
+pub(crate) fn as_kind(
+    plan: &Plan,
+    kind: ScheduleKind,
+    costs: &ProfileCosts,
+) -> Result<Option<Plan>> {
     if kind == plan.schedule.kind {
         return Ok(Some(plan.clone()));
     }
@@ -42,7 +46,7 @@ pub(crate) fn as_kind(plan: &Plan, kind: ScheduleKind, profile: &Profile) -> Res
         }
     }
     // The plan checked as `plan` was; only the kind's own rules can refuse it.
-    let Ok(estimate) = evaluate(&other, profile) else {
+    let Ok(estimate) = evaluate_costed(&other, costs) else {
         return Ok(None);
     };
     Ok(estimate.fits_memory.then_some(Plan {
@@ -79,18 +83,18 @@ pub(crate) fn fastest_kind(
     chosen: &Plan,
     ranked: &[&Plan],
     kinds: &[ScheduleKind],
-    profile: &Profile,
+    costs: &ProfileCosts,
 ) -> Result<Option<Plan>> {
     let mut best: Option<Plan> = None;
     let policy = chosen.schedule.warmup_policy;
-    keep_faster(&mut best, chosen, kinds, policy, profile)?;
+    keep_faster(&mut best, chosen, kinds, policy, costs)?;
     let mut others: Vec<(f64, &Plan)> = ranked.iter().map(|p| (busiest_stage_ms(p), *p)).collect();
     others.sort_by(|a, b| a.0.total_cmp(&b.0));
     for (bound, plan) in others {
         if best.as_ref().is_some_and(|b| bound >= simulated_ms(b)) {
             break;
         }
-        keep_faster(&mut best, plan, kinds, policy, profile)?;
+        keep_faster(&mut best, plan, kinds, policy, costs)?;
     }
     Ok(best)
 }
@@ -102,14 +106,14 @@ fn keep_faster(
     plan: &Plan,
     kinds: &[ScheduleKind],
     policy: WarmupPolicy,
-    profile: &Profile,
+    costs: &ProfileCosts,
 ) -> Result<()> {
     for &kind in kinds {
         let depths_searched = kind == ScheduleKind::EarlyBackward1F1B;
         if depths_searched && plan.schedule.warmup_policy != policy {
             continue;
         }
-        let Some(mut run) = as_kind(plan, kind, profile)? else {
+        let Some(mut run) = as_kind(plan, kind, costs)? else {
             continue;
         };
         run.schedule.warmup_policy = policy;

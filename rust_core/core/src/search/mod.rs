@@ -17,6 +17,7 @@
 //! list, and none imports this module.
 
 use crate::cost::{Cluster, WarmupPolicy};
+use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::plan::{ChosenBy, Plan, PlanInputs, Selection};
 use crate::profile::{LayerCosts, Profile};
@@ -41,7 +42,7 @@ use candidate::{
 use dp::MemoryBudget;
 use passes::{
     explain_infeasible, full_space_limit_error, memory_floor_error, run_passes, second_pass,
-    sizes_alone, PassBest, PassResults,
+    sizes_alone, PassBest, PassResults, StepLimit,
 };
 use refine::{refine_from_two_starts, Refined, REFINE_MAX_DEVICES};
 use space::{searched_micro_batch_sizes, Space};
@@ -63,9 +64,9 @@ pub struct SearchOptions {
     /// Most memory the DP's tables may take (`DEFAULT_MAX_SEARCH_BYTES`);
     /// past it the search stops with a limit error.
     pub max_search_bytes: u64,
-    /// Most steps the DP may take at one micro-batch size (a stage costed,
-    /// or put in front of one suffix: `Dp::steps`;
-    /// `DEFAULT_MAX_SEARCH_STEPS`); past it that size's run stops, its best
+    /// Most steps the DP may take at one micro-batch size, over the whole
+    /// search (a stage costed, or put in front of one suffix: `Dp::steps`;
+    /// `DEFAULT_MAX_SEARCH_STEPS`; `passes::StepLimit`); past it that size's run stops, its best
     /// complete plans so far are candidates, its other layouts are left
     /// to the walk, and the plan is the best of them all.
     pub max_search_steps: u64,
@@ -175,7 +176,8 @@ pub(crate) fn search_offering(
     let kinds = opts
         .schedule
         .map_or_else(|| kinds::SEARCHED_KINDS.to_vec(), |k| vec![k]);
-    let (chosen, mut ranked, mut stats) = search_layouts(profile, topology, opts, offered)?;
+    let costs = ProfileCosts::new(profile);
+    let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
     if kinds.contains(&ScheduleKind::ZeroBubbleH1) && opts.warmup_policy != WarmupPolicy::A {
         // ZB-H1 runs policy A's depths: the layouts best at them are its
         // candidates too (a layout fast only as ZB-H1 can rank low under
@@ -184,7 +186,10 @@ pub(crate) fn search_offering(
             warmup_policy: WarmupPolicy::A,
             ..opts.clone()
         };
-        if let Ok((plan, more, also)) = search_layouts(profile, topology, &at_a, offered) {
+        // A size past its step limit is not searched again.
+        let passed_at = stats.abandoned_micro_batch_sizes.clone();
+        if let Ok((plan, more, also)) = search_layouts(&costs, topology, &at_a, offered, &passed_at)
+        {
             ranked.push(plan);
             ranked.extend(more);
             stats.states += also.states;
@@ -198,7 +203,7 @@ pub(crate) fn search_offering(
     }
     // 6. The schedule kind.
     let ranked: Vec<&Plan> = ranked.iter().collect();
-    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, profile)? else {
+    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, &costs)? else {
         return Err(Error::infeasible(format!(
             "no layout the search ranked runs as {} within memory (ZB-H1 also needs its \
              micro-batches in equal rounds of at least the stage count)",
@@ -239,44 +244,56 @@ pub fn check_memory_floor(
     memory_floor_error(&layers, &cluster, &sizes).map_or(Ok(()), Err)
 }
 
+/// What no search can get past, found before any: no plan fits in memory
+/// at any size, or the full space's tables cannot fit their limit.
+fn refuse_before_searching(
+    layers: &LayerCosts,
+    cluster: &Cluster,
+    sizes: &[u32],
+    opts: &SearchOptions,
+) -> Result<()> {
+    if let Some(e) = memory_floor_error(layers, cluster, sizes) {
+        // At once, not after searching every micro-batch size.
+        return Err(opts.hints.named_in(e));
+    }
+    let table_limits = (opts.max_search_bytes, DEFAULT_MAX_SEARCH_BYTES);
+    full_space_limit_error(cluster, opts.search_space, table_limits).map_or(Ok(()), Err)
+}
+
 /// Phases 1-5: the chosen early-backward plan, every candidate ranked on
-/// the way, and the search's counts.
+/// the way, and the search's counts. `passed_at`: the micro-batch sizes
+/// whose DP runs passed the step limit earlier in this search (`StepLimit`).
 fn search_layouts(
-    profile: &Profile,
+    costs: &ProfileCosts,
     topology: &Topology,
     opts: &SearchOptions,
     offered: Offered,
+    passed_at: &[u32],
 ) -> Result<(Plan, Vec<Plan>, SearchStats)> {
+    let profile = costs.profile;
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
     let (min_slice, sizes) = micro_batch_split(profile, topology, opts)?;
-    let layers = LayerCosts::new(profile);
-    let cluster = Cluster::for_model(topology, &layers)?;
+    let layers = &costs.layers;
+    let cluster = Cluster::for_model(topology, layers)?;
     let hints = &opts.hints;
-    if let Some(e) = memory_floor_error(&layers, &cluster, &sizes) {
-        // At once, not after searching every micro-batch size.
-        return Err(hints.named_in(e));
-    }
-    let table_limits = (opts.max_search_bytes, DEFAULT_MAX_SEARCH_BYTES);
-    if let Some(e) = full_space_limit_error(&cluster, opts.search_space, table_limits) {
-        return Err(e);
-    }
+    refuse_before_searching(layers, &cluster, &sizes, opts)?;
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
     let mut uniform = match opts.stage_shapes {
         StageShapes::Auto | StageShapes::All => {
-            megatron_candidates(profile, topology, opts.global_batch_size, min_slice)
+            megatron_candidates(costs, topology, opts.global_batch_size, min_slice)
         }
         StageShapes::Plain => Vec::new(),
     };
     // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
     let space = Space::new(
-        &layers,
+        layers,
         &cluster,
         (
             opts.search_space,
             opts.stage_shapes,
             machine_aligned
-                .then(|| uniform_degree(&mut uniform, profile))
+                .then(|| uniform_degree(&mut uniform, costs))
                 .flatten(),
         ),
         opts.warmup_policy,
@@ -286,7 +303,8 @@ fn search_layouts(
     );
     // 2. The DP passes: each rule's best plans, and the space's bound.
     let budget = MemoryBudget::new(opts.max_search_bytes);
-    let passes = run_passes(&space, &budget, opts.max_search_steps)?;
+    let steps = StepLimit::new(opts.max_search_steps, passed_at);
+    let passes = run_passes(&space, &budget, steps)?;
     let mut stats = SearchStats {
         micro_batch_sizes: space.sizes.clone(),
         states: passes.states,
@@ -300,7 +318,7 @@ fn search_layouts(
     }
     let inputs = plan_inputs(profile, topology, &space, opts);
     // 3. Candidates, costed and ranked by simulation.
-    let mut ranking = Ranking::new(profile, opts.warmup_policy, hints);
+    let mut ranking = Ranking::new(costs, opts.warmup_policy, hints);
     let baselines_on = (offered == Offered::WithBaselines).then_some(topology);
     offer_first_candidates(
         &mut ranking,
@@ -311,11 +329,18 @@ fn search_layouts(
         uniform,
     )?;
     offer_other_stage_counts(&mut ranking, &space, &inputs, &passes)?;
-    offer_second_pass(&mut ranking, &space, &inputs, &passes, opts, &mut stats)?;
+    offer_second_pass(
+        &mut ranking,
+        &space,
+        &inputs,
+        &passes,
+        (opts, steps),
+        &mut stats,
+    )?;
     // 4. The walk over every other layout that could simulate faster.
     let fastest_ms = fastest_or_why_none(&ranking, &space, &budget, opts, &stats)?;
     let order = walk::walk_order(&space, &passes, sizes_alone(&space));
-    let walked = walk::walk(&space, &inputs, profile, order, fastest_ms, lower_bound_ms)?;
+    let walked = walk::walk(&space, &inputs, costs, order, fastest_ms, lower_bound_ms)?;
     let candidates = ranking.offered;
     if let Some(plan) = walked.fastest {
         ranking.add_costed(plan);
@@ -478,7 +503,7 @@ fn offer_first_candidates(
     let mut first = searched_candidates(space, inputs, &passes.bests, |_, _| true);
     if let Some(topology) = baselines_on.filter(|_| sizes_alone(space)) {
         first.extend(baseline_candidates(
-            ranking.profile(),
+            ranking.costs(),
             topology,
             space,
             ranking.warmup_policy(),
@@ -556,7 +581,7 @@ fn offer_second_pass(
     space: &Space,
     inputs: &PlanInputs,
     passes: &PassResults,
-    opts: &SearchOptions,
+    (opts, steps): (&SearchOptions, StepLimit),
     stats: &mut SearchStats,
 ) -> Result<()> {
     if sizes_alone(space) || space.cluster().num_devices() > passes::SECOND_PASS_MAX_DEVICES {
@@ -565,8 +590,10 @@ fn offer_second_pass(
     let Some(fastest_ms) = ranking.fastest_ms() else {
         return Ok(());
     };
-    let limits = (opts.max_search_bytes, opts.max_search_steps);
-    let (bests, states, stages_costed) = second_pass(space, fastest_ms, limits);
+    let passed_at = merged_sizes(steps.passed_at, &passes.abandoned_sizes());
+    let steps = StepLimit::new(steps.per_size, &passed_at);
+    let (bests, states, stages_costed) =
+        second_pass(space, fastest_ms, (opts.max_search_bytes, steps));
     stats.states += states;
     stats.stages_costed += stages_costed;
     // A pass's best plan at a size the first runs already offered is the
@@ -590,9 +617,8 @@ fn refine_chosen(
     }
     let refined = refine_from_two_starts(
         &ranking.ranked[0].plan,
-        ranking.profile(),
+        ranking.costs(),
         inputs,
-        space.covering().layers,
         cluster,
         (space.covering().min_slice, &opts.hints),
     )?;
@@ -695,7 +721,8 @@ mod tests {
     /// Smallest simulated iteration of a checked plan's layout over every
     /// valid vector of warm-up depths that fits in memory (policy auto).
     fn best_over_warmups(plan: &Plan, profile: &Profile) -> Option<f64> {
-        let (stages, transfers) = crate::simulate::sim_inputs(plan, profile, true).unwrap();
+        let (stages, transfers) =
+            crate::simulate::sim_inputs(plan, &ProfileCosts::new(profile), true).unwrap();
         let caps = crate::warmup::deepest_warmups(&stages, plan.micro_batches)?;
         all_warmups(&caps)
             .iter()
@@ -1437,8 +1464,9 @@ mod tests {
                 (spec, topology) =
                     random_mixed(&mut rng, shapes[case % shapes.len()], case, &mut profile);
             }
-            let layers = LayerCosts::new(&profile);
-            let cluster = Cluster::for_model(&topology, &layers).unwrap();
+            let costs = ProfileCosts::new(&profile);
+            let layers = &costs.layers;
+            let cluster = Cluster::for_model(&topology, layers).unwrap();
             let gpus = topology.num_devices();
             let stages = rng.gen_range(2..=layer_count.min(gpus as usize).min(4));
             let mut cuts: Vec<usize> = (1..layer_count).collect();
@@ -1489,7 +1517,7 @@ mod tests {
                 .map(|s| (s.layer_start, s.layer_end, s.devices.len() as u32))
                 .collect();
             let ctx = Context {
-                layers: &layers,
+                layers,
                 cluster: &cluster,
                 policy,
                 min_slice: 1,
@@ -1525,8 +1553,7 @@ mod tests {
                     stack.push((state.taken(&takes), more));
                 }
             }
-            let placed =
-                best_placement_of(&plan, &profile, &plan.inputs, &layers, &cluster, 1).unwrap();
+            let placed = best_placement_of(&plan, &costs, &plan.inputs, &cluster, 1).unwrap();
             let shape = |p: &Plan| -> Vec<(usize, usize, usize)> {
                 p.stages
                     .iter()
@@ -1591,6 +1618,42 @@ mod tests {
         let e = search(&profile, &topology, &opts).unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::Limit);
         assert!(e.message.contains("--max-search-gib"), "{e}");
+    }
+
+    #[test]
+    fn a_size_past_its_step_limit_is_not_searched_again() {
+        // Under --schedule auto the search runs again at warm-up policy A
+        // (for ZB-H1). A size whose first run passed the limit gets an
+        // empty run there, abandoned within its first stage option, not a
+        // second run to the limit: the second search costs a fraction of
+        // the stages the first did (all of them again, before).
+        let mut rng = StdRng::seed_from_u64(5);
+        for spec in ["2x4-nvlink", "1x8-nvlink"] {
+            let profile = random_profile(&mut rng, 40);
+            let topology = Topology::from_spec(spec).unwrap();
+            let mut opts = SearchOptions::new(64);
+            opts.refine = false;
+            opts.max_search_steps = 1000;
+            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
+            let once = search(&profile, &topology, &opts).unwrap().stats;
+            opts.schedule = None;
+            let auto = search(&profile, &topology, &opts).unwrap().stats;
+            let (sizes, passed) = (
+                once.micro_batch_sizes.len(),
+                &once.abandoned_micro_batch_sizes,
+            );
+            assert!(
+                passed.len() * 2 >= sizes,
+                "{spec}: the limit binds: {once:?}"
+            );
+            assert_eq!(&auto.abandoned_micro_batch_sizes, passed, "{spec}");
+            let again = auto.stages_costed - once.stages_costed;
+            assert!(
+                again * 4 <= once.stages_costed,
+                "{spec}: {again} stages costed again, {} once",
+                once.stages_costed
+            );
+        }
     }
 
     #[test]

@@ -26,6 +26,36 @@ pub(crate) const SIZES_ALONE_MAX_DEVICES: u32 = AUTO_FULL_MAX_DEVICES;
 /// fastest simulated time so far, to offer its best plan.
 pub(crate) const SECOND_PASS_MAX_DEVICES: u32 = 64;
 
+/// The DP's step limit at each micro-batch size (`--max-search-steps`).
+/// It holds for the whole search, not for each run: a size whose run
+/// passed it is not run again (by the second pass, or the search at
+/// warm-up policy A that ZB-H1 adds): it gets a run with no steps left,
+/// which stops within its first stage option, so its layouts are left to
+/// the walk as its first run's were.
+#[derive(Clone, Copy)]
+pub(crate) struct StepLimit<'a> {
+    pub(crate) per_size: u64,
+    /// Sizes whose run in this search passed `per_size`.
+    pub(crate) passed_at: &'a [u32],
+}
+
+impl<'a> StepLimit<'a> {
+    pub(crate) fn new(per_size: u64, passed_at: &'a [u32]) -> Self {
+        StepLimit {
+            per_size,
+            passed_at,
+        }
+    }
+
+    fn at(&self, micro_batch_size: u32) -> u64 {
+        if self.passed_at.contains(&micro_batch_size) {
+            0
+        } else {
+            self.per_size
+        }
+    }
+}
+
 /// One pass's best plan at one micro-batch size.
 pub(crate) struct PassBest {
     /// Index into `Space::contexts`.
@@ -73,7 +103,7 @@ pub(crate) fn sizes_alone(space: &Space) -> bool {
 pub(crate) fn run_passes(
     space: &Space,
     budget: &MemoryBudget,
-    work_limit: u64,
+    steps: StepLimit,
 ) -> Result<PassResults, Error> {
     let alone = sizes_alone(space);
     let rules = space.rules.len();
@@ -87,7 +117,8 @@ pub(crate) fn run_passes(
         .map(|k| {
             let set = if alone { k } else { 0 };
             let bounds = &incumbents[set * rules..(set + 1) * rules];
-            run_size(space, space.sizes[k], bounds, (budget, work_limit), alone)
+            let b = space.sizes[k];
+            run_size(space, b, bounds, (budget, steps.at(b)), alone)
         })
         .collect();
     if let Some(e) = search_memory_limit(budget, space.cluster(), space.space()) {
@@ -250,7 +281,7 @@ impl PassResults {
 pub(crate) fn second_pass(
     space: &Space,
     fastest_ms: f64,
-    (max_search_bytes, work_limit): (u64, u64),
+    (max_search_bytes, steps): (u64, StepLimit),
 ) -> (Vec<PassBest>, usize, u64) {
     let budget = MemoryBudget::new(max_search_bytes);
     let each: Vec<SizeRun> = space
@@ -262,7 +293,7 @@ pub(crate) fn second_pass(
                 .iter()
                 .map(|_| AtomicU64::new(fastest_ms.to_bits()))
                 .collect();
-            let mut run = run_size(space, b, &bounds, (&budget, work_limit), false);
+            let mut run = run_size(space, b, &bounds, (&budget, steps.at(b)), false);
             run.bests.retain(|r| r.found.is_some());
             run
         })

@@ -33,9 +33,9 @@
 use rayon::prelude::*;
 
 use crate::cost::{Cluster, StageCoster, StageDevices};
+use crate::costing::ProfileCosts;
 use crate::error::Result;
-use crate::plan::{check_layout, Plan, PlanInputs, Stage};
-use crate::profile::{LayerCosts, Profile};
+use crate::plan::{Plan, PlanInputs, Stage};
 
 use super::candidate::{best_placement_of, cost_candidate_below};
 use super::space::hints_admit;
@@ -104,24 +104,15 @@ pub(crate) const REFINE_MAX_DEVICES: u32 = 64;
 /// as one move where it is kept.
 pub(crate) fn refine_from_two_starts(
     chosen: &Plan,
-    profile: &Profile,
+    costs: &ProfileCosts,
     inputs: &PlanInputs,
-    layers: &LayerCosts,
     cluster: &Cluster,
     (min_slice, hints): (u32, &Hints),
 ) -> Result<Refined> {
-    let refine_from = |plan: &Plan| {
-        refine(
-            plan,
-            profile,
-            layers,
-            cluster,
-            (min_slice, hints),
-            REFINE_TASK_BUDGET,
-        )
-    };
+    let refine_from =
+        |plan: &Plan| refine(plan, costs, cluster, (min_slice, hints), REFINE_TASK_BUDGET);
     let first = refine_from(chosen)?;
-    let Some(placed) = best_placement_of(&first.plan, profile, inputs, layers, cluster, min_slice)?
+    let Some(placed) = best_placement_of(&first.plan, costs, inputs, cluster, min_slice)?
         .filter(|p| !same_up_to_machines(p, &first.plan, cluster))
     else {
         return Ok(first);
@@ -148,14 +139,18 @@ pub(crate) fn refine_from_two_starts(
 /// spent.
 pub(crate) fn refine(
     plan: &Plan,
-    profile: &Profile,
-    layers: &LayerCosts,
+    costs: &ProfileCosts,
     cluster: &Cluster,
     (min_slice, hints): (u32, &Hints),
     work_tasks: u64,
 ) -> Result<Refined> {
     let from_ms = simulated_ms(plan);
-    let coster = StageCoster::new(layers, cluster, plan.micro_batch_size, plan.micro_batches);
+    let coster = StageCoster::new(
+        &costs.layers,
+        cluster,
+        plan.micro_batch_size,
+        plan.micro_batches,
+    );
     let mut current = plan.clone();
     let mut best_ms = from_ms;
     let mut moves = candidate_moves(&current, cluster);
@@ -181,7 +176,7 @@ pub(crate) fn refine(
         let costed: Vec<(Option<Plan>, u64)> = batch
             .par_iter()
             .map(|candidate| match candidate {
-                Some(candidate) => cost(candidate, profile, best_ms * (1.0 - 1e-9)),
+                Some(candidate) => cost(candidate, costs, best_ms * (1.0 - 1e-9)),
                 None => Ok((None, 0)),
             })
             .collect::<Result<_>>()?;
@@ -279,11 +274,11 @@ fn simulated_ms(plan: &Plan) -> f64 {
 /// faster than `below_ms` (`cost_candidate_below`); None without cost when
 /// it is no valid plan: a move can give a stage more GPUs than its
 /// micro-batch has slices of the minimum size.
-fn cost(plan: &Plan, profile: &Profile, below_ms: f64) -> Result<(Option<Plan>, u64)> {
-    if check_layout(plan, Some(profile)).is_err() {
+fn cost(plan: &Plan, costs: &ProfileCosts, below_ms: f64) -> Result<(Option<Plan>, u64)> {
+    if costs.check(plan).is_err() {
         return Ok((None, 0));
     }
-    cost_candidate_below(plan, profile, below_ms)
+    cost_candidate_below(plan, costs, below_ms)
 }
 
 /// Every move of `plan`, in the order they are tried. GPUs on one machine
@@ -471,6 +466,7 @@ mod tests {
     use crate::evaluate::evaluate;
     use crate::hints::NO_HINTS;
     use crate::plan::{PlanInputs, ScheduleChoice};
+    use crate::profile::{LayerCosts, Profile};
     use crate::schedule::ScheduleKind;
     use crate::topology::{with_one_slow_machine, Topology};
     use rand::rngs::StdRng;
@@ -527,22 +523,16 @@ mod tests {
             warmup_policy: policy,
         };
         let plan = Plan::new(inputs, b, m, schedule, stages);
-        cost(&plan, profile, f64::INFINITY).unwrap().0
+        cost(&plan, &ProfileCosts::new(profile), f64::INFINITY)
+            .unwrap()
+            .0
     }
 
     fn refined(plan: &Plan, profile: &Profile) -> Refined {
-        let layers = LayerCosts::new(profile);
-        let cluster = Cluster::for_model(&plan.inputs.topology, &layers).unwrap();
+        let costs = ProfileCosts::new(profile);
+        let cluster = Cluster::for_model(&plan.inputs.topology, &costs.layers).unwrap();
         let min_slice = plan.inputs.options.min_micro_batch_size;
-        refine(
-            plan,
-            profile,
-            &layers,
-            &cluster,
-            (min_slice, &NO_HINTS),
-            u64::MAX,
-        )
-        .unwrap()
+        refine(plan, &costs, &cluster, (min_slice, &NO_HINTS), u64::MAX).unwrap()
     }
 
     #[test]
@@ -853,12 +843,12 @@ mod tests {
             WarmupPolicy::A,
         )
         .unwrap();
-        let layers = LayerCosts::new(&profile);
-        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let costs = ProfileCosts::new(&profile);
+        let cluster = Cluster::for_model(&topology, &costs.layers).unwrap();
         // One batch of moves at most, then no work is left.
-        let r = refine(&plan, &profile, &layers, &cluster, (1, &NO_HINTS), 1).unwrap();
+        let r = refine(&plan, &costs, &cluster, (1, &NO_HINTS), 1).unwrap();
         assert!(r.plans_costed <= BATCH as u64, "{}", r.plans_costed);
-        let full = refine(&plan, &profile, &layers, &cluster, (1, &NO_HINTS), u64::MAX).unwrap();
+        let full = refine(&plan, &costs, &cluster, (1, &NO_HINTS), u64::MAX).unwrap();
         assert!(full.plans_costed > r.plans_costed);
     }
 }

@@ -8,9 +8,9 @@
 
 use std::cell::Cell;
 
+use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::plan::{Plan, PlanInputs};
-use crate::profile::Profile;
 use crate::schedule::within_passes;
 
 use super::candidate::{
@@ -75,7 +75,7 @@ pub(crate) fn walk_order(
 pub(crate) fn walk(
     space: &Space,
     inputs: &PlanInputs,
-    profile: &Profile,
+    costs: &ProfileCosts,
     order: Vec<(f64, u32)>,
     fastest_ms: f64,
     lower_bound_ms: f64,
@@ -84,7 +84,7 @@ pub(crate) fn walk(
     let mut visitor = Visitor {
         space,
         inputs,
-        profile,
+        costs,
         fastest: None,
         fastest_ms,
         failure: None,
@@ -141,7 +141,7 @@ pub(crate) fn walk(
 struct Visitor<'s, 'a> {
     space: &'s Space<'a>,
     inputs: &'s PlanInputs,
-    profile: &'s Profile,
+    costs: &'s ProfileCosts<'s>,
     fastest: Option<Plan>,
     /// The fastest simulated time so far, the ranking's or the walk's.
     fastest_ms: f64,
@@ -158,7 +158,7 @@ impl Visitor<'_, '_> {
             return f64::INFINITY; // not simulated: over the limit
         }
         let plan = build_plan(self.inputs, self.space.covering(), b, m, &found);
-        let (plan, tasks) = match cost_candidate_below(&plan, self.profile, self.fastest_ms) {
+        let (plan, tasks) = match cost_candidate_below(&plan, self.costs, self.fastest_ms) {
             Ok(costed) => costed,
             Err(e) => {
                 self.failure.get_or_insert(e);
