@@ -8,6 +8,8 @@
 //! 12,300 layers. This one gives the same blocks, bit for bit, in
 //! O(parts·n·log n), from two monotone quantities (see `best_last_block`).
 
+use crate::range_table::{Least, RangeTable};
+
 /// Contiguous split of `weights` into `parts` blocks minimising the largest
 /// block sum, as (start, end) ranges.
 pub fn block_partition(weights: &[f64], parts: usize) -> Vec<(usize, usize)> {
@@ -42,7 +44,7 @@ pub fn weighted_block_partition(weights: &[f64], capacities: &[f64]) -> Vec<(usi
     best[0] = 0.0;
     let mut cut = vec![vec![0usize; n + 1]; parts + 1];
     for k in 1..=parts {
-        let previous = RangeMin::new(&best);
+        let previous = RangeTable::<Least>::new(std::mem::take(&mut best));
         let mut level = vec![f64::INFINITY; n + 1];
         for j in k..=n {
             let block = |i: usize| (prefix[j] - prefix[i]) / capacities[k - 1];
@@ -71,15 +73,16 @@ pub fn weighted_block_partition(weights: &[f64], capacities: &[f64]) -> Vec<(usi
 /// F(i) is previous(i') for some i' ≥ i, where block(i') ≤ block(i). The same
 /// floating-point values are compared, so the result is the programme's bits.
 fn best_last_block(
-    previous: &RangeMin,
+    previous: &RangeTable<Least>,
     block: impl Fn(usize) -> f64,
     first: usize,
     last: usize,
 ) -> (f64, usize) {
-    let crossing = first + partition_point(first, last + 1, |i| previous.min(i, last) < block(i));
+    let crossing =
+        first + partition_point(first, last + 1, |i| previous.over(i, last + 1) < block(i));
     let mut value = f64::INFINITY;
     if crossing <= last {
-        value = previous.min(crossing, last);
+        value = previous.over(crossing, last + 1);
     }
     if crossing > first {
         value = value.min(block(crossing - 1));
@@ -87,7 +90,7 @@ fn best_last_block(
     // The smallest i with both terms within the value: block(i) ≤ value from
     // some i on, and from there the first previous(i) ≤ value.
     let fits = first + partition_point(first, last + 1, |i| block(i) > value);
-    let start = fits + partition_point(fits, last + 1, |i| previous.min(fits, i) > value);
+    let start = fits + partition_point(fits, last + 1, |i| previous.over(fits, i + 1) > value);
     (value, start)
 }
 
@@ -103,34 +106,6 @@ fn partition_point(lo: usize, hi: usize, pred: impl Fn(usize) -> bool) -> usize 
         }
     }
     a - lo
-}
-
-/// Range minima of a slice in O(1) after O(n log n): a sparse table whose
-/// row r holds the minimum of each window of 2^r items.
-struct RangeMin {
-    rows: Vec<Vec<f64>>,
-}
-
-impl RangeMin {
-    fn new(values: &[f64]) -> Self {
-        let mut rows = vec![values.to_vec()];
-        let mut width = 1;
-        while 2 * width <= values.len() {
-            let row = rows.last().expect("the first row");
-            let next = (0..=values.len() - 2 * width)
-                .map(|i| row[i].min(row[i + width]))
-                .collect();
-            rows.push(next);
-            width *= 2;
-        }
-        RangeMin { rows }
-    }
-
-    /// The minimum of `values[a..=b]`, for a ≤ b.
-    fn min(&self, a: usize, b: usize) -> f64 {
-        let r = (usize::BITS - 1 - (b - a + 1).leading_zeros()) as usize;
-        self.rows[r][a].min(self.rows[r][b + 1 - (1 << r)])
-    }
 }
 
 /// `parts` blocks of as equal item counts as can be, earlier blocks longer.

@@ -27,6 +27,7 @@ pub mod pipeline_order;
 pub mod placement;
 pub mod plan;
 pub mod profile;
+mod range_table;
 pub mod regress;
 pub mod schedule;
 pub mod search;

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
+use crate::range_table::{Greatest, RangeTable};
 use crate::split::SplitPattern;
 
 /// Value of `Layer::kind` that marks the model's own repeated layers
@@ -869,7 +870,7 @@ pub struct LayerCosts {
     /// Autocast's weight copies, kept per micro-batch in flight.
     weight_copy_prefix: Vec<f64>,
     /// Per-sample bytes each layer's backward needs on top, as a range-max table.
-    working_per_sample: RangeMax,
+    working_per_sample: RangeTable<Greatest>,
     /// The allocator's reserved bytes over allocated ones (1: none).
     pub allocator_reserved_factor: f64,
     /// Per layer and measured batch size: the share of its forward re-run
@@ -941,38 +942,6 @@ fn optimizer_step_per_param_byte(profile: &Profile) -> (f64, f64) {
         profile.optimizer_step_ms.unwrap_or(0.0) / params,
         profile.optimizer_step_bytes.unwrap_or(0) as f64 / params,
     )
-}
-
-/// The largest of any range of values, in O(1) after O(n log n): a sparse
-/// table, row k holding the maxima of the runs of 2^k values.
-#[derive(Debug, Clone)]
-struct RangeMax {
-    rows: Vec<Vec<f64>>,
-}
-
-impl RangeMax {
-    fn new(values: Vec<f64>) -> RangeMax {
-        let mut rows = vec![values];
-        let mut width = 1;
-        while 2 * width <= rows[0].len() {
-            let last = rows.last().expect("row 0");
-            let next = (0..=rows[0].len() - 2 * width)
-                .map(|i| last[i].max(last[i + width]))
-                .collect();
-            rows.push(next);
-            width *= 2;
-        }
-        RangeMax { rows }
-    }
-
-    /// The largest of values `start..end` (0 for an empty range).
-    fn max(&self, start: usize, end: usize) -> f64 {
-        if end <= start {
-            return 0.0;
-        }
-        let k = (usize::BITS - 1 - (end - start).leading_zeros()) as usize;
-        self.rows[k][start].max(self.rows[k][end - (1 << k)])
-    }
 }
 
 /// One GPU type's measured layer times.
@@ -1126,7 +1095,7 @@ impl LayerCosts {
                     .map(|l| l.weight_copy_bytes.unwrap_or(0) as f64)
                     .collect::<Vec<_>>(),
             ),
-            working_per_sample: RangeMax::new(
+            working_per_sample: RangeTable::new(
                 profile
                     .layers
                     .iter()
@@ -1344,12 +1313,15 @@ impl LayerCosts {
     /// the GPU holds, at its peak: the largest of layers `start..end`'s (one
     /// layer's backward runs at a time, and frees its temporaries).
     pub fn backward_working_bytes(&self, start: usize, end: usize, slice: u32) -> f64 {
-        f64::from(slice) * self.working_per_sample.max(start, end)
+        if end <= start {
+            return 0.0;
+        }
+        f64::from(slice) * self.working_per_sample.over(start, end)
     }
 
     /// Per-sample [`LayerCosts::backward_working_bytes`] of one layer.
     pub fn backward_working_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
-        self.working_per_sample.max(layer, layer + 1)
+        self.working_per_sample.over(layer, layer + 1)
     }
 
     /// Bytes per sample crossing the cut just before layer `position`.
@@ -1560,20 +1532,6 @@ mod tests {
             (1.0, 2.0, Some(0.5), Some(1.5))
         );
         p.validate().unwrap();
-    }
-
-    #[test]
-    fn range_max_is_the_largest_of_any_range() {
-        let values = vec![3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0];
-        let table = RangeMax::new(values.clone());
-        for start in 0..values.len() {
-            for end in start + 1..=values.len() {
-                let expected = values[start..end].iter().copied().fold(f64::MIN, f64::max);
-                assert_eq!(table.max(start, end), expected, "{start}..{end}");
-            }
-        }
-        assert_eq!(table.max(3, 3), 0.0);
-        assert_eq!(RangeMax::new(vec![]).max(0, 0), 0.0);
     }
 
     pub(crate) fn chain_profile(times: &[(f64, f64)], batch: u32) -> Profile {
