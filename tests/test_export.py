@@ -363,6 +363,9 @@ def test_plan_to_layout_to_stage_ranges_round_trips(llama_7b):
     assert megatron_layout.plan_layout(ranges, llama_7b) == "Et*8|t*8|t*9|t*7L"
     assert megatron_layout.stage_ranges("Et*8|t*8|t*9|t*7L", llama_7b) == ranges
     assert megatron_layout.stage_ranges("Et*15|t*17L", llama_7b) == [(0, 16), (16, 34)]
+    # Leading zeros change no count, however many (Python's int reads no
+    # more than 4,300 digits).
+    assert megatron_layout.stage_ranges("Et*" + "0" * 5000 + "32L", llama_7b) == [(0, 34)]
     # The group ends each repeat with its "|": L is a stage of its own.
     assert megatron_layout.stage_ranges("E|(t*8|)*4L", llama_7b) == [
         (0, 1), (1, 9), (9, 17), (17, 25), (25, 33), (33, 34)]
@@ -376,6 +379,9 @@ def test_plan_to_layout_to_stage_ranges_round_trips(llama_7b):
     ("Et*32|x|L", ["character 'x' is not a layout token"]),
     ("((t)*2|)*2", ["character '(' is not a layout token"]),
     ("Et*99999999999", ["unrolls to more than 1,000,000 characters"]),
+    # Counts past the digits Python reads as an integer (4,300).
+    ("Et*" + "9" * 5000, ["unrolls to more than 1,000,000 characters"]),
+    ("E(t|)*" + "1" * 5000 + "L", ["unrolls to more than 1,000,000 characters"]),
 ])
 def test_a_layout_that_does_not_fit_the_profile_is_one_line_naming_the_field(llama_7b, text, needles):
     with pytest.raises(InvalidInputError) as e:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import IncompatibleInputsError, InvalidInputError
-from .limits import MAX_COUNT, check_count
+from .limits import MAX_COUNT, check_count, digits_value
 from .profile import Profile
 
 
@@ -40,18 +40,12 @@ def _digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _number(digits: str) -> int:
-    """``digits`` as a number, capped past any count (``int`` refuses more
-    than 4,300 digits)."""
-    return int(digits) if len(digits) <= 20 else 10**20
-
-
 def _layer(text: str, names: list[str], option: str, value: str, *, end: bool = False) -> int:
     """A layer given by index or by name (a name the profile gives one layer
     only); an end may be the layer count."""
     text = text.strip()
     if _digits(text):
-        index = _number(text)
+        index = digits_value(text)
         if index <= len(names) if end else index < len(names):
             return index
         raise InvalidInputError(f"{option} {value}: layer {text} is past the profile's {len(names)} layers")
@@ -77,7 +71,7 @@ def _range(value: str, names: list[str], option: str, degree: str) -> tuple[int,
     n = None
     if number:
         try:
-            n = check_count(degree, _number(number))
+            n = check_count(degree, digits_value(number))
         except InvalidInputError:
             raise InvalidInputError(f"{option} {value}: {degree} {number} must be a whole number from 1 to "
                                     f"{MAX_COUNT}") from None

@@ -18,6 +18,14 @@ MAX_COUNT = 2**32 - 1
 MAX_INPUT_BYTES = 256 * 2**20
 
 
+def digits_value(digits: str) -> int:
+    """Decimal ``digits`` as a number, capped at 10**20, past any count
+    dapple takes: Python's ``int`` refuses more than 4,300 digits (leading
+    zeros included, which change no value)."""
+    significant = digits.lstrip("0") or "0"
+    return int(significant) if len(significant) <= 20 else 10**20
+
+
 def check_count(field: str, value: object, minimum: int = 1) -> int:
     """``value`` as a sample count in ``minimum..MAX_COUNT``, or an
     invalid-input error naming ``field`` (never an overflow in the core)."""

@@ -25,6 +25,7 @@ import re
 from itertools import groupby
 
 from .errors import IncompatibleInputsError, InvalidInputError
+from .limits import digits_value
 from .profile import Profile
 
 #: Megatron-core's tokens and what each stands for (its ``LayerType``).
@@ -47,7 +48,7 @@ def parse_layout(text: str, field: str = "layout") -> list[list[str]]:
     flat = text.replace(",", "")
     for pattern in (_GROUP, _REPEAT):
         _check_size(flat, pattern, text, field)
-        flat = pattern.sub(lambda m: m.group(1) * int(m.group(2)), flat)
+        flat = pattern.sub(lambda m: m.group(1) * digits_value(m.group(2)), flat)
     stages = []
     for stage in flat.split("|"):
         for char in stage:
@@ -60,7 +61,8 @@ def parse_layout(text: str, field: str = "layout") -> list[list[str]]:
 
 
 def _check_size(flat: str, pattern: re.Pattern, text: str, field: str) -> None:
-    grown = len(flat) + sum(len(m.group(1)) * int(m.group(2)) - len(m.group(0)) for m in pattern.finditer(flat))
+    grown = len(flat) + sum(len(m.group(1)) * digits_value(m.group(2)) - len(m.group(0))
+                            for m in pattern.finditer(flat))
     if grown > _MOST_TOKENS:
         raise InvalidInputError(f"{field}: value {text!r} unrolls to more than {_MOST_TOKENS:,} characters")
 
