@@ -109,6 +109,18 @@ fn choose_warmups_within(
         return Ok(None);
     };
     let s_count = stages.len();
+    if s_count == 1 {
+        // One stage never waits: its backward's input is its own earlier
+        // forward, so every depth runs the same tasks back to back, and
+        // the shallowest holds the least memory.
+        let ms = iteration_ms_and_passes(stages, transfer_ms, micro_batches, &[1])?;
+        return Ok(Some(ChosenWarmups {
+            depths: vec![1],
+            iteration_ms: ms.0,
+            simulations: 1,
+            simulated_passes: ms.1,
+        }));
+    }
     let simulations = std::cell::Cell::new(0u64);
     let passes = std::cell::Cell::new(0u64);
     // Past the budget a trial is not simulated and never better: each
@@ -176,17 +188,32 @@ fn choose_warmups_within(
 }
 
 /// Lower each depth, first stage first, while the time stays the same.
+/// The step down doubles while the time stays, then halves down to one:
+/// a depth of thousands that holds its time comes down in
+/// tens of simulations, not thousands (a single stage's time does not
+/// depend on its depth at all, and deep warm-ups far past the round trip
+/// hold it too), and the depth ends where one lower changes the time, as
+/// walking down one at a time would end.
 fn give_back(k: &mut Vec<u32>, ms: &mut f64, time: &impl Fn(&[u32]) -> Result<f64>) -> Result<()> {
     for i in 0..k.len() {
         let floor = k.get(i + 1).copied().unwrap_or(1);
-        while k[i] > floor {
+        // Steps grow until one changes the time, then halve at every try:
+        // the depth where it changes is then bracketed.
+        let (mut step, mut growing) = (1u32, true);
+        while k[i] > floor && step > 0 {
             let mut trial = k.clone();
-            trial[i] -= 1;
+            trial[i] = k[i].saturating_sub(step).max(floor);
             let trial_ms = time(&trial)?;
-            if !better(trial_ms, &trial, *ms, k) {
-                break;
+            let stays = better(trial_ms, &trial, *ms, k);
+            if stays {
+                (*k, *ms) = (trial, trial_ms);
             }
-            (*k, *ms) = (trial, trial_ms);
+            growing &= stays;
+            step = if growing {
+                step.saturating_mul(2)
+            } else {
+                step / 2
+            };
         }
     }
     Ok(())
@@ -196,12 +223,25 @@ fn give_back(k: &mut Vec<u32>, ms: &mut f64, time: &impl Fn(&[u32]) -> Result<f6
 /// relative 1e-12, below any profile's precision) with fewer micro-batches
 /// in flight in total, which holds less memory.
 fn better(ms: f64, depths: &[u32], best_ms: f64, best: &[u32]) -> bool {
-    let tie = (ms - best_ms).abs() <= 1e-12 * best_ms.abs();
-    if tie {
+    if ties(ms, best_ms) {
         depths.iter().sum::<u32>() < best.iter().sum::<u32>()
     } else {
         ms < best_ms
     }
+}
+
+/// Are two times the same to a relative 1e-12, below any profile's
+/// precision? Depths whose times differ by less differ only in the order
+/// their float sums were taken.
+fn ties(ms: f64, best_ms: f64) -> bool {
+    (ms - best_ms).abs() <= 1e-12 * best_ms.abs()
+}
+
+/// Is `ms` faster than `best_ms` by more than a tie? The moves take only
+/// such steps: a step by rounding alone could be followed by another, and
+/// another, each a whole pass of simulations for nothing.
+fn faster(ms: f64, best_ms: f64) -> bool {
+    ms < best_ms && !ties(ms, best_ms)
 }
 
 /// Most depths tried for one stage in one pass; wider ranges are sampled
@@ -235,7 +275,7 @@ fn descend(
                 let mut trial = k.clone();
                 trial[i] = t;
                 let ms = time(&trial)?;
-                if ms < best_ms {
+                if faster(ms, best_ms) {
                     (k, best_ms) = (trial, ms);
                     improved = true;
                 }
@@ -244,7 +284,7 @@ fn descend(
         if !improved && runs {
             for trial in run_moves(&k, caps) {
                 let ms = time(&trial)?;
-                if ms < best_ms {
+                if faster(ms, best_ms) {
                     (k, best_ms) = (trial, ms);
                     improved = true;
                 }
@@ -391,6 +431,63 @@ mod tests {
         let policy_a = early_backward_iteration_ms(&stages, &[0.0, 0.0], 8, &[3, 2, 1]).unwrap();
         assert_eq!(c.iteration_ms, policy_a);
         assert!(c.depths.iter().sum::<u32>() <= 6, "{:?}", c.depths);
+    }
+
+    #[test]
+    fn one_stage_keeps_one_micro_batch_in_flight_at_the_time_of_any_depth() {
+        // Memory for every micro-batch: any depth is valid and none is
+        // faster, so the choice is one micro-batch, simulated once.
+        let stages = vec![stage(1.0, 2.0, 0.0, 1.0, 1e9)];
+        let m = 5_000;
+        let c = choose_warmups(&stages, &[], m).unwrap().unwrap();
+        assert_eq!((c.depths.clone(), c.simulations), (vec![1], 1));
+        for k in [1, 2, 77, m] {
+            let ms = early_backward_iteration_ms(&stages, &[], m, &[k]).unwrap();
+            assert!((ms - c.iteration_ms).abs() <= 1e-12 * ms, "{k}: {ms} {c:?}");
+        }
+    }
+
+    #[test]
+    fn a_depth_is_given_back_in_logarithmic_steps_to_where_the_time_changes() {
+        // The time stays while stage 0 is 37 deep or more and stage 1 is
+        // 5 or more, and is worse below either.
+        let calls = std::cell::Cell::new(0u32);
+        let time = |k: &[u32]| {
+            calls.set(calls.get() + 1);
+            let stays = k[0] >= 37 && k.get(1).is_none_or(|&k1| k1 >= 5);
+            Ok(if stays { 10.0 } else { 11.0 })
+        };
+        let (mut k, mut ms) = (vec![100_000], 10.0);
+        give_back(&mut k, &mut ms, &time).unwrap();
+        assert_eq!((k, ms), (vec![37], 10.0));
+        assert!(calls.get() <= 2 * 17 + 2, "{} simulations", calls.get());
+        // Stage 0 comes down no lower than stage 1, then stage 1 comes down.
+        let (mut k, mut ms) = (vec![64, 40], 10.0);
+        give_back(&mut k, &mut ms, &time).unwrap();
+        assert_eq!(k, vec![40, 5]);
+    }
+
+    #[test]
+    fn the_moves_take_no_step_that_only_rounding_makes_faster() {
+        // Each deeper depth 1e-15 faster: a tie, so the start stands after
+        // one sweep; a step of 1e-9 is taken.
+        let calls = std::cell::Cell::new(0u32);
+        let time = |k: &[u32]| {
+            calls.set(calls.get() + 1);
+            Ok(1.0 - 1e-15 * f64::from(k[0]))
+        };
+        let (k, _) = descend(vec![1], &[200], &time, false).unwrap();
+        assert_eq!(k, vec![1]);
+        assert!(
+            calls.get() <= 1 + DEPTHS_TRIED_PER_STAGE + 1,
+            "{}",
+            calls.get()
+        );
+        let faster = |k: &[u32]| Ok(1.0 - 1e-9 * f64::from(k[0]));
+        assert_eq!(
+            descend(vec![1], &[200], &faster, false).unwrap().0,
+            vec![200]
+        );
     }
 
     #[test]
