@@ -6,6 +6,7 @@ The schedules themselves are tested as literal tables in the core
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 from conftest import PROFILES, assert_one_line_error
@@ -99,6 +100,12 @@ def test_a_plan_for_an_asynchronous_schedule(dapple, gpipe_plan, tmp_path):
     assert (sim.schedule, sim.mini_batches > 1) == ("xpipe", True)
     assert plan.iteration_ms == pytest.approx(sim.iteration_ms)
     assert plan.estimate["latency_ms"] <= plan.iteration_ms * (1 + 1e-9)
+    # It records its profile's file, as the search's plans do, so that the
+    # commands reading the plan find the profile without being told.
+    recorded = plan.core.to_dict()["inputs"]["profile_path"]
+    assert pathlib.Path(recorded).resolve() == pathlib.Path(BERT).resolve()
+    r = dapple("estimate", "--plan", out)
+    assert r.returncode == 0, r.stderr
     # no synchronous plan of the same inputs runs xpipe faster in its steady state
     for kind in ("gpipe", "straight", "data-parallel"):
         other = planner.baseline(kind, BERT, "1x4-nvlink", 32)

@@ -1,5 +1,6 @@
 use dapple_core::baselines::{baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout};
 use dapple_core::cost::WarmupPolicy;
+use dapple_core::plan::Plan;
 use dapple_core::schedule::ScheduleKind;
 use pyo3::prelude::*;
 
@@ -36,7 +37,7 @@ fn baseline(
             )
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(crate::Wraps::wrap(plan, None))
+    Ok(made_from(plan, profile))
 }
 
 /// Any layout, `stages` as (layer_start, layer_end, devices) each, as the
@@ -73,7 +74,7 @@ fn layout_plan(
             )
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(crate::Wraps::wrap(plan, None))
+    Ok(made_from(plan, profile))
 }
 
 /// The plan for an asynchronous schedule (`asynchronous.rs`): the fastest
@@ -100,7 +101,14 @@ fn asynchronous_plan(
             )
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(crate::Wraps::wrap(plan, None))
+    Ok(made_from(plan, profile))
+}
+
+/// `plan`, recording the file its profile was read from (as the search's
+/// plans do), so that the commands that read the plan find it.
+fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
+    plan.inputs.profile_path = profile.source().map(str::to_string);
+    crate::Wraps::wrap(plan, None)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
