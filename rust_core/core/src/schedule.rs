@@ -112,6 +112,19 @@ impl Action {
     pub const fn new(kind: ActionKind, micro_batch: Option<u32>) -> Action {
         Action { kind, micro_batch }
     }
+
+    /// A pipeline order's action as a stage's list writes it (the stage
+    /// is the list's).
+    pub fn of_stage_action(a: &StageAction) -> Action {
+        let kind = match a.computation {
+            Computation::Forward => ActionKind::Forward,
+            Computation::BackwardInput => ActionKind::InputGradient,
+            Computation::BackwardWeight => ActionKind::WeightGradient,
+            Computation::FullBackward => ActionKind::Backward,
+        };
+        Action::new(kind, Some(a.micro_batch))
+    }
+
     pub fn forward(micro_batch: u32) -> Action {
         Action::new(ActionKind::Forward, Some(micro_batch))
     }
@@ -565,20 +578,7 @@ impl Schedule {
         let lists = order
             .rank_actions
             .iter()
-            .map(|actions| {
-                actions
-                    .iter()
-                    .map(|a| {
-                        let kind = match a.computation {
-                            Computation::Forward => ActionKind::Forward,
-                            Computation::BackwardInput => ActionKind::InputGradient,
-                            Computation::BackwardWeight => ActionKind::WeightGradient,
-                            Computation::FullBackward => ActionKind::Backward,
-                        };
-                        Action::new(kind, Some(a.micro_batch))
-                    })
-                    .collect()
-            })
+            .map(|actions| actions.iter().map(Action::of_stage_action).collect())
             .collect();
         finish(ScheduleKind::ZeroBubbleH1, micro_batches, lists)
     }

@@ -26,6 +26,7 @@ use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
 use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
+use crate::pipeline_order::{PipelineOrder, StageAction};
 use crate::plan::{plan_schedule, Plan};
 use crate::profile::Profile;
 use crate::schedule::{
@@ -97,9 +98,22 @@ impl SimStage {
     /// The simulated peak in its terms, as held at that instant.
     fn memory_terms(&self, peak: &HeldTerms, recompute: bool) -> MemoryTerms {
         let (_, per_micro_batch) = self.backward_and_kept_bytes(recompute || self.recomputes);
+        peak.as_memory_terms(per_micro_batch, self.allocator_reserved_factor)
+    }
+}
+
+impl HeldTerms {
+    /// The peak in its terms, each micro-batch in flight keeping
+    /// `per_micro_batch_bytes`.
+    fn as_memory_terms(
+        &self,
+        per_micro_batch_bytes: f64,
+        allocator_reserved_factor: f64,
+    ) -> MemoryTerms {
+        let peak = self;
         MemoryTerms {
             model_state_bytes: peak.state_bytes,
-            per_micro_batch_bytes: per_micro_batch,
+            per_micro_batch_bytes,
             micro_batches_in_flight: peak.in_flight.max(0) as u32,
             // Sums of events that came and went: rounding can leave
             // -1e-12 where nothing is held, which no file may say.
@@ -110,7 +124,7 @@ impl SimStage {
                 - peak.working_bytes)
                 .max(0.0),
             peak_bytes: peak.total(),
-            allocator_reserved_factor: self.allocator_reserved_factor,
+            allocator_reserved_factor,
         }
     }
 }
@@ -247,11 +261,11 @@ impl Simulation {
 #[derive(Default)]
 struct Trace {
     tasks: Vec<Task>,
-    /// Each stage's changes of memory.
+    /// Each rank's changes of memory.
     memory_events: Vec<Vec<MemoryEvent>>,
     /// Whether each stage holds its gradients now.
     gradients_held: Vec<bool>,
-    /// Forward and backward time per stage.
+    /// Forward and backward time per rank.
     compute: Vec<f64>,
 }
 
@@ -276,19 +290,102 @@ struct MemoryEvent {
     term: Term,
 }
 
-/// The state of one run of the action lists: when each stage, link and
-/// input is free or ready, and how far each stage's list has run.
+/// Where the stages run: the rank of each, and the links between them.
+/// Stages on one rank run one action at a time. A link carries one
+/// transfer at a time from one rank to another: boundaries between stages
+/// that go the same way between the same two ranks share it (an interleaved
+/// order's chunk 0 -> 1 and chunk 2 -> 3 forwards, and a gradient coming
+/// back the other way). A boundary within a rank costs nothing.
+pub(crate) struct RankLayout {
+    /// `rank_of[s]`: the rank that runs stage s.
+    rank_of: Vec<usize>,
+    ranks: usize,
+    /// `forward_link[s]`: the link stage s's output crosses to stage
+    /// s + 1, None within a rank; `backward_link[s]`: the one the gradient
+    /// crosses back.
+    forward_link: Vec<Option<usize>>,
+    backward_link: Vec<Option<usize>>,
+    links: usize,
+}
+
+impl RankLayout {
+    /// Stage s on rank s: every schedule of the plan file.
+    pub(crate) fn stage_a_rank(stages: usize) -> RankLayout {
+        let boundaries = stages.saturating_sub(1);
+        RankLayout {
+            rank_of: (0..stages).collect(),
+            ranks: stages,
+            forward_link: (0..boundaries).map(Some).collect(),
+            backward_link: (boundaries..2 * boundaries).map(Some).collect(),
+            links: 2 * boundaries,
+        }
+    }
+
+    /// Stage s on rank `stage_ranks[s]` (a pipeline order's), a link for
+    /// each way between two ranks that consecutive stages take.
+    pub(crate) fn of_stage_ranks(stage_ranks: &[u32]) -> RankLayout {
+        let rank_of: Vec<usize> = stage_ranks.iter().map(|&r| r as usize).collect();
+        let mut ways: Vec<(usize, usize)> = Vec::new();
+        let mut link = |from: usize, to: usize| {
+            (from != to).then(|| match ways.iter().position(|&w| w == (from, to)) {
+                Some(link) => link,
+                None => {
+                    ways.push((from, to));
+                    ways.len() - 1
+                }
+            })
+        };
+        let forward_link = rank_of.windows(2).map(|w| link(w[0], w[1])).collect();
+        let backward_link = rank_of.windows(2).map(|w| link(w[1], w[0])).collect();
+        RankLayout {
+            ranks: rank_of.iter().max().map_or(0, |&r| r + 1),
+            rank_of,
+            forward_link,
+            backward_link,
+            links: ways.len(),
+        }
+    }
+}
+
+/// Each rank's list of actions, each of a stage.
+#[derive(Clone, Copy)]
+enum Lists<'l> {
+    /// One list a stage, on its own rank (`RankLayout::stage_a_rank`).
+    StageARank(&'l [&'l [Action]]),
+    /// Rank r's list: (stage, action) in the order the rank runs them.
+    OfRanks(&'l [Vec<(usize, Action)>]),
+}
+
+impl Lists<'_> {
+    fn get(&self, rank: usize, i: usize) -> Option<(usize, Action)> {
+        match self {
+            Lists::StageARank(lists) => lists[rank].get(i).map(|&a| (rank, a)),
+            Lists::OfRanks(lists) => lists[rank].get(i).copied(),
+        }
+    }
+
+    fn len(&self, rank: usize) -> usize {
+        match self {
+            Lists::StageARank(lists) => lists[rank].len(),
+            Lists::OfRanks(lists) => lists[rank].len(),
+        }
+    }
+}
+
+/// The state of one run of the action lists: when each rank, link and
+/// input is free or ready, and how far each rank's list has run.
 struct Replay<'a> {
     stages: &'a [SimStage],
     transfer_ms: &'a [f64],
+    layout: &'a RankLayout,
     recompute: bool,
     /// When the input of (stage, micro-batch) is there, forward and backward.
     forward_ready: Vec<Vec<Option<f64>>>,
     backward_ready: Vec<Vec<Option<f64>>>,
-    link_forward_free: Vec<f64>,
-    link_backward_free: Vec<f64>,
-    stage_free: Vec<f64>,
-    /// Index of each stage's next action.
+    /// When each link is free.
+    link_free: Vec<f64>,
+    rank_free: Vec<f64>,
+    /// Index of each rank's next action.
     next: Vec<usize>,
     last_end: f64,
 }
@@ -297,6 +394,7 @@ impl<'a> Replay<'a> {
     fn new(
         stages: &'a [SimStage],
         transfer_ms: &'a [f64],
+        layout: &'a RankLayout,
         micro_batches: u32,
         recompute: bool,
     ) -> Self {
@@ -307,13 +405,13 @@ impl<'a> Replay<'a> {
         Replay {
             stages,
             transfer_ms,
+            layout,
             recompute,
             forward_ready,
             backward_ready: vec![vec![None; m]; s_count],
-            link_forward_free: vec![0.0; s_count.saturating_sub(1)],
-            link_backward_free: vec![0.0; s_count.saturating_sub(1)],
-            stage_free: vec![0.0; s_count],
-            next: vec![0; s_count],
+            link_free: vec![0.0; layout.links],
+            rank_free: vec![0.0; layout.ranks],
+            next: vec![0; layout.ranks],
             last_end: 0.0,
         }
     }
@@ -322,6 +420,7 @@ impl<'a> Replay<'a> {
     /// while its input has not arrived.
     fn ready(&self, s: usize, action: &Action) -> Option<(f64, f64)> {
         let st = &self.stages[s];
+        let free = self.rank_free[self.layout.rank_of[s]];
         let mb = action.micro_batch.map(|x| x as usize);
         let (ready, duration) = match action.kind {
             ActionKind::Forward => (self.forward_ready[s][mb.unwrap()], st.fwd_ms),
@@ -345,31 +444,31 @@ impl<'a> Replay<'a> {
                 (self.backward_ready[s][mb.unwrap()], input_ms + extra)
             }
             // After its I on the same stage, which the list puts first.
-            ActionKind::WeightGradient => (Some(self.stage_free[s]), st.bwd_weight_ms),
-            ActionKind::AllReduce => (Some(self.stage_free[s]), st.allreduce_ms),
-            ActionKind::OptimizerStep => (Some(self.stage_free[s]), st.optimizer_ms),
+            ActionKind::WeightGradient => (Some(free), st.bwd_weight_ms),
+            ActionKind::AllReduce => (Some(free), st.allreduce_ms),
+            ActionKind::OptimizerStep => (Some(free), st.optimizer_ms),
         };
-        ready.map(|r| (self.stage_free[s].max(r), duration))
+        ready.map(|r| (free.max(r), duration))
     }
 
-    /// Run stage `s`'s actions in order until one waits for its input;
+    /// Run rank `rank`'s actions in order until one waits for its input;
     /// returns whether any ran.
-    fn run_stage(&mut self, s: usize, list: &[Action], mut trace: Option<&mut Trace>) -> bool {
+    fn run_rank(&mut self, rank: usize, lists: Lists, mut trace: Option<&mut Trace>) -> bool {
         let mut progressed = false;
-        while let Some(action) = list.get(self.next[s]) {
-            let Some((start, duration)) = self.ready(s, action) else {
+        while let Some((s, action)) = lists.get(rank, self.next[rank]) {
+            let Some((start, duration)) = self.ready(s, &action) else {
                 break;
             };
             let end = start + duration;
-            self.stage_free[s] = end;
+            self.rank_free[rank] = end;
             self.last_end = self.last_end.max(end);
-            self.next[s] += 1;
+            self.next[rank] += 1;
             progressed = true;
             if let Some(t) = trace.as_deref_mut() {
                 let st = &self.stages[s];
                 t.record_action(
-                    s,
-                    action,
+                    (s, rank),
+                    &action,
                     start,
                     duration,
                     st,
@@ -397,9 +496,13 @@ impl<'a> Replay<'a> {
             self.backward_ready[s][mb as usize] = Some(end);
             return;
         }
-        let send_start = end.max(self.link_forward_free[s]);
+        let Some(link) = self.layout.forward_link[s] else {
+            self.forward_ready[s + 1][mb as usize] = Some(end); // the same rank
+            return;
+        };
+        let send_start = end.max(self.link_free[link]);
         let arrive = send_start + self.transfer_ms[s];
-        self.link_forward_free[s] = arrive;
+        self.link_free[link] = arrive;
         self.forward_ready[s + 1][mb as usize] = Some(arrive);
         self.last_end = self.last_end.max(arrive);
         if let Some(t) = trace {
@@ -413,9 +516,13 @@ impl<'a> Replay<'a> {
         if s == 0 {
             return;
         }
-        let send_start = end.max(self.link_backward_free[s - 1]);
+        let Some(link) = self.layout.backward_link[s - 1] else {
+            self.backward_ready[s - 1][mb as usize] = Some(end); // the same rank
+            return;
+        };
+        let send_start = end.max(self.link_free[link]);
         let arrive = send_start + self.transfer_ms[s - 1];
-        self.link_backward_free[s - 1] = arrive;
+        self.link_free[link] = arrive;
         self.backward_ready[s - 1][mb as usize] = Some(arrive);
         self.last_end = self.last_end.max(arrive);
         if let Some(t) = trace {
@@ -425,20 +532,20 @@ impl<'a> Replay<'a> {
 }
 
 impl Trace {
-    fn new(stages: usize) -> Self {
+    fn new(layout: &RankLayout) -> Self {
         Trace {
             tasks: Vec::new(),
-            memory_events: vec![Vec::new(); stages],
-            gradients_held: vec![false; stages],
-            compute: vec![0.0; stages],
+            memory_events: vec![Vec::new(); layout.ranks],
+            gradients_held: vec![false; layout.rank_of.len()],
+            compute: vec![0.0; layout.ranks],
         }
     }
 
-    /// Stage `s` ran `action` for `duration` from `start`: the task, its
-    /// compute time and what it keeps or frees.
+    /// Stage `s` ran `action` for `duration` from `start` on `rank`: the
+    /// task, its compute time and what it keeps or frees.
     fn record_action(
         &mut self,
-        s: usize,
+        (s, rank): (usize, usize),
         action: &Action,
         start: f64,
         duration: f64,
@@ -462,18 +569,18 @@ impl Trace {
             end_ms: end,
         });
         let kept = st.backward_and_kept_bytes(recompute).1;
-        let events = &mut self.memory_events[s];
+        let events = &mut self.memory_events[rank];
         let mut at = |t: f64, bytes: f64, term: Term| events.push(MemoryEvent { t, bytes, term });
         // A re-computed backward's re-run activations (and the loss's
         // moment), beyond the working memory.
         let rerun_extra = st.recompute_backward_bytes - st.working_bytes;
         match action.kind {
             ActionKind::Forward => {
-                self.compute[s] += duration;
+                self.compute[rank] += duration;
                 at(start, kept, Term::InFlight(1));
             }
             ActionKind::Backward | ActionKind::InputGradient => {
-                self.compute[s] += duration;
+                self.compute[rank] += duration;
                 at(start, st.working_bytes, Term::Working);
                 at(end, -st.working_bytes, Term::Working);
                 if recompute {
@@ -493,7 +600,7 @@ impl Trace {
                 }
             }
             ActionKind::WeightGradient => {
-                self.compute[s] += duration;
+                self.compute[rank] += duration;
                 at(start, st.working_bytes, Term::Working);
                 at(end, -st.working_bytes, Term::Working);
                 if recompute {
@@ -536,42 +643,66 @@ impl Trace {
     }
 }
 
-/// Run every stage's action list (AR and OPT included) against the
+/// Run every rank's action list (AR and OPT included) against the
 /// pipeline's dependencies and return when the last task ends. `trace`,
 /// when given, receives every task and memory change. Lists that cannot
-/// finish give the stage and the action index where they stop.
+/// finish give the rank and the action index where they stop.
 fn run_lists(
     stages: &[SimStage],
-    transfer_ms: &[f64],
-    lists: &[&[Action]],
+    (transfer_ms, layout): (&[f64], &RankLayout),
+    lists: Lists,
     micro_batches: u32,
     recompute: bool,
     mut trace: Option<&mut Trace>,
 ) -> std::result::Result<f64, (usize, usize)> {
-    let s_count = stages.len();
-    let mut replay = Replay::new(stages, transfer_ms, micro_batches, recompute);
+    let ranks = layout.ranks;
+    let mut replay = Replay::new(stages, transfer_ms, layout, micro_batches, recompute);
     if let Some(t) = trace.as_deref_mut() {
-        *t = Trace::new(s_count);
+        *t = Trace::new(layout);
     }
     // Sweeps alternate direction, so that forward inputs travel down and
     // gradients up the pipeline within one sweep each. Start times do not
-    // depend on the order stages are visited in, only on how many sweeps.
+    // depend on the order ranks are visited in, only on how many sweeps.
     let mut downward = true;
     loop {
         let mut progressed = false;
-        for i in 0..s_count {
-            let s = if downward { i } else { s_count - 1 - i };
-            progressed |= replay.run_stage(s, lists[s], trace.as_deref_mut());
+        for i in 0..ranks {
+            let r = if downward { i } else { ranks - 1 - i };
+            progressed |= replay.run_rank(r, lists, trace.as_deref_mut());
         }
         downward = !downward;
         if !progressed {
             break;
         }
     }
-    match (0..s_count).find(|&s| replay.next[s] < lists[s].len()) {
-        Some(s) => Err((s, replay.next[s])),
+    match (0..ranks).find(|&r| replay.next[r] < lists.len(r)) {
+        Some(r) => Err((r, replay.next[r])),
         None => Ok(replay.last_end),
     }
+}
+
+/// [`run_lists`] recording every task and memory change. The schedules
+/// are validated before, so lists that cannot finish are a bug: an error
+/// from `stopped(rank, action index)`, not a loop or a wrong answer.
+fn run_traced(
+    stages: &[SimStage],
+    links: (&[f64], &RankLayout),
+    lists: Lists,
+    micro_batches: u32,
+    recompute: bool,
+    stopped: impl Fn(usize, usize) -> String,
+) -> Result<(f64, Trace)> {
+    let mut trace = Trace::default();
+    let span_ms = run_lists(
+        stages,
+        links,
+        lists,
+        micro_batches,
+        recompute,
+        Some(&mut trace),
+    )
+    .map_err(|(r, i)| Error::invalid(stopped(r, i)))?;
+    Ok((span_ms, trace))
 }
 
 /// Early backward with warm-up depths `warmup` replayed from its action
@@ -593,7 +724,17 @@ pub(crate) fn replay_early_backward_ms(
         })
         .collect();
     let refs: Vec<&[Action]> = lists.iter().map(Vec::as_slice).collect();
-    run_lists(stages, transfer_ms, &refs, micro_batches, false, None).map_err(|(s, i)| {
+    let layout = RankLayout::stage_a_rank(stages.len());
+    let lists = Lists::StageARank(&refs);
+    run_lists(
+        stages,
+        (transfer_ms, &layout),
+        lists,
+        micro_batches,
+        false,
+        None,
+    )
+    .map_err(|(s, i)| {
         Error::invalid(format!(
             "deadlock: stage {s} stops at action {i} with warm-up depths {warmup:?}"
         ))
@@ -647,22 +788,22 @@ pub fn simulate_stages(
         .iter()
         .map(|s| s.actions.as_slice())
         .collect();
-    let mut trace = Trace::default();
-    let span_ms = run_lists(
+    let layout = RankLayout::stage_a_rank(s_count);
+    let lists = Lists::StageARank(&lists);
+    let micro_batches = schedule.total_micro_batches();
+    let (span_ms, trace) = run_traced(
         stages,
-        transfer_ms,
-        &lists,
-        schedule.total_micro_batches(),
+        (transfer_ms, &layout),
+        lists,
+        micro_batches,
         recompute,
-        Some(&mut trace),
-    )
-    .map_err(|(s, i)| {
-        // validate() rules this out; kept so a bug cannot loop or lie.
-        Error::invalid(format!(
-            "stage {s}: the simulation stopped at action {i} ({})",
-            schedule.stages[s].actions[i]
-        ))
-    })?;
+        |s, i| {
+            format!(
+                "stage {s}: the simulation stopped at action {i} ({})",
+                schedule.stages[s].actions[i]
+            )
+        },
+    )?;
     let Trace {
         tasks,
         mut memory_events,
@@ -677,11 +818,7 @@ pub fn simulate_stages(
                 memory_over_time(&stages[s], s, schedule, &tasks, events);
             StageTimeline {
                 compute_ms: compute[s],
-                bubble_fraction: if span_ms > 0.0 {
-                    1.0 - compute[s] / span_ms
-                } else {
-                    0.0
-                },
+                bubble_fraction: bubble_fraction(compute[s], span_ms),
                 peak_memory_bytes: at_peak.total(),
                 memory_limit_bytes: stages[s].memory_limit_bytes,
                 peak_in_flight: schedule.peak_in_flight(s),
@@ -702,6 +839,152 @@ pub fn simulate_stages(
         stages: timelines,
         tasks,
     })
+}
+
+/// A pipeline order run on its stages: the iteration, and each rank's
+/// timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrderSimulation {
+    /// From the first forward to the end of the last optimizer step.
+    pub iteration_ms: f64,
+    /// `ranks[r]`: what rank r computed, held and waited, its stages together.
+    pub ranks: Vec<StageTimeline>,
+    /// Every task; a task's `stage` is the order's stage (a chunk of its rank).
+    pub tasks: Vec<Task>,
+}
+
+/// `order` run on `stages` (one a stage of the order, chunks of their
+/// rank's model) with `transfer_ms[s]` between stages s and s + 1 where
+/// they are on different ranks: the simulator of the plan's schedules
+/// (`simulate_stages`) with several stages a rank. A rank runs one action
+/// at a time, in its list's order; stages joining the same two ranks share
+/// their link, one transfer each way at a time. After its last pass a
+/// rank runs each of its stages' AllReduce, first the stage whose passes
+/// ended first, then their optimizer steps: no AllReduce overlaps another
+/// stage's backward. An overlapped forward and backward (DualPipeV's) runs
+/// one after the other. Memory is each rank's, its stages' together.
+pub fn simulate_order(
+    stages: &[SimStage],
+    transfer_ms: &[f64],
+    order: &PipelineOrder,
+) -> Result<OrderSimulation> {
+    order.validate()?;
+    if order.stages() != stages.len() || transfer_ms.len() + 1 != stages.len() {
+        return Err(Error::invalid(format!(
+            "the pipeline order has {} stages, the costs {} and {} transfers",
+            order.stages(),
+            stages.len(),
+            transfer_ms.len()
+        )));
+    }
+    let layout = RankLayout::of_stage_ranks(&order.stage_ranks);
+    let lists: Vec<Vec<(usize, Action)>> = order
+        .rank_actions
+        .iter()
+        .map(|actions| with_updates(actions))
+        .collect();
+    let (span_ms, trace) = run_traced(
+        stages,
+        (transfer_ms, &layout),
+        Lists::OfRanks(&lists),
+        order.micro_batches,
+        false,
+        |r, i| format!("rank {r}: the simulation stopped at action {i}"),
+    )?;
+    let Trace {
+        tasks,
+        mut memory_events,
+        compute,
+        ..
+    } = trace;
+    let ranks = (0..layout.ranks)
+        .map(|r| {
+            let on_rank: Vec<&SimStage> = (0..stages.len())
+                .filter(|&s| layout.rank_of[s] == r)
+                .map(|s| &stages[s])
+                .collect();
+            let held_throughout = HeldTerms {
+                // The gradients come with each stage's first backward.
+                state_bytes: on_rank
+                    .iter()
+                    .map(|st| st.model_state_bytes - st.gradient_bytes)
+                    .sum(),
+                ..HeldTerms::default()
+            };
+            let mut events = std::mem::take(&mut memory_events[r]);
+            sort_in_time_order(&mut events);
+            let most_in_flight = most_in_flight(&events);
+            let (memory, at_peak) = memory_steps(held_throughout, events);
+            // Stages differ in what a micro-batch keeps: the peak's mean.
+            let per_micro_batch = if at_peak.in_flight > 0 {
+                at_peak.in_flight_bytes / f64::from(at_peak.in_flight)
+            } else {
+                0.0
+            };
+            let allocator = on_rank
+                .iter()
+                .map(|st| st.allocator_reserved_factor)
+                .fold(1.0, f64::max);
+            StageTimeline {
+                compute_ms: compute[r],
+                bubble_fraction: bubble_fraction(compute[r], span_ms),
+                peak_memory_bytes: at_peak.total(),
+                memory_limit_bytes: on_rank
+                    .iter()
+                    .map(|st| st.memory_limit_bytes)
+                    .fold(f64::INFINITY, f64::min),
+                peak_in_flight: most_in_flight,
+                peak_weight_copies: 0,
+                memory,
+                memory_terms: Some(at_peak.as_memory_terms(per_micro_batch, allocator)),
+            }
+        })
+        .collect();
+    Ok(OrderSimulation {
+        iteration_ms: span_ms,
+        ranks,
+        tasks,
+    })
+}
+
+/// The share of `span_ms` a rank (or stage) computed nothing.
+fn bubble_fraction(compute_ms: f64, span_ms: f64) -> f64 {
+    if span_ms > 0.0 {
+        1.0 - compute_ms / span_ms
+    } else {
+        0.0
+    }
+}
+
+/// A rank's passes, then each of its stages' AllReduce in the order their
+/// passes ended, then their optimizer steps.
+fn with_updates(actions: &[StageAction]) -> Vec<(usize, Action)> {
+    let mut list: Vec<(usize, Action)> = actions
+        .iter()
+        .map(|a| (a.stage as usize, Action::of_stage_action(a)))
+        .collect();
+    let mut finished: Vec<usize> = Vec::new();
+    for a in actions.iter().rev() {
+        if !finished.contains(&(a.stage as usize)) {
+            finished.push(a.stage as usize);
+        }
+    }
+    finished.reverse();
+    list.extend(finished.iter().map(|&s| (s, Action::ALL_REDUCE)));
+    list.extend(finished.iter().map(|&s| (s, Action::OPTIMIZER_STEP)));
+    list
+}
+
+/// The most micro-batches between a forward and their backward at once.
+fn most_in_flight(events: &[MemoryEvent]) -> u32 {
+    let (mut now, mut most) = (0i32, 0i32);
+    for e in events {
+        if let Term::InFlight(change) = e.term {
+            now += change;
+            most = most.max(now);
+        }
+    }
+    most.max(0) as u32
 }
 
 /// Stage `s`'s memory over time from its recorded changes and the weight
@@ -732,7 +1015,7 @@ fn memory_over_time(
     sort_in_time_order(&mut events);
     sort_in_time_order(&mut copies);
     let events = merge_in_time_order(events, copies);
-    let mut now = HeldTerms {
+    let held_throughout = HeldTerms {
         // The gradients come with the first backward.
         state_bytes: st.model_state_bytes - st.gradient_bytes,
         // XPipe's own moments, held all the time.
@@ -743,9 +1026,17 @@ fn memory_over_time(
         },
         ..HeldTerms::default()
     };
+    let (memory, at_peak) = memory_steps(held_throughout, events);
+    (memory, at_peak, peak_copies)
+}
+
+/// (time, bytes) after each of `events` (in time order) from what is held
+/// at the start, and what was held by term at the peak.
+fn memory_steps(start: HeldTerms, events: Vec<MemoryEvent>) -> (Vec<(f64, f64)>, HeldTerms) {
+    let (mut now, mut at_peak) = (start, start);
     let mut bytes = now.total();
-    let mut at_peak = now;
-    let mut memory = vec![(0.0, bytes)];
+    let mut memory = Vec::with_capacity(events.len() + 1);
+    memory.push((0.0, bytes));
     for event in events {
         bytes += event.bytes;
         now.add(event);
@@ -754,7 +1045,7 @@ fn memory_over_time(
         }
         memory.push((event.t, bytes));
     }
-    (memory, at_peak, peak_copies)
+    (memory, at_peak)
 }
 
 /// Memory events by time, and at one instant frees first (memory freed
@@ -1046,6 +1337,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Resu
 mod tests {
     use super::*;
     use crate::cost::WarmupPolicy;
+    use crate::pipeline_order::StageCosts;
 
     #[test]
     fn memory_events_come_out_as_a_stable_sort_of_both_lists_would_give() {
@@ -1114,6 +1406,161 @@ mod tests {
             };
             n
         ]
+    }
+
+    /// The orders with several stages a rank, as torch generates them.
+    fn orders(p: u32, m: u32) -> Vec<(String, PipelineOrder)> {
+        let mut out = Vec::new();
+        for v in 1..=3 {
+            let i = PipelineOrder::interleaved_1f1b(p, m, v);
+            let z = PipelineOrder::interleaved_zero_bubble(p, m, v);
+            out.extend(
+                i.ok()
+                    .map(|o| (format!("interleaved 1F1B p={p} m={m} v={v}"), o)),
+            );
+            out.extend(
+                z.ok()
+                    .map(|o| (format!("interleaved zero bubble p={p} m={m} v={v}"), o)),
+            );
+        }
+        out.extend(
+            PipelineOrder::zbv(p, m)
+                .ok()
+                .map(|o| (format!("ZB-V p={p} m={m}"), o)),
+        );
+        out.extend(
+            PipelineOrder::dualpipev(p, m)
+                .ok()
+                .map(|o| (format!("DualPipeV p={p} m={m}"), o)),
+        );
+        out
+    }
+
+    #[test]
+    fn an_order_simulates_as_its_own_dry_run_where_links_are_free() {
+        // Unequal stages, no state, no working memory, nothing sent: the
+        // simulator's time and activation peak are the dry run's, to the bit.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut checked = 0;
+        for (p, m) in [(2, 4), (3, 6), (4, 8), (4, 12), (2, 9)] {
+            for (name, order) in orders(p, m) {
+                let stages: Vec<SimStage> = (0..order.stages())
+                    .map(|_| {
+                        let f = rng.gen_range(0.5..2.0);
+                        let b = f * rng.gen_range(1.5..2.5);
+                        SimStage {
+                            bwd_weight_ms: b * rng.gen_range(0.3..0.6),
+                            stored_bytes: rng.gen_range(1.0..5.0),
+                            model_state_bytes: 0.0,
+                            ..equal_stages(1, f, b)[0]
+                        }
+                    })
+                    .collect();
+                let costs: Vec<StageCosts> = stages
+                    .iter()
+                    .map(|st| StageCosts {
+                        forward_ms: st.fwd_ms,
+                        backward_ms: st.bwd_ms,
+                        backward_input_ms: st.bwd_ms - st.bwd_weight_ms,
+                        backward_weight_ms: st.bwd_weight_ms,
+                        send_ms: 0.0,
+                        activation_bytes: st.stored_bytes,
+                    })
+                    .collect();
+                let zero = vec![0.0; stages.len() - 1];
+                let sim = simulate_order(&stages, &zero, &order).unwrap();
+                let dry = order.run(&costs).unwrap();
+                assert_eq!(sim.iteration_ms, dry.iteration_ms, "{name}");
+                let busy: Vec<f64> = sim.ranks.iter().map(|r| r.compute_ms).collect();
+                assert_eq!(busy, dry.busy_ms, "{name}");
+                let peaks: Vec<f64> = sim.ranks.iter().map(|r| r.peak_memory_bytes).collect();
+                assert_eq!(peaks, dry.peak_activation_bytes, "{name}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 30, "{checked}");
+    }
+
+    #[test]
+    fn interleaving_cuts_the_wait_to_its_closed_form() {
+        // A rank's share of a micro-batch takes F = 1 and B = 2, cut into v
+        // equal chunks; free links: 1F1B's (m + p - 1)(F + B) becomes
+        // (m + (p - 1) / v)(F + B), the bubble (p - 1) / (v m) of the work.
+        for (p, m) in [(2u32, 4u32), (4, 8), (4, 16)] {
+            for v in [1u32, 2, 4] {
+                let order = PipelineOrder::interleaved_1f1b(p, m, v).unwrap();
+                let chunk = 1.0 / f64::from(v);
+                let stages = equal_stages((p * v) as usize, chunk, 2.0 * chunk);
+                let zero = vec![0.0; stages.len() - 1];
+                let sim = simulate_order(&stages, &zero, &order).unwrap();
+                let expected = (f64::from(m) + f64::from(p - 1) / f64::from(v)) * 3.0;
+                assert!(
+                    (sim.iteration_ms - expected).abs() < 1e-9,
+                    "p={p} m={m} v={v}: {}",
+                    sim.iteration_ms
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stages_going_the_same_way_between_two_ranks_share_a_link() {
+        // Two ranks, two chunks each: chunk 0 -> 1 and 2 -> 3 go from rank
+        // 0 to rank 1, chunk 1 -> 2 the other way, with the gradients of
+        // 0 <- 1 and 2 <- 3.
+        let looped = RankLayout::of_stage_ranks(&[0, 1, 0, 1]);
+        assert_eq!(looped.forward_link, vec![Some(0), Some(1), Some(0)]);
+        assert_eq!(looped.backward_link, vec![Some(1), Some(0), Some(1)]);
+        assert_eq!((looped.ranks, looped.links), (2, 2));
+        // A V: the turn at the last rank stays on it.
+        let v = RankLayout::of_stage_ranks(&[0, 1, 1, 0]);
+        assert_eq!(v.forward_link, vec![Some(0), None, Some(1)]);
+        // A slow link: sharing it can only delay the dry run, which does
+        // not share.
+        let order = PipelineOrder::interleaved_1f1b(2, 4, 2).unwrap();
+        let stages = equal_stages(4, 1.0, 2.0);
+        let sim = simulate_order(&stages, &[1.5; 3], &order).unwrap();
+        let cost = StageCosts {
+            send_ms: 1.5,
+            ..StageCosts::equal_passes(1.0, 2.0)
+        };
+        let dry = order.run(&[cost; 4]).unwrap();
+        assert!(
+            sim.iteration_ms >= dry.iteration_ms,
+            "{} {}",
+            sim.iteration_ms,
+            dry.iteration_ms
+        );
+    }
+
+    #[test]
+    fn each_chunk_reduces_and_steps_after_the_ranks_last_pass() {
+        // The AllReduce and optimizer step of both chunks of a rank run
+        // after its passes, the chunk that finished first first.
+        let order = PipelineOrder::interleaved_1f1b(2, 4, 2).unwrap();
+        let stages: Vec<SimStage> = equal_stages(4, 1.0, 2.0)
+            .into_iter()
+            .map(|st| SimStage {
+                allreduce_ms: 0.5,
+                optimizer_ms: 0.25,
+                ..st
+            })
+            .collect();
+        let sim = simulate_order(&stages, &[0.0; 3], &order).unwrap();
+        let free = simulate_order(&equal_stages(4, 1.0, 2.0), &[0.0; 3], &order).unwrap();
+        // The last rank to finish adds its two chunks' 0.75 each.
+        assert_eq!(sim.iteration_ms, free.iteration_ms + 1.5);
+        let on_rank_0: Vec<(usize, TaskKind)> = sim
+            .tasks
+            .iter()
+            .filter(|t| {
+                matches!(t.kind, TaskKind::AllReduce | TaskKind::OptimizerStep) && t.stage % 2 == 0
+            })
+            .map(|t| (t.stage, t.kind))
+            .collect();
+        use TaskKind::{AllReduce as Ar, OptimizerStep as Opt};
+        assert_eq!(on_rank_0, vec![(2, Ar), (0, Ar), (2, Opt), (0, Opt)]);
     }
 
     #[test]
