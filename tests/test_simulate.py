@@ -84,3 +84,28 @@ def test_plans_are_chosen_by_simulated_time(name, gbs):
         assert chosen.iteration_ms <= fixed.iteration_ms + 1e-9, policy
     # The recorded plan is still a plan that evaluates to its own estimate.
     assert planner.evaluate(chosen, prof).estimate == chosen.estimate
+
+
+def test_a_plan_run_interleaved_keeps_its_ranks_and_cuts_its_wait():
+    # BERT-48's straight pipeline on four V100s: its ranks run interleaved
+    # 1F1B with one, two and four chunks each, the layers cut again into
+    # consecutive chunks, chunk s on rank s mod 4.
+    profile = PROFILES / "bert-48-pbs-2.json"
+    plan = planner.baseline("straight", profile, "1x4-nvlink", 32)
+    runs = {v: planner.simulate_interleaved(plan, profile, v) for v in (1, 2, 4)}
+    layers = plan.stages[-1]["layer_end"]
+    for v, run in runs.items():
+        chunks = run["chunk_layers"]
+        assert len(chunks) == 4 * v and len(run["ranks"]) == 4
+        assert chunks[0][0] == 0 and chunks[-1][1] == layers
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        assert all(r["peak_memory_bytes"] > 0 for r in run["ranks"])
+    assert runs[4]["iteration_ms"] < runs[2]["iteration_ms"] < runs[1]["iteration_ms"]
+    # What cannot be cut is refused by name.
+    with pytest.raises(planner.InvalidInputError, match="chunks: value 0"):
+        planner.simulate_interleaved(plan, profile, 0)
+    with pytest.raises(planner.InvalidInputError, match=f"the model has {layers}"):
+        planner.simulate_interleaved(plan, profile, layers)
+    xpipe = planner.plan(profile, "1x4-nvlink", 32, schedule="xpipe")
+    with pytest.raises(planner.InvalidInputError, match="schedule.kind"):
+        planner.simulate_interleaved(xpipe, profile, 2)

@@ -37,7 +37,7 @@ from .profile import (
     merge_profiles,
     transformer_profile,
 )
-from .simulation import Simulation, simulate
+from .simulation import Simulation, simulate, simulate_interleaved
 from .topology import GPU_TYPES, PRESETS, Topology
 
 __all__ = [
@@ -77,4 +77,5 @@ __all__ = [
     "layout_plan",
     "plan",
     "simulate",
+    "simulate_interleaved",
 ]

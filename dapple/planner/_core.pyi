@@ -288,6 +288,7 @@ def simulate(
     recompute: bool = False,
     overlap_allreduce: bool = True,
 ) -> Simulation: ...
+def simulate_interleaved(plan: Plan, profile: Profile, chunks: int) -> dict[str, Any]: ...
 def baseline(
     kind: str,
     profile: Profile,

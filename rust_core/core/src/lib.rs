@@ -18,6 +18,7 @@ pub mod evaluate;
 pub mod format;
 pub mod gpus;
 pub mod hints;
+pub mod interleave;
 pub mod layout;
 pub mod megatron;
 pub mod metrics;

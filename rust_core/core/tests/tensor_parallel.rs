@@ -97,8 +97,9 @@ fn one_split_block_moves_four_allreduces_of_its_output() {
     );
 }
 
-#[test]
-fn llama_2_70b_in_megatrons_shape_fits_and_is_costed() {
+/// Llama-2-70B on 64x8 A100s in Megatron's shape: t8 p4 d16 with ZeRO-1,
+/// 32 micro-batches of one a replica at a global batch of 512.
+fn llama_2_70b_t8_p4_d16() -> (Profile, Plan) {
     let profile = llama("llama-2-70b", "a100-80gb", 4096, vec![1, 2, 4, 8]);
     let topology = Topology::from_spec("64x8-a100-80gb").unwrap();
     let shape = StageShape {
@@ -107,6 +108,12 @@ fn llama_2_70b_in_megatrons_shape_fits_and_is_costed() {
         recompute: Recompute::None,
     };
     let plan = megatron_plan(&profile, &topology, 512, (8, 4, 1), shape);
+    (profile, plan)
+}
+
+#[test]
+fn llama_2_70b_in_megatrons_shape_fits_and_is_costed() {
+    let (profile, plan) = llama_2_70b_t8_p4_d16();
     let estimate = evaluate(&plan, &profile).unwrap();
     let mfu = estimate.mfu.unwrap();
     eprintln!(
@@ -118,6 +125,48 @@ fn llama_2_70b_in_megatrons_shape_fits_and_is_costed() {
     // Below the profile's ceiling (its efficiency, 0.5): bubbles and the
     // split's AllReduces cost something.
     assert!(mfu < 0.5 && mfu > 0.3, "{mfu}");
+}
+
+#[test]
+fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
+    // t8 p4 d16, 32 micro-batches of one a replica: the 1F1B bubble is
+    // (p - 1) / m = 9.4% of the work, interleaved (p - 1) / (v m). The
+    // chunks cover the model in order, p x v of them, and interleaving
+    // shortens the iteration by at most that share.
+    use dapple_core::interleave::simulate_interleaved;
+    let (profile, plan) = llama_2_70b_t8_p4_d16();
+    let runs: Vec<_> = (1..=4)
+        .map(|v| simulate_interleaved(&plan, &profile, v).unwrap())
+        .collect();
+    for (v, run) in (1..).zip(&runs) {
+        let ends: Vec<usize> = run.chunk_layers.iter().map(|c| c.1).collect();
+        let starts: Vec<usize> = run.chunk_layers.iter().map(|c| c.0).collect();
+        assert_eq!(run.chunk_layers.len(), 4 * v);
+        assert_eq!(
+            (starts[0], *ends.last().unwrap()),
+            (0, profile.layers.len())
+        );
+        assert_eq!(starts[1..], ends[..ends.len() - 1]);
+        assert!(run
+            .simulation
+            .ranks
+            .iter()
+            .all(|r| r.peak_memory_bytes <= r.memory_limit_bytes));
+    }
+    let ms: Vec<f64> = runs.iter().map(|r| r.simulation.iteration_ms).collect();
+    eprintln!("Llama-2-70B t8 p4 d16 interleaved, v = 1..4: {ms:?}");
+    // Every interleaving beats 1F1B; more chunks are not always faster,
+    // where the layers do not cut evenly (82 into 12 chunks: 6 or 7 each).
+    assert!(ms[1..].iter().all(|&t| t < ms[0]), "{ms:?}");
+    assert!(ms[3] < ms[1], "{ms:?}");
+    // Slack for the chunks' balance, which finer chunks improve too.
+    let most_saved = ms[0] * (3.0 / 32.0) * (1.0 - 1.0 / 4.0);
+    assert!(ms[0] - ms[3] <= most_saved * 1.05, "{ms:?}");
+    // 4 x 21 chunks need more layers than the model's 82.
+    let e = simulate_interleaved(&plan, &profile, 21)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("chunks") && e.contains("82"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,10 @@
+use dapple_core::interleave::simulate_interleaved as simulate_plan_interleaved;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::simulate::{simulate as simulate_plan, Simulation, SimulationOptions};
+use dapple_core::simulate::{
+    simulate as simulate_plan, Simulation, SimulationOptions, StageTimeline,
+};
 use pyo3::prelude::*;
+use serde::Serialize;
 
 use crate::plan::PyPlan;
 use crate::profile::PyProfile;
@@ -96,8 +100,40 @@ fn simulate(
     Ok(crate::Wraps::wrap(inner, None))
 }
 
+/// What `simulate_interleaved` gives Python: the chunks, the iteration and
+/// each rank's timeline, without the tasks.
+#[derive(Serialize)]
+struct InterleavedRun<'a> {
+    chunks: u32,
+    chunk_layers: &'a [(usize, usize)],
+    iteration_ms: f64,
+    ranks: &'a [StageTimeline],
+}
+
+/// The plan's ranks running interleaved 1F1B with `chunks` chunks each
+/// (`interleave.rs`), as a dict.
+#[pyfunction]
+fn simulate_interleaved<'py>(
+    py: Python<'py>,
+    plan: &PyPlan,
+    profile: &PyProfile,
+    chunks: u32,
+) -> PyResult<Bound<'py, PyAny>> {
+    let run = py
+        .detach(|| simulate_plan_interleaved(&plan.inner, &profile.inner, chunks))
+        .map_err(|e| plan.err(e))?;
+    let view = InterleavedRun {
+        chunks,
+        chunk_layers: &run.chunk_layers,
+        iteration_ms: run.simulation.iteration_ms,
+        ranks: &run.simulation.ranks,
+    };
+    crate::convert::to_python(py, &view)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySimulation>()?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate_interleaved, m)?)?;
     Ok(())
 }

@@ -1,0 +1,87 @@
+"""What interleaved 1F1B would give the planner's plans (issue 28: "Llama-2-70B
+on 512 A100s gains from interleaving or zero-bubble in the simulator; report
+by how much"). For each case the planner's plan (`--schedule auto`) is
+simulated as is, then its ranks (its stages) run interleaved 1F1B with v = 1
+to 8 chunks each (`planner.simulate_interleaved`: the layers cut again into
+ranks x v chunks of balanced time, each on its rank's devices and shape).
+The search does not plan chunks yet: this measures the gain it would reach
+on the planner's own layouts. Cases: Llama-2-70B on 64x8 A100-80GB at a
+global batch of 512 (`benchmarks/plan_scale.py`'s), and every Table V case
+whose plan is a pipeline. Writes benchmarks/results/interleaving_gain.json
+and prints a markdown table; docs/schedules.md reports it.
+
+    python benchmarks/interleaving_gain.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dapple import planner
+
+HERE = Path(__file__).resolve().parent
+SUITE = HERE.parent / "profiles" / "regress" / "paper-table-v.json"
+CHUNKS = range(1, 9)
+
+
+def cases() -> list[tuple[str, planner.Profile, str, int]]:
+    llama = planner.transformer_profile("llama-2-70b", gpu="A100-80GB", seq_len=4096)
+    out = [("Llama-2-70B", llama, "64x8-a100-80gb", 512)]
+    for case in json.loads(SUITE.read_text())["cases"]:
+        out.append((f"Table V {case['name']}", planner.Profile.load(SUITE.parent / case["profile"]),
+                    case["topology"], case["global_batch_size"]))
+    return out
+
+
+def measure(name: str, profile: planner.Profile, topology: str, gbs: int) -> dict:
+    plan = planner.plan(profile, topology, gbs)
+    row = {"case": name, "topology": topology, "global_batch_size": gbs, "plan_ms": plan.iteration_ms,
+           "plan_kind": plan.core.schedule_kind, "shape": plan.shape, "ranks": len(plan.stages),
+           "micro_batches": plan.micro_batches, "mfu": plan.estimate.get("mfu"), "interleaved": {}}
+    if len(plan.stages) == 1:
+        return row  # data parallel: nothing to interleave
+    for v in CHUNKS:
+        try:
+            run = planner.simulate_interleaved(plan, profile, v)
+        except planner.DappleError as e:
+            row["interleaved"][v] = {"error": str(e)}
+            continue
+        fits = all(r["peak_memory_bytes"] <= r["memory_limit_bytes"] for r in run["ranks"])
+        row["interleaved"][v] = {"ms": run["iteration_ms"], "fits_memory": fits,
+                                 "chunk_layers": run["chunk_layers"]}
+    return row
+
+
+def best(row: dict) -> tuple[int, float] | None:
+    fitting = [(v, r["ms"]) for v, r in row["interleaved"].items() if r.get("fits_memory")]
+    return min(fitting, key=lambda vr: vr[1]) if fitting else None
+
+
+def main() -> None:
+    started, load = time.time(), os.getloadavg()
+    rows = []
+    for case in cases():
+        rows.append(measure(*case))
+        print(case[0], rows[-1]["plan_ms"], best(rows[-1]), file=sys.stderr)
+    out = {"command": "python benchmarks/interleaving_gain.py", "load_average_before": [round(x, 2) for x in load],
+           "wall_s": round(time.time() - started, 1), "rows": rows}
+    (HERE / "results" / "interleaving_gain.json").write_text(json.dumps(out, indent=1) + "\n")
+    print("| case | plan | plan ms | interleaved v = 1 ms | best v | its ms | over the plan |")
+    print("|---|---|--:|--:|--:|--:|--:|")
+    for r in rows:
+        one = r["interleaved"].get(1, {})
+        one_cell = "-" if "ms" not in one else f"{one['ms']:.1f}" + ("" if one["fits_memory"] else " (does not fit)")
+        b = best(r)
+        if b is None:
+            print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | {one_cell} | - | - | - |")
+            continue
+        print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | {one_cell} | {b[0]} | {b[1]:.1f} | "
+              f"{r['plan_ms'] / b[1]:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
