@@ -842,6 +842,8 @@ class Gen:
             spec.argv += ["--recompute"]
         if self.p(0.2):
             spec.argv += ["--actions"]
+        if self.p(0.15):
+            spec.argv += ["--chunks", self.pick(["1", "2", "3", "8"], ["0", "-1", "x", "99999", "4294967296"])]
         if self.p(0.3):
             spec.argv += ["--json"]
             spec.stdout_json = "--actions" not in spec.argv

@@ -109,3 +109,18 @@ def test_a_plan_run_interleaved_keeps_its_ranks_and_cuts_its_wait():
     xpipe = planner.plan(profile, "1x4-nvlink", 32, schedule="xpipe")
     with pytest.raises(planner.InvalidInputError, match="schedule.kind"):
         planner.simulate_interleaved(xpipe, profile, 2)
+
+
+def test_simulate_chunks_runs_the_plans_ranks_interleaved(dapple, tmp_path):
+    profile = PROFILES / "bert-48-pbs-2.json"
+    path = tmp_path / "straight.json"
+    planner.baseline("straight", profile, "1x4-nvlink", 32).save(path)
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2)
+    assert r.returncode == 0, r.stderr
+    own = planner.simulate(path, profile).iteration_ms
+    assert f"the plan's own {own:.1f} ms" in r.stdout and r.stdout.count("\nrank ") == 4
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--json")
+    run = json.loads(r.stdout)
+    assert run == planner.simulate_interleaved(path, profile, 2)
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--schedule", "gpipe")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--chunks" in r.stderr

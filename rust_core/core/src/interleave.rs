@@ -53,7 +53,10 @@ pub fn simulate_interleaved(plan: &Plan, profile: &Profile, chunks: u32) -> Resu
     if parts > n {
         return Err(Error::field(
             "chunks",
-            format!("value {chunks} on {ranks} ranks needs {parts} layers; the model has {n}"),
+            format!(
+                "value {chunks} on {ranks} rank{} needs {parts} layers; the model has {n}",
+                if ranks == 1 { "" } else { "s" }
+            ),
         ));
     }
     // The plan is checked as it is (its ranks' devices apart); each chunk
