@@ -1,9 +1,10 @@
 """What interleaved 1F1B would give the planner's plans (issue 28: "Llama-2-70B
 on 512 A100s gains from interleaving or zero-bubble in the simulator; report
 by how much"). For each case the planner's plan (`--schedule auto`) is
-simulated as is, then its ranks (its stages) run interleaved 1F1B with v = 1
-to 8 chunks each (`planner.simulate_interleaved`: the layers cut again into
-ranks x v chunks of balanced time, each on its rank's devices and shape).
+simulated as is, then its ranks (its stages) run interleaved 1F1B and
+interleaved zero bubble with v = 1 to 8 chunks each, and ZB-V with 2
+(`planner.simulate_interleaved`: the layers cut again into ranks x v chunks
+of balanced time, each on its rank's devices and shape).
 The search does not plan chunks yet: this measures the gain it would reach
 on the planner's own layouts. Cases: Llama-2-70B on 64x8 A100-80GB at a
 global batch of 512 (`benchmarks/plan_scale.py`'s), and every Table V case
@@ -26,6 +27,7 @@ from dapple import planner
 HERE = Path(__file__).resolve().parent
 SUITE = HERE.parent / "profiles" / "regress" / "paper-table-v.json"
 CHUNKS = range(1, 9)
+ORDERS = {"interleaved-1f1b": CHUNKS, "interleaved-zero-bubble": CHUNKS, "zb-v": [2]}
 
 
 def cases() -> list[tuple[str, planner.Profile, str, int]]:
@@ -44,20 +46,23 @@ def measure(name: str, profile: planner.Profile, topology: str, gbs: int) -> dic
            "micro_batches": plan.micro_batches, "mfu": plan.estimate.get("mfu"), "interleaved": {}}
     if len(plan.stages) == 1:
         return row  # data parallel: nothing to interleave
-    for v in CHUNKS:
-        try:
-            run = planner.simulate_interleaved(plan, profile, v)
-        except planner.DappleError as e:
-            row["interleaved"][v] = {"error": str(e)}
-            continue
-        fits = all(r["peak_memory_bytes"] <= r["memory_limit_bytes"] for r in run["ranks"])
-        row["interleaved"][v] = {"ms": run["iteration_ms"], "fits_memory": fits,
-                                 "chunk_layers": run["chunk_layers"]}
+    for order, chunks in ORDERS.items():
+        row["interleaved"][order] = {}
+        for v in chunks:
+            try:
+                run = planner.simulate_interleaved(plan, profile, v, order=order)
+            except planner.DappleError as e:
+                row["interleaved"][order][v] = {"error": str(e)}
+                continue
+            fits = all(r["peak_memory_bytes"] <= r["memory_limit_bytes"] for r in run["ranks"])
+            row["interleaved"][order][v] = {"ms": run["iteration_ms"], "fits_memory": fits,
+                                            "chunk_layers": run["chunk_layers"]}
     return row
 
 
-def best(row: dict) -> tuple[int, float] | None:
-    fitting = [(v, r["ms"]) for v, r in row["interleaved"].items() if r.get("fits_memory")]
+def best(row: dict, order: str) -> tuple[int, float] | None:
+    runs = row["interleaved"].get(order, {})
+    fitting = [(v, r["ms"]) for v, r in runs.items() if r.get("fits_memory")]
     return min(fitting, key=lambda vr: vr[1]) if fitting else None
 
 
@@ -66,22 +71,18 @@ def main() -> None:
     rows = []
     for case in cases():
         rows.append(measure(*case))
-        print(case[0], rows[-1]["plan_ms"], best(rows[-1]), file=sys.stderr)
+        print(case[0], rows[-1]["plan_ms"], {o: best(rows[-1], o) for o in ORDERS}, file=sys.stderr)
     out = {"command": "python benchmarks/interleaving_gain.py", "load_average_before": [round(x, 2) for x in load],
            "wall_s": round(time.time() - started, 1), "rows": rows}
     (HERE / "results" / "interleaving_gain.json").write_text(json.dumps(out, indent=1) + "\n")
-    print("| case | plan | plan ms | interleaved v = 1 ms | best v | its ms | over the plan |")
-    print("|---|---|--:|--:|--:|--:|--:|")
+    print("| case | plan | plan ms | " + " | ".join(f"{o}: best v, ms, over the plan" for o in ORDERS) + " |")
+    print("|---|---|--:|" + "--:|" * len(ORDERS))
     for r in rows:
-        one = r["interleaved"].get(1, {})
-        one_cell = "-" if "ms" not in one else f"{one['ms']:.1f}" + ("" if one["fits_memory"] else " (does not fit)")
-        b = best(r)
-        if b is None:
-            print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | {one_cell} | - | - | - |")
-            continue
-        print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | {one_cell} | {b[0]} | {b[1]:.1f} | "
-              f"{r['plan_ms'] / b[1]:.3f}x |")
-
+        cells = []
+        for order in ORDERS:
+            b = best(r, order)
+            cells.append("-" if b is None else f"{b[0]}, {b[1]:.1f}, {r['plan_ms'] / b[1]:.3f}x")
+        print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

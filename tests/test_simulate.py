@@ -106,6 +106,13 @@ def test_a_plan_run_interleaved_keeps_its_ranks_and_cuts_its_wait():
         planner.simulate_interleaved(plan, profile, 0)
     with pytest.raises(planner.InvalidInputError, match=f"the model has {layers}"):
         planner.simulate_interleaved(plan, profile, layers)
+    # ZB-V: two chunks a rank, down the ranks and back up.
+    v = planner.simulate_interleaved(plan, profile, 2, order="zb-v")
+    assert v["chunk_ranks"] == [0, 1, 2, 3, 3, 2, 1, 0] and runs[2]["chunk_ranks"] == [0, 1, 2, 3] * 2
+    with pytest.raises(planner.InvalidInputError, match="chunks: value 3: zb-v holds two"):
+        planner.simulate_interleaved(plan, profile, 3, order="zb-v")
+    with pytest.raises(planner.InvalidInputError, match="order"):
+        planner.simulate_interleaved(plan, profile, 2, order="looped")
     xpipe = planner.plan(profile, "1x4-nvlink", 32, schedule="xpipe")
     with pytest.raises(planner.InvalidInputError, match="schedule.kind"):
         planner.simulate_interleaved(xpipe, profile, 2)
@@ -124,3 +131,7 @@ def test_simulate_chunks_runs_the_plans_ranks_interleaved(dapple, tmp_path):
     assert run == planner.simulate_interleaved(path, profile, 2)
     r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--schedule", "gpipe")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--chunks" in r.stderr
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--order", "zb-v")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--order applies to --chunks" in r.stderr
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--order", "zb-v")
+    assert r.returncode == 0 and "as zb-v, 2 chunks a rank" in r.stdout and "rank 0 (layers 0-" in r.stdout

@@ -23,23 +23,27 @@ from .render import GIB, console
               help="Print each stage's action list instead, with the weights every pass uses "
                    "(F4@0+2: version 0, predicted 2 updates ahead).")
 @click.option("--chunks", type=click.IntRange(min=1), default=None,
-              help="Run the plan's ranks (its stages) as interleaved 1F1B with this many chunks each: the "
-                   "layers cut again by the ranks' speeds (docs/schedules.md). What interleaving would give; "
-                   "the search does not plan chunks yet.")
+              help="Run the plan's ranks (its stages) with this many chunks each, in --order: the layers cut "
+                   "again by the ranks' speeds (docs/schedules.md). What interleaving would give; the search "
+                   "does not plan chunks yet.")
+@click.option("--order", type=click.Choice(planner.CHUNKED_ORDERS), default=None,
+              help="torch's order for --chunks (zb-v: two chunks a rank). Default: interleaved-1f1b.")
 @json_option
 @max_passes_option
 @reports_errors
-def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, as_json):
+def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, order, as_json):
     """Simulate one training iteration of a plan, task by task.
 
     An asynchronous schedule (xpipe, pipedream, spectrain, async) runs
     mini-batches back to back without a flush; its iteration is the
     steady-state time of one mini-batch."""
     if chunks is not None and (schedule or recompute or show_actions):
-        raise click.UsageError("--chunks runs interleaved 1F1B: it takes no --schedule, --recompute or --actions")
+        raise click.UsageError("--chunks runs the order of --order: it takes no --schedule, --recompute or --actions")
+    if order is not None and chunks is None:
+        raise click.UsageError("--order applies to --chunks")
     plan, profile = load_plan_and_profile(plan_path, profile_path)
     if chunks is not None:
-        print_interleaved(plan, profile, chunks, as_json)
+        print_interleaved(plan, profile, (order or "interleaved-1f1b", chunks), as_json)
         return
     if show_actions:
         # The lists the simulation would run (an asynchronous kind over its
@@ -81,23 +85,24 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
         out.print(f"shape {SHAPE_KEY}")
 
 
-def print_interleaved(plan, profile, chunks: int, as_json: bool) -> None:
-    """The plan's ranks as interleaved 1F1B with ``chunks`` chunks each,
+def print_interleaved(plan, profile, order_and_chunks: tuple[str, int], as_json: bool) -> None:
+    """The plan's ranks running ``order`` with ``chunks`` chunks each,
     beside the plan's own simulated iteration."""
-    run = planner.simulate_interleaved(plan, profile, chunks)
+    order, chunks = order_and_chunks
+    run = planner.simulate_interleaved(plan, profile, chunks, order=order)
     if as_json:
         click.echo(json.dumps(run))
         return
     out = console()
     own = planner.simulate(plan, profile).iteration_ms
     out.print(
-        f"{plan.data['inputs']['model']} {plan.shape} as interleaved 1F1B, {chunks} chunks a rank, "
+        f"{plan.data['inputs']['model']} {plan.shape} as {order}, {chunks} chunks a rank, "
         f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}: {run['iteration_ms']:.1f} ms "
         f"({own / run['iteration_ms']:.3f}x the plan's own {own:.1f} ms)"
     )
-    ranks = len(run["ranks"])
     for r, st in enumerate(run["ranks"]):
-        layers = ", ".join(f"{a}-{b - 1}" for a, b in run["chunk_layers"][r::ranks])
+        mine = [layers for layers, rank in zip(run["chunk_layers"], run["chunk_ranks"]) if rank == r]
+        layers = ", ".join(f"{a}-{b - 1}" for a, b in mine)
         out.print(
             f"rank {r} (layers {layers}): busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "
             f"peak memory {st['peak_memory_bytes'] / GIB:.2f} / {st['memory_limit_bytes'] / GIB:.0f} GiB, "

@@ -8,7 +8,7 @@ Planning needs no torch; the runtime and profiler import it lazily.
 """
 
 try:
-    from ._core import ASYNCHRONOUS_SCHEDULES, SCHEDULE_KINDS, RunMetrics, __version__
+    from ._core import ASYNCHRONOUS_SCHEDULES, CHUNKED_ORDERS, SCHEDULE_KINDS, RunMetrics, __version__
 except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
@@ -57,6 +57,7 @@ __all__ = [
     "RunFailedError",
     "RunMetrics",
     "SCHEDULE_KINDS",
+    "CHUNKED_ORDERS",
     "SEARCH_SPACES",
     "STAGE_SHAPES",
     "SearchStats",

@@ -8,6 +8,7 @@ WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
+CHUNKED_ORDERS: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
@@ -288,7 +289,7 @@ def simulate(
     recompute: bool = False,
     overlap_allreduce: bool = True,
 ) -> Simulation: ...
-def simulate_interleaved(plan: Plan, profile: Profile, chunks: int) -> dict[str, Any]: ...
+def simulate_interleaved(plan: Plan, profile: Profile, chunks: int, *, order: str = "interleaved-1f1b") -> dict[str, Any]: ...
 def baseline(
     kind: str,
     profile: Profile,

@@ -93,16 +93,21 @@ def simulate_interleaved(
     plan: Plan | str | os.PathLike,
     profile: Profile | str | os.PathLike,
     chunks: int,
+    *,
+    order: str = "interleaved-1f1b",
 ) -> dict:
-    """``plan``'s ranks (its stages) running interleaved 1F1B with ``chunks``
-    chunks each, as torch's ``ScheduleInterleaved1F1B`` orders them: the
-    model's layers cut again into ranks x chunks consecutive chunks of
-    balanced time, chunk s on rank s mod p with that rank's devices and
-    shape, each costed as the plan's stages are. What interleaving would
-    give this plan; the search does not plan chunks yet (docs/schedules.md).
+    """``plan``'s ranks (its stages) running ``order`` (``CHUNKED_ORDERS``:
+    "interleaved-1f1b", "interleaved-zero-bubble", "zb-v") with ``chunks``
+    chunks each, as torch's schedule classes order them: the model's layers
+    cut again into ranks x chunks consecutive chunks of balanced time,
+    chunk s on the rank the order puts it on (s mod p, or down and back up
+    for zb-v) with that rank's devices and shape, each costed as the plan's
+    stages are. What interleaving would give this plan; the search does not
+    plan chunks yet (docs/schedules.md).
 
-    Returns ``{"chunks", "chunk_layers": [[start, end], ...],
-    "iteration_ms", "ranks": [each rank's timeline, as Simulation.stages]}``."""
+    Returns ``{"order", "chunks", "chunk_layers": [[start, end], ...],
+    "chunk_ranks", "iteration_ms", "ranks": [each rank's timeline, as
+    Simulation.stages]}``."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    return _core.simulate_interleaved(p.core, prof.core, chunks)
+    return _core.simulate_interleaved(p.core, prof.core, chunks, order=order)

@@ -133,10 +133,11 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
     // (p - 1) / m = 9.4% of the work, interleaved (p - 1) / (v m). The
     // chunks cover the model in order, p x v of them, and interleaving
     // shortens the iteration by at most that share.
-    use dapple_core::interleave::simulate_interleaved;
+    use dapple_core::interleave::{simulate_interleaved, ChunkedOrder};
+    let looped = ChunkedOrder::Interleaved1F1B;
     let (profile, plan) = llama_2_70b_t8_p4_d16();
     let runs: Vec<_> = (1..=4)
-        .map(|v| simulate_interleaved(&plan, &profile, v).unwrap())
+        .map(|v| simulate_interleaved(&plan, &profile, looped, v).unwrap())
         .collect();
     for (v, run) in (1..).zip(&runs) {
         let ends: Vec<usize> = run.chunk_layers.iter().map(|c| c.1).collect();
@@ -163,7 +164,7 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
     let most_saved = ms[0] * (3.0 / 32.0) * (1.0 - 1.0 / 4.0);
     assert!(ms[0] - ms[3] <= most_saved * 1.05, "{ms:?}");
     // 4 x 21 chunks need more layers than the model's 82.
-    let e = simulate_interleaved(&plan, &profile, 21)
+    let e = simulate_interleaved(&plan, &profile, looped, 21)
         .unwrap_err()
         .to_string();
     assert!(e.contains("chunks") && e.contains("82"), "{e}");

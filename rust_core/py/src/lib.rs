@@ -168,6 +168,7 @@ pub(crate) fn names<'py>(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use dapple_core::baselines::Baseline;
     use dapple_core::cost::WarmupPolicy;
+    use dapple_core::interleave::ChunkedOrder;
     use dapple_core::placement::Policy;
     use dapple_core::schedule::ScheduleKind;
     use dapple_core::search::{SearchSpace, StageShapes};
@@ -179,6 +180,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
+    m.add("CHUNKED_ORDERS", names(py, ChunkedOrder::names())?)?;
     let asynchronous: Vec<&str> = ScheduleKind::ALL
         .iter()
         .filter(|k| k.is_asynchronous())

@@ -1,4 +1,4 @@
-use dapple_core::interleave::simulate_interleaved as simulate_plan_interleaved;
+use dapple_core::interleave::{simulate_interleaved as simulate_plan_interleaved, ChunkedOrder};
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::simulate::{
     simulate as simulate_plan, Simulation, SimulationOptions, StageTimeline,
@@ -104,27 +104,34 @@ fn simulate(
 /// each rank's timeline, without the tasks.
 #[derive(Serialize)]
 struct InterleavedRun<'a> {
+    order: &'static str,
     chunks: u32,
     chunk_layers: &'a [(usize, usize)],
+    chunk_ranks: &'a [u32],
     iteration_ms: f64,
     ranks: &'a [StageTimeline],
 }
 
-/// The plan's ranks running interleaved 1F1B with `chunks` chunks each
+/// The plan's ranks running `order` with `chunks` chunks each
 /// (`interleave.rs`), as a dict.
 #[pyfunction]
+#[pyo3(signature = (plan, profile, chunks, *, order="interleaved-1f1b"))]
 fn simulate_interleaved<'py>(
     py: Python<'py>,
     plan: &PyPlan,
     profile: &PyProfile,
     chunks: u32,
+    order: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let kind = ChunkedOrder::parse(order).map_err(|e| to_py_err(e.under("order")))?;
     let run = py
-        .detach(|| simulate_plan_interleaved(&plan.inner, &profile.inner, chunks))
+        .detach(|| simulate_plan_interleaved(&plan.inner, &profile.inner, kind, chunks))
         .map_err(|e| plan.err(e))?;
     let view = InterleavedRun {
+        order: kind.name(),
         chunks,
         chunk_layers: &run.chunk_layers,
+        chunk_ranks: &run.chunk_ranks,
         iteration_ms: run.simulation.iteration_ms,
         ranks: &run.simulation.ranks,
     };
