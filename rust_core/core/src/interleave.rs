@@ -121,9 +121,7 @@ pub fn simulate_interleaved(
                 .collect(),
             ..plan.clone()
         };
-        let on_rank: Vec<_> = (0..parts)
-            .map(|s| allocs[s % allocs.len()].clone())
-            .collect();
+        let on_rank: Vec<_> = rank_of.iter().map(|&r| allocs[r].clone()).collect();
         let (chunk_costs, transfers) = stage_costs(coster, &chunked, &on_rank, false);
         let stages = sim_stages(coster, &chunked, &chunk_costs, &on_rank);
         (stages, transfers, chunk_layers)
