@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dapple import planner
-from conftest import PROFILES
+from conftest import PROFILES, ROOT
 
 CASES = [
     ("gnmt-16-pbs-64", 1024),
@@ -135,3 +135,20 @@ def test_simulate_chunks_runs_the_plans_ranks_interleaved(dapple, tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--order applies to --chunks" in r.stderr
     r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--order", "zb-v")
     assert r.returncode == 0 and "as zb-v, 2 chunks a rank" in r.stdout and "rank 0 (layers 0-" in r.stdout
+
+
+def test_each_chunk_runs_on_the_devices_of_the_rank_the_order_puts_it_on():
+    # Rank 0 a V100 (32 GiB), rank 1 a P100 (16 GiB). ZB-V puts chunks 0 and
+    # 3 on rank 0 and chunks 1 and 2 on rank 1; interleaved 1F1B chunks 0
+    # and 2 on rank 0. Each rank's memory is its own GPU's.
+    profile = PROFILES / "bert-48-pbs-2.json"
+    topology = planner.Topology.load(ROOT / "profiles" / "topologies" / "whale-8v100-8p100.json")
+    plan = planner.layout_plan(profile, topology, 8, [(0, 30, [0]), (30, 53, [8])])
+    for order, ranks in (("zb-v", [0, 1, 1, 0]), ("interleaved-1f1b", [0, 1, 0, 1])):
+        run = planner.simulate_interleaved(plan, profile, 2, order=order)
+        assert run["chunk_ranks"] == ranks, order
+        limits = [r["memory_limit_bytes"] / 2**30 for r in run["ranks"]]
+        assert limits == [32, 16], (order, limits)
+        # The faster V100 gets more of the layers.
+        on = [sum(b - a for (a, b), r in zip(run["chunk_layers"], ranks) if r == k) for k in (0, 1)]
+        assert on[0] > on[1], (order, run["chunk_layers"])
