@@ -57,6 +57,11 @@ def measure(name: str, profile: planner.Profile, topology: str, gbs: int) -> dic
             fits = all(r["peak_memory_bytes"] <= r["memory_limit_bytes"] for r in run["ranks"])
             row["interleaved"][order][v] = {"ms": run["iteration_ms"], "fits_memory": fits,
                                             "chunk_layers": run["chunk_layers"]}
+        # The cut of the fastest v that fits only: the others' make the file large.
+        fastest = best(row, order)
+        for v, r in row["interleaved"][order].items():
+            if fastest is None or v != fastest[0]:
+                r.pop("chunk_layers", None)
     return row
 
 
