@@ -791,7 +791,10 @@ class Gen:
             spec.argv += [self.choice(["--refine", "--no-refine"])]
         if self.p(0.25):
             spec.argv += ["--schedule", self.pick(["auto", "early-backward-1f1b", "gpipe", "zb-h1", "xpipe",
-                                                    "pipedream", "spectrain", "async"], ["1f1b"])]
+                                                    "pipedream", "spectrain", "async", "interleaved-1f1b",
+                                                    "interleaved-zero-bubble", "zb-v"], ["1f1b"])]
+        if self.p(0.1):
+            spec.argv += ["--chunks", self.pick(["1", "2", "3"], ["0", "x", "4294967296"])]
         self.hints(spec, info)
         if self.p(0.05):
             spec.argv += ["--simulate"]
@@ -837,7 +840,8 @@ class Gen:
         spec.argv = ["simulate", *self.plan_and_profile(spec)]
         if self.p(0.3):
             spec.argv += ["--schedule", self.pick(["early-backward-1f1b", "gpipe", "zb-h1", "xpipe", "pipedream",
-                                                    "spectrain", "async"], ["auto"])]
+                                                    "spectrain", "async", "interleaved-1f1b",
+                                                    "interleaved-zero-bubble", "zb-v"], ["auto"])]
         if self.p(0.2):
             spec.argv += ["--recompute"]
         if self.p(0.2):

@@ -1,12 +1,12 @@
-"""What interleaved 1F1B would give the planner's plans (issue 28: "Llama-2-70B
+"""What the chunked kinds give the planner's plans (issue 28: "Llama-2-70B
 on 512 A100s gains from interleaving or zero-bubble in the simulator; report
 by how much"). For each case the planner's plan (`--schedule auto`) is
 simulated as is, then its ranks (its stages) run interleaved 1F1B and
 interleaved zero bubble with v = 1 to 8 chunks each, and ZB-V with 2
-(`planner.simulate_interleaved`: the layers cut again into ranks x v chunks
-of balanced time, each on its rank's devices and shape).
-The search does not plan chunks yet: this measures the gain it would reach
-on the planner's own layouts. Cases: Llama-2-70B on 64x8 A100-80GB at a
+(`planner.chunked`: the layers cut again into ranks x v chunks of balanced
+time, each on its rank's devices and shape); and the search is run for
+each chunked kind (`planner.plan(schedule=kind)`: the ranked layouts cut
+into the fastest count of chunks). Cases: Llama-2-70B on 64x8 A100-80GB at a
 global batch of 512 (`benchmarks/plan_scale.py`'s), and every Table V case
 whose plan is a pipeline. Writes benchmarks/results/interleaving_gain.json
 and prints a markdown table; docs/schedules.md reports it.
@@ -44,19 +44,25 @@ def measure(name: str, profile: planner.Profile, topology: str, gbs: int) -> dic
     row = {"case": name, "topology": topology, "global_batch_size": gbs, "plan_ms": plan.iteration_ms,
            "plan_kind": plan.core.schedule_kind, "shape": plan.shape, "ranks": len(plan.stages),
            "micro_batches": plan.micro_batches, "mfu": plan.estimate.get("mfu"), "interleaved": {}}
+    row["searched"] = {}
+    for kind in ORDERS:
+        try:
+            found = planner.plan(profile, topology, gbs, schedule=kind)
+            row["searched"][kind] = {"ms": found.iteration_ms, "shape": found.shape}
+        except planner.DappleError as e:
+            row["searched"][kind] = {"error": str(e)}
     if len(plan.stages) == 1:
         return row  # data parallel: nothing to interleave
     for order, chunks in ORDERS.items():
         row["interleaved"][order] = {}
         for v in chunks:
             try:
-                run = planner.simulate_interleaved(plan, profile, v, order=order)
+                run = planner.chunked(plan, profile, order, v)
             except planner.DappleError as e:
                 row["interleaved"][order][v] = {"error": str(e)}
                 continue
-            fits = all(r["peak_memory_bytes"] <= r["memory_limit_bytes"] for r in run["ranks"])
-            row["interleaved"][order][v] = {"ms": run["iteration_ms"], "fits_memory": fits,
-                                            "chunk_layers": run["chunk_layers"]}
+            row["interleaved"][order][v] = {"ms": run.iteration_ms, "fits_memory": run.estimate["fits_memory"],
+                                            "chunk_layers": [[s["layer_start"], s["layer_end"]] for s in run.stages]}
         # The cut of the fastest v that fits only: the others' make the file large.
         fastest = best(row, order)
         for v, r in row["interleaved"][order].items():
@@ -88,6 +94,15 @@ def main() -> None:
             b = best(r, order)
             cells.append("-" if b is None else f"{b[0]}, {b[1]:.1f}, {r['plan_ms'] / b[1]:.3f}x")
         print(f"| {r['case']} | {r['shape']} | {r['plan_ms']:.1f} | " + " | ".join(cells) + " |")
+    print()
+    print("| case | plan ms | " + " | ".join(f"--schedule {o}: shape, ms, over the plan" for o in ORDERS) + " |")
+    print("|---|--:|" + "--:|" * len(ORDERS))
+    for r in rows:
+        cells = []
+        for order in ORDERS:
+            f = r["searched"][order]
+            cells.append("-" if "ms" not in f else f"{f['shape']}, {f['ms']:.1f}, {r['plan_ms'] / f['ms']:.3f}x")
+        print(f"| {r['case']} | {r['plan_ms']:.1f} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

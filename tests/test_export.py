@@ -57,6 +57,35 @@ def test_a_zero_bubble_plan_exports_its_split_backwards(tmp_path, dapple):
         assert {a.stage_index for a in actions} == {rank}
 
 
+@pytest.mark.parametrize("kind,chunks", [("interleaved-1f1b", 2), ("zb-v", 2)])
+def test_a_chunked_plan_exports_its_ranks_order_that_torch_validates(tmp_path, dapple, kind, chunks):
+    # A 4-rank plan whose ranks hold two chunks each: one row per rank,
+    # each action of the stage (chunk) the order puts there, every cell in
+    # torch's notation; torch's own checks pass it and its dry run of the
+    # sends and receives finishes on every rank.
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    path = plan_file(tmp_path, dapple, "1x4-nvlink", "--stages", 4, "--schedule", kind, "--chunks", chunks)
+    plan = planner.Plan.load(path)
+    assert plan.core.schedule_kind == kind and plan.core.chunks == chunks and len(plan.stages) == 4 * chunks
+    out = tmp_path / "schedule.csv"
+    r = dapple("export", "--plan", path, "--to", "torch-csv", "--out", out)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split(",") for line in out.read_text().splitlines()]
+    actions = {rank: [schedules._Action.from_str(cell) for cell in row] for rank, row in enumerate(rows)}
+    assert [str(a) for row in actions.values() for a in row] == [cell for row in rows for cell in row]
+    stage_ranks = plan.core.stage_ranks
+    for rank, row in actions.items():
+        assert {a.stage_index for a in row} == {s for s, r in enumerate(stage_ranks) if r == rank}
+    m = plan.micro_batches
+    schedules._validate_schedule(actions, 4, 4 * chunks, m)
+    lowered = schedules._add_send_recv(actions, lambda stage: stage_ranks[stage], 4 * chunks)
+    assert set(schedules._simulate_comms_compute(lowered, lambda stage: stage_ranks[stage], 4 * chunks)) == {0, 1, 2, 3}
+    # The other targets refuse it in one line (exit 4); dapple's runtime too.
+    for target in ("torchtitan", "deepspeed"):
+        r = dapple("export", "--plan", path, "--to", target, "--out", tmp_path / f"x.{target}")
+        assert r.returncode == 4 and r.stderr.count("\n") == 1 and "several stages" in r.stderr
+
+
 @pytest.mark.parametrize("topology,extra,why", [
     ("B", ("--schedule", "early-backward-1f1b"), "stages replicated unevenly (1, 1, 2, 2, 2, 2, 2, 2, 2 by stage)"),
     ("A", ("--schedule", "xpipe"), "schedule xpipe is asynchronous"),

@@ -65,6 +65,13 @@ def test_plan_validates(bert_plan):
     assert errors("plan", bert_plan.data) == []
 
 
+def test_a_chunked_plan_validates(bert_plan):
+    # ZB-V: two chunks a rank, each listing its rank's devices.
+    chunked = planner.chunked(bert_plan, str(BERT), "zb-v")
+    assert chunked.data["schedule"]["chunks"] == 2
+    assert errors("plan", chunked.data) == []
+
+
 def test_plan_without_estimate_validates(bert_plan):
     data = copy.deepcopy(bert_plan.data)
     del data["estimate"]

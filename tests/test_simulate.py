@@ -86,54 +86,70 @@ def test_plans_are_chosen_by_simulated_time(name, gbs):
     assert planner.evaluate(chosen, prof).estimate == chosen.estimate
 
 
+def _chunk_layers(plan) -> list[tuple[int, int]]:
+    return [(s["layer_start"], s["layer_end"]) for s in plan.stages]
+
+
 def test_a_plan_run_interleaved_keeps_its_ranks_and_cuts_its_wait():
     # BERT-48's straight pipeline on four V100s: its ranks run interleaved
     # 1F1B with one, two and four chunks each, the layers cut again into
     # consecutive chunks, chunk s on rank s mod 4.
     profile = PROFILES / "bert-48-pbs-2.json"
     plan = planner.baseline("straight", profile, "1x4-nvlink", 32)
-    runs = {v: planner.simulate_interleaved(plan, profile, v) for v in (1, 2, 4)}
+    runs = {v: planner.chunked(plan, profile, "interleaved-1f1b", v) for v in (1, 2, 4)}
     layers = plan.stages[-1]["layer_end"]
     for v, run in runs.items():
-        chunks = run["chunk_layers"]
-        assert len(chunks) == 4 * v and len(run["ranks"]) == 4
+        chunks = _chunk_layers(run)
+        sim = planner.simulate(run, profile)
+        assert len(chunks) == 4 * v and len(sim.stages) == 4 and run.core.chunks == v
         assert chunks[0][0] == 0 and chunks[-1][1] == layers
         assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
-        assert all(r["peak_memory_bytes"] > 0 for r in run["ranks"])
-    assert runs[4]["iteration_ms"] < runs[2]["iteration_ms"] < runs[1]["iteration_ms"]
+        assert all(r["peak_memory_bytes"] > 0 for r in sim.stages)
+        # A rank's chunks run on its GPU; the estimate is the simulation's.
+        assert [s["devices"] for s in run.stages] == [s["devices"] for s in plan.stages] * v
+        assert run.iteration_ms == sim.iteration_ms
+        assert planner.evaluate(run, profile).estimate == run.estimate
+    assert runs[4].iteration_ms < runs[2].iteration_ms < runs[1].iteration_ms
+    # Without a count, the fastest of those that fit.
+    fastest = planner.chunked(plan, profile, "interleaved-1f1b")
+    assert fastest.iteration_ms <= runs[4].iteration_ms
     # What cannot be cut is refused by name.
     with pytest.raises(planner.InvalidInputError, match="chunks: value 0"):
-        planner.simulate_interleaved(plan, profile, 0)
+        planner.chunked(plan, profile, "interleaved-1f1b", 0)
     with pytest.raises(planner.InvalidInputError, match=f"the model has {layers}"):
-        planner.simulate_interleaved(plan, profile, layers)
+        planner.chunked(plan, profile, "interleaved-1f1b", layers)
     # ZB-V: two chunks a rank, down the ranks and back up.
-    v = planner.simulate_interleaved(plan, profile, 2, order="zb-v")
-    assert v["chunk_ranks"] == [0, 1, 2, 3, 3, 2, 1, 0] and runs[2]["chunk_ranks"] == [0, 1, 2, 3] * 2
+    v = planner.chunked(plan, profile, "zb-v")
+    assert v.core.stage_ranks == [0, 1, 2, 3, 3, 2, 1, 0] and runs[2].core.stage_ranks == [0, 1, 2, 3] * 2
     with pytest.raises(planner.InvalidInputError, match="chunks: value 3: zb-v holds two"):
-        planner.simulate_interleaved(plan, profile, 3, order="zb-v")
-    with pytest.raises(planner.InvalidInputError, match="order"):
-        planner.simulate_interleaved(plan, profile, 2, order="looped")
+        planner.chunked(plan, profile, "zb-v", 3)
+    with pytest.raises(planner.InvalidInputError, match="schedule"):
+        planner.chunked(plan, profile, "gpipe", 2)
     xpipe = planner.plan(profile, "1x4-nvlink", 32, schedule="xpipe")
     with pytest.raises(planner.InvalidInputError, match="schedule.kind"):
-        planner.simulate_interleaved(xpipe, profile, 2)
+        planner.chunked(xpipe, profile, "interleaved-1f1b", 2)
+    with pytest.raises(planner.InvalidInputError, match="schedule.kind"):
+        planner.chunked(v, profile, "interleaved-1f1b", 2)
 
 
 def test_simulate_chunks_runs_the_plans_ranks_interleaved(dapple, tmp_path):
     profile = PROFILES / "bert-48-pbs-2.json"
     path = tmp_path / "straight.json"
     planner.baseline("straight", profile, "1x4-nvlink", 32).save(path)
-    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2)
+    looped = ("--schedule", "interleaved-1f1b", "--chunks", 2)
+    r = dapple("simulate", "--plan", path, "--profile", profile, *looped)
     assert r.returncode == 0, r.stderr
     own = planner.simulate(path, profile).iteration_ms
     assert f"the plan's own {own:.1f} ms" in r.stdout and r.stdout.count("\nrank ") == 4
-    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--json")
-    run = json.loads(r.stdout)
-    assert run == planner.simulate_interleaved(path, profile, 2)
+    r = dapple("simulate", "--plan", path, "--profile", profile, *looped, "--json")
+    sim = json.loads(r.stdout)
+    expected = planner.simulate(planner.chunked(path, profile, "interleaved-1f1b", 2), profile)
+    assert sim == json.loads(expected.text) and sim["stage_ranks"] == [0, 1, 2, 3] * 2
     r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--schedule", "gpipe")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--chunks" in r.stderr
-    r = dapple("simulate", "--plan", path, "--profile", profile, "--order", "zb-v")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--order applies to --chunks" in r.stderr
-    r = dapple("simulate", "--plan", path, "--profile", profile, "--chunks", 2, "--order", "zb-v")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--chunks goes with a chunked" in r.stderr
+    r = dapple("simulate", "--plan", path, "--profile", profile, *looped, "--recompute")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--recompute" in r.stderr
+    r = dapple("simulate", "--plan", path, "--profile", profile, "--schedule", "zb-v")
     assert r.returncode == 0 and "as zb-v, 2 chunks a rank" in r.stdout and "rank 0 (layers 0-" in r.stdout
 
 
@@ -145,10 +161,11 @@ def test_each_chunk_runs_on_the_devices_of_the_rank_the_order_puts_it_on():
     topology = planner.Topology.load(ROOT / "profiles" / "topologies" / "whale-8v100-8p100.json")
     plan = planner.layout_plan(profile, topology, 8, [(0, 30, [0]), (30, 53, [8])])
     for order, ranks in (("zb-v", [0, 1, 1, 0]), ("interleaved-1f1b", [0, 1, 0, 1])):
-        run = planner.simulate_interleaved(plan, profile, 2, order=order)
-        assert run["chunk_ranks"] == ranks, order
-        limits = [r["memory_limit_bytes"] / 2**30 for r in run["ranks"]]
+        run = planner.chunked(plan, profile, order, 2)
+        assert run.core.stage_ranks == ranks, order
+        sim = planner.simulate(run, profile)
+        limits = [r["memory_limit_bytes"] / 2**30 for r in sim.stages]
         assert limits == [32, 16], (order, limits)
         # The faster V100 gets more of the layers.
-        on = [sum(b - a for (a, b), r in zip(run["chunk_layers"], ranks) if r == k) for k in (0, 1)]
-        assert on[0] > on[1], (order, run["chunk_layers"])
+        on = [sum(b - a for (a, b), r in zip(_chunk_layers(run), ranks) if r == k) for k in (0, 1)]
+        assert on[0] > on[1], (order, _chunk_layers(run))

@@ -100,3 +100,90 @@ def test_an_exported_csv_runs_on_torchs_runtime_as_dapple_runs_the_plan(kind, tm
     # The step moved the weights: the comparison is of gradients, not of the start.
     start = prefixed_state(build_layers(tiny_layers, SEED), 0)
     assert max_diff(theirs, start) > 1e-4
+
+
+def deep_layers():
+    """9 layers (5 with parameters): enough for 4 ranks of 2 chunks."""
+    nn = torch.nn
+    layers = []
+    for i in range(4):
+        layers += [(f"fc{i}", nn.Linear(6 if i == 0 else 8, 8)), (f"act{i}", nn.Tanh())]
+    return layers + [("head", nn.Linear(8, 3))]
+
+
+def _chunked_torch_rank(rank, world, port, csv_path, chunks, stage_ranks, micro_batches, batch, out_dir):
+    """One rank of torch's runtime holding several stages (``chunks``:
+    (stage, layer_start, layer_end) of each): one step of the CSV's order,
+    then SGD; its parameters and (last stage's rank) losses saved."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    _PipelineStageBase._get_init_p2p_neighbors_ops = lambda self: []  # as in _torch_rank
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        layers = build_layers(deep_layers, SEED)
+        x, y = batch
+        stages, mine = [], [(s, a, b) for s, (a, b) in enumerate(chunks) if stage_ranks[s] == rank]
+        for s, a, b in mine:
+            module = nn.Sequential(*layers[a:b])
+            example = nn.Sequential(*layers[:a])(x[: len(x) // micro_batches])
+            stages.append(PipelineStage(module, s, len(chunks), torch.device("cpu"),
+                                        input_args=example.detach(), output_args=module(example).detach()))
+        schedule = _PipelineScheduleRuntime(stages, micro_batches, loss_fn=lambda out, y: mse(out, y) / micro_batches,
+                                            scale_grads=False)
+        # The order's own stage-to-rank map (torch assumes looped stages).
+        mapping = dict(enumerate(stage_ranks))
+        schedule.stage_index_to_group_rank = mapping
+        for stage in stages:
+            stage.stage_index_to_group_rank = mapping
+        schedule._load_csv(csv_path)
+        losses: list = []
+        first, last = stage_ranks[0] == rank, stage_ranks[-1] == rank
+        schedule.step(*([x] if first else []), **({"target": y, "losses": losses} if last else {}))
+        params = {}
+        for s, a, b in mine:
+            with torch.no_grad():
+                for p in nn.Sequential(*layers[a:b]).parameters():
+                    if p.grad is not None:
+                        p -= LR * p.grad
+            params.update(prefixed_state(layers[a:b], a))
+        torch.save({"params": params, "losses": [float(v) for v in losses]}, f"{out_dir}/rank-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", ["interleaved-1f1b", "zb-v"])
+def test_a_chunked_plans_csv_runs_on_torchs_runtime_as_dapple_runs_its_layout(kind, tmp_path):
+    # Four ranks of two chunks each, cut by dapple from a 4-stage plan of a
+    # 9-layer model. A synchronous step's gradients are the same whatever
+    # the order and the cut: torch's runtime on the exported CSV ends the
+    # step where dapple's runtime ends the 4-stage plan's.
+    from dapple import planner
+    from test_runtime import layout_plan
+
+    names = [name for name, _ in deep_layers()]
+    profile = planner.Profile.from_dict({"model": "tiny", "layers": [
+        {"name": n, "param_bytes": 1000, "measurements": [{"batch_size": 1, "fwd_ms": 1.0, "bwd_ms": 2.0,
+                                                           "activation_bytes": 100}]} for n in names]})
+    plan = layout_plan(3, [(0, 2, [0]), (2, 4, [1]), (4, 6, [2]), (6, 9, [3])])
+    chunked = planner.chunked(plan, profile, kind, 2)
+    chunks = [(s["layer_start"], s["layer_end"]) for s in chunked.stages]
+    stage_ranks = chunked.core.stage_ranks
+    assert len(chunks) == 8 and chunks[-1][1] == 9 and sorted(set(stage_ranks)) == [0, 1, 2, 3]
+    csv_path = tmp_path / "schedule.csv"
+    csv_path.write_text(chunked.pipeline_order().to_csv())
+    batches = make_batches(1)
+    ours = run_plan(plan, deep_layers, mse, batches, 1, LR, **FAST)
+    mp.start_processes(_chunked_torch_rank, nprocs=4, start_method="fork",
+                       args=(4, _free_port(), str(csv_path), chunks, stage_ranks, plan.micro_batches, batches[0],
+                             str(tmp_path)))
+    saved = [torch.load(tmp_path / f"rank-{r}.pt", weights_only=True) for r in range(4)]
+    theirs = {k: v for s in saved for k, v in s["params"].items()}
+    losses = saved[stage_ranks[-1]]["losses"]
+    assert len(losses) == plan.micro_batches
+    assert sum(losses) == pytest.approx(ours.losses[0], abs=1e-6)
+    assert max_diff(theirs, ours.params) < 1e-6
+    start = prefixed_state(build_layers(deep_layers, SEED), 0)
+    assert max_diff(theirs, start) > 1e-4

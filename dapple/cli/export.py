@@ -50,9 +50,10 @@ def schedule_csv_path(out_path: str) -> str:
 def export_command(plan_path, target, out_path, profile_path, module_map, approximate):
     """Write a plan in the form another runtime takes (docs/export.md).
 
-    torch-csv: one row per pipeline rank (stage i on rank i), each the
-    rank's forwards and backwards in order, written as torch's actions
-    (0F0, 0B0), with the plan's own warm-up depths. torch's runtime loads it
+    torch-csv: one row per pipeline rank (stage i on rank i, or where a
+    chunked kind's order puts it), each the rank's forwards and backwards
+    in order, written as torch's actions (0F0, 0B0), with the plan's own
+    warm-up depths. torch's runtime loads it
     with `_PipelineScheduleRuntime._load_csv`; it also needs each rank's
     stage module (a `PipelineStage` over the stage's layers) and the
     micro-batch count, and it reduces gradients and steps the optimizer

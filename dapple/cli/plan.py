@@ -57,9 +57,14 @@ from .render import plan_table
                    "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
 @click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
               help="auto: the fastest of DAPPLE's early backward and ZB-H1 on the layouts the search ranked "
-                   "(docs/schedules.md); a synchronous kind: that kind alone; an asynchronous kind (xpipe, "
+                   "(docs/schedules.md); a synchronous kind: that kind alone (a chunked one, interleaved-1f1b, "
+                   "interleaved-zero-bubble or zb-v: the ranked layouts' layers cut again into chunks a rank); "
+                   "an asynchronous kind (xpipe, "
                    "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "
                    "(docs/xpipe.md).")
+@click.option("--chunks", type=count_option_type(), default=None,
+              help="Chunks (stages) a rank for a chunked --schedule. Default: the fastest count up to 8 "
+                   "(zb-v: 2).")
 @click.option("--stages", type=count_option_type(), default=None,
               help="Hint: exactly this many pipeline stages (Whale's num_task_graph; docs/hints.md).")
 @click.option("--micro-batches", type=count_option_type(), default=None,
@@ -93,6 +98,7 @@ def plan_command(
     max_search_steps,
     refine,
     schedule,
+    chunks,
     stages,
     micro_batches,
     pin_cuts,
@@ -105,6 +111,9 @@ def plan_command(
     quiet,
 ):
     """Find the plan with the shortest simulated iteration time."""
+    if chunks is not None and schedule not in planner.CHUNKED_SCHEDULES:
+        raise click.UsageError("--chunks goes with a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble "
+                               "or zb-v)")
     if out_path is not None:
         check_writable(out_path)  # before the search, not after it
     profile = planner.Profile.load(profile_path)
@@ -120,6 +129,7 @@ def plan_command(
             search_space=search_space,
             stage_shapes=stage_shapes,
             schedule=schedule,
+            chunks=chunks,
             max_search_gib=max_search_gib,
             max_search_steps=max_search_steps,
             refine=refine,

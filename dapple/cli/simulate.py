@@ -23,36 +23,43 @@ from .render import GIB, console
               help="Print each stage's action list instead, with the weights every pass uses "
                    "(F4@0+2: version 0, predicted 2 updates ahead).")
 @click.option("--chunks", type=click.IntRange(min=1), default=None,
-              help="Run the plan's ranks (its stages) with this many chunks each, in --order: the layers cut "
-                   "again by the ranks' speeds (docs/schedules.md). What interleaving would give; the search "
-                   "does not plan chunks yet.")
-@click.option("--order", type=click.Choice(planner.CHUNKED_ORDERS), default=None,
-              help="torch's order for --chunks (zb-v: two chunks a rank). Default: interleaved-1f1b.")
+              help="With a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble, zb-v) on a plan of one "
+                   "stage a rank: this many chunks a rank, the layers cut again by the ranks' speeds "
+                   "(docs/schedules.md). Default: the fastest count up to 8 (zb-v: 2).")
 @json_option
 @max_passes_option
 @reports_errors
-def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, order, as_json):
+def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, as_json):
     """Simulate one training iteration of a plan, task by task.
 
     An asynchronous schedule (xpipe, pipedream, spectrain, async) runs
     mini-batches back to back without a flush; its iteration is the
-    steady-state time of one mini-batch."""
-    if chunks is not None and (schedule or recompute or show_actions):
-        raise click.UsageError("--chunks runs the order of --order: it takes no --schedule, --recompute or --actions")
-    if order is not None and chunks is None:
-        raise click.UsageError("--order applies to --chunks")
+    steady-state time of one mini-batch. A chunked schedule runs the plan's
+    ranks with several chunks each."""
+    rechunk = schedule in planner.CHUNKED_SCHEDULES
+    if chunks is not None and not rechunk:
+        raise click.UsageError("--chunks goes with a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble "
+                               "or zb-v)")
+    if rechunk and (recompute or show_actions):
+        raise click.UsageError(f"--schedule {schedule} runs the plan's ranks in chunks: it takes no --recompute "
+                               "or --actions")
     plan, profile = load_plan_and_profile(plan_path, profile_path)
-    if chunks is not None:
-        print_interleaved(plan, profile, (order or "interleaved-1f1b", chunks), as_json)
-        return
     if show_actions:
         # The lists the simulation would run (an asynchronous kind over its
         # steady-state run): nothing to simulate.
         click.echo(plan.core.weights_table(schedule))
         return
+    own_ms = None
+    if rechunk:
+        own_ms = None if as_json else planner.simulate(plan, profile).iteration_ms
+        plan = planner.chunked(plan, profile, schedule, chunks)
+        schedule = None
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute)
     if as_json:
         click.echo(sim.text, nl=False)
+        return
+    if sim.stage_ranks:
+        print_chunked(plan, sim, own_ms)
         return
     out = console()
     out.print(
@@ -85,24 +92,19 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
         out.print(f"shape {SHAPE_KEY}")
 
 
-def print_interleaved(plan, profile, order_and_chunks: tuple[str, int], as_json: bool) -> None:
-    """The plan's ranks running ``order`` with ``chunks`` chunks each,
-    beside the plan's own simulated iteration."""
-    order, chunks = order_and_chunks
-    run = planner.simulate_interleaved(plan, profile, chunks, order=order)
-    if as_json:
-        click.echo(json.dumps(run))
-        return
+def print_chunked(plan, sim, own_ms: float | None) -> None:
+    """A plan whose ranks run in chunks: its iteration (beside ``own_ms``,
+    the plan's own, where it was cut into chunks here), and each rank's
+    layers and timeline."""
     out = console()
-    own = planner.simulate(plan, profile).iteration_ms
+    than = f" ({own_ms / sim.iteration_ms:.3f}x the plan's own {own_ms:.1f} ms)" if own_ms is not None else ""
     out.print(
-        f"{plan.data['inputs']['model']} {plan.shape} as {order}, {chunks} chunks a rank, "
-        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}: {run['iteration_ms']:.1f} ms "
-        f"({own / run['iteration_ms']:.3f}x the plan's own {own:.1f} ms)"
+        f"{plan.data['inputs']['model']} as {sim.schedule}, {plan.core.chunks} chunks a rank, "
+        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}: {sim.iteration_ms:.1f} ms{than}"
     )
-    for r, st in enumerate(run["ranks"]):
-        mine = [layers for layers, rank in zip(run["chunk_layers"], run["chunk_ranks"]) if rank == r]
-        layers = ", ".join(f"{a}-{b - 1}" for a, b in mine)
+    for r, st in enumerate(sim.stages):
+        mine = [s for s, rank in zip(plan.stages, sim.stage_ranks) if rank == r]
+        layers = ", ".join(f"{s['layer_start']}-{s['layer_end'] - 1}" for s in mine)
         out.print(
             f"rank {r} (layers {layers}): busy {st['compute_ms']:.1f} ms, bubbles {st['bubble_fraction'] * 100:.1f}%, "
             f"peak memory {st['peak_memory_bytes'] / GIB:.2f} / {st['memory_limit_bytes'] / GIB:.0f} GiB, "

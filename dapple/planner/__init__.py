@@ -8,7 +8,7 @@ Planning needs no torch; the runtime and profiler import it lazily.
 """
 
 try:
-    from ._core import ASYNCHRONOUS_SCHEDULES, CHUNKED_ORDERS, SCHEDULE_KINDS, RunMetrics, __version__
+    from ._core import ASYNCHRONOUS_SCHEDULES, CHUNKED_SCHEDULES, SCHEDULE_KINDS, RunMetrics, __version__
 except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
@@ -28,7 +28,7 @@ from .errors import (
     LimitExceededError,
     RunFailedError,
 )
-from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, evaluate, plan
+from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate, plan
 from .profile import (
     MODEL_CONFIGS,
     Profile,
@@ -37,7 +37,7 @@ from .profile import (
     merge_profiles,
     transformer_profile,
 )
-from .simulation import Simulation, simulate, simulate_interleaved
+from .simulation import Simulation, simulate
 from .topology import GPU_TYPES, PRESETS, Topology
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
     "RunFailedError",
     "RunMetrics",
     "SCHEDULE_KINDS",
-    "CHUNKED_ORDERS",
+    "CHUNKED_SCHEDULES",
     "SEARCH_SPACES",
     "STAGE_SHAPES",
     "SearchStats",
@@ -68,6 +68,7 @@ __all__ = [
     "calibrate",
     "calibrate_stored_activations",
     "choose_warmups",
+    "chunked",
     "baseline",
     "compare",
     "evaluate",
@@ -78,5 +79,4 @@ __all__ = [
     "layout_plan",
     "plan",
     "simulate",
-    "simulate_interleaved",
 ]

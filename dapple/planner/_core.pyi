@@ -8,7 +8,7 @@ WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
-CHUNKED_ORDERS: tuple[str, ...]
+CHUNKED_SCHEDULES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
 ASYNCHRONOUS_SCHEDULES: tuple[str, ...]
@@ -73,6 +73,8 @@ class Plan:
     model: str
     schedule_kind: str
     warmup_policy: str
+    chunks: int
+    stage_ranks: list[int]
     iteration_ms: float | None
     topology: Topology
     @staticmethod
@@ -201,6 +203,7 @@ class Simulation:
     mini_batches: int
     span_ms: float | None
     stages: list[dict]
+    stage_ranks: list[int]
     tasks: list[dict]
     @staticmethod
     def from_json(text: str, source: str | None = None) -> Simulation: ...
@@ -273,6 +276,7 @@ def search(
     max_search_steps: int | None = None,
     refine: bool = True,
     schedule: str | None = None,
+    chunks: int | None = None,
     stages: int | None = None,
     micro_batches: int | None = None,
     cuts: list[int] = ...,
@@ -289,7 +293,7 @@ def simulate(
     recompute: bool = False,
     overlap_allreduce: bool = True,
 ) -> Simulation: ...
-def simulate_interleaved(plan: Plan, profile: Profile, chunks: int, *, order: str = "interleaved-1f1b") -> dict[str, Any]: ...
+def chunked_plan(plan: Plan, profile: Profile, schedule: str, chunks: int | None = None) -> Plan: ...
 def baseline(
     kind: str,
     profile: Profile,

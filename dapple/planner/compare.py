@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from . import _core
 from .errors import DappleError, IncompatibleInputsError, InfeasibleError, LimitExceededError
 from .limits import check_count
-from .plan import Plan, plan, shape_label
+from .plan import Plan, chunked, plan, shape_label
 from .profile import Profile
 from .simulation import simulate
 from .topology import Topology
@@ -162,18 +162,24 @@ def compare(
 
 def _as_other_kinds(searched: Plan | DappleError, prof: Profile) -> list[Row]:
     """DAPPLE's plan run as each other kind the search chooses among
-    (``SEARCHED_SCHEDULES``), named ``"dapple as {kind}"``: one row per kind
-    on the chosen layout."""
+    (``SEARCHED_SCHEDULES``), then as each chunked kind (``CHUNKED_SCHEDULES``:
+    its ranks' layers cut again into the fastest count of chunks that
+    fits, ``planner.chunked``), named ``"dapple as {kind}"``: one row per
+    kind on the chosen layout."""
     if not isinstance(searched, Plan):
         return []
     rows = []
-    for kind in _core.SEARCHED_SCHEDULES:
+    for kind in _core.SEARCHED_SCHEDULES + _core.CHUNKED_SCHEDULES:
         if kind == searched.core.schedule_kind:
             continue
         name = f"dapple as {kind}"
         try:
-            rows.append(_row(name, searched, simulate(searched, prof, schedule=kind), None))
-        except DappleError as e:  # the kind cannot run the plan's micro-batches
+            if kind in _core.CHUNKED_SCHEDULES:
+                run = chunked(searched, prof, kind)
+                rows.append(_row(name, run, simulate(run, prof), None))
+            else:
+                rows.append(_row(name, searched, simulate(searched, prof, schedule=kind), None))
+        except DappleError as e:  # the kind cannot run the plan's micro-batches, or none fits
             rows.append(Row(name, None, None, None, None, None, None, None, None, error=str(e)))
     return rows
 

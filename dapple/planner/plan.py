@@ -169,6 +169,7 @@ def plan(
     search_space: str = "auto",
     stage_shapes: str = "auto",
     schedule: str | None = None,
+    chunks: int | None = None,
     max_search_gib: float | None = None,
     max_search_steps: int | None = None,
     refine: bool = True,
@@ -196,15 +197,13 @@ def plan(
     layers split, else plain) or "plain" (replicas only: DAPPLE's space). The plan's ``selection`` says how it was chosen:
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
-    ``schedule``: None or "auto", the fastest of the kinds the search
-    chooses among (``SEARCHED_SCHEDULES``: DAPPLE's early backward, ZB-H1),
-    run on the layouts it ranked (``docs/schedules.md``); a synchronous
-    kind (``SCHEDULE_KINDS``) to plan for that kind alone; or an
-    asynchronous kind (``ASYNCHRONOUS_SCHEDULES``) to plan for instead: the
-    uniform pipeline whose steady state is fastest within memory
-    (``rust_core/core/src/asynchronous.rs``; ``docs/xpipe.md``).
-    The search's options (all but ``min_micro_batch_size``) given with an
-    asynchronous ``schedule`` are an IncompatibleInputsError naming one.
+    ``schedule``: None or "auto", the fastest of ``SEARCHED_SCHEDULES``
+    (early backward, ZB-H1) on the layouts the search ranked
+    (``docs/schedules.md``); a synchronous kind to plan for it alone (a
+    chunked one, ``CHUNKED_SCHEDULES``, cuts the layouts' ranks into
+    ``chunks`` chunks each, or the fastest count up to 8); an asynchronous
+    kind: the uniform pipeline of fastest steady state within memory
+    (``docs/xpipe.md``), the search's options refused with it.
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
     :class:`dapple.planner.errors.LimitExceededError` saying how far it got.
@@ -238,7 +237,7 @@ def plan(
             ("max_search_gib", max_search_gib, None), ("max_search_steps", max_search_steps, None),
             ("refine", refine, True), ("stages", stages, None), ("micro_batches", micro_batches, None),
             ("pin_cuts", tuple(pin_cuts), ()), ("replicate", tuple(replicate), ()), ("split", tuple(split), ()),
-            ("from_layout", from_layout, None)))
+            ("from_layout", from_layout, None), ("chunks", chunks, None)))
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
     core, (sizes, states, costed, abandoned) = _core.search(
@@ -254,6 +253,7 @@ def plan(
         max_search_steps=max_search_steps,
         refine=refine,
         schedule=schedule,
+        chunks=None if chunks is None else check_count("chunks", chunks),
         **read_hints(prof, stages=stages, micro_batches=micro_batches, pin_cuts=pin_cuts, replicate=replicate,
                      split=split, from_layout=from_layout).as_search_options(),
     )
@@ -266,6 +266,21 @@ def evaluate(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLik
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     return Plan(_core.evaluate(p.core, prof.core))
+
+
+def chunked(
+    plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike, schedule: str, chunks: int | None = None
+) -> Plan:
+    """``plan``'s ranks (one stage each) running chunked ``schedule``
+    (``CHUNKED_SCHEDULES``: "interleaved-1f1b", "interleaved-zero-bubble",
+    "zb-v"): the model's layers cut again into ranks x ``chunks``
+    consecutive chunks balanced by the ranks' speeds, chunk s on the rank
+    the order puts it on with that rank's devices and shape; without
+    ``chunks``, the fastest count up to 8 (zb-v: 2) that fits. Costed."""
+    p = plan if isinstance(plan, Plan) else Plan.load(plan)
+    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+    count = None if chunks is None else check_count("chunks", chunks)
+    return Plan(_core.chunked_plan(p.core, prof.core, schedule, count))
 
 
 def choose_warmups(plan: Plan | str | os.PathLike, profile: Profile | str | os.PathLike) -> Plan | None:

@@ -45,8 +45,15 @@ class Simulation(FileObject):
 
     @cached_property
     def stages(self) -> list[dict]:
-        """Each stage's timeline: bubbles and memory over time."""
+        """Each stage's timeline: bubbles and memory over time (under a
+        chunked kind, each rank's, its chunks together)."""
         return self.core.stages
+
+    @property
+    def stage_ranks(self) -> list[int]:
+        """Under a chunked kind, the rank of each stage (a task's
+        ``stage``); empty: stage s is rank s."""
+        return self.core.stage_ranks
 
     @cached_property
     def tasks(self) -> list[dict]:
@@ -87,27 +94,3 @@ def simulate(
     return Simulation(
         _core.simulate(p.core, prof.core, schedule=schedule, recompute=recompute, overlap_allreduce=overlap_allreduce)
     )
-
-
-def simulate_interleaved(
-    plan: Plan | str | os.PathLike,
-    profile: Profile | str | os.PathLike,
-    chunks: int,
-    *,
-    order: str = "interleaved-1f1b",
-) -> dict:
-    """``plan``'s ranks (its stages) running ``order`` (``CHUNKED_ORDERS``:
-    "interleaved-1f1b", "interleaved-zero-bubble", "zb-v") with ``chunks``
-    chunks each, as torch's schedule classes order them: the model's layers
-    cut again into ranks x chunks consecutive chunks of balanced time,
-    chunk s on the rank the order puts it on (s mod p, or down and back up
-    for zb-v) with that rank's devices and shape, each costed as the plan's
-    stages are. What interleaving would give this plan; the search does not
-    plan chunks yet (docs/schedules.md).
-
-    Returns ``{"order", "chunks", "chunk_layers": [[start, end], ...],
-    "chunk_ranks", "iteration_ms", "ranks": [each rank's timeline, as
-    Simulation.stages]}``."""
-    p = plan if isinstance(plan, Plan) else Plan.load(plan)
-    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    return _core.simulate_interleaved(p.core, prof.core, chunks, order=order)

@@ -96,6 +96,9 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
     if kind in _core.ASYNCHRONOUS_SCHEDULES:
         rounding.refuse(f"schedule {kind}", f"it is asynchronous, and {target} runs synchronous steps, each ending "
                         "in one optimizer step; plan with a synchronous --schedule", None)
+    if kind in _core.CHUNKED_SCHEDULES:
+        rounding.refuse(f"schedule {kind}", f"its ranks hold several stages each, which dapple does not write for "
+                        f"{target} yet; export it with --to torch-csv", None)
     shapes = plan.stage_shapes
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")

@@ -32,7 +32,8 @@ from ..errors import LimitExceededError
 Pair = tuple[str, int]
 
 #: The synchronous kinds, in the core's order: early backward, GPipe, ZB-H1.
-EARLY_BACKWARD, GPIPE, ZERO_BUBBLE_H1 = (k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES)
+EARLY_BACKWARD, GPIPE, ZERO_BUBBLE_H1 = (k for k in _core.SCHEDULE_KINDS
+                                         if k not in _core.ASYNCHRONOUS_SCHEDULES + _core.CHUNKED_SCHEDULES)
 
 
 def pairs(lists) -> list[list[Pair]]:

@@ -441,6 +441,7 @@ pub(crate) fn layout_at_every_size(
                 ScheduleChoice {
                     kind: schedule_kind,
                     warmup_policy: policy,
+                    chunks: 1,
                 },
                 stages
                     .iter()

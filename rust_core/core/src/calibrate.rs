@@ -500,6 +500,7 @@ mod tests {
             ScheduleChoice {
                 kind: ScheduleKind::EarlyBackward1F1B,
                 warmup_policy: WarmupPolicy::A,
+                chunks: 1,
             },
             stages
                 .iter()

@@ -3,7 +3,7 @@
 //! on equal terms.
 
 use crate::cost::{
-    pipeline_latency, zero_bubble_latency, Alloc, PipeStage, StageCost, StageCoster,
+    pipeline_latency, zero_bubble_latency, Alloc, Latency, PipeStage, StageCost, StageCoster,
 };
 use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::Result;
@@ -13,7 +13,10 @@ use crate::plan::{
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
 use crate::shape::MemoryTerms;
-use crate::simulate::{rerun_as_scheduled, sim_stages, simulate_stages, SimStage, StageTimeline};
+use crate::simulate::{
+    rerun_as_scheduled, sim_stages, simulate_order, simulate_stages, OrderSimulation, SimStage,
+    StageTimeline,
+};
 
 /// Check that `plan` can run `profile` on its topology and cost it.
 pub fn evaluate(plan: &Plan, profile: &Profile) -> Result<Estimate> {
@@ -82,6 +85,17 @@ fn estimate_stages_simulated(
     if plan.schedule.kind.is_asynchronous() {
         return asynchronous_estimate(coster, plan, stages, transfers, &sim_stages, &transfers_ms);
     }
+    if plan.schedule.kind.is_chunked() {
+        let simulation = simulated.then(|| {
+            plan.chunked_order()
+                .and_then(|order| simulate_order(&sim_stages, &transfers_ms, &order))
+        });
+        let simulation = match simulation {
+            Some(Err(e)) => unreachable!("a checked plan simulates: {e}"),
+            other => other.map(Result::unwrap),
+        };
+        return chunked_estimate(coster, plan, stages, transfers, simulation.as_ref());
+    }
     let lat = match plan.schedule.kind {
         ScheduleKind::ZeroBubbleH1 => zero_bubble_latency(&pipe, plan.micro_batches),
         _ => pipeline_latency(&pipe, plan.micro_batches),
@@ -110,28 +124,12 @@ fn estimate_stages_simulated(
         Some(Ok(sim)) => memory_terms(&sim.stages),
         _ => Vec::new(),
     };
-    let headline = iteration_ms.unwrap_or(lat.latency_ms);
-    let single = coster.single_device_ms();
-    let (peak, fits) = peak_and_fit(&stages);
-    Estimate {
-        iteration_ms,
-        latency_ms: lat.latency_ms,
-        warmup_ms: lat.warmup_ms,
-        steady_ms: lat.steady_ms,
-        ending_ms: lat.ending_ms,
-        pivot: position(lat.pivot),
-        paper_pivot: position(lat.paper_pivot),
-        paper_latency_ms: lat.paper_latency_ms,
-        single_device_ms: single,
-        speedup: single / headline,
-        samples_per_second: f64::from(plan.inputs.global_batch_size) / headline * 1e3,
-        mfu: mfu(coster, plan, headline),
-        peak_memory_bytes: peak,
-        fits_memory: fits,
+    let parts = Parts {
         stages,
         transfers,
         memory,
-    }
+    };
+    assemble(coster, plan, lat, iteration_ms, parts)
 }
 
 /// Each stage's peak memory in its terms, as the simulation has them.
@@ -193,26 +191,125 @@ fn asynchronous_estimate(
             busiest = (m * t, 2 * i + 1);
         }
     }
-    let single = coster.single_device_ms();
-    let (peak, fits) = peak_and_fit(&stages);
-    Estimate {
-        iteration_ms: Some(sim.iteration_ms),
-        latency_ms: busiest.0,
-        warmup_ms: 0.0,
-        steady_ms: busiest.0,
-        ending_ms: 0.0,
-        pivot: position(busiest.1),
-        paper_pivot: position(busiest.1),
-        paper_latency_ms: busiest.0,
-        single_device_ms: single,
-        speedup: single / sim.iteration_ms,
-        samples_per_second: f64::from(plan.inputs.global_batch_size) / sim.iteration_ms * 1e3,
-        mfu: mfu(coster, plan, sim.iteration_ms),
-        peak_memory_bytes: peak,
-        fits_memory: fits,
+    let parts = Parts {
         stages,
         transfers,
         memory: memory_terms(&sim.stages),
+    };
+    assemble(
+        coster,
+        plan,
+        busiest_only(busiest),
+        Some(sim.iteration_ms),
+        parts,
+    )
+}
+
+/// The estimate of a plan of a chunked kind: its order simulated, each
+/// rank's chunks together (`simulation`; None for the bound alone), and
+/// the bound no order beats, the busiest rank's forwards and backwards of
+/// every micro-batch and its exposed AllReduces, in `latency_ms` and
+/// `steady_ms`. A stage's memory is its rank's, all of whose chunks its
+/// GPUs hold: the simulated peak, or without a simulation the chunks'
+/// estimates added up.
+fn chunked_estimate(
+    coster: &StageCoster,
+    plan: &Plan,
+    mut stages: Vec<StageCost>,
+    transfers: Vec<TransferEstimate>,
+    simulation: Option<&OrderSimulation>,
+) -> Estimate {
+    let m = f64::from(plan.micro_batches);
+    let stage_ranks: Vec<usize> = plan.stage_ranks().iter().map(|&r| r as usize).collect();
+    let mut work = vec![0.0f64; plan.ranks()];
+    let mut held = vec![0.0f64; plan.ranks()];
+    for (st, &r) in stages.iter().zip(&stage_ranks) {
+        work[r] += m * (st.fwd_ms + st.bwd_ms) + st.exposed_allreduce_ms;
+        held[r] += st.memory_bytes;
+    }
+    let busiest = (0..work.len()).fold(0, |b, r| if work[r] > work[b] { r } else { b });
+    let first_stage_of_busiest = stage_ranks.iter().position(|&r| r == busiest).unwrap_or(0);
+    for (st, &r) in stages.iter_mut().zip(&stage_ranks) {
+        st.memory_bytes = held[r];
+        if let Some(sim) = simulation {
+            st.bubble_ms = Some(sim.iteration_ms - sim.ranks[r].compute_ms);
+            st.memory_bytes = sim.ranks[r].peak_memory_bytes;
+        }
+    }
+    let memory = match simulation {
+        Some(sim) => stage_ranks
+            .iter()
+            .filter_map(|&r| sim.ranks[r].memory_terms)
+            .collect(),
+        None => Vec::new(),
+    };
+    let bound = busiest_only((work[busiest], 2 * first_stage_of_busiest));
+    let parts = Parts {
+        stages,
+        transfers,
+        memory,
+    };
+    assemble(
+        coster,
+        plan,
+        bound,
+        simulation.map(|sim| sim.iteration_ms),
+        parts,
+    )
+}
+
+/// What an estimate holds a row of per stage or transfer.
+struct Parts {
+    stages: Vec<StageCost>,
+    transfers: Vec<TransferEstimate>,
+    memory: Vec<MemoryTerms>,
+}
+
+/// The bound of a pipeline that never drains or whose order formula (2)
+/// does not describe: the busiest stage or link's work (ms) at its pipe
+/// position, with no warm-up or ending.
+fn busiest_only((work_ms, pipe_index): (f64, usize)) -> Latency {
+    Latency {
+        latency_ms: work_ms,
+        warmup_ms: 0.0,
+        steady_ms: work_ms,
+        ending_ms: 0.0,
+        pivot: pipe_index,
+        paper_pivot: pipe_index,
+        paper_latency_ms: work_ms,
+    }
+}
+
+/// The estimate of `plan` from its bound `lat`, its simulated iteration
+/// (the headline where there is one) and its per-stage parts.
+fn assemble(
+    coster: &StageCoster,
+    plan: &Plan,
+    lat: Latency,
+    iteration_ms: Option<f64>,
+    parts: Parts,
+) -> Estimate {
+    let headline = iteration_ms.unwrap_or(lat.latency_ms);
+    let single = coster.single_device_ms();
+    let (peak, fits) = peak_and_fit(&parts.stages);
+    Estimate {
+        iteration_ms,
+        latency_ms: lat.latency_ms,
+        warmup_ms: lat.warmup_ms,
+        steady_ms: lat.steady_ms,
+        ending_ms: lat.ending_ms,
+        pivot: position(lat.pivot),
+        paper_pivot: position(lat.paper_pivot),
+        paper_latency_ms: lat.paper_latency_ms,
+        single_device_ms: single,
+        speedup: single / headline,
+        samples_per_second: f64::from(plan.inputs.global_batch_size) / headline * 1e3,
+        mfu: mfu(coster, plan, headline),
+        peak_memory_bytes: peak,
+        fits_memory: fits,
+        stages: parts.stages,
+        transfers: parts.transfers,
+        memory: parts.memory,
     }
 }
 

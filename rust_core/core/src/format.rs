@@ -41,12 +41,16 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// predates it refuses such a plan by naming the field. Version 4: an
 /// asynchronous plan re-computes only the stages whose `recompute` says so;
 /// before, every stage of one did, and an older asynchronous plan is read
-/// that way (`Plan::recomputes_every_stage`).
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 4, &[1, 2, 3, 4]);
+/// that way (`Plan::recomputes_every_stage`). Version 5: the chunked kinds
+/// (interleaved 1F1B, interleaved zero bubble, ZB-V), whose ranks hold
+/// `schedule.chunks` stages each.
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 5, &[1, 2, 3, 4, 5]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
-/// kinds `input_gradient` and `weight_gradient`.
-pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 3, &[1, 2, 3]);
+/// kinds `input_gradient` and `weight_gradient`; version 4 the chunked
+/// kinds, whose `stages` are one timeline a rank and whose `stage_ranks`
+/// say which rank runs each task's stage.
+pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 4, &[1, 2, 3, 4]);
 /// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
 use crate::schedule::Action;
@@ -187,6 +187,13 @@ impl RunLayout {
     /// model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
+        if plan.schedule.kind.is_chunked() {
+            return Err(Error::incompatible(format!(
+                "{}: dapple's runtime does not yet run plans whose ranks hold several stages; \
+                 export it with --to torch-csv for torch's pipelining, or plan another kind",
+                plan.schedule.kind
+            )));
+        }
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
         devices.sort_unstable();
         let rank_of = |device: u32| devices.binary_search(&device).expect("a used device") as u32;
@@ -276,6 +283,7 @@ mod tests {
             ScheduleChoice {
                 kind: ScheduleKind::EarlyBackward1F1B,
                 warmup_policy: WarmupPolicy::A,
+                chunks: 1,
             },
             stages
                 .iter()

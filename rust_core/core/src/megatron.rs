@@ -233,6 +233,7 @@ fn uniform_plan(
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,
         warmup_policy: WarmupPolicy::A,
+        chunks: 1,
     };
     Plan::new(inputs.clone(), micro_batch, m, schedule, stages)
 }

@@ -217,7 +217,7 @@ const OVERLAP_F_B: &str = "OVERLAP_F_B";
 /// Where a stage lives: looped (stage s on rank s mod p) or V-shaped
 /// (down the ranks, then back up), as torch's
 /// `generate_stage_to_rank_mapping`.
-fn stage_ranks(ranks: u32, stages: u32, v_shape: bool) -> Vec<u32> {
+pub fn stage_ranks(ranks: u32, stages: u32, v_shape: bool) -> Vec<u32> {
     (0..stages)
         .map(|s| {
             let (lap, at) = (s / ranks, s % ranks);
@@ -448,6 +448,23 @@ impl PipelineOrder {
 
     pub fn stages(&self) -> usize {
         self.stage_ranks.len()
+    }
+
+    /// Each stage's forwards in its rank's list before the stage's first
+    /// backward (B or I): a chunk's warm-up depth, as early backward's K_i
+    /// is a stage's.
+    pub fn forwards_before_first_backward(&self) -> Vec<u32> {
+        let mut depth = vec![0u32; self.stages()];
+        let mut backward_seen = vec![false; self.stages()];
+        for a in self.rank_actions.iter().flatten() {
+            let s = a.stage as usize;
+            match a.computation {
+                Computation::Forward if !backward_seen[s] => depth[s] += 1,
+                Computation::FullBackward | Computation::BackwardInput => backward_seen[s] = true,
+                _ => {}
+            }
+        }
+        depth
     }
 
     /// The order run with `costs[s]` for stage s: each rank runs its next

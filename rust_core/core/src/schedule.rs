@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::WarmupPolicy;
 use crate::error::{Error, Result};
-use crate::pipeline_order::{Computation, PipelineOrder, StageAction};
+use crate::pipeline_order::{stage_ranks, Computation, PipelineOrder, StageAction};
 pub use crate::work_limit::{
     check_passes, max_passes, set_max_passes, within_passes, MAX_PASSES, MAX_PASSES_CEILING,
 };
@@ -192,6 +192,19 @@ crate::named_enum! {
         /// bubbles. Each micro-batch's activations stay until its W, so
         /// every stage holds up to min(S, M) of them.
         ZeroBubbleH1 = "zb-h1",
+        /// Megatron's interleaved 1F1B (torch's `ScheduleInterleaved1F1B`):
+        /// each rank holds `chunks` chunks of the model, chunk c of rank r
+        /// being stage c * ranks + r, and runs 1F1B over them; the
+        /// bubble is (ranks - 1) / (chunks * micro-batches) of 1F1B's.
+        Interleaved1F1B = "interleaved-1f1b",
+        /// torch's `ScheduleInterleavedZeroBubble`: interleaved 1F1B's
+        /// looped chunks with each backward split into I and W, the Ws
+        /// deferred into the waits.
+        InterleavedZeroBubble = "interleaved-zero-bubble",
+        /// ZB-V (torch's `ScheduleZBVZeroBubble`): two chunks a rank in a
+        /// V, rank r holding stages r and 2 * ranks - 1 - r, each backward
+        /// split into I and W.
+        ZeroBubbleV = "zb-v",
         /// XPipe: asynchronous 1F1B across mini-batches; each mini-batch's
         /// first micro-batch (its bellwether) predicts the weights the
         /// mini-batch should see with Adam's moments, for all its micro-batches.
@@ -247,6 +260,59 @@ impl ScheduleKind {
         !matches!(
             self,
             ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe | ScheduleKind::ZeroBubbleH1
+        ) && !self.is_chunked()
+    }
+
+    /// The pipeline order of chunked kind `self` over `ranks` ranks of `chunks`
+    /// stages each, as torch's schedule classes build it (`pipeline_order.rs`).
+    pub fn chunked_order(
+        self,
+        ranks: u32,
+        micro_batches: u32,
+        chunks: u32,
+    ) -> Result<PipelineOrder> {
+        match self {
+            ScheduleKind::Interleaved1F1B => {
+                PipelineOrder::interleaved_1f1b(ranks, micro_batches, chunks)
+            }
+            ScheduleKind::InterleavedZeroBubble => {
+                PipelineOrder::interleaved_zero_bubble(ranks, micro_batches, chunks)
+            }
+            ScheduleKind::ZeroBubbleV if chunks == 2 => PipelineOrder::zbv(ranks, micro_batches),
+            ScheduleKind::ZeroBubbleV => Err(Error::field(
+                "chunks",
+                format!("value {chunks}: zb-v holds two chunks a rank"),
+            )),
+            other => {
+                let chunked: Vec<&str> = ScheduleKind::ALL
+                    .iter()
+                    .filter(|k| k.is_chunked())
+                    .map(|k| k.name())
+                    .collect();
+                Err(Error::field(
+                    "kind",
+                    format!(
+                        "value \"{other}\" runs one stage a rank; a chunked kind is {}",
+                        crate::names::one_of(&chunked)
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// The rank of each of the `ranks` x `chunks` stages of chunked kind `self`.
+    pub fn chunk_ranks(self, ranks: u32, chunks: u32) -> Vec<u32> {
+        stage_ranks(ranks, ranks * chunks, self == ScheduleKind::ZeroBubbleV)
+    }
+
+    /// Kinds whose ranks may hold several stages (chunks), in a pipeline
+    /// order torch builds (`interleave.rs`).
+    pub fn is_chunked(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::Interleaved1F1B
+                | ScheduleKind::InterleavedZeroBubble
+                | ScheduleKind::ZeroBubbleV
         )
     }
 
@@ -920,6 +986,32 @@ impl fmt::Display for Schedule {
         }
         Ok(())
     }
+}
+
+/// Each rank's list of a pipeline order as (stage, action): its passes,
+/// then each of its stages' AllReduce in the order their passes ended,
+/// then their optimizer steps. What the simulator and the runtime run.
+pub fn rank_lists(order: &PipelineOrder) -> Vec<Vec<(usize, Action)>> {
+    order
+        .rank_actions
+        .iter()
+        .map(|actions| {
+            let mut list: Vec<(usize, Action)> = actions
+                .iter()
+                .map(|a| (a.stage as usize, Action::of_stage_action(a)))
+                .collect();
+            let mut finished: Vec<usize> = Vec::new();
+            for a in actions.iter().rev() {
+                if !finished.contains(&(a.stage as usize)) {
+                    finished.push(a.stage as usize);
+                }
+            }
+            finished.reverse();
+            list.extend(finished.iter().map(|&s| (s, Action::ALL_REDUCE)));
+            list.extend(finished.iter().map(|&s| (s, Action::OPTIMIZER_STEP)));
+            list
+        })
+        .collect()
 }
 
 #[cfg(test)]

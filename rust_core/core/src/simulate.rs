@@ -26,12 +26,12 @@ use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
 use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
-use crate::pipeline_order::{PipelineOrder, StageAction};
+use crate::pipeline_order::PipelineOrder;
 use crate::plan::{plan_schedule, Plan};
 use crate::profile::Profile;
 use crate::schedule::{
-    early_backward_actions, steady_state_window, Action, ActionKind, Predictor, Schedule,
-    ScheduleKind, WeightRule,
+    early_backward_actions, rank_lists, steady_state_window, Action, ActionKind, Predictor,
+    Schedule, ScheduleKind, WeightRule,
 };
 use crate::shape::{MemoryTerms, Recompute};
 
@@ -229,8 +229,14 @@ pub struct Simulation {
     /// Absent in version 1 files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub span_ms: Option<f64>,
+    /// One timeline a stage, or under a chunked kind one a rank, its
+    /// stages (chunks) together.
     pub stages: Vec<StageTimeline>,
     pub tasks: Vec<Task>,
+    /// Under a chunked kind, the rank of each stage (a task's `stage`);
+    /// absent: stage s is rank s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_ranks: Vec<u32>,
 }
 
 fn one() -> u32 {
@@ -838,6 +844,7 @@ pub fn simulate_stages(
         span_ms: Some(span_ms),
         stages: timelines,
         tasks,
+        stage_ranks: Vec::new(),
     })
 }
 
@@ -878,11 +885,7 @@ pub fn simulate_order(
         )));
     }
     let layout = RankLayout::of_stage_ranks(&order.stage_ranks);
-    let lists: Vec<Vec<(usize, Action)>> = order
-        .rank_actions
-        .iter()
-        .map(|actions| with_updates(actions))
-        .collect();
+    let lists = rank_lists(order);
     let (span_ms, trace) = run_traced(
         stages,
         (transfer_ms, &layout),
@@ -954,25 +957,6 @@ fn bubble_fraction(compute_ms: f64, span_ms: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// A rank's passes, then each of its stages' AllReduce in the order their
-/// passes ended, then their optimizer steps.
-fn with_updates(actions: &[StageAction]) -> Vec<(usize, Action)> {
-    let mut list: Vec<(usize, Action)> = actions
-        .iter()
-        .map(|a| (a.stage as usize, Action::of_stage_action(a)))
-        .collect();
-    let mut finished: Vec<usize> = Vec::new();
-    for a in actions.iter().rev() {
-        if !finished.contains(&(a.stage as usize)) {
-            finished.push(a.stage as usize);
-        }
-    }
-    finished.reverse();
-    list.extend(finished.iter().map(|&s| (s, Action::ALL_REDUCE)));
-    list.extend(finished.iter().map(|&s| (s, Action::OPTIMIZER_STEP)));
-    list
 }
 
 /// The most micro-batches between a forward and their backward at once.
@@ -1326,11 +1310,50 @@ pub(crate) fn sim_inputs(
 
 /// Simulate a plan with the same stage costs the estimate uses.
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
+    if plan.schedule.kind.is_chunked() {
+        return simulate_chunked_plan(plan, &ProfileCosts::new(profile), opts);
+    }
     let (stages, transfers) =
         sim_inputs(plan, &ProfileCosts::new(profile), opts.overlap_allreduce)?;
     let schedule = plan_schedule(plan, opts.schedule)?;
     let recompute = opts.recompute || plan.recomputes_every_stage();
     simulate_stages(&stages, &transfers, &schedule, recompute)
+}
+
+/// A chunked plan's ranks running its order, each stage costed on its
+/// rank's devices.
+pub(crate) fn simulate_chunked(plan: &Plan, costs: &ProfileCosts) -> Result<OrderSimulation> {
+    let (stages, transfers) = sim_inputs(plan, costs, false)?;
+    simulate_order(&stages, &transfers, &plan.chunked_order()?)
+}
+
+/// [`simulate`] of a plan of a chunked kind: its ranks run its order
+/// (`simulate_order`), one timeline a rank.
+fn simulate_chunked_plan(
+    plan: &Plan,
+    costs: &ProfileCosts,
+    opts: SimulationOptions,
+) -> Result<Simulation> {
+    let own = plan.schedule.kind;
+    if opts.schedule.is_some_and(|k| k != own) || opts.recompute {
+        return Err(Error::incompatible(format!(
+            "the plan's ranks hold several stages each ({own}): it runs its own order, each \
+             stage re-computing as the plan says"
+        )));
+    }
+    let sim = simulate_chunked(plan, costs)?;
+    Ok(Simulation {
+        format: SIMULATION.name.into(),
+        schema_version: SIMULATION.version,
+        schedule: own,
+        recompute: plan.stages.iter().all(|s| s.recompute == Recompute::Full),
+        iteration_ms: sim.iteration_ms,
+        mini_batches: 1,
+        span_ms: Some(sim.iteration_ms),
+        stages: sim.ranks,
+        tasks: sim.tasks,
+        stage_ranks: plan.stage_ranks(),
+    })
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ fn megatron_plan(
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,
         warmup_policy: WarmupPolicy::A,
+        chunks: 1,
     };
     Plan::new(inputs, micro_batch, gbs / micro_batch, schedule, stages)
 }
@@ -133,28 +134,24 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
     // (p - 1) / m = 9.4% of the work, interleaved (p - 1) / (v m). The
     // chunks cover the model in order, p x v of them, and interleaving
     // shortens the iteration by at most that share.
-    use dapple_core::interleave::{simulate_interleaved, ChunkedOrder};
-    let looped = ChunkedOrder::Interleaved1F1B;
+    use dapple_core::interleave::chunked;
+    let looped = ScheduleKind::Interleaved1F1B;
     let (profile, plan) = llama_2_70b_t8_p4_d16();
-    let runs: Vec<_> = (1..=4)
-        .map(|v| simulate_interleaved(&plan, &profile, looped, v).unwrap())
+    let runs: Vec<Plan> = (1..=4)
+        .map(|v| chunked(&plan, &profile, looped, Some(v)).unwrap())
         .collect();
     for (v, run) in (1..).zip(&runs) {
-        let ends: Vec<usize> = run.chunk_layers.iter().map(|c| c.1).collect();
-        let starts: Vec<usize> = run.chunk_layers.iter().map(|c| c.0).collect();
-        assert_eq!(run.chunk_layers.len(), 4 * v);
+        let ends: Vec<usize> = run.stages.iter().map(|c| c.layer_end).collect();
+        let starts: Vec<usize> = run.stages.iter().map(|c| c.layer_start).collect();
+        assert_eq!(run.stages.len(), 4 * v);
         assert_eq!(
             (starts[0], *ends.last().unwrap()),
             (0, profile.layers.len())
         );
         assert_eq!(starts[1..], ends[..ends.len() - 1]);
-        assert!(run
-            .simulation
-            .ranks
-            .iter()
-            .all(|r| r.peak_memory_bytes <= r.memory_limit_bytes));
+        assert!(run.estimate.as_ref().unwrap().fits_memory);
     }
-    let ms: Vec<f64> = runs.iter().map(|r| r.simulation.iteration_ms).collect();
+    let ms: Vec<f64> = runs.iter().map(|r| r.iteration_ms().unwrap()).collect();
     eprintln!("Llama-2-70B t8 p4 d16 interleaved, v = 1..4: {ms:?}");
     // Every interleaving beats 1F1B; more chunks are not always faster,
     // where the layers do not cut evenly (82 into 12 chunks: 6 or 7 each).
@@ -164,7 +161,7 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
     let most_saved = ms[0] * (3.0 / 32.0) * (1.0 - 1.0 / 4.0);
     assert!(ms[0] - ms[3] <= most_saved * 1.05, "{ms:?}");
     // 4 x 21 chunks need more layers than the model's 82.
-    let e = simulate_interleaved(&plan, &profile, looped, 21)
+    let e = chunked(&plan, &profile, looped, Some(21))
         .unwrap_err()
         .to_string();
     assert!(e.contains("chunks") && e.contains("82"), "{e}");
@@ -268,6 +265,7 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,
         warmup_policy: WarmupPolicy::A,
+        chunks: 1,
     };
     Plan::new(inputs, gbs, 1, schedule, vec![stage])
 }

@@ -168,7 +168,6 @@ pub(crate) fn names<'py>(
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use dapple_core::baselines::Baseline;
     use dapple_core::cost::WarmupPolicy;
-    use dapple_core::interleave::ChunkedOrder;
     use dapple_core::placement::Policy;
     use dapple_core::schedule::ScheduleKind;
     use dapple_core::search::{SearchSpace, StageShapes};
@@ -180,7 +179,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
-    m.add("CHUNKED_ORDERS", names(py, ChunkedOrder::names())?)?;
+    let chunked: Vec<&str> = ScheduleKind::ALL
+        .iter()
+        .filter(|k| k.is_chunked())
+        .map(|k| k.name())
+        .collect();
+    m.add("CHUNKED_SCHEDULES", names(py, chunked)?)?;
     let asynchronous: Vec<&str> = ScheduleKind::ALL
         .iter()
         .filter(|k| k.is_asynchronous())

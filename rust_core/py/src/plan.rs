@@ -1,4 +1,5 @@
 use dapple_core::evaluate::evaluate;
+use dapple_core::interleave::chunked;
 use dapple_core::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, Plan, Stage};
 use dapple_core::schedule::ScheduleKind;
@@ -140,6 +141,19 @@ crate::file_object_methods!(PyPlan {
         self.inner.schedule.warmup_policy.name()
     }
 
+    /// Stages (chunks) each pipeline rank holds: 1 but under a chunked kind.
+    #[getter]
+    fn chunks(&self) -> u32 {
+        self.inner.schedule.chunks
+    }
+
+    /// The pipeline rank of each stage (stage s's own, or where a chunked
+    /// kind's order puts it).
+    #[getter]
+    fn stage_ranks(&self) -> Vec<u32> {
+        self.inner.stage_ranks()
+    }
+
     /// Simulated iteration time, the headline (formula (2) for version 1
     /// plans); None without an estimate.
     #[getter]
@@ -240,8 +254,34 @@ fn choose_warmups(py: Python<'_>, plan: &PyPlan, profile: &PyProfile) -> PyResul
     Ok(chosen.map(|p| crate::Wraps::wrap(p, plan.source.clone())))
 }
 
+/// The plan's ranks (one stage each) running chunked `schedule`, the
+/// layers cut again into `chunks` chunks a rank, or the fastest count that
+/// fits (`interleave::chunked`); costed. Not a file's plan: no source.
+#[pyfunction]
+#[pyo3(signature = (plan, profile, schedule, chunks=None))]
+fn chunked_plan(
+    py: Python<'_>,
+    plan: &PyPlan,
+    profile: &PyProfile,
+    schedule: &str,
+    chunks: Option<u32>,
+) -> PyResult<PyPlan> {
+    let kind = ScheduleKind::parse(schedule).map_err(|e| to_py_err(e.under("schedule")))?;
+    if !kind.is_chunked() {
+        return Err(to_py_err(dapple_core::Error::field(
+            "schedule",
+            format!("value {schedule:?} runs one stage a rank; name a chunked kind"),
+        )));
+    }
+    let made = py
+        .detach(|| chunked(&plan.inner, &profile.inner, kind, chunks))
+        .map_err(|e| plan.err(e))?;
+    Ok(crate::Wraps::wrap(made, None))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
+    m.add_function(wrap_pyfunction!(chunked_plan, m)?)?;
     m.add_class::<PyStageShape>()?;
     m.add_function(wrap_pyfunction!(evaluate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(choose_warmups, m)?)?;

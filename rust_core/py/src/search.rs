@@ -23,7 +23,7 @@ type PyRangeHint = (usize, usize, u32, Option<u32>);
 /// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, chunks=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -38,6 +38,7 @@ fn search(
     max_search_steps: Option<u64>,
     refine: bool,
     schedule: Option<&str>,
+    chunks: Option<u32>,
     stages: Option<u32>,
     micro_batches: Option<u32>,
     cuts: Vec<usize>,
@@ -64,6 +65,12 @@ fn search(
         None | Some("auto") => None,
         Some(name) => Some(synchronous_kind(name).map_err(to_py_err)?),
     };
+    if chunks.is_some() && !opts.schedule.is_some_and(ScheduleKind::is_chunked) {
+        return Err(to_py_err(dapple_core::Error::incompatible(
+            "chunks: a count of chunks a rank goes with a chunked schedule".to_string(),
+        )));
+    }
+    opts.chunks = chunks;
     opts.hints = Hints {
         stages,
         micro_batches,

@@ -1,10 +1,6 @@
-use dapple_core::interleave::{simulate_interleaved as simulate_plan_interleaved, ChunkedOrder};
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::simulate::{
-    simulate as simulate_plan, Simulation, SimulationOptions, StageTimeline,
-};
+use dapple_core::simulate::{simulate as simulate_plan, Simulation, SimulationOptions};
 use pyo3::prelude::*;
-use serde::Serialize;
 
 use crate::plan::PyPlan;
 use crate::profile::PyProfile;
@@ -63,6 +59,13 @@ crate::file_object_methods!(PySimulation {
         crate::convert::to_python(py, &self.inner.stages)
     }
 
+    /// Under a chunked kind, the rank of each stage (`stages` are then
+    /// one timeline a rank); empty: stage s is rank s.
+    #[getter]
+    fn stage_ranks(&self) -> Vec<u32> {
+        self.inner.stage_ranks.clone()
+    }
+
     /// Every task, as plain data.
     #[getter]
     fn tasks<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -100,47 +103,8 @@ fn simulate(
     Ok(crate::Wraps::wrap(inner, None))
 }
 
-/// What `simulate_interleaved` gives Python: the chunks, the iteration and
-/// each rank's timeline, without the tasks.
-#[derive(Serialize)]
-struct InterleavedRun<'a> {
-    order: &'static str,
-    chunks: u32,
-    chunk_layers: &'a [(usize, usize)],
-    chunk_ranks: &'a [u32],
-    iteration_ms: f64,
-    ranks: &'a [StageTimeline],
-}
-
-/// The plan's ranks running `order` with `chunks` chunks each
-/// (`interleave.rs`), as a dict.
-#[pyfunction]
-#[pyo3(signature = (plan, profile, chunks, *, order="interleaved-1f1b"))]
-fn simulate_interleaved<'py>(
-    py: Python<'py>,
-    plan: &PyPlan,
-    profile: &PyProfile,
-    chunks: u32,
-    order: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    let kind = ChunkedOrder::parse(order).map_err(|e| to_py_err(e.under("order")))?;
-    let run = py
-        .detach(|| simulate_plan_interleaved(&plan.inner, &profile.inner, kind, chunks))
-        .map_err(|e| plan.err(e))?;
-    let view = InterleavedRun {
-        order: kind.name(),
-        chunks,
-        chunk_layers: &run.chunk_layers,
-        chunk_ranks: &run.chunk_ranks,
-        iteration_ms: run.simulation.iteration_ms,
-        ranks: &run.simulation.ranks,
-    };
-    crate::convert::to_python(py, &view)
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySimulation>()?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate_interleaved, m)?)?;
     Ok(())
 }

@@ -45,15 +45,26 @@ pub(crate) fn check_layout_hashed(
     let mut used_by: Vec<Option<usize>> = vec![None; plan.inputs.topology.num_devices() as usize];
     let mut allocs: Vec<Alloc> = Vec::with_capacity(plan.stages.len());
     let mut expected_start = 0;
+    let chunk_depths = check_chunks(plan)?;
+    let stage_ranks = plan.stage_ranks();
     for (i, s) in plan.stages.iter().enumerate() {
         let at = format!("stages[{i}]");
         check_stage_layers(s, expected_start, layers).map_err(|e| e.under(&at))?;
         expected_start = s.layer_end;
+        // A rank's later chunks run on its first chunk's devices, as it.
+        let rank_first = stage_ranks[..i].iter().position(|&r| r == stage_ranks[i]);
+        if let Some(j) = rank_first {
+            check_same_rank(s, &plan.stages[j], j).map_err(|e| e.under(&at))?;
+            check_stage_shape(plan, s, &cluster, &allocs[j], profile).map_err(|e| e.under(&at))?;
+            check_warmup(plan, i, chunk_depths.as_deref()).map_err(|e| e.under(&at))?;
+            allocs.push(allocs[j].clone());
+            continue;
+        }
         let alloc = check_stage_devices(s, i, &cluster, &mut used_by).map_err(|e| e.under(&at))?;
         // A bad t is refused below; `replicas` counts it as one replica till then.
         check_stage_slices(plan, s, s.replicas()).map_err(|e| e.under(&at))?;
         check_stage_shape(plan, s, &cluster, &alloc, profile).map_err(|e| e.under(&at))?;
-        check_warmup(plan, i).map_err(|e| e.under(&at))?;
+        check_warmup(plan, i, chunk_depths.as_deref()).map_err(|e| e.under(&at))?;
         allocs.push(alloc);
     }
     match layers {
@@ -90,6 +101,59 @@ fn check_batching(plan: &Plan) -> Result<()> {
                 plan.micro_batch_size, plan.micro_batches
             ),
         ));
+    }
+    Ok(())
+}
+
+/// `schedule.chunks` is 1 but for a chunked kind, whose stages make ranks
+/// of that many chunks each and whose order builds for the plan's
+/// micro-batches; returns the depth the order gives each stage there.
+fn check_chunks(plan: &Plan) -> Result<Option<Vec<u32>>> {
+    let ScheduleChoice { kind, chunks, .. } = plan.schedule;
+    if !kind.is_chunked() {
+        if chunks != 1 {
+            return Err(Error::field(
+                "schedule.chunks",
+                format!("value {chunks}: {kind} runs one stage a rank; drop chunks or choose a chunked kind"),
+            ));
+        }
+        return Ok(None);
+    }
+    let stages = plan.stages.len();
+    if chunks == 0 || !stages.is_multiple_of(chunks as usize) {
+        return Err(Error::field(
+            "schedule.chunks",
+            format!("value {chunks}: the plan's {stages} stages must make ranks of {chunks} chunks each"),
+        ));
+    }
+    let order = plan.chunked_order().map_err(|e| match e.field {
+        Some(_) => e.under("schedule"),
+        None => e.under("micro_batches"),
+    })?;
+    Ok(Some(order.forwards_before_first_backward()))
+}
+
+/// Stage `s`, a later chunk of the rank whose first chunk is stage `j`,
+/// runs on the same devices, slices and shape: a rank holds one copy of
+/// each, whatever it computes.
+fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
+    let differs = |field: &str| {
+        Err(Error::field(
+            field,
+            format!("differs from stages[{j}]'s: the chunks of a rank run on its devices, alike"),
+        ))
+    };
+    if s.devices != first.devices {
+        return differs("devices");
+    }
+    if s.slices != first.slices {
+        return differs("slices");
+    }
+    if s.tensor_parallel != first.tensor_parallel {
+        return differs("tensor_parallel");
+    }
+    if s.shard_optimizer != first.shard_optimizer {
+        return differs("shard_optimizer");
     }
     Ok(())
 }
@@ -359,16 +423,21 @@ fn check_slices(slices: &[u32], devices: usize, micro_batch: u32, min_slice: u32
 /// Stage `i`'s warm-up depth K_i is the one its schedule and policy give,
 /// or, where they leave it free, in 1..=micro-batches and no deeper than
 /// the stage before it.
-fn check_warmup(plan: &Plan, i: usize) -> Result<()> {
+fn check_warmup(plan: &Plan, i: usize, chunk_depths: Option<&[u32]>) -> Result<()> {
     let ScheduleChoice {
         kind,
         warmup_policy: policy,
+        ..
     } = plan.schedule;
     let stages_from_here = (plan.stages.len() - i) as u32;
     let k = plan.stages[i].warmup_micro_batches;
     let m = plan.micro_batches;
     let field = "warmup_micro_batches";
-    match warmup_depth(kind, policy, stages_from_here, m) {
+    let expected = match chunk_depths {
+        Some(depths) => Some(depths[i]),
+        None => warmup_depth(kind, policy, stages_from_here, m),
+    };
+    match expected {
         Some(expected) if k != expected => {
             let why = match kind {
                 ScheduleKind::GPipe => "GPipe runs all micro-batches forward first".to_string(),
@@ -377,6 +446,9 @@ fn check_warmup(plan: &Plan, i: usize) -> Result<()> {
                 }
                 ScheduleKind::EarlyBackward1F1B => {
                     format!("warm-up policy {} gives this stage", policy.name())
+                }
+                chunked if chunked.is_chunked() => {
+                    format!("{chunked}'s order runs of this stage before its first backward")
                 }
                 asynchronous => {
                     format!("{asynchronous} runs one micro-batch ahead per stage from here")

@@ -165,6 +165,22 @@ pub struct ScheduleChoice {
     /// "auto": K_i chosen per stage; "A": K_i = min(S - i, M); "B":
     /// K_i = min(2(S - i) - 1, M).
     pub warmup_policy: WarmupPolicy,
+    /// Stages (chunks) each pipeline rank holds: above 1 only for the
+    /// chunked kinds, whose order says which rank runs each stage
+    /// (`Plan::stage_ranks`).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub chunks: u32,
+}
+
+impl ScheduleChoice {
+    /// `kind` at warm-up `policy`, one stage a rank.
+    pub fn new(kind: ScheduleKind, warmup_policy: WarmupPolicy) -> ScheduleChoice {
+        ScheduleChoice {
+            kind,
+            warmup_policy,
+            chunks: 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -409,7 +425,32 @@ impl Plan {
         self.schema_version < 4 && self.schedule.kind.is_asynchronous()
     }
 
-    /// The order of `plan`'s own schedule (its warm-up depths K_i), one
+    /// Pipeline ranks: one a stage, or one every `schedule.chunks` stages
+    /// of a chunked kind.
+    pub fn ranks(&self) -> usize {
+        self.stages.len() / self.schedule.chunks.max(1) as usize
+    }
+
+    /// The pipeline rank of each stage: stage s's own, or under a chunked
+    /// kind the rank its order puts stage s on.
+    pub fn stage_ranks(&self) -> Vec<u32> {
+        if self.schedule.kind.is_chunked() {
+            let s = &self.schedule;
+            s.kind.chunk_ranks(self.ranks() as u32, s.chunks)
+        } else {
+            (0..self.stages.len() as u32).collect()
+        }
+    }
+
+    /// The pipeline order a plan of a chunked kind runs.
+    pub fn chunked_order(&self) -> Result<PipelineOrder> {
+        let s = &self.schedule;
+        s.kind
+            .chunked_order(self.ranks() as u32, self.micro_batches, s.chunks)
+    }
+
+    /// The order of `plan`'s own schedule (its warm-up depths K_i, or a
+    /// chunked kind's order), one
     /// pipeline rank per stage, where torch's pipelining can run the plan
     /// as it is: it runs one data-parallel and one tensor-parallel degree
     /// on every pipeline rank, each replica taking an equal slice. Stages
@@ -446,6 +487,9 @@ impl Plan {
                 "stage {i} gives its GPUs uneven slices of each micro-batch (mixed GPUs): \
                  torch's data parallelism splits a micro-batch evenly"
             )));
+        }
+        if plan.schedule.kind.is_chunked() {
+            return plan.chunked_order();
         }
         plan_schedule(plan, None)?.pipeline_order()
     }
@@ -490,13 +534,18 @@ impl Plan {
         }
     }
 
-    /// "8:8"-style shape: replication of each stage.
+    /// "8:8"-style shape: replication of each stage; under a chunked kind
+    /// each rank's, then its chunks ("8:8 (v=2)").
     pub fn shape(&self) -> String {
-        self.stages
+        let ranks = self.ranks();
+        let gpus: Vec<String> = self.stages[..ranks]
             .iter()
             .map(|s| s.devices.len().to_string())
-            .collect::<Vec<_>>()
-            .join(":")
+            .collect();
+        match self.schedule.kind.is_chunked() {
+            true => format!("{} (v={})", gpus.join(":"), self.schedule.chunks),
+            false => gpus.join(":"),
+        }
     }
 }
 
@@ -559,6 +608,11 @@ pub fn plan_schedule_over(
 ) -> Result<Schedule> {
     let own = plan.schedule.kind;
     let s_count = plan.stages.len();
+    if own.is_chunked() && kind.is_some_and(|k| k != own) {
+        return Err(Error::incompatible(format!(
+            "the plan's ranks hold several stages each ({own}): it runs its own order only"
+        )));
+    }
     match kind.unwrap_or(own) {
         asynchronous @ (ScheduleKind::XPipe
         | ScheduleKind::PipeDream
@@ -567,6 +621,11 @@ pub fn plan_schedule_over(
             Schedule::asynchronous(asynchronous, s_count, plan.micro_batches, mini_batches)
         }
         ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches),
+        chunked @ (ScheduleKind::Interleaved1F1B
+        | ScheduleKind::InterleavedZeroBubble
+        | ScheduleKind::ZeroBubbleV) => Err(Error::incompatible(format!(
+            "{chunked} runs a pipeline order of several stages a rank, not one list a stage"
+        ))),
         ScheduleKind::ZeroBubbleH1 => Schedule::zero_bubble_h1(s_count, plan.micro_batches),
         ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
             let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();

@@ -408,6 +408,7 @@ pub(crate) fn plan_of_steps(
     let schedule = ScheduleChoice {
         kind: ScheduleKind::EarlyBackward1F1B,
         warmup_policy: ctx.policy,
+        chunks: 1,
     };
     let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
     plan.estimate = Some(match ctx.policy {

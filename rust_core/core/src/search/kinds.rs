@@ -16,6 +16,7 @@ use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
 use crate::error::Result;
 use crate::evaluate::evaluate_costed;
+use crate::interleave::{balanced_bound_ms, fastest_chunking};
 use crate::plan::{warmup_depth, Plan};
 use crate::schedule::ScheduleKind;
 
@@ -31,8 +32,12 @@ pub const SEARCHED_KINDS: [ScheduleKind; 2] =
 pub(crate) fn as_kind(
     plan: &Plan,
     kind: ScheduleKind,
+    chunks: Option<u32>,
     costs: &ProfileCosts,
 ) -> Result<Option<Plan>> {
+    if kind.is_chunked() {
+        return Ok(fastest_chunking(plan, costs, kind, chunks));
+    }
     if kind == plan.schedule.kind {
         return Ok(Some(plan.clone()));
     }
@@ -62,7 +67,8 @@ fn simulated_ms(plan: &Plan) -> f64 {
 
 /// The least time `plan`'s layout can take under any synchronous kind: its
 /// busiest stage's forwards and backwards of every micro-batch, then its
-/// AllReduce.
+/// AllReduce. (A chunked kind cuts the layers again: its layouts are
+/// ranked by `balanced_bound_ms` instead.)
 fn busiest_stage_ms(plan: &Plan) -> f64 {
     let m = f64::from(plan.micro_batches);
     plan.estimate.as_ref().map_or(0.0, |e| {
@@ -83,20 +89,41 @@ pub(crate) fn fastest_kind(
     chosen: &Plan,
     ranked: &[&Plan],
     kinds: &[ScheduleKind],
+    chunks: Option<u32>,
     costs: &ProfileCosts,
 ) -> Result<Option<Plan>> {
     let mut best: Option<Plan> = None;
     let policy = chosen.schedule.warmup_policy;
-    keep_faster(&mut best, chosen, kinds, policy, costs)?;
-    let mut others: Vec<(f64, &Plan)> = ranked.iter().map(|p| (busiest_stage_ms(p), *p)).collect();
+    let asked = Asked {
+        kinds,
+        chunks,
+        policy,
+    };
+    keep_faster(&mut best, chosen, &asked, costs)?;
+    let bound = |p: &Plan| {
+        let own_cut = busiest_stage_ms(p);
+        match kinds.iter().any(|k| k.is_chunked()) {
+            true => own_cut.min(balanced_bound_ms(p, costs)),
+            false => own_cut,
+        }
+    };
+    let mut others: Vec<(f64, &Plan)> = ranked.iter().map(|p| (bound(p), *p)).collect();
     others.sort_by(|a, b| a.0.total_cmp(&b.0));
     for (bound, plan) in others {
         if best.as_ref().is_some_and(|b| bound >= simulated_ms(b)) {
             break;
         }
-        keep_faster(&mut best, plan, kinds, policy, costs)?;
+        keep_faster(&mut best, plan, &asked, costs)?;
     }
     Ok(best)
+}
+
+/// What the kind phase runs each layout as: `kinds`, a chunked kind with
+/// `chunks` a rank where given, every result under warm-up `policy`.
+struct Asked<'a> {
+    kinds: &'a [ScheduleKind],
+    chunks: Option<u32>,
+    policy: WarmupPolicy,
 }
 
 /// `plan` run as each of `kinds` under warm-up policy `policy`, kept in
@@ -104,19 +131,18 @@ pub(crate) fn fastest_kind(
 fn keep_faster(
     best: &mut Option<Plan>,
     plan: &Plan,
-    kinds: &[ScheduleKind],
-    policy: WarmupPolicy,
+    asked: &Asked,
     costs: &ProfileCosts,
 ) -> Result<()> {
-    for &kind in kinds {
+    for &kind in asked.kinds {
         let depths_searched = kind == ScheduleKind::EarlyBackward1F1B;
-        if depths_searched && plan.schedule.warmup_policy != policy {
+        if depths_searched && plan.schedule.warmup_policy != asked.policy {
             continue;
         }
-        let Some(mut run) = as_kind(plan, kind, costs)? else {
+        let Some(mut run) = as_kind(plan, kind, asked.chunks, costs)? else {
             continue;
         };
-        run.schedule.warmup_policy = policy;
+        run.schedule.warmup_policy = asked.policy;
         if best
             .as_ref()
             .is_none_or(|b| simulated_ms(&run) < simulated_ms(b))

@@ -76,6 +76,9 @@ pub struct SearchOptions {
     /// The synchronous schedule kind; None ("auto"): the fastest of
     /// `kinds::SEARCHED_KINDS` (`kinds.rs`).
     pub schedule: Option<ScheduleKind>,
+    /// Chunks a rank under a chunked `schedule`; None: the fastest count
+    /// (`interleave::MAX_SEARCHED_CHUNKS`).
+    pub chunks: Option<u32>,
     /// The user's constraints (`hints.rs`); empty: none.
     pub hints: Hints,
 }
@@ -107,6 +110,7 @@ impl SearchOptions {
             max_search_steps: DEFAULT_MAX_SEARCH_STEPS,
             refine: true,
             schedule: None,
+            chunks: None,
             hints: Hints::default(),
         }
     }
@@ -203,7 +207,7 @@ pub(crate) fn search_offering(
     }
     // 6. The schedule kind.
     let ranked: Vec<&Plan> = ranked.iter().collect();
-    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, &costs)? else {
+    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, opts.chunks, &costs)? else {
         return Err(Error::infeasible(format!(
             "no layout the search ranked runs as {} within memory (ZB-H1 also needs its \
              micro-batches in equal rounds of at least the stage count)",
@@ -816,6 +820,7 @@ mod tests {
             ScheduleChoice {
                 kind: ScheduleKind::EarlyBackward1F1B,
                 warmup_policy: policy,
+                chunks: 1,
             },
             plan_stages,
         )
@@ -1509,6 +1514,7 @@ mod tests {
             let schedule = ScheduleChoice {
                 kind: ScheduleKind::EarlyBackward1F1B,
                 warmup_policy: policy,
+                chunks: 1,
             };
             let plan = Plan::new(inputs, b, gbs / b, schedule, plan_stages);
             let layout: Vec<(usize, usize, u32)> = plan

@@ -521,6 +521,7 @@ mod tests {
         let schedule = ScheduleChoice {
             kind: ScheduleKind::EarlyBackward1F1B,
             warmup_policy: policy,
+            chunks: 1,
         };
         let plan = Plan::new(inputs, b, m, schedule, stages);
         cost(&plan, &ProfileCosts::new(profile), f64::INFINITY)
