@@ -255,7 +255,7 @@ def test_the_executor_times_with_events_only_on_cuda(monkeypatch):
     job = SimpleNamespace(config=None, layout=SimpleNamespace(micro_batches=1, micro_batch_size=1,
                                                               global_batch_size=1))
     for dev, asked, expected in (("cpu", True, None), ("cuda", False, None), ("cuda", True, "timer")):
-        ctx = SimpleNamespace(dev=torch.device(dev), comm=SimpleNamespace())
+        ctx = SimpleNamespace(stage=0, dev=torch.device(dev), comm=SimpleNamespace())
         e = ex.Executor(ctx, job, gpu_timing=asked)
         assert e.gpu_timer == expected and ctx.comm.gpu_timer == expected
     assert len(made) == 1

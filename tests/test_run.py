@@ -106,6 +106,23 @@ def test_run_prints_steps_and_writes_metrics(files, tmp_path):
     assert m["recompute"] is False
 
 
+def test_a_chunked_plan_runs_with_the_losses_of_its_layout(files, tmp_path):
+    # The 2-stage plan's ranks as ZB-V, two chunks each (a layer a chunk):
+    # the same model, data and steps give the same losses.
+    chunked = tmp_path / "zbv.json"
+    planner.chunked(files["plan"], files["profile"], "zb-v").save(chunked)
+    losses = []
+    for plan in (files["plan"], chunked):
+        out = tmp_path / "m.json"
+        res = run("run", "--plan", plan, *MODEL, "--steps", 3, "--metrics", out, "--profile", files["profile"])
+        assert res.returncode == 0, res.stderr
+        losses.append(json.loads(out.read_text())["losses"])
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
+    assert "as zb-v" not in res.stdout and "simulated" in res.stdout
+    res = run("run", "--plan", chunked, *MODEL, "--steps", 2, "--eval-every", 1)
+    assert res.returncode == 4 and "evaluations: the plan's ranks hold several stages" in one_error_line(res.stderr)
+
+
 def test_run_asynchronously(files, tmp_path):
     out = tmp_path / "m.json"
     res = run("run", "--plan", files["plan"], *MODEL, "--steps", 4, "--metrics", out, "--profile", files["profile"],

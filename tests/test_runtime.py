@@ -134,6 +134,26 @@ def tiny_layers():
     ]
 
 
+def deep_layers():
+    """9 layers (5 with parameters): enough for 4 ranks of 2 chunks."""
+    nn = torch.nn
+    layers = []
+    for i in range(4):
+        layers += [(f"fc{i}", nn.Linear(6 if i == 0 else 8, 8)), (f"act{i}", nn.Tanh())]
+    return layers + [("head", nn.Linear(8, 3))]
+
+
+def deep_profile():
+    """A profile of ``deep_layers``' names, every layer alike: chunked
+    plans are cut from it."""
+    from dapple import planner
+
+    return planner.Profile.from_dict({"model": "tiny", "layers": [
+        {"name": name, "param_bytes": 1000,
+         "measurements": [{"batch_size": 1, "fwd_ms": 1.0, "bwd_ms": 2.0, "activation_bytes": 100}]}
+        for name, _ in deep_layers()]})
+
+
 def mse(out, target):
     return torch.nn.functional.mse_loss(out, target)
 

@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 
 from dapple.planner.runtime.launcher import run_plan  # noqa: E402
 from dapple.planner.runtime.training import build_layers, prefixed_state  # noqa: E402
-from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
+from test_runtime import FAST, deep_layers, layout_plan, make_batches, max_diff, mse, tiny_layers  # noqa: E402
 
 LR = 0.1
 SEED = 0  # dapple's default model seed, as build_layers takes it
@@ -102,15 +102,6 @@ def test_an_exported_csv_runs_on_torchs_runtime_as_dapple_runs_the_plan(kind, tm
     assert max_diff(theirs, start) > 1e-4
 
 
-def deep_layers():
-    """9 layers (5 with parameters): enough for 4 ranks of 2 chunks."""
-    nn = torch.nn
-    layers = []
-    for i in range(4):
-        layers += [(f"fc{i}", nn.Linear(6 if i == 0 else 8, 8)), (f"act{i}", nn.Tanh())]
-    return layers + [("head", nn.Linear(8, 3))]
-
-
 def _chunked_torch_rank(rank, world, port, csv_path, chunks, stage_ranks, micro_batches, batch, out_dir):
     """One rank of torch's runtime holding several stages (``chunks``:
     (stage, layer_start, layer_end) of each): one step of the CSV's order,
@@ -155,27 +146,22 @@ def _chunked_torch_rank(rank, world, port, csv_path, chunks, stage_ranks, micro_
 
 
 @pytest.mark.parametrize("kind", ["interleaved-1f1b", "zb-v"])
-def test_a_chunked_plans_csv_runs_on_torchs_runtime_as_dapple_runs_its_layout(kind, tmp_path):
+def test_a_chunked_plans_csv_runs_on_torchs_runtime_as_dapple_runs_the_plan(kind, tmp_path):
     # Four ranks of two chunks each, cut by dapple from a 4-stage plan of a
-    # 9-layer model. A synchronous step's gradients are the same whatever
-    # the order and the cut: torch's runtime on the exported CSV ends the
-    # step where dapple's runtime ends the 4-stage plan's.
+    # 9-layer model: torch's runtime on the exported CSV ends the step with
+    # the loss and parameters dapple's runtime ends the chunked plan's.
     from dapple import planner
-    from test_runtime import layout_plan
+    from test_runtime import deep_profile
 
-    names = [name for name, _ in deep_layers()]
-    profile = planner.Profile.from_dict({"model": "tiny", "layers": [
-        {"name": n, "param_bytes": 1000, "measurements": [{"batch_size": 1, "fwd_ms": 1.0, "bwd_ms": 2.0,
-                                                           "activation_bytes": 100}]} for n in names]})
     plan = layout_plan(3, [(0, 2, [0]), (2, 4, [1]), (4, 6, [2]), (6, 9, [3])])
-    chunked = planner.chunked(plan, profile, kind, 2)
+    chunked = planner.chunked(plan, deep_profile(), kind, 2)
     chunks = [(s["layer_start"], s["layer_end"]) for s in chunked.stages]
     stage_ranks = chunked.core.stage_ranks
     assert len(chunks) == 8 and chunks[-1][1] == 9 and sorted(set(stage_ranks)) == [0, 1, 2, 3]
     csv_path = tmp_path / "schedule.csv"
     csv_path.write_text(chunked.pipeline_order().to_csv())
     batches = make_batches(1)
-    ours = run_plan(plan, deep_layers, mse, batches, 1, LR, **FAST)
+    ours = run_plan(chunked, deep_layers, mse, batches, 1, LR, **FAST)
     mp.start_processes(_chunked_torch_rank, nprocs=4, start_method="fork",
                        args=(4, _free_port(), str(csv_path), chunks, stage_ranks, plan.micro_batches, batches[0],
                              str(tmp_path)))

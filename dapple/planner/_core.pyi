@@ -114,10 +114,11 @@ class Action:
 
 class Pass:
     """An action with the weights of a forward or backward (None for AR and
-    OPT); ``Pass(action, weights=None)``, weights ``(mini_batch,
-    live_version, base_version, predicted_updates)``."""
+    OPT) and the stage it computes; ``Pass(action, weights=None, stage=0)``,
+    weights ``(mini_batch, live_version, base_version, predicted_updates)``."""
 
     action: Action
+    stage: int
     mini_batch: int | None
     live_version: int | None
     base_version: int | None
@@ -192,6 +193,7 @@ class RunLayout:
     def from_json(text: str) -> RunLayout: ...
     def to_json(self) -> str: ...
     def where(self, rank: int) -> tuple[int, int]: ...
+    def positions(self, rank: int) -> list[tuple[int, int]]: ...
 
 class Simulation:
     source: str | None

@@ -110,12 +110,29 @@ def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = N
             f"schedule {config.schedule!r} is not one of {', '.join(_core.ASYNCHRONOUS_SCHEDULES)}")
     check_optimizer(config.schedule, config.optimizer)
     check_dtype(config, layout)
+    check_chunked(config, layout)
     if any(r >= layout.world_size for r in config.slowdown):
         raise InvalidInputError(f"rank {max(config.slowdown)} is not a rank of the plan (0..{layout.world_size - 1})",
                                 field="slowdown")
     if config.device == "cuda" and visible_gpus is not None and visible_gpus < layout.world_size:
         raise IncompatibleInputsError(
             f"the plan uses {layout.world_size} devices, this machine shows {visible_gpus} GPUs")
+
+
+def check_chunked(config: RunConfig, layout: Layout) -> None:
+    """A rank that holds several stages (a chunked plan's) runs them in
+    synchronous steps, in fp32 or bf16, without checkpoints or
+    evaluations: what the runtime does for them so far (docs/schedules.md)."""
+    if all(len(layout.positions(r)) == 1 for r in range(layout.world_size)):
+        return
+    asked = [(config.schedule is not None, f"schedule {config.schedule}"),
+             (config.dtype == "fp16", "dtype fp16 (one loss scale a rank, stepped once per chunk)"),
+             (bool(config.checkpoint_every) or config.start_step > 0, "checkpoints"),
+             (bool(config.eval_every), "evaluations")]
+    for given, what in asked:
+        if given:
+            raise IncompatibleInputsError(f"{what}: the plan's ranks hold several stages each, which dapple's "
+                                          "runtime runs in synchronous steps without it yet")
 
 
 def check_dtype(config: RunConfig, layout: Layout) -> None:

@@ -1,8 +1,9 @@
 """The one loop every schedule runs: a rank walks its stage's list of
 passes (``_core.Pass``, typed by the core: ``F3``, ``B3``, ``AR``, ``OPT``
-with the weights of each forward and backward) in order, one handler per
-kind of action, as ``torch.distributed.pipelining`` executes its
-``_Action`` lists.
+with the weights of each forward and backward, and the stage it computes)
+in order, one handler per kind of action, as ``torch.distributed.pipelining``
+executes its ``_Action`` lists. A rank of a chunked plan walks its order's
+list over its chunks, each pass run by the chunk it names.
 
 - ``F``: the input (the global batch's rows on the first stage, the
   previous stage's outputs elsewhere), the stage's forward, then the loss
@@ -64,12 +65,17 @@ class Executor:
     """Runs lists of passes on one rank: ``Executor(ctx, job).run(passes,
     first_step, trace)``. ``trace``, when given, receives the actions run
     before the list's first update (``"F0"``, ``"B0"``, ..., ``"AR"`` when
-    the stage reduces, ``"OPT"``). ``gpu_timing``: on CUDA, also time the
+    the stage reduces, ``"OPT"``; under a chunked plan each prefixed by its
+    stage, ``"4F0"``). ``gpu_timing``: on CUDA, also time the
     forwards and backwards with CUDA events, read at the list's end
-    (``ListRun.gpu_compute_s``): for one-step lists, whose events are few."""
+    (``ListRun.gpu_compute_s``): for one-step lists, whose events are few.
+    ``chunks``: every stage the rank holds (a chunked plan's; ``ctx`` is
+    the first), each pass run by the stage it names."""
 
-    def __init__(self, ctx: RankSetup, job: Job, predictor=None, gpu_timing: bool = False):
+    def __init__(self, ctx: RankSetup, job: Job, predictor=None, gpu_timing: bool = False,
+                 chunks: Sequence[RankSetup] = ()):
         self.ctx = ctx
+        self.chunks = {c.stage: c for c in chunks} if chunks else {ctx.stage: ctx}
         self.config = job.config
         # Asked of the core once, not at every pass.
         self.micro_batches = job.layout.micro_batches
@@ -82,21 +88,25 @@ class Executor:
         ctx.comm.gpu_timer = self.gpu_timer
 
     def run(self, passes: Sequence[_core.Pass], first_step: int, trace: list[str] | None = None) -> ListRun:
-        ctx = self.ctx
         if self.config.schedule is None:
-            self.mode: Any = KeptGraph(ctx, ctx.recompute)
+            self.modes: dict[int, Any] = {s: KeptGraph(c, c.recompute) for s, c in self.chunks.items()}
         else:
-            self.mode = Replayed(ctx, passes, self.predictor, self.micro_batches, ctx.recompute)
-        self.first_step, self.trace, self.updates = first_step, trace, 0
+            ctx = self.ctx
+            self.modes = {ctx.stage: Replayed(ctx, passes, self.predictor, self.micro_batches, ctx.recompute)}
+        self.first_step, self.trace, self.updates, self.steps_taken = first_step, trace, 0, 0
         self.batches: dict[int, Any] = {}
         self.losses: dict[int, torch.Tensor] = {}
         self.result = ListRun()
-        ctx.comm.recv_s = 0.0
-        for p in ctx.params:
-            p.grad = None
+        self.ctx.comm.recv_s = 0.0
+        for c in self.chunks.values():
+            for p in c.params:
+                p.grad = None
         self.t_start = time.perf_counter()
         for p in passes:
+            # The stage the pass computes: the rank's one, or one of its chunks.
+            self.ctx, self.mode = self.chunks[p.stage], self.modes[p.stage]
             self._handlers[p.action.kind](p)
+        ctx = self.ctx
         t0 = time.perf_counter()
         ctx.comm.wait_all()
         self.result.send_wait_s = time.perf_counter() - t0
@@ -109,7 +119,7 @@ class Executor:
 
     def _traced(self, action: _core.Action) -> None:
         if self.trace is not None and self.updates == 0:
-            self.trace.append(str(action))
+            self.trace.append(str(action) if len(self.chunks) == 1 else f"{self.ctx.stage}{action}")
 
     def _batch(self, mini_batch: int):
         """The global batch of the list's ``mini_batch``, drawn once."""
@@ -170,7 +180,8 @@ class Executor:
         else:
             ctx.links.send_output(out, t)
         self.mode.keep(p, x, out)
-        self.result.peak_in_flight = max(self.result.peak_in_flight, self.mode.in_flight())
+        held = sum(mode.in_flight() for mode in self.modes.values())  # the rank's chunks together
+        self.result.peak_in_flight = max(self.result.peak_in_flight, held)
 
     def _input_gradient(self, p: _core.Pass) -> None:
         self._timed_pass(self._run_backward, p)
@@ -201,9 +212,12 @@ class Executor:
         t0 = time.perf_counter()
         self.mode.before_update(self.updates)
         self.ctx.step_optimizer()
+        self.steps_taken += 1
+        now = time.perf_counter()
+        self.result.optimizer_s += now - t0
+        if self.steps_taken % len(self.chunks):
+            return  # the mini-batch's update ends with the rank's last chunk's step
         self.updates += 1
         self.batches.pop(self.updates - 1, None)
         self.ctx.comm.reap()
-        now = time.perf_counter()
-        self.result.optimizer_s += now - t0
-        self.result.update_s.append(now - self.t_start)
+        self.result.update_s.append(time.perf_counter() - self.t_start)

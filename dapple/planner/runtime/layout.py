@@ -3,8 +3,9 @@
 ``dapple.planner._core.RunLayout``): no torch here, and no rule of its own.
 
 One process (rank) per device the plan uses: rank r runs on the r-th used
-device id in ascending order and holds one replica of one stage, or one
-shard of a replica when the stage splits (``tensor_parallel`` t: each
+device id in ascending order and holds one replica of one stage (of each
+of its pipeline rank's chunks, under a chunked kind), or one shard of a
+replica when the stage splits (``tensor_parallel`` t: each
 replica's t ranks are its split group, the ranks of one shard over all
 replicas a replica group). A micro-batch entering a stage of R replicas is
 split into R contiguous slices (the split the cost model prices), replica j
@@ -63,8 +64,13 @@ class Layout:
         return pairs(s.actions for s in self.stages)
 
     def where(self, rank: int) -> tuple[int, int]:
-        """(stage, replica index) of ``rank``."""
+        """(stage, replica index) of ``rank`` (its first stage)."""
         return self.core.where(rank)
+
+    def positions(self, rank: int) -> list[tuple[int, int]]:
+        """(stage, replica index) of each stage ``rank`` runs: one, or a
+        chunked plan's chunks of its rank, in stage order."""
+        return self.core.positions(rank)
 
     def replica(self, rank: int) -> _core.ReplicaLayout:
         stage, j = self.where(rank)

@@ -212,7 +212,8 @@ def optimizer_state(opt) -> dict | None:
 def _process_groups(lay, rank: int) -> tuple[Any, SplitGroup | None]:
     """Every stage's replica groups, then its split groups, made by every
     rank in that order (``new_group`` is collective); this rank's replica
-    group and split group."""
+    group and split group (a chunked plan's chunks of one rank have the
+    same ones)."""
     replica_group = split = None
     for stage in lay.stages:
         for ranks in stage.replica_groups:
@@ -226,11 +227,10 @@ def _process_groups(lay, rank: int) -> tuple[Any, SplitGroup | None]:
     return replica_group, split
 
 
-def _stage_layers(job: Job, rank: int, split: SplitGroup | None) -> tuple[list[nn.Module], Callable | None]:
-    """This rank's layers of its stage (its shards of them when the stage
+def _stage_layers(job: Job, stage: int, split: SplitGroup | None) -> tuple[list[nn.Module], Callable | None]:
+    """This rank's layers of ``stage`` (its shards of them when the stage
     splits), and the loss of a split last stage."""
     lay, config = job.layout, job.config
-    stage, _ = lay.where(rank)
     a, b = lay.layer_ranges[stage]
     made = config.layers_factory()
     all_layers = layers_of(made)
@@ -252,18 +252,35 @@ def _stage_layers(job: Job, rank: int, split: SplitGroup | None) -> tuple[list[n
 
 
 def open_rank(rank: int, job: Job) -> RankSetup:
-    """Build this rank's stage (from the checkpoint when resuming), its
-    process groups and its peers; the process group must be up."""
+    """This rank's stage (its first, where it holds several): :func:`open_stages`."""
+    return open_stages(rank, job)[0]
+
+
+def open_stages(rank: int, job: Job) -> list[RankSetup]:
+    """Build this rank's stages (one, or a chunked plan's chunks of its
+    rank, in stage order; each from the checkpoint when resuming), its
+    process groups and its peers; the process group must be up. The
+    stages share the rank's groups, device, transport and dtype."""
     lay, config = job.layout, job.config
-    stage, position = lay.where(rank)
+    replica_group, split = _process_groups(lay, rank)
+    dev = rank_device(config.device, rank)
+    comm = PointToPoint(dev, rank, len(lay.stages) - 1)
+    precision = Precision.for_rank(config.dtype, dev)
+    shared = (replica_group, split, dev, comm, precision)
+    return [_open_stage(rank, job, stage, position, shared) for stage, position in lay.positions(rank)]
+
+
+def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankSetup:
+    """Stage ``stage`` of ``rank``, replica entry ``position``: its layers
+    (built from the run's seed, as one process would build the model),
+    optimizer and links."""
+    lay, config = job.layout, job.config
+    replica_group, split, dev, comm, precision = shared
     stage_layout = lay.stages[stage]
     me = stage_layout.replicas[position]
     a, b = lay.layer_ranges[stage]
-
     torch.manual_seed(config.seed)
-    replica_group, split = _process_groups(lay, rank)
-    layers, loss_fn = _stage_layers(job, rank, split)
-    dev = rank_device(config.device, rank)
+    layers, loss_fn = _stage_layers(job, stage, split)
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
     if stage_layout.shard_optimizer and replica_group is not None:
@@ -271,8 +288,6 @@ def open_rank(rank: int, job: Job) -> RankSetup:
     else:
         opt = make_optimizer(params, config.optimizer, config.lr)
     resumed = _resume(module, opt, job, rank, (a, b))
-    comm = PointToPoint(dev)
-    precision = Precision.for_rank(config.dtype, dev)
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
     precision.load_state_dict((resumed or {}).get("loss_scaler"))
     peers = [[(p.rank, (p.start, p.end)) for p in side]
@@ -293,7 +308,7 @@ def open_rank(rank: int, job: Job) -> RankSetup:
         group=replica_group,
         split=split,
         comm=comm,
-        links=StageLinks(comm, peers[0], peers[1], me.start, grads_to=peers[2], grads_from=peers[3]),
+        links=StageLinks(comm, peers[0], peers[1], me.start, grads_to=peers[2], grads_from=peers[3], stage=stage),
         lo=me.start,
         hi=me.end,
         # The peak of the training iterations, from the size after the stage

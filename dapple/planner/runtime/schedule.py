@@ -97,10 +97,16 @@ def run_segments(start: int, steps: int, schedule: str | None, checkpoint_every:
 
 
 def run_lists(plan: _core.Plan, schedule: str | None, lengths: set[int]) -> dict[int, list[list[_core.Pass]]]:
-    """Each stage's list of passes (``_core.Pass``: the action and the
-    weights it computes with), for a list of each length in ``lengths``
-    mini-batches: the plan's own synchronous schedule when ``schedule`` is
-    None (one mini-batch), else asynchronous ``schedule``."""
+    """Each stage's list of passes (``_core.Pass``: the action, the stage
+    and the weights it computes with), for a list of each length in
+    ``lengths`` mini-batches: the plan's own synchronous schedule when
+    ``schedule`` is None (one mini-batch), else asynchronous ``schedule``.
+    Under a chunked kind every stage gets its rank's list of its chunks'
+    passes, each naming its stage."""
+    if plan.schedule_kind in _core.CHUNKED_SCHEDULES:
+        # Each stage is given its pipeline rank's list, passes naming their chunk.
+        ranks = plan.pass_weights()
+        return {n: [ranks[r] for r in plan.stage_ranks] for n in lengths}
     try:
         return {n: plan.pass_weights(schedule, n) for n in sorted(lengths, reverse=True)}
     except LimitExceededError as e:

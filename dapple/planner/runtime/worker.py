@@ -31,7 +31,7 @@ from .config import Job
 from .evaluation import eval_line, evaluate
 from .executor import Executor
 from .prediction import PREDICTORS
-from .rank import RankSetup, log_line, open_rank
+from .rank import RankSetup, log_line, open_stages
 from .tensor_parallel import full_state
 
 PHASES = ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
@@ -70,9 +70,9 @@ class FlushedSteps:
 
     logs_live = True  # every rank knows each step's loss when it ends
 
-    def __init__(self, ctx: RankSetup, job: Job):
+    def __init__(self, ctx: RankSetup, job: Job, chunks: list[RankSetup] = ()):
         self.ctx, self.job = ctx, job
-        self.executor = Executor(ctx, job, gpu_timing=True)
+        self.executor = Executor(ctx, job, gpu_timing=True, chunks=chunks)
         self.iteration_ms: list[float] = []
         self.losses: list[float] = []
         self.phase_ms: dict[str, list[float]] = {k: [] for k in PHASES}
@@ -173,9 +173,9 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
     ``"B0"``, ..., ``"AR"`` when the stage reduces, ``"OPT"``), the most
     micro-batches whose activations were held at once, and its measurements
     (:func:`rank_metrics`)."""
-    ctx = open_rank(rank, job)
-    config = job.config
-    loop = FlushedSteps(ctx, job) if config.schedule is None else DrainedSegments(ctx, job)
+    chunks = open_stages(rank, job)
+    ctx, config = chunks[0], job.config
+    loop = FlushedSteps(ctx, job, chunks) if config.schedule is None else DrainedSegments(ctx, job)
     trace: list[str] = []
     evaluations: list[dict] = []  # rank 0's, every config.eval_every steps
     aside_s = 0.0  # scoring and saving are not training time
@@ -193,5 +193,5 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
             ctx.save_checkpoint(config.checkpoint_dir, b, **loop.checkpoint_state())
         aside_s += time.perf_counter() - t_aside
     # A split stage's shards gathered back: every rank's result is whole layers.
-    return {"state": full_state(ctx.layers, ctx.layer_range[0]), "trace": trace, "peak_in_flight": loop.peak,
-            "metrics": loop.metrics(evaluations, aside_s)}
+    state = {k: v for c in chunks for k, v in full_state(c.layers, c.layer_range[0]).items()}
+    return {"state": state, "trace": trace, "peak_in_flight": loop.peak, "metrics": loop.metrics(evaluations, aside_s)}

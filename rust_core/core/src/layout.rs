@@ -15,10 +15,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
-use crate::schedule::Action;
+use crate::schedule::{rank_lists, Action};
 
 /// Samples `[start, end)` of a micro-batch that one rank sends to, or
 /// receives from, another.
@@ -180,6 +180,23 @@ fn groups_of(stage: &[Slot], t: u32) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     (split, replica)
 }
 
+/// Each stage's actions for one mini-batch (an asynchronous run's lists
+/// come from `plan_schedule_over`): its schedule's list, or a chunked
+/// plan's stage's actions in its rank's order (`schedule::rank_lists`).
+fn stage_actions(plan: &Plan) -> Result<Vec<Vec<Action>>> {
+    if !plan.schedule.kind.is_chunked() {
+        let schedule = plan_schedule_over(plan, None, 1)?;
+        return Ok(schedule.stages.into_iter().map(|s| s.actions).collect());
+    }
+    let mut actions = vec![Vec::new(); plan.stages.len()];
+    for list in rank_lists(&plan.chunked_order()?) {
+        for (stage, action) in list {
+            actions[stage].push(action);
+        }
+    }
+    Ok(actions)
+}
+
 impl RunLayout {
     /// The layout of a plan, after checking that its stages can run
     /// (`plan::check_layout`; the layer count, and which layers of a split
@@ -187,15 +204,9 @@ impl RunLayout {
     /// model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
-        if plan.schedule.kind.is_chunked() {
-            return Err(Error::incompatible(format!(
-                "{}: dapple's runtime does not yet run plans whose ranks hold several stages; \
-                 export it with --to torch-csv for torch's pipelining, or plan another kind",
-                plan.schedule.kind
-            )));
-        }
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
         devices.sort_unstable();
+        devices.dedup(); // a rank's chunks share its devices
         let rank_of = |device: u32| devices.binary_search(&device).expect("a used device") as u32;
         let slots = slots_of(plan, rank_of);
         let t: Vec<u32> = plan
@@ -203,8 +214,7 @@ impl RunLayout {
             .iter()
             .map(|s| s.tensor_parallel.max(1))
             .collect();
-        // One mini-batch: an asynchronous run's lists come from `plan_schedule_over`.
-        let schedule = plan_schedule_over(plan, None, 1)?;
+        let actions = stage_actions(plan)?;
         let stages = plan
             .stages
             .iter()
@@ -218,7 +228,7 @@ impl RunLayout {
                         .iter()
                         .map(|&me| replica_layout(&slots, &t, i, me))
                         .collect(),
-                    actions: schedule.stages[i].actions.clone(),
+                    actions: actions[i].clone(),
                     tensor_parallel: t[i],
                     shard_optimizer: s.shard_optimizer,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
@@ -245,12 +255,23 @@ impl RunLayout {
         self.micro_batch_size * self.micro_batches
     }
 
-    /// `(stage, replica index)` of `rank`, None when the run has no such rank.
+    /// `(stage, replica index)` of `rank` (its first stage where its
+    /// plan's ranks hold several), None when the run has no such rank.
     pub fn position(&self, rank: u32) -> Option<(usize, usize)> {
-        self.stages.iter().enumerate().find_map(|(s, stage)| {
-            let j = stage.replicas.iter().position(|r| r.rank == rank)?;
-            Some((s, j))
-        })
+        self.positions(rank).first().copied()
+    }
+
+    /// `(stage, replica index)` of each stage `rank` runs, in stage order:
+    /// one, or a chunked plan's chunks of its rank.
+    pub fn positions(&self, rank: u32) -> Vec<(usize, usize)> {
+        self.stages
+            .iter()
+            .enumerate()
+            .filter_map(|(s, stage)| {
+                let j = stage.replicas.iter().position(|r| r.rank == rank)?;
+                Some((s, j))
+            })
+            .collect()
     }
 }
 

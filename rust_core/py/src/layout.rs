@@ -146,7 +146,13 @@ impl PyRunLayout {
     fn global_batch_size(&self) -> u32 {
         self.0.global_batch_size()
     }
-    /// (stage, replica index) of `rank`; ValueError when the run has no such rank.
+    /// (stage, replica index) of each stage `rank` runs: one, or a chunked
+    /// plan's chunks of its rank.
+    fn positions(&self, rank: u32) -> Vec<(usize, usize)> {
+        self.0.positions(rank)
+    }
+    /// (stage, replica index) of `rank` (its first stage); ValueError when
+    /// the run has no such rank.
     #[pyo3(name = "where")]
     fn where_(&self, rank: u32) -> PyResult<(usize, usize)> {
         self.0

@@ -210,8 +210,15 @@ crate::file_object_methods!(PyPlan {
     /// forward or backward computes with (`Schedule::pass_weights`; a
     /// synchronous schedule's passes all use the live weights); arguments
     /// as `actions`. One schedule is built for both.
+    /// A chunked plan (its own schedule, one mini-batch): each pipeline
+    /// rank's list instead, each pass naming its stage.
     #[pyo3(signature = (schedule=None, mini_batches=None))]
     fn pass_weights(&self, schedule: Option<&str>, mini_batches: Option<u32>) -> PyResult<Vec<Vec<PyPass>>> {
+        let own = self.inner.schedule.kind;
+        if own.is_chunked() && schedule.is_none_or(|k| k == own.name()) && mini_batches.unwrap_or(1) == 1 {
+            let order = self.inner.chunked_order().map_err(|e| self.err(e))?;
+            return Ok(crate::schedule::chunked_passes(&order));
+        }
         Ok(crate::schedule::passes_of(&self.schedule(schedule, mini_batches)?))
     }
 

@@ -2,8 +2,9 @@
 //! core writes it, `F3`, `B2`, `AR`, `OPT`) and its weights per pass, as
 //! frozen classes, so Python never splits action text.
 
+use dapple_core::pipeline_order::PipelineOrder;
 use dapple_core::schedule::{
-    Action, ActionKind, PassWeights, Schedule, ScheduleKind, StageSchedule,
+    rank_lists, Action, ActionKind, PassWeights, Schedule, ScheduleKind, StageSchedule,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -97,6 +98,9 @@ impl PyAction {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct PyPass {
     action: PyAction,
+    /// The stage the pass computes: its list's, or under a chunked plan
+    /// the chunk of the rank's list it belongs to.
+    stage: usize,
     mini_batch: Option<u32>,
     live_version: Option<u32>,
     base_version: Option<u32>,
@@ -104,9 +108,10 @@ pub struct PyPass {
 }
 
 impl PyPass {
-    fn of(action: Action, weights: Option<PassWeights>) -> Self {
+    fn of(stage: usize, action: Action, weights: Option<PassWeights>) -> Self {
         PyPass {
             action: PyAction(action),
+            stage,
             mini_batch: weights.map(|w| w.mini_batch),
             live_version: weights.map(|w| w.live_version),
             base_version: weights.map(|w| w.base_version),
@@ -138,10 +143,15 @@ impl std::fmt::Display for PyPass {
 #[pymethods]
 impl PyPass {
     /// `weights`: (mini-batch, live version, base version, updates predicted
-    /// ahead) for a forward or backward, None for "AR" and "OPT".
+    /// ahead) for a forward or backward, None for "AR" and "OPT"; `stage`:
+    /// the stage it computes.
     #[new]
-    #[pyo3(signature = (action, weights=None))]
-    fn new(action: PyAction, weights: Option<(u32, u32, u32, u32)>) -> PyResult<Self> {
+    #[pyo3(signature = (action, weights=None, stage=0))]
+    fn new(
+        action: PyAction,
+        weights: Option<(u32, u32, u32, u32)>,
+        stage: usize,
+    ) -> PyResult<Self> {
         let action = action.0;
         if action.kind.is_pass() != weights.is_some() {
             return Err(PyValueError::new_err(format!(
@@ -157,7 +167,7 @@ impl PyPass {
                 predicted_updates,
             },
         );
-        Ok(PyPass::of(action, weights))
+        Ok(PyPass::of(stage, action, weights))
     }
 
     fn __repr__(&self) -> String {
@@ -167,7 +177,10 @@ impl PyPass {
     #[allow(clippy::type_complexity)]
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (PyAction, Option<(u32, u32, u32, u32)>))> {
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        (PyAction, Option<(u32, u32, u32, u32)>, usize),
+    )> {
         let p = slf.get();
         let weights = p.weights().map(|w| {
             (
@@ -177,8 +190,30 @@ impl PyPass {
                 w.predicted_updates,
             )
         });
-        Ok((slf.get_type().into_any(), (p.action, weights)))
+        Ok((slf.get_type().into_any(), (p.action, weights, p.stage)))
     }
+}
+
+/// Each rank's list of a chunked plan's order (`schedule::rank_lists`),
+/// each pass of one synchronous step on the live weights.
+pub(crate) fn chunked_passes(order: &PipelineOrder) -> Vec<Vec<PyPass>> {
+    rank_lists(order)
+        .into_iter()
+        .map(|list| {
+            list.into_iter()
+                .map(|(stage, action)| {
+                    let weights = action.kind.is_pass().then_some(PassWeights {
+                        action,
+                        mini_batch: 0,
+                        live_version: 0,
+                        base_version: 0,
+                        predicted_updates: 0,
+                    });
+                    PyPass::of(stage, action, weights)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Each stage's actions, typed.
@@ -204,7 +239,7 @@ pub(crate) fn passes_of(schedule: &Schedule) -> Vec<Vec<PyPass>> {
                     let w = action
                         .micro_batch
                         .map(|_| weights.next().expect("one weight per pass"));
-                    PyPass::of(action, w)
+                    PyPass::of(stage.stage, action, w)
                 })
                 .collect()
         })
