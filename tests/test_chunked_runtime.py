@@ -15,7 +15,7 @@ from dapple.planner.runtime.config import RunConfig, check_run  # noqa: E402
 from dapple.planner.runtime.launcher import run_plan  # noqa: E402
 from dapple.planner.runtime.layout import Layout  # noqa: E402
 from dapple.planner.runtime.reference import train_single_process  # noqa: E402
-from test_runtime import FAST, LR, STEPS, deep_layers, deep_profile, layout_plan, make_batches, max_diff, mse  # noqa: E402
+from test_runtime import FAST, LR, STEPS, batches, deep_layers, deep_profile, layout_plan, max_diff, mse  # noqa: E402, F401 (batches: the fixture)
 
 LAYOUTS = {
     # (micro-batch size, stages of one stage a rank): GBS 12 in 4 micro-batches
@@ -28,12 +28,8 @@ CASES = [(name, kind) for name in LAYOUTS for kind in planner.CHUNKED_SCHEDULES]
 
 
 @pytest.fixture(scope="module")
-def batches():
-    return make_batches()
-
-
-@pytest.fixture(scope="module")
-def reference(batches):
+def deep_reference(batches):
+    """One process training ``deep_layers`` on ``batches`` (test_runtime's fixture)."""
     torch.set_num_threads(1)
     return train_single_process(deep_layers, mse, batches, STEPS, LR)
 
@@ -44,13 +40,13 @@ def chunked_plan(name: str, kind: str):
 
 
 @pytest.mark.parametrize("name,kind", CASES)
-def test_a_chunked_plan_trains_as_one_process_does(name, kind, batches, reference):
+def test_a_chunked_plan_trains_as_one_process_does(name, kind, batches, deep_reference):
     plan = chunked_plan(name, kind)
     lay = Layout.of(plan)
     ranks = len(LAYOUTS[name][1])
     assert len(plan.stages) == 2 * ranks and lay.world_size == len({d for s in plan.stages for d in s["devices"]})
     res = run_plan(plan, deep_layers, mse, batches, STEPS, LR, world_size=lay.world_size, **FAST)
-    assert max_diff(res.params, reference) < 1e-5
+    assert max_diff(res.params, deep_reference) < 1e-5
     assert res.replicas_agree(atol=1e-6)
     # Each process ran its pipeline rank's order, each pass naming its chunk,
     # then every chunk's AllReduce (where it is replicated) and step.
