@@ -155,22 +155,31 @@ def compare(
         rows.append(_row(name, p, simulate(p, prof, overlap_allreduce=overlap), p.estimate["latency_ms"]))
     if all(r.error for r in rows):
         raise made["dapple"]  # no strategy has a plan: the inputs are the problem
-    rows[1:1] = _as_other_kinds(made["dapple"], prof)
+    searched_plan = made["dapple"]
+    if isinstance(searched_plan, Plan) and searched_plan.core.schedule_kind in _core.CHUNKED_SCHEDULES:
+        # The other kinds run a layout of one stage a rank: the search's for early backward.
+        try:
+            searched_plan = plan(prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size,
+                                 warmup_policy=warmup_policy, schedule=_core.SEARCHED_SCHEDULES[0])
+        except DappleError as e:
+            searched_plan = e
+    rows[1:1] = _as_other_kinds(searched_plan, made["dapple"], prof)
     rows += _on_one_plan(made.get(_core.ASYNCHRONOUS_ROWS_ON), prof)
     return rows
 
 
-def _as_other_kinds(searched: Plan | DappleError, prof: Profile) -> list[Row]:
-    """DAPPLE's plan run as each other kind the search chooses among
-    (``SEARCHED_SCHEDULES``), then as each chunked kind (``CHUNKED_SCHEDULES``:
-    its ranks' layers cut again into the fastest count of chunks that
-    fits, ``planner.chunked``), named ``"dapple as {kind}"``: one row per
-    kind on the chosen layout."""
-    if not isinstance(searched, Plan):
+def _as_other_kinds(searched: Plan | DappleError, chosen: Plan | DappleError, prof: Profile) -> list[Row]:
+    """DAPPLE's layout (``searched``, of one stage a rank) run as each other
+    kind than the chosen plan's that the search chooses among
+    (``SEARCHED_SCHEDULES``) or plans when asked (``CHUNKED_SCHEDULES``,
+    the ranks' layers cut again into the fastest count of chunks that
+    fits, ``planner.chunked``); named ``"dapple as {kind}"``, one row per
+    kind."""
+    if not isinstance(searched, Plan) or not isinstance(chosen, Plan):
         return []
     rows = []
     for kind in _core.SEARCHED_SCHEDULES + _core.CHUNKED_SCHEDULES:
-        if kind == searched.core.schedule_kind:
+        if kind == chosen.core.schedule_kind:
             continue
         name = f"dapple as {kind}"
         try:

@@ -132,7 +132,8 @@ def check_chunked(config: RunConfig, layout: Layout) -> None:
     for given, what in asked:
         if given:
             raise IncompatibleInputsError(f"{what}: the plan's ranks hold several stages each, which dapple's "
-                                          "runtime runs in synchronous steps without it yet")
+                                          "runtime runs in synchronous steps without it yet; plan with --schedule "
+                                          "early-backward-1f1b or zb-h1 for it")
 
 
 def check_dtype(config: RunConfig, layout: Layout) -> None:

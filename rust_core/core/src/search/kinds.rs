@@ -4,13 +4,15 @@
 //!
 //! Phases 1-5 search layouts, micro-batch sizes and warm-up depths for
 //! DAPPLE's early backward. Here the chosen plan and each ranked candidate
-//! are also costed as ZB-H1 (its depths fixed by the kind), in order of a
-//! bound no kind beats (the busiest stage's passes and AllReduce), until
-//! no candidate left can be faster. `search_offering` adds the candidates
-//! of a search at warm-up policy A, whose depths ZB-H1 runs. The walk of
-//! phase 4 prunes by early backward's bound, which ZB-H1 can beat: a
-//! layout the walk left out could be faster as ZB-H1, so the kinds are
-//! compared over the layouts the searches kept (docs/schedules.md).
+//! are also costed as ZB-H1 (its depths fixed by the kind), or when asked
+//! cut into chunks of a chunked kind (`interleave.rs`), in order of a
+//! bound (the busiest stage's passes and AllReduce, or for a chunked kind
+//! the layers' work spread evenly over the ranks), until no candidate left
+//! can be faster by it. `search_offering` adds the candidates of a search
+//! at warm-up policy A, whose depths ZB-H1 runs. The walk of phase 4
+//! prunes by early backward's bound, which the other kinds can beat: a
+//! layout the walk left out could be faster as one of them, so the kinds
+//! are compared over the layouts the searches kept (docs/schedules.md).
 
 use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
@@ -22,6 +24,8 @@ use crate::schedule::ScheduleKind;
 
 /// The synchronous kinds the search chooses among; early backward is the
 /// search's own.
+/// The chunked kinds join them once runs of chunked plans take
+/// checkpoints and evaluations (docs/schedules.md, "Not yet").
 pub const SEARCHED_KINDS: [ScheduleKind; 2] =
     [ScheduleKind::EarlyBackward1F1B, ScheduleKind::ZeroBubbleH1];
 
@@ -137,6 +141,11 @@ fn keep_faster(
     for &kind in asked.kinds {
         let depths_searched = kind == ScheduleKind::EarlyBackward1F1B;
         if depths_searched && plan.schedule.warmup_policy != asked.policy {
+            continue;
+        }
+        // One rank gains nothing from chunks: its chunked orders at one
+        // chunk are early backward's and ZB-H1's, costed already.
+        if kind.is_chunked() && plan.stages.len() == 1 && asked.kinds.len() > 1 {
             continue;
         }
         let Some(mut run) = as_kind(plan, kind, asked.chunks, costs)? else {
