@@ -119,6 +119,11 @@ def test_a_chunked_plan_runs_with_the_losses_of_its_layout(files, tmp_path):
         losses.append(json.loads(out.read_text())["losses"])
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
     assert "as zb-v" not in res.stdout and "simulated" in res.stdout
+    # A rank measures its chunks together: no stage's own time to calibrate from.
+    res = run("calibrate", "--plan", chunked, "--metrics", out, "--profile", files["profile"],
+              "--out", tmp_path / "c.json")
+    assert res.returncode == 4 and "measures each rank's chunks together" in one_error_line(res.stderr)
+    assert not (tmp_path / "c.json").exists()
     res = run("run", "--plan", chunked, *MODEL, "--steps", 2, "--eval-every", 1)
     assert res.returncode == 4 and "evaluations: the plan's ranks hold several stages" in one_error_line(res.stderr)
 
