@@ -123,18 +123,24 @@ impl StageMeasure {
     }
 }
 
+/// A run of a chunked plan measures each rank's chunks together: no
+/// stage's own time to fit.
+fn check_one_stage_a_rank(plan: &Plan) -> Result<()> {
+    if !plan.schedule.kind.is_chunked() {
+        return Ok(());
+    }
+    Err(Error::incompatible(format!(
+        "schedule {}: the plan's ranks hold several stages each, and a run measures each rank's \
+         chunks together; calibrate from a run of a plan of one stage a rank",
+        plan.schedule.kind
+    )))
+}
+
 impl Measured {
     /// Each stage's measurements from `metrics`, after checking that they
     /// are of a synchronous run of `plan`. Errors name the metrics' field.
     pub fn of(plan: &Plan, metrics: &RunMetrics) -> Result<Measured> {
-        if plan.schedule.kind.is_chunked() {
-            // A rank measures its chunks together: no stage's own time to fit.
-            return Err(Error::incompatible(format!(
-                "schedule {}: the plan's ranks hold several stages each, and a run measures each \
-                 rank's chunks together; calibrate from a run of a plan of one stage a rank",
-                plan.schedule.kind
-            )));
-        }
+        check_one_stage_a_rank(plan)?;
         let mismatch = |field: &str, message: String| {
             let mut e =
                 Error::incompatible(format!("{message}: these metrics are not of this plan"));
