@@ -110,20 +110,25 @@ def test_bf16_activations_cross_asynchronous_stages(batches):
 
 
 class _Boost(torch.autograd.Function):
-    """Identity forward; the backward multiplies the gradient by 30."""
+    """Identity forward; the backward multiplies the gradient by ``times``."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, times):
+        ctx.times = times
         return x.clone()
 
     @staticmethod
     def backward(ctx, g):
-        return g * 30.0
+        return g * ctx.times, None
 
 
 class GradBoost(torch.nn.Module):
+    def __init__(self, times: float = 30.0):
+        super().__init__()
+        self.times = times
+
     def forward(self, x):
-        return _Boost.apply(x)
+        return _Boost.apply(x, self.times)
 
 
 def boosted_layers():

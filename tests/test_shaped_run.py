@@ -100,7 +100,7 @@ def test_split_stages_train_as_one_process(name, batches, reference, tmp_path):
     stage = next(i for i, s in enumerate(lay.stages) if s.tensor_parallel == 2)
     rank = lay.stages[stage].split_groups[0][1]
     block = lay.stages[stage].layer_start if stage > 0 else 1  # a block of the split stage
-    held = checkpoint.load_rank(str(tmp_path), STEPS, rank)["model"]
+    held = checkpoint.load_rank(str(tmp_path), STEPS, rank)["stages"][0]["model"]
     assert held[f"{block - lay.stages[stage].layer_start}.qkv_weight"].shape == (3 * 16 // 2, 16)
     # One loss per step, counted once although every shard computes it.
     ref_loss = GPT().loss(GPT().forward(batches[0][0]), batches[0][1]).item()
@@ -139,7 +139,7 @@ def test_zero1_over_two_replicas_trains_as_one_process(batches, tmp_path):
     # only, and the two parts make up the whole.
     from dapple.planner.runtime import checkpoint
 
-    held = [len(checkpoint.load_rank(str(tmp_path), STEPS, r)["optimizer"]["state"]) for r in (1, 2)]
+    held = [len(checkpoint.load_rank(str(tmp_path), STEPS, r)["stages"][0]["optimizer"]["state"]) for r in (1, 2)]
     stage_params = sum(1 for _, layer in GPT().layers[2:] for _ in layer.parameters())
     assert 0 < min(held) and sum(held) == stage_params, (held, stage_params)
 

@@ -2,7 +2,8 @@
 
 Layout under a checkpoint folder ``D``::
 
-    D/step-<n>/rank-<r>.pt   # rank r's stage after n steps (parameters, optimizer state, step)
+    D/step-<n>/rank-<r>.pt   # rank r after n steps: "step", "stages" (each stage it holds: "stage",
+                             # "layer_range", "model", "optimizer"), fp16's "loss_scaler"
     D/latest                 # "<n>\\n": the last step every rank finished saving
 
 Each rank file is written whole or not at all (``torch.save`` to a temporary

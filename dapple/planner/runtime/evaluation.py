@@ -16,15 +16,20 @@ from .tensor_parallel import full_state
 from .training import layers_of
 
 
-def evaluate(ctx, job, step: int) -> dict[str, Any] | None:
+def evaluate(stages, job, step: int) -> dict[str, Any] | None:
     """``{"step", "loss", "accuracy"}`` of the model after ``step`` steps,
     on rank 0 (None elsewhere): replica 0 of every stage sends its layers'
-    state to rank 0, which loads them into a fresh build of the model."""
-    state = full_state(ctx.layers, ctx.layer_range[0])  # every shard of a split group gathers
-    state = state if ctx.replica == 0 and ctx.shard == 0 else {}
-    gathered: list[Any] | None = [None] * dist.get_world_size() if ctx.rank == 0 else None
+    state to rank 0, which loads them into a fresh build of the model.
+    ``stages``: the rank's (one, or a chunked plan's chunks)."""
+    state: dict[str, torch.Tensor] = {}
+    for ctx in stages:
+        part = full_state(ctx.layers, ctx.layer_range[0])  # every shard of a split group gathers
+        if ctx.replica == 0 and ctx.shard == 0:
+            state.update(part)
+    rank = stages[0].rank
+    gathered: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(state, gathered, dst=0)
-    if ctx.rank != 0:
+    if rank != 0:
         return None
     spec = job.config.layers_factory()
     model = nn.Sequential(*layers_of(spec))

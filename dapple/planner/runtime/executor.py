@@ -33,7 +33,7 @@ import torch
 from .. import _core
 from .compute import KeptGraph, Replayed
 from .config import Job
-from .rank import RankSetup
+from .rank import RankSetup, step_optimizers
 from .timing import EventTimer
 from .training import scaled_loss
 
@@ -211,12 +211,14 @@ class Executor:
         self._traced(p.action)
         t0 = time.perf_counter()
         self.mode.before_update(self.updates)
-        self.ctx.step_optimizer()
         self.steps_taken += 1
-        now = time.perf_counter()
-        self.result.optimizer_s += now - t0
+        # A rank's chunks step together, at its last chunk's OPT: fp16 skips
+        # an overflowing step in all of them or none (``step_optimizers``).
         if self.steps_taken % len(self.chunks):
-            return  # the mini-batch's update ends with the rank's last chunk's step
+            self.result.optimizer_s += time.perf_counter() - t0
+            return
+        step_optimizers(list(self.chunks.values()))
+        self.result.optimizer_s += time.perf_counter() - t0
         self.updates += 1
         self.batches.pop(self.updates - 1, None)
         self.ctx.comm.reap()

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -146,54 +146,73 @@ class RankSetup:
         allreduce_grads(self.params, self.group)
         return True
 
-    def step_optimizer(self) -> None:
-        """One optimizer step on the gradients accumulated (zeros for a
-        parameter without one; under fp16 unscaled, and skipped on every
-        rank where one overflowed), then the gradients are let go."""
+    def prepare_step(self) -> None:
+        """Give a parameter without a gradient a zero one, for the step."""
         if self.opt is not None:
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-        self.precision.step(self.opt)
+
+    def release_gradients(self) -> None:
         for p in self.params:
             p.grad = None
 
-    def save_checkpoint(self, checkpoint_dir: str, done: int, **extra) -> None:
-        """Save this rank's stage after ``done`` steps; rank 0 marks the step
-        complete once every rank has saved."""
-        from . import checkpoint as ckpt
-
-        ckpt.save_rank(checkpoint_dir, done, self.rank, {
-            "step": done,
-            "rank": self.rank,
-            "stage": self.stage,
-            "layer_range": list(self.layer_range),
-            "model": self.module.state_dict(),
-            "optimizer": optimizer_state(self.opt),
-            "loss_scaler": self.precision.state_dict(),
-            **extra,
-        })
-        dist.barrier()  # every rank's file is on disk
-        if self.rank == 0:
-            ckpt.write_latest(checkpoint_dir, done)
+    def saved(self) -> dict:
+        """This stage's part of its rank's checkpoint."""
+        return {"stage": self.stage, "layer_range": list(self.layer_range),
+                "model": self.module.state_dict(), "optimizer": optimizer_state(self.opt)}
 
 
-def _resume(module: nn.Module, opt, job: Job, rank: int, layer_range: tuple[int, int]) -> dict | None:
-    """Load this rank's stage from the checkpoint the job resumes, if any."""
+def step_optimizers(stages: Sequence[RankSetup]) -> None:
+    """One optimizer step of every stage the rank holds (one, or a chunked
+    plan's chunks), on the gradients accumulated (zeros for a parameter
+    without one; under fp16 unscaled, and skipped on every rank and chunk
+    together where one overflowed), then the gradients are let go."""
+    for stage in stages:
+        stage.prepare_step()
+    stages[0].precision.step_all([stage.opt for stage in stages])
+    for stage in stages:
+        stage.release_gradients()
+
+
+def save_checkpoint(stages: Sequence[RankSetup], checkpoint_dir: str, done: int, **extra) -> None:
+    """Save the rank's stages after ``done`` steps, in one file; rank 0
+    marks the step complete once every rank has saved."""
+    from . import checkpoint as ckpt
+
+    rank = stages[0].rank
+    ckpt.save_rank(checkpoint_dir, done, rank, {
+        "step": done,
+        "rank": rank,
+        "stages": [stage.saved() for stage in stages],
+        "loss_scaler": stages[0].precision.state_dict(),
+        **extra,
+    })
+    dist.barrier()  # every rank's file is on disk
+    if rank == 0:
+        ckpt.write_latest(checkpoint_dir, done)
+
+
+def _resume(module: nn.Module, opt, job: Job, rank: int, stage: int, layer_range: tuple[int, int]) -> dict | None:
+    """Load this rank's ``stage`` from the checkpoint the job resumes, if
+    any; the rank's whole saved file, or None."""
     config = job.config
     if not config.start_step:
         return None
     from . import checkpoint as ckpt
 
     resumed = ckpt.load_rank(config.checkpoint_dir, config.start_step, rank)
-    if resumed["step"] != config.start_step or tuple(resumed["layer_range"]) != layer_range:
+    saved = {entry["stage"]: entry for entry in resumed["stages"]}
+    entry = saved.get(stage)
+    if resumed["step"] != config.start_step or entry is None or tuple(entry["layer_range"]) != layer_range:
+        held = [entry["layer_range"] for entry in resumed["stages"]]
         raise ValueError(
-            f"checkpoint step {config.start_step} rank {rank} holds layers {resumed['layer_range']} "
-            f"at step {resumed['step']}, this plan gives the rank layers {layer_range}"
+            f"checkpoint step {config.start_step} rank {rank} holds layers {held} at step {resumed['step']}, "
+            f"this plan gives the rank layers {list(layer_range)} as stage {stage}"
         )
-    module.load_state_dict(resumed["model"])
+    module.load_state_dict(entry["model"])
     if opt is not None:
-        local_optimizer(opt).load_state_dict(resumed["optimizer"])
+        local_optimizer(opt).load_state_dict(entry["optimizer"])
     return resumed
 
 
@@ -287,7 +306,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         opt = make_sharded_optimizer(params, config.optimizer, config.lr, replica_group)
     else:
         opt = make_optimizer(params, config.optimizer, config.lr)
-    resumed = _resume(module, opt, job, rank, (a, b))
+    resumed = _resume(module, opt, job, rank, stage, (a, b))
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
     precision.load_state_dict((resumed or {}).get("loss_scaler"))
     peers = [[(p.rank, (p.start, p.end)) for p in side]

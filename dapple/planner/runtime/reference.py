@@ -48,7 +48,7 @@ def train_single_process(
                 loss = scaled_loss(loss_fn, model(x), y, x.shape[0], gbs, loss_reduction)
             precision.scaled(loss).backward()
             total += float(loss.detach())
-        precision.step(opt)
+        precision.step_all([opt])
         if losses is not None:
             losses.append(total)
         if loss_scales is not None:

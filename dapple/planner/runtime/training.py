@@ -26,7 +26,7 @@ class Precision:
         self.dtype = dtype
         self.device = device
         self.scaler = scaler
-        self._idle_opt = None
+        self._idle_opts: list = []
 
     @classmethod
     def single(cls, dtype: str, device: torch.device = torch.device("cpu")) -> "Precision":
@@ -64,24 +64,38 @@ class Precision:
         """The loss a backward starts from: multiplied by the loss scale under fp16."""
         return loss if self.scaler is None else self.scaler.scale(loss)
 
-    def step(self, opt) -> None:
-        """One optimizer step on the accumulated gradients: under fp16
-        unscaled first, and skipped (the scale lowered) where any of them,
-        on any rank, is not finite. A rank without parameters (``opt`` None)
-        still joins the ranks' inf check, with a placeholder optimizer whose
-        one gradient is zero, so that it keeps the scale the others keep."""
+    def step_all(self, opts: list) -> None:
+        """One optimizer step of each of a rank's stages (one, or a chunked
+        plan's chunks) on the accumulated gradients: under fp16 unscaled
+        first, and skipped (the scale lowered once) where any of them, in any
+        stage of any rank, is not finite. A stage without parameters (its
+        optimizer None) still joins the ranks' inf check, with a placeholder
+        optimizer whose one gradient is zero, so that every rank checks as
+        many optimizers, in the same order, and keeps the scale the others
+        keep."""
         if self.scaler is None:
-            if opt is not None:
-                opt.step()
+            for opt in opts:
+                if opt is not None:
+                    opt.step()
             return
-        if opt is None:
-            if self._idle_opt is None:
-                w = torch.zeros(1, device=self.device, requires_grad=True)
-                self._idle_opt = torch.optim.SGD([w], lr=0.0)
-            opt = self._idle_opt
-            opt.param_groups[0]["params"][0].grad = torch.zeros(1, device=self.device)
-        self.scaler.step(opt)
-        self.scaler.update()
+        opts = [opt if opt is not None else self._idle_optimizer(i) for i, opt in enumerate(opts)]
+        for opt in opts:
+            self.scaler.unscale_(opt)  # ShardedGradScaler sums each one's found-inf over the ranks
+        overflowed = any(float(found) > 0 for state in self.scaler._per_optimizer_states.values()
+                         for found in state["found_inf_per_device"].values())
+        if not overflowed:
+            for opt in opts:
+                self.scaler.step(opt)  # unscaled already: steps
+        self.scaler.update()  # lowers the scale where any optimizer overflowed
+
+    def _idle_optimizer(self, i: int):
+        """The placeholder optimizer of a rank's ``i``-th stage without parameters."""
+        while len(self._idle_opts) <= i:
+            w = torch.zeros(1, device=self.device, requires_grad=True)
+            self._idle_opts.append(torch.optim.SGD([w], lr=0.0))
+        opt = self._idle_opts[i]
+        opt.param_groups[0]["params"][0].grad = torch.zeros(1, device=self.device)
+        return opt
 
     @property
     def loss_scale(self) -> float | None:

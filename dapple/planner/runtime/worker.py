@@ -31,7 +31,7 @@ from .config import Job
 from .evaluation import eval_line, evaluate
 from .executor import Executor
 from .prediction import PREDICTORS
-from .rank import RankSetup, log_line, open_stages
+from .rank import RankSetup, log_line, open_stages, save_checkpoint
 from .tensor_parallel import full_state
 
 PHASES = ("compute", "recv_wait", "send_wait", "allreduce", "optimizer", "end_sync")
@@ -184,13 +184,13 @@ def run_rank(rank: int, job: Job) -> dict[str, Any]:
         loop.walk(a, b, trace if a == config.start_step else None)
         t_aside = time.perf_counter()
         if config.eval_every and b % config.eval_every == 0:
-            evaluated = evaluate(ctx, job, b)
+            evaluated = evaluate(chunks, job, b)
             if evaluated is not None:
                 evaluations.append(evaluated)
                 if config.log and loop.logs_live:
                     log_line(eval_line(evaluated))
         if config.checkpoint_dir and config.checkpoint_every and b % config.checkpoint_every == 0:
-            ctx.save_checkpoint(config.checkpoint_dir, b, **loop.checkpoint_state())
+            save_checkpoint(chunks, config.checkpoint_dir, b, **loop.checkpoint_state())
         aside_s += time.perf_counter() - t_aside
     # A split stage's shards gathered back: every rank's result is whole layers.
     state = {k: v for c in chunks for k, v in full_state(c.layers, c.layer_range[0]).items()}
