@@ -6,8 +6,8 @@ interleaved zero bubble with v = 1 to 8 chunks each, and ZB-V with 2
 (`planner.chunked`: the layers cut again into ranks x v chunks of balanced
 time, each on its rank's devices and shape); and the search is run for
 each chunked kind (`planner.plan(schedule=kind)`: the ranked layouts cut
-into the fastest count of chunks); the fastest of all five kinds' searches is
-what `--schedule auto` will choose once it takes the chunked kinds. Cases: Llama-2-70B on 64x8 A100-80GB at a
+into the fastest count of chunks); `--schedule auto` chooses among all five
+kinds at once (benchmarks/schedule_kinds.py). Cases: Llama-2-70B on 64x8 A100-80GB at a
 global batch of 512 (`benchmarks/plan_scale.py`'s), and every Table V case
 whose plan is a pipeline. Writes benchmarks/results/interleaving_gain.json
 and prints a markdown table; docs/schedules.md reports it.

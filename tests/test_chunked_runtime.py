@@ -1,5 +1,5 @@
 """dapple's runtime on plans whose ranks hold several stages (the chunked
-kinds: interleaved 1F1B, interleaved zero bubble, ZB-V): each rank walks
+kinds: interleaved 1F1B, interleaved zero bubble, ZB-V, DualPipeV): each rank walks
 its order's list, each pass on the chunk it names, a V's turn handed over
 in memory; 5 steps on gloo train as one process does."""
 
@@ -15,7 +15,7 @@ from dapple.planner.runtime.config import RunConfig, check_run  # noqa: E402
 from dapple.planner.runtime.launcher import run_plan  # noqa: E402
 from dapple.planner.runtime.layout import Layout  # noqa: E402
 from dapple.planner.runtime.reference import train_single_process  # noqa: E402
-from test_runtime import FAST, LR, STEPS, batches, deep_layers, deep_profile, layout_plan, max_diff, mse  # noqa: E402, F401 (batches: the fixture)
+from test_runtime import FAST, GBS, LR, STEPS, batches, deep_layers, deep_profile, layout_plan, max_diff, mse  # noqa: E402, F401 (batches: the fixture)
 
 LAYOUTS = {
     # (micro-batch size, stages of one stage a rank): GBS 12 in 4 micro-batches
@@ -36,6 +36,8 @@ def deep_reference(batches):
 
 def chunked_plan(name: str, kind: str):
     mbs, stages = LAYOUTS[name]
+    if kind == "dualpipev" and GBS // mbs < 2 * len(stages):
+        mbs = 1  # DualPipeV takes at least two micro-batches a stage: 12 here
     return planner.chunked(layout_plan(mbs, stages), deep_profile(), kind, 2)
 
 
@@ -53,7 +55,8 @@ def test_a_chunked_plan_trains_as_one_process_does(name, kind, batches, deep_ref
     stage_ranks, m = plan.core.stage_ranks, plan.micro_batches
     order = {"interleaved-1f1b": lambda: _core.PipelineOrder.interleaved_1f1b(ranks, m, 2),
              "interleaved-zero-bubble": lambda: _core.PipelineOrder.interleaved_zero_bubble(ranks, m, 2),
-             "zb-v": lambda: _core.PipelineOrder.zbv(ranks, m)}[kind]()
+             "zb-v": lambda: _core.PipelineOrder.zbv(ranks, m),
+             "dualpipev": lambda: _core.PipelineOrder.dualpipev(ranks, m)}[kind]()
     for r in range(lay.world_size):
         stages = [s for s, _ in lay.positions(r)]
         assert {stage_ranks[s] for s in stages} == {stage_ranks[stages[0]]} and len(stages) == 2

@@ -53,15 +53,17 @@ def test_dapple_plan_simulates_no_slower_than_any_baseline(profile, topology, gb
     ours = rows[0].simulated_ms
     # The asynchronous rows train another way (stale or predicted weights):
     # DAPPLE's plan is the best synchronous one that fits, not faster than
-    # those. The chunked kinds are not among auto's yet (docs/schedules.md):
-    # their rows may be faster.
+    # those.
     for r in rows[1:]:
-        other_way = planner.ASYNCHRONOUS_SCHEDULES + planner.CHUNKED_SCHEDULES
-        if r.error is None and r.fits_memory and r.schedule not in other_way:
+        if r.error is None and r.fits_memory and r.schedule not in planner.ASYNCHRONOUS_SCHEDULES:
             assert ours <= r.simulated_ms * (1 + 1e-9), (r.strategy, r.shape, r.simulated_ms, ours)
-    # --schedule auto is no slower than the search for any one kind alone.
+    # --schedule auto is no slower than the search for any one kind alone
+    # (where that kind has a plan that fits: ZB-V's two chunks a rank may not).
     for kind in planner._core.SEARCHED_SCHEDULES:
-        alone = planner.plan(profile, topology, gbs, schedule=kind)
+        try:
+            alone = planner.plan(profile, topology, gbs, schedule=kind)
+        except planner.InfeasibleError:
+            continue
         assert ours <= alone.iteration_ms * (1 + 1e-9), kind
         assert alone.core.schedule_kind == kind
     # Overlapping the AllReduce can only help data parallelism.
@@ -96,7 +98,7 @@ def test_compare_command(dapple):
     rows = json.loads(r.stdout)
     assert rows[0]["strategy"] == "dapple" and "data-parallel (no overlap)" in {row["strategy"] for row in rows}
     # DAPPLE's layout as each other kind the search chooses among, right after it.
-    others = [k for k in planner._core.SEARCHED_SCHEDULES + planner.CHUNKED_SCHEDULES if k != rows[0]["schedule"]]
+    others = [k for k in planner._core.SEARCHED_SCHEDULES if k != rows[0]["schedule"]]
     assert [row["strategy"] for row in rows[1:1 + len(others)]] == [f"dapple as {k}" for k in others]
     # A chunked row is DAPPLE's layout of one stage a rank (early backward's
     # where the plan is chunked), its ranks' layers cut into chunks.
@@ -122,9 +124,11 @@ def test_compare_command(dapple):
 def test_a_kind_that_cannot_run_dapples_plan_is_an_error_row():
     # Three stages of 16 micro-batches: torch's ZB-H1 order takes them in 5
     # rounds, which 16 does not split into.
-    rows = {r.strategy: r for r in planner.compare(PROFILES / "bert-48-pbs-2.json", "3x1-25gbps", 32)}
-    assert rows["dapple"].error is None and rows["dapple"].schedule == "early-backward-1f1b"
-    assert (rows["dapple"].micro_batches, len(rows["dapple"].shape.split(":"))) == (16, 3)
+    bert = PROFILES / "bert-48-pbs-2.json"
+    rows = {r.strategy: r for r in planner.compare(bert, "3x1-25gbps", 32)}
+    assert rows["dapple"].error is None and rows["dapple"].schedule != "zb-h1"
+    searched = planner.plan(bert, "3x1-25gbps", 32, schedule="early-backward-1f1b")  # the layout the rows run
+    assert (searched.micro_batches, len(searched.stages)) == (16, 3)
     assert "equal rounds" in rows["dapple as zb-h1"].error
 
 

@@ -9,8 +9,11 @@ BERT = PROFILES / "bert-48-pbs-2.json"
 
 
 def plan_file(tmp_path, dapple, topology, *extra):
+    """BERT-48's plan of one stage a rank (early backward, unless ``extra`` names a kind)."""
     out = tmp_path / "plan.json"
-    r = dapple("plan", "--profile", BERT, "--topology", topology, "--global-batch-size", 64, "--out", out, *extra)
+    kind = () if "--schedule" in extra else ("--schedule", "early-backward-1f1b")
+    r = dapple("plan", "--profile", BERT, "--topology", topology, "--global-batch-size", 64, "--out", out, *kind,
+               *extra)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -56,7 +59,7 @@ def test_a_zero_bubble_plan_exports_its_split_backwards(tmp_path, dapple):
         assert {a.stage_index for a in actions} == {rank}
 
 
-@pytest.mark.parametrize("kind,chunks", [("interleaved-1f1b", 2), ("zb-v", 2)])
+@pytest.mark.parametrize("kind,chunks", [("interleaved-1f1b", 2), ("zb-v", 2), ("dualpipev", 2)])
 def test_a_chunked_plan_exports_its_ranks_order_that_torch_validates(tmp_path, dapple, kind, chunks):
     # A 4-rank plan whose ranks hold two chunks each: one row per rank,
     # each action of the stage (chunk) the order puts there, every cell in
@@ -74,7 +77,9 @@ def test_a_chunked_plan_exports_its_ranks_order_that_torch_validates(tmp_path, d
     assert [str(a) for row in actions.values() for a in row] == [cell for row in rows for cell in row]
     stage_ranks = plan.core.stage_ranks
     for rank, row in actions.items():
-        assert {a.stage_index for a in row} == {s for s, r in enumerate(stage_ranks) if r == rank}
+        # DualPipeV's overlapped forward and backward: one cell of two actions.
+        flat = [sub for a in row for sub in (a.sub_actions or (a,))]
+        assert {a.stage_index for a in flat} == {s for s, r in enumerate(stage_ranks) if r == rank}
     m = plan.micro_batches
     schedules._validate_schedule(actions, 4, 4 * chunks, m)
     lowered = schedules._add_send_recv(actions, lambda stage: stage_ranks[stage], 4 * chunks)

@@ -88,6 +88,9 @@ def test_the_python_api_takes_the_same_hints():
         # More digits than int() reads (4,300) are a number past the layers.
         (["--pin-cut", "9" * 5000], 3, ["is past the profile's 53 layers"]),
         (["--replicate", "\u00b2..4"], 3, ["neither a layer index nor a layer name"]),
+        # A chunked kind cuts the ranks' layers again: it cannot keep the layers the hints fix.
+        (["--schedule", "zb-v", "--pin-cut", 10], 4, ["schedule zb-v cuts each rank's layers again into chunks, "
+                                                      "which the hints --pin-cut 10 fix"]),
     ],
 )
 def test_a_hint_no_plan_can_keep_names_itself(dapple, args, code, needles):
@@ -129,7 +132,9 @@ def test_a_megatron_layout_round_trips_to_the_same_plan(dapple, tmp_path):
     profile, first, again = tmp_path / "llama.json", tmp_path / "first.json", tmp_path / "again.json"
     assert dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "v100-16gb", "--seq-len", 1024,
                   "--out", profile).returncode == 0
-    common = ["--profile", profile, "--topology", "1x8-v100-16gb", "--global-batch-size", 32]
+    # A plan of one stage a rank, as Megatron's layout describes one, in one kind.
+    common = ["--profile", profile, "--topology", "1x8-v100-16gb", "--global-batch-size", 32, "--schedule",
+              "early-backward-1f1b"]
     assert dapple("plan", *common, "--out", first).returncode == 0
     plan = json.loads(first.read_text())
     assert len(plan["stages"]) > 1  # a pipeline, so that the layout says something

@@ -24,7 +24,7 @@ def plan_path(tmp_path_factory):
     out = tmp_path_factory.mktemp("show") / "bert48-A.json"
     r = run_dapple(
         "plan", "--profile", "profiles/artifact/bert-48-pbs-2.json", "--topology", "A",
-        "--global-batch-size", "64", "--out", out,
+        "--global-batch-size", "64", "--schedule", "early-backward-1f1b", "--out", out,
     )
     assert r.returncode == 0, r.stderr
     return out

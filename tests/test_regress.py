@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from conftest import PROFILES, ROOT
+from dapple import planner
 
 SUITE = ROOT / "profiles" / "regress" / "paper-table-v.json"
 
@@ -30,11 +33,11 @@ def test_a_worsened_plan_fails_with_a_readable_diff(dapple, tmp_path):
     # Recorded expectation from a better plan than today's: today's is slower.
     shipped = json.loads(SUITE.read_text())
     bert = next(c for c in shipped["cases"] if c["name"] == "BERT-48 A")
-    path = write_suite(tmp_path, [bert_case(expected_ms=bert["expected_ms"] * 0.8, expected_shape="4:4:4:4")])
+    path = write_suite(tmp_path, [bert_case(expected_ms=bert["expected_ms"] * 0.8, expected_shape="8:8")])
     r = dapple("regress", path)
     assert r.returncode == 7
     line = next(l for l in r.stdout.splitlines() if "bert A" in l)
-    assert line.startswith("SLOWER") and "+25.0%" in line and "plan 4:4:4:4 -> 8:8" in line
+    assert line.startswith("SLOWER") and "+25.0%" in line and f"plan 8:8 -> {bert['expected_shape']}" in line
 
 
 def test_infeasible_case_fails(dapple, tmp_path):
@@ -53,7 +56,8 @@ def test_update_records_todays_plans(dapple, tmp_path):
     path = write_suite(tmp_path, [bert_case(expected_ms=1.0)])
     assert dapple("regress", path, "--update").returncode == 0
     case = json.loads(path.read_text())["cases"][0]
-    assert case["expected_shape"] == "8:8" and case["expected_ms"] > 100
+    today = planner.plan(PROFILES / "bert-48-pbs-2.json", "A", 64)
+    assert case["expected_shape"] == today.shape and case["expected_ms"] == pytest.approx(today.iteration_ms)
     assert dapple("regress", path).returncode == 0
 
 

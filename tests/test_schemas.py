@@ -65,9 +65,9 @@ def test_plan_validates(bert_plan):
     assert errors("plan", bert_plan.data) == []
 
 
-def test_a_chunked_plan_validates(bert_plan):
+def test_a_chunked_plan_validates():
     # ZB-V: two chunks a rank, each listing its rank's devices.
-    chunked = planner.chunked(bert_plan, str(BERT), "zb-v")
+    chunked = planner.plan(str(BERT), "2x8-nvlink", 64, schedule="zb-v")
     assert chunked.data["schedule"]["chunks"] == 2
     assert errors("plan", chunked.data) == []
 

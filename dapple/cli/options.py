@@ -212,6 +212,17 @@ def max_passes_option(f):
     )(f)
 
 
+def chunked_kinds() -> str:
+    """The chunked schedule kinds, for help and messages (the core's list)."""
+    return ", ".join(planner.CHUNKED_SCHEDULES)
+
+
+def check_chunks_go_with(chunks: int | None, schedule: str | None) -> None:
+    """``--chunks`` is a count for a chunked ``--schedule`` only."""
+    if chunks is not None and schedule not in planner.CHUNKED_SCHEDULES:
+        raise click.UsageError(f"--chunks goes with a chunked --schedule ({chunked_kinds()})")
+
+
 def json_option(f):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")(f)
 

@@ -10,6 +10,8 @@ from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, DEFAULT_MAX_SEARCH_STE
 
 from .options import (
     FILE_PATH,
+    check_chunks_go_with,
+    chunked_kinds,
     count_option_type,
     global_batch_size_or_default,
     json_option,
@@ -56,15 +58,16 @@ from .render import plan_table
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
                    "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
 @click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
-              help="auto: the fastest of DAPPLE's early backward and ZB-H1 on the layouts the search ranked "
-                   "(docs/schedules.md); a synchronous kind: that kind alone (a chunked one, interleaved-1f1b, "
-                   "interleaved-zero-bubble or zb-v: the ranked layouts' layers cut again into chunks a rank); "
+              help="auto: the fastest of DAPPLE's early backward, ZB-H1 and the chunked kinds on the layouts "
+                   "the search ranked (without the chunked ones under layout hints; "
+                   "docs/schedules.md); a synchronous kind: that kind alone (a chunked one, "
+                   f"{chunked_kinds()}: the ranked layouts' layers cut again into chunks a rank); "
                    "an asynchronous kind (xpipe, "
                    "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "
                    "(docs/xpipe.md).")
 @click.option("--chunks", type=count_option_type(), default=None,
               help="Chunks (stages) a rank for a chunked --schedule. Default: the fastest count up to 8 "
-                   "(zb-v: 2).")
+                   "(a V-shaped kind, zb-v or dualpipev: 2).")
 @click.option("--stages", type=count_option_type(), default=None,
               help="Hint: exactly this many pipeline stages (Whale's num_task_graph; docs/hints.md).")
 @click.option("--micro-batches", type=count_option_type(), default=None,
@@ -111,9 +114,7 @@ def plan_command(
     quiet,
 ):
     """Find the plan with the shortest simulated iteration time."""
-    if chunks is not None and schedule not in planner.CHUNKED_SCHEDULES:
-        raise click.UsageError("--chunks goes with a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble "
-                               "or zb-v)")
+    check_chunks_go_with(chunks, schedule)
     if out_path is not None:
         check_writable(out_path)  # before the search, not after it
     profile = planner.Profile.load(profile_path)

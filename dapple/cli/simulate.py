@@ -9,7 +9,15 @@ import click
 from dapple import planner
 from dapple.planner.plan import SHAPE_KEY, shape_label
 
-from .options import json_option, load_plan_and_profile, max_passes_option, plan_options, reports_errors
+from .options import (
+    check_chunks_go_with,
+    chunked_kinds,
+    json_option,
+    load_plan_and_profile,
+    max_passes_option,
+    plan_options,
+    reports_errors,
+)
 from .render import GIB, console
 
 
@@ -23,9 +31,9 @@ from .render import GIB, console
               help="Print each stage's action list instead, with the weights every pass uses "
                    "(F4@0+2: version 0, predicted 2 updates ahead).")
 @click.option("--chunks", type=click.IntRange(min=1), default=None,
-              help="With a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble, zb-v) on a plan of one "
+              help=f"With a chunked --schedule ({chunked_kinds()}) on a plan of one "
                    "stage a rank: this many chunks a rank, the layers cut again by the ranks' speeds "
-                   "(docs/schedules.md). Default: the fastest count up to 8 (zb-v: 2).")
+                   "(docs/schedules.md). Default: the fastest count up to 8 (a V-shaped kind, zb-v or dualpipev: 2).")
 @json_option
 @max_passes_option
 @reports_errors
@@ -36,10 +44,8 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
     mini-batches back to back without a flush; its iteration is the
     steady-state time of one mini-batch. A chunked schedule runs the plan's
     ranks with several chunks each."""
+    check_chunks_go_with(chunks, schedule)
     rechunk = schedule in planner.CHUNKED_SCHEDULES
-    if chunks is not None and not rechunk:
-        raise click.UsageError("--chunks goes with a chunked --schedule (interleaved-1f1b, interleaved-zero-bubble "
-                               "or zb-v)")
     if rechunk and (recompute or show_actions):
         raise click.UsageError(f"--schedule {schedule} runs the plan's ranks in chunks: it takes no --recompute "
                                "or --actions")

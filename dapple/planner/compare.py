@@ -157,7 +157,9 @@ def compare(
         raise made["dapple"]  # no strategy has a plan: the inputs are the problem
     searched_plan = made["dapple"]
     if isinstance(searched_plan, Plan) and searched_plan.core.schedule_kind in _core.CHUNKED_SCHEDULES:
-        # The other kinds run a layout of one stage a rank: the search's for early backward.
+        # The other kinds run a layout of one stage a rank: the search's for
+        # early backward, which the search cut into the chosen chunks or
+        # ranked beside the layout it cut.
         try:
             searched_plan = plan(prof, topo, global_batch_size, min_micro_batch_size=min_micro_batch_size,
                                  warmup_policy=warmup_policy, schedule=_core.SEARCHED_SCHEDULES[0])
@@ -171,14 +173,14 @@ def compare(
 def _as_other_kinds(searched: Plan | DappleError, chosen: Plan | DappleError, prof: Profile) -> list[Row]:
     """DAPPLE's layout (``searched``, of one stage a rank) run as each other
     kind than the chosen plan's that the search chooses among
-    (``SEARCHED_SCHEDULES``) or plans when asked (``CHUNKED_SCHEDULES``,
+    (``SEARCHED_SCHEDULES``; a chunked one, ``CHUNKED_SCHEDULES``, with
     the ranks' layers cut again into the fastest count of chunks that
     fits, ``planner.chunked``); named ``"dapple as {kind}"``, one row per
     kind."""
     if not isinstance(searched, Plan) or not isinstance(chosen, Plan):
         return []
     rows = []
-    for kind in _core.SEARCHED_SCHEDULES + _core.CHUNKED_SCHEDULES:
+    for kind in _core.SEARCHED_SCHEDULES:
         if kind == chosen.core.schedule_kind:
             continue
         name = f"dapple as {kind}"

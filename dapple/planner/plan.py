@@ -198,7 +198,7 @@ def plan(
     its simulated time, the smallest bound of the space and whether the
     search proved it optimal (``docs/cost-model.md``).
     ``schedule``: None or "auto", the fastest of ``SEARCHED_SCHEDULES``
-    (early backward, ZB-H1) on the layouts the search ranked
+    (the chunked ones left out under layout hints) on the layouts the search ranked
     (``docs/schedules.md``); a synchronous kind to plan for it alone (a
     chunked one, ``CHUNKED_SCHEDULES``, cuts the layouts' ranks into
     ``chunks`` chunks each, or the fastest count up to 8); an asynchronous
@@ -273,10 +273,11 @@ def chunked(
 ) -> Plan:
     """``plan``'s ranks (one stage each) running chunked ``schedule``
     (``CHUNKED_SCHEDULES``: "interleaved-1f1b", "interleaved-zero-bubble",
-    "zb-v"): the model's layers cut again into ranks x ``chunks``
-    consecutive chunks balanced by the ranks' speeds, chunk s on the rank
-    the order puts it on with that rank's devices and shape; without
-    ``chunks``, the fastest count up to 8 (zb-v: 2) that fits. Costed."""
+    "zb-v", "dualpipev"): the model's layers cut again into ranks x
+    ``chunks`` consecutive chunks balanced by the ranks' speeds, chunk s on
+    the rank the order puts it on with that rank's devices and shape;
+    without ``chunks``, the fastest count up to 8 (the V-shaped kinds, zb-v
+    and dualpipev: 2) that fits. Costed."""
     p = plan if isinstance(plan, Plan) else Plan.load(plan)
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     count = None if chunks is None else check_count("chunks", chunks)

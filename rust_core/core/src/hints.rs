@@ -65,6 +65,18 @@ impl Hints {
         *self == NO_HINTS
     }
 
+    /// Whether the hints fix where stages' layers begin (a cut, a range): a
+    /// chunked kind, which cuts each rank's layers again into chunks, would
+    /// not keep them.
+    pub fn fix_boundaries(&self) -> bool {
+        !self.cuts.is_empty() || !self.ranges.is_empty()
+    }
+
+    /// Whether the hints shape the layout (its stage count, a boundary).
+    pub fn shape_layout(&self) -> bool {
+        self.stages.is_some() || self.fix_boundaries()
+    }
+
     /// The hints, spelled as `dapple plan`'s options, for messages.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();

@@ -49,9 +49,12 @@ pub fn chunked(
     let counts = chunk_counts(plan, &costs, kind, None);
     chunked_plan(plan, &costs, kind, counts.first().copied().unwrap_or(1))?;
     fastest_chunking(plan, &costs, kind, None).ok_or_else(|| {
-        Error::infeasible(format!(
-            "no count of chunks up to {MAX_SEARCHED_CHUNKS} a rank runs the plan as {kind} within memory"
-        ))
+        Error::infeasible(match kind.fixed_chunks() {
+            Some(v) => format!("{kind}'s {v} chunks a rank do not run the plan within memory"),
+            None => format!(
+                "no count of chunks up to {MAX_SEARCHED_CHUNKS} a rank runs the plan as {kind} within memory"
+            ),
+        })
     })
 }
 
@@ -79,10 +82,9 @@ fn chunk_counts(
     chunks: Option<u32>,
 ) -> Vec<u32> {
     let ranks = plan.stages.len() as u32;
-    match (kind, chunks) {
-        (_, Some(v)) => vec![v],
-        (ScheduleKind::ZeroBubbleV, None) => vec![2],
-        _ => (1..=MAX_SEARCHED_CHUNKS.min(costs.layers.num_layers as u32 / ranks)).collect(),
+    match chunks.or(kind.fixed_chunks()) {
+        Some(v) => vec![v],
+        None => (1..=MAX_SEARCHED_CHUNKS.min(costs.layers.num_layers as u32 / ranks)).collect(),
     }
 }
 
@@ -325,11 +327,7 @@ mod tests {
         let (profile, plan) = straight(4, 8);
         let costs = ProfileCosts::new(&profile);
         for kind in ScheduleKind::ALL.into_iter().filter(|k| k.is_chunked()) {
-            let chunks = if kind == ScheduleKind::ZeroBubbleV {
-                2
-            } else {
-                3
-            };
+            let chunks = kind.fixed_chunks().unwrap_or(3);
             let chunked = chunked_plan(&plan, &costs, kind, chunks).unwrap();
             let estimate = evaluate_costed(&chunked, &costs).unwrap();
             let (stages, transfers) = sim_inputs(&chunked, &costs, false).unwrap();

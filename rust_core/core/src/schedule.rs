@@ -205,6 +205,12 @@ crate::named_enum! {
         /// V, rank r holding stages r and 2 * ranks - 1 - r, each backward
         /// split into I and W.
         ZeroBubbleV = "zb-v",
+        /// DualPipeV (DeepSeek-V3's DualPipe folded into a V; torch's
+        /// `ScheduleDualPipeV`): ZB-V's two chunks a rank, at least two
+        /// micro-batches a stage, its steady state a forward of one chunk
+        /// overlapped with a whole backward of the other (run one after the
+        /// other here), I and W split in the fill and the drain.
+        DualPipeV = "dualpipev",
         /// XPipe: asynchronous 1F1B across mini-batches; each mini-batch's
         /// first micro-batch (its bellwether) predicts the weights the
         /// mini-batch should see with Adam's moments, for all its micro-batches.
@@ -278,31 +284,48 @@ impl ScheduleKind {
             ScheduleKind::InterleavedZeroBubble => {
                 PipelineOrder::interleaved_zero_bubble(ranks, micro_batches, chunks)
             }
-            ScheduleKind::ZeroBubbleV if chunks == 2 => PipelineOrder::zbv(ranks, micro_batches),
-            ScheduleKind::ZeroBubbleV => Err(Error::field(
-                "chunks",
-                format!("value {chunks}: zb-v holds two chunks a rank"),
-            )),
-            other => {
-                let chunked: Vec<&str> = ScheduleKind::ALL
-                    .iter()
-                    .filter(|k| k.is_chunked())
-                    .map(|k| k.name())
-                    .collect();
+            ScheduleKind::ZeroBubbleV | ScheduleKind::DualPipeV if chunks != 2 => {
                 Err(Error::field(
-                    "kind",
-                    format!(
-                        "value \"{other}\" runs one stage a rank; a chunked kind is {}",
-                        crate::names::one_of(&chunked)
-                    ),
+                    "chunks",
+                    format!("value {chunks}: {self} holds two chunks a rank"),
                 ))
             }
+            ScheduleKind::ZeroBubbleV => PipelineOrder::zbv(ranks, micro_batches),
+            ScheduleKind::DualPipeV => PipelineOrder::dualpipev(ranks, micro_batches),
+            other => Err(Error::field(
+                "kind",
+                format!(
+                    "value \"{other}\" runs one stage a rank; a chunked kind is {}",
+                    crate::names::one_of(&ScheduleKind::names_where(ScheduleKind::is_chunked))
+                ),
+            )),
         }
+    }
+
+    /// The names of the kinds `keep` keeps, in declaration order.
+    pub fn names_where(keep: impl Fn(ScheduleKind) -> bool) -> Vec<&'static str> {
+        ScheduleKind::ALL
+            .into_iter()
+            .filter(|&k| keep(k))
+            .map(ScheduleKind::name)
+            .collect()
+    }
+
+    /// The chunks a rank the kind always holds (the V kinds' two); None:
+    /// any count.
+    pub fn fixed_chunks(self) -> Option<u32> {
+        self.is_v_shaped().then_some(2)
+    }
+
+    /// Kinds whose ranks hold their two chunks in a V: stage s on rank s,
+    /// then back up the ranks.
+    pub fn is_v_shaped(self) -> bool {
+        matches!(self, ScheduleKind::ZeroBubbleV | ScheduleKind::DualPipeV)
     }
 
     /// The rank of each of the `ranks` x `chunks` stages of chunked kind `self`.
     pub fn chunk_ranks(self, ranks: u32, chunks: u32) -> Vec<u32> {
-        stage_ranks(ranks, ranks * chunks, self == ScheduleKind::ZeroBubbleV)
+        stage_ranks(ranks, ranks * chunks, self.is_v_shaped())
     }
 
     /// Kinds whose ranks may hold several stages (chunks), in a pipeline
@@ -313,6 +336,7 @@ impl ScheduleKind {
             ScheduleKind::Interleaved1F1B
                 | ScheduleKind::InterleavedZeroBubble
                 | ScheduleKind::ZeroBubbleV
+                | ScheduleKind::DualPipeV
         )
     }
 

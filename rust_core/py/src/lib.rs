@@ -179,18 +179,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
-    let chunked: Vec<&str> = ScheduleKind::ALL
-        .iter()
-        .filter(|k| k.is_chunked())
-        .map(|k| k.name())
-        .collect();
-    m.add("CHUNKED_SCHEDULES", names(py, chunked)?)?;
-    let asynchronous: Vec<&str> = ScheduleKind::ALL
-        .iter()
-        .filter(|k| k.is_asynchronous())
-        .map(|k| k.name())
-        .collect();
-    m.add("ASYNCHRONOUS_SCHEDULES", names(py, asynchronous)?)?;
+    m.add(
+        "CHUNKED_SCHEDULES",
+        names(py, ScheduleKind::names_where(ScheduleKind::is_chunked))?,
+    )?;
+    m.add(
+        "ASYNCHRONOUS_SCHEDULES",
+        names(py, ScheduleKind::names_where(ScheduleKind::is_asynchronous))?,
+    )?;
     let searched: Vec<&str> = dapple_core::search::kinds::SEARCHED_KINDS
         .iter()
         .map(|k| k.name())

@@ -623,7 +623,8 @@ pub fn plan_schedule_over(
         ScheduleKind::GPipe => Schedule::gpipe(s_count, plan.micro_batches),
         chunked @ (ScheduleKind::Interleaved1F1B
         | ScheduleKind::InterleavedZeroBubble
-        | ScheduleKind::ZeroBubbleV) => Err(Error::incompatible(format!(
+        | ScheduleKind::ZeroBubbleV
+        | ScheduleKind::DualPipeV) => Err(Error::incompatible(format!(
             "{chunked} runs a pipeline order of several stages a rank, not one list a stage"
         ))),
         ScheduleKind::ZeroBubbleH1 => Schedule::zero_bubble_h1(s_count, plan.micro_batches),

@@ -16,18 +16,47 @@
 
 use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::evaluate::evaluate_costed;
 use crate::interleave::{balanced_bound_ms, fastest_chunking};
 use crate::plan::{warmup_depth, Plan};
 use crate::schedule::ScheduleKind;
+use crate::search::SearchOptions;
 
 /// The synchronous kinds the search chooses among; early backward is the
-/// search's own.
-/// The chunked kinds join them once runs of chunked plans take
-/// checkpoints and evaluations (docs/schedules.md, "Not yet").
-pub const SEARCHED_KINDS: [ScheduleKind; 2] =
-    [ScheduleKind::EarlyBackward1F1B, ScheduleKind::ZeroBubbleH1];
+/// search's own. (GPipe is never faster than early backward on one
+/// layout and holds more activations: it is planned when named.)
+pub const SEARCHED_KINDS: [ScheduleKind; 6] = [
+    ScheduleKind::EarlyBackward1F1B,
+    ScheduleKind::ZeroBubbleH1,
+    ScheduleKind::Interleaved1F1B,
+    ScheduleKind::InterleavedZeroBubble,
+    ScheduleKind::ZeroBubbleV,
+    ScheduleKind::DualPipeV,
+];
+
+/// The kinds a search chooses among: the one `opts` names, or
+/// [`SEARCHED_KINDS`]. Under hints that shape the layout, auto plans one
+/// stage a rank, as they describe it; a chunked kind named with `--stages`
+/// takes that many ranks, and is refused with a cut or a range, which its
+/// chunks would not keep.
+pub(crate) fn asked_kinds(opts: &SearchOptions) -> Result<Vec<ScheduleKind>> {
+    let hints = &opts.hints;
+    match opts.schedule {
+        Some(kind) if kind.is_chunked() && hints.fix_boundaries() => {
+            Err(Error::incompatible(format!(
+            "schedule {kind} cuts each rank's layers again into chunks, which the hints {} fix; \
+             plan it without the cuts and ranges, or with --schedule early-backward-1f1b or zb-h1",
+            hints.describe()
+        )))
+        }
+        Some(kind) => Ok(vec![kind]),
+        None => Ok(SEARCHED_KINDS
+            .into_iter()
+            .filter(|k| !(hints.shape_layout() && k.is_chunked()))
+            .collect()),
+    }
+}
 
 /// `plan`'s layout run as `kind`, with the depths the kind gives, costed;
 /// None where it does not fit, or the kind cannot run its micro-batches
@@ -160,4 +189,40 @@ fn keep_faster(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hints::Hints;
+
+    #[test]
+    fn layout_hints_keep_auto_to_one_stage_a_rank_and_a_named_chunked_kind_to_its_ranks() {
+        let mut opts = SearchOptions::new(64);
+        assert_eq!(asked_kinds(&opts).unwrap(), SEARCHED_KINDS.to_vec());
+        opts.hints = Hints {
+            stages: Some(4),
+            ..Hints::default()
+        };
+        let auto = asked_kinds(&opts).unwrap();
+        assert_eq!(
+            auto,
+            [ScheduleKind::EarlyBackward1F1B, ScheduleKind::ZeroBubbleH1]
+        );
+        // --stages counts a chunked kind's ranks.
+        opts.schedule = Some(ScheduleKind::ZeroBubbleV);
+        assert_eq!(asked_kinds(&opts).unwrap(), [ScheduleKind::ZeroBubbleV]);
+        // A cut its chunks would not keep is refused, the hints named.
+        opts.hints.cuts = vec![10];
+        let e = asked_kinds(&opts).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Incompatible);
+        assert!(e.to_string().contains("--stages 4 --pin-cut 10"), "{e}");
+        // Only the micro-batches hinted: auto chooses among them all.
+        opts.schedule = None;
+        opts.hints = Hints {
+            micro_batches: Some(8),
+            ..Hints::default()
+        };
+        assert_eq!(asked_kinds(&opts).unwrap(), SEARCHED_KINDS.to_vec());
+    }
 }

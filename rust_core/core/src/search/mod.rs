@@ -177,9 +177,7 @@ pub(crate) fn search_offering(
     opts: &SearchOptions,
     offered: Offered,
 ) -> Result<SearchResult> {
-    let kinds = opts
-        .schedule
-        .map_or_else(|| kinds::SEARCHED_KINDS.to_vec(), |k| vec![k]);
+    let kinds = kinds::asked_kinds(opts)?;
     let costs = ProfileCosts::new(profile);
     let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
     if kinds.contains(&ScheduleKind::ZeroBubbleH1) && opts.warmup_policy != WarmupPolicy::A {
