@@ -65,7 +65,9 @@ def test_dapple_plan_simulates_no_slower_than_any_baseline(profile, topology, gb
         except planner.InfeasibleError:
             continue
         assert ours <= alone.iteration_ms * (1 + 1e-9), kind
-        assert alone.core.schedule_kind == kind
+        # (interleaved zero bubble at one chunk a rank is recorded as ZB-H1)
+        one_chunk = kind in planner.CHUNKED_SCHEDULES and alone.core.chunks == 1
+        assert alone.core.schedule_kind == kind or one_chunk, (kind, alone.core.schedule_kind)
     # Overlapping the AllReduce can only help data parallelism.
     by_name = {r.strategy: r for r in rows}
     dp, plain = by_name["data-parallel"], by_name["data-parallel (no overlap)"]

@@ -317,6 +317,19 @@ impl ScheduleKind {
         self.is_v_shaped().then_some(2)
     }
 
+    /// The kind a plan of chunked kind `self` records with one chunk a
+    /// rank: interleaved zero bubble's order at one chunk is ZB-H1's (torch's
+    /// ZB-H1 is that class at one stage a rank), so such a plan is a ZB-H1
+    /// plan, which every target takes. Interleaved 1F1B at one chunk is
+    /// 1F1B at warm-up policy B's depths, which a plan searched under
+    /// another policy cannot record as early backward: it keeps its kind.
+    pub fn at_one_chunk(self) -> ScheduleKind {
+        match self {
+            ScheduleKind::InterleavedZeroBubble => ScheduleKind::ZeroBubbleH1,
+            other => other,
+        }
+    }
+
     /// Kinds whose ranks hold their two chunks in a V: stage s on rank s,
     /// then back up the ranks.
     pub fn is_v_shaped(self) -> bool {

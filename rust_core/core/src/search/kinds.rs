@@ -18,7 +18,7 @@ use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_costed;
-use crate::interleave::{balanced_bound_ms, fastest_chunking};
+use crate::interleave::{balanced_bound_ms, costed_chunked_plan, fastest_chunking};
 use crate::plan::{warmup_depth, Plan};
 use crate::schedule::ScheduleKind;
 use crate::search::SearchOptions;
@@ -58,21 +58,56 @@ pub(crate) fn asked_kinds(opts: &SearchOptions) -> Result<Vec<ScheduleKind>> {
     }
 }
 
+/// The search's error where no layout it ranked runs as any of `kinds`
+/// within memory, with what the kind's order asks of the micro-batches.
+pub(crate) fn none_runs(kinds: &[ScheduleKind]) -> Error {
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let needs = match kinds {
+        [ScheduleKind::DualPipeV] => " (DualPipeV also needs two micro-batches a stage)",
+        [ScheduleKind::ZeroBubbleH1
+        | ScheduleKind::Interleaved1F1B
+        | ScheduleKind::InterleavedZeroBubble] => {
+            " (its order also needs the micro-batches in equal rounds of at least the ranks)"
+        }
+        _ => "",
+    };
+    Error::infeasible(format!(
+        "no layout the search ranked runs as {} within memory{needs}",
+        names.join(" or ")
+    ))
+}
+
 /// `plan`'s layout run as `kind`, with the depths the kind gives, costed;
 /// None where it does not fit, or the kind cannot run its micro-batches
 /// (torch's ZB-H1 order takes them in equal rounds). Early backward keeps
-/// the plan's own depths.
-pub(crate) fn as_kind(
+/// the plan's own depths. A kind that a chunked kind is at one chunk a
+/// rank (ZB-H1: interleaved zero bubble's) also runs the layout's layers
+/// cut again by its ranks' speeds, the faster of the two, where `asked`
+/// lets it.
+fn as_kind(
     plan: &Plan,
     kind: ScheduleKind,
-    chunks: Option<u32>,
+    asked: &Asked,
     costs: &ProfileCosts,
 ) -> Result<Option<Plan>> {
     if kind.is_chunked() {
-        return Ok(fastest_chunking(plan, costs, kind, chunks));
+        return Ok(fastest_chunking(plan, costs, kind, asked.chunks));
     }
+    let own = on_its_cut(plan, kind, costs);
+    let recut = ScheduleKind::ALL
+        .into_iter()
+        .filter(|k| asked.recut && k.is_chunked() && k.at_one_chunk() == kind)
+        .filter_map(|k| costed_chunked_plan(plan, costs, k, 1));
+    Ok(own
+        .into_iter()
+        .chain(recut)
+        .min_by(|a, b| simulated_ms(a).total_cmp(&simulated_ms(b))))
+}
+
+/// `plan`'s layout, its own cut, run as `kind` of one stage a rank.
+fn on_its_cut(plan: &Plan, kind: ScheduleKind, costs: &ProfileCosts) -> Option<Plan> {
     if kind == plan.schedule.kind {
-        return Ok(Some(plan.clone()));
+        return Some(plan.clone());
     }
     let mut other = plan.clone();
     other.schedule.kind = kind;
@@ -84,13 +119,11 @@ pub(crate) fn as_kind(
         }
     }
     // The plan checked as `plan` was; only the kind's own rules can refuse it.
-    let Ok(estimate) = evaluate_costed(&other, costs) else {
-        return Ok(None);
-    };
-    Ok(estimate.fits_memory.then_some(Plan {
+    let estimate = evaluate_costed(&other, costs).ok()?;
+    estimate.fits_memory.then_some(Plan {
         estimate: Some(estimate),
         ..other
-    }))
+    })
 }
 
 /// A costed plan's simulated iteration.
@@ -122,15 +155,16 @@ pub(crate) fn fastest_kind(
     chosen: &Plan,
     ranked: &[&Plan],
     kinds: &[ScheduleKind],
-    chunks: Option<u32>,
+    opts: &SearchOptions,
     costs: &ProfileCosts,
 ) -> Result<Option<Plan>> {
     let mut best: Option<Plan> = None;
     let policy = chosen.schedule.warmup_policy;
     let asked = Asked {
         kinds,
-        chunks,
+        chunks: opts.chunks,
         policy,
+        recut: !opts.hints.fix_boundaries(),
     };
     keep_faster(&mut best, chosen, &asked, costs)?;
     let bound = |p: &Plan| {
@@ -157,6 +191,9 @@ struct Asked<'a> {
     kinds: &'a [ScheduleKind],
     chunks: Option<u32>,
     policy: WarmupPolicy,
+    /// Whether a layout's layers may be cut again (not where hints fix
+    /// where stages begin).
+    recut: bool,
 }
 
 /// `plan` run as each of `kinds` under warm-up policy `policy`, kept in
@@ -177,7 +214,7 @@ fn keep_faster(
         if kind.is_chunked() && plan.stages.len() == 1 && asked.kinds.len() > 1 {
             continue;
         }
-        let Some(mut run) = as_kind(plan, kind, asked.chunks, costs)? else {
+        let Some(mut run) = as_kind(plan, kind, asked, costs)? else {
             continue;
         };
         run.schedule.warmup_policy = asked.policy;

@@ -205,12 +205,8 @@ pub(crate) fn search_offering(
     }
     // 6. The schedule kind.
     let ranked: Vec<&Plan> = ranked.iter().collect();
-    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, opts.chunks, &costs)? else {
-        return Err(Error::infeasible(format!(
-            "no layout the search ranked runs as {} within memory (ZB-H1 also needs its \
-             micro-batches in equal rounds of at least the stage count)",
-            kinds[0]
-        )));
+    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, opts, &costs)? else {
+        return Err(kinds::none_runs(&kinds));
     };
     // How the search chose. Its bound and proof are early backward's, over
     // its space; refinement's start is the chosen layout's.
