@@ -4,8 +4,9 @@
 //!
 //! Phases 1-5 search layouts, micro-batch sizes and warm-up depths for
 //! DAPPLE's early backward. Here the chosen plan and each ranked candidate
-//! are also costed as ZB-H1 (its depths fixed by the kind), or when asked
-//! cut into chunks of a chunked kind (`interleave.rs`), in order of a
+//! are also costed as ZB-H1 (its depths fixed by the kind; on its own cut
+//! and cut again by the ranks' speeds) and cut into chunks of each chunked
+//! kind (`interleave.rs`; not under layout hints), in order of a
 //! bound (the busiest stage's passes and AllReduce, or for a chunked kind
 //! the layers' work spread evenly over the ranks), until no candidate left
 //! can be faster by it. `search_offering` adds the candidates of a search
