@@ -155,8 +155,12 @@ def _whole_model_ms(spec, batch_size: int, repeats: int) -> float:
 def test_layer_times_add_up_to_the_whole_model_at_batch_1():
     # Layers are timed inside whole passes, so their sum has no per-layer
     # floor: within 10% of the whole model timed as one call. Five rounds,
-    # alternating, and each side's least disturbed round compared, so that a
-    # burst of load on this shared machine during one side does not decide.
+    # each timing both sides back to back, and the median round's ratio
+    # compared: the two sides of a round share the machine's load, so a burst
+    # of load on this shared machine cancels out within its round, where
+    # comparing each side's fastest round let one lucky call decide (CI, stop
+    # 42: sums 5.03-7.52 ms, wholes 4.55-7.56 ms, fastest 1.103, rounds'
+    # median 1.05).
     spec = gpt(n_layers=2, d_model=128, seq=64)
     sums, wholes = [], []
     old = torch.get_num_threads()
@@ -168,7 +172,7 @@ def test_layer_times_add_up_to_the_whole_model_at_batch_1():
             wholes.append(_whole_model_ms(spec, 1, 15))
     finally:
         torch.set_num_threads(old)
-    ratio = min(sums) / min(wholes)
+    ratio = statistics.median(s / w for s, w in zip(sums, wholes))
     assert 0.9 <= ratio <= 1.1, (sums, wholes)
 
 
