@@ -70,7 +70,8 @@ def test_dualpipev_equals_torchs(ranks, micro_batches):
 
 
 def test_every_csv_cell_parses_with_torch_and_loads_back():
-    for order in (PipelineOrder.interleaved_1f1b(4, 8, 2), PipelineOrder.zbv(4, 8), PipelineOrder.dualpipev(4, 8)):
+    for order in (PipelineOrder.interleaved_1f1b(4, 8, 2), PipelineOrder.zbv(4, 8), PipelineOrder.dualpipev(4, 8),
+                  PipelineOrder.zb_h2(4, 8)):
         text = order.to_csv()
         for row in text.splitlines():
             for cell in row.split(","):

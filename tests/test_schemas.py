@@ -183,3 +183,8 @@ def test_plan_with_unknown_field_fails(bert_plan):
     bad = copy.deepcopy(bert_plan.data)
     bad["stages"][0]["replicas"] = 8
     assert errors("plan", bad)
+
+
+def test_the_plan_schema_names_every_schedule_kind_the_core_reads():
+    kinds = load_schema("plan")["$defs"]["schedule"]["properties"]["kind"]["enum"]
+    assert kinds == list(planner._core.SCHEDULE_KINDS)

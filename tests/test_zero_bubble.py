@@ -1,8 +1,9 @@
-"""ZB-H1 (Zero Bubble, Qi et al., ICLR 2024) planned, simulated and run:
-each backward split into its input gradient (I), sent on at once, and its
-weight gradient (W), deferred. The order itself is tested as a literal
-table in the core (``rust_core/core/src/schedule.rs``) and against torch's
-own class (``tests/test_pipeline_order.py``)."""
+"""ZB-H1 and ZB-H2 (Zero Bubble, Qi et al., ICLR 2024) planned, simulated
+and run: each backward split into its input gradient (I), sent on at once,
+and its weight gradient (W), deferred. The orders themselves are tested as
+literal tables in the core (``rust_core/core/src/pipeline_order.rs``), ZB-H1
+against torch's own class (``tests/test_pipeline_order.py``); torch has no
+ZB-H2 class."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def test_a_plan_simulated_as_zb_h1_fills_its_waits_with_weight_gradients():
     assert [s["peak_in_flight"] for s in zb.stages] == [min(len(plan.stages), plan.micro_batches)] * len(plan.stages)
 
 
+def test_zb_h2_holds_up_to_2s_minus_1_micro_batches_to_fill_zb_h1s_waits():
+    # BERT-48 straight on 16 GPUs, 64 micro-batches: the same passes, each
+    # stage holding 2S - 1 micro-batches where ZB-H1's hold S, the Ws
+    # filling what ZB-H1's ranks wait in its fill and drain.
+    plan = planner.baseline("straight", BERT, "2x8-nvlink", 128)
+    s, m = len(plan.stages), plan.micro_batches
+    assert (s, m) == (16, 64)
+    zb1 = planner.simulate(plan, BERT, schedule="zb-h1")
+    zb2 = planner.simulate(plan, BERT, schedule="zb-h2")
+    assert zb2.schedule == "zb-h2"
+    assert [t["peak_in_flight"] for t in zb2.stages] == [2 * s - 1] * s
+    assert [t["peak_in_flight"] for t in zb1.stages] == [s] * s
+    for a, b in zip(zb2.stages, zb1.stages):
+        assert a["compute_ms"] == pytest.approx(b["compute_ms"])
+    assert zb2.iteration_ms < zb1.iteration_ms
+
+
 # ----------------------------------------------------------------------------
 # The runtime
 
@@ -41,16 +59,18 @@ from test_runtime import FAST, layout_plan, make_batches, max_diff, mse, tiny_la
 STEPS = 5
 
 
+@pytest.mark.parametrize("kind,policy", [("zb-h1", "A"), ("zb-h2", "B")])
 @pytest.mark.parametrize("stages", [
     [(0, 3, [0]), (3, 5, [1])],
     [(0, 1, [0]), (1, 2, [1]), (2, 4, [2]), (4, 5, [3])],
     [(0, 3, [0, 1]), (3, 5, [2, 3])],
 ], ids=["2 ranks", "4 ranks", "2 stages of 2 replicas"])
-def test_zb_h1_trains_like_one_process(stages):
+def test_zero_bubble_trains_like_one_process(stages, kind, policy):
+    # Each kind's depths are a fixed policy's: ZB-H1's A's, ZB-H2's B's.
     torch.set_num_threads(1)
     batches = make_batches(STEPS)
     ref = train_single_process(tiny_layers, mse, batches, STEPS, 0.1)
-    plan = layout_plan(2, stages, kind="zb-h1")
+    plan = layout_plan(2, stages, kind=kind, policy=policy)
     r = run_plan(plan, tiny_layers, mse, batches, STEPS, 0.1, **FAST)
     assert max_diff(r.params, ref) < 1e-5
     # It ran the core's lists: every micro-batch's I, then later its W.

@@ -58,7 +58,7 @@ from .render import plan_table
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
                    "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
 @click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
-              help="auto: the fastest of DAPPLE's early backward, ZB-H1 and the chunked kinds on the layouts "
+              help="auto: the fastest of DAPPLE's early backward, ZB-H1, ZB-H2 and the chunked kinds on the layouts "
                    "the search ranked (without the chunked ones under layout hints; "
                    "docs/schedules.md); a synchronous kind: that kind alone (a chunked one, "
                    f"{chunked_kinds()}: the ranked layouts' layers cut again into chunks a rank); "

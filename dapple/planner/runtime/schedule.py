@@ -31,9 +31,10 @@ from ..errors import LimitExceededError
 #: A forward ("F", m) or backward ("B", m) of micro-batch m, as tables write it.
 Pair = tuple[str, int]
 
-#: The synchronous kinds, in the core's order: early backward, GPipe, ZB-H1.
-EARLY_BACKWARD, GPIPE, ZERO_BUBBLE_H1 = (k for k in _core.SCHEDULE_KINDS
-                                         if k not in _core.ASYNCHRONOUS_SCHEDULES + _core.CHUNKED_SCHEDULES)
+#: The synchronous kinds of one stage a rank, in the core's order: early
+#: backward, GPipe, ZB-H1, ZB-H2.
+EARLY_BACKWARD, GPIPE, ZERO_BUBBLE_H1, ZERO_BUBBLE_H2 = (
+    k for k in _core.SCHEDULE_KINDS if k not in _core.ASYNCHRONOUS_SCHEDULES + _core.CHUNKED_SCHEDULES)
 
 
 def pairs(lists) -> list[list[Pair]]:

@@ -11,7 +11,6 @@ use crate::plan::{
     plan_schedule, Estimate, PipelinePosition, Plan, PositionKind, TransferEstimate,
 };
 use crate::profile::Profile;
-use crate::schedule::ScheduleKind;
 use crate::shape::MemoryTerms;
 use crate::simulate::{
     rerun_as_scheduled, sim_stages, simulate_order, simulate_stages, OrderSimulation, SimStage,
@@ -97,7 +96,7 @@ fn estimate_stages_simulated(
         return chunked_estimate(coster, plan, stages, transfers, simulation.as_ref());
     }
     let lat = match plan.schedule.kind {
-        ScheduleKind::ZeroBubbleH1 => zero_bubble_latency(&pipe, plan.micro_batches),
+        kind if kind.defers_weight_gradients() => zero_bubble_latency(&pipe, plan.micro_batches),
         _ => pipeline_latency(&pipe, plan.micro_batches),
     };
     // A checked plan's own schedule always builds and runs.
@@ -110,7 +109,7 @@ fn estimate_stages_simulated(
         Some(Ok(sim)) => {
             for (st, timeline) in stages.iter_mut().zip(&sim.stages) {
                 st.bubble_ms = Some(sim.iteration_ms - timeline.compute_ms);
-                if plan.schedule.kind == ScheduleKind::ZeroBubbleH1 {
+                if plan.schedule.kind.defers_weight_gradients() {
                     // Each micro-batch's activations stay until its W, past
                     // the K_i the cost model's memory counts.
                     st.memory_bytes = timeline.peak_memory_bytes;

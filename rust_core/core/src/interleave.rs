@@ -165,6 +165,33 @@ pub(crate) fn chunked_plan(
     })
 }
 
+/// `plan` (one stage a rank) with its layers cut again by its ranks'
+/// speeds, each rank keeping its devices and shape: what ZB-H1 and ZB-H2,
+/// whose depths are the kind's, run where the search's cut was early
+/// backward's. Neither costed nor given the kind's depths.
+pub(crate) fn cut_by_rank_speeds(plan: &Plan, costs: &ProfileCosts) -> Result<Plan> {
+    let ranks: Vec<usize> = (0..plan.stages.len()).collect();
+    let layers = with_coster(plan, costs, |coster, allocs, _| {
+        let (rank_costs, _) = stage_costs(coster, plan, allocs, false);
+        balanced_chunks(plan, costs, &rank_costs, &ranks)
+    })?;
+    Ok(Plan {
+        stages: plan
+            .stages
+            .iter()
+            .zip(layers)
+            .map(|(stage, (layer_start, layer_end))| Stage {
+                layer_start,
+                layer_end,
+                ..stage.clone()
+            })
+            .collect(),
+        estimate: None,
+        selection: None,
+        ..plan.clone()
+    })
+}
+
 /// `plan` cut into chunks of `kind` ([`chunked_plan`]) and costed; None
 /// where it cannot be (too few layers or micro-batches for the order) or
 /// does not fit.

@@ -184,6 +184,8 @@ pub struct OrderRun {
     pub iteration_ms: f64,
     /// Each rank's time computing.
     pub busy_ms: Vec<f64>,
+    /// When each rank's last action ends.
+    pub finish_ms: Vec<f64>,
     /// The most activation bytes each rank held at once.
     pub peak_activation_bytes: Vec<f64>,
 }
@@ -442,6 +444,26 @@ impl PipelineOrder {
         Ok(order)
     }
 
+    /// ZB-H2 (Qi et al., ICLR 2024, section 2.2), one stage a rank: the
+    /// zero-bubble schedule that holds up to 2p - 1 micro-batches' activations
+    /// where ZB-H1 holds p. Rank r warms up with 2(p - r) - 1 forwards,
+    /// then runs I, F and W so that at F = I = W every rank computes without
+    /// a pause from its first forward to its last W once m >= 2p - 1 (a
+    /// parallelogram: rank r busy from r to r + 3m), its Ws filling where
+    /// ZB-H1's ranks wait. torch ships no class for it; the order is the
+    /// paper's rule run at unit times ([`zb_h2_lists`]).
+    pub fn zb_h2(ranks: u32, micro_batches: u32) -> Result<PipelineOrder> {
+        check_shape(ranks, micro_batches, 1)?;
+        let order = PipelineOrder {
+            micro_batches,
+            stage_ranks: (0..ranks).collect(),
+            rank_actions: zb_h2_lists(ranks, micro_batches),
+            overlapped: Vec::new(),
+        };
+        order.validate()?;
+        Ok(order)
+    }
+
     pub fn ranks(&self) -> usize {
         self.rank_actions.len()
     }
@@ -537,6 +559,7 @@ impl PipelineOrder {
                 return Ok(OrderRun {
                     iteration_ms: free_at.iter().copied().fold(0.0, f64::max),
                     busy_ms: busy,
+                    finish_ms: free_at,
                     peak_activation_bytes: peak,
                 });
             }
@@ -876,6 +899,72 @@ impl DualPipeRank {
 
 /// One rank of ZB-V over `n` micro-batches (n >= 2p - 1), as torch's
 /// `ScheduleZBVZeroBubble._calculate_single_rank_operations`.
+/// ZB-H2's lists: the ranks run at unit times (F = I = W, nothing
+/// sent), each taking, of the passes it can start soonest, an I before an
+/// F before a W, and an F only while fewer than 2p - 1 of its micro-batches
+/// wait for their W. The only place ZB-H2's order is written.
+fn zb_h2_lists(ranks: u32, micro_batches: u32) -> Vec<Vec<StageAction>> {
+    use Computation::{BackwardInput as I, BackwardWeight as W, Forward as F};
+    let (p, m) = (ranks as usize, micro_batches);
+    let in_flight_cap = 2 * ranks - 1;
+    // When each stage's F and I of each micro-batch end, in unit steps.
+    let mut f_end: Vec<Vec<u64>> = vec![Vec::new(); p];
+    let mut i_end: Vec<Vec<u64>> = vec![Vec::new(); p];
+    let (mut w_done, mut free_at) = (vec![0u32; p], vec![0u64; p]);
+    let mut lists = vec![Vec::new(); p];
+    // A stage's next pass: when it can start, and which.
+    let next_pass = |s: usize, f_end: &[Vec<u64>], i_end: &[Vec<u64>], w: u32, free: u64| {
+        let (f, i) = (f_end[s].len() as u32, i_end[s].len() as u32);
+        let forward = if f == m || f - w >= in_flight_cap {
+            None
+        } else if s == 0 {
+            Some(free)
+        } else {
+            f_end[s - 1].get(f as usize).map(|&t| t.max(free))
+        };
+        let input = if i == f {
+            None
+        } else if s + 1 == p {
+            Some(f_end[s][i as usize].max(free))
+        } else {
+            i_end[s + 1].get(i as usize).map(|&t| t.max(free))
+        };
+        let weight = (w < i).then_some(free);
+        // The first of the soonest: I, then F, then W.
+        [(input, I), (forward, F), (weight, W)]
+            .into_iter()
+            .filter_map(|(start, c)| start.map(|t| (t, c)))
+            .min_by_key(|&(t, _)| t)
+    };
+    let mut next: Vec<Option<(u64, Computation)>> =
+        (0..p).map(|s| next_pass(s, &f_end, &i_end, 0, 0)).collect();
+    while let Some((s, (start, c))) = next
+        .iter()
+        .enumerate()
+        .filter_map(|(s, n)| n.map(|n| (s, n)))
+        .min_by_key(|&(s, (t, _))| (t, s))
+    {
+        let end = start + 1;
+        let micro_batch = match c {
+            F => f_end[s].len(),
+            I => i_end[s].len(),
+            _ => w_done[s] as usize,
+        };
+        match c {
+            F => f_end[s].push(end),
+            I => i_end[s].push(end),
+            _ => w_done[s] += 1,
+        }
+        free_at[s] = end;
+        lists[s].push(StageAction::new(s as u32, c, micro_batch as u32));
+        // Only this stage's and its neighbours' next passes can change.
+        for n in s.saturating_sub(1)..(s + 2).min(p) {
+            next[n] = next_pass(n, &f_end, &i_end, w_done[n], free_at[n]);
+        }
+    }
+    lists
+}
+
 fn zbv_rank(rank: u32, ranks: u32, n: u32) -> Vec<StageAction> {
     use Computation::{BackwardInput as I, BackwardWeight as W, Forward as F};
     let (down, up) = (rank, 2 * ranks - 1 - rank);
@@ -1012,6 +1101,58 @@ mod tests {
                 "2F0 2I0 2F1 2I1 2F2 2I2 2W0 2F3 2I3 2W1 2W2 2W3",
             ]
         );
+    }
+
+    #[test]
+    fn zero_bubble_h2_on_four_ranks_eight_micro_batches() {
+        // Rank r warms up with 2(p - r) - 1 forwards (7, 5, 3, 1), the
+        // paper's figure 3; each rank's Ws fill where ZB-H1's ranks wait.
+        let order = PipelineOrder::zb_h2(4, 8).unwrap();
+        assert_eq!(
+            rows(&order),
+            [
+                "0F0 0F1 0F2 0F3 0F4 0F5 0F6 0I0 0W0 0I1 0F7 0I2 0W1 0I3 0W2 0I4 0W3 0I5 0W4 \
+                 0I6 0W5 0W6 0I7 0W7",
+                "1F0 1F1 1F2 1F3 1F4 1I0 1F5 1I1 1F6 1I2 1W0 1I3 1F7 1I4 1W1 1I5 1W2 1I6 1W3 \
+                 1W4 1I7 1W5 1W6 1W7",
+                "2F0 2F1 2F2 2I0 2F3 2I1 2F4 2I2 2F5 2I3 2F6 2I4 2W0 2I5 2F7 2I6 2W1 2W2 2I7 \
+                 2W3 2W4 2W5 2W6 2W7",
+                "3F0 3I0 3F1 3I1 3F2 3I2 3F3 3I3 3F4 3I4 3F5 3I5 3F6 3I6 3W0 3F7 3I7 3W1 3W2 \
+                 3W3 3W4 3W5 3W6 3W7",
+            ]
+        );
+        assert_eq!(order.forwards_before_first_backward(), [7, 5, 3, 1]);
+    }
+
+    #[test]
+    fn zero_bubble_h2_never_waits_between_its_first_forward_and_last_w() {
+        // At F = I = W and m >= 2p - 1 rank r computes from r to r + 3m
+        // without a pause (the paper's ZB-H2 bubble (p - 1)(F + I - 2W) is
+        // 0), and holds at most 2p - 1 micro-batches' activations, where
+        // ZB-H1 holds p. The iteration, 3m + p - 1, is the last stage's
+        // fill and its work: ZB-H1's too, whose ranks wait p - 1 each.
+        let costs = StageCosts {
+            activation_bytes: 1.0,
+            ..StageCosts::equal_passes(1.0, 2.0)
+        };
+        for p in 1..=6u32 {
+            for m in (2 * p - 1)..=(2 * p + 6) {
+                let order = PipelineOrder::zb_h2(p, m).unwrap();
+                let run = order.run(&vec![costs; p as usize]).unwrap();
+                assert_eq!(run.iteration_ms, f64::from(3 * m + p - 1), "p {p} m {m}");
+                // Rank r's first forward cannot start before r.
+                for r in 0..p as usize {
+                    assert_eq!(run.busy_ms[r], f64::from(3 * m));
+                    assert_eq!(run.finish_ms[r], f64::from(r as u32 + 3 * m), "p {p} m {m}");
+                }
+                let most = run
+                    .peak_activation_bytes
+                    .iter()
+                    .copied()
+                    .fold(0.0, f64::max);
+                assert_eq!(most, f64::from(2 * p - 1), "p {p} m {m}");
+            }
+        }
     }
 
     #[test]

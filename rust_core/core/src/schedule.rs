@@ -192,6 +192,13 @@ crate::named_enum! {
         /// bubbles. Each micro-batch's activations stay until its W, so
         /// every stage holds up to min(S, M) of them.
         ZeroBubbleH1 = "zb-h1",
+        /// Zero Bubble's ZB-H2 (Qi et al., section 2.2;
+        /// `PipelineOrder::zb_h2`, no torch class): rank r warms up with
+        /// 2(S - r) - 1 forwards and fills with deferred Ws, so that at
+        /// F = I = W no rank waits between its first forward and its last
+        /// W; every stage holds up to min(2S - 1, M) micro-batches'
+        /// activations, ZB-H1's S of them and S - 1 more.
+        ZeroBubbleH2 = "zb-h2",
         /// Megatron's interleaved 1F1B (torch's `ScheduleInterleaved1F1B`):
         /// each rank holds `chunks` chunks of the model, chunk c of rank r
         /// being stage c * ranks + r, and runs 1F1B over them; the
@@ -265,8 +272,23 @@ impl ScheduleKind {
     pub fn is_asynchronous(self) -> bool {
         !matches!(
             self,
-            ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe | ScheduleKind::ZeroBubbleH1
+            ScheduleKind::EarlyBackward1F1B
+                | ScheduleKind::GPipe
+                | ScheduleKind::ZeroBubbleH1
+                | ScheduleKind::ZeroBubbleH2
         ) && !self.is_chunked()
+    }
+
+    /// The one-stage-a-rank kinds that split each backward into I and W and
+    /// defer the Ws (ZB-H1, ZB-H2): a micro-batch's activations stay past
+    /// its I, so a stage's memory is its order's peak, not K_i's, and only
+    /// the busiest stage's own span bounds the iteration
+    /// (`cost::zero_bubble_latency`).
+    pub fn defers_weight_gradients(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::ZeroBubbleH1 | ScheduleKind::ZeroBubbleH2
+        )
     }
 
     /// The pipeline order of chunked kind `self` over `ranks` ranks of `chunks`
@@ -678,12 +700,26 @@ impl Schedule {
     pub fn zero_bubble_h1(num_stages: usize, micro_batches: u32) -> Result<Schedule> {
         check_shape(num_stages, micro_batches, 1)?;
         let order = PipelineOrder::interleaved_zero_bubble(num_stages as u32, micro_batches, 1)?;
+        Schedule::of_one_stage_order(ScheduleKind::ZeroBubbleH1, &order)
+    }
+
+    /// ZB-H2 on `num_stages` stages, one a rank (`PipelineOrder::zb_h2`,
+    /// the one place it is written), each stage's passes followed by AR
+    /// and OPT.
+    pub fn zero_bubble_h2(num_stages: usize, micro_batches: u32) -> Result<Schedule> {
+        check_shape(num_stages, micro_batches, 1)?;
+        let order = PipelineOrder::zb_h2(num_stages as u32, micro_batches)?;
+        Schedule::of_one_stage_order(ScheduleKind::ZeroBubbleH2, &order)
+    }
+
+    /// The schedule of kind `kind` that runs `order`, one stage a rank.
+    fn of_one_stage_order(kind: ScheduleKind, order: &PipelineOrder) -> Result<Schedule> {
         let lists = order
             .rank_actions
             .iter()
             .map(|actions| actions.iter().map(Action::of_stage_action).collect())
             .collect();
-        finish(ScheduleKind::ZeroBubbleH1, micro_batches, lists)
+        finish(kind, order.micro_batches, lists)
     }
 
     /// GPipe: F0 .. F(M-1), then B(M-1) .. B0, on every stage.
@@ -1255,6 +1291,37 @@ mod tests {
             rows(&zb.pipeline_order().unwrap())[2],
             "2F0,2I0,2F1,2I1,2F2,2I2,2W0,2F3,2I3,2W1,2W2,2W3"
         );
+    }
+
+    #[test]
+    fn zero_bubble_h2_warms_up_to_policy_bs_depths_and_holds_up_to_2s_minus_1() {
+        // The depths a plan records for ZB-H2 (`plan::warmup_depth`) are
+        // its order's, for any shape; its stages hold min(2S - 1, M) once
+        // M reaches S.
+        use crate::cost::WarmupPolicy;
+        use crate::plan::warmup_depth;
+        for s in 1..=8usize {
+            for m in 1..=20u32 {
+                let zb = Schedule::zero_bubble_h2(s, m).unwrap();
+                let order = zb.pipeline_order().unwrap();
+                let depths: Vec<u32> = (0..s)
+                    .map(|i| {
+                        let from_here = (s - i) as u32;
+                        warmup_depth(ScheduleKind::ZeroBubbleH2, WarmupPolicy::A, from_here, m)
+                            .unwrap()
+                    })
+                    .collect();
+                assert_eq!(
+                    order.forwards_before_first_backward(),
+                    depths,
+                    "S {s} M {m}"
+                );
+                if m as usize >= s {
+                    let most = (0..s).map(|i| zb.peak_in_flight(i)).max().unwrap();
+                    assert_eq!(most, m.min(2 * s as u32 - 1), "S {s} M {m}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -91,6 +91,14 @@ impl PyPipelineOrder {
             .map_err(to_py_err)
     }
 
+    /// ZB-H2 (Zero Bubble's, one stage a rank; torch has no class for it).
+    #[staticmethod]
+    fn zb_h2(ranks: u32, micro_batches: u32) -> PyResult<Self> {
+        PipelineOrder::zb_h2(ranks, micro_batches)
+            .map(PyPipelineOrder)
+            .map_err(to_py_err)
+    }
+
     /// DualPipeV, as torch's `ScheduleDualPipeV`.
     #[staticmethod]
     fn dualpipev(ranks: u32, micro_batches: u32) -> PyResult<Self> {

@@ -262,6 +262,7 @@ fn schedule_actions(
     let schedule = match (kind, warmup) {
         (ScheduleKind::GPipe, _) => Schedule::gpipe(num_stages, micro_batches),
         (ScheduleKind::ZeroBubbleH1, _) => Schedule::zero_bubble_h1(num_stages, micro_batches),
+        (ScheduleKind::ZeroBubbleH2, _) => Schedule::zero_bubble_h2(num_stages, micro_batches),
         (asynchronous, _) if asynchronous.is_asynchronous() => {
             Schedule::asynchronous(asynchronous, num_stages, micro_batches, mini_batches)
         }

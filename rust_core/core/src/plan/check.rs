@@ -444,6 +444,9 @@ fn check_warmup(plan: &Plan, i: usize, chunk_depths: Option<&[u32]>) -> Result<(
                 ScheduleKind::ZeroBubbleH1 => {
                     "ZB-H1 runs one micro-batch ahead per stage from here".to_string()
                 }
+                ScheduleKind::ZeroBubbleH2 => {
+                    "ZB-H2 runs two micro-batches ahead per stage from here, less one".to_string()
+                }
                 ScheduleKind::EarlyBackward1F1B => {
                     format!("warm-up policy {} gives this stage", policy.name())
                 }

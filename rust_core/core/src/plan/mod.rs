@@ -552,7 +552,8 @@ impl Plan {
 /// Micro-batches stage i runs forward before its first backward (K_i):
 /// the warm-up policy's for early backward, all of them for GPipe, one per
 /// stage from here up to M for ZB-H1 (its first I waits as policy A's
-/// first B does), one per stage from here for the asynchronous kinds
+/// first B does), two per stage from here less one up to M for ZB-H2
+/// (policy B's), one per stage from here for the asynchronous kinds
 /// (PipeDream's 1F1B, which runs across mini-batches and so is not capped
 /// by M); None where the
 /// depth is the plan's own choice (policy auto).
@@ -566,6 +567,7 @@ pub fn warmup_depth(
         ScheduleKind::EarlyBackward1F1B => policy.warmup(stages_from_here, micro_batches),
         ScheduleKind::GPipe => Some(micro_batches),
         ScheduleKind::ZeroBubbleH1 => Some(stages_from_here.min(micro_batches)),
+        ScheduleKind::ZeroBubbleH2 => WarmupPolicy::B.warmup(stages_from_here, micro_batches),
         _ => Some(stages_from_here),
     }
 }
@@ -628,6 +630,7 @@ pub fn plan_schedule_over(
             "{chunked} runs a pipeline order of several stages a rank, not one list a stage"
         ))),
         ScheduleKind::ZeroBubbleH1 => Schedule::zero_bubble_h1(s_count, plan.micro_batches),
+        ScheduleKind::ZeroBubbleH2 => Schedule::zero_bubble_h2(s_count, plan.micro_batches),
         ScheduleKind::EarlyBackward1F1B if own == ScheduleKind::EarlyBackward1F1B => {
             let warmup: Vec<u32> = plan.stages.iter().map(|s| s.warmup_micro_batches).collect();
             Schedule::early_backward(s_count, plan.micro_batches, &warmup)

@@ -19,7 +19,7 @@ use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_costed;
-use crate::interleave::{balanced_bound_ms, costed_chunked_plan, fastest_chunking};
+use crate::interleave::{balanced_bound_ms, cut_by_rank_speeds, fastest_chunking};
 use crate::plan::{warmup_depth, Plan};
 use crate::schedule::ScheduleKind;
 use crate::search::SearchOptions;
@@ -27,9 +27,10 @@ use crate::search::SearchOptions;
 /// The synchronous kinds the search chooses among; early backward is the
 /// search's own. (GPipe is never faster than early backward on one
 /// layout and holds more activations: it is planned when named.)
-pub const SEARCHED_KINDS: [ScheduleKind; 6] = [
+pub const SEARCHED_KINDS: [ScheduleKind; 7] = [
     ScheduleKind::EarlyBackward1F1B,
     ScheduleKind::ZeroBubbleH1,
+    ScheduleKind::ZeroBubbleH2,
     ScheduleKind::Interleaved1F1B,
     ScheduleKind::InterleavedZeroBubble,
     ScheduleKind::ZeroBubbleV,
@@ -45,11 +46,17 @@ pub(crate) fn asked_kinds(opts: &SearchOptions) -> Result<Vec<ScheduleKind>> {
     let hints = &opts.hints;
     match opts.schedule {
         Some(kind) if kind.is_chunked() && hints.fix_boundaries() => {
+            let one_stage_a_rank: Vec<&str> = SEARCHED_KINDS
+                .iter()
+                .filter(|k| !k.is_chunked())
+                .map(|k| k.name())
+                .collect();
             Err(Error::incompatible(format!(
-            "schedule {kind} cuts each rank's layers again into chunks, which the hints {} fix; \
-             plan it without the cuts and ranges, or with --schedule early-backward-1f1b or zb-h1",
-            hints.describe()
-        )))
+                "schedule {kind} cuts each rank's layers again into chunks, which the hints {} \
+                 fix; plan it without the cuts and ranges, or with --schedule {}",
+                hints.describe(),
+                crate::names::one_of(&one_stage_a_rank)
+            )))
         }
         Some(kind) => Ok(vec![kind]),
         None => Ok(SEARCHED_KINDS
@@ -81,10 +88,10 @@ pub(crate) fn none_runs(kinds: &[ScheduleKind]) -> Error {
 /// `plan`'s layout run as `kind`, with the depths the kind gives, costed;
 /// None where it does not fit, or the kind cannot run its micro-batches
 /// (torch's ZB-H1 order takes them in equal rounds). Early backward keeps
-/// the plan's own depths. A kind that a chunked kind is at one chunk a
-/// rank (ZB-H1: interleaved zero bubble's) also runs the layout's layers
-/// cut again by its ranks' speeds, the faster of the two, where `asked`
-/// lets it.
+/// the plan's own depths. The kinds that defer their Ws (ZB-H1, ZB-H2)
+/// also run the layout's layers cut again by its ranks' speeds, the
+/// faster of the two, where `asked` lets it: the search's cut balanced
+/// early backward's stages, whose bubbles differ from theirs.
 fn as_kind(
     plan: &Plan,
     kind: ScheduleKind,
@@ -95,10 +102,10 @@ fn as_kind(
         return Ok(fastest_chunking(plan, costs, kind, asked.chunks));
     }
     let own = on_its_cut(plan, kind, costs);
-    let recut = ScheduleKind::ALL
-        .into_iter()
-        .filter(|k| asked.recut && k.is_chunked() && k.at_one_chunk() == kind)
-        .filter_map(|k| costed_chunked_plan(plan, costs, k, 1));
+    let recut = (asked.recut && kind.defers_weight_gradients())
+        .then(|| cut_by_rank_speeds(plan, costs).ok())
+        .flatten()
+        .and_then(|cut| on_its_cut(&cut, kind, costs));
     Ok(own
         .into_iter()
         .chain(recut)
@@ -107,7 +114,7 @@ fn as_kind(
 
 /// `plan`'s layout, its own cut, run as `kind` of one stage a rank.
 fn on_its_cut(plan: &Plan, kind: ScheduleKind, costs: &ProfileCosts) -> Option<Plan> {
-    if kind == plan.schedule.kind {
+    if kind == plan.schedule.kind && plan.estimate.is_some() {
         return Some(plan.clone());
     }
     let mut other = plan.clone();
@@ -168,9 +175,15 @@ pub(crate) fn fastest_kind(
         recut: !opts.hints.fix_boundaries(),
     };
     keep_faster(&mut best, chosen, &asked, costs)?;
+    // A kind that cuts a layout's layers again (a chunked kind, or ZB-H1
+    // and ZB-H2 re-cut by the ranks' speeds) can beat the layout's own
+    // busiest stage: its layouts are ranked by the even spread too.
+    let cuts_again = kinds
+        .iter()
+        .any(|k| k.is_chunked() || (asked.recut && k.defers_weight_gradients()));
     let bound = |p: &Plan| {
         let own_cut = busiest_stage_ms(p);
-        match kinds.iter().any(|k| k.is_chunked()) {
+        match cuts_again {
             true => own_cut.min(balanced_bound_ms(p, costs)),
             false => own_cut,
         }
@@ -245,7 +258,11 @@ mod tests {
         let auto = asked_kinds(&opts).unwrap();
         assert_eq!(
             auto,
-            [ScheduleKind::EarlyBackward1F1B, ScheduleKind::ZeroBubbleH1]
+            [
+                ScheduleKind::EarlyBackward1F1B,
+                ScheduleKind::ZeroBubbleH1,
+                ScheduleKind::ZeroBubbleH2
+            ]
         );
         // --stages counts a chunked kind's ranks.
         opts.schedule = Some(ScheduleKind::ZeroBubbleV);

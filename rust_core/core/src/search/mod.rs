@@ -180,10 +180,12 @@ pub(crate) fn search_offering(
     let kinds = kinds::asked_kinds(opts)?;
     let costs = ProfileCosts::new(profile);
     let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
-    if kinds.contains(&ScheduleKind::ZeroBubbleH1) && opts.warmup_policy != WarmupPolicy::A {
+    let fixed_depths = kinds.iter().any(|k| k.defers_weight_gradients());
+    if fixed_depths && opts.warmup_policy != WarmupPolicy::A {
         // ZB-H1 runs policy A's depths: the layouts best at them are its
         // candidates too (a layout fast only as ZB-H1 can rank low under
-        // searched depths).
+        // searched depths), and ZB-H2's, whose candidates are the same
+        // whether it is asked alone or with ZB-H1.
         let at_a = SearchOptions {
             warmup_policy: WarmupPolicy::A,
             ..opts.clone()
