@@ -790,9 +790,9 @@ class Gen:
         if self.p(0.15):
             spec.argv += [self.choice(["--refine", "--no-refine"])]
         if self.p(0.25):
-            spec.argv += ["--schedule", self.pick(["auto", "early-backward-1f1b", "gpipe", "zb-h1", "xpipe",
+            spec.argv += ["--schedule", self.pick(["auto", "early-backward-1f1b", "gpipe", "zb-h1", "zb-h2", "xpipe",
                                                     "pipedream", "spectrain", "async", "interleaved-1f1b",
-                                                    "interleaved-zero-bubble", "zb-v"], ["1f1b"])]
+                                                    "interleaved-zero-bubble", "zb-v", "dualpipev"], ["1f1b"])]
         if self.p(0.1):
             spec.argv += ["--chunks", self.pick(["1", "2", "3"], ["0", "x", "4294967296"])]
         self.hints(spec, info)
@@ -839,9 +839,9 @@ class Gen:
     def g_simulate(self, spec: Spec):
         spec.argv = ["simulate", *self.plan_and_profile(spec)]
         if self.p(0.3):
-            spec.argv += ["--schedule", self.pick(["early-backward-1f1b", "gpipe", "zb-h1", "xpipe", "pipedream",
+            spec.argv += ["--schedule", self.pick(["early-backward-1f1b", "gpipe", "zb-h1", "zb-h2", "xpipe", "pipedream",
                                                     "spectrain", "async", "interleaved-1f1b",
-                                                    "interleaved-zero-bubble", "zb-v"], ["auto"])]
+                                                    "interleaved-zero-bubble", "zb-v", "dualpipev"], ["auto"])]
         if self.p(0.2):
             spec.argv += ["--recompute"]
         if self.p(0.2):
@@ -858,7 +858,7 @@ class Gen:
         if self.p(0.8):
             spec.argv += self.plan_and_profile(spec, p_profile=0.2)
         if self.p(0.2):
-            spec.argv += ["--schedule", self.pick(["early-backward-1f1b", "gpipe", "zb-h1", "xpipe", "async"], ["x"])]
+            spec.argv += ["--schedule", self.pick(["early-backward-1f1b", "gpipe", "zb-h1", "zb-h2", "xpipe", "async"], ["x"])]
         if self.p(0.15):
             spec.argv += ["--recompute"]
         for opt, p in (("--gantt", 0.5), ("--memory", 0.35), ("--diagram", 0.35)):

@@ -33,11 +33,11 @@ def test_a_worsened_plan_fails_with_a_readable_diff(dapple, tmp_path):
     # Recorded expectation from a better plan than today's: today's is slower.
     shipped = json.loads(SUITE.read_text())
     bert = next(c for c in shipped["cases"] if c["name"] == "BERT-48 A")
-    path = write_suite(tmp_path, [bert_case(expected_ms=bert["expected_ms"] * 0.8, expected_shape="8:8")])
+    path = write_suite(tmp_path, [bert_case(expected_ms=bert["expected_ms"] * 0.8, expected_shape="1:15")])
     r = dapple("regress", path)
     assert r.returncode == 7
     line = next(l for l in r.stdout.splitlines() if "bert A" in l)
-    assert line.startswith("SLOWER") and "+25.0%" in line and f"plan 8:8 -> {bert['expected_shape']}" in line
+    assert line.startswith("SLOWER") and "+25.0%" in line and f"plan 1:15 -> {bert['expected_shape']}" in line
 
 
 def test_infeasible_case_fails(dapple, tmp_path):

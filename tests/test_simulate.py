@@ -84,7 +84,8 @@ def test_plans_are_chosen_by_simulated_time(name, gbs):
     assert chosen.iteration_ms == pytest.approx(sel["simulated_ms"])
     # The space's bound is below every plan's simulated time; it is early
     # backward's, recorded only where the plan runs early backward.
-    assert sel.get("lower_bound_ms", 0.0) <= chosen.estimate["latency_ms"] <= chosen.iteration_ms
+    # (ZB-H2's bound can be met: equal up to rounding.)
+    assert sel.get("lower_bound_ms", 0.0) <= chosen.estimate["latency_ms"] <= chosen.iteration_ms * (1 + 1e-9)
     assert ("lower_bound_ms" in sel) == (chosen.core.schedule_kind == "early-backward-1f1b")
     # Fixed warm-up policies search a subset of what auto searches.
     for policy in ("A", "B"):
@@ -129,7 +130,7 @@ def test_a_plan_run_interleaved_keeps_its_ranks_and_cuts_its_wait():
     # ZB-V: two chunks a rank, down the ranks and back up.
     v = planner.chunked(plan, profile, "zb-v")
     assert v.core.stage_ranks == [0, 1, 2, 3, 3, 2, 1, 0] and runs[2].core.stage_ranks == [0, 1, 2, 3] * 2
-    with pytest.raises(planner.InvalidInputError, match="chunks: value 3: zb-v holds two"):
+    with pytest.raises(planner.InvalidInputError, match="chunks: value 3: zb-v holds 2 chunks a rank"):
         planner.chunked(plan, profile, "zb-v", 3)
     with pytest.raises(planner.InvalidInputError, match="schedule"):
         planner.chunked(plan, profile, "gpipe", 2)

@@ -438,7 +438,7 @@ mod tests {
         let kind = ScheduleKind::ZeroBubbleH1;
         let mut opts = crate::search::SearchOptions::new(8);
         let fastest_kind = |opts: &crate::search::SearchOptions| {
-            crate::search::kinds::fastest_kind(&plan, &[], &[kind], opts, &costs)
+            crate::search::kinds::fastest_kind(&plan, &[], &[kind], opts, &costs, false)
                 .unwrap()
                 .unwrap()
         };

@@ -1105,8 +1105,8 @@ mod tests {
 
     #[test]
     fn zero_bubble_h2_on_four_ranks_eight_micro_batches() {
-        // Rank r warms up with 2(p - r) - 1 forwards (7, 5, 3, 1), the
-        // paper's figure 3; each rank's Ws fill where ZB-H1's ranks wait.
+        // Rank r warms up with 2(p - r) - 1 forwards (7, 5, 3, 1); each
+        // rank's Ws fill where ZB-H1's ranks wait.
         let order = PipelineOrder::zb_h2(4, 8).unwrap();
         assert_eq!(
             rows(&order),
@@ -1127,8 +1127,8 @@ mod tests {
     #[test]
     fn zero_bubble_h2_never_waits_between_its_first_forward_and_last_w() {
         // At F = I = W and m >= 2p - 1 rank r computes from r to r + 3m
-        // without a pause (the paper's ZB-H2 bubble (p - 1)(F + I - 2W) is
-        // 0), and holds at most 2p - 1 micro-batches' activations, where
+        // without a pause (the bubble the paper gives ZB-H2 at equal passes
+        // is 0), and holds at most 2p - 1 micro-batches' activations, where
         // ZB-H1 holds p. The iteration, 3m + p - 1, is the last stage's
         // fill and its work: ZB-H1's too, whose ranks wait p - 1 each.
         let costs = StageCosts {

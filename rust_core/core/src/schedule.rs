@@ -306,12 +306,13 @@ impl ScheduleKind {
             ScheduleKind::InterleavedZeroBubble => {
                 PipelineOrder::interleaved_zero_bubble(ranks, micro_batches, chunks)
             }
-            ScheduleKind::ZeroBubbleV | ScheduleKind::DualPipeV if chunks != 2 => {
-                Err(Error::field(
-                    "chunks",
-                    format!("value {chunks}: {self} holds two chunks a rank"),
-                ))
-            }
+            fixed if fixed.fixed_chunks().is_some_and(|v| v != chunks) => Err(Error::field(
+                "chunks",
+                format!(
+                    "value {chunks}: {self} holds {} chunks a rank",
+                    fixed.fixed_chunks().unwrap_or(chunks)
+                ),
+            )),
             ScheduleKind::ZeroBubbleV => PipelineOrder::zbv(ranks, micro_batches),
             ScheduleKind::DualPipeV => PipelineOrder::dualpipev(ranks, micro_batches),
             other => Err(Error::field(

@@ -4,16 +4,19 @@
 //!
 //! Phases 1-5 search layouts, micro-batch sizes and warm-up depths for
 //! DAPPLE's early backward. Here the chosen plan and each ranked candidate
-//! are also costed as ZB-H1 (its depths fixed by the kind; on its own cut
-//! and cut again by the ranks' speeds) and cut into chunks of each chunked
-//! kind (`interleave.rs`; not under layout hints), in order of a
-//! bound (the busiest stage's passes and AllReduce, or for a chunked kind
-//! the layers' work spread evenly over the ranks), until no candidate left
+//! are also costed as ZB-H1 and ZB-H2 (their depths fixed by the kind; on
+//! its own cut and cut again by the ranks' speeds) and cut into chunks of
+//! each chunked kind (`interleave.rs`; not under layout hints), in order
+//! of a bound (the busiest stage's passes and AllReduce, or for a kind
+//! that cuts the layers again the layers' work spread evenly over the
+//! ranks), until no candidate left
 //! can be faster by it. `search_offering` adds the candidates of a search
 //! at warm-up policy A, whose depths ZB-H1 runs. The walk of phase 4
 //! prunes by early backward's bound, which the other kinds can beat: a
 //! layout the walk left out could be faster as one of them, so the kinds
 //! are compared over the layouts the searches kept (docs/schedules.md).
+//! On a small space every layout that fits is kept (`walk::every_layout`)
+//! and run as every kind without a bound: the choice is exact there.
 
 use crate::cost::WarmupPolicy;
 use crate::costing::ProfileCosts;
@@ -92,7 +95,7 @@ pub(crate) fn none_runs(kinds: &[ScheduleKind]) -> Error {
 /// also run the layout's layers cut again by its ranks' speeds, the
 /// faster of the two, where `asked` lets it: the search's cut balanced
 /// early backward's stages, whose bubbles differ from theirs.
-fn as_kind(
+pub(super) fn as_kind(
     plan: &Plan,
     kind: ScheduleKind,
     asked: &Asked,
@@ -155,7 +158,10 @@ fn busiest_stage_ms(plan: &Plan) -> f64 {
 
 /// The fastest plan that fits among `chosen` and `ranked` run as each kind
 /// in `kinds`: `chosen` as each kind first, then the ranked layouts in
-/// order of their bound while it is below the fastest found. A ranked plan
+/// order of their bound while it is below the fastest found, or all of
+/// them where `every_layout` says they are every layout of a small space
+/// (the bound of a kind that cuts the layers again is a ranking, not a
+/// proof: exact only there). A ranked plan
 /// searched under another warm-up policy than `chosen`'s is a candidate of
 /// the kinds whose depths are fixed only; every result records `chosen`'s
 /// policy.
@@ -165,6 +171,7 @@ pub(crate) fn fastest_kind(
     kinds: &[ScheduleKind],
     opts: &SearchOptions,
     costs: &ProfileCosts,
+    every_layout: bool,
 ) -> Result<Option<Plan>> {
     let mut best: Option<Plan> = None;
     let policy = chosen.schedule.warmup_policy;
@@ -191,7 +198,7 @@ pub(crate) fn fastest_kind(
     let mut others: Vec<(f64, &Plan)> = ranked.iter().map(|p| (bound(p), *p)).collect();
     others.sort_by(|a, b| a.0.total_cmp(&b.0));
     for (bound, plan) in others {
-        if best.as_ref().is_some_and(|b| bound >= simulated_ms(b)) {
+        if !every_layout && best.as_ref().is_some_and(|b| bound >= simulated_ms(b)) {
             break;
         }
         keep_faster(&mut best, plan, &asked, costs)?;
@@ -201,13 +208,13 @@ pub(crate) fn fastest_kind(
 
 /// What the kind phase runs each layout as: `kinds`, a chunked kind with
 /// `chunks` a rank where given, every result under warm-up `policy`.
-struct Asked<'a> {
-    kinds: &'a [ScheduleKind],
-    chunks: Option<u32>,
-    policy: WarmupPolicy,
+pub(super) struct Asked<'a> {
+    pub(super) kinds: &'a [ScheduleKind],
+    pub(super) chunks: Option<u32>,
+    pub(super) policy: WarmupPolicy,
     /// Whether a layout's layers may be cut again (not where hints fix
     /// where stages begin).
-    recut: bool,
+    pub(super) recut: bool,
 }
 
 /// `plan` run as each of `kinds` under warm-up policy `policy`, kept in

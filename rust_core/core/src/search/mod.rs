@@ -127,6 +127,10 @@ pub struct SearchStats {
     /// stopped: their other layouts were left to the walk, within its
     /// budget.
     pub abandoned_micro_batch_sizes: Vec<u32>,
+    /// Whether the space was small enough (`walk::SMALL_SPACE_LAYOUTS`)
+    /// that the kind phase ran every layout that fits as every kind, its
+    /// choice then exact.
+    pub every_layout_ranked: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -207,7 +211,9 @@ pub(crate) fn search_offering(
     }
     // 6. The schedule kind.
     let ranked: Vec<&Plan> = ranked.iter().collect();
-    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, opts, &costs)? else {
+    let every_layout = stats.every_layout_ranked;
+    let Some(mut plan) = kinds::fastest_kind(&chosen, &ranked, &kinds, opts, &costs, every_layout)?
+    else {
         return Err(kinds::none_runs(&kinds));
     };
     // How the search chose. Its bound and proof are early backward's, over
@@ -309,13 +315,10 @@ fn search_layouts(
         micro_batch_sizes: space.sizes.clone(),
         states: passes.states,
         stages_costed: passes.stages_costed,
-        refine_plans_costed: 0,
         abandoned_micro_batch_sizes: passes.abandoned_sizes(),
+        ..SearchStats::default()
     };
-    let lower_bound_ms = passes.lower_bound_ms(&space);
-    if !lower_bound_ms.is_finite() {
-        return Err(hints.named_in(explain_infeasible(&space, &budget, opts.max_search_steps)));
-    }
+    let lower_bound_ms = finite_bound(&passes, &space, &budget, opts)?;
     let inputs = plan_inputs(profile, topology, &space, opts);
     // 3. Candidates, costed and ranked by simulation.
     let mut ranking = Ranking::new(costs, opts.warmup_policy, hints);
@@ -345,6 +348,7 @@ fn search_layouts(
     if let Some(plan) = walked.fastest {
         ranking.add_costed(plan);
     }
+    let every_layout = small_space_layouts(&space, &inputs, costs, &passes, (opts, &mut stats))?;
     if ranking.ranked.is_empty() {
         // Only where a run stopped at the work limit (above).
         let e = work_limit_error(&stats, opts.max_search_steps)
@@ -359,8 +363,48 @@ fn search_layouts(
         optimal: walked.optimal,
     };
     let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
-    let ranked = ranking.ranked.into_iter().map(|c| c.plan).collect();
-    Ok((plan, ranked, stats))
+    let ranked = ranking.ranked.into_iter().map(|c| c.plan);
+    let ranked = ranked.chain(every_layout.into_iter().flatten());
+    Ok((plan, ranked.collect(), stats))
+}
+
+/// The space's bound (formula (2) over its best plans), or why no plan of
+/// it fits where it is infinite.
+fn finite_bound(
+    passes: &PassResults,
+    space: &Space,
+    budget: &MemoryBudget,
+    opts: &SearchOptions,
+) -> Result<f64> {
+    let lower_bound_ms = passes.lower_bound_ms(space);
+    if !lower_bound_ms.is_finite() {
+        let why = explain_infeasible(space, budget, opts.max_search_steps);
+        return Err(opts.hints.named_in(why));
+    }
+    Ok(lower_bound_ms)
+}
+
+/// On a small space, every layout that fits, for the kind phase to run as
+/// every kind (`walk::every_layout`), recorded in `stats`; None on a
+/// larger one, or where only early backward or GPipe is asked, whose
+/// search is exact already.
+fn small_space_layouts(
+    space: &Space,
+    inputs: &PlanInputs,
+    costs: &ProfileCosts,
+    passes: &PassResults,
+    (opts, stats): (&SearchOptions, &mut SearchStats),
+) -> Result<Option<Vec<Plan>>> {
+    if matches!(
+        opts.schedule,
+        Some(ScheduleKind::EarlyBackward1F1B | ScheduleKind::GPipe)
+    ) {
+        return Ok(None);
+    }
+    let every_size = walk::walk_order(space, passes, false);
+    let every_layout = walk::every_layout(space, inputs, costs, &every_size)?;
+    stats.every_layout_ranked = every_layout.is_some();
+    Ok(every_layout)
 }
 
 /// The ranking's fastest simulated time, the walk's bound. With no
@@ -845,11 +889,48 @@ mod tests {
         shapes: StageShapes,
         hints: &Hints,
     ) -> Option<(f64, f64)> {
+        let mut best: Option<(f64, f64)> = None;
+        each_brute_plan(profile, topology, (gbs, policy), shapes, &mut |plan| {
+            if !space::hints_admit(hints, &plan) {
+                return;
+            }
+            let est = evaluate(&plan, profile).expect("brute-force plans are valid");
+            let sim = est.iteration_ms.unwrap();
+            // Formula (2) is a lower bound of the simulation, for every plan.
+            assert!(
+                sim >= est.latency_ms * (1.0 - 1e-12),
+                "{sim} < {}",
+                est.latency_ms
+            );
+            if !est.fits_memory {
+                return;
+            }
+            let sim = match policy {
+                WarmupPolicy::Auto => best_over_warmups(&plan, profile).unwrap(),
+                _ => sim,
+            };
+            best = Some(match best {
+                None => (est.latency_ms, sim),
+                Some((l, s)) => (l.min(est.latency_ms), s.min(sim)),
+            });
+        });
+        best
+    }
+
+    /// Every plan of every layout (partition, GPUs a stage, placement,
+    /// stage shape) at every micro-batch size, warm-up `policy`, that the
+    /// profile and GPUs allow, each given to `visit`.
+    fn each_brute_plan(
+        profile: &Profile,
+        topology: &Topology,
+        (gbs, policy): (u32, WarmupPolicy),
+        shapes: StageShapes,
+        visit: &mut dyn FnMut(Plan),
+    ) {
         let n = profile.layers.len();
         let layer_costs = LayerCosts::new(profile);
         let cluster = Cluster::for_model(topology, &layer_costs).unwrap();
         let machines = cluster.group_and_gpus();
-        let mut best: Option<(f64, f64)> = None;
         let min_slice = profile.min_batch_size();
         for b in (1..=gbs).filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice) {
             let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
@@ -868,31 +949,9 @@ mod tests {
                         &steps,
                     );
                     // Shapes the profile, micro-batch or GPUs do not allow.
-                    if shapes != StageShapes::Plain && check(&plan, profile).is_err() {
-                        continue;
+                    if shapes == StageShapes::Plain || check(&plan, profile).is_ok() {
+                        visit(plan);
                     }
-                    if !space::hints_admit(hints, &plan) {
-                        continue;
-                    }
-                    let est = evaluate(&plan, profile).expect("brute-force plans are valid");
-                    let sim = est.iteration_ms.unwrap();
-                    // Formula (2) is a lower bound of the simulation, for every plan.
-                    assert!(
-                        sim >= est.latency_ms * (1.0 - 1e-12),
-                        "{sim} < {}",
-                        est.latency_ms
-                    );
-                    if !est.fits_memory {
-                        continue;
-                    }
-                    let sim = match policy {
-                        WarmupPolicy::Auto => best_over_warmups(&plan, profile).unwrap(),
-                        _ => sim,
-                    };
-                    best = Some(match best {
-                        None => (est.latency_ms, sim),
-                        Some((l, s)) => (l.min(est.latency_ms), s.min(sim)),
-                    });
                     continue;
                 }
                 let free = state.free();
@@ -919,7 +978,6 @@ mod tests {
                 }
             }
         }
-        best
     }
 
     /// A cluster of `shape` ("2x4") with one of three link mixes, and GPU
@@ -1175,6 +1233,81 @@ mod tests {
         }
         // Both kinds win somewhere on these cases.
         assert!((1..40).contains(&zb_chosen), "{zb_chosen}");
+    }
+
+    /// `--schedule auto` without refinement is the fastest plan of its
+    /// space, by brute force, where the space is small (at most
+    /// `walk::SMALL_SPACE_LAYOUTS` layouts): every layout that fits as early
+    /// backward (the DP's memory rule) at every micro-batch size, run as
+    /// early backward at its best warm-up depths and as each other searched
+    /// kind (ZB-H1 and ZB-H2 on its own cut and cut again by its ranks'
+    /// speeds, the chunked kinds at each chunk count, `kinds::as_kind`), the
+    /// fastest that fits.
+    #[test]
+    fn the_schedule_kind_is_exact_against_brute_force_on_small_spaces() {
+        let mut rng = StdRng::seed_from_u64(777);
+        let shapes = ["1x2", "1x4", "2x2", "1x8", "2x4"];
+        let mut chosen = std::collections::BTreeMap::<String, usize>::new();
+        let mut small = 0;
+        for case in 0..100 {
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let layers = rng.gen_range(2..=5);
+            let profile = random_profile(&mut rng, layers);
+            let gbs = [4, 8, 12][case % 3];
+            let costs = ProfileCosts::new(&profile);
+            let asked = kinds::Asked {
+                kinds: &kinds::SEARCHED_KINDS,
+                chunks: None,
+                policy: WarmupPolicy::Auto,
+                recut: true,
+            };
+            let mut fastest = f64::INFINITY;
+            let space = (gbs, WarmupPolicy::Auto);
+            each_brute_plan(
+                &profile,
+                &topology,
+                space,
+                StageShapes::Plain,
+                &mut |plan| {
+                    let estimate = evaluate(&plan, &profile).unwrap();
+                    if !estimate.fits_memory {
+                        return;
+                    }
+                    fastest = fastest.min(best_over_warmups(&plan, &profile).unwrap());
+                    let costed = Plan {
+                        estimate: Some(estimate),
+                        ..plan
+                    };
+                    for &kind in &kinds::SEARCHED_KINDS[1..] {
+                        if let Some(run) = kinds::as_kind(&costed, kind, &asked, &costs).unwrap() {
+                            fastest = fastest.min(run.iteration_ms().unwrap());
+                        }
+                    }
+                },
+            );
+            let mut opts = SearchOptions::new(gbs);
+            opts.stage_shapes = StageShapes::Plain;
+            opts.search_space = SearchSpace::Full;
+            opts.refine = false;
+            let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
+            match search(&profile, &topology, &opts) {
+                Err(e) => assert!(fastest.is_infinite(), "{what}: {e}, brute force {fastest}"),
+                Ok(r) if !r.stats.every_layout_ranked => continue,
+                Ok(r) => {
+                    let got = r.plan.iteration_ms().unwrap();
+                    assert!(
+                        (got - fastest).abs() <= 1e-9 * fastest,
+                        "{what}: search {got} ({}), brute force {fastest}",
+                        r.plan.schedule.kind
+                    );
+                    small += 1;
+                    *chosen.entry(r.plan.schedule.kind.to_string()).or_default() += 1;
+                }
+            }
+        }
+        // Most of these spaces are small, and more than early backward wins.
+        assert!(small >= 60, "{small} small spaces: {chosen:?}");
+        assert!(chosen.len() >= 3, "{chosen:?}");
     }
 
     /// The search's result is the brute force's (smallest bound, smallest

@@ -135,6 +135,67 @@ pub(crate) fn walk(
     }
 }
 
+/// Layouts of a space small enough for the kind phase to run every one as
+/// every kind: at most this many complete layouts, found within
+/// [`SMALL_SPACE_NODE_BUDGET`] stages.
+pub(crate) const SMALL_SPACE_LAYOUTS: usize = 512;
+const SMALL_SPACE_NODE_BUDGET: u64 = 20_000;
+
+/// Every layout of the sizes in `order` that fits, each costed as early
+/// backward (its depths searched under the space's policy), where the
+/// space is small: None where it has more than [`SMALL_SPACE_LAYOUTS`]
+/// layouts or the walk does not finish within its budget. The kind phase
+/// then runs all of them as every kind, so that its choice is exact on
+/// small spaces; it ranks the layouts of larger ones (`kinds.rs`).
+pub(crate) fn every_layout(
+    space: &Space,
+    inputs: &PlanInputs,
+    costs: &ProfileCosts,
+    order: &[(f64, u32)],
+) -> Result<Option<Vec<Plan>>> {
+    // Found first, costed after: a large space is given up uncosted.
+    let mut found: Vec<(u32, Found)> = Vec::new();
+    let mut nodes_left = SMALL_SPACE_NODE_BUDGET;
+    let work_left = Cell::new(WALK_SIMULATED_TASK_BUDGET);
+    for &(_, b) in order {
+        let mut too_many = false;
+        let mut visit = |steps: &[Step], value: f64| -> f64 {
+            if found.len() == SMALL_SPACE_LAYOUTS {
+                too_many = true;
+                return f64::NEG_INFINITY; // the walk stops
+            }
+            let stages = steps.to_vec();
+            found.push((b, Found { value, stages }));
+            f64::INFINITY
+        };
+        let mut walk = LayoutWalk {
+            bound: f64::INFINITY,
+            nodes_left,
+            work_left: &work_left,
+            complete: true,
+            visit: &mut visit,
+        };
+        let ctx = space.covering();
+        let m = space.micro_batches(b);
+        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
+        dp.walk_layouts(&mut walk);
+        let complete = walk.complete;
+        nodes_left = walk.nodes_left;
+        if !complete || too_many {
+            return Ok(None);
+        }
+    }
+    let mut plans = Vec::new();
+    for (b, layout) in found {
+        let m = space.micro_batches(b);
+        if within_passes(layout.stages.len(), m) {
+            let plan = build_plan(inputs, space.covering(), b, m, &layout);
+            plans.extend(cost_candidate_below(&plan, costs, f64::INFINITY)?.0);
+        }
+    }
+    Ok(Some(plans))
+}
+
 /// What the walk does with each complete layout it reaches: cost it as a
 /// candidate, keeping the fastest, and the first failure for the walk to
 /// return.
