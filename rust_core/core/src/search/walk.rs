@@ -109,19 +109,10 @@ pub(crate) fn walk(
             };
             visitor.visit(b, found, &work_left)
         };
-        let mut walk = LayoutWalk {
-            bound,
-            nodes_left,
-            work_left: &work_left,
-            complete: true,
-            visit: &mut visit,
-        };
-        let ctx = space.covering();
-        let m = space.micro_batches(b);
-        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
-        dp.walk_layouts(&mut walk);
-        (bound, nodes_left) = (walk.bound, walk.nodes_left);
-        if !walk.complete {
+        let complete;
+        (bound, nodes_left, complete) =
+            walk_size(space, b, (bound, nodes_left), &work_left, &mut visit);
+        if !complete {
             optimal = false;
             break;
         }
@@ -133,6 +124,31 @@ pub(crate) fn walk(
             optimal,
         }),
     }
+}
+
+/// Walk the layouts of micro-batch size `b` below `bound`, within
+/// `nodes_left` stages (`Dp::walk_layouts`), each complete one given to
+/// `visit`, which returns the new bound: the walk's bound and nodes left
+/// after it, and whether it finished.
+fn walk_size<F: FnMut(&[Step], f64) -> f64>(
+    space: &Space,
+    b: u32,
+    (bound, nodes_left): (f64, u64),
+    work_left: &Cell<u64>,
+    visit: &mut F,
+) -> (f64, u64, bool) {
+    let mut walk = LayoutWalk {
+        bound,
+        nodes_left,
+        work_left,
+        complete: true,
+        visit,
+    };
+    let ctx = space.covering();
+    let m = space.micro_batches(b);
+    let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
+    dp.walk_layouts(&mut walk);
+    (walk.bound, walk.nodes_left, walk.complete)
 }
 
 /// Layouts of a space small enough for the kind phase to run every one as
@@ -168,19 +184,14 @@ pub(crate) fn every_layout(
             found.push((b, Found { value, stages }));
             f64::INFINITY
         };
-        let mut walk = LayoutWalk {
-            bound: f64::INFINITY,
-            nodes_left,
-            work_left: &work_left,
-            complete: true,
-            visit: &mut visit,
-        };
-        let ctx = space.covering();
-        let m = space.micro_batches(b);
-        let mut dp = Dp::new(ctx, b, m, Objective::Latency, vec![ctx.policy], None);
-        dp.walk_layouts(&mut walk);
-        let complete = walk.complete;
-        nodes_left = walk.nodes_left;
+        let complete;
+        (_, nodes_left, complete) = walk_size(
+            space,
+            b,
+            (f64::INFINITY, nodes_left),
+            &work_left,
+            &mut visit,
+        );
         if !complete || too_many {
             return Ok(None);
         }
