@@ -4,10 +4,12 @@ the paper's Table V cases.
     python benchmarks/warmup_exactness.py
 
 For each case of `profiles/regress/paper-table-v.json` it plans as
-`dapple plan` does, then simulates other valid depth vectors on the same
-plan (same stages, micro-batches and devices) that fit in memory:
-- every valid vector (K_0 >= K_1 >= ... >= 1, each at most M) where there
-  are at most EXHAUSTIVE of them;
+`dapple plan --schedule early-backward-1f1b` does, then simulates other
+valid depth vectors on the same plan (same stages, micro-batches and
+devices) that fit in memory:
+- every valid vector (K_0 >= K_1 >= ... >= 1, each at most M) that fits,
+  enumerated in the core (`_core.fastest_valid_warmups`), where there are
+  at most EXHAUSTIVE of them;
 - otherwise every vector that moves one, two or three stages' depths by one
   from the chosen ones (the valid ones).
 It records the fastest found against the chosen. Writes
@@ -30,17 +32,12 @@ from dapple import planner
 
 HERE = Path(__file__).resolve().parent
 SUITE = HERE.parent / "profiles" / "regress" / "paper-table-v.json"
-EXHAUSTIVE = 20_000
+EXHAUSTIVE = 2_000_000
 
 
 def valid_vectors(stages: int, micro_batches: int) -> int:
     """How many non-increasing vectors of `stages` depths in 1..M there are."""
     return math.comb(micro_batches + stages - 1, stages)
-
-
-def every_vector(stages: int, micro_batches: int):
-    for k in itertools.combinations_with_replacement(range(micro_batches, 0, -1), stages):
-        yield list(k)
 
 
 def near_vectors(chosen: list[int], micro_batches: int):
@@ -76,10 +73,12 @@ def check_case(case: dict) -> dict:
     m = data["micro_batches"]
     chosen_ms = simulated(data, profile, chosen)
     count = valid_vectors(len(chosen), m)
-    exhaustive = count <= EXHAUSTIVE
-    candidates = every_vector(len(chosen), m) if exhaustive else near_vectors(chosen, m)
+    every = planner._core.fastest_valid_warmups(plan.core, profile.core, EXHAUSTIVE)
+    if every is not None:
+        best, best_ms, fitting = every
+        return row(case, m, (chosen, chosen_ms), (best, best_ms), (count, "every valid vector", fitting, fitting))
     best_ms, best, tried, fitting = chosen_ms, chosen, 0, 0
-    for k in candidates:
+    for k in near_vectors(chosen, m):
         tried += 1
         ms = simulated(data, profile, k)
         if ms is None:
@@ -87,11 +86,17 @@ def check_case(case: dict) -> dict:
         fitting += 1
         if ms < best_ms:
             best_ms, best = ms, k
+    return row(case, m, (chosen, chosen_ms), (best, best_ms), (count, "one to three depths moved by one", tried, fitting))
+
+
+def row(case: dict, m: int, chosen, fastest, checked) -> dict:
+    """One case's result: the chosen depths and time, the fastest found,
+    and what was checked (valid vectors, how, simulated, fitting)."""
+    (k, k_ms), (best, best_ms), (count, how, tried, fitting) = chosen, fastest, checked
     return {
-        "case": case["name"], "stages": len(chosen), "micro_batches": m, "valid_vectors": count,
-        "checked": "every valid vector" if exhaustive else "one to three depths moved by one",
-        "vectors_tried": tried, "vectors_fitting": fitting, "chosen": chosen, "chosen_ms": round(chosen_ms, 3),
-        "fastest": best, "fastest_ms": round(best_ms, 3), "gap": round(chosen_ms / best_ms - 1, 6),
+        "case": case["name"], "stages": len(k), "micro_batches": m, "valid_vectors": count,
+        "checked": how, "vectors_tried": tried, "vectors_fitting": fitting, "chosen": k, "chosen_ms": round(k_ms, 3),
+        "fastest": list(best), "fastest_ms": round(best_ms, 3), "gap": round(k_ms / best_ms - 1, 6),
     }
 
 

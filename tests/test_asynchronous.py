@@ -401,6 +401,9 @@ def test_curves_are_drawn_from_run_metrics(dapple, tmp_path):
     assert r.returncode == 2 and "--metrics" in r.stderr
     r = dapple("show", *files, "--gantt", tmp_path / "g.png")
     assert r.returncode == 2 and "--plan" in r.stderr
+    # Epochs of almost no steps overflowed the axis (fuzz seed 20261141): refused.
+    r = dapple("show", *files, "--curves", tmp_path / "c2.png", "--steps-per-epoch", "1e-308")
+    assert r.returncode == 2 and "--steps-per-epoch" in r.stderr and "1e-308" in r.stderr
     bare = json.loads((tmp_path / "None.json").read_text())
     del bare["evaluations"]
     (tmp_path / "bare.json").write_text(json.dumps(bare))

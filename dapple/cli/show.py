@@ -40,8 +40,9 @@ def _picture_option(name: str, what: str):
               help="Run metrics (dapple run --metrics with --eval-every) for --curves; repeat for several runs.")
 @_picture_option("curves", "the validation loss and accuracy of the --metrics runs (one curve per schedule "
                            "and optimizer: the mean, and the band from lowest to highest over its runs)")
-@click.option("--steps-per-epoch", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Draw --curves against epochs of this many steps instead of steps.")
+@click.option("--steps-per-epoch", type=click.FloatRange(min=1e-6), default=None,
+              help="Draw --curves against epochs of this many steps instead of steps (at least 1e-6: fewer "
+                   "overflow the epoch axis).")
 @click.option("--max-tasks-drawn", type=click.IntRange(min=1, max=MAX_TASKS_DRAWN_CEILING), default=MAX_TASKS_DRAWN,
               show_default=True, help="Most tasks --gantt draws; a larger timeline is refused with exit 9.")
 @max_passes_option

@@ -936,14 +936,20 @@ fn zb_h2_lists(ranks: u32, micro_batches: u32) -> Vec<Vec<StageAction>> {
             .filter_map(|(start, c)| start.map(|t| (t, c)))
             .min_by_key(|&(t, _)| t)
     };
-    let mut next: Vec<Option<(u64, Computation)>> =
-        (0..p).map(|s| next_pass(s, &f_end, &i_end, 0, 0)).collect();
-    while let Some((s, (start, c))) = next
-        .iter()
-        .enumerate()
-        .filter_map(|(s, n)| n.map(|n| (s, n)))
-        .min_by_key(|&(s, (t, _))| (t, s))
-    {
+    // The ranks' next passes, soonest first (ties: the lower rank); an
+    // entry older than its rank's latest is skipped.
+    let mut version = vec![0u64; p];
+    let mut soonest = std::collections::BinaryHeap::new();
+    for s in 0..p {
+        if let Some((t, c)) = next_pass(s, &f_end, &i_end, 0, 0) {
+            soonest.push(std::cmp::Reverse((t, s, 0u64, c.phase())));
+        }
+    }
+    while let Some(std::cmp::Reverse((start, s, seen, phase))) = soonest.pop() {
+        if seen != version[s] {
+            continue;
+        }
+        let c = [F, I, W][phase];
         let end = start + 1;
         let micro_batch = match c {
             F => f_end[s].len(),
@@ -959,7 +965,10 @@ fn zb_h2_lists(ranks: u32, micro_batches: u32) -> Vec<Vec<StageAction>> {
         lists[s].push(StageAction::new(s as u32, c, micro_batch as u32));
         // Only this stage's and its neighbours' next passes can change.
         for n in s.saturating_sub(1)..(s + 2).min(p) {
-            next[n] = next_pass(n, &f_end, &i_end, w_done[n], free_at[n]);
+            version[n] += 1;
+            if let Some((t, c)) = next_pass(n, &f_end, &i_end, w_done[n], free_at[n]) {
+                soonest.push(std::cmp::Reverse((t, n, version[n], c.phase())));
+            }
         }
     }
     lists

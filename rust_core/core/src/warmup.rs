@@ -373,6 +373,90 @@ pub(crate) fn plan_with_chosen_warmups_below(
     Ok((Some(costed), simulated_passes))
 }
 
+/// Every valid depth vector that fits in memory (K_i at most stage i's
+/// deepest, [`deepest_warmups`], and at most K_{i-1}), simulated: the
+/// fastest, its time and how many there were. A check of
+/// [`choose_warmups`], which searches locally (docs/simulation.md), where
+/// the vectors are few enough: None where there are more than
+/// `max_vectors` (counted before any is simulated) or none fits.
+pub fn fastest_valid_warmups(
+    plan: &Plan,
+    profile: &Profile,
+    max_vectors: u64,
+) -> Result<Option<ExhaustiveWarmups>> {
+    let (stages, transfers) = sim_inputs(plan, &ProfileCosts::new(profile), true)?;
+    fastest_of_every_vector(&stages, &transfers, plan.micro_batches, max_vectors)
+}
+
+/// [`fastest_valid_warmups`] of a pipeline's stages and links.
+pub fn fastest_of_every_vector(
+    stages: &[SimStage],
+    transfer_ms: &[f64],
+    micro_batches: u32,
+    max_vectors: u64,
+) -> Result<Option<ExhaustiveWarmups>> {
+    let Some(caps) = deepest_warmups(stages, micro_batches) else {
+        return Ok(None);
+    };
+    let vectors = valid_vector_count(&caps);
+    if vectors > max_vectors {
+        return Ok(None);
+    }
+    let mut best = ExhaustiveWarmups {
+        depths: Vec::new(),
+        iteration_ms: f64::INFINITY,
+        vectors,
+    };
+    // Depth first: the vector so far, each next depth at most its cap and
+    // the last one's.
+    let mut depths = vec![0u32; caps.len()];
+    let mut stack = vec![(0usize, caps[0])];
+    while let Some((i, k)) = stack.pop() {
+        depths[i] = k;
+        if k > 1 {
+            stack.push((i, k - 1));
+        }
+        if i + 1 < caps.len() {
+            stack.push((i + 1, caps[i + 1].min(k)));
+            continue;
+        }
+        let (ms, _) = iteration_ms_and_passes(stages, transfer_ms, micro_batches, &depths)?;
+        if ms < best.iteration_ms {
+            (best.depths, best.iteration_ms) = (depths.clone(), ms);
+        }
+    }
+    Ok(Some(best))
+}
+
+/// [`fastest_valid_warmups`]' result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExhaustiveWarmups {
+    pub depths: Vec<u32>,
+    pub iteration_ms: f64,
+    /// Valid vectors that fit, every one simulated.
+    pub vectors: u64,
+}
+
+/// Non-increasing vectors with K_i in 1..=caps[i] (saturating).
+fn valid_vector_count(caps: &[u32]) -> u64 {
+    // ending[k - 1]: vectors of the stages so far whose last depth is k.
+    let mut ending: Vec<u64> = vec![1; caps.first().map_or(0, |&c| c as usize)];
+    for &cap in &caps[1.min(caps.len())..] {
+        let mut next = vec![0u64; cap as usize];
+        // Depth k follows any last depth >= k: a suffix sum.
+        let mut at_least = ending
+            .iter()
+            .skip(cap as usize)
+            .fold(0u64, |a, &n| a.saturating_add(n));
+        for k in (1..=cap as usize).rev() {
+            at_least = at_least.saturating_add(ending.get(k - 1).copied().unwrap_or(0));
+            next[k - 1] = at_least;
+        }
+        ending = next;
+    }
+    ending.iter().fold(0u64, |a, &n| a.saturating_add(n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,6 +689,14 @@ mod tests {
                 .iter()
                 .map(|k| early_backward_iteration_ms(&stages, &links, m, k).unwrap())
                 .fold(f64::INFINITY, f64::min);
+            // The enumeration Table V's check uses finds the same, over as
+            // many vectors.
+            let exhaustive = fastest_of_every_vector(&stages, &links, m, u64::MAX);
+            let exhaustive = exhaustive.unwrap().unwrap();
+            assert_eq!(exhaustive.vectors, all.len() as u64);
+            assert_eq!(exhaustive.iteration_ms, fastest);
+            let too_many = fastest_of_every_vector(&stages, &links, m, all.len() as u64 - 1);
+            assert_eq!(too_many.unwrap(), None);
             assert!(
                 chosen.iteration_ms <= fastest * (1.0 + 1e-12),
                 "{caps:?} {links:?}: chose {:?} at {} ms, {fastest} ms exists",

@@ -3,7 +3,7 @@ use dapple_core::interleave::chunked;
 use dapple_core::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, Plan, Stage};
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::warmup::plan_with_chosen_warmups;
+use dapple_core::warmup::{fastest_valid_warmups, plan_with_chosen_warmups};
 use pyo3::prelude::*;
 
 use crate::layout::PyRunLayout;
@@ -261,6 +261,23 @@ fn choose_warmups(py: Python<'_>, plan: &PyPlan, profile: &PyProfile) -> PyResul
     Ok(chosen.map(|p| crate::Wraps::wrap(p, plan.source.clone())))
 }
 
+/// Every valid warm-up vector of the plan's layout that fits in memory,
+/// simulated (`warmup::fastest_valid_warmups`): the fastest depths, their
+/// iteration and how many vectors there were; None where there are more
+/// than `max_vectors` or none fits. A check of `choose_warmups`.
+#[pyfunction(name = "fastest_valid_warmups")]
+fn fastest_valid_warmups_py(
+    py: Python<'_>,
+    plan: &PyPlan,
+    profile: &PyProfile,
+    max_vectors: u64,
+) -> PyResult<Option<(Vec<u32>, f64, u64)>> {
+    let found = py
+        .detach(|| fastest_valid_warmups(&plan.inner, &profile.inner, max_vectors))
+        .map_err(|e| plan.err(e))?;
+    Ok(found.map(|f| (f.depths, f.iteration_ms, f.vectors)))
+}
+
 /// The plan's ranks (one stage each) running chunked `schedule`, the
 /// layers cut again into `chunks` chunks a rank, or the fastest count that
 /// fits (`interleave::chunked`); costed. Not a file's plan: no source.
@@ -292,5 +309,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStageShape>()?;
     m.add_function(wrap_pyfunction!(evaluate_plan, m)?)?;
     m.add_function(wrap_pyfunction!(choose_warmups, m)?)?;
+    m.add_function(wrap_pyfunction!(fastest_valid_warmups_py, m)?)?;
     Ok(())
 }
