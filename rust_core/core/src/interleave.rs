@@ -132,11 +132,7 @@ pub(crate) fn chunked_plan(
             ),
         ));
     }
-    // The plan is checked as it is; its ranks' speeds balance the chunks.
-    let chunk_layers = with_coster(plan, costs, |coster, allocs, _| {
-        let (rank_costs, _) = stage_costs(coster, plan, allocs, false);
-        balanced_chunks(plan, costs, &rank_costs, &rank_of)
-    })?;
+    let chunk_layers = balanced_layers(plan, costs, &rank_of)?;
     let depths = order.forwards_before_first_backward();
     Ok(Plan {
         schema_version: crate::format::PLAN.version,
@@ -171,10 +167,7 @@ pub(crate) fn chunked_plan(
 /// backward's. Neither costed nor given the kind's depths.
 pub(crate) fn cut_by_rank_speeds(plan: &Plan, costs: &ProfileCosts) -> Result<Plan> {
     let ranks: Vec<usize> = (0..plan.stages.len()).collect();
-    let layers = with_coster(plan, costs, |coster, allocs, _| {
-        let (rank_costs, _) = stage_costs(coster, plan, allocs, false);
-        balanced_chunks(plan, costs, &rank_costs, &ranks)
-    })?;
+    let layers = balanced_layers(plan, costs, &ranks)?;
     Ok(Plan {
         stages: plan
             .stages
@@ -206,6 +199,19 @@ pub(crate) fn costed_chunked_plan(
     estimate.fits_memory.then_some(Plan {
         estimate: Some(estimate),
         ..chunked
+    })
+}
+
+/// [`balanced_chunks`] of `plan` (one stage a rank), its ranks' speeds
+/// taken from its stages as it is checked.
+fn balanced_layers(
+    plan: &Plan,
+    costs: &ProfileCosts,
+    rank_of: &[usize],
+) -> Result<Vec<(usize, usize)>> {
+    with_coster(plan, costs, |coster, allocs, _| {
+        let (rank_costs, _) = stage_costs(coster, plan, allocs, false);
+        balanced_chunks(plan, costs, &rank_costs, rank_of)
     })
 }
 

@@ -185,7 +185,8 @@ pub(crate) fn search_offering(
     let costs = ProfileCosts::new(profile);
     let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
     let fixed_depths = kinds.iter().any(|k| k.defers_weight_gradients());
-    if fixed_depths && opts.warmup_policy != WarmupPolicy::A {
+    // (A small space's layouts are all ranked already.)
+    if fixed_depths && opts.warmup_policy != WarmupPolicy::A && !stats.every_layout_ranked {
         // ZB-H1 runs policy A's depths: the layouts best at them are its
         // candidates too (a layout fast only as ZB-H1 can rank low under
         // searched depths), and ZB-H2's, whose candidates are the same
