@@ -848,6 +848,8 @@ class Gen:
             spec.argv += ["--actions"]
         if self.p(0.15):
             spec.argv += ["--chunks", self.pick(["1", "2", "3", "8"], ["0", "-1", "x", "99999", "4294967296"])]
+        if self.p(0.15):
+            spec.argv += ["--trace", self.out_arg(spec, "json", "json")]
         if self.p(0.3):
             spec.argv += ["--json"]
             spec.stdout_json = "--actions" not in spec.argv
@@ -865,6 +867,8 @@ class Gen:
             if self.p(p):
                 ext = self.picture_ext()
                 spec.argv += [opt, self.out_arg(spec, "picture", ext)]
+        if self.p(0.2):
+            spec.argv += ["--trace", self.out_arg(spec, "json", "json")]
         if self.p(0.25):
             for _ in range(self.choice([1, 1, 2, 3])):
                 u = self.r.random() * (0.7 if self.clean else 1.0)

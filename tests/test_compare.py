@@ -134,6 +134,39 @@ def test_a_kind_that_cannot_run_dapples_plan_is_an_error_row():
     assert "equal rounds" in rows["dapple as zb-h1"].error
 
 
+@pytest.mark.parametrize("gbs", [256, 1024, 2048])
+@pytest.mark.parametrize("profile", ["resnet50-fc100k", "resnet50-fc1000k"])
+def test_whales_profiles_compare_with_a_megatron_row_whose_slices_fit(dapple, profile, gbs):
+    # Megatron's uniform shapes split the classifier 8 ways over 32 GPUs: at
+    # a micro-batch of 128 the layers that do not split got 4 samples a GPU,
+    # below the profile's 8, and the whole command failed with exit 3.
+    path = ROOT / "profiles" / "whale" / f"{profile}.json"
+    r = dapple("compare", "--profile", path, "--topology", "4x8-v100-32gb-nvlink-50gbps",
+               "--global-batch-size", gbs, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["strategy"]: row for row in json.loads(r.stdout)}
+    assert rows["megatron"]["error"] is None, rows["megatron"]["error"]
+    megatron = planner.baseline("megatron", path, "4x8-v100-32gb-nvlink-50gbps", gbs)
+    assert planner.evaluate(megatron, path).estimate == megatron.estimate
+
+
+def test_a_strategy_that_fails_for_any_reason_is_a_row(monkeypatch):
+    import sys
+
+    compare_module = sys.modules["dapple.planner.compare"]  # the package's `compare` is the function
+    real = compare_module.baseline
+
+    def broken(kind, *args, **kwargs):
+        if kind == "megatron":
+            raise planner.InvalidInputError("field stages[0].devices: made up by the test")
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(compare_module, "baseline", broken)
+    rows = {r.strategy: r for r in planner.compare(BERT, "A", 64)}
+    assert "made up by the test" in rows["megatron"].error
+    assert rows["dapple"].error is None and rows["gpipe"].error is None
+
+
 def test_inputs_no_strategy_can_use_are_an_error(dapple):
     from conftest import assert_one_line_error
 

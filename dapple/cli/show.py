@@ -12,6 +12,7 @@ from dapple.planner.errors import DappleIOError
 from dapple.planner.files import output_target, path_text, read_text, write_all_atomic
 
 from dapple.planner.limits import MAX_TASKS_DRAWN, MAX_TASKS_DRAWN_CEILING
+from dapple.planner.trace import write_trace
 
 from .options import FILE_PATH, covering_profile, max_passes_option, plan_options, profile_for, reports_errors
 
@@ -36,6 +37,9 @@ def _picture_option(name: str, what: str):
 @_picture_option("gantt", "the simulated timeline of one iteration (like Fig. 4 of the DAPPLE paper)")
 @_picture_option("memory", "the memory of each stage over the iteration")
 @_picture_option("diagram", "the plan drawn on the cluster's machines and GPUs")
+@click.option("--trace", "trace_path", type=FILE_PATH, default=None, metavar="OUT",
+              help="Write the simulated iteration to OUT as a Chrome trace (JSON) that Perfetto and "
+                   "chrome://tracing open (docs/pictures.md).")
 @click.option("--metrics", "metrics_paths", type=FILE_PATH, multiple=True,
               help="Run metrics (dapple run --metrics with --eval-every) for --curves; repeat for several runs.")
 @_picture_option("curves", "the validation loss and accuracy of the --metrics runs (one curve per schedule "
@@ -48,7 +52,7 @@ def _picture_option(name: str, what: str):
 @max_passes_option
 @reports_errors
 def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memory_path, diagram_path,
-                 metrics_paths, curves_path, steps_per_epoch, max_tasks_drawn):
+                 trace_path, metrics_paths, curves_path, steps_per_epoch, max_tasks_drawn):
     """Draw a plan: its simulated timeline, memory over time, or placement;
     or the learning curves of runs.
 
@@ -56,18 +60,19 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
 
     \b
     dapple show --plan plan.json --gantt gantt.png --memory memory.svg --diagram plan.png
+    dapple show --plan plan.json --trace trace.json   # open in ui.perfetto.dev
     dapple show --metrics xpipe.json --metrics sync.json --curves curves.png
     """
     from dapple.planner import pictures
 
     wanted = [(k, p) for k, p in (("gantt", gantt_path), ("memory", memory_path), ("diagram", diagram_path),
-                                  ("curves", curves_path)) if p]
+                                  ("trace", trace_path), ("curves", curves_path)) if p]
     if not wanted:
-        raise click.UsageError("nothing to draw: give at least one of --gantt, --memory, --diagram, --curves")
+        raise click.UsageError("nothing to draw: give at least one of --gantt, --memory, --diagram, --trace, --curves")
     if curves_path and not metrics_paths:
         raise click.UsageError("--curves draws the runs of --metrics: give at least one")
     if any(k != "curves" for k, _ in wanted) and not plan_path:
-        raise click.UsageError("--gantt, --memory and --diagram draw a plan: give --plan")
+        raise click.UsageError("--gantt, --memory, --diagram and --trace draw a plan: give --plan")
     seen = {}
     for kind, path in wanted:
         key = os.path.abspath(path)
@@ -75,12 +80,13 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
             raise click.UsageError(f"--{seen[key]} and --{kind} both write {path_text(path)}")
         seen[key] = kind
     # Check every name before any work, so a typo costs nothing and writes nothing.
-    for _, path in wanted:
-        pictures.picture_format(path)
+    for kind, path in wanted:
+        if kind != "trace":
+            pictures.picture_format(path)
         output_target(path)
 
     runs = [planner.RunMetrics.from_json(read_text(p), path_text(p)).to_dict() for p in metrics_paths] if curves_path else []
-    needs_sim = gantt_path or memory_path
+    needs_sim = gantt_path or memory_path or trace_path
     plan = planner.Plan.load(plan_path) if plan_path else None
     # Said after the pictures are written: a failure is one line, alone.
     notes = []
@@ -104,6 +110,7 @@ def show_command(plan_path, profile_path, schedule, recompute, gantt_path, memor
         "gantt": (lambda out: pictures.gantt(plan, sim, out, max_tasks_drawn), "timeline, {schedule}"),
         "memory": (lambda out: pictures.memory(plan, sim, out), "memory per stage, {schedule}"),
         "diagram": (lambda out: pictures.diagram(plan, out, profile), "plan on the cluster"),
+        "trace": (lambda out: write_trace(plan, sim, out), "Chrome trace, {schedule}"),
         "curves": (lambda out: pictures.curves(runs, out, steps_per_epoch), "learning curves"),
     }
     # All pictures or none: each is drawn to a temporary file beside its

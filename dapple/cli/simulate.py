@@ -7,9 +7,12 @@ import json
 import click
 
 from dapple import planner
+from dapple.planner.files import check_writable, path_text, write_all_atomic
 from dapple.planner.plan import SHAPE_KEY, shape_label
+from dapple.planner.trace import write_trace
 
 from .options import (
+    FILE_PATH,
     check_chunks_go_with,
     chunked_kinds,
     json_option,
@@ -34,10 +37,13 @@ from .render import GIB, console
               help=f"With a chunked --schedule ({chunked_kinds()}) on a plan of one "
                    "stage a rank: this many chunks a rank, the layers cut again by the ranks' speeds "
                    "(docs/schedules.md). Default: the fastest count up to 8 (a V-shaped kind, zb-v or dualpipev: 2).")
+@click.option("--trace", "trace_path", type=FILE_PATH, default=None, metavar="OUT",
+              help="Also write the iteration to OUT as a Chrome trace (JSON) that Perfetto and chrome://tracing "
+                   "open (docs/pictures.md).")
 @json_option
 @max_passes_option
 @reports_errors
-def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, as_json):
+def simulate_command(plan_path, profile_path, schedule, recompute, show_actions, chunks, trace_path, as_json):
     """Simulate one training iteration of a plan, task by task.
 
     An asynchronous schedule (xpipe, pipedream, spectrain, async) runs
@@ -49,6 +55,10 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
     if rechunk and (recompute or show_actions):
         raise click.UsageError(f"--schedule {schedule} runs the plan's ranks in chunks: it takes no --recompute "
                                "or --actions")
+    if trace_path and show_actions:
+        raise click.UsageError("--actions prints the lists without simulating: it takes no --trace")
+    if trace_path:
+        check_writable(trace_path)  # before simulating, not after
     plan, profile = load_plan_and_profile(plan_path, profile_path)
     if show_actions:
         # The lists the simulation would run (an asynchronous kind over its
@@ -61,6 +71,9 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
         plan = planner.chunked(plan, profile, schedule, chunks)
         schedule = None
     sim = planner.simulate(plan, profile, schedule=schedule, recompute=recompute)
+    if trace_path:
+        write_all_atomic([(trace_path, lambda tmp: write_trace(plan, sim, tmp))])
+        click.echo(f"wrote {path_text(trace_path)} (Chrome trace, {sim.schedule})", err=True)
     if as_json:
         click.echo(sim.text, nl=False)
         return

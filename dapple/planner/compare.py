@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from . import _core
-from .errors import DappleError, IncompatibleInputsError, InfeasibleError, LimitExceededError
+from .errors import DappleError
 from .limits import check_count
 from .plan import Plan, chunked, plan, shape_label
 from .profile import Profile
@@ -144,9 +144,11 @@ def compare(
         if kind not in made:
             try:
                 made[kind] = make(kind)
-            except (InfeasibleError, IncompatibleInputsError, LimitExceededError) as e:
+            except DappleError as e:
                 # This strategy has no plan for these inputs (or none within
-                # a work limit, such as its micro-batches' passes); the others may.
+                # a work limit, such as its micro-batches' passes, or one
+                # its own rule cannot form); the others may: a row with its
+                # reason. Where every row fails, the inputs are the problem.
                 made[kind] = e
         p = made[kind]
         if isinstance(p, DappleError):

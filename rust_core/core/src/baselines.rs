@@ -18,7 +18,7 @@
 use rayon::prelude::*;
 
 use crate::block_partition::{block_partition, weighted_block_partition};
-use crate::cost::{Cluster, StageCoster, WarmupPolicy};
+use crate::cost::{micro_batch_sizes, Cluster, StageCoster, WarmupPolicy};
 use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_costed;
@@ -27,7 +27,6 @@ use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, Sta
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
-use crate::search::space::micro_batch_sizes;
 use crate::topology::Topology;
 use crate::warmup::plan_with_chosen_warmups_below;
 

@@ -514,6 +514,26 @@ pub fn divisors(n: u32) -> Vec<u32> {
     small
 }
 
+/// The micro-batch sizes a layout of `stages` stages, the widest on
+/// `widest_stage_gpus` GPUs, can run the global batch at, ascending: the
+/// divisors of the global batch that give each GPU at least `min_slice`
+/// samples, and whose stages times micro-batches stay within the
+/// simulation's limit (`schedule::MAX_PASSES`). The search asks it for a
+/// stage of one GPU (each plan's own stages are checked when it is built);
+/// the baselines for their fixed layout.
+pub(crate) fn micro_batch_sizes(
+    global_batch_size: u32,
+    min_slice: u32,
+    widest_stage_gpus: u32,
+    stages: usize,
+) -> Vec<u32> {
+    divisors(global_batch_size)
+        .into_iter()
+        .filter(|&b| smallest_slice(b, widest_stage_gpus) >= min_slice)
+        .filter(|b| crate::work_limit::within_passes(stages, global_batch_size / b))
+        .collect()
+}
+
 /// Samples of the largest of the `slice_ranges`.
 pub fn largest_slice(micro_batch: u32, replicas: u32) -> u32 {
     micro_batch.div_ceil(replicas)

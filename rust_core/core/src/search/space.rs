@@ -1,14 +1,13 @@
 //! The search's space: which micro-batch sizes, which stage GPU counts and
 //! placements, and which memory rules (warm-up depths counted in a stage's
 //! memory) the DP passes search. The DP (`dp.rs`) asks a [`Context`] what a
-//! stage may be; the baselines ask [`micro_batch_sizes`] which sizes a
+//! stage may be; the baselines ask [`micro_batch_sizes`](crate::cost::micro_batch_sizes) which sizes a
 //! layout may run at.
 
-use crate::cost::{divisors, largest_slice, smallest_slice, Cluster, StageDevices, WarmupPolicy};
+use crate::cost::{largest_slice, micro_batch_sizes, Cluster, StageDevices, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
-use crate::schedule::within_passes;
 use crate::shape::{uneven_split_group, Recompute, StageShape};
 
 use crate::hints::Hints;
@@ -161,29 +160,9 @@ impl SearchSpace {
     }
 }
 
-/// The micro-batch sizes a layout of `stages` stages, the widest on
-/// `widest_stage_gpus` GPUs, can run the global batch at, ascending: the
-/// divisors of the global batch that give each GPU at least `min_slice`
-/// samples, and whose stages times micro-batches stay within the
-/// simulation's limit (`schedule::MAX_PASSES`). The search asks it for a
-/// stage of one GPU (each plan's own stages are checked when it is built);
-/// the baselines for their fixed layout.
-pub(crate) fn micro_batch_sizes(
-    global_batch_size: u32,
-    min_slice: u32,
-    widest_stage_gpus: u32,
-    stages: usize,
-) -> Vec<u32> {
-    divisors(global_batch_size)
-        .into_iter()
-        .filter(|&b| smallest_slice(b, widest_stage_gpus) >= min_slice)
-        .filter(|b| within_passes(stages, global_batch_size / b))
-        .collect()
-}
-
 /// The micro-batch sizes the search runs: the requested ones (each must
 /// divide the global batch) of at least `min_slice` samples, or else every
-/// size of [`micro_batch_sizes`]; an error when none is left.
+/// size of [`micro_batch_sizes`](crate::cost::micro_batch_sizes); an error when none is left.
 pub(crate) fn searched_micro_batch_sizes(
     global_batch_size: u32,
     min_slice: u32,
@@ -658,7 +637,7 @@ pub(crate) fn hints_admit(hints: &Hints, plan: &Plan) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::divisors;
+    use crate::cost::divisors;
 
     #[test]
     fn divisors_are_every_divisor_ascending() {
