@@ -2,6 +2,8 @@
 the usual one-line errors (issue 12): sample counts beyond 32 bits, GPU
 counts that would wrap or exhaust memory."""
 
+import json
+
 import pytest
 
 from dapple import planner
@@ -251,6 +253,47 @@ def test_a_search_past_its_step_limit_writes_its_best_plan_and_says_so(dapple, t
         assert dapple(*args, "--max-search-steps", bad).returncode == 2
     with pytest.raises(planner.InvalidInputError, match="max_search_steps"):
         planner.plan(PROFILES / "gnmt-16-pbs-64.json", "2x4", 256, max_search_steps=0)
+
+
+def uneven_chain(layers: int, seed: int) -> dict:
+    """A chain whose layers differ about fourfold in time, parameters and
+    activations (as `benchmarks/uneven_chains.py`'s), with 200 MB of
+    parameters a unit: a pipeline of many stages is needed on 16 GB GPUs."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(layers):
+        w = math.exp(rng.uniform(0.0, math.log(4.0)))
+        out.append({"name": f"layer{i}", "kind": "block", "param_bytes": round(w * 200 * 2**20),
+                    "inputs": [i - 1] if i else [],
+                    "measurements": [{"batch_size": 1, "fwd_ms": round(3 * w, 4), "bwd_ms": round(6 * w, 4),
+                                      "activation_bytes": round(w * 10 * 2**20)}]})
+    return {"format": "dapple.profile", "schema_version": 1, "model": f"uneven-{layers}", "device": "V100-16GB",
+            "optimizer": "adam", "layers": out}
+
+
+def test_a_search_stopped_at_every_size_before_any_plan_is_complete_still_answers(dapple, tmp_path):
+    # Issue 44: a 128-layer uneven chain on 128x8 exited 9 ("the search
+    # found no plan") where uniform pipelines fit: every size's DP run
+    # stopped before it completed a plan. The uniform shapes are candidates
+    # in every search now; a limit of one step a size leaves only them.
+    profile, out = tmp_path / "uneven.json", tmp_path / "plan.json"
+    profile.write_text(json.dumps(uneven_chain(128, 0)))
+    r = dapple("plan", "--profile", profile, "--topology", "128x8-nvlink", "--global-batch-size", "2048",
+               "--max-search-steps", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    plan = planner.Plan.load(out)
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: at micro-batch sizes")]
+    assert len(notes) == 1 and "limit of 1 steps per size (--max-search-steps)" in notes[0], r.stderr
+    assert "not proven optimal" in notes[0]
+    assert plan.data["selection"]["source"] == "megatron"
+    sim = planner.simulate(plan, profile)
+    assert sim.fits_memory and sim.iteration_ms == pytest.approx(plan.iteration_ms)
+    # Every size reached the limit.
+    again = planner.plan(profile, "128x8-nvlink", 2048, max_search_steps=1)
+    assert again.search_stats.abandoned_micro_batch_sizes == again.search_stats.micro_batch_sizes
 
 
 def test_a_slow_baseline_or_a_limit_in_one_row_leaves_the_comparison(dapple, small_profile):

@@ -6,7 +6,7 @@ import click
 
 from dapple import planner
 from dapple.planner.files import check_writable, path_text
-from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, DEFAULT_MAX_SEARCH_STEPS, MAX_SEARCH_GIB
+from dapple.planner.limits import DEFAULT_MAX_SEARCH_GIB, DEFAULT_MAX_SEARCH_MACHINES, DEFAULT_MAX_SEARCH_STEPS, MAX_SEARCH_GIB
 
 from .options import (
     FILE_PATH,
@@ -53,6 +53,9 @@ from .render import plan_table
                    f"micro-batch size (default {DEFAULT_MAX_SEARCH_STEPS:,}, a few seconds); past it that size's other "
                    "layouts are left to the bounded walk, and it is not searched again and the plan is the best found (said on stderr); exit 9 "
                    "where none was.")
+@click.option("--max-search-machines", type=count_option_type(), default=None,
+              help=f"Most machines a search takes (default {DEFAULT_MAX_SEARCH_MACHINES:,}, about a minute here); "
+                   "a larger topology is refused at once with exit 9.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
@@ -82,6 +85,10 @@ from .render import plan_table
 @click.option("--from-layout", default=None, metavar="LAYOUT",
               help="Hint: the stages of a Megatron-LM --pipeline-model-parallel-layout string, e.g. 'Et*15|t*17L', "
                    "so that the layout run today is costed (docs/export.md).")
+@click.option("--for", "target", type=click.Choice(planner.TARGETS), default=None,
+              help="Plan for this runtime: the fastest plan that `dapple export --to` it writes without "
+                   "--approximate (torch: torch's schedule CSV), with the free plan's time beside it "
+                   "(docs/export.md).")
 @click.option("--simulate", "simulate_flag", is_flag=True,
               help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
@@ -99,6 +106,7 @@ def plan_command(
     stage_shapes,
     max_search_gib,
     max_search_steps,
+    max_search_machines,
     refine,
     schedule,
     chunks,
@@ -108,6 +116,7 @@ def plan_command(
     replicate,
     split,
     from_layout,
+    target,
     simulate_flag,
     out_path,
     as_json,
@@ -120,27 +129,31 @@ def plan_command(
     profile = planner.Profile.load(profile_path)
     topo = planner.Topology.resolve(topology)
     global_batch_size, batch_note = global_batch_size_or_default(global_batch_size, profile, topo)
-    with working(f"planning {profile.model} on {topo.name}", quiet):
-        result = planner.plan(
-            profile,
-            topo,
-            global_batch_size,
-            warmup_policy=warmup_policy,
-            min_micro_batch_size=min_micro_batch_size,
-            search_space=search_space,
-            stage_shapes=stage_shapes,
-            schedule=schedule,
-            chunks=chunks,
-            max_search_gib=max_search_gib,
-            max_search_steps=max_search_steps,
-            refine=refine,
-            stages=stages,
-            micro_batches=micro_batches,
-            pin_cuts=pin_cuts,
-            replicate=replicate,
-            split=split,
-            from_layout=from_layout,
-        )
+    options = dict(
+        warmup_policy=warmup_policy,
+        min_micro_batch_size=min_micro_batch_size,
+        search_space=search_space,
+        stage_shapes=stage_shapes,
+        schedule=schedule,
+        chunks=chunks,
+        max_search_gib=max_search_gib,
+        max_search_steps=max_search_steps,
+        max_search_machines=max_search_machines,
+        refine=refine,
+        stages=stages,
+        micro_batches=micro_batches,
+        pin_cuts=pin_cuts,
+        replicate=replicate,
+        split=split,
+        from_layout=from_layout,
+    )
+    for_target = None
+    with working(f"planning {profile.model} on {topo.name}" + (f" for {target}" if target else ""), quiet):
+        if target is None:
+            result = planner.plan(profile, topo, global_batch_size, **options)
+        else:
+            for_target = planner.plan_for(target, profile, topo, global_batch_size, **options)
+            result = for_target.plan
     if out_path is not None:
         result.save(out_path)
     if as_json:
@@ -151,6 +164,8 @@ def plan_command(
         click.echo(f"plan written to {path_text(out_path)}", err=True)
     if batch_note:
         click.echo(batch_note, err=True)
+    if for_target is not None:
+        say_target_cost(for_target)
     stats = result.search_stats
     if stats is not None:
         click.echo(
@@ -166,3 +181,16 @@ def plan_command(
                 f"budget, so the plan is {'still' if optimal else 'not'} proven optimal",
                 err=True,
             )
+
+
+def say_target_cost(made: planner.ForTarget) -> None:
+    """What planning for the runtime cost: its plan's time against the free
+    plan's, and why the free plan was not taken where it was not."""
+    if made.free_ms is None:
+        return
+    line = (f"for {made.target}: {made.plan.iteration_ms:.1f} ms, the free plan {made.free_ms:.1f} ms "
+            f"({made.cost:.3f}x)")
+    free_refused = [why for what, why in made.refused if what == "the free plan"]
+    if free_refused:
+        line += f"; the free plan was refused: {free_refused[0]}"
+    click.echo(line, err=True)

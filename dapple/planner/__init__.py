@@ -28,7 +28,7 @@ from .errors import (
     LimitExceededError,
     RunFailedError,
 )
-from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate, plan
+from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
 from .profile import (
     MODEL_CONFIGS,
     Profile,
@@ -38,6 +38,7 @@ from .profile import (
     transformer_profile,
 )
 from .simulation import Simulation, simulate
+from .targets import TARGETS, ForTarget, plan, plan_for
 from .topology import GPU_TYPES, PRESETS, Topology
 
 __all__ = [
@@ -78,5 +79,8 @@ __all__ = [
     "merge_profiles",
     "layout_plan",
     "plan",
+    "plan_for",
+    "TARGETS",
+    "ForTarget",
     "simulate",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 from . import _core
-from .errors import InvalidInputError
+from .errors import InvalidInputError, LimitExceededError
 
 #: The largest batch or micro-batch size: the core counts samples in 32 bits.
 MAX_COUNT = 2**32 - 1
@@ -47,6 +47,26 @@ MAX_SEARCH_GIB = 1024.0
 #: (the core's ``DEFAULT_MAX_SEARCH_STEPS``): past it that size's other
 #: layouts are left to the walk and the plan is the best found.
 DEFAULT_MAX_SEARCH_STEPS = _core.DEFAULT_MAX_SEARCH_STEPS
+
+#: Most machines a search takes by default (``--max-search-machines``):
+#: the DP's stage sizes grow with the machines, and so does its time past
+#: what its step limit bounds. Measured on this 2-core machine with
+#: AmoebaNet-6 (complicated) at its default global batch (benchmarks/
+#: README.md): 16384x1 plans in 15 s, 30000x1 in 62 s, 100000x1 in 160 s and
+#: 1.7 GB; a topology past the limit is refused at once (exit 9).
+DEFAULT_MAX_SEARCH_MACHINES = 16_384
+
+
+def check_search_machines(topology_name: str, machines: int, limit: int | None) -> None:
+    """A limit error when a topology of ``machines`` machines is past what
+    the search answers in about a minute (``limit``, default
+    ``DEFAULT_MAX_SEARCH_MACHINES``)."""
+    limit = DEFAULT_MAX_SEARCH_MACHINES if limit is None else check_count("max_search_machines", limit)
+    if machines > limit:
+        raise LimitExceededError(
+            f"topology {topology_name}: {machines} machines are past the {limit} a search takes (its time grows "
+            "with the machines: 30000 single-GPU machines took a minute on 2 cores); raise the limit with "
+            "--max-search-machines, or plan on fewer, larger machines")
 
 
 def check_search_gib(field: str, value: object) -> float:

@@ -11,7 +11,7 @@ from . import _core
 from .errors import IncompatibleInputsError
 from .fileobject import FileObject
 from .hints import read_hints
-from .limits import check_count, check_search_gib
+from .limits import check_count, check_search_gib, check_search_machines
 from .profile import Profile
 from .topology import Topology
 
@@ -138,7 +138,7 @@ def device_ranges(ids: list[int]) -> str:
 def _refuse_search_options(schedule: str, options) -> None:
     """An error naming the first of ``options`` (name, value, default) given
     other than its default: they are the synchronous search's, not
-    asynchronous planning's."""
+    asynchronous planning's. Each default is the first of its name table."""
     for name, value, default in options:
         if value != default:
             raise IncompatibleInputsError(
@@ -172,6 +172,7 @@ def plan(
     chunks: int | None = None,
     max_search_gib: float | None = None,
     max_search_steps: int | None = None,
+    max_search_machines: int | None = None,
     refine: bool = True,
     stages: int | None = None,
     micro_batches: int | None = None,
@@ -213,7 +214,7 @@ def plan(
     best complete plans so far are candidates, its other layouts are left to
     the walk (within its budget), and the plan is the best found (``search_stats.abandoned_micro_batch_sizes``
     names them; ``selection.optimal`` says whether the walk still proved it).
-    Where nothing was found, a LimitExceededError.
+    ``max_search_machines``: most machines searched (``limits.DEFAULT_MAX_SEARCH_MACHINES``).
     ``refine``: improve the chosen plan by local moves (a stage boundary by
     a layer, GPUs swapped, handed over or left idle), each kept when it
     simulates faster, and again from its layout placed anew by the paper's
@@ -227,10 +228,8 @@ def plan(
     min_micro_batch_size, micro_batch_sizes, max_search_steps = _checked_counts(
         min_micro_batch_size, micro_batch_sizes, max_search_steps)
     max_search_bytes = None if max_search_gib is None else int(check_search_gib("max_search_gib", max_search_gib) * 2**30)
-    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
-    topo = Topology.resolve(topology)
-    if schedule in _core.ASYNCHRONOUS_SCHEDULES:
-        # The defaults are the first of each name table; anything else was asked for.
+    prof, topo = profile if isinstance(profile, Profile) else Profile.load(profile), Topology.resolve(topology)
+    if schedule in _core.ASYNCHRONOUS_SCHEDULES:  # (no search: no limit on machines)
         _refuse_search_options(schedule, (
             ("warmup_policy", warmup_policy, WARMUP_POLICIES[0]), ("search_space", search_space, SEARCH_SPACES[0]),
             ("stage_shapes", stage_shapes, STAGE_SHAPES[0]), ("micro_batch_sizes", micro_batch_sizes, None),
@@ -240,6 +239,7 @@ def plan(
             ("from_layout", from_layout, None), ("chunks", chunks, None)))
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
+    check_search_machines(topo.name, topo.core.num_machines, max_search_machines)
     core, (sizes, states, costed, abandoned) = _core.search(
         prof.core,
         topo.core,

@@ -1362,6 +1362,11 @@ impl LayerCosts {
         &self.split[layer]
     }
 
+    /// Whether some layer can split (the profile gives it a pattern).
+    pub fn splits_any(&self) -> bool {
+        self.split.iter().any(|patterns| !patterns.is_empty())
+    }
+
     /// Bytes of a layer range's gradients, as replicas reduce them.
     pub fn gradient_bytes(&self, start: usize, end: usize) -> f64 {
         self.param_bytes(start, end) * self.gradient_per_param_byte

@@ -250,6 +250,32 @@ impl Topology {
         out
     }
 
+    /// The same cluster with each run of neighbouring groups alike in
+    /// every field but their machine count written as one group: device
+    /// ids stay as they were, and the search, whose cluster states count
+    /// machines per group, sees 1,000 groups of 2 machines as one group of
+    /// 2,000 (issue 44: searched as different groups, their tables passed
+    /// 1 GiB). Groups alike but apart stay apart: merging them would
+    /// renumber the devices between them.
+    pub fn with_alike_groups_merged(&self) -> Topology {
+        let mut groups: Vec<MachineGroup> = Vec::with_capacity(self.machine_groups.len());
+        for g in &self.machine_groups {
+            match groups.last_mut() {
+                Some(last)
+                    if (last.gpus_per_machine, &last.gpu, &last.intra_machine)
+                        == (g.gpus_per_machine, &g.gpu, &g.intra_machine) =>
+                {
+                    last.machines += g.machines;
+                }
+                _ => groups.push(g.clone()),
+            }
+        }
+        Topology {
+            machine_groups: groups,
+            ..self.clone()
+        }
+    }
+
     pub fn num_devices(&self) -> u32 {
         self.machine_groups
             .iter()
@@ -468,6 +494,29 @@ mod tests {
             Topology::from_spec("1024x1024").unwrap().num_devices(),
             1 << 20
         );
+    }
+
+    #[test]
+    fn neighbouring_groups_alike_merge_and_groups_apart_stay() {
+        let one = Topology::from_spec("2x8-nvlink").unwrap();
+        let mut many = one.clone();
+        many.machine_groups = vec![one.machine_groups[0].clone(); 1000];
+        let merged = many.with_alike_groups_merged();
+        assert_eq!(merged.machine_groups.len(), 1);
+        assert_eq!(merged.machine_groups[0].machines, 2000);
+        assert_eq!(merged.num_devices(), many.num_devices());
+        // A slow machine between two fast groups: three groups still, so
+        // that device 8 is the slow machine's first GPU in both.
+        let mut apart = with_one_slow_machine("2x8-nvlink", 0.5);
+        apart.machine_groups.push(apart.machine_groups[0].clone());
+        let merged = apart.with_alike_groups_merged();
+        assert_eq!(merged.machine_groups, apart.machine_groups);
+        // Alike but for memory: not merged.
+        let mut other = one.clone();
+        let mut bigger = one.machine_groups[0].clone();
+        bigger.gpu.memory_bytes *= 2;
+        other.machine_groups.push(bigger);
+        assert_eq!(other.with_alike_groups_merged().machine_groups.len(), 2);
     }
 
     #[test]

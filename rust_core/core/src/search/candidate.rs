@@ -206,22 +206,23 @@ fn estimated(candidates: Vec<Candidate>, costs: &ProfileCosts) -> Result<Vec<Can
 }
 
 /// Megatron-LM's uniform shapes and Whale's collocated split
-/// (`megatron.rs`), as candidates, where the profile says how layers
-/// split. Above 16 GPUs the DP splits stages only at the degree of the
-/// fastest of them (`uniform_degree`), so these also bring the other
-/// degrees into the choice. None for a profile that splits nothing.
+/// (`megatron.rs`), as candidates, in every search: where the DP stops at
+/// its work limit before any plan is complete, a uniform pipeline is still
+/// a plan (issue 44: a 128-layer chain on 128x8 found none). Above 16 GPUs
+/// the DP splits stages only at the degree of the fastest of them
+/// (`uniform_degree`), so these also bring the other degrees into the
+/// choice. `plain_only`: only plain stages (no split, ZeRO-1 or
+/// re-computation), where the search's stages are plain.
 pub(crate) fn megatron_candidates(
     costs: &ProfileCosts,
     topology: &Topology,
     global_batch_size: u32,
     min_slice: u32,
+    plain_only: bool,
 ) -> Vec<Candidate> {
-    let profile = costs.profile;
-    if profile.layers.iter().all(|l| l.split.is_empty()) {
-        return Vec::new();
-    }
-    uniform_plans(profile, topology, global_batch_size, min_slice)
+    uniform_plans(costs.profile, topology, global_batch_size, min_slice)
         .into_iter()
+        .filter(|(plan, _)| !plain_only || plan.stages.iter().all(|s| s.shape().is_plain()))
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
         .filter(|(plan, _)| costs.check(plan).is_ok())

@@ -182,6 +182,7 @@ pub(crate) fn search_offering(
     offered: Offered,
 ) -> Result<SearchResult> {
     let kinds = kinds::asked_kinds(opts)?;
+    let topology = &topology.with_alike_groups_merged();
     let costs = ProfileCosts::new(profile);
     let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
     let fixed_depths = kinds.iter().any(|k| k.defers_weight_gradients());
@@ -286,12 +287,13 @@ fn search_layouts(
     refuse_before_searching(layers, &cluster, &sizes, opts)?;
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
-    let mut uniform = match opts.stage_shapes {
-        StageShapes::Auto | StageShapes::All => {
-            megatron_candidates(costs, topology, opts.global_batch_size, min_slice)
-        }
-        StageShapes::Plain => Vec::new(),
+    let plain_only = match opts.stage_shapes {
+        StageShapes::Plain => true,
+        StageShapes::Auto => !layers.splits_any(),
+        StageShapes::All => false,
     };
+    let mut uniform =
+        megatron_candidates(costs, topology, opts.global_batch_size, min_slice, plain_only);
     // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
     let space = Space::new(
         layers,

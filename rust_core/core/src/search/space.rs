@@ -76,8 +76,7 @@ impl ShapeChoices {
         (space, uniform_degree): (SearchSpace, Option<u32>),
         shapes: StageShapes,
     ) -> ShapeChoices {
-        let splits_any = (0..layers.num_layers).any(|l| !layers.split_patterns(l).is_empty());
-        if shapes == StageShapes::Plain || (shapes == StageShapes::Auto && !splits_any) {
+        if shapes == StageShapes::Plain || (shapes == StageShapes::Auto && !layers.splits_any()) {
             return ShapeChoices::PLAIN;
         }
         let splits = |t: u32| (0..layers.num_layers).any(|l| layers.shard(l, t).is_some());

@@ -1,0 +1,109 @@
+"""What planning for a runtime costs: `dapple plan --for TARGET` against the
+free plan, on every shipped transformer config on two clusters.
+
+    python benchmarks/targets_cost.py [--out benchmarks/results/targets_cost.json]
+
+Each config is profiled as a user profiles it (``planner.transformer_profile``
+at the default efficiency, bf16, sequence 4096; GPT-3 at its 2048), planned
+free and for each target (``planner.plan_for``) at a global batch of 512,
+and the target's plan exported as ``dapple export`` writes it, without
+``--approximate`` (a refusal is recorded as a failure). The table in
+``docs/export.md`` quotes the results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from plan_speed import build_info, machine_info  # noqa: E402
+
+CLUSTERS = {"A100-80GB": "16x8-a100-80gb", "H100-80GB": "32x8-h100"}
+GLOBAL_BATCH = 512
+
+
+def exports(plan, profile, target: str) -> str | None:
+    """The export's refusal of ``plan`` for ``target``, or None."""
+    from dapple.planner.errors import IncompatibleInputsError
+    from dapple.planner.export.deepspeed import deepspeed_partition
+    from dapple.planner.export.megatron import megatron_arguments
+    from dapple.planner.export.torchtitan import torchtitan_config
+
+    try:
+        if target == "megatron":
+            megatron_arguments(plan, profile)
+        elif target == "deepspeed":
+            deepspeed_partition(plan)
+        elif target == "torchtitan":
+            torchtitan_config(plan, profile)
+        else:
+            plan.pipeline_order()
+    except IncompatibleInputsError as e:
+        return str(e)
+    return None
+
+
+def main() -> None:
+    from dapple import planner
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE / "results" / "targets_cost.json"))
+    args = ap.parse_args()
+    rows = []
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as folder:
+        for config in planner.MODEL_CONFIGS:
+            seq = 2048 if config.startswith("gpt3") else 4096
+            for gpu, cluster in CLUSTERS.items():
+                profile = planner.transformer_profile(config, gpu=gpu, seq_len=seq)
+                path = os.path.join(folder, f"{config}-{gpu}.json")
+                profile.save(path)
+                t0 = time.perf_counter()
+                try:
+                    free = planner.plan(path, cluster, GLOBAL_BATCH)
+                except planner.DappleError as e:
+                    rows.append({"config": config, "cluster": cluster, "error": str(e)})
+                    print(f"{config:14} {cluster:15} free: {e}", flush=True)
+                    continue
+                free_s = time.perf_counter() - t0
+                for target in planner.TARGETS:
+                    t0 = time.perf_counter()
+                    try:
+                        made = planner.plan_for(target, path, cluster, GLOBAL_BATCH, free=free)
+                    except planner.DappleError as e:
+                        rows.append({"config": config, "cluster": cluster, "target": target, "error": str(e)})
+                        print(f"{config:14} {cluster:15} {target:10}: {e}", flush=True)
+                        continue
+                    row = {
+                        "config": config, "cluster": cluster, "target": target,
+                        "free_ms": free.iteration_ms, "free_kind": free.data["schedule"]["kind"],
+                        "free_shape": free.shape, "target_ms": made.plan.iteration_ms,
+                        "target_kind": made.plan.data["schedule"]["kind"], "target_shape": made.plan.shape,
+                        "cost": made.plan.iteration_ms / free.iteration_ms,
+                        "free_refused": next((why for what, why in made.refused if what == "the free plan"), None),
+                        "export_refusal": exports(made.plan, profile, target),
+                        "free_plan_s": round(free_s, 2), "plan_for_s": round(time.perf_counter() - t0, 2),
+                    }
+                    rows.append(row)
+                    print(f"{config:14} {cluster:15} {target:10}: {row['target_ms']:9.1f} ms against "
+                          f"{row['free_ms']:9.1f} ({row['cost']:.3f}x) exports: {row['export_refusal'] or 'yes'}",
+                          flush=True)
+    result = {
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(),
+        "machine": machine_info(), "build": build_info(), "global_batch_size": GLOBAL_BATCH, "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

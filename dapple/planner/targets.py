@@ -1,0 +1,157 @@
+"""Plans for the runtime the user has (``dapple plan --for``,
+``planner.plan(..., target=...)``): the fastest plan that target runs as it
+is, beside the free plan's time, so the user sees what the runtime costs.
+
+What a target runs is what ``dapple export`` writes for it without
+``--approximate`` (``docs/export.md``; the export's own refusals are the
+rule, so it lives in one place): Megatron-LM and DeepSpeed one tensor and
+one data-parallel degree for every stage, ZeRO-1 and re-computation on all
+stages or none, 1F1B with K_i = min(S - i, M), uneven stages only as layer
+boundaries; torchtitan the same shapes under any synchronous kind of one
+stage a rank, and no re-computation of whole stages; torch's runtime
+(``torch``, the schedule CSV) any synchronous plan whose stages are
+replicated and split alike.
+
+The candidates are the free search's plan, the search for the target's
+schedule alone, and Megatron-LM's uniform shapes (``baseline("megatron")``:
+every (t, p, d) with and without ZeRO-1 and re-computation, which every
+target runs); the fastest that the target takes is the plan.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .compare import baseline
+from .errors import DappleError, IncompatibleInputsError, InvalidInputError
+from .export.deepspeed import deepspeed_partition
+from .export.megatron import megatron_arguments
+from .export.torchtitan import torchtitan_config
+from .plan import Plan, plan as free_plan
+from .profile import Profile
+from .topology import Topology
+
+#: The runtimes ``--for`` plans for.
+TARGETS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "torch")
+#: The schedule each target's own search asks for (Megatron-LM's and
+#: DeepSpeed's 1F1B is early backward at policy A's depths).
+TARGET_SEARCH = {
+    "megatron": {"schedule": "early-backward-1f1b", "warmup_policy": "A"},
+    "deepspeed": {"schedule": "early-backward-1f1b", "warmup_policy": "A"},
+    "torchtitan": {"schedule": "early-backward-1f1b"},
+    "torch": {"schedule": "early-backward-1f1b"},
+}
+
+
+@dataclass(frozen=True)
+class ForTarget:
+    """The plan for ``target``, and the free plan's time beside it."""
+
+    plan: Plan
+    target: str
+    #: The free search's simulated iteration (None where it found none).
+    free_ms: float | None
+    #: Each candidate the target refused, as (what it was, why).
+    refused: tuple[tuple[str, str], ...]
+
+    @property
+    def cost(self) -> float | None:
+        """How much slower the target's plan is than the free one (1.0: not)."""
+        return None if self.free_ms is None else self.plan.iteration_ms / self.free_ms
+
+
+def refusal(plan: Plan, profile: Profile, target: str) -> str | None:
+    """Why ``target`` cannot run ``plan`` as it is (the export's one-line
+    refusal), or None where it can."""
+    try:
+        if target == "megatron":
+            megatron_arguments(plan, profile)
+        elif target == "deepspeed":
+            deepspeed_partition(plan)
+        elif target == "torchtitan":
+            try:
+                torchtitan_config(plan, profile)
+            except InvalidInputError:
+                # The default module map does not name this profile's layers:
+                # which modules hold a layer (`--module-map`) does not decide
+                # what runs, the shape checked before it does.
+                pass
+        else:
+            plan.pipeline_order()
+    except IncompatibleInputsError as e:
+        return str(e)
+    return None
+
+
+def plan_for(
+    target: str,
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    *,
+    free: Plan | None = None,
+    **options,
+) -> ForTarget:
+    """The fastest plan ``target`` runs as it is, among the free search's,
+    the search for the target's schedule and Megatron-LM's uniform shapes.
+    ``free``: the free plan of the same inputs and options, where the caller
+    has it already (the search is the expensive part). Raises
+    ``IncompatibleInputsError`` (exit 4) where the target runs none of them,
+    naming why each was refused."""
+    if target not in TARGETS:
+        raise IncompatibleInputsError(f"target {target!r} is none of {', '.join(TARGETS)}")
+    prof = profile if isinstance(profile, Profile) else Profile.load(profile)
+    topo = Topology.resolve(topology)
+    free = free if free is not None else free_plan(prof, topo, global_batch_size, **options)
+    candidates = [("the free plan", free)]
+    asked = {**options, **TARGET_SEARCH[target]}
+    if asked != options:
+        candidates.append((f"the plan searched for {asked['schedule']}", _or_error(
+            lambda: free_plan(prof, topo, global_batch_size, **asked))))
+    if not _hinted(options):
+        min_mbs = options.get("min_micro_batch_size")
+        candidates.append(("Megatron-LM's uniform shapes", _or_error(
+            lambda: baseline("megatron", prof, topo, global_batch_size, min_micro_batch_size=min_mbs))))
+    runs, refused = [], []
+    for what, made in candidates:
+        why = str(made) if isinstance(made, DappleError) else refusal(made, prof, target)
+        if why is None:
+            runs.append(made)
+        else:
+            refused.append((what, why))
+    if not runs:
+        reasons = "; ".join(f"{what}: {why}" for what, why in refused)
+        raise IncompatibleInputsError(f"no plan that {target} runs: {reasons}")
+    best = min(runs, key=lambda p: p.iteration_ms)
+    return ForTarget(plan=best, target=target, free_ms=free.iteration_ms, refused=tuple(refused))
+
+
+def _or_error(make):
+    """``make()``, or the dapple error it raised (that candidate's reason)."""
+    try:
+        return make()
+    except DappleError as e:
+        return e
+
+
+def _hinted(options: dict) -> bool:
+    """Whether the user's hints constrain the plan (the uniform shapes do
+    not keep them)."""
+    return any(options.get(k) for k in ("stages", "micro_batches", "pin_cuts", "replicate", "split", "from_layout"))
+
+
+def plan(
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    *,
+    target: str | None = None,
+    **options,
+) -> Plan:
+    """:func:`dapple.planner.plan.plan` (the search, every option as there),
+    or with ``target`` (one of ``TARGETS``) the fastest plan that runtime
+    runs as it is (:func:`plan_for`, which also gives the free plan's time)."""
+    if target is None:
+        return free_plan(profile, topology, global_batch_size, **options)
+    return plan_for(target, profile, topology, global_batch_size, **options).plan
