@@ -796,6 +796,10 @@ class Gen:
         if self.p(0.1):
             spec.argv += ["--chunks", self.pick(["1", "2", "3"], ["0", "x", "4294967296"])]
         self.hints(spec, info)
+        if self.p(0.12):
+            spec.argv += ["--for", self.pick(["megatron", "deepspeed", "torchtitan", "torch"], ["alpa", "torch-csv"])]
+        if self.p(0.05):
+            spec.argv += ["--max-search-machines", self.pick(["1", "2", "16", "16384"], ["0", "-1", "x"])]
         if self.p(0.05):
             spec.argv += ["--simulate"]
         if self.p(0.35):

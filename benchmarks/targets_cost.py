@@ -2,6 +2,7 @@
 free plan, on every shipped transformer config on two clusters.
 
     python benchmarks/targets_cost.py [--out benchmarks/results/targets_cost.json]
+    python benchmarks/targets_cost.py --table   # the markdown table of docs/export.md, from the results file
 
 Each config is profiled as a user profiles it (``planner.transformer_profile``
 at the default efficiency, bf16, sequence 4096; GPT-3 at its 2048), planned
@@ -52,12 +53,44 @@ def exports(plan, profile, target: str) -> str | None:
     return None
 
 
+def table(results: dict) -> str:
+    """One row a config and cluster: the free plan, then each target's time
+    over the free plan's (or why it has none)."""
+    from dapple import planner
+
+    lines = ["| config | cluster | free plan (kind, shape), ms | " + " | ".join(planner.TARGETS) + " |",
+             "|---|---|---|" + "---|" * len(planner.TARGETS)]
+    by_case: dict = {}
+    for row in results["rows"]:
+        by_case.setdefault((row["config"], row["cluster"]), []).append(row)
+    for (config, cluster), rows in by_case.items():
+        free = next((r for r in rows if "free_ms" in r), None)
+        if free is None:
+            lines.append(f"| {config} | {cluster} | {rows[0]['error'][:80]} |" + " |" * len(planner.TARGETS))
+            continue
+        cells = []
+        for target in planner.TARGETS:
+            r = next(r for r in rows if r.get("target") == target)
+            if "error" in r:
+                cells.append("none: " + ("whole-stage re-computation" if "re-comput" in r["error"] else r["error"][:60]))
+            else:
+                cells.append(f"{r['cost']:.3f}x" + ("" if r["export_refusal"] is None else " (refused!)"))
+        shape = free["free_shape"] if len(free["free_shape"]) <= 24 else free["free_shape"][:23].rstrip(" :") + "…"
+        lines.append(f"| {config} | {cluster} | {free['free_kind']}, {shape}, "
+                     f"{free['free_ms']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     from dapple import planner
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "results" / "targets_cost.json"))
+    ap.add_argument("--table", action="store_true", help="print the table of the results file and stop")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())))
+        return
     rows = []
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:

@@ -4,9 +4,18 @@
     python benchmarks/uneven_chains.py --write-profile 7 --out chain.json   # one chain as a profile file
 
 Issue 44's cases: a 128-layer chain whose layer times vary about fourfold
-(each layer's forward drawn log-uniformly from 1.5 to 6 ms at batch 1, its
-backward twice that, parameters and activations by the same factor, as a
-wider layer has more of each), seeded, planned with the default options
+(each layer's factor w drawn log-uniformly from 1 to 4: its forward, its
+backward at twice that, its parameters and activations all scale with w,
+as a wider layer has more of each), seeded, in two families:
+
+* ``light``: 1.5 ms, 25 MB of parameters and 2 MB of activations a unit;
+  the model state (about 27 GB with Adam) needs a few stages and memory
+  rarely binds;
+* ``heavy``: 3 ms, 150 MB and 15 MB a unit (about 160 GB of model state):
+  memory binds every stage, as in the chain the issue reports (where every
+  size's DP run stopped at its step limit);
+
+each planned with the default options
 
 * on ``128x8-nvlink`` at a global batch of 2048: target under 5 s (median
   of ``--repeats`` runs);
@@ -42,13 +51,16 @@ CASES = [
     ("128x8-nvlink", 2048, None, 5.0, None),
     ("2048x8-nvlink", 32768, 1, 60.0, 2 * GIB),
 ]
+# family -> (forward ms, parameter MB, activation MB) of one unit of w
+FAMILIES = {"light": (1.5, 25, 2), "heavy": (3.0, 150, 15)}
 
 
-def uneven_chain(layers: int = 128, seed: int = 0) -> dict:
+def uneven_chain(layers: int = 128, seed: int = 0, family: str = "light") -> dict:
     """A chain of ``layers`` layers measured at batch size 1 (time and
     memory scale linearly with the batch), each a factor w from 1 to 4
-    (log-uniform) of a 1.5 ms forward, 3 ms backward, 25 MB of parameters
-    and 2 MB of activations (with Adam about 27 GB of model state in all, past one GPU: a pipeline is needed, as in `plan_speed.py`'s chain)."""
+    (log-uniform) of the family's unit: a forward, a backward twice as
+    long, parameters and activations. Optimizer: adam."""
+    fwd_ms, param_mb, act_mb = FAMILIES[family]
     rng = random.Random(seed)
     out = []
     for i in range(layers):
@@ -57,14 +69,14 @@ def uneven_chain(layers: int = 128, seed: int = 0) -> dict:
             {
                 "name": f"layer{i}",
                 "kind": "block",
-                "param_bytes": round(w * 25 * MB),
+                "param_bytes": round(w * param_mb * MB),
                 "inputs": [i - 1] if i else [],
                 "measurements": [
                     {
                         "batch_size": 1,
-                        "fwd_ms": round(1.5 * w, 4),
-                        "bwd_ms": round(3.0 * w, 4),
-                        "activation_bytes": round(w * 2 * MB),
+                        "fwd_ms": round(fwd_ms * w, 4),
+                        "bwd_ms": round(2 * fwd_ms * w, 4),
+                        "activation_bytes": round(w * act_mb * MB),
                     }
                 ],
             }
@@ -72,8 +84,8 @@ def uneven_chain(layers: int = 128, seed: int = 0) -> dict:
     return {
         "format": "dapple.profile",
         "schema_version": 1,
-        "model": f"uneven-{layers}-seed{seed}",
-        "source": f"benchmarks/uneven_chains.py, seed {seed}: layer times log-uniform over a factor of 4",
+        "model": f"uneven-{layers}-{family}-seed{seed}",
+        "source": f"benchmarks/uneven_chains.py, {family}, seed {seed}: layer times log-uniform over a factor of 4",
         "device": "V100-16GB",
         "optimizer": "adam",
         "layers": out,
@@ -87,18 +99,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "uneven_chains.json"))
     ap.add_argument("--write-profile", type=int, metavar="SEED", help="write one chain and stop")
     ap.add_argument("--only", help="only this topology")
+    ap.add_argument("--family", choices=FAMILIES, action="append", help="only these families (default: both)")
     args = ap.parse_args()
     if args.write_profile is not None:
-        Path(args.out).write_text(json.dumps(uneven_chain(128, args.write_profile)))
+        Path(args.out).write_text(json.dumps(uneven_chain(128, args.write_profile, (args.family or ["light"])[0])))
         return
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for topology, gbs, repeats, target_s, target_rss in CASES:
+        cases = [(f, *c) for f in (args.family or list(FAMILIES)) for c in CASES]
+        for family, topology, gbs, repeats, target_s, target_rss in cases:
             if args.only and topology != args.only:
                 continue
             for seed in range(args.seeds):
-                path = os.path.join(folder, f"uneven-{seed}.json")
-                Path(path).write_text(json.dumps(uneven_chain(128, seed)))
+                path = os.path.join(folder, f"uneven-{family}-{seed}.json")
+                Path(path).write_text(json.dumps(uneven_chain(128, seed, family)))
                 runs, error = [], None
                 for _ in range(repeats or args.repeats):
                     try:
@@ -109,6 +123,7 @@ def main() -> None:
                 wall_s = statistics.median(r["plan_s"] for r in runs) if runs else None
                 rss = max(r["peak_rss_mb"] for r in runs) * MB if runs else None
                 row = {
+                    "family": family,
                     "topology": topology,
                     "global_batch_size": gbs,
                     "seed": seed,
@@ -124,8 +139,9 @@ def main() -> None:
                 }
                 rows.append(row)
                 figures = f"{wall_s:7.2f} s (target {target_s}), {rss / GIB:5.2f} GiB, {row['iteration_ms']:.1f} ms" if runs else error
-                print(f"{topology:14} gbs {gbs:6} seed {seed}: {figures} {'met' if row['met'] else 'MISSED'}", flush=True)
+                print(f"{family:5} {topology:14} gbs {gbs:6} seed {seed}: {figures} {'met' if row['met'] else 'MISSED'}", flush=True)
     result = {
+        "families": FAMILIES,
         "load_average_at_end": os.getloadavg(),
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),

@@ -308,6 +308,15 @@ def baseline(
     min_micro_batch_size: int | None = None,
     warmup_policy: str = "auto",
 ) -> Plan: ...
+def baseline_plans(
+    kind: str,
+    profile: Profile,
+    topology: Topology,
+    global_batch_size: int,
+    *,
+    min_micro_batch_size: int | None = None,
+    warmup_policy: str = "auto",
+) -> list[Plan]: ...
 def asynchronous_plan(
     schedule: str,
     profile: Profile,

@@ -37,6 +37,23 @@ def baseline(
     )
 
 
+def baseline_plans(
+    kind: str,
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    *,
+    min_micro_batch_size: int | None = None,
+    warmup_policy: str = "auto",
+) -> list[Plan]:
+    """Every plan of a baseline strategy that fits, fastest first
+    (:func:`baseline` is the first): megatron's are each uniform shape at
+    each micro-batch size."""
+    prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
+    return [Plan(core) for core in _core.baseline_plans(
+        kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy)]
+
+
 def _inputs(profile, topology, global_batch_size: int, min_micro_batch_size: int | None):
     """The profile, topology and sample counts of a call, each checked."""
     gbs = check_count("global_batch_size", global_batch_size)

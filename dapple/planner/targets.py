@@ -13,9 +13,10 @@ stage a rank, and no re-computation of whole stages; torch's runtime
 replicated and split alike.
 
 The candidates are the free search's plan, the search for the target's
-schedule alone, and Megatron-LM's uniform shapes (``baseline("megatron")``:
-every (t, p, d) with and without ZeRO-1 and re-computation, which every
-target runs); the fastest that the target takes is the plan.
+schedule alone, and the fastest of Megatron-LM's uniform shapes that the
+target runs (``baseline_plans("megatron")``: every (t, p, d) and
+micro-batch size, with and without ZeRO-1 and re-computation); the fastest
+that the target takes is the plan.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .compare import baseline
+from .compare import baseline_plans
 from .errors import DappleError, IncompatibleInputsError, InvalidInputError
 from .export.deepspeed import deepspeed_partition
 from .export.megatron import megatron_arguments
@@ -109,10 +110,6 @@ def plan_for(
     if asked != options:
         candidates.append((f"the plan searched for {asked['schedule']}", _or_error(
             lambda: free_plan(prof, topo, global_batch_size, **asked))))
-    if not _hinted(options):
-        min_mbs = options.get("min_micro_batch_size")
-        candidates.append(("Megatron-LM's uniform shapes", _or_error(
-            lambda: baseline("megatron", prof, topo, global_batch_size, min_micro_batch_size=min_mbs))))
     runs, refused = [], []
     for what, made in candidates:
         why = str(made) if isinstance(made, DappleError) else refusal(made, prof, target)
@@ -120,11 +117,34 @@ def plan_for(
             runs.append(made)
         else:
             refused.append((what, why))
+    if not _hinted(options):
+        uniform = _fastest_uniform_it_runs(prof, topo, global_batch_size, target, options.get("min_micro_batch_size"))
+        if isinstance(uniform, Plan):
+            runs.append(uniform)
+        else:
+            refused.append(("Megatron-LM's uniform shapes", uniform))
     if not runs:
         reasons = "; ".join(f"{what}: {why}" for what, why in refused)
         raise IncompatibleInputsError(f"no plan that {target} runs: {reasons}")
     best = min(runs, key=lambda p: p.iteration_ms)
     return ForTarget(plan=best, target=target, free_ms=free.iteration_ms, refused=tuple(refused))
+
+
+def _fastest_uniform_it_runs(prof: Profile, topo: Topology, global_batch_size: int, target: str,
+                             min_micro_batch_size: int | None) -> Plan | str:
+    """The fastest of Megatron-LM's uniform shapes that fits and that
+    ``target`` runs (not every target runs a re-computed one), or why none."""
+    plans = _or_error(lambda: baseline_plans("megatron", prof, topo, global_batch_size,
+                                             min_micro_batch_size=min_micro_batch_size))
+    if isinstance(plans, DappleError):
+        return str(plans)
+    first_refusal = None
+    for candidate in plans:
+        why = refusal(candidate, prof, target)
+        if why is None:
+            return candidate
+        first_refusal = first_refusal or why
+    return f"none of the {len(plans)} that fit runs on {target}; the fastest: {first_refusal}"
 
 
 def _or_error(make):

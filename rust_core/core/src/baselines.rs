@@ -476,6 +476,22 @@ pub fn baseline_plan(
     min_micro_batch_size: Option<u32>,
     policy: WarmupPolicy,
 ) -> Result<Plan> {
+    let plans = baseline_plans(kind, profile, topology, global_batch_size, min_micro_batch_size, policy)?;
+    Ok(plans.into_iter().next().expect("baseline_plans is an error when none fits"))
+}
+
+/// Every plan of the baseline that fits, each at its warm-up depths,
+/// fastest first: [`baseline_plan`] is the first. Megatron's are its
+/// every uniform shape (t, p, d, ZeRO-1, re-computation) and micro-batch
+/// size, from which `dapple plan --for` takes the fastest a runtime runs.
+pub fn baseline_plans(
+    kind: Baseline,
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+    policy: WarmupPolicy,
+) -> Result<Vec<Plan>> {
     let min_slice = profile.min_slice(min_micro_batch_size);
     // Megatron's stages warm up as 1F1B does, whatever the search's policy.
     let policy = if kind == Baseline::Megatron {
@@ -485,7 +501,7 @@ pub fn baseline_plan(
     };
     let costs = ProfileCosts::new(profile);
     let layouts = baseline_layouts(kind, &costs, topology, global_batch_size, min_slice, policy)?;
-    fastest_that_fits(
+    every_that_fits(
         layouts,
         &costs,
         policy,
@@ -531,6 +547,7 @@ pub fn layout_plan(
     )
 }
 
+/// The fastest of `layouts` that fits (`every_that_fits`' first).
 pub(crate) fn fastest_that_fits(
     layouts: Vec<Plan>,
     costs: &ProfileCosts,
@@ -539,8 +556,23 @@ pub(crate) fn fastest_that_fits(
     global_batch_size: u32,
     min_slice: u32,
 ) -> Result<Plan> {
+    let fitting = every_that_fits(layouts, costs, policy, name, global_batch_size, min_slice)?;
+    Ok(fitting.into_iter().next().expect("every_that_fits is an error when none fits"))
+}
+
+/// Every one of `layouts` that fits, costed (under warm-up policy auto,
+/// at the depths that simulate fastest), fastest first (ties in the order
+/// given); an infeasible error naming the smallest need where none fits.
+pub(crate) fn every_that_fits(
+    layouts: Vec<Plan>,
+    costs: &ProfileCosts,
+    policy: WarmupPolicy,
+    name: &str,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Result<Vec<Plan>> {
     // Each micro-batch size is checked and costed like a hand-written
-    // plan, in parallel; the choice below runs in size order.
+    // plan, in parallel; the order below is the layouts'.
     let costed: Vec<(Option<Plan>, f64)> = layouts
         .into_par_iter()
         .map(|plan| {
@@ -559,22 +591,21 @@ pub(crate) fn fastest_that_fits(
             Ok((costed, need))
         })
         .collect::<Result<_>>()?;
-    let mut best: Option<Plan> = None;
+    let mut fitting: Vec<Plan> = Vec::new();
     let mut smallest_need: Option<f64> = None;
     for (costed, need) in costed {
-        let Some(plan) = costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory))
-        else {
-            smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need)));
-            continue;
-        };
-        if best
-            .as_ref()
-            .is_none_or(|b| plan.iteration_ms() < b.iteration_ms())
-        {
-            best = Some(plan);
+        match costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) {
+            Some(plan) => fitting.push(plan),
+            None => smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need))),
         }
     }
-    best.ok_or_else(|| match smallest_need {
+    // Stable: of equal times, the first given stays first, as before.
+    let ms = |p: &Plan| p.iteration_ms().unwrap_or(f64::INFINITY);
+    fitting.sort_by(|a, b| ms(a).total_cmp(&ms(b)));
+    if !fitting.is_empty() {
+        return Ok(fitting);
+    }
+    Err(match smallest_need {
         Some(need) => Error::infeasible(format!(
             "{name} does not fit in GPU memory at any micro-batch size: it needs at least {:.2} GiB per GPU",
             need / (1u64 << 30) as f64
@@ -613,6 +644,29 @@ mod tests {
         );
         let pd = baseline_plan(Baseline::PipeDream, &p, &t, 8, None, WarmupPolicy::A).unwrap();
         assert_eq!(pd.stages.iter().map(|s| s.devices.len()).sum::<usize>(), 4);
+    }
+
+    #[test]
+    fn every_plan_that_fits_comes_fastest_first_and_the_baseline_is_the_first() {
+        let config = crate::transformer::TransformerConfig::named("llama-2-7b").unwrap();
+        let options = crate::transformer::TransformerOptions {
+            gpu: "a100".into(),
+            seq_len: 1024,
+            micro_batch_sizes: vec![1, 2],
+            efficiency: 0.5,
+        };
+        let p = crate::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
+        let t = Topology::from_spec("2x8-a100-80gb").unwrap();
+        let all = baseline_plans(Baseline::Megatron, &p, &t, 64, None, WarmupPolicy::Auto).unwrap();
+        assert!(all.len() > 10, "{}", all.len());
+        let ms: Vec<f64> = all.iter().map(|plan| plan.iteration_ms().unwrap()).collect();
+        assert!(ms.windows(2).all(|w| w[0] <= w[1]));
+        assert!(all.iter().all(|plan| plan.estimate.as_ref().unwrap().fits_memory));
+        let best = baseline_plan(Baseline::Megatron, &p, &t, 64, None, WarmupPolicy::Auto).unwrap();
+        assert_eq!(best.stages, all[0].stages);
+        assert_eq!(best.iteration_ms(), all[0].iteration_ms());
+        // Shapes differ among them: with and without re-computation.
+        assert!(all.iter().any(|plan| plan.stages[0].recompute.is_none()));
     }
 
     #[test]

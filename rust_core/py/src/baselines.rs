@@ -1,4 +1,6 @@
-use dapple_core::baselines::{baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout};
+use dapple_core::baselines::{
+    baseline_plan, baseline_plans as every_baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout,
+};
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::plan::Plan;
 use dapple_core::schedule::ScheduleKind;
@@ -38,6 +40,37 @@ fn baseline(
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
     Ok(made_from(plan, profile))
+}
+
+/// Every plan of a baseline strategy that fits, fastest first (`baseline`
+/// is the first).
+#[pyfunction]
+#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
+fn baseline_plans(
+    py: Python<'_>,
+    kind: &str,
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+    warmup_policy: &str,
+) -> PyResult<Vec<PyPlan>> {
+    let kind = Baseline::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
+    let policy =
+        WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
+    let plans = py
+        .detach(|| {
+            every_baseline_plan(
+                kind,
+                &profile.inner,
+                &topology.inner,
+                global_batch_size,
+                min_micro_batch_size,
+                policy,
+            )
+        })
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
+    Ok(plans.into_iter().map(|plan| made_from(plan, profile)).collect())
 }
 
 /// Any layout, `stages` as (layer_start, layer_end, devices) each, as the
@@ -114,6 +147,7 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asynchronous_plan, m)?)?;
     m.add_function(wrap_pyfunction!(baseline, m)?)?;
+    m.add_function(wrap_pyfunction!(baseline_plans, m)?)?;
     m.add_function(wrap_pyfunction!(layout_plan, m)?)?;
     Ok(())
 }
