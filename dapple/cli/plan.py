@@ -54,8 +54,8 @@ from .render import plan_table
                    "layouts are left to the bounded walk, and it is not searched again and the plan is the best found (said on stderr); exit 9 "
                    "where none was.")
 @click.option("--max-search-machines", type=count_option_type(), default=None,
-              help=f"Most machines a search takes (default {DEFAULT_MAX_SEARCH_MACHINES:,}, about a minute here); "
-                   "a larger topology is refused at once with exit 9.")
+              help=f"Most machines a search takes (default {DEFAULT_MAX_SEARCH_MACHINES:,}: 16384x1 plans in 15 s "
+                   "on 2 cores, 30000x1 in a minute); a larger topology is refused at once with exit 9.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
               help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
                    "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
