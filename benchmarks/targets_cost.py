@@ -32,27 +32,6 @@ CLUSTERS = {"A100-80GB": "16x8-a100-80gb", "H100-80GB": "32x8-h100"}
 GLOBAL_BATCH = 512
 
 
-def exports(plan, profile, target: str) -> str | None:
-    """The export's refusal of ``plan`` for ``target``, or None."""
-    from dapple.planner.errors import IncompatibleInputsError
-    from dapple.planner.export.deepspeed import deepspeed_partition
-    from dapple.planner.export.megatron import megatron_arguments
-    from dapple.planner.export.torchtitan import torchtitan_config
-
-    try:
-        if target == "megatron":
-            megatron_arguments(plan, profile)
-        elif target == "deepspeed":
-            deepspeed_partition(plan)
-        elif target == "torchtitan":
-            torchtitan_config(plan, profile)
-        else:
-            plan.pipeline_order()
-    except IncompatibleInputsError as e:
-        return str(e)
-    return None
-
-
 def table(results: dict) -> str:
     """One row a config and cluster: the free plan, then each target's time
     over the free plan's (or why it has none)."""
@@ -83,6 +62,7 @@ def table(results: dict) -> str:
 
 def main() -> None:
     from dapple import planner
+    from dapple.planner.targets import refusal
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(HERE / "results" / "targets_cost.json"))
@@ -123,7 +103,7 @@ def main() -> None:
                         "target_kind": made.plan.data["schedule"]["kind"], "target_shape": made.plan.shape,
                         "cost": made.plan.iteration_ms / free.iteration_ms,
                         "free_refused": next((why for what, why in made.refused if what == "the free plan"), None),
-                        "export_refusal": exports(made.plan, profile, target),
+                        "export_refusal": refusal(made.plan, profile, target),
                         "free_plan_s": round(free_s, 2), "plan_for_s": round(time.perf_counter() - t0, 2),
                     }
                     rows.append(row)

@@ -299,15 +299,6 @@ def simulate(
     overlap_allreduce: bool = True,
 ) -> Simulation: ...
 def chunked_plan(plan: Plan, profile: Profile, schedule: str, chunks: int | None = None) -> Plan: ...
-def baseline(
-    kind: str,
-    profile: Profile,
-    topology: Topology,
-    global_batch_size: int,
-    *,
-    min_micro_batch_size: int | None = None,
-    warmup_policy: str = "auto",
-) -> Plan: ...
 def baseline_plans(
     kind: str,
     profile: Profile,

@@ -31,10 +31,8 @@ def baseline(
     whose simulated iteration is shortest and fits: data parallelism on every GPU; GPipe and
     straight pipelines with balanced blocks of layers, one GPU per stage;
     PipeDream's planner (its asynchronous objective), run synchronously."""
-    prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
-    return Plan(
-        _core.baseline(kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy)
-    )
+    return baseline_plans(kind, profile, topology, global_batch_size, min_micro_batch_size=min_micro_batch_size,
+                          warmup_policy=warmup_policy)[0]
 
 
 def baseline_plans(

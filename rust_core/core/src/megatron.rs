@@ -174,6 +174,16 @@ fn shaped_plans(
     let shapes: Vec<(bool, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
     for &t in degrees {
+        // Layers that do not split at t run data parallel over all t x d
+        // GPUs of a stage: each GPU's b / t samples of them are a slice too
+        // (`plan::check`'s rule; Whale's collocated split on 32 GPUs at 128
+        // gave slices of 4 below a minimum of 8).
+        let whole = t > 1
+            && profile
+                .layers
+                .iter()
+                .any(|l| !l.split.iter().any(|s| s.allows(t)));
+        let slice_fits = |b: u32| b >= min_slice && (!whole || b / t >= min_slice);
         for p in (1..=gpus / t).filter(|p| (gpus / t).is_multiple_of(*p)) {
             let Some(ranges) = equal_stages(profile, p as usize) else {
                 continue;
@@ -185,16 +195,6 @@ fn shaped_plans(
             } else {
                 Vec::new()
             };
-            // Layers that do not split at t run data parallel over all t x d
-            // GPUs of a stage: each GPU's b / t samples of them are a slice too
-            // (`plan::check`'s rule; Whale's collocated split on 32 GPUs at 128
-            // gave slices of 4 below a minimum of 8).
-            let whole = t > 1
-                && profile
-                    .layers
-                    .iter()
-                    .any(|l| !l.split.iter().any(|s| s.allows(t)));
-            let slice_fits = |b: u32| b >= min_slice && (!whole || b / t >= min_slice);
             for b in per_replica.into_iter().filter(|&b| slice_fits(b)) {
                 for &(shard_optimizer, recompute) in &shapes {
                     let shape = StageShape {

@@ -1,5 +1,5 @@
 use dapple_core::baselines::{
-    baseline_plan, baseline_plans as every_baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout,
+    baseline_plans as every_baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout,
 };
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::plan::Plan;
@@ -11,39 +11,9 @@ use crate::profile::PyProfile;
 use crate::topology::PyTopology;
 use crate::{to_py_err, with_inputs};
 
-/// A baseline strategy's plan (one of `BASELINES`) at its fastest
-/// micro-batch size that fits.
-#[pyfunction]
-#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
-fn baseline(
-    py: Python<'_>,
-    kind: &str,
-    profile: &PyProfile,
-    topology: &PyTopology,
-    global_batch_size: u32,
-    min_micro_batch_size: Option<u32>,
-    warmup_policy: &str,
-) -> PyResult<PyPlan> {
-    let kind = Baseline::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
-    let policy =
-        WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
-    let plan = py
-        .detach(|| {
-            baseline_plan(
-                kind,
-                &profile.inner,
-                &topology.inner,
-                global_batch_size,
-                min_micro_batch_size,
-                policy,
-            )
-        })
-        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(made_from(plan, profile))
-}
-
-/// Every plan of a baseline strategy that fits, fastest first (`baseline`
-/// is the first).
+/// Every plan of a baseline strategy (one of `BASELINES`) that fits, each
+/// at its fastest warm-up depths, fastest first: the baseline's plan is the
+/// first.
 #[pyfunction]
 #[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
 fn baseline_plans(
@@ -146,7 +116,6 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asynchronous_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(baseline, m)?)?;
     m.add_function(wrap_pyfunction!(baseline_plans, m)?)?;
     m.add_function(wrap_pyfunction!(layout_plan, m)?)?;
     Ok(())
