@@ -5,8 +5,9 @@ global batches each: every run must exit 0 (issue 44).
 
 Profiles: the DAPPLE artifact's (``profiles/artifact``), Whale's
 (``profiles/whale``, profiles only) and each shipped transformer config
-profiled as a user profiles it (``dapple profile transformer``, A100-80GB,
-sequence 2048). Clusters: ``2x8-nvlink``, ``16x1-25gbps`` and a typed one
+profiled as a user profiled it before issue 45 (``dapple profile
+transformer``, A100-80GB, sequence 2048, efficiency 0.5: the recorded
+results are of those profiles). Clusters: ``2x8-nvlink``, ``16x1-25gbps`` and a typed one
 of the same size class (V100-32GB machines for the artifact's and Whale's
 V100 profiles, A100s for the transformers). Global batches: the command's
 default (none given) and two others. Each run is the installed command in
@@ -47,7 +48,7 @@ def cases(folder: str) -> list[tuple[str, str, str]]:
 
     for config in planner.MODEL_CONFIGS:
         path = os.path.join(folder, f"{config}.json")
-        planner.transformer_profile(config, gpu="A100-80GB", seq_len=2048).save(path)
+        planner.transformer_profile(config, gpu="A100-80GB", seq_len=2048, efficiency=0.5).save(path)
         found.append((config, path, "8x8-a100-80gb"))
     return found
 

@@ -33,7 +33,7 @@ ONE_STAGE_A_RANK = ("early-backward-1f1b", "zb-h1")
 
 
 def cases() -> list[tuple[str, planner.Profile, str, int]]:
-    llama = planner.transformer_profile("llama-2-70b", gpu="A100-80GB", seq_len=4096)
+    llama = planner.transformer_profile("llama-2-70b", gpu="A100-80GB", seq_len=4096, efficiency=0.5)
     out = [("Llama-2-70B", llama, "64x8-a100-80gb", 512)]
     for case in json.loads(SUITE.read_text())["cases"]:
         out.append((f"Table V {case['name']}", planner.Profile.load(SUITE.parent / case["profile"]),

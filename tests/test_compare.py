@@ -220,7 +220,9 @@ def test_compare_rows_show_each_stages_shape(llama_70b):
     assert rows["megatron"].stage_shapes == [shape_label(s) for s in megatron.stage_shapes]
     for name in ("dapple", "megatron"):
         r = rows[name]
-        gpus = [int(g) for g in r.shape.split(":")]
+        # A chunked plan ("8:8:8:8 (v=5)") lists a shape for each of its ranks' chunks, stage s on rank s mod ranks.
+        ranks, _, chunks = r.shape.partition(" (v=")
+        gpus = [int(g) for g in ranks.split(":")] * (int(chunks.rstrip(")")) if chunks else 1)
         assert len(r.stage_shapes) == len(gpus), r
         for label, g in zip(r.stage_shapes, gpus):
             # 70B does not fit plain stages here: each stage splits, shards or re-computes,

@@ -13,31 +13,44 @@ from .options import FILE_PATH, PositiveIntList, count_option_type, reports_erro
 @click.command("transformer")
 @click.option("--config", "config", required=True, metavar="NAME|config.json",
               help=f"A shipped model config ({', '.join(planner.MODEL_CONFIGS)}) or a Hugging Face config.json.")
-@click.option("--gpu", required=True, help="GPU type whose bf16 peak times the layers (dapple topology gpus lists them).")
+@click.option("--gpu", required=True, help="GPU type the layers are timed on (dapple topology gpus lists them).")
 @click.option("--seq-len", required=True, type=count_option_type(), help="Tokens per sample.")
 @click.option("--micro-batch-sizes", type=PositiveIntList(), default="1,2,4,8", show_default=True,
               help="Samples per GPU to write a measurement for.")
-@click.option("--efficiency", type=float, default=0.5, show_default=True,
-              help="Share of the GPU's bf16 peak the layers reach, in (0, 1]: the profile's MFU ceiling.")
+@click.option("--efficiency", type=float, default=None,
+              help="Time every layer as its FLOPs over this share of the GPU's bf16 peak, in (0, 1], instead of "
+                   "operator by operator.")
+@click.option("--attention", type=click.Choice(planner.ATTENTION_KERNELS), default=None,
+              help="How the attention core runs: FlashAttention (causal), or separate kernels with the s x s "
+                   "probabilities in memory (Megatron-LM before FlashAttention). Default: flash where the GPU type "
+                   "has it measured (A100 and later), else unfused.")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the config's name.")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
-def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, model_name, out_path):
+def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, model_name, out_path):
     """Write the analytic profile of a decoder-only transformer (Llama, GPT).
 
     Each layer's FLOPs, parameters and stored activations follow from the
-    config; its time is its FLOPs over the GPU's bf16 peak times the
-    efficiency. Layers record how they split (Megatron's blocks, the
-    vocabulary for the embedding and LM head), so `dapple plan` can shard them.
+    config. Its time is the sum of its operators' on the GPU type: matrix
+    products by their shapes (tiles and waves over the GPU's SMs, at its
+    measured best), memory-bound operators at its measured memory
+    bandwidth, the attention core as the kernel runs it (docs/cost-model.md,
+    "Transformer profiles"); or, with --efficiency, its FLOPs over that
+    share of the bf16 peak. Layers record how they split (Megatron's
+    blocks, the vocabulary for the embedding and LM head), so `dapple plan`
+    can shard them.
     """
     check_writable(out_path)
     profile = planner.transformer_profile(
-        config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency, model=model_name
+        config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency,
+        attention=attention, model=model_name,
     )
     profile.save(out_path)
     params = sum(layer["param_bytes"] for layer in profile.layers) / profile.data["parameter_state"]["weight_bytes"]
+    timed = (f"timed at {efficiency} of the {profile.data['device']} bf16 peak" if efficiency is not None
+             else f"timed operator by operator on {profile.data['device']}")
     click.echo(
         f"{path_text(out_path)}: {profile.model}, {len(profile.layers)} layers, {params / 1e9:.2f}e9 parameters, "
-        f"sequence {seq_len}, timed at {efficiency} of the {profile.data['device']} bf16 peak",
+        f"sequence {seq_len}, {timed}",
         err=True,
     )

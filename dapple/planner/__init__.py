@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
         "or use `pip install -e .` to work in the source tree."
     ) from e
 from .calibrate import Calibration, calibrate
-from .compare import BASELINES, baseline, compare, layout_plan
+from .compare import BASELINES, baseline, compare, layout_plan, megatron_plan
 from .errors import (
     DappleError,
     DappleIOError,
@@ -30,6 +30,7 @@ from .errors import (
 )
 from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
 from .profile import (
+    ATTENTION_KERNELS,
     MODEL_CONFIGS,
     Profile,
     calibrate_stored_activations,
@@ -76,8 +77,10 @@ __all__ = [
     "import_artifact_profile",
     "transformer_profile",
     "MODEL_CONFIGS",
+    "ATTENTION_KERNELS",
     "merge_profiles",
     "layout_plan",
+    "megatron_plan",
     "plan",
     "plan_for",
     "TARGETS",

@@ -8,6 +8,7 @@ WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
+ATTENTION_KERNELS: tuple[str, ...]
 CHUNKED_SCHEDULES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
@@ -254,11 +255,25 @@ def transformer_profile(
     gpu: str,
     seq_len: int,
     micro_batch_sizes: list[int],
-    efficiency: float,
+    efficiency: float | None = None,
+    attention: str | None = None,
     name: str | None = None,
     text: str | None = None,
     source: str | None = None,
 ) -> Profile: ...
+def gemm_ms(gpu: str, m: int, n: int, k: int, *, batch: int = 1) -> float: ...
+def memory_ms(gpu: str, bytes: float) -> float: ...
+def megatron_plan(
+    profile: Profile,
+    topology: Topology,
+    global_batch_size: int,
+    *,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    micro_batch_size: int,
+    shard_optimizer: bool = False,
+    recompute: str = "none",
+) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float
 ) -> dict[str, dict]: ...

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from . import _core
 from .errors import DappleError
 from .limits import check_count
-from .plan import Plan, chunked, plan, shape_label
+from .plan import Plan, chunked, evaluate, plan, shape_label
 from .profile import Profile
 from .simulation import simulate
 from .topology import Topology
@@ -50,6 +50,33 @@ def baseline_plans(
     prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
     return [Plan(core) for core in _core.baseline_plans(
         kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy)]
+
+
+def megatron_plan(
+    profile: Profile | str | os.PathLike,
+    topology: Topology | str,
+    global_batch_size: int,
+    *,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    micro_batch_size: int,
+    shard_optimizer: bool = False,
+    recompute: str = "none",
+) -> Plan:
+    """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
+    shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
+    as replicas, ``micro_batch_size`` samples a replica per micro-batch,
+    ZeRO-1 or not and re-computation (``"none"`` or ``"full"``) on every
+    stage, 1F1B. Its estimate is given whether or not it fits memory
+    (``plan.estimate["fits_memory"]``)."""
+    prof, topo, gbs, _ = _inputs(profile, topology, global_batch_size, None)
+    core = _core.megatron_plan(
+        prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
+        pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
+        micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
+        recompute=recompute,
+    )
+    return evaluate(Plan(core), prof)
 
 
 def _inputs(profile, topology, global_batch_size: int, min_micro_batch_size: int | None):

@@ -92,6 +92,9 @@ def import_artifact_profile(
 #: Model configs shipped with dapple (Hugging Face config.json files), by name.
 MODEL_CONFIGS: tuple[str, ...] = _core.MODEL_CONFIGS
 
+#: How a generated profile's attention core runs (the core's table).
+ATTENTION_KERNELS: tuple[str, ...] = _core.ATTENTION_KERNELS
+
 
 def transformer_profile(
     config: str | os.PathLike,
@@ -99,15 +102,21 @@ def transformer_profile(
     gpu: str,
     seq_len: int,
     micro_batch_sizes: list[int] | tuple[int, ...] = (1, 2, 4, 8),
-    efficiency: float = 0.5,
+    efficiency: float | None = None,
+    attention: str | None = None,
     model: str | None = None,
 ) -> Profile:
     """A profile of a decoder-only transformer without a GPU: ``config`` is a
     shipped name (``MODEL_CONFIGS``) or a Hugging Face ``config.json``. Each
-    layer's time is its FLOPs over ``gpu``'s bf16 peak times ``efficiency``
+    layer is timed operator by operator on ``gpu`` (matrix products by their
+    shapes, memory-bound operators by their bytes, the attention core as
+    ``attention`` runs it: ``"flash"`` or ``"unfused"``, by default flash
+    where the GPU type has FlashAttention measured), or, where
+    ``efficiency`` is given, as its FLOPs over the bf16 peak times it
     (docs/cost-model.md, "Transformer profiles")."""
     sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
-    common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency)
+    common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency,
+                  attention=attention)
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:

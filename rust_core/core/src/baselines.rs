@@ -653,7 +653,8 @@ mod tests {
             gpu: "a100".into(),
             seq_len: 1024,
             micro_batch_sizes: vec![1, 2],
-            efficiency: 0.5,
+            efficiency: Some(0.5),
+            attention: None,
         };
         let p = crate::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();

@@ -35,6 +35,34 @@ pub struct GpuType {
     /// The server the link figures are from.
     pub server: &'static str,
     pub source: &'static str,
+    /// What its kernels reach, for operator-level layer times (`kernels.rs`).
+    pub kernels: KernelFigures,
+}
+
+/// What one GPU type's kernels reach, measured (each figure from a record of
+/// public measurements, named in `sources`), for timing a layer operator by
+/// operator (`kernels.rs`): none is derived from the training runs that
+/// dapple's estimates are checked against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelFigures {
+    /// Streaming multiprocessors: a matrix product's tiles run in waves of this many.
+    pub sm_count: u32,
+    /// The memory bandwidth a memory-bound kernel reaches, in GB/s (bytes),
+    /// a STREAM-like triad where one was measured.
+    pub hbm_gb_per_s: f64,
+    /// bf16 (V100: fp16) throughput of a large, well-shaped matrix product
+    /// (the maximum achievable matmul FLOPS, "MAMF"): full waves, whole tiles.
+    pub gemm_tflops: f64,
+    /// FlashAttention's forward-and-backward throughput, causal (FLOPs
+    /// counted halved, as its kernels skip the masked half), by sequence
+    /// length: (tokens, TFLOP/s), ascending. Empty where no FlashAttention
+    /// kernel runs on the type (FlashAttention-2 needs Ampere or later).
+    pub flash_attention_tflops: &'static [(u64, f64)],
+    /// Where each figure comes from: (field, source). A source opens with
+    /// the id of its record in the shared hardware measurements
+    /// (`reference/hardware-measurements.json`, which names the primary
+    /// source) or with "assumed:" and the reason.
+    pub sources: &'static [(&'static str, &'static str)],
 }
 
 const V100_SOURCE: &str = "NVIDIA Tesla V100 datasheet (SXM2: 125 TFLOPS fp16 tensor, 15.7 fp32); NVLink as measured in \
@@ -56,6 +84,7 @@ const fn row(
     (nvlink_gbps, pcie_gbps, network_gbps_per_gpu): (f64, f64, f64),
     server: &'static str,
     source: &'static str,
+    kernels: KernelFigures,
 ) -> GpuType {
     GpuType {
         name,
@@ -68,6 +97,7 @@ const fn row(
         network_gbps_per_gpu,
         server,
         source,
+        kernels,
     }
 }
 
@@ -78,18 +108,101 @@ const B200_SOURCE: &str =
     "NVIDIA HGX B200 datasheet, per GPU (8 GPUs: 1.44 TB, 36 PFLOPS bf16 with sparsity, \
      600 TFLOPS fp32, NVLink 1.8 TB/s each); DGX B200 datasheet (8 x 400 Gb/s ConnectX-7)";
 
+const V100_KERNELS: KernelFigures = KernelFigures {
+    sm_count: 80,
+    hbm_gb_per_s: 814.0,
+    gemm_tflops: 95.0,
+    flash_attention_tflops: &[],
+    sources: &[
+        (
+            "sm_count",
+            "assumed: NVIDIA Tesla V100 datasheet (80 SMs); no record gives it",
+        ),
+        (
+            "hbm_gb_per_s",
+            "M5: te42kyfo/gpu-benches@1c36d50 gpu-stream/v100.txt, triad",
+        ),
+        (
+            "gemm_tflops",
+            "G6c: mli/transformers-benchmarks@04df81d README.md, best square fp16 matmul on V100",
+        ),
+        (
+            "flash_attention_tflops",
+            "assumed: none; FlashAttention-2 runs on Ampere and later (arXiv 2307.08691)",
+        ),
+    ],
+};
+
+/// FlashAttention-2 on A100 80GB SXM4, forward and backward, causal, head
+/// dimension 64, by sequence length (A2: arXiv 2307.08691 Fig. 4(c)).
+const A100_FLASH: [(u64, f64); 6] = [
+    (512, 88.0),
+    (1024, 119.0),
+    (2048, 140.0),
+    (4096, 156.0),
+    (8192, 165.0),
+    (16384, 171.0),
+];
+
+const A100_KERNEL_SOURCES: [(&str, &str); 4] = [
+    ("sm_count", "G11: stas00/ml-engineering@744d01e training/performance/README.md (A100: 108 SMs)"),
+    ("hbm_gb_per_s", "M1 (80GB) / M2 (40GB): te42kyfo/gpu-benches@1c36d50 gpu-stream/a100_80.txt, a100_40.txt, triad"),
+    ("gemm_tflops", "G1: stas00/ml-engineering@744d01e compute/accelerator/README.md, MAMF of A100 SXM bf16 (the 40GB part has the same chip and clocks)"),
+    ("flash_attention_tflops", "A2: arXiv 2307.08691 Fig. 4(c), FlashAttention-2 forward and backward, causal, head dimension 64"),
+];
+
+const HOPPER_KERNEL_SOURCES: [(&str, &str); 4] = [
+    ("sm_count", "G11: stas00/ml-engineering@744d01e training/performance/README.md (H100/H200: 132 SMs)"),
+    ("hbm_gb_per_s", "M6 / M4: H100 from M6, deepseek-ai/FlashMLA@066b5ba README.md (H800 SXM5, the same HBM3 at 3.35 TB/s, in a memory-bound kernel; no STREAM run on H100 SXM is published); H200 from M4, te42kyfo/gpu-benches@1c36d50 gpu-stream/h200.txt, triad"),
+    ("gemm_tflops", "G3: stas00/ml-engineering@744d01e compute/accelerator/README.md, MAMF of H100 SXM bf16 (its table: H200 the same)"),
+    ("flash_attention_tflops", "A8: stas00/ml-engineering@744d01e insights/when-to-upgrade-gpus/README.md, FlashAttention-3 in training Llama-3.1-8B at 8K, causal, on H200 (the same compute as H100)"),
+];
+
+const B200_KERNELS: KernelFigures = KernelFigures {
+    sm_count: 148,
+    hbm_gb_per_s: 7200.0,
+    gemm_tflops: 1807.0,
+    flash_attention_tflops: &[(8192, 1016.0)],
+    sources: &[
+        ("sm_count", "assumed: 148 SMs as NVIDIA's Blackwell architecture brief gives; no record gives it"),
+        ("hbm_gb_per_s", "assumed: 0.9 of the 8 TB/s datasheet figure, the share H800 reached (M6); no record measures B200"),
+        ("gemm_tflops", "assumed: H100's MAMF share of its peak (G3: 794.5 / 989.5 = 0.803) times B200's 2,250; no record measures B200"),
+        ("flash_attention_tflops", "assumed: H200's in-training FlashAttention-3 share of its peak (A8: 447 / 989.5 = 0.452) times B200's 2,250"),
+    ],
+};
+
+const fn kernels(
+    sm_count: u32,
+    hbm_gb_per_s: f64,
+    gemm_tflops: f64,
+    flash_attention_tflops: &'static [(u64, f64)],
+    sources: &'static [(&'static str, &'static str)],
+) -> KernelFigures {
+    KernelFigures {
+        sm_count,
+        hbm_gb_per_s,
+        gemm_tflops,
+        flash_attention_tflops,
+        sources,
+    }
+}
+
 /// Every known type; the first is the paper's GPU, the type of untyped specs.
 /// Columns: name, spec names, GiB, (bf16, fp32 TFLOP/s), (NVLink, PCIe,
-/// network per GPU in Gbit/s), server, source.
+/// network per GPU in Gbit/s), server, source, kernel figures.
 #[rustfmt::skip]
 pub const GPU_TYPES: [GpuType; 7] = [
-    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE),
-    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE),
-    row("A100-40GB", &["a100-40gb"], 40, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE),
-    row("A100-80GB", &["a100-80gb", "a100"], 80, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE),
-    row("H100-80GB", &["h100-80gb", "h100"], 80, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H100", H100_SOURCE),
-    row("H200", &["h200", "h200-141gb"], 141, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H200", H200_SOURCE),
-    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE),
+    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, V100_KERNELS),
+    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, V100_KERNELS),
+    row("A100-40GB", &["a100-40gb"], 40, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
+        kernels(108, 1363.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES)),
+    row("A100-80GB", &["a100-80gb", "a100"], 80, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
+        kernels(108, 1759.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES)),
+    row("H100-80GB", &["h100-80gb", "h100"], 80, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H100", H100_SOURCE,
+        kernels(132, 3000.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES)),
+    row("H200", &["h200", "h200-141gb"], 141, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H200", H200_SOURCE,
+        kernels(132, 3534.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES)),
+    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE, B200_KERNELS),
 ];
 
 /// The type of untyped specs and topologies: the paper's V100-16GB.
@@ -145,6 +258,40 @@ mod tests {
             "unknown GPU type \"A100-81GB\"; known types: V100-16GB, V100-32GB, A100-40GB, A100-80GB, \
              H100-80GB, H200, B200"
         );
+    }
+
+    #[test]
+    fn every_kernel_figure_names_its_source_and_is_below_the_peak() {
+        for g in &GPU_TYPES {
+            let k = &g.kernels;
+            for field in [
+                "sm_count",
+                "hbm_gb_per_s",
+                "gemm_tflops",
+                "flash_attention_tflops",
+            ] {
+                assert!(
+                    k.sources
+                        .iter()
+                        .any(|(f, s)| *f == field && !s.trim().is_empty()),
+                    "{} {field}",
+                    g.name
+                );
+            }
+            assert!(k.sm_count > 0 && k.hbm_gb_per_s > 0.0, "{}", g.name);
+            assert!(
+                k.gemm_tflops > 0.0 && k.gemm_tflops < g.bf16_tflops,
+                "{}",
+                g.name
+            );
+            let flash = k.flash_attention_tflops;
+            assert!(flash.windows(2).all(|w| w[0].0 < w[1].0), "{}", g.name);
+            assert!(
+                flash.iter().all(|&(_, t)| t > 0.0 && t < g.bf16_tflops),
+                "{}",
+                g.name
+            );
+        }
     }
 
     #[test]

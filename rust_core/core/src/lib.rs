@@ -19,6 +19,7 @@ pub mod format;
 pub mod gpus;
 pub mod hints;
 pub mod interleave;
+pub mod kernels;
 pub mod layout;
 pub mod megatron;
 pub mod metrics;

@@ -210,6 +210,49 @@ fn shaped_plans(
     plans
 }
 
+/// One Megatron-LM layout as a run used it (not costed): `shape` on every
+/// stage (its split degree t, ZeRO-1, re-computation), `p` stages of equal
+/// blocks, the GPUs left over as replicas (d = GPUs / (t p)), `b` samples a
+/// replica per micro-batch, 1F1B. Errors say which number does not divide.
+pub fn megatron_plan(
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    (p, b): (u32, u32),
+    shape: &StageShape,
+) -> Result<Plan> {
+    if !machines_alike(topology) {
+        return Err(Error::incompatible(
+            "a Megatron layout needs machines alike (one GPU type, as many GPUs each); this topology mixes them",
+        ));
+    }
+    let t = shape.tensor_parallel.max(1);
+    let gpus = topology.num_devices();
+    if p == 0 || !gpus.is_multiple_of(t * p) {
+        return Err(Error::field(
+            "pipeline_parallel",
+            format!("value {p}: t x p = {t} x {p} must divide the {gpus} GPUs"),
+        ));
+    }
+    let d = gpus / (t * p);
+    if b == 0 || !global_batch_size.is_multiple_of(b * d) {
+        return Err(Error::field(
+            "micro_batch_size",
+            format!(
+                "value {b}: b x d = {b} x {d} must divide the global batch of {global_batch_size}"
+            ),
+        ));
+    }
+    let ranges = equal_stages(profile, p as usize).ok_or_else(|| {
+        Error::field(
+            "pipeline_parallel",
+            format!("value {p} is more stages than the model has blocks"),
+        )
+    })?;
+    let inputs = PlanInputs::new(profile, topology, global_batch_size, 1, MEGATRON, None);
+    Ok(uniform_plan(&inputs, &ranges, (t, d), b, shape))
+}
+
 /// The plan of `ranges` with `d` replicas of `t` shards each per stage and
 /// `b` samples per replica of each micro-batch, under 1F1B.
 fn uniform_plan(
@@ -259,7 +302,8 @@ mod tests {
             gpu: "a100".into(),
             seq_len,
             micro_batch_sizes: vec![1, 2],
-            efficiency: 0.5,
+            efficiency: Some(0.5),
+            attention: None,
         };
         transformer_profile("llama-2-7b", &config, &options).unwrap()
     }

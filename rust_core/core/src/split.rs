@@ -38,6 +38,11 @@ pub struct SplitPattern {
     /// (the inputs of layer norms); the rest is divided by t.
     #[serde(default)]
     pub replicated_stored_fraction: f64,
+    /// Share of the layer's time every shard spends whole (operators the
+    /// split does not divide: norms, residual adds); the rest is divided
+    /// by t. A generated profile computes it from its operators.
+    #[serde(default)]
+    pub replicated_compute_fraction: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,7 +97,7 @@ impl SplitPattern {
         let t = f64::from(degree);
         let kept = |whole: f64| whole + (1.0 - whole) / t;
         ShardCost {
-            compute_factor: 1.0 / t,
+            compute_factor: kept(self.replicated_compute_fraction),
             param_factor: kept(self.replicated_param_fraction),
             stored_factor: kept(self.replicated_stored_fraction),
             fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
@@ -142,6 +147,10 @@ impl SplitPattern {
                 "replicated_stored_fraction",
                 self.replicated_stored_fraction,
             ),
+            (
+                "replicated_compute_fraction",
+                self.replicated_compute_fraction,
+            ),
         ];
         for (field, value) in fractions {
             if !(0.0..=1.0).contains(&value) {
@@ -182,6 +191,7 @@ mod tests {
             bwd_allreduce_bytes_per_sample: bwd,
             replicated_param_fraction: 0.0,
             replicated_stored_fraction: 0.0,
+            replicated_compute_fraction: 0.0,
         }
     }
 

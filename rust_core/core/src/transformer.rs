@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::gpus::{gpu_type, GpuType};
+use crate::kernels::{attention_ms, memory_bound_ms, AttentionKernel, Gemm};
 use crate::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
 use crate::split::{Divisor, SplitPattern};
 
@@ -85,8 +86,13 @@ pub struct TransformerOptions {
     pub gpu: String,
     pub seq_len: u64,
     pub micro_batch_sizes: Vec<u32>,
-    /// Share of the GPU's bf16 peak the layers reach.
-    pub efficiency: f64,
+    /// Share of the GPU's bf16 peak every layer reaches, where the user
+    /// gives one; None: each operator timed by its shape (`kernels.rs`).
+    pub efficiency: Option<f64>,
+    /// How the attention core runs (its time, and whether the s x s
+    /// probabilities are kept); None: FlashAttention where the GPU type
+    /// has it measured, else unfused.
+    pub attention: Option<AttentionKernel>,
 }
 
 impl TransformerConfig {
@@ -255,9 +261,10 @@ impl TransformerConfig {
     /// Bytes one block keeps for its backward, per sample, and the part
     /// every shard keeps whole: the inputs and outputs of both norms (8sh);
     /// split are Q, K and V, the attention output and its softmax
-    /// statistics (flash attention keeps no s x s scores) and the MLP's
-    /// inner activations.
-    fn block_stored_bytes(&self, s: f64, value_bytes: f64) -> (f64, f64) {
+    /// statistics, the MLP's inner activations, and where the attention
+    /// runs unfused the s x s probabilities of every head (FlashAttention
+    /// keeps none).
+    fn block_stored_bytes(&self, s: f64, value_bytes: f64, kernel: AttentionKernel) -> (f64, f64) {
         let (h, f, kv, a) = (
             self.hidden as f64,
             self.ffn as f64,
@@ -271,7 +278,84 @@ impl TransformerConfig {
         } else {
             2.0 * s * f * value_bytes
         };
-        (whole + attention + mlp, whole)
+        let probabilities = match kernel {
+            AttentionKernel::Flash => 0.0,
+            AttentionKernel::Unfused => a * s * s * value_bytes,
+        };
+        (whole + attention + probabilities + mlp, whole)
+    }
+}
+
+/// Each layer's operators, timed on a GPU (`kernels.rs`); the list, and
+/// what it leaves out, is in docs/cost-model.md ("Transformer profiles").
+impl TransformerConfig {
+    pub fn head_dim(&self) -> u64 {
+        self.hidden / self.heads
+    }
+
+    /// The lookup reads its rows and writes the output (GPT: and adds the
+    /// positions', reading two and writing one); its backward adds the
+    /// gradient into the rows, all of it the weight's gradient. Every
+    /// shard of a vocabulary split writes the whole output.
+    fn embedding_times(&self, gpu: &GpuType, tokens: u64) -> PassTimes {
+        let h = self.hidden;
+        let per_token = 2 * h + if self.positions.is_some() { 3 * h } else { 0 };
+        let mut times = PassTimes::default();
+        times.add_replicated(gpu, BF16 * (tokens * per_token) as f64);
+        times.weight = times.bwd;
+        times
+    }
+
+    /// A block on one of `t` shards at `b` samples of `seq` tokens: QKV,
+    /// the attention's output projection, the MLP's up (and gate, one
+    /// product) and down projections, each forward, input gradient and
+    /// weight gradient; the attention core; and, per token in bf16, the
+    /// two norms (each reads and writes h) and residual adds (each reads
+    /// 2h, writes h), every shard's whole, and the MLP's activation
+    /// (SwiGLU reads 2f / t, writes f / t; GeLU reads and writes f / t) and
+    /// rotary positions on Q and K, split.
+    fn block_times(
+        &self,
+        gpu: &GpuType,
+        attention: AttentionKernel,
+        (b, seq): (u32, u64),
+        t: u64,
+    ) -> Result<PassTimes> {
+        let tokens = u64::from(b) * seq;
+        let h = self.hidden;
+        let (q, kv, inner) = (h / t, self.kv_hidden() / t, self.ffn / t);
+        let mut times = PassTimes::default();
+        times.add_weight_product(gpu, tokens, q + 2 * kv, h);
+        times.add_weight_product(gpu, tokens, h, q);
+        let up = if self.gated_mlp { 2 * inner } else { inner };
+        times.add_weight_product(gpu, tokens, up, h);
+        times.add_weight_product(gpu, tokens, h, inner);
+        let heads = u64::from(b) * self.heads / t;
+        let (fwd, bwd) = attention_ms(gpu, attention, heads, seq, self.head_dim())?;
+        times.fwd += fwd;
+        times.bwd += bwd;
+        times.add_replicated(gpu, BF16 * (tokens * 10 * h) as f64);
+        let activation = if self.gated_mlp { 3 * inner } else { 2 * inner };
+        let rotary = if self.positions.is_none() {
+            2 * (q + kv)
+        } else {
+            0
+        };
+        times.add_memory_bound(gpu, BF16 * (tokens * (activation + rotary)) as f64);
+        Ok(times)
+    }
+
+    /// The head on one of `t` shards: the final norm (reads and writes h,
+    /// whole on every shard), the projection onto the padded vocabulary's
+    /// V / t columns, and the loss: the logits cast to fp32 (reading 2
+    /// and writing 4 bytes each) and read by the cross-entropy (4).
+    fn head_times(&self, gpu: &GpuType, tokens: u64, t: u64) -> PassTimes {
+        let (h, columns) = (self.hidden, self.padded_vocabulary() / t);
+        let mut times = PassTimes::default();
+        times.add_weight_product(gpu, tokens, columns, h);
+        times.add_replicated(gpu, BF16 * (tokens * 2 * h) as f64);
+        times.add_memory_bound(gpu, 10.0 * (tokens * columns) as f64);
+        times
     }
 }
 
@@ -284,16 +368,35 @@ pub fn transformer_profile(
     let gpu = gpu_type(&options.gpu).map_err(|e| e.under("gpu"))?;
     check_options(options)?;
     let s = options.seq_len as f64;
+    let attention = options
+        .attention
+        .unwrap_or(if gpu.kernels.flash_attention_tflops.is_empty() {
+            AttentionKernel::Unfused
+        } else {
+            AttentionKernel::Flash
+        });
+    let timing = match options.efficiency {
+        Some(efficiency) => Timing::Efficiency {
+            flops_per_ms: gpu.bf16_tflops * 1e9 * efficiency,
+        },
+        None => {
+            // A kernel that does not run on this GPU is refused here, once.
+            attention_ms(gpu, attention, 1, options.seq_len, config.head_dim())?;
+            Timing::Operators { gpu, attention }
+        }
+    };
     let maker = LayerMaker {
         config,
         s,
-        flops_per_ms: gpu.bf16_tflops * 1e9 * options.efficiency,
+        seq_len: options.seq_len,
+        timing,
+        attention,
         micro_batch_sizes: &options.micro_batch_sizes,
     };
     let layers: Vec<Layer> = std::iter::once(maker.embedding())
         .chain((0..config.blocks).map(|i| maker.block(i)))
         .chain(std::iter::once(maker.lm_head()))
-        .collect();
+        .collect::<Result<_>>()?;
     let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
     let profile = Profile {
         optimizer_step_ms: None,
@@ -303,7 +406,7 @@ pub fn transformer_profile(
         format: crate::format::PROFILE.name.into(),
         schema_version: crate::format::PROFILE.version,
         model: model.into(),
-        source: Some(source(model, gpu, options)),
+        source: Some(source(model, gpu, options, attention)),
         device: Some(gpu.name.into()),
         optimizer: "adam".into(),
         layers,
@@ -325,14 +428,15 @@ fn check_options(options: &TransformerOptions) -> Result<()> {
     if options.seq_len == 0 {
         return Err(Error::field("seq_len", "value 0 must be >= 1"));
     }
-    if !(options.efficiency > 0.0 && options.efficiency <= 1.0) {
-        return Err(Error::field(
-            "efficiency",
-            format!(
-                "value {} must be in (0, 1]: the share of the GPU's peak the layers reach",
-                options.efficiency
-            ),
-        ));
+    if let Some(efficiency) = options.efficiency {
+        if !(efficiency > 0.0 && efficiency <= 1.0) {
+            return Err(Error::field(
+                "efficiency",
+                format!(
+                    "value {efficiency} must be in (0, 1]: the share of the GPU's peak the layers reach"
+                ),
+            ));
+        }
     }
     let sizes = &options.micro_batch_sizes;
     if sizes.is_empty() || sizes.contains(&0) || sizes.windows(2).any(|w| w[0] >= w[1]) {
@@ -344,11 +448,30 @@ fn check_options(options: &TransformerOptions) -> Result<()> {
     Ok(())
 }
 
-fn source(model: &str, gpu: &GpuType, options: &TransformerOptions) -> String {
+fn source(
+    model: &str,
+    gpu: &GpuType,
+    options: &TransformerOptions,
+    attention: AttentionKernel,
+) -> String {
+    let times = match options.efficiency {
+        Some(efficiency) => format!(
+            "times = FLOPs / ({efficiency} x the {} bf16 peak of {} TFLOP/s)",
+            gpu.name, gpu.bf16_tflops
+        ),
+        None => format!(
+            "times operator by operator on {} ({} attention): matrix products by their tiles and waves at {} TFLOP/s, \
+             memory-bound operators at {} GB/s",
+            gpu.name,
+            attention.name(),
+            gpu.kernels.gemm_tflops,
+            gpu.kernels.hbm_gb_per_s
+        ),
+    };
     format!(
-        "analytic, not measured: {model} at sequence length {}, times = FLOPs / ({} x the {} bf16 peak of {} TFLOP/s); \
-         bytes and FLOPs as docs/cost-model.md (Transformer profiles) says",
-        options.seq_len, options.efficiency, gpu.name, gpu.bf16_tflops
+        "analytic, not measured: {model} at sequence length {}, {times}; \
+         bytes, FLOPs and operators as docs/cost-model.md (Transformer profiles) says",
+        options.seq_len
     )
 }
 
@@ -359,12 +482,72 @@ fn divisor(what: &str, count: u64) -> Divisor {
     }
 }
 
-/// The layers of one profile: `config` at `s` tokens a sample, timed at
-/// `flops_per_ms` at each micro-batch size.
+/// How a generated profile times its layers.
+#[derive(Clone, Copy)]
+enum Timing {
+    /// FLOPs at one rate (the user's efficiency of the bf16 peak).
+    Efficiency { flops_per_ms: f64 },
+    /// Operator by operator, each by its shape on the GPU (`kernels.rs`).
+    Operators {
+        gpu: &'static GpuType,
+        attention: AttentionKernel,
+    },
+}
+
+/// The kinds of layer a transformer profile has.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LayerKind {
+    Embedding,
+    Block,
+    Head,
+}
+
+/// One layer's times at one micro-batch size and split degree, ms: the
+/// forward, the backward and, of the backward, the weight gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct PassTimes {
+    fwd: f64,
+    bwd: f64,
+    weight: f64,
+    /// Forward and backward of the operators a split leaves whole on every
+    /// shard (norms, residual adds, the lookup, the loss's norm).
+    replicated: f64,
+}
+
+impl PassTimes {
+    /// A weight's product of `tokens` rows in, `outputs` columns out, over
+    /// `inputs`: its forward, its input gradient and its weight gradient.
+    fn add_weight_product(&mut self, gpu: &GpuType, tokens: u64, outputs: u64, inputs: u64) {
+        self.fwd += Gemm::new(tokens, outputs, inputs).ms(gpu);
+        let weight = Gemm::new(inputs, outputs, tokens).ms(gpu);
+        self.bwd += Gemm::new(tokens, inputs, outputs).ms(gpu) + weight;
+        self.weight += weight;
+    }
+
+    /// Memory-bound operators that move `bytes` forward; their backward
+    /// reads the output's gradient and the saved input and writes the
+    /// input's gradient: twice the traffic (an assumption, docs/cost-model.md).
+    fn add_memory_bound(&mut self, gpu: &GpuType, bytes: f64) {
+        let ms = memory_bound_ms(gpu, bytes);
+        self.fwd += ms;
+        self.bwd += 2.0 * ms;
+    }
+
+    /// The same, for operators every shard of a split runs whole.
+    fn add_replicated(&mut self, gpu: &GpuType, bytes: f64) {
+        self.add_memory_bound(gpu, bytes);
+        self.replicated += 3.0 * memory_bound_ms(gpu, bytes);
+    }
+}
+
+/// The layers of one profile: `config` at `s` tokens a sample, timed as
+/// `timing` says at each micro-batch size.
 struct LayerMaker<'a> {
     config: &'a TransformerConfig,
     s: f64,
-    flops_per_ms: f64,
+    seq_len: u64,
+    timing: Timing,
+    attention: AttentionKernel,
     micro_batch_sizes: &'a [u32],
 }
 
@@ -376,102 +559,161 @@ impl LayerMaker<'_> {
             config: self.config,
             s: self.s,
             value_bytes: BF16,
+            attention: self.attention,
             vocabulary: self.config.padded_vocabulary(),
             vocabulary_what: "vocabulary entries (padded to a multiple of 128)",
         }
     }
 
-    /// A layer's measurements from its forward FLOPs (`flops.0`, of which
-    /// `flops.1` multiply weights), stored and output bytes per sample:
-    /// linear in the batch, the backward twice the forward, its weight
-    /// gradient as many FLOPs as the forward's weight products.
-    fn measurements(&self, flops: (f64, f64), stored: f64, activation: f64) -> Vec<Measurement> {
-        let (fwd_flops, weight_flops) = flops;
+    /// A layer's times at `b` samples on one of `t` shards: its forward
+    /// FLOPs (`flops.0`, of which `flops.1` multiply weights) at the user's
+    /// rate (linear in the batch, the backward twice the forward, its
+    /// weight gradient as many FLOPs as the forward's weight products), or
+    /// its operators each by its shape.
+    fn times(&self, kind: LayerKind, flops: (f64, f64), b: u32, t: u64) -> Result<PassTimes> {
+        match self.timing {
+            Timing::Efficiency { flops_per_ms } => {
+                let fwd = f64::from(b) * flops.0 / flops_per_ms;
+                Ok(PassTimes {
+                    fwd,
+                    bwd: 2.0 * fwd,
+                    weight: f64::from(b) * flops.1 / flops_per_ms,
+                    replicated: 0.0,
+                })
+            }
+            Timing::Operators { gpu, attention } => {
+                let tokens = u64::from(b) * self.seq_len;
+                Ok(match kind {
+                    LayerKind::Embedding => self.config.embedding_times(gpu, tokens),
+                    LayerKind::Block => {
+                        self.config
+                            .block_times(gpu, attention, (b, self.seq_len), t)?
+                    }
+                    LayerKind::Head => self.config.head_times(gpu, tokens, t),
+                })
+            }
+        }
+    }
+
+    /// A layer's measurements, stored and output bytes per sample.
+    fn measurements(
+        &self,
+        kind: LayerKind,
+        flops: (f64, f64),
+        stored: f64,
+        activation: f64,
+    ) -> Result<Vec<Measurement>> {
         self.micro_batch_sizes
             .iter()
             .map(|&b| {
-                let fwd_ms = f64::from(b) * fwd_flops / self.flops_per_ms;
-                Measurement {
+                let times = self.times(kind, flops, b, 1)?;
+                Ok(Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
-                    bwd_weight_ms: Some(f64::from(b) * weight_flops / self.flops_per_ms),
+                    bwd_weight_ms: Some(times.weight),
                     loss_stored_bytes: None,
                     batch_size: b,
-                    fwd_ms,
-                    bwd_ms: 2.0 * fwd_ms,
+                    fwd_ms: times.fwd,
+                    bwd_ms: times.bwd,
                     activation_bytes: (f64::from(b) * activation).round() as u64,
                     stored_activation_bytes: Some((f64::from(b) * stored).round() as u64),
-                }
+                })
             })
             .collect()
     }
 
+    /// `pattern` with the share of the layer's time every shard spends
+    /// whole (operators a split does not divide), at the smallest
+    /// micro-batch size; FLOPs at one rate divide whole (share 0).
+    fn with_replicated_compute(
+        &self,
+        mut pattern: SplitPattern,
+        kind: LayerKind,
+        flops: (f64, f64),
+    ) -> Result<SplitPattern> {
+        let times = self.times(kind, flops, self.micro_batch_sizes[0], 1)?;
+        let total = times.fwd + times.bwd;
+        pattern.replicated_compute_fraction = if total > 0.0 {
+            (times.replicated / total).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        Ok(pattern)
+    }
+
+    /// A layer of `kind` named `name` with its parameter bytes, forward
+    /// FLOPs, stored and output bytes per sample, and split pattern.
+    fn layer(
+        &self,
+        (name, kind): (String, LayerKind),
+        param_bytes: f64,
+        flops: (f64, f64),
+        (stored, activation): (f64, f64),
+        split: SplitPattern,
+    ) -> Result<Layer> {
+        Ok(Layer {
+            weight_copy_bytes: None,
+            name,
+            kind: (kind == LayerKind::Block).then(|| BLOCK_KIND.into()),
+            param_bytes: param_bytes as u64,
+            inputs: None,
+            measurements: self.measurements(kind, flops, stored, activation)?,
+            split: vec![self.with_replicated_compute(split, kind, flops)?],
+        })
+    }
+
     /// Token and (GPT) position embeddings; split over the vocabulary, each
-    /// shard looks up its own rows and an AllReduce sums the output.
-    fn embedding(&self) -> Layer {
+    /// shard looks up its own rows and an AllReduce sums the output. A
+    /// lookup: no FLOPs worth counting; it keeps the token ids.
+    fn embedding(&self) -> Result<Layer> {
         let (config, s) = (self.config, self.s);
         let h = config.hidden as f64;
         let tokens = config.padded_vocabulary() as f64 * h;
         let positions = config.positions.map_or(0.0, |p| p as f64 * h);
-        Layer {
-            weight_copy_bytes: None,
-            name: "embedding".into(),
-            kind: None,
-            param_bytes: ((tokens + positions) * BF16) as u64,
-            inputs: None,
-            // A lookup: no FLOPs worth counting; it keeps the token ids.
-            measurements: self.measurements((0.0, 0.0), s * TOKEN_ID, s * h * BF16),
-            split: vec![self.splits().embedding()],
-        }
+        self.layer(
+            ("embedding".into(), LayerKind::Embedding),
+            (tokens + positions) * BF16,
+            (0.0, 0.0),
+            (s * TOKEN_ID, s * h * BF16),
+            self.splits().embedding(),
+        )
     }
 
     /// One block: Megatron-LM's split, attention heads and MLP columns then
     /// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
-    fn block(&self, i: u64) -> Layer {
+    fn block(&self, i: u64) -> Result<Layer> {
         let (config, s) = (self.config, self.s);
-        let h = config.hidden as f64;
         let (params, _) = config.block_params();
-        let (stored, _) = config.block_stored_bytes(s, BF16);
-        Layer {
-            weight_copy_bytes: None,
-            name: format!("block_{i}"),
-            kind: Some(BLOCK_KIND.into()),
-            param_bytes: (params * BF16) as u64,
-            inputs: None,
-            measurements: self.measurements(
-                (config.block_fwd_flops(s), config.block_weight_flops(s)),
-                stored,
-                s * h * BF16,
-            ),
-            split: vec![self.splits().block()],
-        }
+        let (stored, _) = config.block_stored_bytes(s, BF16, self.attention);
+        self.layer(
+            (format!("block_{i}"), LayerKind::Block),
+            params * BF16,
+            (config.block_fwd_flops(s), config.block_weight_flops(s)),
+            (stored, s * config.hidden as f64 * BF16),
+            self.splits().block(),
+        )
     }
 
     /// The final norm, the output projection and the loss. Split over the
     /// vocabulary with a distributed softmax (Whale's SP1): forward, each
     /// token's maximum and sum are reduced (two fp32 numbers); backward, the
-    /// input's gradient. The logits are kept in fp32 for the loss.
-    fn lm_head(&self) -> Layer {
+    /// input's gradient. The logits are kept in fp32 for the loss; its
+    /// output is the loss, one number per token.
+    fn lm_head(&self) -> Result<Layer> {
         let (config, s) = (self.config, self.s);
         let h = config.hidden as f64;
         let norm = if config.biases { 2.0 * h } else { h };
         let projection = config.padded_vocabulary() as f64 * h;
         let whole_stored = 2.0 * s * h * BF16;
         let logits = s * config.padded_vocabulary() as f64 * FP32;
-        Layer {
-            weight_copy_bytes: None,
-            name: "lm_head".into(),
-            kind: None,
-            param_bytes: ((norm + projection) * BF16) as u64,
-            inputs: None,
-            // Its output is the loss, one number per token.
-            measurements: self.measurements(
-                (head_fwd_flops(config, s), head_fwd_flops(config, s)),
-                whole_stored + logits,
-                s * FP32,
-            ),
-            split: vec![self.splits().lm_head()],
-        }
+        let flops = head_fwd_flops(config, s);
+        self.layer(
+            ("lm_head".into(), LayerKind::Head),
+            (norm + projection) * BF16,
+            (flops, flops),
+            (whole_stored + logits, s * FP32),
+            self.splits().lm_head(),
+        )
     }
 }
 
@@ -487,6 +729,7 @@ struct SplitMaker<'a> {
     s: f64,
     /// Bytes of one activation value (2 for bf16, 4 for fp32).
     value_bytes: f64,
+    attention: AttentionKernel,
     /// Vocabulary entries the embedding and the head are split over.
     vocabulary: u64,
     vocabulary_what: &'a str,
@@ -510,6 +753,7 @@ impl SplitMaker<'_> {
             bwd_allreduce_bytes_per_sample: 0.0,
             replicated_param_fraction: positions / (tokens + positions),
             replicated_stored_fraction: 1.0,
+            replicated_compute_fraction: 0.0,
         }
     }
 
@@ -519,7 +763,7 @@ impl SplitMaker<'_> {
         let (config, s) = (self.config, self.s);
         let h = config.hidden as f64;
         let (params, whole_params) = config.block_params();
-        let (stored, whole_stored) = config.block_stored_bytes(s, self.value_bytes);
+        let (stored, whole_stored) = config.block_stored_bytes(s, self.value_bytes, self.attention);
         SplitPattern {
             name: "megatron-block".into(),
             divides: vec![
@@ -530,6 +774,7 @@ impl SplitMaker<'_> {
             bwd_allreduce_bytes_per_sample: 2.0 * s * h * self.value_bytes,
             replicated_param_fraction: whole_params / params,
             replicated_stored_fraction: whole_stored / stored,
+            replicated_compute_fraction: 0.0,
         }
     }
 
@@ -550,6 +795,7 @@ impl SplitMaker<'_> {
             bwd_allreduce_bytes_per_sample: s * h * self.value_bytes,
             replicated_param_fraction: norm / (norm + projection),
             replicated_stored_fraction: whole_stored / (whole_stored + logits),
+            replicated_compute_fraction: 0.0,
         }
     }
 }
@@ -574,6 +820,8 @@ pub fn transformer_splits(
         config,
         s: seq_len as f64,
         value_bytes,
+        // torch's scaled-dot-product attention keeps no s x s probabilities on CUDA.
+        attention: AttentionKernel::Flash,
         vocabulary: config.vocabulary,
         vocabulary_what: "vocabulary entries",
     };
@@ -591,13 +839,15 @@ fn head_fwd_flops(config: &TransformerConfig, s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpus::gpu_type;
 
     fn options(gpu: &str) -> TransformerOptions {
         TransformerOptions {
             gpu: gpu.into(),
             seq_len: 4096,
             micro_batch_sizes: vec![1, 2],
-            efficiency: 0.5,
+            efficiency: Some(0.5),
+            attention: None,
         }
     }
 
@@ -643,6 +893,98 @@ mod tests {
         let w = m.bwd_weight_ms.unwrap();
         assert!((w - weights / (989.5e12 * 0.5) * 1e3).abs() < 1e-9);
         assert_eq!(m.activation_bytes, 2 * 4096 * 4096 * 2);
+    }
+
+    fn by_operator(
+        gpu: &str,
+        seq_len: u64,
+        attention: Option<AttentionKernel>,
+    ) -> TransformerOptions {
+        TransformerOptions {
+            gpu: gpu.into(),
+            seq_len,
+            micro_batch_sizes: vec![1, 4],
+            efficiency: None,
+            attention,
+        }
+    }
+
+    #[test]
+    fn a_block_timed_by_operator_is_its_products_attention_and_memory_traffic() {
+        // GPT-3's block on A100 at one sample of 2048 tokens, unfused.
+        let c = TransformerConfig::named("gpt3-175b").unwrap();
+        let o = by_operator("a100", 2048, Some(AttentionKernel::Unfused));
+        let p = transformer_profile("gpt3-175b", &c, &o).unwrap();
+        let m = &p.layers[1].measurements[0];
+        let a100 = gpu_type("a100").unwrap();
+        let (h, f, tokens) = (12288, 4 * 12288, 2048);
+        let products = [
+            (tokens, 3 * h, h),
+            (tokens, h, h),
+            (tokens, f, h),
+            (tokens, h, f),
+        ];
+        let forward: f64 = products
+            .iter()
+            .map(|&(m, n, k)| Gemm::new(m, n, k).ms(a100))
+            .sum();
+        let weight: f64 = products
+            .iter()
+            .map(|&(m, n, k)| Gemm::new(k, n, m).ms(a100))
+            .sum();
+        let (attention_fwd, _) =
+            attention_ms(a100, AttentionKernel::Unfused, 96, 2048, 128).unwrap();
+        // Norms and residual adds 10h, GeLU 2f, bf16 per token.
+        let memory = 2.0 * (tokens * (10 * h + 2 * f)) as f64 / 1759e6;
+        assert!(
+            (m.fwd_ms - (forward + attention_fwd + memory)).abs() < 1e-9,
+            "{}",
+            m.fwd_ms
+        );
+        assert!((m.bwd_weight_ms.unwrap() - weight).abs() < 1e-9);
+        // The products run at about 0.87 of the peak in full waves: the block about 0.8.
+        let flops = c.block_fwd_flops(2048.0);
+        let share = flops / (m.fwd_ms * 1e9) / 312.0;
+        assert!((0.7..0.87).contains(&share), "{share}");
+        // The norms and residual adds are what a split leaves whole.
+        let replicated = p.layers[1].split[0].replicated_compute_fraction;
+        let whole = 3.0 * 2.0 * (tokens * 10 * h) as f64 / 1759e6;
+        assert!(
+            (replicated - whole / (m.fwd_ms + m.bwd_ms)).abs() < 1e-12,
+            "{replicated}"
+        );
+        // Unfused attention keeps every head's probabilities.
+        let flash = transformer_profile("gpt3-175b", &c, &by_operator("a100", 2048, None)).unwrap();
+        let kept = |p: &Profile| p.layers[1].measurements[0].stored_activation_bytes.unwrap();
+        assert_eq!(kept(&p) - kept(&flash), 96 * 2048 * 2048 * 2);
+    }
+
+    #[test]
+    fn a_small_micro_batch_runs_less_of_the_peak_than_a_large_one() {
+        let c = TransformerConfig::named("llama-2-7b").unwrap();
+        let p = transformer_profile("llama-2-7b", &c, &by_operator("h100", 1024, None)).unwrap();
+        let block = &p.layers[1].measurements;
+        assert!(
+            block[1].fwd_ms < 4.0 * block[0].fwd_ms,
+            "{} {}",
+            block[0].fwd_ms,
+            block[1].fwd_ms
+        );
+        assert!(p
+            .source
+            .as_deref()
+            .unwrap()
+            .contains("operator by operator on H100-80GB (flash attention)"));
+    }
+
+    #[test]
+    fn flash_attention_is_refused_where_none_was_measured_and_unfused_is_the_default_there() {
+        let c = TransformerConfig::named("llama-2-7b").unwrap();
+        let o = by_operator("v100", 1024, Some(AttentionKernel::Flash));
+        let e = transformer_profile("llama-2-7b", &c, &o).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("attention"));
+        let p = transformer_profile("llama-2-7b", &c, &by_operator("v100", 1024, None)).unwrap();
+        assert!(p.source.as_deref().unwrap().contains("(unfused attention)"));
     }
 
     #[test]

@@ -17,7 +17,8 @@ fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
         gpu: gpu.into(),
         seq_len,
         micro_batch_sizes: sizes,
-        efficiency: 0.5,
+        efficiency: Some(0.5),
+        attention: None,
     };
     transformer_profile(name, &config, &options).unwrap()
 }
@@ -232,6 +233,7 @@ fn classifier(classes: u64, patterns: &[&str]) -> Profile {
             bwd_allreduce_bytes_per_sample: bwd,
             replicated_param_fraction: 0.0,
             replicated_stored_fraction: 0.0,
+            replicated_compute_fraction: 0.0,
         }
     };
     let text = serde_json::json!({
@@ -303,7 +305,8 @@ fn tiny_llama() -> Profile {
         gpu: "a100".into(),
         seq_len: 128,
         micro_batch_sizes: vec![1, 2],
-        efficiency: 0.5,
+        efficiency: Some(0.5),
+        attention: None,
     };
     transformer_profile("tiny", &config, &options).unwrap()
 }

@@ -4,6 +4,7 @@ use dapple_core::baselines::{
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::plan::Plan;
 use dapple_core::schedule::ScheduleKind;
+use dapple_core::shape::{Recompute, StageShape};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
@@ -114,7 +115,42 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
     crate::Wraps::wrap(plan, None)
 }
 
+/// One Megatron-LM layout as a run used it, not costed: t shards
+/// (`tensor_parallel`), `pipeline_parallel` stages of equal blocks, the
+/// GPUs left over as replicas, `micro_batch_size` samples a replica, every
+/// stage with ZeRO-1 or not and re-computing (`recompute`: none or full) or
+/// not, 1F1B.
+#[pyfunction]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, recompute="none"))]
+#[allow(clippy::too_many_arguments)]
+fn megatron_plan(
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    tensor_parallel: u32,
+    pipeline_parallel: u32,
+    micro_batch_size: u32,
+    shard_optimizer: bool,
+    recompute: &str,
+) -> PyResult<PyPlan> {
+    let shape = StageShape {
+        tensor_parallel,
+        shard_optimizer,
+        recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
+    };
+    let plan = dapple_core::megatron::megatron_plan(
+        &profile.inner,
+        &topology.inner,
+        global_batch_size,
+        (pipeline_parallel, micro_batch_size),
+        &shape,
+    )
+    .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
+    Ok(made_from(plan, profile))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(megatron_plan, m)?)?;
     m.add_function(wrap_pyfunction!(asynchronous_plan, m)?)?;
     m.add_function(wrap_pyfunction!(baseline_plans, m)?)?;
     m.add_function(wrap_pyfunction!(layout_plan, m)?)?;

@@ -15,6 +15,7 @@ mod artifact;
 mod baselines;
 mod calibrate;
 mod convert;
+mod kernels;
 mod layout;
 mod metrics;
 mod pipeline_order;
@@ -178,6 +179,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BASELINES", names(py, Baseline::names())?)?;
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
+    m.add(
+        "ATTENTION_KERNELS",
+        names(py, dapple_core::kernels::AttentionKernel::names())?,
+    )?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     m.add(
         "CHUNKED_SCHEDULES",
@@ -242,6 +247,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     schedule::register(m)?;
     pipeline_order::register(m)?;
     transformer::register(m)?;
+    kernels::register(m)?;
     layout::register(m)?;
     Ok(())
 }

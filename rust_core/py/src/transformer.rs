@@ -1,4 +1,5 @@
 use dapple_core::gpus::GPU_TYPES;
+use dapple_core::kernels::AttentionKernel;
 use dapple_core::transformer::{
     transformer_profile as generate, transformer_splits as splits_of, TransformerConfig,
     TransformerOptions, MODELS,
@@ -13,14 +14,15 @@ use crate::{to_py_err, with_source};
 /// or from a Hugging Face `config.json`'s `text` (`source` names its file
 /// in errors); `model` is the name it records.
 #[pyfunction]
-#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency, name=None, text=None, source=None))]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, name=None, text=None, source=None))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_profile(
     model: &str,
     gpu: String,
     seq_len: u64,
     micro_batch_sizes: Vec<u32>,
-    efficiency: f64,
+    efficiency: Option<f64>,
+    attention: Option<&str>,
     name: Option<&str>,
     text: Option<&str>,
     source: Option<&str>,
@@ -38,6 +40,10 @@ fn transformer_profile(
         seq_len,
         micro_batch_sizes,
         efficiency,
+        attention: attention
+            .map(AttentionKernel::parse)
+            .transpose()
+            .map_err(|e| to_py_err(e.under("attention")))?,
     };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))
@@ -103,6 +109,18 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         figures.set_item("network_gbps_per_gpu", g.network_gbps_per_gpu)?;
         figures.set_item("server", g.server)?;
         figures.set_item("source", g.source)?;
+        let k = &g.kernels;
+        let kernels = PyDict::new(py);
+        kernels.set_item("sm_count", k.sm_count)?;
+        kernels.set_item("hbm_gb_per_s", k.hbm_gb_per_s)?;
+        kernels.set_item("gemm_tflops", k.gemm_tflops)?;
+        kernels.set_item("flash_attention_tflops", k.flash_attention_tflops.to_vec())?;
+        let sources = PyDict::new(py);
+        for (field, source) in k.sources {
+            sources.set_item(*field, *source)?;
+        }
+        kernels.set_item("sources", sources)?;
+        figures.set_item("kernels", kernels)?;
         gpus.set_item(g.name, figures)?;
     }
     m.add("GPU_TYPES", gpus)?;

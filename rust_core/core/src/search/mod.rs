@@ -1370,6 +1370,7 @@ mod tests {
                 bwd_allreduce_bytes_per_sample: rng.gen_range(0.0..4e6),
                 replicated_param_fraction: rng.gen_range(0.0..0.2),
                 replicated_stored_fraction: rng.gen_range(0.0..0.3),
+                replicated_compute_fraction: 0.0,
             }];
         }
         if case.is_multiple_of(2) {

@@ -1,0 +1,218 @@
+"""dapple's estimates of measured training runs at scale, against the figures
+their authors published (`../shared/reference/published-runs.json`).
+
+    python benchmarks/published_runs.py [--runs FILE] [--out benchmarks/results/published_runs.json] [--own-plans]
+    python benchmarks/published_runs.py --table   # docs/published-runs.md's tables, from the results file
+
+Each dense run without context parallelism is written as a dapple plan as
+it was published (``planner.megatron_plan``: its tensor, pipeline and data
+degrees, micro-batch size, re-computation, ZeRO-1; interleaved over its
+virtual stages where it gives them, ``planner.chunked``), on a profile that
+``dapple profile transformer`` writes of its model at its sequence length
+on its GPU type (operator by operator: no efficiency is given), and costed
+by dapple's simulator. What the run's paper leaves unsaid, and what dapple
+cannot express yet, is assumed as the row's ``assumptions`` say. The
+published iteration time is the paper's, or derived from its FLOP rate as
+the row says. The shared file is the test of the cost model: nothing in it
+sets a constant of dapple's (docs/published-runs.md).
+
+With ``--own-plans`` each row also gets ``dapple plan``'s own plan for the
+same model, cluster and global batch (the search, run at its defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from plan_speed import build_info, machine_info  # noqa: E402
+
+DEFAULT_RUNS = HERE.parent.parent / "shared" / "reference" / "published-runs.json"
+DEFAULT_OUT = HERE / "results" / "published_runs.json"
+
+#: The catalog's type of each run's GPU, as the shared file names it.
+GPU_OF = {"A100-SXM4-80GB": "A100-80GB", "A100 80GB": "A100-80GB", "H100-SXM 80GB HBM3, 700W": "H100-80GB"}
+
+
+def model_config(run: dict) -> tuple[dict, list[str]]:
+    """The run's model as a Hugging Face config, and what that assumes."""
+    m = run["model"]
+    assumptions = []
+    if "GQA" in m.get("arch", "") or "SwiGLU" in m.get("arch", ""):
+        config = {"hidden_size": m["hidden"], "intermediate_size": m["ffn"], "num_attention_heads": m["heads"],
+                  "num_key_value_heads": m["kv_heads"], "num_hidden_layers": m["layers"], "vocab_size": m["vocab"],
+                  "hidden_act": "silu"}
+    else:
+        ffn = m.get("ffn") or 4 * m["hidden"]
+        if m.get("ffn") is None:
+            assumptions.append(f"MLP width 4h = {ffn} (the file gives none)")
+        config = {"n_embd": m["hidden"], "n_inner": ffn, "n_head": m["heads"], "n_layer": m["layers"],
+                  "vocab_size": m["vocab"], "n_positions": m["seq_len"], "activation_function": "gelu_new"}
+        if "ALiBi" in m.get("arch", ""):
+            assumptions.append("ALiBi and the embedding LayerNorm written as GPT's learned positions "
+                               f"({m['seq_len']} x {m['hidden']} parameters, 0.02% of the model)")
+    return config, assumptions
+
+
+def layout(run: dict) -> tuple[dict, list[str], list[str]]:
+    """The run's layout as dapple takes it, what that assumes, and what
+    the run had that dapple cannot express yet (the estimate leaves it out)."""
+    lay = run["layout"]
+    assumptions, missing = [], []
+    mbs = lay.get("mbs")
+    if mbs is None:
+        mbs = 1
+        assumptions.append("micro-batch size 1 (the paper gives none)")
+    recompute = str(lay.get("recompute", "none"))
+    full = recompute.startswith(("full", "baseline: full"))
+    if recompute.startswith("selective"):
+        full = True
+        missing.append("selective re-computation of the attention core (costed as full re-computation)")
+    zero = str(lay.get("zero", "none"))
+    shard_optimizer = zero.startswith("ZeRO-1")
+    if "FSDP" in str(lay.get("dp_kind", "")):
+        shard_optimizer = True
+        missing.append("FSDP's sharded gradients (costed as ZeRO-1: optimizer state sharded, gradients whole)")
+    gbs = lay.get("gbs_seq")
+    if gbs is None:
+        gbs = lay["batch_per_dp"] * lay["dp"]
+        assumptions.append(f"global batch {gbs} sequences: {lay['batch_per_dp']} per data-parallel replica x "
+                           f"{lay['dp']} replicas ({lay.get('tokens_per_batch', '?')} tokens)")
+    vpp = lay.get("vpp")
+    schedule = str(lay.get("schedule", ""))
+    if vpp is None and schedule.startswith("interleaved"):
+        missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B)")
+    if lay.get("sequence_parallel"):
+        missing.append("sequence parallelism (costed without it)")
+    if lay.get("dp_overlap"):
+        assumptions.append(f"data-parallel gradient AllReduce: {lay['dp_overlap']}")
+    return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": mbs,
+             "recompute": "full" if full else "none", "shard_optimizer": shard_optimizer, "global_batch": gbs,
+             "chunks": vpp}, assumptions, missing)
+
+
+def published_seconds(run: dict, model_flops_per_sample: float, global_batch: int) -> tuple[float, str]:
+    """The run's published iteration time, or one derived from its rate."""
+    measured, derived = run["measured"], run.get("derived") or {}
+    for key in ("iteration_time_s_full_recompute", "iteration_time_s"):
+        if key in measured:
+            return measured[key], f"measured.{key}"
+    if "iteration_time_s" in derived:
+        return derived["iteration_time_s"], "derived.iteration_time_s (the file's, from the published TFLOP/s)"
+    tflops = measured["tflops_per_gpu"]
+    seconds = model_flops_per_sample * global_batch / (tflops * 1e12 * run["hardware"]["count"])
+    return seconds, (f"derived here: dapple's model FLOPs per sample (3 x the forward, attention's whole s^2 "
+                     f"product) x {global_batch} / ({tflops} TFLOP/s x {run['hardware']['count']} GPUs)")
+
+
+def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
+    from dapple import planner
+
+    row = {"id": run["id"], "source": f"{run['source']['paper']}, {run['source']['location']}"}
+    gpu = GPU_OF[run["hardware"]["gpu"]]
+    count = run["hardware"]["count"]
+    topology = f"{count // 8}x8-{gpu.lower()}"
+    config, assumptions = model_config(run)
+    shape, more, missing = layout(run)
+    assumptions += more
+    # FlashAttention arrived in 2022 (arXiv 2205.14135); the Megatron-LM,
+    # Korthikanti and BLOOM runs predate it in their codebases.
+    attention = "flash" if run["id"].startswith("llama3") else "unfused"
+    assumptions.append(f"attention: {attention}")
+    path = folder / f"{run['id']}.json"
+    path.write_text(json.dumps(config))
+    profile = planner.transformer_profile(path, gpu=gpu, seq_len=run["model"]["seq_len"],
+                                          micro_batch_sizes=[shape["micro_batch_size"]], attention=attention)
+    plan = planner.megatron_plan(
+        profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
+        pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
+        shard_optimizer=shape["shard_optimizer"], recompute=shape["recompute"])
+    if shape["chunks"]:
+        plan = planner.chunked(plan, profile, "interleaved-1f1b", shape["chunks"])
+    started = time.perf_counter()
+    simulated_ms = planner.simulate(plan, profile).iteration_ms
+    seconds, published_from = published_seconds(run, profile.data["model_flops_per_sample"], shape["global_batch"])
+    row.update(
+        model=run["model"]["name"], gpu=gpu, gpus=count, topology=topology,
+        layout={k: v for k, v in shape.items() if k != "global_batch"}, global_batch=shape["global_batch"],
+        schedule=plan.data["schedule"]["kind"], dapple_s=simulated_ms / 1e3, published_s=seconds,
+        published_from=published_from, ratio=simulated_ms / 1e3 / seconds,
+        mfu=plan.estimate.get("mfu"), peak_memory_gib=plan.estimate["peak_memory_bytes"] / 2**30,
+        fits_memory=plan.estimate["fits_memory"], assumptions=assumptions, not_modelled=missing,
+        simulate_s=time.perf_counter() - started,
+    )
+    if own_plans:
+        started = time.perf_counter()
+        own = planner.plan(profile, topology, shape["global_batch"])
+        row["own_plan"] = {"simulated_s": planner.simulate(own, profile).iteration_ms / 1e3,
+                           "shape": own.shape, "stages": len(own.stages), "schedule": own.data["schedule"]["kind"],
+                           "micro_batch_size": own.micro_batch_size, "plan_s": time.perf_counter() - started}
+    return row
+
+
+def table(results: dict) -> str:
+    rows = results["rows"]
+    lines = ["| run | GPUs | layout (t, p, d, b, rc) | dapple s | published s | ratio | memory GiB |",
+             "|---|--:|---|--:|--:|--:|--:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['id']} | | | {r['error']} | | | |")
+            continue
+        lay = r["layout"]
+        d = r["gpus"] // (lay["tensor_parallel"] * lay["pipeline_parallel"])
+        v = f" v{lay['chunks']}" if lay.get("chunks") else ""
+        zero = " zero" if lay["shard_optimizer"] else ""
+        lines.append(
+            f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']}{v} d{d} "
+            f"b{lay['micro_batch_size']} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
+            f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    lines.append("")
+    lines.append(f"{len(ratios)} runs: ratios {min(ratios):.2f} to {max(ratios):.2f}, median "
+                 f"{statistics.median(ratios):.2f}; within 0.90-1.10: "
+                 f"{sum(0.9 <= x <= 1.1 for x in ratios)} of {len(ratios)}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--own-plans", action="store_true")
+    parser.add_argument("--table", action="store_true", help="print the tables of the results file and stop")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
+    runs = json.loads(args.runs.read_text())["runs"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in runs:
+            if run["layout"].get("cp", 1) > 1 or not str(run["model"].get("arch")).startswith("dense"):
+                continue  # context parallelism and experts: issues 47 and 46
+            try:
+                rows.append(estimate_run(run, Path(tmp), args.own_plans))
+            except Exception as e:  # noqa: BLE001  a row that cannot be costed says why
+                rows.append({"id": run["id"], "error": f"{type(e).__name__}: {e}"})
+            print(json.dumps(rows[-1])[:400], file=sys.stderr)
+    results = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine_info(), "build": build_info(), "runs_file": str(args.runs), "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = args.out.with_suffix(".tmp")
+    tmp_out.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(tmp_out, args.out)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+//! The time of one operator on a GPU type, from its shape and the type's
+//! measured kernel figures (`gpus::KernelFigures`): a matrix product by its
+//! tiles and waves, a memory-bound operator by its bytes, and the attention
+//! core as FlashAttention runs it or as separate kernels do (the products,
+//! and a softmax over the whole score matrix in memory).
+//!
+//! A matrix product of m x n outputs over k is cut into 128 x 256 tiles
+//! (CUTLASS's default threadblock for Ampere tensor-core products,
+//! NVIDIA/cutlass@044405c include/cutlass/gemm/device/default_gemm_configuration.h;
+//! either way round, whichever wastes less), one tile an SM at a time, so
+//! it runs in ceil(tiles / SMs) waves; a last wave that is partly empty, or
+//! tiles that hang over the matrix's edge, cost as much as full ones (G11:
+//! "partial last wave costs a full wave"). Full waves of whole tiles run at
+//! the type's measured best (`gemm_tflops`). Each product also costs a
+//! fixed 5 us (G8-floor: on H100 "t ~ 5 us + FLOP / (~800 TFLOP/s) fits
+//! 256^3..4096^3 within ~10%"; assumed on every type), and no less than
+//! reading its inputs and writing its output at the memory bandwidth.
+//! `benchmarks/gemm_model.py` checks the rule against H100's measured
+//! products by shape (G8, G9); no product on A100 was measured by shape.
+
+use crate::error::{Error, Result};
+use crate::gpus::GpuType;
+
+/// Threadblock tile of a matrix product (rows, columns).
+pub const GEMM_TILE: (u64, u64) = (128, 256);
+/// Fixed cost of one product's kernel (G8-floor), ms.
+pub const GEMM_FLOOR_MS: f64 = 0.005;
+/// Bytes of one bf16 value.
+const BF16: f64 = 2.0;
+
+/// A matrix product: `batch` products of (m x k) by (k x n).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gemm {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+}
+
+impl Gemm {
+    pub fn new(m: u64, n: u64, k: u64) -> Gemm {
+        Gemm { m, n, k, batch: 1 }
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n) as f64 * self.k as f64 * self.batch as f64
+    }
+
+    /// Its inputs read and its output written once, bf16.
+    fn bytes(&self) -> f64 {
+        let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
+        BF16 * self.batch as f64 * (m * k + k * n + m * n)
+    }
+
+    /// Share of the SMs' time that does useful work: outputs over the
+    /// tiles' area times the waves' slots.
+    pub fn wave_efficiency(&self, sm_count: u32) -> f64 {
+        let useful = (self.m * self.n * self.batch) as f64;
+        let slots = |(rows, columns): (u64, u64)| {
+            let tiles = self.m.div_ceil(rows) * self.n.div_ceil(columns) * self.batch;
+            let waves = tiles.div_ceil(u64::from(sm_count));
+            (waves * u64::from(sm_count) * rows * columns) as f64
+        };
+        let (rows, columns) = GEMM_TILE;
+        useful / slots((rows, columns)).min(slots((columns, rows)))
+    }
+
+    /// Its time on `gpu`, ms.
+    pub fn ms(&self, gpu: &GpuType) -> f64 {
+        if self.m == 0 || self.n == 0 || self.k == 0 || self.batch == 0 {
+            return 0.0;
+        }
+        let figures = &gpu.kernels;
+        let flops_per_ms = figures.gemm_tflops * 1e9 * self.wave_efficiency(figures.sm_count);
+        let compute_ms = self.flops() / flops_per_ms;
+        GEMM_FLOOR_MS + compute_ms.max(memory_bound_ms(gpu, self.bytes()))
+    }
+}
+
+/// Time of a memory-bound operator that moves `bytes` (read and written
+/// together) on `gpu`, ms: no launch cost (each moves megabytes here).
+pub fn memory_bound_ms(gpu: &GpuType, bytes: f64) -> f64 {
+    bytes / (gpu.kernels.hbm_gb_per_s * 1e6)
+}
+
+crate::named_enum! {
+    /// How the attention core (softmax(QK^T) V) runs.
+    pub enum AttentionKernel("an attention kernel") {
+        /// FlashAttention, causal: the scores never leave the SM, and the
+        /// masked half is skipped.
+        Flash = "flash",
+        /// Separate kernels, as Megatron-LM ran before FlashAttention: QK^T,
+        /// a fused scale-mask-softmax that writes the s x s probabilities,
+        /// and their product with V; the whole product is computed, masked
+        /// or not.
+        Unfused = "unfused",
+    }
+}
+
+/// The attention core of `heads` heads (all samples' of one GPU) of `seq`
+/// tokens each, `head_dim` wide: forward and backward ms.
+pub fn attention_ms(
+    gpu: &GpuType,
+    kernel: AttentionKernel,
+    heads: u64,
+    seq: u64,
+    head_dim: u64,
+) -> Result<(f64, f64)> {
+    match kernel {
+        AttentionKernel::Flash => {
+            let tflops = flash_tflops(gpu, seq)?;
+            // QK^T and AV, 2 s^2 d each, halved by the causal mask; the
+            // backward is 2.5 times the forward (five products, QK^T again
+            // among them), as FlashAttention counts its FLOPs.
+            let fwd_flops = 2.0 * (seq * seq) as f64 * head_dim as f64 * heads as f64;
+            let fwd_ms = fwd_flops / (tflops * 1e9);
+            Ok((fwd_ms, 2.5 * fwd_ms))
+        }
+        AttentionKernel::Unfused => {
+            let scores = Gemm {
+                m: seq,
+                n: seq,
+                k: head_dim,
+                batch: heads,
+            };
+            let by_values = Gemm {
+                m: seq,
+                n: head_dim,
+                k: seq,
+                batch: heads,
+            };
+            let probabilities = BF16 * (seq * seq * heads) as f64;
+            // Softmax: reads the scores, writes the probabilities; its
+            // backward reads them and their gradient and writes the scores'.
+            let fwd =
+                scores.ms(gpu) + memory_bound_ms(gpu, 2.0 * probabilities) + by_values.ms(gpu);
+            let bwd = scores.ms(gpu)
+                + 3.0 * by_values.ms(gpu)
+                + memory_bound_ms(gpu, 3.0 * probabilities);
+            Ok((fwd, bwd))
+        }
+    }
+}
+
+/// FlashAttention's forward-and-backward throughput at `seq` tokens: the
+/// measured figures interpolated linearly in log2 of the length, the
+/// nearest one beyond their range.
+fn flash_tflops(gpu: &GpuType, seq: u64) -> Result<f64> {
+    let table = gpu.kernels.flash_attention_tflops;
+    let (Some(first), Some(last)) = (table.first(), table.last()) else {
+        return Err(Error::field(
+            "attention",
+            format!(
+                "value \"flash\": no FlashAttention kernel runs on {} (FlashAttention-2 needs Ampere or later); \
+                 use the unfused attention",
+                gpu.name
+            ),
+        ));
+    };
+    if seq <= first.0 {
+        return Ok(first.1);
+    }
+    if seq >= last.0 {
+        return Ok(last.1);
+    }
+    let x = (seq as f64).log2();
+    let i = table.partition_point(|&(s, _)| s <= seq);
+    let ((s0, t0), (s1, t1)) = (table[i - 1], table[i]);
+    let (x0, x1) = ((s0 as f64).log2(), (s1 as f64).log2());
+    Ok(t0 + (t1 - t0) * (x - x0) / (x1 - x0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpus::gpu_type;
+
+    #[test]
+    fn a_large_product_in_full_waves_runs_at_the_measured_best() {
+        // 4096^3 on H100: 32 x 16 = 512 tiles of 128 x 256 (or 16 x 32 of
+        // 256 x 128) on 132 SMs: 4 waves, 528 slots, 512 used.
+        let h100 = gpu_type("h100").unwrap();
+        let g = Gemm::new(4096, 4096, 4096);
+        assert_eq!(g.wave_efficiency(132), 512.0 / 528.0);
+        let ms = g.ms(h100);
+        let expected = 0.005 + 2.0 * 4096f64.powi(3) / (794.5e9 * 512.0 / 528.0);
+        assert!((ms - expected).abs() < 1e-12, "{ms} {expected}");
+        // 0.1834 ms: 749 TFLOP/s, against 780.2 measured (G8-4096).
+        assert!(
+            (g.flops() / ms / 1e9 - 749.4).abs() < 0.1,
+            "{}",
+            g.flops() / ms / 1e9
+        );
+    }
+
+    #[test]
+    fn a_product_of_one_partial_wave_wastes_the_idle_sms() {
+        // 1024 x 1024 on A100: 8 x 4 = 32 tiles on 108 SMs, one wave 30% full.
+        let a100 = gpu_type("a100").unwrap();
+        let g = Gemm::new(1024, 1024, 1024);
+        assert_eq!(g.wave_efficiency(108), 32.0 / 108.0);
+        let expected = 0.005 + g.flops() / (271.2e9 * 32.0 / 108.0);
+        assert!((g.ms(a100) - expected).abs() < 1e-12);
+        // A tile hanging over the edge costs a whole one: 1025 rows take
+        // 9 x 4 = 36 tiles, still one wave of 108 slots.
+        assert_eq!(
+            Gemm::new(1025, 1024, 1024).wave_efficiency(108),
+            1025.0 * 1024.0 / (108.0 * 128.0 * 256.0)
+        );
+    }
+
+    #[test]
+    fn a_thin_product_is_bound_by_memory() {
+        // 65536 x 8 outputs over k = 8: a few FLOPs, a megabyte moved.
+        let a100 = gpu_type("a100").unwrap();
+        let g = Gemm::new(65536, 8, 8);
+        let bytes = 2.0 * (65536.0 * 8.0 + 64.0 + 65536.0 * 8.0);
+        assert_eq!(g.ms(a100), 0.005 + bytes / 1759e6);
+    }
+
+    #[test]
+    fn flash_attention_interpolates_its_measured_lengths() {
+        let a100 = gpu_type("a100").unwrap();
+        // 2048 tokens: 140 TFLOP/s (A2); 3000 between 2k's 140 and 4k's 156.
+        let (fwd, bwd) = attention_ms(a100, AttentionKernel::Flash, 1, 2048, 128).unwrap();
+        assert!((fwd - 2.0 * 2048.0 * 2048.0 * 128.0 / 140e9).abs() < 1e-15);
+        assert_eq!(bwd, 2.5 * fwd);
+        let mid = flash_tflops(a100, 3000).unwrap();
+        let expected = 140.0 + 16.0 * (3000f64.log2() - 11.0);
+        assert!((mid - expected).abs() < 1e-9, "{mid}");
+        assert_eq!(flash_tflops(a100, 100).unwrap(), 88.0);
+        assert_eq!(flash_tflops(a100, 1 << 20).unwrap(), 171.0);
+        let e = attention_ms(
+            gpu_type("v100").unwrap(),
+            AttentionKernel::Flash,
+            1,
+            2048,
+            64,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("attention"));
+        assert!(attention_ms(
+            gpu_type("v100").unwrap(),
+            AttentionKernel::Unfused,
+            1,
+            2048,
+            64
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn unfused_attention_moves_the_whole_score_matrix() {
+        let a100 = gpu_type("a100").unwrap();
+        let (fwd, _) = attention_ms(a100, AttentionKernel::Unfused, 12, 2048, 128).unwrap();
+        let scores = Gemm {
+            m: 2048,
+            n: 2048,
+            k: 128,
+            batch: 12,
+        }
+        .ms(a100);
+        let by_values = Gemm {
+            m: 2048,
+            n: 128,
+            k: 2048,
+            batch: 12,
+        }
+        .ms(a100);
+        let softmax = 2.0 * 2.0 * 2048.0 * 2048.0 * 12.0 / 1759e6;
+        assert!((fwd - (scores + softmax + by_values)).abs() < 1e-12);
+        assert!(
+            softmax > 0.3 * fwd,
+            "the softmax is a large part: {softmax} of {fwd}"
+        );
+    }
+}

@@ -1,0 +1,97 @@
+"""Transformer profiles timed operator by operator (issue 45): the GPU
+catalog's kernel figures and their sources, the attention kernels, and
+Megatron layouts written as plans (benchmarks/published_runs.py's rows)."""
+
+import json
+import re
+
+import pytest
+
+from conftest import SHARED, assert_one_line_error
+from dapple import planner
+
+MEASUREMENTS = SHARED / "reference" / "hardware-measurements.json"
+PUBLISHED_RUNS = SHARED / "reference" / "published-runs.json"
+KERNEL_FIELDS = ("sm_count", "hbm_gb_per_s", "gemm_tflops", "flash_attention_tflops")
+
+
+def _records() -> dict:
+    if not MEASUREMENTS.exists():
+        pytest.skip("../shared/reference is not beside the checkout")
+    return {r["id"]: r for r in json.loads(MEASUREMENTS.read_text())["records"]}
+
+
+def test_every_kernel_figure_cites_a_public_measurement_or_says_what_it_assumed():
+    records = _records()
+    run_ids = [r["id"] for r in json.loads(PUBLISHED_RUNS.read_text())["runs"]]
+    for name, gpu in planner.GPU_TYPES.items():
+        kernels = gpu["kernels"]
+        assert set(kernels["sources"]) == set(KERNEL_FIELDS), name
+        for field, source in kernels["sources"].items():
+            # Nothing is taken from the runs the estimates are checked against.
+            assert "published-runs" not in source and not any(run in source for run in run_ids), (name, source)
+            if source.startswith("assumed:"):
+                continue
+            cited = re.findall(r"\b([A-Z]\d+[a-z]?(?:-[a-z0-9]+)?)\b", source.split(":")[0])
+            assert cited and all(c in records for c in cited), (name, field, source)
+
+
+def test_the_cited_records_hold_the_catalogs_figures():
+    records = _records()
+    a100, h100, h200 = (planner.GPU_TYPES[n]["kernels"] for n in ("A100-80GB", "H100-80GB", "H200"))
+    assert a100["gemm_tflops"] == records["G1"]["value"]
+    assert h100["gemm_tflops"] == h200["gemm_tflops"] == records["G3"]["value"]
+    assert a100["hbm_gb_per_s"] == records["M1"]["value"]["triad"]
+    assert planner.GPU_TYPES["A100-40GB"]["kernels"]["hbm_gb_per_s"] == records["M2"]["value"]["triad"]
+    assert h200["hbm_gb_per_s"] == records["M4"]["value"]["triad"]
+    assert h100["hbm_gb_per_s"] == records["M6"]["value"]
+    assert (a100["sm_count"], h100["sm_count"]) == (records["G11"]["value"]["A100_SMs"],
+                                                   records["G11"]["value"]["H100_H200_SMs"])
+    fa2 = records["A2"]["value"]
+    assert [t for _, t in a100["flash_attention_tflops"]] == [fa2[k] for k in ("512", "1k", "2k", "4k", "8k", "16k")]
+    assert h100["flash_attention_tflops"] == [(8192, records["A8"]["value"])]
+    assert planner.GPU_TYPES["V100-16GB"]["kernels"]["gemm_tflops"] == records["G6c"]["value"]
+
+
+def test_operator_timing_is_the_default_and_efficiency_the_override(tmp_path, dapple):
+    by_operator, flat = tmp_path / "ops.json", tmp_path / "flat.json"
+    args = ("profile", "transformer", "--config", "llama-2-7b", "--gpu", "a100", "--seq-len", 1024)
+    assert dapple(*args, "--out", by_operator).returncode == 0
+    assert dapple(*args, "--efficiency", "0.5", "--out", flat).returncode == 0
+    ops, half = (json.loads(p.read_text()) for p in (by_operator, flat))
+    assert "operator by operator on A100-80GB (flash attention)" in ops["source"]
+    assert "0.5 x the A100-80GB bf16 peak" in half["source"]
+    block_ops, block_half = ops["layers"][1], half["layers"][1]
+    # At 0.5 of the peak every layer's backward is twice its forward; by operator, not quite.
+    assert block_half["measurements"][0]["bwd_ms"] == 2 * block_half["measurements"][0]["fwd_ms"]
+    assert block_ops["measurements"][0]["fwd_ms"] < block_half["measurements"][0]["fwd_ms"]
+    # Norms and residual adds stay whole on every shard of a split; a flat rate divides all.
+    assert 0 < block_ops["split"][0]["replicated_compute_fraction"] < 0.1
+    assert block_half["split"][0]["replicated_compute_fraction"] == 0
+
+
+def test_flash_attention_on_a_gpu_without_it_is_a_one_line_error(tmp_path, dapple):
+    out = tmp_path / "p.json"
+    result = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "v100", "--seq-len", 1024,
+                    "--attention", "flash", "--out", out)
+    assert_one_line_error(result, 3, "field attention", "no FlashAttention kernel runs on V100-16GB")
+    assert not out.exists()
+    unfused = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "v100", "--seq-len", 1024,
+                     "--out", out)
+    assert unfused.returncode == 0 and "(unfused attention)" in json.loads(out.read_text())["source"]
+
+
+def test_a_megatron_layout_is_written_as_its_run_used_it():
+    profile = planner.transformer_profile("llama-2-7b", gpu="a100", seq_len=1024, micro_batch_sizes=[1, 2])
+    plan = planner.megatron_plan(profile, "4x8-a100-80gb", 64, tensor_parallel=4, pipeline_parallel=2,
+                                 micro_batch_size=2, recompute="full")
+    assert [len(s["devices"]) for s in plan.stages] == [16, 16]
+    assert plan.micro_batch_size == 2 * 4 and plan.micro_batches == 8
+    assert all(s.tensor_parallel == 4 and s.recompute == "full" for s in plan.stage_shapes)
+    assert plan.estimate["iteration_ms"] > 0
+    with pytest.raises(planner.InvalidInputError, match="field pipeline_parallel: value 3: t x p = 4 x 3"):
+        planner.megatron_plan(profile, "4x8-a100-80gb", 64, tensor_parallel=4, pipeline_parallel=3,
+                              micro_batch_size=1)
+    with pytest.raises(planner.InvalidInputError, match="field micro_batch_size: value 3"):
+        planner.megatron_plan(profile, "4x8-a100-80gb", 64, tensor_parallel=4, pipeline_parallel=2,
+                              micro_batch_size=3)
