@@ -53,6 +53,29 @@ def test_the_cited_records_hold_the_catalogs_figures():
     assert planner.GPU_TYPES["V100-16GB"]["kernels"]["gemm_tflops"] == records["G6c"]["value"]
 
 
+def test_every_collective_figure_cites_its_measurement():
+    records = _records()
+    measured = {name: g["collectives"] for name, g in planner.GPU_TYPES.items() if g["collectives"]}
+    assert sorted(measured) == ["A100-40GB", "A100-80GB", "H100-80GB", "H200"]
+    for name, c in measured.items():
+        assert set(c["sources"]) == {"intra_allreduce_bus_gb_per_s", "intra_line_gb_per_s", "network_share"}
+        for source in c["sources"].values():
+            assert source.startswith("assumed:") or source.split(":")[0] in records, (name, source)
+    size = {"32KiB": 32 << 10, "1MiB": 1 << 20, "2GiB": 2 << 30}
+    size.update({f"{n}MiB": n << 20 for n in (4, 8, 16, 64, 128, 256, 512)})
+    size.update({f"{n}GiB": n << 30 for n in (1, 16)})
+
+    def curve(record, key=None):
+        value = records[record]["value"] if key is None else records[record]["value"][key]
+        return sorted((size[k], v) for k, v in value.items() if k in size)
+
+    assert measured["A100-80GB"]["intra_allreduce_bus_gb_per_s"] == curve("C1")
+    assert measured["H100-80GB"]["intra_allreduce_bus_gb_per_s"] == curve("C7", "all_reduce")
+    assert measured["H200"]["intra_allreduce_bus_gb_per_s"] == curve("C2")
+    assert measured["A100-80GB"]["network_share"] == records["C8b"]["value"] / 25
+    assert measured["H100-80GB"]["network_share"] == sum(records["C8a"]["value"].values()) / 2 / 50
+
+
 def test_operator_timing_is_the_default_and_efficiency_the_override(tmp_path, dapple):
     by_operator, flat = tmp_path / "ops.json", tmp_path / "flat.json"
     args = ("profile", "transformer", "--config", "llama-2-7b", "--gpu", "a100", "--seq-len", 1024)

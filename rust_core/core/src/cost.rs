@@ -38,6 +38,8 @@ pub struct Cluster {
     pub machines: Vec<MachineCost>,
     pub inter_bytes_per_ms: f64,
     pub inter_latency_ms: f64,
+    /// What of the network NCCL reaches.
+    pub inter_share: LinkShare,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +57,72 @@ pub struct MachineCost {
     pub speed: f64,
     pub intra_bytes_per_ms: f64,
     pub intra_latency_ms: f64,
+    /// What of the intra-machine link NCCL's AllReduce reaches.
+    pub intra_share: LinkShare,
+}
+
+/// The share of a link's line rate a collective reaches, as the cost model
+/// prices it: the line rate where nothing was measured (the DAPPLE
+/// paper's measured links, topologies of untyped or unmeasured GPUs), a
+/// network card's measured share, or the AllReduce bus bandwidth measured
+/// on a machine of the GPU type by message size, over the line rate it was
+/// measured on (`gpus::CollectiveFigures`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LinkShare {
+    Line,
+    Constant(f64),
+    BySize {
+        bus_gb_per_s: &'static [(u64, f64)],
+        line_gb_per_s: f64,
+    },
+}
+
+impl LinkShare {
+    /// The intra-machine share of GPU type `gpu_type`'s measured server,
+    /// if the catalog has one.
+    fn intra_of(gpu_type: &str) -> LinkShare {
+        match crate::gpus::find_gpu(gpu_type).and_then(|g| g.collectives) {
+            Some(c) => LinkShare::BySize {
+                bus_gb_per_s: c.intra_allreduce_bus_gb_per_s,
+                line_gb_per_s: c.intra_line_gb_per_s,
+            },
+            None => LinkShare::Line,
+        }
+    }
+
+    /// Time of a collective part that moves `bytes` at `ms_per_byte` of
+    /// the line rate with `fixed_ms` of latency. A measured curve already
+    /// holds the latency: it is interpolated linearly in log2 of the size
+    /// between measured sizes, the largest's share beyond them, and a
+    /// message below the smallest measured one takes that one's time.
+    fn ms(&self, (fixed_ms, ms_per_byte): (f64, f64), bytes: f64) -> f64 {
+        match *self {
+            LinkShare::Line => fixed_ms + bytes * ms_per_byte,
+            LinkShare::Constant(share) => fixed_ms + bytes * ms_per_byte / share,
+            LinkShare::BySize {
+                bus_gb_per_s,
+                line_gb_per_s,
+            } => {
+                let bytes = bytes.max(bus_gb_per_s[0].0 as f64);
+                let bus = interpolate_log2(bus_gb_per_s, bytes);
+                bytes * ms_per_byte * line_gb_per_s / bus
+            }
+        }
+    }
+}
+
+/// `points` (size, value), ascending in size, at `x`: linear in log2 of the
+/// size between two points, the end values beyond them.
+fn interpolate_log2(points: &[(u64, f64)], x: f64) -> f64 {
+    let i = points.partition_point(|&(size, _)| (size as f64) <= x);
+    match (i.checked_sub(1).map(|k| points[k]), points.get(i)) {
+        (Some((s0, v0)), Some(&(s1, v1))) => {
+            let (x0, x1) = ((s0 as f64).log2(), (s1 as f64).log2());
+            v0 + (v1 - v0) * (x.log2() - x0) / (x1 - x0)
+        }
+        (Some((_, v)), None) | (None, Some(&(_, v))) => v,
+        (None, None) => 1.0,
+    }
 }
 
 impl MachineCost {
@@ -164,13 +232,32 @@ impl Cluster {
                     speed,
                     intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
                     intra_latency_ms: g.intra_machine.latency_us / 1e3,
+                    intra_share: LinkShare::intra_of(&g.gpu.gpu_type),
                 }
             })
             .collect();
+        // The network reaches the least measured share of its machines'
+        // cards; the line rate where a machine's was not measured.
+        let network_shares: Option<Vec<f64>> = t
+            .machine_groups
+            .iter()
+            .map(|g| {
+                crate::gpus::find_gpu(&g.gpu.gpu_type)
+                    .and_then(|gpu| gpu.collectives)
+                    .map(|c| c.network_share)
+            })
+            .collect();
+        let inter_share = match network_shares {
+            Some(shares) if !shares.is_empty() => {
+                LinkShare::Constant(shares.into_iter().fold(1.0, f64::min))
+            }
+            _ => LinkShare::Line,
+        };
         Ok(Cluster {
             machines,
             inter_bytes_per_ms: t.inter_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
             inter_latency_ms: t.inter_machine.latency_us / 1e3,
+            inter_share,
         })
     }
 
@@ -262,14 +349,17 @@ pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f6
 }
 
 /// [`allreduce_ms`] over one allocation as a function of the bytes: ring
-/// and hierarchical times are each `fixed_ms + bytes * ms_per_byte`, so the
-/// search works them out once per allocation, not once per stage.
+/// and hierarchical times are each parts of `fixed_ms + bytes * ms_per_byte`
+/// at the line rate, each over a link whose `LinkShare` NCCL reaches, so
+/// the search works them out once per allocation, not once per stage.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AllreduceCurve {
     replicas: u32,
-    /// (fixed_ms, ms_per_byte) of the ring and of the hierarchical AllReduce.
-    ring: (f64, f64),
-    hierarchical: (f64, f64),
+    /// (fixed_ms, ms_per_byte) of the ring, over its slowest link.
+    ring: ((f64, f64), LinkShare),
+    /// The hierarchical AllReduce: inside each machine, then across.
+    inside: ((f64, f64), LinkShare),
+    across: ((f64, f64), LinkShare),
 }
 
 impl AllreduceCurve {
@@ -290,10 +380,17 @@ impl AllreduceCurve {
         };
         let n = alloc_size(alloc);
         let nf = f64::from(n.max(1));
-        let slowest_intra = alloc
+        let (slowest_intra, intra_share) = alloc
             .iter()
-            .map(|&(m, _)| cluster.machines[m].intra_bytes_per_ms)
-            .fold(f64::INFINITY, f64::min);
+            .map(|&(m, _)| &cluster.machines[m])
+            .map(|m| (m.intra_bytes_per_ms, m.intra_share))
+            .fold((f64::INFINITY, LinkShare::Line), |a, b| {
+                if b.0 < a.0 {
+                    b
+                } else {
+                    a
+                }
+            });
         let intra_latency = alloc
             .iter()
             .map(|&(m, _)| cluster.machines[m].intra_latency_ms)
@@ -302,34 +399,46 @@ impl AllreduceCurve {
         let ring_over = |bandwidth: f64, latency: f64, n: f64| {
             (2.0 * (n - 1.0) * latency, 2.0 * (n - 1.0) / n / bandwidth)
         };
+        let none = ((0.0, 0.0), LinkShare::Line);
         if alloc.len() <= 1 {
-            let ring = ring_over(slowest_intra, intra_latency, nf);
+            let ring = (ring_over(slowest_intra, intra_latency, nf), intra_share);
             return AllreduceCurve {
                 replicas: n,
                 ring,
-                hierarchical: ring,
+                inside: ring,
+                across: none,
             };
         }
-        let ring = ring_over(
-            slowest_intra.min(inter_bytes_per_ms),
-            cluster.inter_latency_ms,
-            nf,
-        );
+        let ring = if inter_bytes_per_ms < slowest_intra {
+            (
+                ring_over(inter_bytes_per_ms, cluster.inter_latency_ms, nf),
+                cluster.inter_share,
+            )
+        } else {
+            (
+                ring_over(slowest_intra, cluster.inter_latency_ms, nf),
+                intra_share,
+            )
+        };
         let k = f64::from(alloc.iter().map(|&(_, c)| c).max().unwrap_or(1));
         let inside = if k > 1.0 {
-            ring_over(slowest_intra, intra_latency, k)
+            (ring_over(slowest_intra, intra_latency, k), intra_share)
         } else {
-            (0.0, 0.0)
+            none
         };
-        let across = ring_over(
-            inter_bytes_per_ms,
-            cluster.inter_latency_ms,
-            alloc.len() as f64,
+        let across = (
+            ring_over(
+                inter_bytes_per_ms,
+                cluster.inter_latency_ms,
+                alloc.len() as f64,
+            ),
+            cluster.inter_share,
         );
         AllreduceCurve {
             replicas: n,
             ring,
-            hierarchical: (inside.0 + across.0, inside.1 + across.1),
+            inside,
+            across,
         }
     }
 
@@ -337,8 +446,14 @@ impl AllreduceCurve {
         if self.replicas <= 1 || bytes <= 0.0 {
             return 0.0;
         }
-        let time = |(fixed, per_byte): (f64, f64)| fixed + bytes * per_byte;
-        time(self.ring).min(time(self.hierarchical))
+        let part = |(line, share): ((f64, f64), LinkShare)| {
+            if line.1 == 0.0 {
+                0.0
+            } else {
+                share.ms(line, bytes)
+            }
+        };
+        part(self.ring).min(part(self.inside) + part(self.across))
     }
 }
 
@@ -1311,6 +1426,40 @@ mod tests {
         let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
         t.machine_groups[1].gpu.memory_bytes = memory;
         t
+    }
+
+    #[test]
+    fn an_allreduce_across_two_a100_machines_runs_at_what_nccl_measured() {
+        // 64 MiB over both machines of 2x8-a100-80gb: the ring would cross
+        // the 1600 Gbit/s network (200 GB/s) at 0.96 of it (C8b); the
+        // hierarchical one reduces inside each machine at C1's 171.54 GB/s
+        // bus bandwidth for 64 MiB (of 300) and across the two at 0.96.
+        let cluster = Cluster::new(&Topology::from_spec("2x8-a100-80gb").unwrap());
+        let bytes = 64.0 * 1024.0 * 1024.0;
+        let inside = bytes * 2.0 * 7.0 / 8.0 / 3e8 * 300.0 / 171.54;
+        let across = 2.0 * 0.02 + bytes * 2.0 * 1.0 / 2.0 / 2e8 / 0.96;
+        let ring = 30.0 * 0.02 + bytes * 2.0 * 15.0 / 16.0 / 2e8 / 0.96;
+        assert!(inside + across < ring);
+        let ms = allreduce_ms(&cluster, &[(0, 8), (1, 8)], bytes);
+        assert!(
+            (ms - (inside + across)).abs() < 1e-12,
+            "{ms} {}",
+            inside + across
+        );
+        // Inside one machine, 48 MiB lies between C1's 8 and 64 MiB points, in log2 of the size.
+        let bus = 109.93 + (171.54 - 109.93) * (48f64.log2() - 3.0) / 3.0;
+        let one = allreduce_ms(&cluster, &[(0, 8)], 48.0 * 1048576.0);
+        assert!(
+            (one - 48.0 * 1048576.0 * 1.75 / 3e8 * 300.0 / bus).abs() < 1e-12,
+            "{one}"
+        );
+        // Below 32 KiB, C1's smallest, every message takes its time.
+        let floor = allreduce_ms(&cluster, &[(0, 8)], 32.0 * 1024.0);
+        assert_eq!(allreduce_ms(&cluster, &[(0, 8)], 1024.0), floor);
+        // The paper's untyped links are priced at their line rate, as before.
+        let paper = Cluster::new(&Topology::from_spec("2x8-nvlink").unwrap());
+        assert_eq!(paper.machines[0].intra_share, LinkShare::Line);
+        assert_eq!(paper.inter_share, LinkShare::Line);
     }
 
     #[test]

@@ -37,7 +37,84 @@ pub struct GpuType {
     pub source: &'static str,
     /// What its kernels reach, for operator-level layer times (`kernels.rs`).
     pub kernels: KernelFigures,
+    /// What NCCL's collectives reach on the usual server, where measured.
+    pub collectives: Option<CollectiveFigures>,
 }
+
+/// What NCCL's AllReduce reaches on one GPU type's usual server, measured
+/// (each figure naming its record of public measurements in `sources`): the
+/// cost model prices a collective at these shares of the topology's link
+/// rates (`cost.rs`, `LinkShare`), not at the line rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CollectiveFigures {
+    /// AllReduce bus bandwidth inside one machine of all its GPUs, by
+    /// message size: (bytes, GB/s), ascending (busbw = algbw x 2(n-1)/n,
+    /// nccl-tests' definition).
+    pub intra_allreduce_bus_gb_per_s: &'static [(u64, f64)],
+    /// The NVLink line rate those were measured on, GB/s a GPU and direction.
+    pub intra_line_gb_per_s: f64,
+    /// Share of a network card's line rate NCCL reaches with large messages.
+    pub network_share: f64,
+    /// Where each figure comes from: (field, source), as `KernelFigures`'.
+    pub sources: &'static [(&'static str, &'static str)],
+}
+
+const MIB: u64 = 1 << 20;
+
+/// 8 x A100 SXM, NVLink 3 and NVSwitch (C1: nccl-tests all_reduce_perf -g 8).
+const A100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
+    intra_allreduce_bus_gb_per_s: &[
+        (32 * 1024, 1.31),
+        (MIB, 18.0),
+        (4 * MIB, 72.33),
+        (8 * MIB, 109.93),
+        (64 * MIB, 171.54),
+        (128 * MIB, 176.92),
+        (512 * MIB, 222.72),
+        (1024 * MIB, 229.04),
+        (16384 * MIB, 234.89),
+    ],
+    intra_line_gb_per_s: 300.0,
+    network_share: 24.0 / 25.0,
+    sources: &[
+        ("intra_allreduce_bus_gb_per_s", "C1: stas00/ml-engineering@744d01e network/README.md, nccl-tests all_reduce_perf on 8 x A100 NVLink3/NVSwitch"),
+        ("intra_line_gb_per_s", "assumed: the A100 datasheet's 600 GB/s NVLink, one direction"),
+        ("network_share", "C8b: NVIDIA/nccl-tests issues #160, #252, about 24 GB/s a 200 Gb/s HDR NIC (25 GB/s)"),
+    ],
+};
+
+/// 8 x H100 SXM, NVLink 4 (C7: XLA's collectives over NCCL on one host).
+const H100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
+    intra_allreduce_bus_gb_per_s: &[(MIB, 35.3), (64 * MIB, 309.2), (2048 * MIB, 402.4)],
+    intra_line_gb_per_s: 450.0,
+    network_share: 47.0 / 50.0,
+    sources: &[
+        ("intra_allreduce_bus_gb_per_s", "C7: openxla/xla@e97611c4 xla/service/gpu/model/collective_interpolator_data.h, all-reduce on 8 x H100 (XLA over NCCL, f32 buffers)"),
+        ("intra_line_gb_per_s", "assumed: the H100 datasheet's 900 GB/s NVLink, one direction"),
+        ("network_share", "C8a: NVIDIA/nccl-tests issue #290, 46-48 GB/s a 400 Gb/s NDR NIC (50 GB/s)"),
+    ],
+};
+
+/// 8 x H200, NVLink 4 (C2: torch.distributed all_reduce, NCCL 2.27.7, NVLS from 2 MiB).
+const H200_COLLECTIVES: CollectiveFigures = CollectiveFigures {
+    intra_allreduce_bus_gb_per_s: &[
+        (32 * 1024, 1.44),
+        (MIB, 39.93),
+        (4 * MIB, 107.16),
+        (16 * MIB, 219.89),
+        (64 * MIB, 346.51),
+        (256 * MIB, 436.15),
+        (1024 * MIB, 463.58),
+        (16384 * MIB, 482.26),
+    ],
+    intra_line_gb_per_s: 450.0,
+    network_share: 47.0 / 50.0,
+    sources: &[
+        ("intra_allreduce_bus_gb_per_s", "C2: stas00/ml-engineering@744d01e network/README.md, all_reduce_bench.py on 8 x H200 (NVLS above 2 MiB: past the ring's line rate)"),
+        ("intra_line_gb_per_s", "assumed: the H200 datasheet's 900 GB/s NVLink, one direction"),
+        ("network_share", "C8a: NVIDIA/nccl-tests issue #290, 46-48 GB/s a 400 Gb/s NDR NIC (50 GB/s)"),
+    ],
+};
 
 /// What one GPU type's kernels reach, measured (each figure from a record of
 /// public measurements, named in `sources`), for timing a layer operator by
@@ -84,7 +161,7 @@ const fn row(
     (nvlink_gbps, pcie_gbps, network_gbps_per_gpu): (f64, f64, f64),
     server: &'static str,
     source: &'static str,
-    kernels: KernelFigures,
+    (kernels, collectives): (KernelFigures, Option<CollectiveFigures>),
 ) -> GpuType {
     GpuType {
         name,
@@ -98,6 +175,7 @@ const fn row(
         server,
         source,
         kernels,
+        collectives,
     }
 }
 
@@ -192,17 +270,17 @@ const fn kernels(
 /// network per GPU in Gbit/s), server, source, kernel figures.
 #[rustfmt::skip]
 pub const GPU_TYPES: [GpuType; 7] = [
-    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, V100_KERNELS),
-    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, V100_KERNELS),
+    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None)),
+    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None)),
     row("A100-40GB", &["a100-40gb"], 40, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
-        kernels(108, 1363.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES)),
+        (kernels(108, 1363.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES))),
     row("A100-80GB", &["a100-80gb", "a100"], 80, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
-        kernels(108, 1759.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES)),
+        (kernels(108, 1759.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES))),
     row("H100-80GB", &["h100-80gb", "h100"], 80, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H100", H100_SOURCE,
-        kernels(132, 3000.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES)),
+        (kernels(132, 3000.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H100_COLLECTIVES))),
     row("H200", &["h200", "h200-141gb"], 141, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H200", H200_SOURCE,
-        kernels(132, 3534.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES)),
-    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE, B200_KERNELS),
+        (kernels(132, 3534.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H200_COLLECTIVES))),
+    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE, (B200_KERNELS, None)),
 ];
 
 /// The type of untyped specs and topologies: the paper's V100-16GB.

@@ -30,6 +30,10 @@ pub struct SplitPattern {
     pub fwd_allreduce_bytes_per_sample: f64,
     /// The same in the backward pass.
     pub bwd_allreduce_bytes_per_sample: f64,
+    /// How many AllReduces of equal size each pass's bytes are (Megatron's
+    /// block: 2), as the collective's speed depends on a call's size.
+    #[serde(default = "one_call", skip_serializing_if = "is_one_call")]
+    pub allreduce_calls_per_pass: u32,
     /// Share of the layer's parameter bytes every shard keeps whole (layer
     /// norms); the rest is divided by t.
     #[serde(default)]
@@ -64,6 +68,16 @@ pub struct ShardCost {
     pub stored_factor: f64,
     pub fwd_allreduce_bytes_per_sample: f64,
     pub bwd_allreduce_bytes_per_sample: f64,
+    /// AllReduces each pass's bytes are split into.
+    pub allreduce_calls_per_pass: u32,
+}
+
+fn one_call() -> u32 {
+    1
+}
+
+fn is_one_call(calls: &u32) -> bool {
+    *calls == 1
 }
 
 impl ShardCost {
@@ -74,6 +88,7 @@ impl ShardCost {
         stored_factor: 1.0,
         fwd_allreduce_bytes_per_sample: 0.0,
         bwd_allreduce_bytes_per_sample: 0.0,
+        allreduce_calls_per_pass: 1,
     };
 }
 
@@ -102,6 +117,7 @@ impl SplitPattern {
             stored_factor: kept(self.replicated_stored_fraction),
             fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
             bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample,
+            allreduce_calls_per_pass: self.allreduce_calls_per_pass,
         }
     }
 
@@ -114,6 +130,12 @@ impl SplitPattern {
     pub fn validate(&self) -> Result<()> {
         if self.name.trim().is_empty() {
             return Err(Error::field("name", "must not be empty"));
+        }
+        if self.allreduce_calls_per_pass == 0 {
+            return Err(Error::field(
+                "allreduce_calls_per_pass",
+                "value 0 must be >= 1",
+            ));
         }
         for (k, d) in self.divides.iter().enumerate() {
             if d.count == 0 {
@@ -192,6 +214,7 @@ mod tests {
             replicated_param_fraction: 0.0,
             replicated_stored_fraction: 0.0,
             replicated_compute_fraction: 0.0,
+            allreduce_calls_per_pass: 1,
         }
     }
 

@@ -754,6 +754,7 @@ impl SplitMaker<'_> {
             replicated_param_fraction: positions / (tokens + positions),
             replicated_stored_fraction: 1.0,
             replicated_compute_fraction: 0.0,
+            allreduce_calls_per_pass: 1,
         }
     }
 
@@ -775,6 +776,8 @@ impl SplitMaker<'_> {
             replicated_param_fraction: whole_params / params,
             replicated_stored_fraction: whole_stored / stored,
             replicated_compute_fraction: 0.0,
+            // One after the attention, one after the MLP.
+            allreduce_calls_per_pass: 2,
         }
     }
 
@@ -796,6 +799,7 @@ impl SplitMaker<'_> {
             replicated_param_fraction: norm / (norm + projection),
             replicated_stored_fraction: whole_stored / (whole_stored + logits),
             replicated_compute_fraction: 0.0,
+            allreduce_calls_per_pass: 1,
         }
     }
 }

@@ -234,6 +234,7 @@ fn classifier(classes: u64, patterns: &[&str]) -> Profile {
             replicated_param_fraction: 0.0,
             replicated_stored_fraction: 0.0,
             replicated_compute_fraction: 0.0,
+            allreduce_calls_per_pass: 1,
         }
     };
     let text = serde_json::json!({

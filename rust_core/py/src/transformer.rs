@@ -121,6 +121,25 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         }
         kernels.set_item("sources", sources)?;
         figures.set_item("kernels", kernels)?;
+        let collectives = match &g.collectives {
+            Some(c) => {
+                let d = PyDict::new(py);
+                d.set_item(
+                    "intra_allreduce_bus_gb_per_s",
+                    c.intra_allreduce_bus_gb_per_s.to_vec(),
+                )?;
+                d.set_item("intra_line_gb_per_s", c.intra_line_gb_per_s)?;
+                d.set_item("network_share", c.network_share)?;
+                let sources = PyDict::new(py);
+                for (field, source) in c.sources {
+                    sources.set_item(*field, *source)?;
+                }
+                d.set_item("sources", sources)?;
+                Some(d)
+            }
+            None => None,
+        };
+        figures.set_item("collectives", collectives)?;
         gpus.set_item(g.name, figures)?;
     }
     m.add("GPU_TYPES", gpus)?;

@@ -216,10 +216,15 @@ impl StageCoster<'_> {
                 }
                 let split = self.times(timing, sums.split_slice);
                 let samples = f64::from(sums.split_slice);
+                // Each pass's AllReduces, priced a call at a time.
+                let calls = f64::from(s.allreduce_calls_per_pass);
+                let allreduces = |bytes_per_sample: f64| {
+                    calls * shard_group(&sums.groups, bytes_per_sample * samples / calls)
+                };
                 sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group(&sums.groups, s.fwd_allreduce_bytes_per_sample * samples);
+                    + allreduces(s.fwd_allreduce_bytes_per_sample);
                 sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
-                    + shard_group(&sums.groups, s.bwd_allreduce_bytes_per_sample * samples);
+                    + allreduces(s.bwd_allreduce_bytes_per_sample);
                 sums.split_gradient_bytes += self.layers.gradient_bytes(l, l + 1) * s.param_factor;
             }
             None => {

@@ -1371,6 +1371,7 @@ mod tests {
                 replicated_param_fraction: rng.gen_range(0.0..0.2),
                 replicated_stored_fraction: rng.gen_range(0.0..0.3),
                 replicated_compute_fraction: 0.0,
+                allreduce_calls_per_pass: 1,
             }];
         }
         if case.is_multiple_of(2) {
