@@ -61,6 +61,13 @@ def model_config(run: dict) -> tuple[dict, list[str]]:
         if "ALiBi" in m.get("arch", ""):
             assumptions.append("ALiBi and the embedding LayerNorm written as GPT's learned positions "
                                f"({m['seq_len']} x {m['hidden']} parameters, 0.02% of the model)")
+        if run["id"].startswith("bloom"):
+            config.update(resid_pdrop=0.0, attn_pdrop=0.0)
+            assumptions.append("no dropout (bigscience/bloom's config.json sets hidden_dropout and "
+                               "attention_dropout to 0.0; recalled, not in the shared file)")
+        else:
+            assumptions.append("hidden and attention dropout 0.1 (Megatron-LM's defaults, --hidden-dropout and "
+                               "--attention-dropout; the paper does not say)")
     return config, assumptions
 
 
@@ -77,7 +84,11 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     full = recompute.startswith(("full", "baseline: full"))
     if recompute.startswith("selective"):
         full = True
-        missing.append("selective re-computation of the attention core (costed as full re-computation)")
+        missing.append("selective re-computation of the attention core (costed as per-layer re-computation)")
+    if full:
+        assumptions.append("full re-computation a layer at a time (Megatron-LM's --checkpoint-activations with "
+                           "--checkpoint-num-layers 1, its default; DeepSpeed's activation checkpointing of "
+                           "each layer in Megatron-DeepSpeed)")
     zero = str(lay.get("zero", "none"))
     shard_optimizer = zero.startswith("ZeRO-1")
     if "FSDP" in str(lay.get("dp_kind", "")):
@@ -97,7 +108,7 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     if lay.get("dp_overlap"):
         assumptions.append(f"data-parallel gradient AllReduce: {lay['dp_overlap']}")
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": mbs,
-             "recompute": "full" if full else "none", "shard_optimizer": shard_optimizer, "global_batch": gbs,
+             "recompute": "per-layer" if full else "none", "shard_optimizer": shard_optimizer, "global_batch": gbs,
              "chunks": vpp}, assumptions, missing)
 
 

@@ -491,8 +491,8 @@ SLICES = [(0, 3, [0, 1], {}), (3, 6, [2, 3], {"slices": [3, 5]})]
     (REPLICAS_2_4, "stages replicated unevenly (replicas 2, 4 by stage)", "the most common, 2, on every stage"),
     (SPLIT_2_4, "per-stage tensor parallelism (split degrees 2, 4 by stage)", "the most common, 2, on every stage"),
     (ZERO_ONE_STAGE, "ZeRO-1 on some stages only (ZeRO-1 yes, no by stage)", "the most common, yes, on every stage"),
-    (RECOMPUTE_ONE_STAGE, "re-computation on some stages only (re-computes yes, no by stage)",
-     "the most common, yes, on every stage"),
+    (RECOMPUTE_ONE_STAGE, "re-computation on some stages only, or of two kinds (re-computation full, none by stage)",
+     "the most common, full, on every stage"),
     (SLICES, "uneven slices on mixed GPUs (stage 1: 3, 5 samples)",
      "4 samples for each of 2 replicas (a global batch of 16)"),
 ], ids=["replicas", "split", "zero", "recompute", "slices"])
@@ -548,6 +548,29 @@ def test_torchtitan_refuses_whole_stage_recomputation_which_it_checkpoints_per_b
     assert r.returncode == 0, r.stderr
     assert "approximated: re-computation of whole stages -> full activation checkpointing (each block)" in r.stderr
     assert tomllib.loads(out.read_text())["activation_checkpoint"] == {"mode": "full"}
+
+
+def test_per_layer_recomputation_is_each_targets_checkpoint_of_every_layer(tmp_path, dapple, llama):
+    # Uneven stages (1 and 3 blocks) are no matter: every layer is its own checkpoint.
+    rc = {"recompute": "per-layer"}
+    stages = [(0, 2, [0], rc), (2, 6, [1], rc)]
+    plan = hand_plan(tmp_path, llama, stages, micro_batch_size=2, micro_batches=4, warmups=[2, 1])
+    sh = tmp_path / "megatron.sh"
+    assert dapple("export", "--plan", plan, "--to", "megatron", "--out", sh).returncode == 0
+    assert source_array(sh)[-6:] == ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                                     "--recompute-num-layers", "1"]
+    toml = tmp_path / "job.toml"
+    r = dapple("export", "--plan", plan, "--to", "torchtitan", "--out", toml)
+    assert r.returncode == 0, r.stderr
+    assert tomllib.loads(toml.read_text())["activation_checkpoint"] == {"mode": "full"}
+    ds = tmp_path / "deepspeed.json"
+    assert dapple("export", "--plan", plan, "--to", "deepspeed", "--out", ds).returncode == 0
+    assert json.loads(ds.read_text())["activation_checkpoint_interval"] == 1
+    # Two kinds of re-computation in one plan: each target takes one for every stage.
+    mixed = hand_plan(tmp_path, llama, [(0, 2, [0], rc), (2, 6, [1], {"recompute": "full"})], name="mixed.json",
+                      micro_batch_size=2, micro_batches=4, warmups=[2, 1])
+    r = dapple("export", "--plan", mixed, "--to", "megatron", "--out", sh)
+    assert_one_line_error(r, 4, "re-computation on some stages only, or of two kinds (re-computation per-layer, full")
 
 
 @pytest.mark.parametrize("target", ["torchtitan", "megatron", "deepspeed"])

@@ -1,5 +1,6 @@
-"""Transformer profiles timed operator by operator (issue 45): the GPU
-catalog's kernel figures and their sources, the attention kernels, and
+"""Issue 45 at a small scale: transformer profiles timed operator by
+operator, the GPU catalog's kernel and collective figures and their
+sources, the attention kernels, per-layer re-computation's memory, and
 Megatron layouts written as plans (benchmarks/published_runs.py's rows)."""
 
 import json
@@ -102,6 +103,27 @@ def test_flash_attention_on_a_gpu_without_it_is_a_one_line_error(tmp_path, dappl
     unfused = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "v100", "--seq-len", 1024,
                      "--out", out)
     assert unfused.returncode == 0 and "(unfused attention)" in json.loads(out.read_text())["source"]
+
+
+def test_a_36b_gpt_at_eight_samples_fits_an_a100_re_computing_a_layer_at_a_time(tmp_path):
+    # Issue 45's acceptance: Megatron-LM trained a 3.6B GPT (hidden 3072, 30
+    # layers, sequence 2048) with micro-batches of 8 by re-running one layer
+    # at a time; re-running the whole stage at once holds all 30 layers'
+    # activations of 8 samples again.
+    config = tmp_path / "gpt-3.6b.json"
+    config.write_text(json.dumps({"n_embd": 3072, "n_layer": 30, "n_head": 32, "vocab_size": 51200,
+                                  "n_positions": 2048}))
+    profile = planner.transformer_profile(config, gpu="a100", seq_len=2048, micro_batch_sizes=[8],
+                                          attention="unfused")
+
+    def fits(recompute):
+        plan = planner.megatron_plan(profile, "1x8-a100-80gb", 64, tensor_parallel=1, pipeline_parallel=1,
+                                     micro_batch_size=8, recompute=recompute)
+        return plan.estimate["fits_memory"], plan.estimate["peak_memory_bytes"] / 2**30
+
+    per_layer, full = fits("per-layer"), fits("full")
+    assert per_layer[0] and per_layer[1] < 80, per_layer
+    assert not full[0] and full[1] > 80, full
 
 
 def test_a_megatron_layout_is_written_as_its_run_used_it():

@@ -188,6 +188,22 @@ def test_per_stage_recompute_trains_as_one_process(batches, reference):
     assert diff < 1e-5
 
 
+def test_per_layer_recompute_trains_as_one_process(batches, reference):
+    p = shaped_plan(2, [(0, 2, [0], {"recompute": "per-layer"}), (2, 4, [1], {})])
+    stages = Layout.of(p).stages
+    assert [(s.recompute, s.recompute_per_layer) for s in stages] == [(True, True), (False, False)]
+    res = run_plan(p, counting_gpt, GPT().loss, batches, STEPS, LR, **FAST)
+    forwards = {k: v.item() for k, v in res.params.items() if k.endswith("forwards")}
+    micro_batches = STEPS * GBS // 2
+    # Each of stage 0's layers runs its forward again, under its own checkpoint.
+    assert forwards == {"0.forwards": 2 * micro_batches, "1.forwards": 2 * micro_batches,
+                        "2.forwards": micro_batches, "3.forwards": micro_batches}
+    trained = {k.replace(".inner", ""): v for k, v in res.params.items() if not k.endswith("forwards")}
+    diff = max_diff(trained, reference)
+    print(f"per-layer recompute, stage 0: max parameter difference {diff:.2e}")
+    assert diff < 1e-5
+
+
 def test_a_split_layer_that_cannot_split_is_refused_before_the_run():
     # 3 heads: t = 2 cannot split a block.
     p = shaped_plan(2, [(0, 4, [0, 1], T2)])

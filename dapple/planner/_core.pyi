@@ -182,6 +182,7 @@ class StageLayout:
     tensor_parallel: int
     shard_optimizer: bool
     recompute: bool
+    recompute_per_layer: bool
     split_groups: list[list[int]]
     replica_groups: list[list[int]]
 

@@ -106,7 +106,8 @@ class Plan(FileObject):
 
 
 #: What the words of ``shape_label`` mean, for a line under a table.
-SHAPE_KEY = "tT\u00d7rR: layers split T ways on each of R replicas; zero: ZeRO-1 over the replicas; rc: full re-computation"
+SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; zero: ZeRO-1 over the replicas; rc: full "
+             "re-computation (rc per-layer: a layer at a time)")
 
 
 def shape_label(shape: _core.StageShape) -> str:

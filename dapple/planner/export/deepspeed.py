@@ -63,9 +63,10 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
         "num_stages": shape.stages,
         "parts": parts,
         "topology": {"num_pp": shape.stages, "num_mp": shape.tensor_parallel, "num_dp": shape.replicas},
-        # One checkpoint over each stage's layers: DeepSpeed checkpoints
-        # every `interval` layers of a stage, the last chunk shorter.
-        "activation_checkpoint_interval": shape.most_layers_per_stage if shape.recompute else 0,
+        # DeepSpeed checkpoints every `interval` layers of a stage, the last
+        # chunk shorter: one checkpoint over each stage's layers, or one a layer.
+        "activation_checkpoint_interval": {"none": 0, "full": shape.most_layers_per_stage,
+                                           "per-layer": 1}[shape.recompute],
         "config": config,
     }
     if parts == uniform_parts(num_layers, shape.stages):

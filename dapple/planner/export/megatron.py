@@ -66,7 +66,11 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
     tokens = layer_tokens(profile)
     shape = run_shape(plan, TARGET, approximate)
     blocks_per_stage = [tokens[start:end].count("t") for start, end in shape.stage_ranges]
-    chunk = _recompute_chunk(blocks_per_stage, Rounding(TARGET, approximate)) if shape.recompute else None
+    chunk = None
+    if shape.recompute == "full":
+        chunk = _recompute_chunk(blocks_per_stage, Rounding(TARGET, approximate))
+    elif shape.recompute == "per-layer":
+        chunk = (1, ())  # a checkpoint of each transformer layer, its input kept
     changes = shape.changes + one_f_one_b(plan, TARGET, approximate) + (chunk[1] if chunk else ())
     options: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(shape.tensor_parallel)),

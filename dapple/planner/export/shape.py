@@ -29,7 +29,8 @@ class RunShape:
     tensor_parallel: int
     replicas: int
     shard_optimizer: bool
-    recompute: bool
+    #: "none", "full" (one checkpoint a stage) or "per-layer" (one a layer).
+    recompute: str
     #: Samples each replica takes of a micro-batch (the targets' micro-batch size).
     micro_batch_per_replica: int
     micro_batches: int
@@ -104,8 +105,8 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
     shard = rounding.one([s.shard_optimizer and s.replicas > 1 for s in shapes], "ZeRO-1 on some stages only", "ZeRO-1")
-    recompute = rounding.one([s.recompute != "none" for s in shapes], "re-computation on some stages only",
-                             "re-computes")
+    recompute = rounding.one([s.recompute for s in shapes], "re-computation on some stages only, or of "
+                             "two kinds", "re-computation")
     per_replica = _samples_per_replica(plan, replicas, rounding)
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
                     tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,

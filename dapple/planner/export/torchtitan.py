@@ -72,7 +72,7 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
     CSV to be written at ``schedule_csv_path`` (the TOML names it so)."""
     shape = run_shape(plan, TARGET, approximate)
     rounding = Rounding(TARGET, approximate)
-    if shape.recompute:
+    if shape.recompute == "full":
         rounding.refuse("re-computation of whole stages", "its full activation checkpointing checkpoints each "
                         "block, keeping every block's input (more memory than planned)",
                         "full activation checkpointing (each block)")
@@ -95,7 +95,7 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
         # accumulation (the plan's micro-batches).
         "training": {"local_batch_size": local_batch_size, "global_batch_size": shape.global_batch_size},
         "parallelism": parallelism,
-        "activation_checkpoint": {"mode": "full" if shape.recompute else "none"},
+        "activation_checkpoint": {"mode": "none" if shape.recompute == "none" else "full"},
     }
     header = [f"torchtitan job config from dapple plan {quoted(plan.path or '')}, model "
               f"{quoted(plan.data['inputs']['model'])}: {shape.describe()}",

@@ -44,6 +44,14 @@ from .rank import RankSetup
 LossOf = Callable[[torch.Tensor, _core.Pass], torch.Tensor]
 
 
+def _each_layer_checkpointed(module: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """The stage's layers in turn, each under its own non-reentrant
+    checkpoint (which restores the RNG and autocast state it started with)."""
+    for layer in module:
+        x = checkpoint(layer, x, use_reentrant=False)
+    return x
+
+
 class KeptGraph:
     """Synchronous passes: the autograd graph of each forward kept for its
     backward."""
@@ -65,6 +73,11 @@ class KeptGraph:
                 x.requires_grad_(True)
             self.inputs[t] = x
         with ctx.precision.autocast():
+            if self.recompute and ctx.recompute_per_layer:
+                # Per-layer re-computation (Megatron-LM's and torchtitan's
+                # full activation checkpointing): each layer's input is kept,
+                # and each layer re-runs just before its own backward.
+                return ctx.computed(lambda: _each_layer_checkpointed(ctx.module, x))
             if self.recompute:
                 # Stage-level re-computation (GPipe's, and DAPPLE's Table VI):
                 # only the stage input is kept; the backward re-runs the

@@ -122,6 +122,9 @@ class RankSetup:
     #: The backward re-runs the stage's forward (the stage's recompute,
     #: or ``--recompute``).
     recompute: bool = False
+    #: It re-runs a layer at a time, each layer's input kept (the stage's
+    #: per-layer re-computation; ``--recompute`` checkpoints the stage whole).
+    recompute_per_layer: bool = False
     #: The loss of a split last stage, from its shard of the logits (the
     #: head's distributed softmax); None: the run's loss function.
     loss_fn: Callable | None = None
@@ -336,6 +339,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         slow=config.slowdown.get(rank, 1.0),
         precision=precision,
         recompute=config.recompute or stage_layout.recompute,
+        recompute_per_layer=stage_layout.recompute_per_layer and not config.recompute,
         loss_fn=loss_fn,
         resumed=resumed,
     )

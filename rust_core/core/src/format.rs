@@ -44,7 +44,7 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// that way (`Plan::recomputes_every_stage`). Version 5: the chunked kinds
 /// (interleaved 1F1B, interleaved zero bubble, ZB-V), whose ranks hold
 /// `schedule.chunks` stages each.
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 5, &[1, 2, 3, 4, 5]);
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 6, &[1, 2, 3, 4, 5, 6]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

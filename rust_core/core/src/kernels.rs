@@ -98,13 +98,16 @@ crate::named_enum! {
 }
 
 /// The attention core of `heads` heads (all samples' of one GPU) of `seq`
-/// tokens each, `head_dim` wide: forward and backward ms.
+/// tokens each, `head_dim` wide, with `dropout` of its probabilities or
+/// not: forward and backward ms. FlashAttention drops inside its kernel
+/// (its measured throughput is without dropout); unfused, the dropout is a
+/// kernel of its own, reading the probabilities and writing them dropped
+/// and a one-byte mask, and its backward as many bytes.
 pub fn attention_ms(
     gpu: &GpuType,
     kernel: AttentionKernel,
-    heads: u64,
-    seq: u64,
-    head_dim: u64,
+    (heads, seq, head_dim): (u64, u64, u64),
+    dropout: bool,
 ) -> Result<(f64, f64)> {
     match kernel {
         AttentionKernel::Flash => {
@@ -130,13 +133,21 @@ pub fn attention_ms(
                 batch: heads,
             };
             let probabilities = BF16 * (seq * seq * heads) as f64;
+            let dropped = if dropout {
+                memory_bound_ms(gpu, (2.0 * BF16 + 1.0) * (seq * seq * heads) as f64)
+            } else {
+                0.0
+            };
             // Softmax: reads the scores, writes the probabilities; its
             // backward reads them and their gradient and writes the scores'.
-            let fwd =
-                scores.ms(gpu) + memory_bound_ms(gpu, 2.0 * probabilities) + by_values.ms(gpu);
+            let fwd = scores.ms(gpu)
+                + memory_bound_ms(gpu, 2.0 * probabilities)
+                + dropped
+                + by_values.ms(gpu);
             let bwd = scores.ms(gpu)
                 + 3.0 * by_values.ms(gpu)
-                + memory_bound_ms(gpu, 3.0 * probabilities);
+                + memory_bound_ms(gpu, 3.0 * probabilities)
+                + dropped;
             Ok((fwd, bwd))
         }
     }
@@ -222,7 +233,7 @@ mod tests {
     fn flash_attention_interpolates_its_measured_lengths() {
         let a100 = gpu_type("a100").unwrap();
         // 2048 tokens: 140 TFLOP/s (A2); 3000 between 2k's 140 and 4k's 156.
-        let (fwd, bwd) = attention_ms(a100, AttentionKernel::Flash, 1, 2048, 128).unwrap();
+        let (fwd, bwd) = attention_ms(a100, AttentionKernel::Flash, (1, 2048, 128), false).unwrap();
         assert!((fwd - 2.0 * 2048.0 * 2048.0 * 128.0 / 140e9).abs() < 1e-15);
         assert_eq!(bwd, 2.5 * fwd);
         let mid = flash_tflops(a100, 3000).unwrap();
@@ -230,29 +241,17 @@ mod tests {
         assert!((mid - expected).abs() < 1e-9, "{mid}");
         assert_eq!(flash_tflops(a100, 100).unwrap(), 88.0);
         assert_eq!(flash_tflops(a100, 1 << 20).unwrap(), 171.0);
-        let e = attention_ms(
-            gpu_type("v100").unwrap(),
-            AttentionKernel::Flash,
-            1,
-            2048,
-            64,
-        )
-        .unwrap_err();
+        let v100 = gpu_type("v100").unwrap();
+        let e = attention_ms(v100, AttentionKernel::Flash, (1, 2048, 64), false).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("attention"));
-        assert!(attention_ms(
-            gpu_type("v100").unwrap(),
-            AttentionKernel::Unfused,
-            1,
-            2048,
-            64
-        )
-        .is_ok());
+        assert!(attention_ms(v100, AttentionKernel::Unfused, (1, 2048, 64), false).is_ok());
     }
 
     #[test]
     fn unfused_attention_moves_the_whole_score_matrix() {
         let a100 = gpu_type("a100").unwrap();
-        let (fwd, _) = attention_ms(a100, AttentionKernel::Unfused, 12, 2048, 128).unwrap();
+        let (fwd, _) =
+            attention_ms(a100, AttentionKernel::Unfused, (12, 2048, 128), false).unwrap();
         let scores = Gemm {
             m: 2048,
             n: 2048,
@@ -273,5 +272,9 @@ mod tests {
             softmax > 0.3 * fwd,
             "the softmax is a large part: {softmax} of {fwd}"
         );
+        // Dropping the probabilities reads them and writes them and a mask: 5 bytes a score.
+        let (dropped, _) =
+            attention_ms(a100, AttentionKernel::Unfused, (12, 2048, 128), true).unwrap();
+        assert!((dropped - fwd - 5.0 * 2048.0 * 2048.0 * 12.0 / 1759e6).abs() < 1e-12);
     }
 }

@@ -69,6 +69,9 @@ pub struct StageLayout {
     pub shard_optimizer: bool,
     /// The backward re-runs the stage's forward (only its input is kept).
     pub recompute: bool,
+    /// It does so a layer at a time: each layer's input kept, each layer's
+    /// forward re-run just before its backward (`Recompute::PerLayer`).
+    pub recompute_per_layer: bool,
     /// Ranks of each replica's shards (t consecutive devices of the stage,
     /// as `plan::check` checks them), by replica.
     pub split_groups: Vec<Vec<u32>>,
@@ -232,6 +235,7 @@ impl RunLayout {
                     tensor_parallel: t[i],
                     shard_optimizer: s.shard_optimizer,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
+                    recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
                     split_groups,
                     replica_groups,
                 }

@@ -170,7 +170,7 @@ fn shaped_plans(
     );
     let shapes = [false, true]
         .into_iter()
-        .flat_map(|zero| [Recompute::None, Recompute::Full].map(|recompute| (zero, recompute)));
+        .flat_map(|zero| Recompute::ALL.map(|recompute| (zero, recompute)));
     let shapes: Vec<(bool, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
     for &t in degrees {

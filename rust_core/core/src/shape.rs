@@ -22,8 +22,17 @@ crate::named_enum! {
     pub enum Recompute("a re-computation mode") {
         /// Everything the layers keep (the profile's stored activations).
         None = "none",
-        /// Only the stage's input; the backward runs the forward again.
+        /// Only the stage's input; the backward runs the forward again
+        /// (one checkpoint over the stage, as torch's `checkpoint` of the
+        /// stage module: its backward holds the whole stage's activations
+        /// of one micro-batch again).
         Full = "full",
+        /// Each layer's input; the backward runs each layer's forward again
+        /// just before that layer's backward, one layer at a time (Megatron-LM's
+        /// `--recompute-granularity full --recompute-method uniform
+        /// --recompute-num-layers 1`, torchtitan's full activation
+        /// checkpointing of each block).
+        PerLayer = "per-layer",
     }
 }
 
@@ -207,6 +216,16 @@ pub struct MemorySums {
     working_bytes: f64,
     rerun_working_bytes: f64,
     loss_kept_bytes: f64,
+    /// Per-layer re-computation: every layer's input, as each layer's
+    /// first GPU keeps it (inputs of the stage's later layers; the stage's
+    /// own input is added in `memory`).
+    later_inputs_bytes: f64,
+    /// Per-layer re-computation: the most any one layer's re-run and
+    /// backward need on top of what was kept.
+    layer_rerun_peak_bytes: f64,
+    /// The layer summed last (the stage's first so far), for its input.
+    first_layer: Option<usize>,
+    first_input_factor: f64,
 }
 
 impl MemorySums {
@@ -244,6 +263,25 @@ impl MemorySums {
         self.rerun_working_bytes = self.rerun_working_bytes.max(
             stored_factor * f64::from(slice) * layers.rerun_working_bytes_per_sample_of_layer(l),
         );
+        // Per layer: the layer after this one keeps its input (this
+        // layer's output, whole on every GPU of a split stage without
+        // sequence parallelism), and this layer's re-run and backward.
+        if let Some(after) = self.first_layer {
+            self.later_inputs_bytes += self.first_input_factor * layers.cut_bytes_per_sample(after);
+        }
+        self.first_layer = Some(l);
+        self.first_input_factor = f64::from(slice);
+        let samples = stored_factor * f64::from(slice);
+        let loss_kept = samples * layers.loss_stored_bytes_per_sample_of_layer(l);
+        let own = recompute_backward_bytes(
+            samples * layers.backward_working_bytes_per_sample_of_layer(l),
+            samples * layers.stored_bytes_per_sample(l, next)
+                + param_factor * layers.weight_copy_bytes(l, next)
+                - loss_kept,
+            samples * layers.rerun_working_bytes_per_sample_of_layer(l),
+            loss_kept,
+        );
+        self.layer_rerun_peak_bytes = self.layer_rerun_peak_bytes.max(own);
     }
 
     /// The stage's memory as `shape` runs it, its first layer taking
@@ -263,9 +301,19 @@ impl MemorySums {
             self.rerun_working_bytes,
             self.loss_kept_bytes,
         );
-        let (fixed, per_micro_batch) = match shape.recompute {
-            Recompute::None => (state + working, stored),
-            Recompute::Full => (state + recompute_backward, input_bytes),
+        let (fixed, per_micro_batch, recompute_backward, input_bytes) = match shape.recompute {
+            Recompute::None => (state + working, stored, recompute_backward, input_bytes),
+            Recompute::Full => (
+                state + recompute_backward,
+                input_bytes,
+                recompute_backward,
+                input_bytes,
+            ),
+            Recompute::PerLayer => {
+                let kept = input_bytes + self.later_inputs_bytes;
+                let peak = self.layer_rerun_peak_bytes;
+                (state + peak, kept, peak, kept)
+            }
         };
         StageMemory {
             fixed_bytes: fixed,
@@ -369,6 +417,38 @@ mod tests {
             m.recompute_backward_bytes,
             layers.recompute_backward_bytes(0, 2, 2)
         );
+    }
+
+    #[test]
+    fn per_layer_recomputation_keeps_every_layers_input_and_re_runs_one_layer_at_a_time() {
+        // The two layers of `profile_with_memory_terms` at slices of 2: l0
+        // stores 100 and works 20 a sample, l1 stores 200 and works 10 a
+        // sample with 1500 of weight copies; l0 outputs 25 a sample.
+        let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
+        }
+        let per_layer = StageShape {
+            recompute: Recompute::PerLayer,
+            ..StageShape::PLAIN
+        };
+        let m = sums.memory(&layers, &per_layer, 7.0);
+        // Kept a micro-batch: the stage's input (7) and l1's (2 x 25).
+        assert_eq!(layers.cut_bytes_per_sample(1), 25.0);
+        assert_eq!((m.per_micro_batch_bytes, m.input_bytes), (57.0, 57.0));
+        // The backward's peak is l1's re-run (2 x 200 + 1500) with its
+        // working memory (2 x 10) on it; l0's is 2 x 100 + 2 x 20.
+        assert_eq!(m.recompute_backward_bytes, 1920.0);
+        assert_eq!(m.fixed_bytes, 16_000.0 + 1920.0);
+        // The whole stage re-run at once holds both layers' activations again.
+        let full = StageShape {
+            recompute: Recompute::Full,
+            ..StageShape::PLAIN
+        };
+        let whole = sums.memory(&layers, &full, 7.0);
+        assert_eq!(whole.recompute_backward_bytes, 200.0 + 1900.0 + 40.0);
+        assert_eq!(whole.per_micro_batch_bytes, 7.0);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use crate::schedule::{
     early_backward_actions, rank_lists, steady_state_window, Action, ActionKind, Predictor,
     Schedule, ScheduleKind, WeightRule,
 };
-use crate::shape::{MemoryTerms, Recompute};
+use crate::shape::MemoryTerms;
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -77,8 +77,8 @@ pub struct SimStage {
     /// What the allocator reserves per byte it allocates (1: nothing more).
     pub allocator_reserved_factor: f64,
     pub memory_limit_bytes: f64,
-    /// The stage's plan re-computes it (`Recompute::Full`): `bwd_ms` holds
-    /// the forward's re-run already, and it keeps only its input.
+    /// The stage's plan re-computes it (`Recompute::Full` or `PerLayer`): `bwd_ms` holds
+    /// the forward's re-run already, and it keeps only `input_bytes`.
     pub recomputes: bool,
 }
 
@@ -1237,7 +1237,7 @@ pub(crate) fn sim_stages(
             let slice = f64::from(c.slice_size);
             let times = coster.any_times(0, c.slice_size);
             let recompute_ms = c.fwd_ms * layers.rerun_ratio(&times, start, end, c.slice_size);
-            let recomputes = shape.recompute == Recompute::Full;
+            let recomputes = !shape.recompute.is_none();
             // The weight gradient's share of the backward without its re-run.
             let plain_bwd_ms = c.bwd_ms - if recomputes { recompute_ms } else { 0.0 };
             SimStage {
@@ -1346,7 +1346,7 @@ fn simulate_chunked_plan(
         format: SIMULATION.name.into(),
         schema_version: SIMULATION.version,
         schedule: own,
-        recompute: plan.stages.iter().all(|s| s.recompute == Recompute::Full),
+        recompute: plan.stages.iter().all(|s| !s.recompute.is_none()),
         iteration_ms: sim.iteration_ms,
         mini_batches: 1,
         span_ms: Some(sim.iteration_ms),

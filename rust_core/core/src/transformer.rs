@@ -20,6 +20,8 @@ use crate::split::{Divisor, SplitPattern};
 const BF16: f64 = 2.0;
 const FP32: f64 = 4.0;
 const TOKEN_ID: f64 = 8.0;
+/// Bytes of a dropout mask's entry (torch keeps it as bool).
+const MASK: f64 = 1.0;
 /// Megatron-LM pads the vocabulary to a multiple of this
 /// (`--make-vocab-size-divisible-by`), so that it splits evenly.
 pub const VOCAB_PADDING: u64 = 128;
@@ -78,6 +80,10 @@ pub struct TransformerConfig {
     pub gated_mlp: bool,
     /// Biases and LayerNorm (GPT) rather than none and RMSNorm (Llama).
     pub biases: bool,
+    /// Dropout after the attention and after the MLP (each keeps a mask).
+    pub hidden_dropout: bool,
+    /// Dropout of the attention probabilities.
+    pub attention_dropout: bool,
 }
 
 /// What the generator is asked for besides the model.
@@ -204,6 +210,10 @@ impl TransformerConfig {
             },
             gated_mlp: matches!(act, "silu" | "swiglu" | "swish"),
             biases: gpt_style,
+            // Hugging Face's GPT-2 config defaults both to 0.1; Llama's
+            // `attention_dropout` to 0 and it has no hidden dropout.
+            hidden_dropout: probability(obj, &["resid_pdrop", "hidden_dropout"], gpt_style)?,
+            attention_dropout: probability(obj, &["attn_pdrop", "attention_dropout"], gpt_style)?,
         })
     }
 
@@ -271,19 +281,54 @@ impl TransformerConfig {
             self.kv_hidden() as f64,
             self.heads as f64,
         );
-        let whole = 4.0 * s * h * value_bytes;
+        // The two hidden dropouts' masks stay whole too.
+        let masks = if self.hidden_dropout {
+            2.0 * s * h * MASK
+        } else {
+            0.0
+        };
+        let whole = 4.0 * s * h * value_bytes + masks;
         let attention = s * (h + 2.0 * kv) * value_bytes + s * h * value_bytes + s * a * FP32;
         let mlp = if self.gated_mlp {
             3.0 * s * f * value_bytes
         } else {
             2.0 * s * f * value_bytes
         };
+        // Unfused attention keeps the probabilities, and where they are
+        // dropped, the dropped ones and the mask (Korthikanti et al.'s 5as^2).
         let probabilities = match kernel {
             AttentionKernel::Flash => 0.0,
+            AttentionKernel::Unfused if self.attention_dropout => {
+                a * s * s * (2.0 * value_bytes + MASK)
+            }
             AttentionKernel::Unfused => a * s * s * value_bytes,
         };
         (whole + attention + probabilities + mlp, whole)
     }
+}
+
+/// Whether a dropout probability among `keys` is above 0: the first key
+/// given, else 0.1 where `default_on` (GPT-2's defaults), else 0.
+fn probability(
+    obj: &serde_json::Map<String, Value>,
+    keys: &[&str],
+    default_on: bool,
+) -> Result<bool> {
+    for key in keys {
+        match obj.get(*key) {
+            None | Some(Value::Null) => continue,
+            Some(v) => {
+                return match v.as_f64() {
+                    Some(p) if (0.0..1.0).contains(&p) => Ok(p > 0.0),
+                    _ => Err(Error::field(
+                        *key,
+                        format!("value {v} must be a dropout probability in [0, 1)"),
+                    )),
+                }
+            }
+        }
+    }
+    Ok(default_on)
 }
 
 /// Each layer's operators, timed on a GPU (`kernels.rs`); the list, and
@@ -331,10 +376,19 @@ impl TransformerConfig {
         times.add_weight_product(gpu, tokens, up, h);
         times.add_weight_product(gpu, tokens, h, inner);
         let heads = u64::from(b) * self.heads / t;
-        let (fwd, bwd) = attention_ms(gpu, attention, heads, seq, self.head_dim())?;
+        let (fwd, bwd) = attention_ms(
+            gpu,
+            attention,
+            (heads, seq, self.head_dim()),
+            self.attention_dropout,
+        )?;
         times.fwd += fwd;
         times.bwd += bwd;
         times.add_replicated(gpu, BF16 * (tokens * 10 * h) as f64);
+        if self.hidden_dropout {
+            // Fused with the residual adds, each dropout writes a one-byte mask.
+            times.add_replicated(gpu, (tokens * 2 * h) as f64 * MASK);
+        }
         let activation = if self.gated_mlp { 3 * inner } else { 2 * inner };
         let rotary = if self.positions.is_none() {
             2 * (q + kv)
@@ -381,7 +435,12 @@ pub fn transformer_profile(
         },
         None => {
             // A kernel that does not run on this GPU is refused here, once.
-            attention_ms(gpu, attention, 1, options.seq_len, config.head_dim())?;
+            attention_ms(
+                gpu,
+                attention,
+                (1, options.seq_len, config.head_dim()),
+                false,
+            )?;
             Timing::Operators { gpu, attention }
         }
     };
@@ -937,9 +996,11 @@ mod tests {
             .map(|&(m, n, k)| Gemm::new(k, n, m).ms(a100))
             .sum();
         let (attention_fwd, _) =
-            attention_ms(a100, AttentionKernel::Unfused, 96, 2048, 128).unwrap();
-        // Norms and residual adds 10h, GeLU 2f, bf16 per token.
-        let memory = 2.0 * (tokens * (10 * h + 2 * f)) as f64 / 1759e6;
+            attention_ms(a100, AttentionKernel::Unfused, (96, 2048, 128), true).unwrap();
+        // Norms and residual adds 10h, GeLU 2f, bf16 per token, and the
+        // hidden dropouts' one-byte masks 2h (GPT-2's configs drop 0.1).
+        assert!(c.hidden_dropout && c.attention_dropout);
+        let memory = (2 * tokens * (10 * h + 2 * f) + tokens * 2 * h) as f64 / 1759e6;
         assert!(
             (m.fwd_ms - (forward + attention_fwd + memory)).abs() < 1e-9,
             "{}",
@@ -952,15 +1013,45 @@ mod tests {
         assert!((0.7..0.87).contains(&share), "{share}");
         // The norms and residual adds are what a split leaves whole.
         let replicated = p.layers[1].split[0].replicated_compute_fraction;
-        let whole = 3.0 * 2.0 * (tokens * 10 * h) as f64 / 1759e6;
+        let whole = 3.0 * (2 * tokens * 10 * h + tokens * 2 * h) as f64 / 1759e6;
         assert!(
             (replicated - whole / (m.fwd_ms + m.bwd_ms)).abs() < 1e-12,
             "{replicated}"
         );
-        // Unfused attention keeps every head's probabilities.
         let flash = transformer_profile("gpt3-175b", &c, &by_operator("a100", 2048, None)).unwrap();
         let kept = |p: &Profile| p.layers[1].measurements[0].stored_activation_bytes.unwrap();
-        assert_eq!(kept(&p) - kept(&flash), 96 * 2048 * 2048 * 2);
+        // Unfused attention keeps every head's probabilities, dropped and
+        // not, and the mask: 5 bytes a score (Korthikanti et al.'s 5as^2).
+        assert_eq!(kept(&p) - kept(&flash), 96 * 2048 * 2048 * 5);
+    }
+
+    #[test]
+    fn a_gpt_block_keeps_korthikantis_activations_and_llama_drops_nothing() {
+        // Korthikanti et al. (arXiv 2205.05198), eq. (1): a block without
+        // sequence parallelism keeps s b h (34 + 5 a s / h) bytes; dapple
+        // also keeps the softmax's fp32 statistics (4 s a).
+        let c = TransformerConfig::named("gpt3-175b").unwrap();
+        let p = transformer_profile(
+            "gpt3-175b",
+            &c,
+            &by_operator("a100", 2048, Some(AttentionKernel::Unfused)),
+        )
+        .unwrap();
+        let (s, h, a) = (2048u64, 12288u64, 96u64);
+        let kept = p.layers[1].measurements[0].stored_activation_bytes.unwrap();
+        assert_eq!(kept, s * h * 34 + 5 * a * s * s + 4 * s * a);
+        let llama = TransformerConfig::named("llama-2-7b").unwrap();
+        assert!(!llama.hidden_dropout && !llama.attention_dropout);
+        let e = TransformerConfig::from_json(
+            r#"{"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100, "attn_pdrop": 1.5}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("attn_pdrop"));
+        let off = TransformerConfig::from_json(
+            r#"{"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100, "resid_pdrop": 0.0}"#,
+        )
+        .unwrap();
+        assert!(!off.hidden_dropout && off.attention_dropout);
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub struct PyStageLayout {
     tensor_parallel: u32,
     shard_optimizer: bool,
     recompute: bool,
+    recompute_per_layer: bool,
     split_groups: Vec<Vec<u32>>,
     replica_groups: Vec<Vec<u32>>,
 }
@@ -95,6 +96,7 @@ impl From<&StageLayout> for PyStageLayout {
             tensor_parallel: s.tensor_parallel,
             shard_optimizer: s.shard_optimizer,
             recompute: s.recompute,
+            recompute_per_layer: s.recompute_per_layer,
             split_groups: s.split_groups.clone(),
             replica_groups: s.replica_groups.clone(),
         }

@@ -76,6 +76,9 @@ fn transformer_splits<'py>(
         positions: Some(positions),
         gated_mlp: false,
         biases: true,
+        // The runtime's GPT has no dropout.
+        hidden_dropout: false,
+        attention_dropout: false,
     };
     let splits = splits_of(&config, seq_len, value_bytes);
     let out = PyDict::new(py);

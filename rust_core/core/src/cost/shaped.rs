@@ -15,7 +15,7 @@
 //!   stage's input kept per micro-batch.
 
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
-use crate::shape::{MemorySums, Recompute, StageMemory, StageShape};
+use crate::shape::{MemorySums, StageMemory, StageShape};
 use crate::split::ShardCost;
 
 /// The collectives of a stage split `t` ways, its GPUs taken in device
@@ -299,7 +299,7 @@ impl StageCoster<'_> {
         };
         let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
         let memory = sums.memory.memory(self.layers, shape, input_bytes);
-        if shape.recompute == Recompute::Full {
+        if !shape.recompute.is_none() {
             // The forward again, but what torch's checkpoint does not re-run
             // of the last layer (its share from the profile's own times).
             let own = self.times(0, sums.whole_slice);

@@ -8,6 +8,7 @@ use crate::cost::{smallest_slice, Alloc, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
+use crate::shape::Recompute;
 
 use super::{warmup_depth, Plan, ScheduleChoice, Stage};
 
@@ -285,6 +286,15 @@ fn check_stage_shape(
         return Err(Error::field(
             field,
             "a stage that splits, shards or re-computes takes even slices: drop its slices",
+        ));
+    }
+    if plan.schedule.kind.is_asynchronous() && s.recompute == Recompute::PerLayer {
+        return Err(Error::field(
+            "recompute",
+            format!(
+                "value \"per-layer\": {} plans re-run a stage's forward whole on the backward's weights (\"full\")",
+                plan.schedule.kind
+            ),
         ));
     }
     if plan.schedule.kind.is_asynchronous() && field != "recompute" {

@@ -794,7 +794,7 @@ mod tests {
                 if shard_optimizer && gpus == 1 {
                     continue;
                 }
-                for recompute in [Recompute::None, Recompute::Full] {
+                for recompute in Recompute::ALL {
                     out.push(StageShape {
                         tensor_parallel: t,
                         shard_optimizer,

@@ -517,7 +517,7 @@ impl Context<'_> {
             return list;
         }
         let recompute: &[Recompute] = if self.shapes.recompute {
-            &[Recompute::None, Recompute::Full]
+            &[Recompute::None, Recompute::Full, Recompute::PerLayer]
         } else {
             &[Recompute::None]
         };
