@@ -187,6 +187,15 @@ def table(results: dict) -> str:
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']}{v} d{d} "
             f"b{lay['micro_batch_size']} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
             f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
+    own = [r for r in rows if "own_plan" in r]
+    if own:
+        lines += ["", "| run | published layout, dapple s | dapple's own plan, s | faster by | its GPUs a stage, kind, micro-batch "
+                  "| planned in s |", "|---|--:|--:|--:|---|--:|"]
+        for r in own:
+            o = r["own_plan"]
+            lines.append(f"| {r['id']} | {r['dapple_s']:.2f} | {o['simulated_s']:.2f} | "
+                         f"{r['dapple_s'] / o['simulated_s']:.2f} | {o['shape']}, {o['schedule']}, "
+                         f"{o['micro_batch_size']} | {o['plan_s']:.0f} |")
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     lines.append("")
     lines.append(f"{len(ratios)} runs: ratios {min(ratios):.2f} to {max(ratios):.2f}, median "
