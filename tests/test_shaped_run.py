@@ -173,34 +173,22 @@ def counting_gpt():
     return spec
 
 
-def test_per_stage_recompute_trains_as_one_process(batches, reference):
-    p = shaped_plan(2, [(0, 2, [0], {"recompute": "full"}), (2, 4, [1], {})])
-    assert [s.recompute for s in Layout.of(p).stages] == [True, False]
-    res = run_plan(p, counting_gpt, GPT().loss, batches, STEPS, LR, **FAST)
-    forwards = {k: v.item() for k, v in res.params.items() if k.endswith("forwards")}
-    micro_batches = STEPS * GBS // 2
-    # Stage 0 (layers 0, 1) runs each forward again in its backward; stage 1 does not.
-    assert forwards == {"0.forwards": 2 * micro_batches, "1.forwards": 2 * micro_batches,
-                        "2.forwards": micro_batches, "3.forwards": micro_batches}
-    trained = {k.replace(".inner", ""): v for k, v in res.params.items() if not k.endswith("forwards")}
-    diff = max_diff(trained, reference)
-    print(f"recompute-stage-0: max parameter difference {diff:.2e}")
-    assert diff < 1e-5
-
-
-def test_per_layer_recompute_trains_as_one_process(batches, reference):
-    p = shaped_plan(2, [(0, 2, [0], {"recompute": "per-layer"}), (2, 4, [1], {})])
+@pytest.mark.parametrize("recompute", ["full", "per-layer"])
+def test_per_stage_recompute_trains_as_one_process(batches, reference, recompute):
+    p = shaped_plan(2, [(0, 2, [0], {"recompute": recompute}), (2, 4, [1], {})])
     stages = Layout.of(p).stages
-    assert [(s.recompute, s.recompute_per_layer) for s in stages] == [(True, True), (False, False)]
+    assert [(s.recompute, s.recompute_per_layer) for s in stages] == [(True, recompute == "per-layer"),
+                                                                       (False, False)]
     res = run_plan(p, counting_gpt, GPT().loss, batches, STEPS, LR, **FAST)
     forwards = {k: v.item() for k, v in res.params.items() if k.endswith("forwards")}
     micro_batches = STEPS * GBS // 2
-    # Each of stage 0's layers runs its forward again, under its own checkpoint.
+    # Stage 0 (layers 0, 1) runs each forward again in its backward, the
+    # stage under one checkpoint or each layer under its own; stage 1 does not.
     assert forwards == {"0.forwards": 2 * micro_batches, "1.forwards": 2 * micro_batches,
                         "2.forwards": micro_batches, "3.forwards": micro_batches}
     trained = {k.replace(".inner", ""): v for k, v in res.params.items() if not k.endswith("forwards")}
     diff = max_diff(trained, reference)
-    print(f"per-layer recompute, stage 0: max parameter difference {diff:.2e}")
+    print(f"recompute {recompute}, stage 0: max parameter difference {diff:.2e}")
     assert diff < 1e-5
 
 
