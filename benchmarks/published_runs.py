@@ -71,10 +71,30 @@ def model_config(run: dict) -> tuple[dict, list[str]]:
     return config, assumptions
 
 
-def layout(run: dict) -> tuple[dict, list[str], list[str]]:
-    """The run's layout as dapple takes it, what that assumes, and what
-    the run had that dapple cannot express yet (the estimate leaves it out)."""
-    lay = run["layout"]
+#: Runs measured twice, as a baseline and as the paper's own method
+#: (Korthikanti et al.'s Table 5): each variant's recompute field and the
+#: measured figure it is compared with.
+VARIANTS = {"full": ("full", "iteration_time_s_full_recompute"),
+            "sp-selective": ("selective + sequence parallel", "iteration_time_s_sp_selective")}
+
+
+def variants(run: dict) -> list[tuple[str, str | None]]:
+    """The rows a run gives: (id suffix, variant of ``VARIANTS``), or one
+    row of the run as it is (``("", None)``)."""
+    if str(run["layout"].get("recompute", "")).startswith("baseline: full; present work"):
+        return [(f"-{name}", name) for name in VARIANTS]
+    return [("", None)]
+
+
+def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list[str]]:
+    """The run's layout as dapple takes it (as ``variant`` ran it), what
+    that assumes, and what the run had that dapple cannot express yet (the
+    estimate leaves it out)."""
+    lay = dict(run["layout"])
+    if variant is not None:
+        lay["recompute"] = VARIANTS[variant][0]
+        # Korthikanti et al.'s baseline is Megatron-LM before their work: no sequence parallelism.
+        lay["sequence_parallel"] = variant == "sp-selective"
     assumptions, missing = [], []
     mbs = lay.get("mbs")
     if mbs is None:
@@ -82,9 +102,10 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
         assumptions.append("micro-batch size 1 (the paper gives none)")
     recompute = str(lay.get("recompute", "none"))
     full = recompute.startswith(("full", "baseline: full"))
-    if recompute.startswith("selective"):
-        full = True
-        missing.append("selective re-computation of the attention core (costed as per-layer re-computation)")
+    selective = recompute.startswith("selective")
+    if selective:
+        assumptions.append("selective re-computation of the attention core (Megatron-LM's "
+                           "--recompute-granularity selective)")
     if full:
         assumptions.append("full re-computation a layer at a time (Megatron-LM's --checkpoint-activations with "
                            "--checkpoint-num-layers 1, its default; DeepSpeed's activation checkpointing of "
@@ -103,19 +124,26 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     schedule = str(lay.get("schedule", ""))
     if vpp is None and schedule.startswith("interleaved"):
         missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B)")
-    if lay.get("sequence_parallel"):
-        missing.append("sequence parallelism (costed without it)")
+    sequence_parallel = bool(lay.get("sequence_parallel"))
+    if "sequence_parallel" not in lay and run["id"].startswith("llama3") and lay["tp"] > 1:
+        sequence_parallel = True
+        assumptions.append("sequence parallelism with its tensor parallelism (the file does not say; without it "
+                           "the layout would need 177 GiB a GPU)")
     if lay.get("dp_overlap"):
         assumptions.append(f"data-parallel gradient AllReduce: {lay['dp_overlap']}")
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": mbs,
-             "recompute": "per-layer" if full else "none", "shard_optimizer": shard_optimizer, "global_batch": gbs,
+             "recompute": "per-layer" if full else "selective" if selective else "none",
+             "sequence_parallel": sequence_parallel, "shard_optimizer": shard_optimizer, "global_batch": gbs,
              "chunks": vpp}, assumptions, missing)
 
 
-def published_seconds(run: dict, model_flops_per_sample: float, global_batch: int) -> tuple[float, str]:
-    """The run's published iteration time, or one derived from its rate."""
+def published_seconds(run: dict, model_flops_per_sample: float, global_batch: int,
+                      variant: str | None = None) -> tuple[float, str]:
+    """The run's published iteration time (of ``variant``), or one derived
+    from its rate."""
     measured, derived = run["measured"], run.get("derived") or {}
-    for key in ("iteration_time_s_full_recompute", "iteration_time_s"):
+    keys = (VARIANTS[variant][1],) if variant else ("iteration_time_s_full_recompute", "iteration_time_s")
+    for key in keys:
         if key in measured:
             return measured[key], f"measured.{key}"
     if "iteration_time_s" in derived:
@@ -126,15 +154,16 @@ def published_seconds(run: dict, model_flops_per_sample: float, global_batch: in
                      f"product) x {global_batch} / ({tflops} TFLOP/s x {run['hardware']['count']} GPUs)")
 
 
-def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
+def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, str | None] = ("", None)) -> dict:
     from dapple import planner
 
-    row = {"id": run["id"], "source": f"{run['source']['paper']}, {run['source']['location']}"}
+    suffix, variant = variant
+    row = {"id": run["id"] + suffix, "source": f"{run['source']['paper']}, {run['source']['location']}"}
     gpu = GPU_OF[run["hardware"]["gpu"]]
     count = run["hardware"]["count"]
     topology = f"{count // 8}x8-{gpu.lower()}"
     config, assumptions = model_config(run)
-    shape, more, missing = layout(run)
+    shape, more, missing = layout(run, variant)
     assumptions += more
     # FlashAttention arrived in 2022 (arXiv 2205.14135); the Megatron-LM,
     # Korthikanti and BLOOM runs predate it in their codebases.
@@ -147,12 +176,14 @@ def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
     plan = planner.megatron_plan(
         profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
         pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
-        shard_optimizer=shape["shard_optimizer"], recompute=shape["recompute"])
+        shard_optimizer=shape["shard_optimizer"], sequence_parallel=shape["sequence_parallel"],
+        recompute=shape["recompute"])
     if shape["chunks"]:
         plan = planner.chunked(plan, profile, "interleaved-1f1b", shape["chunks"])
     started = time.perf_counter()
     simulated_ms = planner.simulate(plan, profile).iteration_ms
-    seconds, published_from = published_seconds(run, profile.data["model_flops_per_sample"], shape["global_batch"])
+    seconds, published_from = published_seconds(run, profile.data["model_flops_per_sample"], shape["global_batch"],
+                                                 variant)
     row.update(
         model=run["model"]["name"], gpu=gpu, gpus=count, topology=topology,
         layout={k: v for k, v in shape.items() if k != "global_batch"}, global_batch=shape["global_batch"],
@@ -183,9 +214,10 @@ def table(results: dict) -> str:
         d = r["gpus"] // (lay["tensor_parallel"] * lay["pipeline_parallel"])
         v = f" v{lay['chunks']}" if lay.get("chunks") else ""
         zero = " zero" if lay["shard_optimizer"] else ""
+        sp = " sp" if lay.get("sequence_parallel") else ""
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']}{v} d{d} "
-            f"b{lay['micro_batch_size']} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
+            f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
             f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
     own = [r for r in rows if "own_plan" in r]
     if own:
@@ -220,11 +252,12 @@ def main() -> None:
         for run in runs:
             if run["layout"].get("cp", 1) > 1 or not str(run["model"].get("arch")).startswith("dense"):
                 continue  # context parallelism and experts: issues 47 and 46
-            try:
-                rows.append(estimate_run(run, Path(tmp), args.own_plans))
-            except Exception as e:  # noqa: BLE001  a row that cannot be costed says why
-                rows.append({"id": run["id"], "error": f"{type(e).__name__}: {e}"})
-            print(json.dumps(rows[-1])[:400], file=sys.stderr)
+            for variant in variants(run):
+                try:
+                    rows.append(estimate_run(run, Path(tmp), args.own_plans, variant))
+                except Exception as e:  # noqa: BLE001  a row that cannot be costed says why
+                    rows.append({"id": run["id"] + variant[0], "error": f"{type(e).__name__}: {e}"})
+                print(json.dumps(rows[-1])[:400], file=sys.stderr)
     results = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": machine_info(), "build": build_info(), "runs_file": str(args.runs), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

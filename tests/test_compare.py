@@ -227,7 +227,7 @@ def test_compare_rows_show_each_stages_shape(llama_70b):
         for label, g in zip(r.stage_shapes, gpus):
             # 70B does not fit plain stages here: each stage splits, shards or re-computes,
             # its split degree times its replicas being its GPUs.
-            m = re.fullmatch(r"t(\d+)\u00d7r(\d+)( zero)?( rc)?", label)
+            m = re.fullmatch(r"t(\d+)\u00d7r(\d+)( sp)?( zero)?( rc( per-layer| selective)?)?", label)
             assert m and int(m[1]) * int(m[2]) == g, (name, label, g)
     # DAPPLE's own baselines run plain stages.
     assert rows["straight"].stage_shapes == [""] * len(rows["straight"].shape.split(":"))

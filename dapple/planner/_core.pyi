@@ -93,11 +93,13 @@ class Plan:
     def layout(self) -> RunLayout: ...
 
 class StageShape:
-    """A stage's split degree, replicas (its GPUs / t), ZeRO-1,
-    re-computation ("none" or "full") and split groups (each replica's t
-    consecutive devices), from ``Plan.stage_shapes``."""
+    """A stage's split degree, sequence parallelism, replicas (its GPUs /
+    t), ZeRO-1, re-computation ("none", "full", "per-layer" or
+    "selective") and split groups (each replica's t consecutive devices),
+    from ``Plan.stage_shapes``."""
 
     tensor_parallel: int
+    sequence_parallel: bool
     replicas: int
     shard_optimizer: bool
     recompute: str
@@ -273,6 +275,7 @@ def megatron_plan(
     pipeline_parallel: int,
     micro_batch_size: int,
     shard_optimizer: bool = False,
+    sequence_parallel: bool = False,
     recompute: str = "none",
 ) -> Plan: ...
 def transformer_splits(

@@ -61,12 +61,14 @@ def megatron_plan(
     pipeline_parallel: int,
     micro_batch_size: int,
     shard_optimizer: bool = False,
+    sequence_parallel: bool = False,
     recompute: str = "none",
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
     as replicas, ``micro_batch_size`` samples a replica per micro-batch,
-    ZeRO-1 or not and re-computation (``"none"`` or ``"full"``) on every
+    ZeRO-1 or not, sequence parallelism or not (t > 1) and re-computation
+    (``"none"``, ``"full"``, ``"per-layer"`` or ``"selective"``) on every
     stage, 1F1B. Its estimate is given whether or not it fits memory
     (``plan.estimate["fits_memory"]``)."""
     prof, topo, gbs, _ = _inputs(profile, topology, global_batch_size, None)
@@ -74,7 +76,7 @@ def megatron_plan(
         prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
         pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
         micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
-        recompute=recompute,
+        sequence_parallel=sequence_parallel, recompute=recompute,
     )
     return evaluate(Plan(core), prof)
 

@@ -9,8 +9,9 @@ one data-parallel degree for every stage, ZeRO-1 and re-computation on all
 stages or none, 1F1B with K_i = min(S - i, M), uneven stages only as layer
 boundaries; torchtitan the same shapes under any synchronous kind of one
 stage a rank, and no re-computation of whole stages; torch's runtime
-(``torch``, the schedule CSV) any synchronous plan whose stages are
-replicated and split alike.
+(``torch``: dapple's own runtime, and the schedule CSV) any synchronous
+plan whose stages are replicated and split alike, without sequence
+parallelism or selective re-computation.
 
 The candidates are the free search's plan, the search for the target's
 schedule alone, and the fastest of Megatron-LM's uniform shapes that the
@@ -31,6 +32,7 @@ from .export.megatron import megatron_arguments
 from .export.torchtitan import torchtitan_config
 from .plan import Plan, plan as free_plan
 from .profile import Profile
+from .runtime.layout import Layout
 from .topology import Topology
 
 #: The runtimes ``--for`` plans for.
@@ -79,6 +81,7 @@ def refusal(plan: Plan, profile: Profile, target: str) -> str | None:
                 # what runs, the shape checked before it does.
                 pass
         else:
+            Layout.of(plan)  # dapple's runtime: its refusals first
             plan.pipeline_order()
     except IncompatibleInputsError as e:
         return str(e)

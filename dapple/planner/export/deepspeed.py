@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from ..plan import Plan
-from .shape import RunShape, one_f_one_b, run_shape
+from .shape import Rounding, RunShape, one_f_one_b, run_shape
 
 TARGET = "DeepSpeed"
 
@@ -45,7 +45,14 @@ def uniform_parts(num_layers: int, num_stages: int) -> list[int]:
 def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPartition:
     """DeepSpeed's partition of ``plan``."""
     shape = run_shape(plan, TARGET, approximate)
-    changes = shape.changes + one_f_one_b(plan, TARGET, approximate)
+    rounding = Rounding(TARGET, approximate)
+    if shape.sequence_parallel:
+        rounding.refuse("sequence parallelism", "its pipeline engine does not shard the sequence",
+                        "the plan without it (more activation memory than planned)")
+    if shape.recompute == "selective":
+        rounding.refuse("selective re-computation", "its activation checkpointing checkpoints whole layers",
+                        "a checkpoint of each layer (interval 1)")
+    changes = shape.changes + one_f_one_b(plan, TARGET, approximate) + tuple(rounding.changes)
     parts = [start for start, _ in shape.stage_ranges] + [shape.stage_ranges[-1][1]]
     num_layers = parts[-1]
     config = {
@@ -66,7 +73,7 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
         # DeepSpeed checkpoints every `interval` layers of a stage, the last
         # chunk shorter: one checkpoint over each stage's layers, or one a layer.
         "activation_checkpoint_interval": {"none": 0, "full": shape.most_layers_per_stage,
-                                           "per-layer": 1}[shape.recompute],
+                                           "per-layer": 1, "selective": 1}[shape.recompute],
         "config": config,
     }
     if parts == uniform_parts(num_layers, shape.stages):

@@ -87,9 +87,14 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         # Megatron's distributed optimizer shards the optimizer state (and
         # the fp32 master weights) over the data-parallel ranks: ZeRO-1.
         options.append(("--use-distributed-optimizer",))
+    if shape.sequence_parallel:
+        options.append(("--sequence-parallel",))
     if chunk:
         options += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                     ("--recompute-num-layers", str(chunk[0]))]
+    elif shape.recompute == "selective":
+        # The attention core of each layer re-run in its backward (Korthikanti et al.).
+        options.append(("--recompute-granularity", "selective"))
     header = [
         f"Megatron-LM arguments from dapple plan {plan.path or ''!r}, model {plan.data['inputs']['model']!r}:",
         f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x pipeline,",

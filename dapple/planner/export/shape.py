@@ -29,12 +29,15 @@ class RunShape:
     tensor_parallel: int
     replicas: int
     shard_optimizer: bool
-    #: "none", "full" (one checkpoint a stage) or "per-layer" (one a layer).
+    #: "none", "full" (one checkpoint a stage), "per-layer" (one a layer) or
+    #: "selective" (the attention core re-run, the rest kept).
     recompute: str
     #: Samples each replica takes of a micro-batch (the targets' micro-batch size).
     micro_batch_per_replica: int
     micro_batches: int
     changes: tuple[str, ...] = ()
+    #: Sequence parallelism in the split layers (t > 1).
+    sequence_parallel: bool = False
 
     @property
     def stages(self) -> int:
@@ -107,11 +110,13 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
     shard = rounding.one([s.shard_optimizer and s.replicas > 1 for s in shapes], "ZeRO-1 on some stages only", "ZeRO-1")
     recompute = rounding.one([s.recompute for s in shapes], "re-computation on some stages only, or of "
                              "two kinds", "re-computation")
+    sequence_parallel = rounding.one([s.sequence_parallel for s in shapes], "sequence parallelism on some "
+                                     "stages only", "sequence parallelism")
     per_replica = _samples_per_replica(plan, replicas, rounding)
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
                     tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
-                    changes=tuple(rounding.changes))
+                    changes=tuple(rounding.changes), sequence_parallel=sequence_parallel)
 
 
 def _samples_per_replica(plan: Plan, replicas: int, rounding: Rounding) -> int:

@@ -43,7 +43,7 @@ def schedule_csv(plan: Plan) -> str:
     data = json.loads(json.dumps(plan.data))
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
-        for key in ("slices", "tensor_parallel", "shard_optimizer", "recompute"):
+        for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)
@@ -76,6 +76,9 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
         rounding.refuse("re-computation of whole stages", "its full activation checkpointing checkpoints each "
                         "block, keeping every block's input (more memory than planned)",
                         "full activation checkpointing (each block)")
+    if shape.recompute == "selective":
+        rounding.refuse("selective re-computation of the attention core", "its selective activation checkpointing "
+                        "picks operators by its own policy", "full activation checkpointing (each block)")
     parallelism = _data_parallel(shape) | {"tensor_parallel_degree": shape.tensor_parallel,
                                           "pipeline_parallel_degree": shape.stages}
     csv = None

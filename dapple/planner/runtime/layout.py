@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _core
+from ..errors import IncompatibleInputsError
 from ..plan import Plan
 from .schedule import Pair, pairs
 
@@ -38,7 +39,17 @@ class Layout:
     @classmethod
     def of(cls, plan: Plan) -> "Layout":
         """The layout of ``plan``; raises InvalidInputError naming the field
-        when its stages cannot run."""
+        when its stages cannot run, and IncompatibleInputsError where they
+        need what this runtime does not run (sequence parallelism, selective
+        re-computation: its shards split heads and columns, and it
+        checkpoints whole layers or stages)."""
+        for i, shape in enumerate(plan.stage_shapes):
+            refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
+                       ("recompute", "selective re-computation") if shape.recompute == "selective" else None)
+            if refused:
+                raise IncompatibleInputsError(
+                    f"field stages[{i}].{refused[0]}: dapple's runtime does not run {refused[1]}; export the plan "
+                    "to Megatron-LM, or plan for this runtime with --for torch")
         return cls(plan.core.layout())
 
     devices = _asked("devices", "Used device ids, ascending: rank r runs on ``devices[r]``.")

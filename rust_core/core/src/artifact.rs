@@ -104,6 +104,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                 measurements: vec![Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
+                    selective_stored_bytes: None,
+                    selective_recompute_ms: None,
                     bwd_weight_ms: None,
                     loss_stored_bytes: None,
                     batch_size: opts.batch_size,

@@ -31,7 +31,9 @@ impl FileFormat {
 
 /// The optional `other_devices` (the model's layer times on more GPU
 /// types) came without a new version: a dapple that predates it refuses
-/// such a file by naming the field, and reads every other profile.
+/// such a file by naming the field, and reads every other profile; so did
+/// the measurements' optional `selective_stored_bytes` and
+/// `selective_recompute_ms` (issue 45).
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
@@ -43,8 +45,9 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// before, every stage of one did, and an older asynchronous plan is read
 /// that way (`Plan::recomputes_every_stage`). Version 5: the chunked kinds
 /// (interleaved 1F1B, interleaved zero bubble, ZB-V), whose ranks hold
-/// `schedule.chunks` stages each.
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 6, &[1, 2, 3, 4, 5, 6]);
+/// `schedule.chunks` stages each. Version 6: `recompute` "per-layer".
+/// Version 7: `stages[i].sequence_parallel` and `recompute` "selective".
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 7, &[1, 2, 3, 4, 5, 6, 7]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

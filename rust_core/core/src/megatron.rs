@@ -36,7 +36,10 @@ fn splits_at(layers: &LayerCosts, t: u32) -> bool {
     let splittable: Vec<usize> = (0..layers.num_layers)
         .filter(|&l| !layers.split_patterns(l).is_empty())
         .collect();
-    !splittable.is_empty() && splittable.iter().all(|&l| layers.shard(l, t).is_some())
+    !splittable.is_empty()
+        && splittable
+            .iter()
+            .all(|&l| layers.shard(l, t, false).is_some())
 }
 
 /// Layer ranges of `p` stages of as equally many blocks as can be: where
@@ -168,9 +171,15 @@ fn shaped_plans(
         MEGATRON,
         None,
     );
+    let layers = LayerCosts::new(profile);
+    let recompute: &[Recompute] = if layers.recomputes_selectively() {
+        &Recompute::ALL
+    } else {
+        &[Recompute::None, Recompute::Full, Recompute::PerLayer]
+    };
     let shapes = [false, true]
         .into_iter()
-        .flat_map(|zero| Recompute::ALL.map(|recompute| (zero, recompute)));
+        .flat_map(|zero| recompute.iter().map(move |&recompute| (zero, recompute)));
     let shapes: Vec<(bool, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
     for &t in degrees {
@@ -195,14 +204,24 @@ fn shaped_plans(
             } else {
                 Vec::new()
             };
+            // With and without sequence parallelism where the blocks allow
+            // it (runtimes without it take the plans without).
+            let sequence: &[bool] = if t > 1 && layers.sequence_parallel_at(t) {
+                &[false, true]
+            } else {
+                &[false]
+            };
             for b in per_replica.into_iter().filter(|&b| slice_fits(b)) {
                 for &(shard_optimizer, recompute) in &shapes {
-                    let shape = StageShape {
-                        tensor_parallel: t,
-                        shard_optimizer,
-                        recompute,
-                    };
-                    plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
+                    for &sequence_parallel in sequence {
+                        let shape = StageShape {
+                            tensor_parallel: t,
+                            sequence_parallel,
+                            shard_optimizer,
+                            recompute,
+                        };
+                        plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
+                    }
                 }
             }
         }

@@ -239,18 +239,66 @@ pub struct Measurement {
     /// run it. Absent: [`Layer::backward_splits`]'s rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bwd_weight_ms: Option<f64>,
+    /// Of `stored_activation_bytes`, what selective re-computation does not
+    /// keep (the attention core's scores, probabilities and dropout mask,
+    /// Korthikanti et al.'s 5 a s^2 b bytes), re-run in the backward
+    /// instead. Absent: 0 (nothing to re-run selectively).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective_stored_bytes: Option<u64>,
+    /// The forward time of what `selective_stored_bytes` comes from, which
+    /// the backward runs again under selective re-computation. Absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective_recompute_ms: Option<f64>,
 }
 
 impl Measurement {
+    /// Its optional parts checked against the whole they are part of,
+    /// `at(field)` naming a field in an error.
+    fn check_parts(&self, at: impl Fn(&str) -> String) -> Result<()> {
+        for (field, ms) in [
+            ("recompute_fwd_ms", self.recompute_fwd_ms),
+            ("selective_recompute_ms", self.selective_recompute_ms),
+        ] {
+            if let Some(ms) = ms {
+                check_non_negative(|| at(field), ms)?;
+            }
+        }
+        let stored = self
+            .stored_activation_bytes
+            .unwrap_or(self.activation_bytes);
+        if let Some(bytes) = self.selective_stored_bytes.filter(|&b| b > stored) {
+            return Err(Error::field(
+                at("selective_stored_bytes"),
+                format!("value {bytes} must be at most the stored activations ({stored}): it is part of them"),
+            ));
+        }
+        if let Some(ms) = self.bwd_weight_ms {
+            if !(ms.is_finite() && (0.0..=self.bwd_ms).contains(&ms)) {
+                return Err(Error::field(
+                    at("bwd_weight_ms"),
+                    format!(
+                        "value {ms} must be a number in 0..=bwd_ms ({}): it is part of the backward",
+                        self.bwd_ms
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Every time of the measurement multiplied by `factor` (a calibration):
     /// the passes, and the parts of them the profile records, so that
     /// their shares stay.
     pub fn scale_times(&mut self, factor: f64) {
         self.fwd_ms *= factor;
         self.bwd_ms *= factor;
-        for ms in [&mut self.recompute_fwd_ms, &mut self.bwd_weight_ms]
-            .into_iter()
-            .flatten()
+        for ms in [
+            &mut self.recompute_fwd_ms,
+            &mut self.bwd_weight_ms,
+            &mut self.selective_recompute_ms,
+        ]
+        .into_iter()
+        .flatten()
         {
             *ms *= factor;
         }
@@ -290,6 +338,24 @@ impl Layer {
     /// Bytes per sample the loss keeps outside a re-computed stage.
     pub fn loss_stored_bytes_per_sample(&self) -> f64 {
         self.per_sample(|m| m.loss_stored_bytes.unwrap_or(0))
+    }
+
+    /// Bytes per sample selective re-computation does not keep.
+    pub fn selective_stored_bytes_per_sample(&self) -> f64 {
+        self.per_sample(|m| m.selective_stored_bytes.unwrap_or(0))
+    }
+
+    /// The share of its forward selective re-computation runs again, at
+    /// each measured batch size (0 where not measured).
+    pub fn selective_fractions(&self) -> Vec<(u32, f64)> {
+        self.measurements
+            .iter()
+            .map(|m| {
+                let ms = m.selective_recompute_ms.unwrap_or(0.0);
+                let share = if m.fwd_ms > 0.0 { ms / m.fwd_ms } else { 0.0 };
+                (m.batch_size, share)
+            })
+            .collect()
     }
 
     /// The share of its forward the layer re-runs when it ends a
@@ -647,17 +713,7 @@ impl Profile {
                 layer.measurements.iter().map(TimeMeasurement::of).collect();
             check_times(&format!("layers[{i}]"), &times, &sizes)?;
             for (k, m) in layer.measurements.iter().enumerate() {
-                if let Some(ms) = m.recompute_fwd_ms {
-                    check_non_negative(|| at(&format!("measurements[{k}].recompute_fwd_ms")), ms)?;
-                }
-                if let Some(ms) = m.bwd_weight_ms {
-                    if !(ms.is_finite() && (0.0..=m.bwd_ms).contains(&ms)) {
-                        return Err(Error::field(
-                            at(&format!("measurements[{k}].bwd_weight_ms")),
-                            format!("value {ms} must be a number in 0..=bwd_ms ({}): it is part of the backward", m.bwd_ms),
-                        ));
-                    }
-                }
+                m.check_parts(|f| at(&format!("measurements[{k}].{f}")))?;
             }
             if let Some(inputs) = &layer.inputs {
                 for (k, &src) in inputs.iter().enumerate() {
@@ -881,6 +937,10 @@ pub struct LayerCosts {
     weight_fractions: Vec<Vec<(u32, f64)>>,
     /// Per layer: bytes per sample the loss keeps outside a re-computed stage.
     loss_stored_per_sample: Vec<f64>,
+    /// Per layer: bytes per sample selective re-computation does not keep,
+    /// and by measured batch size the share of the forward it runs again.
+    selective_stored_per_sample: Vec<f64>,
+    selective_fractions: Vec<Vec<(u32, f64)>>,
     /// The optimizer's step time per parameter byte, on the profile's device.
     optimizer_ms_per_param_byte: f64,
     /// What the optimizer's step allocates above what it holds, per
@@ -1030,6 +1090,30 @@ impl TimePrefix {
     }
 }
 
+/// The share of layers `start..end`'s pass (`pass(a, b)`: layers a..b's
+/// time) that each layer's measured `fractions` at `batch` make up, each
+/// weighted by its own time; 0 for no layers or no time.
+fn weighted_share(
+    pass: impl Fn(usize, usize) -> f64,
+    fractions: &[Vec<(u32, f64)>],
+    (start, end): (usize, usize),
+    batch: u32,
+) -> f64 {
+    let whole = pass(start, end);
+    if end <= start || whole <= 0.0 {
+        return 0.0;
+    }
+    let part: f64 = (start..end)
+        .map(|l| pass(l, l + 1) * fraction_at(&fractions[l], batch, 0.0))
+        .sum();
+    part / whole
+}
+
+/// `f` of each of the profile's layers.
+fn per_layer<T>(profile: &Profile, f: impl Fn(&Layer) -> T) -> Vec<T> {
+    profile.layers.iter().map(f).collect()
+}
+
 /// A per-layer share measured at some batch sizes, at `batch`: linear
 /// between measured sizes, the nearest one's outside them; `none` where
 /// nothing was measured.
@@ -1074,11 +1158,7 @@ impl LayerCosts {
             }
             p
         };
-        let params: Vec<f64> = profile
-            .layers
-            .iter()
-            .map(|l| l.param_bytes as f64)
-            .collect();
+        let params = per_layer(profile, |l| l.param_bytes as f64);
         let cut_per_sample = cut_bytes_per_sample(profile, &act_per_sample);
         let (optimizer_ms_per_param_byte, optimizer_step_bytes_per_param_byte) =
             optimizer_step_per_param_byte(profile);
@@ -1088,22 +1168,15 @@ impl LayerCosts {
             stored_per_sample: stored_per_sample.clone(),
             param_prefix: prefix(&params),
             stored_prefix: prefix(&stored_per_sample),
-            weight_copy_prefix: prefix(
-                &profile
-                    .layers
-                    .iter()
-                    .map(|l| l.weight_copy_bytes.unwrap_or(0) as f64)
-                    .collect::<Vec<_>>(),
-            ),
-            working_per_sample: RangeTable::new(
-                profile
-                    .layers
-                    .iter()
-                    .map(Layer::backward_working_bytes_per_sample)
-                    .collect(),
-            ),
+            weight_copy_prefix: prefix(&per_layer(profile, |l| {
+                l.weight_copy_bytes.unwrap_or(0) as f64
+            })),
+            working_per_sample: RangeTable::new(per_layer(
+                profile,
+                Layer::backward_working_bytes_per_sample,
+            )),
             allocator_reserved_factor: profile.allocator_reserved_factor.unwrap_or(1.0),
-            rerun_fractions: profile.layers.iter().map(Layer::rerun_fractions).collect(),
+            rerun_fractions: per_layer(profile, Layer::rerun_fractions),
             weight_fractions: profile
                 .layers
                 .iter()
@@ -1115,11 +1188,12 @@ impl LayerCosts {
                     shares.collect()
                 })
                 .collect(),
-            loss_stored_per_sample: profile
-                .layers
-                .iter()
-                .map(Layer::loss_stored_bytes_per_sample)
-                .collect(),
+            loss_stored_per_sample: per_layer(profile, Layer::loss_stored_bytes_per_sample),
+            selective_stored_per_sample: per_layer(
+                profile,
+                Layer::selective_stored_bytes_per_sample,
+            ),
+            selective_fractions: per_layer(profile, Layer::selective_fractions),
             cut_per_sample,
             state_per_param_byte: match &profile.parameter_state {
                 Some(p) => {
@@ -1136,7 +1210,7 @@ impl LayerCosts {
                 Some(p) => (p.master_weight_bytes + p.optimizer_bytes) / p.weight_bytes,
                 None => f64::from(optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
             },
-            split: profile.layers.iter().map(|l| l.split.clone()).collect(),
+            split: per_layer(profile, |l| l.split.clone()),
             model_flops_per_sample: profile.model_flops_per_sample,
             optimizer_ms_per_param_byte,
             optimizer_step_bytes_per_param_byte,
@@ -1234,6 +1308,29 @@ impl LayerCosts {
         (whole - skipped) / whole
     }
 
+    /// The forward selective re-computation of layers `start..end` runs
+    /// again in their backward, over their whole forward, on `times` (any
+    /// GPU type, at slices of `batch`): each layer's selective share
+    /// weighted by its forward time.
+    pub fn selective_ratio(&self, times: &TimePrefix, start: usize, end: usize, batch: u32) -> f64 {
+        weighted_share(
+            |a, b| times.fwd(a, b),
+            &self.selective_fractions,
+            (start, end),
+            batch,
+        )
+    }
+
+    /// Per sample, what selective re-computation does not keep of layer `layer`.
+    pub fn selective_stored_bytes_per_sample_of_layer(&self, layer: usize) -> f64 {
+        self.selective_stored_per_sample[layer]
+    }
+
+    /// Some layer has something to re-run selectively.
+    pub fn recomputes_selectively(&self) -> bool {
+        self.selective_stored_per_sample.iter().any(|&b| b > 0.0)
+    }
+
     /// The share of the backward of layers `start..end` that is their
     /// weight gradient (W; the rest, the input gradient I, is what the
     /// stage before waits for), on `times` (any GPU type, at slices of
@@ -1245,14 +1342,12 @@ impl LayerCosts {
         end: usize,
         batch: u32,
     ) -> f64 {
-        let whole = times.bwd(start, end);
-        if end <= start || whole <= 0.0 {
-            return 0.0;
-        }
-        let weight: f64 = (start..end)
-            .map(|l| times.bwd(l, l + 1) * fraction_at(&self.weight_fractions[l], batch, 0.0))
-            .sum();
-        weight / whole
+        weighted_share(
+            |a, b| times.bwd(a, b),
+            &self.weight_fractions,
+            (start, end),
+            batch,
+        )
     }
 
     /// What a re-computed stage of layers `start..end` keeps per sample of
@@ -1353,8 +1448,19 @@ impl LayerCosts {
 
     /// Layer `layer`'s shard at split degree `t`: its least-communication
     /// pattern that `t` can split, if any.
-    pub fn shard(&self, layer: usize, t: u32) -> Option<crate::split::ShardCost> {
-        crate::split::cheapest(&self.split[layer], t).map(|p| p.shard(t))
+    pub fn shard(
+        &self,
+        layer: usize,
+        t: u32,
+        sequence_parallel: bool,
+    ) -> Option<crate::split::ShardCost> {
+        crate::split::cheapest(&self.split[layer], t).map(|p| p.shard(t, sequence_parallel))
+    }
+
+    /// Some layer's pattern at degree `t` runs with sequence parallelism.
+    pub fn sequence_parallel_at(&self, t: u32) -> bool {
+        (0..self.num_layers)
+            .any(|l| crate::split::cheapest(&self.split[l], t).is_some_and(|p| p.sequence_parallel))
     }
 
     /// The sharding patterns of layer `layer`.
@@ -1596,6 +1702,8 @@ mod tests {
                         measurements: vec![Measurement {
                             backward_working_bytes: None,
                             recompute_fwd_ms: None,
+                            selective_stored_bytes: None,
+                            selective_recompute_ms: None,
                             bwd_weight_ms: None,
                             loss_stored_bytes: None,
                             batch_size: batch,
@@ -1680,6 +1788,8 @@ mod tests {
             Measurement {
                 backward_working_bytes: None,
                 recompute_fwd_ms: None,
+                selective_stored_bytes: None,
+                selective_recompute_ms: None,
                 bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 2,
@@ -1691,6 +1801,8 @@ mod tests {
             Measurement {
                 backward_working_bytes: None,
                 recompute_fwd_ms: None,
+                selective_stored_bytes: None,
+                selective_recompute_ms: None,
                 bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 4,

@@ -1,6 +1,7 @@
 //! How a stage runs its layers on its GPUs besides replicating them: Whale's
-//! split degree t (tensor parallelism), ZeRO-1 (optimizer state sharded
-//! over the replicas) and re-computation. A plain stage (t = 1, no sharding,
+//! split degree t (tensor parallelism, with the sequence split too or not),
+//! ZeRO-1 (optimizer state sharded over the replicas) and re-computation
+//! (none, full, per layer or selective). A plain stage (t = 1, no sharding,
 //! no re-computation) is what DAPPLE plans.
 //!
 //! A stage on G GPUs with split degree t runs the layers that can split on
@@ -14,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::{recompute_backward_bytes, LayerCosts};
+use crate::profile::{recompute_backward_bytes, LayerCosts, TimePrefix};
 use crate::split::ShardCost;
 
 crate::named_enum! {
@@ -33,12 +34,36 @@ crate::named_enum! {
         /// --recompute-num-layers 1`, torchtitan's full activation
         /// checkpointing of each block).
         PerLayer = "per-layer",
+        /// Everything but what the profile marks as cheap to re-run and
+        /// large to keep (the attention core's scores, probabilities and
+        /// dropout mask: `selective_stored_bytes`), which the backward
+        /// re-runs layer by layer (Megatron-LM's `--recompute-granularity
+        /// selective`, Korthikanti et al.'s selective re-computation).
+        Selective = "selective",
     }
 }
 
 impl Recompute {
     pub fn is_none(&self) -> bool {
         *self == Recompute::None
+    }
+
+    /// The forward the backward of layers `start..end` runs again, over
+    /// their whole forward, on `times` (any GPU type, at slices of
+    /// `batch`): what torch's checkpoint re-runs (full, per layer), the
+    /// selective parts, or nothing.
+    pub fn rerun_ratio(
+        &self,
+        layers: &LayerCosts,
+        times: &TimePrefix,
+        (start, end): (usize, usize),
+        batch: u32,
+    ) -> f64 {
+        match self {
+            Recompute::None => 0.0,
+            Recompute::Full | Recompute::PerLayer => layers.rerun_ratio(times, start, end, batch),
+            Recompute::Selective => layers.selective_ratio(times, start, end, batch),
+        }
     }
 }
 
@@ -55,6 +80,10 @@ impl Default for Recompute {
 pub struct StageShape {
     /// GPUs each layer that can split is sharded over (1: none is).
     pub tensor_parallel: u32,
+    /// Sequence parallelism in the split layers whose pattern allows it
+    /// (`SplitPattern::sequence_parallel`); only with t > 1.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sequence_parallel: bool,
     /// ZeRO-1: master weights and optimizer state sharded over the replicas,
     /// gradients reduce-scattered and weights all-gathered.
     pub shard_optimizer: bool,
@@ -65,6 +94,7 @@ impl StageShape {
     /// DAPPLE's stage: replicas only.
     pub const PLAIN: StageShape = StageShape {
         tensor_parallel: 1,
+        sequence_parallel: false,
         shard_optimizer: false,
         recompute: Recompute::None,
     };
@@ -223,6 +253,10 @@ pub struct MemorySums {
     /// Per-layer re-computation: the most any one layer's re-run and
     /// backward need on top of what was kept.
     layer_rerun_peak_bytes: f64,
+    /// Selective re-computation: what the layers stop keeping, and the
+    /// most one layer's re-run brings back at once.
+    selective_bytes: f64,
+    selective_layer_peak_bytes: f64,
     /// The layer summed last (the stage's first so far), for its input.
     first_layer: Option<usize>,
     first_input_factor: f64,
@@ -241,6 +275,12 @@ impl MemorySums {
         let (param_factor, stored_factor, slice, sharers) = match shard {
             Some(s) => (s.param_factor, s.stored_factor, split_slice, replicas),
             None => (1.0, 1.0, whole_slice, gpus),
+        };
+        // The selective part lies in what the split divides (the attention
+        // core, split by heads): a shard keeps 1/t of it.
+        let selective_factor = match shard {
+            Some(_) => f64::from(replicas) / f64::from(gpus.max(1)),
+            None => 1.0,
         };
         let (l, next) = (layer, layer + 1);
         self.state_bytes += param_factor * layers.model_state_bytes_sharded(l, next, 1);
@@ -263,6 +303,11 @@ impl MemorySums {
         self.rerun_working_bytes = self.rerun_working_bytes.max(
             stored_factor * f64::from(slice) * layers.rerun_working_bytes_per_sample_of_layer(l),
         );
+        let selective = selective_factor
+            * f64::from(slice)
+            * layers.selective_stored_bytes_per_sample_of_layer(l);
+        self.selective_bytes += selective;
+        self.selective_layer_peak_bytes = self.selective_layer_peak_bytes.max(selective);
         // Per layer: the layer after this one keeps its input (this
         // layer's output, whole on every GPU of a split stage without
         // sequence parallelism), and this layer's re-run and backward.
@@ -270,7 +315,7 @@ impl MemorySums {
             self.later_inputs_bytes += self.first_input_factor * layers.cut_bytes_per_sample(after);
         }
         self.first_layer = Some(l);
-        self.first_input_factor = f64::from(slice);
+        self.first_input_factor = f64::from(slice) * shard.map_or(1.0, |s| s.input_factor);
         let samples = stored_factor * f64::from(slice);
         let loss_kept = samples * layers.loss_stored_bytes_per_sample_of_layer(l);
         let own = recompute_backward_bytes(
@@ -312,6 +357,13 @@ impl MemorySums {
             Recompute::PerLayer => {
                 let kept = input_bytes + self.later_inputs_bytes;
                 let peak = self.layer_rerun_peak_bytes;
+                (state + peak, kept, peak, kept)
+            }
+            Recompute::Selective => {
+                // Everything but the selective part kept; one layer's of it
+                // back at a time, on top of the backward's working memory.
+                let kept = stored - self.selective_bytes;
+                let peak = working + self.selective_layer_peak_bytes;
                 (state + peak, kept, peak, kept)
             }
         };

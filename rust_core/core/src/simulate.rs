@@ -33,7 +33,7 @@ use crate::schedule::{
     early_backward_actions, rank_lists, steady_state_window, Action, ActionKind, Predictor,
     Schedule, ScheduleKind, WeightRule,
 };
-use crate::shape::MemoryTerms;
+use crate::shape::{MemoryTerms, Recompute};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -77,7 +77,7 @@ pub struct SimStage {
     /// What the allocator reserves per byte it allocates (1: nothing more).
     pub allocator_reserved_factor: f64,
     pub memory_limit_bytes: f64,
-    /// The stage's plan re-computes it (`Recompute::Full` or `PerLayer`): `bwd_ms` holds
+    /// The stage's plan re-computes it (any `Recompute` but none): `bwd_ms` holds
     /// the forward's re-run already, and it keeps only `input_bytes`.
     pub recomputes: bool,
 }
@@ -1236,8 +1236,17 @@ pub(crate) fn sim_stages(
             });
             let slice = f64::from(c.slice_size);
             let times = coster.any_times(0, c.slice_size);
-            let recompute_ms = c.fwd_ms * layers.rerun_ratio(&times, start, end, c.slice_size);
             let recomputes = !shape.recompute.is_none();
+            // What the stage's backward re-runs (for `--recompute` on a
+            // stage that keeps everything: the whole forward, as torch's
+            // checkpoint runs it).
+            let recompute_ms = c.fwd_ms
+                * if recomputes {
+                    shape.recompute
+                } else {
+                    Recompute::Full
+                }
+                .rerun_ratio(layers, &times, (start, end), c.slice_size);
             // The weight gradient's share of the backward without its re-run.
             let plain_bwd_ms = c.bwd_ms - if recomputes { recompute_ms } else { 0.0 };
             SimStage {

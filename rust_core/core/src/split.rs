@@ -47,6 +47,13 @@ pub struct SplitPattern {
     /// by t. A generated profile computes it from its operators.
     #[serde(default)]
     pub replicated_compute_fraction: f64,
+    /// The pattern may run with sequence parallelism (Korthikanti et al.,
+    /// arXiv 2205.05198): the operators every shard would run whole run on
+    /// 1/t of the sequence, so the replicated compute and stored shares
+    /// are divided by t too, as is the layer's input, and each AllReduce
+    /// becomes a reduce-scatter and an all-gather of the same tensor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sequence_parallel: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +77,9 @@ pub struct ShardCost {
     pub bwd_allreduce_bytes_per_sample: f64,
     /// AllReduces each pass's bytes are split into.
     pub allreduce_calls_per_pass: u32,
+    /// Multiplies the layer's input as one shard holds it: 1, or 1/t
+    /// under sequence parallelism (the input is split along the sequence).
+    pub input_factor: f64,
 }
 
 fn one_call() -> u32 {
@@ -89,6 +99,7 @@ impl ShardCost {
         fwd_allreduce_bytes_per_sample: 0.0,
         bwd_allreduce_bytes_per_sample: 0.0,
         allreduce_calls_per_pass: 1,
+        input_factor: 1.0,
     };
 }
 
@@ -107,17 +118,33 @@ impl SplitPattern {
             .find(|d| !d.count.is_multiple_of(u64::from(degree)))
     }
 
-    /// One shard's share at `degree` (at least 2).
-    pub fn shard(&self, degree: u32) -> ShardCost {
+    /// One shard's share at `degree` (at least 2), with sequence
+    /// parallelism where `sequence_parallel` asks for it and the pattern
+    /// allows it. A reduce-scatter and an all-gather move what the ring
+    /// AllReduce they replace moves (NCCL's ring AllReduce is the two in
+    /// turn; Korthikanti et al., Section 4.2.2), so the collectives are
+    /// priced as those AllReduces; and the backward gathers again what the
+    /// forward gathered (the inputs of the column-parallel products, which
+    /// Megatron-LM does not keep: Korthikanti et al., Section 4.2.3), half
+    /// the forward's volume more, exposed as the rest.
+    pub fn shard(&self, degree: u32, sequence_parallel: bool) -> ShardCost {
         let t = f64::from(degree);
         let kept = |whole: f64| whole + (1.0 - whole) / t;
+        let by_sequence = sequence_parallel && self.sequence_parallel;
+        let replicated = |whole: f64| if by_sequence { 1.0 / t } else { kept(whole) };
         ShardCost {
-            compute_factor: kept(self.replicated_compute_fraction),
+            compute_factor: replicated(self.replicated_compute_fraction),
             param_factor: kept(self.replicated_param_fraction),
-            stored_factor: kept(self.replicated_stored_fraction),
+            stored_factor: replicated(self.replicated_stored_fraction),
             fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
-            bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample,
+            bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample
+                + if by_sequence {
+                    self.fwd_allreduce_bytes_per_sample / 2.0
+                } else {
+                    0.0
+                },
             allreduce_calls_per_pass: self.allreduce_calls_per_pass,
+            input_factor: if by_sequence { 1.0 / t } else { 1.0 },
         }
     }
 
@@ -215,6 +242,7 @@ mod tests {
             replicated_stored_fraction: 0.0,
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
+            sequence_parallel: false,
         }
     }
 
@@ -223,11 +251,13 @@ mod tests {
         let mut p = pattern("megatron-block", 2.0, 2.0, &[64, 8]);
         p.replicated_param_fraction = 0.25;
         p.replicated_stored_fraction = 0.5;
-        let s = p.shard(4);
+        let s = p.shard(4, false);
         assert_eq!(
             (s.compute_factor, s.param_factor, s.stored_factor),
             (0.25, 0.25 + 0.75 / 4.0, 0.5 + 0.5 / 4.0)
         );
+        // A pattern that does not allow sequence parallelism ignores the request.
+        assert_eq!(p.shard(4, true), s);
         assert_eq!(
             (
                 s.fwd_allreduce_bytes_per_sample,
@@ -235,6 +265,37 @@ mod tests {
             ),
             (2.0, 2.0)
         );
+    }
+
+    #[test]
+    fn sequence_parallelism_divides_the_replicated_share_and_the_input_too() {
+        let mut p = pattern("megatron-block", 2.0, 2.0, &[64, 8]);
+        p.replicated_param_fraction = 0.25;
+        p.replicated_stored_fraction = 0.5;
+        p.replicated_compute_fraction = 0.1;
+        p.sequence_parallel = true;
+        let s = p.shard(4, true);
+        // The norms' weights stay whole on every shard.
+        assert_eq!(
+            (
+                s.compute_factor,
+                s.param_factor,
+                s.stored_factor,
+                s.input_factor
+            ),
+            (0.25, 0.25 + 0.75 / 4.0, 0.25, 0.25)
+        );
+        // The backward gathers the forward's gathered inputs again: half
+        // its volume more.
+        assert_eq!(
+            (
+                s.fwd_allreduce_bytes_per_sample,
+                s.bwd_allreduce_bytes_per_sample,
+                s.allreduce_calls_per_pass
+            ),
+            (2.0, 3.0, 1)
+        );
+        assert_eq!(p.shard(4, false).input_factor, 1.0);
     }
 
     #[test]

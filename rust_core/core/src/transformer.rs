@@ -294,16 +294,28 @@ impl TransformerConfig {
         } else {
             2.0 * s * f * value_bytes
         };
-        // Unfused attention keeps the probabilities, and where they are
-        // dropped, the dropped ones and the mask (Korthikanti et al.'s 5as^2).
-        let probabilities = match kernel {
+        let probabilities = self.attention_core_stored_bytes(s, value_bytes, kernel);
+        (whole + attention + probabilities + mlp, whole)
+    }
+
+    /// What the attention core keeps beyond Q, K and V, per sample: unfused,
+    /// the probabilities, and where they are dropped, the dropped ones and
+    /// the mask (Korthikanti et al.'s 5as^2); FlashAttention, nothing of s^2.
+    /// Selective re-computation drops exactly this and re-runs the core.
+    fn attention_core_stored_bytes(
+        &self,
+        s: f64,
+        value_bytes: f64,
+        kernel: AttentionKernel,
+    ) -> f64 {
+        let a = self.heads as f64;
+        match kernel {
             AttentionKernel::Flash => 0.0,
             AttentionKernel::Unfused if self.attention_dropout => {
                 a * s * s * (2.0 * value_bytes + MASK)
             }
             AttentionKernel::Unfused => a * s * s * value_bytes,
-        };
-        (whole + attention + probabilities + mlp, whole)
+        }
     }
 }
 
@@ -384,6 +396,11 @@ impl TransformerConfig {
         )?;
         times.fwd += fwd;
         times.bwd += bwd;
+        if attention == AttentionKernel::Unfused {
+            // Selective re-computation runs the unfused core again; the
+            // fused one keeps nothing it would drop.
+            times.selective = fwd;
+        }
         times.add_replicated(gpu, BF16 * (tokens * 10 * h) as f64);
         if self.hidden_dropout {
             // Fused with the residual adds, each dropout writes a one-byte mask.
@@ -571,6 +588,9 @@ struct PassTimes {
     /// Forward and backward of the operators a split leaves whole on every
     /// shard (norms, residual adds, the lookup, the loss's norm).
     replicated: f64,
+    /// Of the forward, what selective re-computation runs again (the
+    /// unfused attention core).
+    selective: f64,
 }
 
 impl PassTimes {
@@ -621,6 +641,9 @@ impl LayerMaker<'_> {
             attention: self.attention,
             vocabulary: self.config.padded_vocabulary(),
             vocabulary_what: "vocabulary entries (padded to a multiple of 128)",
+            // Megatron-LM's: `--sequence-parallel` (its head gathers the
+            // sequence after the final norm, which this pattern keeps whole).
+            sequence_parallel: true,
         }
     }
 
@@ -633,11 +656,19 @@ impl LayerMaker<'_> {
         match self.timing {
             Timing::Efficiency { flops_per_ms } => {
                 let fwd = f64::from(b) * flops.0 / flops_per_ms;
+                let unfused_core =
+                    kind == LayerKind::Block && self.attention == AttentionKernel::Unfused;
                 Ok(PassTimes {
                     fwd,
                     bwd: 2.0 * fwd,
                     weight: f64::from(b) * flops.1 / flops_per_ms,
                     replicated: 0.0,
+                    // A block's FLOPs that multiply no weight are its attention core's.
+                    selective: if unfused_core {
+                        f64::from(b) * (flops.0 - flops.1) / flops_per_ms
+                    } else {
+                        0.0
+                    },
                 })
             }
             Timing::Operators { gpu, attention } => {
@@ -666,9 +697,19 @@ impl LayerMaker<'_> {
             .iter()
             .map(|&b| {
                 let times = self.times(kind, flops, b, 1)?;
+                let selective = if kind == LayerKind::Block {
+                    f64::from(b)
+                        * self
+                            .config
+                            .attention_core_stored_bytes(self.s, BF16, self.attention)
+                } else {
+                    0.0
+                };
                 Ok(Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
+                    selective_stored_bytes: (selective > 0.0).then(|| selective.round() as u64),
+                    selective_recompute_ms: (selective > 0.0).then_some(times.selective),
                     bwd_weight_ms: Some(times.weight),
                     loss_stored_bytes: None,
                     batch_size: b,
@@ -792,6 +833,9 @@ struct SplitMaker<'a> {
     /// Vocabulary entries the embedding and the head are split over.
     vocabulary: u64,
     vocabulary_what: &'a str,
+    /// The embedding and blocks may run with sequence parallelism (the
+    /// runtime the profile is for has it).
+    sequence_parallel: bool,
 }
 
 impl SplitMaker<'_> {
@@ -814,6 +858,10 @@ impl SplitMaker<'_> {
             replicated_stored_fraction: 1.0,
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
+            // Under sequence parallelism Megatron-LM reduce-scatters the
+            // output instead, at an AllReduce's price: its lookup and
+            // token ids change nothing worth a shard's count.
+            sequence_parallel: false,
         }
     }
 
@@ -837,6 +885,7 @@ impl SplitMaker<'_> {
             replicated_compute_fraction: 0.0,
             // One after the attention, one after the MLP.
             allreduce_calls_per_pass: 2,
+            sequence_parallel: self.sequence_parallel,
         }
     }
 
@@ -859,6 +908,7 @@ impl SplitMaker<'_> {
             replicated_stored_fraction: whole_stored / (whole_stored + logits),
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
+            sequence_parallel: false,
         }
     }
 }
@@ -887,6 +937,8 @@ pub fn transformer_splits(
         attention: AttentionKernel::Flash,
         vocabulary: config.vocabulary,
         vocabulary_what: "vocabulary entries",
+        // dapple's runtime shards heads and columns, not the sequence.
+        sequence_parallel: false,
     };
     TransformerSplits {
         embedding: maker.embedding(),
@@ -903,6 +955,8 @@ fn head_fwd_flops(config: &TransformerConfig, s: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::gpus::gpu_type;
+    use crate::profile::LayerCosts;
+    use crate::shape::{MemorySums, Recompute, StageShape};
 
     fn options(gpu: &str) -> TransformerOptions {
         TransformerOptions {
@@ -1025,18 +1079,24 @@ mod tests {
         assert_eq!(kept(&p) - kept(&flash), 96 * 2048 * 2048 * 5);
     }
 
+    /// GPT-3 175B at 2048 tokens on A100, unfused attention with dropout,
+    /// as Korthikanti et al. ran it.
+    fn gpt3_unfused_on_a100() -> Profile {
+        let c = TransformerConfig::named("gpt3-175b").unwrap();
+        transformer_profile(
+            "gpt3-175b",
+            &c,
+            &by_operator("a100", 2048, Some(AttentionKernel::Unfused)),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn a_gpt_block_keeps_korthikantis_activations_and_llama_drops_nothing() {
         // Korthikanti et al. (arXiv 2205.05198), eq. (1): a block without
         // sequence parallelism keeps s b h (34 + 5 a s / h) bytes; dapple
         // also keeps the softmax's fp32 statistics (4 s a).
-        let c = TransformerConfig::named("gpt3-175b").unwrap();
-        let p = transformer_profile(
-            "gpt3-175b",
-            &c,
-            &by_operator("a100", 2048, Some(AttentionKernel::Unfused)),
-        )
-        .unwrap();
+        let p = gpt3_unfused_on_a100();
         let (s, h, a) = (2048u64, 12288u64, 96u64);
         let kept = p.layers[1].measurements[0].stored_activation_bytes.unwrap();
         assert_eq!(kept, s * h * 34 + 5 * a * s * s + 4 * s * a);
@@ -1052,6 +1112,51 @@ mod tests {
         )
         .unwrap();
         assert!(!off.hidden_dropout && off.attention_dropout);
+    }
+
+    #[test]
+    fn a_shard_keeps_korthikantis_activations_with_sequence_parallelism_and_selective_recompute() {
+        // Korthikanti et al. (arXiv 2205.05198), eqs. (2) and (3) and
+        // Section 5: at t-way tensor parallelism a block keeps
+        // s b h (10 + 24/t + 5 a s / (h t)) bytes, with sequence
+        // parallelism s b h / t (34 + 5 a s / h), and with selective
+        // re-computation as well 34 s b h / t; dapple's softmax statistics
+        // (4 s a, split by heads) come on top.
+        let p = gpt3_unfused_on_a100();
+        let layers = LayerCosts::new(&p);
+        let (s, h, a, t) = (2048.0, 12288.0, 96.0, 8.0);
+        let stats = 4.0 * s * a / t;
+        let whole = layers.stored_bytes_per_sample_of_layer(1);
+        let kept = |sp: bool| layers.shard(1, 8, sp).unwrap().stored_factor * whole;
+        let close = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-12;
+        let plain = s * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)) + stats;
+        assert!(close(kept(false), plain), "{} {plain}", kept(false));
+        let sequence = s * h / t * (34.0 + 5.0 * a * s / h) + stats;
+        assert!(close(kept(true), sequence), "{} {sequence}", kept(true));
+        let selective = kept(true) - layers.selective_stored_bytes_per_sample_of_layer(1) / t;
+        assert!(close(selective, 34.0 * s * h / t + stats), "{selective}");
+        // The same through a one-block stage's memory: per micro-batch in
+        // flight, what a shard of the block keeps under selective re-computation.
+        let mut sums = MemorySums::default();
+        let shard = layers.shard(1, 8, true).unwrap();
+        sums.add_layer(&layers, 1, Some(&shard), (1, 1), (8, 1));
+        let shape = StageShape {
+            tensor_parallel: 8,
+            sequence_parallel: true,
+            shard_optimizer: false,
+            recompute: Recompute::Selective,
+        };
+        let memory = sums.memory(&layers, &shape, 0.0);
+        assert!(
+            close(memory.per_micro_batch_bytes, selective),
+            "{}",
+            memory.per_micro_batch_bytes
+        );
+        // Its attention core re-runs in the backward: the profile's share.
+        let m = &p.layers[1].measurements[0];
+        assert!(
+            m.selective_recompute_ms.unwrap() > 0.0 && m.selective_recompute_ms < Some(m.fwd_ms)
+        );
     }
 
     #[test]

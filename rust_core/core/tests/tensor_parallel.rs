@@ -106,6 +106,7 @@ fn llama_2_70b_t8_p4_d16() -> (Profile, Plan) {
     let topology = Topology::from_spec("64x8-a100-80gb").unwrap();
     let shape = StageShape {
         tensor_parallel: 8,
+        sequence_parallel: false,
         shard_optimizer: true,
         recompute: Recompute::None,
     };
@@ -235,6 +236,7 @@ fn classifier(classes: u64, patterns: &[&str]) -> Profile {
             replicated_stored_fraction: 0.0,
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
+            sequence_parallel: false,
         }
     };
     let text = serde_json::json!({
@@ -261,6 +263,7 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
         placement: None,
         slices: None,
         tensor_parallel: t,
+        sequence_parallel: false,
         shard_optimizer: false,
         recompute: Recompute::None,
     };

@@ -118,10 +118,11 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// One Megatron-LM layout as a run used it, not costed: t shards
 /// (`tensor_parallel`), `pipeline_parallel` stages of equal blocks, the
 /// GPUs left over as replicas, `micro_batch_size` samples a replica, every
-/// stage with ZeRO-1 or not and re-computing (`recompute`: none or full) or
-/// not, 1F1B.
+/// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
+/// re-computing as `recompute` says (none, full, per-layer or selective),
+/// 1F1B.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, recompute="none"))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none"))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -131,10 +132,12 @@ fn megatron_plan(
     pipeline_parallel: u32,
     micro_batch_size: u32,
     shard_optimizer: bool,
+    sequence_parallel: bool,
     recompute: &str,
 ) -> PyResult<PyPlan> {
     let shape = StageShape {
         tensor_parallel,
+        sequence_parallel,
         shard_optimizer,
         recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
     };

@@ -20,11 +20,13 @@ use crate::{to_py_err, with_source};
 pub struct PyStageShape {
     /// Whale's split degree t (1: no layer splits).
     tensor_parallel: u32,
+    /// Sequence parallelism in the split layers.
+    sequence_parallel: bool,
     /// Replicas of the split layers: the stage's GPUs / t.
     replicas: u32,
     /// ZeRO-1 over the replicas.
     shard_optimizer: bool,
-    /// "none" or "full".
+    /// "none", "full", "per-layer" or "selective".
     recompute: &'static str,
     /// t = 1, no ZeRO-1, no re-computation: a stage as DAPPLE plans it.
     is_plain: bool,
@@ -37,6 +39,7 @@ impl From<&Stage> for PyStageShape {
         let shape = s.shape();
         PyStageShape {
             tensor_parallel: shape.tensor_parallel,
+            sequence_parallel: shape.sequence_parallel,
             replicas: s.replicas(),
             shard_optimizer: shape.shard_optimizer,
             recompute: shape.recompute.name(),
@@ -50,16 +53,21 @@ impl From<&Stage> for PyStageShape {
 impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
-            "StageShape(tensor_parallel={}, replicas={}, shard_optimizer={}, recompute={:?})",
+            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?})",
             self.tensor_parallel,
+            python_bool(self.sequence_parallel),
             self.replicas,
-            if self.shard_optimizer {
-                "True"
-            } else {
-                "False"
-            },
+            python_bool(self.shard_optimizer),
             self.recompute
         )
+    }
+}
+
+fn python_bool(value: bool) -> &'static str {
+    if value {
+        "True"
+    } else {
+        "False"
     }
 }
 

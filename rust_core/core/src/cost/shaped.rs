@@ -11,8 +11,11 @@
 //!   each machine's network);
 //! - ZeRO-1: a reduce-scatter of gradients and an all-gather of weights in
 //!   place of the AllReduce, the optimizer's state over the replicas;
-//! - full re-computation: the forward again in the backward, and only the
-//!   stage's input kept per micro-batch.
+//! - sequence parallelism: a split layer's replicated share and input
+//!   divided by t too (`SplitPattern::shard`);
+//! - re-computation: the forward again in the backward, and only the
+//!   stage's input kept per micro-batch (full), or each layer's (per
+//!   layer); or the selective parts again, and all but them kept.
 
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
 use crate::shape::{MemorySums, StageMemory, StageShape};
@@ -78,6 +81,7 @@ impl SplitGroups {
 /// ([`StageCoster::shaped_cost`]).
 pub struct ShapedSums {
     t: u32,
+    sequence_parallel: bool,
     start: usize,
     end: usize,
     gpus: u32,
@@ -109,6 +113,12 @@ impl ShapedSums {
     pub fn start(&self) -> usize {
         self.start
     }
+
+    /// Whether the sums price `shape`: the same split degree and sequence
+    /// parallelism (ZeRO-1 and re-computation are applied when priced).
+    pub fn prices(&self, shape: &StageShape) -> bool {
+        self.t == shape.tensor_parallel.max(1) && self.sequence_parallel == shape.sequence_parallel
+    }
 }
 
 impl StageCoster<'_> {
@@ -128,7 +138,7 @@ impl StageCoster<'_> {
         if shape.is_plain() {
             return self.stage_on(start, end, devices, warmup, only_stage);
         }
-        let sums = self.shaped_sums(start, end, devices, shape.tensor_parallel);
+        let sums = self.shaped_sums(start, end, devices, shape);
         let (mut cost, memory) = self.shaped_cost(&sums, devices, shape, only_stage);
         cost.memory_bytes = memory.at(warmup);
         cost
@@ -142,28 +152,34 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> StageMemory {
-        let sums = self.shaped_sums(start, end, devices, shape.tensor_parallel);
+        let sums = self.shaped_sums(start, end, devices, shape);
         self.shaped_cost(&sums, devices, shape, false).1
     }
 
-    /// Layers `start..end` on `devices` at split degree `t`, summed.
+    /// Layers `start..end` on `devices` at `shape`'s split degree and
+    /// sequence parallelism, summed.
     pub fn shaped_sums(
         &self,
         start: usize,
         end: usize,
         devices: &StageDevices,
-        t: u32,
+        shape: &StageShape,
     ) -> ShapedSums {
-        let mut sums = self.empty_shaped_sums(end, devices, t);
+        let mut sums = self.empty_shaped_sums(end, devices, shape);
         while sums.start > start {
             self.prepend_layer(&mut sums, devices);
         }
         sums
     }
 
-    /// No layers yet of a stage ending at layer `end`.
-    pub fn empty_shaped_sums(&self, end: usize, devices: &StageDevices, t: u32) -> ShapedSums {
-        let t = t.max(1);
+    /// No layers yet of a stage ending at layer `end`, run as `shape`.
+    pub fn empty_shaped_sums(
+        &self,
+        end: usize,
+        devices: &StageDevices,
+        shape: &StageShape,
+    ) -> ShapedSums {
+        let t = shape.tensor_parallel.max(1);
         let gpus = devices.replicas;
         let replicas = StageShape {
             tensor_parallel: t,
@@ -172,6 +188,7 @@ impl StageCoster<'_> {
         .replicas(gpus);
         ShapedSums {
             t,
+            sequence_parallel: shape.sequence_parallel,
             start: end,
             end,
             gpus,
@@ -199,7 +216,7 @@ impl StageCoster<'_> {
     pub fn prepend_layer(&self, sums: &mut ShapedSums, devices: &StageDevices) {
         let l = sums.start - 1;
         let shard = if sums.t > 1 {
-            self.layers.shard(l, sums.t)
+            self.layers.shard(l, sums.t, sums.sequence_parallel)
         } else {
             None
         };
@@ -265,7 +282,7 @@ impl StageCoster<'_> {
         shape: &StageShape,
         only_stage: bool,
     ) -> (StageCost, StageMemory) {
-        debug_assert_eq!(shape.tensor_parallel.max(1), sums.t);
+        debug_assert!(sums.prices(shape));
         let (split_ms, whole_gradient_bytes) = match &sums.groups {
             Some(g) if sums.any_split => (
                 g.replicas.ms(sums.split_gradient_bytes),
@@ -292,21 +309,24 @@ impl StageCoster<'_> {
         } else {
             allreduce_ms
         };
-        let first_slice = if sums.first_shard.is_some() {
-            sums.split_slice
-        } else {
-            sums.whole_slice
+        let first_slice = match &sums.first_shard {
+            Some(s) => f64::from(sums.split_slice) * s.input_factor,
+            None => f64::from(sums.whole_slice),
         };
-        let input_bytes = f64::from(first_slice) * self.layers.cut_bytes_per_sample(sums.start);
+        let input_bytes = first_slice * self.layers.cut_bytes_per_sample(sums.start);
         let memory = sums.memory.memory(self.layers, shape, input_bytes);
         if !shape.recompute.is_none() {
             // The forward again, but what torch's checkpoint does not re-run
-            // of the last layer (its share from the profile's own times).
+            // of the last layer, or the selective parts alone (shares from
+            // the profile's own times).
             let own = self.times(0, sums.whole_slice);
             bwd_ms += fwd_ms
-                * self
-                    .layers
-                    .rerun_ratio(own, sums.start, sums.end, sums.whole_slice);
+                * shape.recompute.rerun_ratio(
+                    self.layers,
+                    own,
+                    (sums.start, sums.end),
+                    sums.whole_slice,
+                );
         }
         let slice = if sums.any_split {
             sums.split_slice

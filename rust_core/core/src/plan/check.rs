@@ -288,12 +288,21 @@ fn check_stage_shape(
             "a stage that splits, shards or re-computes takes even slices: drop its slices",
         ));
     }
-    if plan.schedule.kind.is_asynchronous() && s.recompute == Recompute::PerLayer {
+    if s.sequence_parallel && t == 1 {
+        return Err(Error::field(
+            "sequence_parallel",
+            "value true: sequence parallelism splits the sequence over a stage's tensor-parallel shards; \
+             this stage has tensor_parallel 1",
+        ));
+    }
+    if plan.schedule.kind.is_asynchronous()
+        && matches!(s.recompute, Recompute::PerLayer | Recompute::Selective)
+    {
         return Err(Error::field(
             "recompute",
             format!(
-                "value \"per-layer\": {} plans re-run a stage's forward whole on the backward's weights (\"full\")",
-                plan.schedule.kind
+                "value \"{}\": {} plans re-run a stage's forward whole on the backward's weights (\"full\")",
+                s.recompute, plan.schedule.kind
             ),
         ));
     }

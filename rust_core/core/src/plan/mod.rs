@@ -207,6 +207,9 @@ pub struct Stage {
     /// each machine it uses as the others (`shape.rs`).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: u32,
+    /// Sequence parallelism in the split layers (`StageShape`); t > 1 only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sequence_parallel: bool,
     /// ZeRO-1: optimizer state sharded over the stage's replicas.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shard_optimizer: bool,
@@ -227,6 +230,7 @@ impl Default for Stage {
             placement: None,
             slices: None,
             tensor_parallel: 1,
+            sequence_parallel: false,
             shard_optimizer: false,
             recompute: Recompute::None,
         }
@@ -238,6 +242,7 @@ impl Stage {
     pub fn shape(&self) -> StageShape {
         StageShape {
             tensor_parallel: self.tensor_parallel,
+            sequence_parallel: self.sequence_parallel,
             shard_optimizer: self.shard_optimizer,
             recompute: self.recompute,
         }
@@ -256,6 +261,7 @@ impl Stage {
     /// The stage run as `shape` says.
     pub fn with_shape(mut self, shape: &StageShape) -> Stage {
         self.tensor_parallel = shape.tensor_parallel;
+        self.sequence_parallel = shape.sequence_parallel;
         self.shard_optimizer = shape.shard_optimizer;
         self.recompute = shape.recompute;
         self

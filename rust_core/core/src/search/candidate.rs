@@ -231,19 +231,23 @@ pub(crate) fn megatron_candidates(
 }
 
 /// The split degree of the uniform candidate with the smallest formula (2)
-/// value that fits in memory at its warm-up depths; None where none fits.
-/// Each candidate keeps its estimate, which the ranking then reuses.
-pub(crate) fn uniform_degree(candidates: &mut [Candidate], costs: &ProfileCosts) -> Option<u32> {
+/// value that fits in memory at its warm-up depths, and whether it splits
+/// the sequence; None where none fits. Each candidate keeps its estimate,
+/// which the ranking then reuses.
+pub(crate) fn uniform_degree(
+    candidates: &mut [Candidate],
+    costs: &ProfileCosts,
+) -> Option<(u32, bool)> {
     candidates
         .iter_mut()
         .filter_map(|c| {
             let estimate = c.plan.estimate.insert(bound_estimate(&c.plan, costs).ok()?);
-            estimate
-                .fits_memory
-                .then(|| (estimate.latency_ms, c.plan.stages[0].tensor_parallel))
+            let first = &c.plan.stages[0];
+            let shape = (first.tensor_parallel, first.sequence_parallel);
+            estimate.fits_memory.then_some((estimate.latency_ms, shape))
         })
         .min_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, t)| t)
+        .map(|(_, shape)| shape)
 }
 
 /// The baselines' layouts at every micro-batch size, as candidates:

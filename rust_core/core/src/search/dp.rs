@@ -35,7 +35,7 @@ use crate::cost::{
 };
 use crate::placement::{MachineUse, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
-use crate::shape::{StageMemory, StageShape};
+use crate::shape::{Recompute, StageMemory, StageShape};
 
 use super::space::{Context, ShapeList, StageDegrees, StageGpus};
 
@@ -295,7 +295,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 .shapes
                 .split_degrees
                 .iter()
-                .filter_map(|&t| ctx.layers.shard(l, t))
+                .filter_map(|&t| ctx.layers.shard(l, t, true))
                 .map(|s| s.compute_factor)
                 .fold(1.0, f64::min);
             fwd_floor[l + 1] = fwd_floor[l] + f * shard;
@@ -494,18 +494,14 @@ impl<'c, 'a> Dp<'c, 'a> {
             };
         }
         let sums = match sums {
-            Some(sums) => {
+            Some(sums) if sums.prices(shape) => {
                 while sums.start() > i {
                     self.coster.prepend_layer(sums, devices);
                 }
                 sums
             }
-            None => sums.insert(Box::new(self.coster.shaped_sums(
-                i,
-                j,
-                devices,
-                shape.tensor_parallel,
-            ))),
+            // None yet (a degree's shapes share their sequence parallelism).
+            _ => sums.insert(Box::new(self.coster.shaped_sums(i, j, devices, shape))),
         };
         let (cost, memory) = self.coster.shaped_cost(sums, devices, shape, only_stage);
         Priced {
@@ -974,11 +970,20 @@ impl<'c, 'a> Dp<'c, 'a> {
                         .clone()
                         .all(|l| self.ctx.layer_runs_at(l, t, gpus, max_replicas))
             {
-                list.push(Degree {
-                    t,
-                    shapes: self.ctx.shapes_at(t, gpus, devices.mixed),
-                    sums: None,
-                });
+                // Each way of running the sequence is a degree of its own,
+                // with sums of its own.
+                for sequence_parallel in self.ctx.sequence_options(t, devices.mixed) {
+                    let shapes = self
+                        .ctx
+                        .shapes_at(t, sequence_parallel, gpus, devices.mixed);
+                    if !shapes.as_slice().is_empty() {
+                        list.push(Degree {
+                            t,
+                            shapes,
+                            sums: None,
+                        });
+                    }
+                }
             }
         }
         list
@@ -1049,6 +1054,9 @@ impl<'c, 'a> Dp<'c, 'a> {
                     passes.push((*shape, None));
                     continue;
                 }
+                // Selective re-computation re-runs a part of the forward:
+                // no faster than the counterpart, at most b + f.
+                Some(Some(times)) if shape.recompute == Recompute::Selective => Some(times),
                 Some(Some([f, b, a])) if !shape.recompute.is_none() => Some([f, b + f, a]),
                 Some(Some(times)) => Some(times),
                 None => None,
@@ -1709,6 +1717,8 @@ mod tests {
                 .map(|batch| Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
+                    selective_stored_bytes: None,
+                    selective_recompute_ms: None,
                     bwd_weight_ms: None,
                     loss_stored_bytes: None,
                     batch_size: batch,

@@ -795,11 +795,17 @@ mod tests {
                     continue;
                 }
                 for recompute in Recompute::ALL {
-                    out.push(StageShape {
-                        tensor_parallel: t,
-                        shard_optimizer,
-                        recompute,
-                    });
+                    for sequence_parallel in [false, true] {
+                        if sequence_parallel && t == 1 {
+                            continue;
+                        }
+                        out.push(StageShape {
+                            tensor_parallel: t,
+                            sequence_parallel,
+                            shard_optimizer,
+                            recompute,
+                        });
+                    }
                 }
             }
         }
@@ -1372,6 +1378,7 @@ mod tests {
                 replicated_stored_fraction: rng.gen_range(0.0..0.3),
                 replicated_compute_fraction: 0.0,
                 allreduce_calls_per_pass: 1,
+                sequence_parallel: rng.gen_bool(0.5),
             }];
         }
         if case.is_multiple_of(2) {
@@ -1380,11 +1387,16 @@ mod tests {
             for layer in &mut profile.layers {
                 let one = layer.measurements[0].clone();
                 let kept = one.activation_bytes * rng.gen_range(2..6);
+                // Some layers with a part that is large to keep and cheap to re-run.
+                let selective = rng.gen_bool(0.5);
                 layer.measurements = [1u32, 2, 4, 8]
                     .iter()
                     .map(|&b| Measurement {
                         backward_working_bytes: None,
                         recompute_fwd_ms: None,
+                        selective_stored_bytes: selective.then(|| kept * u64::from(b) / 2),
+                        selective_recompute_ms: selective
+                            .then(|| 0.1 * one.fwd_ms * f64::from(b).powf(0.4)),
                         bwd_weight_ms: None,
                         loss_stored_bytes: None,
                         batch_size: b,

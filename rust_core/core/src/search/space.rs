@@ -60,6 +60,13 @@ pub(crate) struct ShapeChoices {
     /// ZeRO-1 shrinks something: the profile keeps optimizer state.
     pub(crate) shard_optimizer: bool,
     pub(crate) recompute: bool,
+    /// Selective re-computation: some layer has something to re-run so.
+    pub(crate) selective: bool,
+    /// How split stages may run their sequence where their layers allow
+    /// sequence parallelism: whole (false), split (true), or either. Either
+    /// may win (it divides the replicated operators by t, and gathers the
+    /// products' inputs again in the backward).
+    pub(crate) sequence_options: Vec<bool>,
 }
 
 impl ShapeChoices {
@@ -68,18 +75,20 @@ impl ShapeChoices {
         split_degrees: Vec::new(),
         shard_optimizer: false,
         recompute: false,
+        selective: false,
+        sequence_options: Vec::new(),
     };
 
     pub(crate) fn new(
         layers: &LayerCosts,
         cluster: &Cluster,
-        (space, uniform_degree): (SearchSpace, Option<u32>),
+        (space, uniform): (SearchSpace, Option<(u32, bool)>),
         shapes: StageShapes,
     ) -> ShapeChoices {
         if shapes == StageShapes::Plain || (shapes == StageShapes::Auto && !layers.splits_any()) {
             return ShapeChoices::PLAIN;
         }
-        let splits = |t: u32| (0..layers.num_layers).any(|l| layers.shard(l, t).is_some());
+        let splits = |t: u32| (0..layers.num_layers).any(|l| layers.shard(l, t, false).is_some());
         // In the full space (up to 16 GPUs) every degree; a split group may
         // span machines evenly. In the machine-aligned space each degree
         // more is a DP about as large as the plain one again (GPT-3 on
@@ -94,7 +103,8 @@ impl ShapeChoices {
             }
             SearchSpace::MachineAligned => {
                 let per_machine = cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1);
-                uniform_degree
+                uniform
+                    .map(|(t, _)| t)
                     .filter(|&t| t > 1 && t <= per_machine && splits(t))
                     .into_iter()
                     .collect()
@@ -106,6 +116,15 @@ impl ShapeChoices {
             shard_optimizer: layers.model_state_bytes_sharded(0, layers.num_layers, 2)
                 < layers.model_state_bytes(0, layers.num_layers),
             recompute: true,
+            selective: layers.recomputes_selectively(),
+            // The machine-aligned space, as with degrees, only the fastest
+            // uniform plan's way (each is a DP as large again).
+            sequence_options: match (space, uniform) {
+                (SearchSpace::MachineAligned, Some((_, sequence_parallel))) => {
+                    vec![sequence_parallel]
+                }
+                _ => vec![false, true],
+            },
         }
     }
 
@@ -122,6 +141,9 @@ impl ShapeChoices {
             split_degrees,
             shard_optimizer: layout.iter().any(|s| s.3.shard_optimizer),
             recompute: layout.iter().any(|s| !s.3.recompute.is_none()),
+            selective: layout.iter().any(|s| s.3.recompute == Recompute::Selective),
+            // A layout's own, at each degree (`Context::sequence_options`).
+            sequence_options: Vec::new(),
         }
     }
 
@@ -215,8 +237,9 @@ impl<'a> Space<'a> {
     pub(crate) fn new(
         layers: &'a LayerCosts,
         cluster: &'a Cluster,
-        // The space, the stage shapes and the fastest uniform degree.
-        (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<u32>),
+        // The space, the stage shapes and the fastest uniform plan's degree
+        // and sequence parallelism.
+        (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<(u32, bool)>),
         warmup_policy: WarmupPolicy,
         min_slice: u32,
         (global_batch_size, sizes): (u32, Vec<u32>),
@@ -489,7 +512,33 @@ impl Context<'_> {
         if self.layers.split_patterns(layer).is_empty() {
             gpus <= max_replicas
         } else {
-            self.layers.shard(layer, t).is_some()
+            self.layers.shard(layer, t, false).is_some()
+        }
+    }
+
+    /// Whether a stage split `t` ways runs its sequence whole, split, or
+    /// either (each priced as a degree of its own): split where the
+    /// profile's patterns at `t` allow it and the search was asked for it;
+    /// a layout's own at `t`.
+    pub(crate) fn sequence_options(&self, t: u32, mixed: bool) -> Vec<bool> {
+        if let Some(layout) = self.layout {
+            let mut options: Vec<bool> = layout
+                .iter()
+                .filter(|s| s.3.tensor_parallel == t)
+                .map(|s| s.3.sequence_parallel)
+                .collect();
+            options.sort_unstable();
+            options.dedup();
+            return options;
+        }
+        if t > 1
+            && !mixed
+            && self.layers.sequence_parallel_at(t)
+            && !self.shapes.sequence_options.is_empty()
+        {
+            self.shapes.sequence_options.clone()
+        } else {
+            vec![false]
         }
     }
 
@@ -497,12 +546,21 @@ impl Context<'_> {
     /// plain one (at `t`) first: then ZeRO-1 over more than one GPU and full
     /// re-computation, each where it applies. Stages on mixed GPUs stay
     /// plain (`plan::check`).
-    pub(crate) fn shapes_at(&self, t: u32, gpus: u32, mixed: bool) -> ShapeList {
+    pub(crate) fn shapes_at(
+        &self,
+        t: u32,
+        sequence_parallel: bool,
+        gpus: u32,
+        mixed: bool,
+    ) -> ShapeList {
         let mut list = ShapeList::default();
         if let Some(layout) = self.layout {
             // The layout's own shapes, for its stages of that many GPUs.
             for &(_, _, g, shape) in layout {
-                if g == gpus && shape.tensor_parallel == t {
+                if g == gpus
+                    && shape.tensor_parallel == t
+                    && shape.sequence_parallel == sequence_parallel
+                {
                     list.push_unique(shape);
                 }
             }
@@ -510,16 +568,17 @@ impl Context<'_> {
         }
         let base = StageShape {
             tensor_parallel: t,
+            sequence_parallel,
             ..StageShape::PLAIN
         };
         if mixed {
             list.push_unique(base);
             return list;
         }
-        let recompute: &[Recompute] = if self.shapes.recompute {
-            &[Recompute::None, Recompute::Full, Recompute::PerLayer]
-        } else {
-            &[Recompute::None]
+        let recompute: &[Recompute] = match (self.shapes.recompute, self.shapes.selective) {
+            (true, true) => &Recompute::ALL,
+            (true, false) => &[Recompute::None, Recompute::Full, Recompute::PerLayer],
+            (false, _) => &[Recompute::None],
         };
         for &recompute in recompute {
             for shard_optimizer in [false, true] {
