@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::balance::{balanced_slices, BalanceDevice};
 use crate::error::{Error, Input, Result};
+use crate::gpus::CollectiveFigures;
 use crate::profile::{LayerCosts, TimePrefix};
 use crate::topology::Topology;
 
@@ -78,10 +79,10 @@ pub enum LinkShare {
 }
 
 impl LinkShare {
-    /// The intra-machine share of GPU type `gpu_type`'s measured server,
-    /// if the catalog has one.
-    fn intra_of(gpu_type: &str) -> LinkShare {
-        match crate::gpus::find_gpu(gpu_type).and_then(|g| g.collectives) {
+    /// The intra-machine share of a GPU type's measured server (its
+    /// catalog `collectives`), the line rate where none was measured.
+    fn intra_of(collectives: Option<&CollectiveFigures>) -> LinkShare {
+        match collectives {
             Some(c) => LinkShare::BySize {
                 bus_gb_per_s: c.intra_allreduce_bus_gb_per_s,
                 line_gb_per_s: c.intra_line_gb_per_s,
@@ -217,6 +218,12 @@ impl Cluster {
                 return Err(e.about(Input::Profile));
             }
         }
+        // Each group's GPU type's measured collectives, looked up once.
+        let collectives: Vec<Option<CollectiveFigures>> = t
+            .machine_groups
+            .iter()
+            .map(|g| crate::gpus::find_gpu(&g.gpu.gpu_type).and_then(|gpu| gpu.collectives))
+            .collect();
         let machines = t
             .machines()
             .into_iter()
@@ -232,20 +239,15 @@ impl Cluster {
                     speed,
                     intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
                     intra_latency_ms: g.intra_machine.latency_us / 1e3,
-                    intra_share: LinkShare::intra_of(&g.gpu.gpu_type),
+                    intra_share: LinkShare::intra_of(collectives[m.group].as_ref()),
                 }
             })
             .collect();
         // The network reaches the least measured share of its machines'
         // cards; the line rate where a machine's was not measured.
-        let network_shares: Option<Vec<f64>> = t
-            .machine_groups
+        let network_shares: Option<Vec<f64>> = collectives
             .iter()
-            .map(|g| {
-                crate::gpus::find_gpu(&g.gpu.gpu_type)
-                    .and_then(|gpu| gpu.collectives)
-                    .map(|c| c.network_share)
-            })
+            .map(|c| c.as_ref().map(|c| c.network_share))
             .collect();
         let inter_share = match network_shares {
             Some(shares) if !shares.is_empty() => {

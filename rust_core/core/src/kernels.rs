@@ -97,6 +97,25 @@ crate::named_enum! {
     }
 }
 
+impl AttentionKernel {
+    /// Whether the kernel runs on `gpu`: FlashAttention where the type has
+    /// measured figures of it (none on V100: FlashAttention-2 needs Ampere
+    /// or later); the unfused kernels everywhere.
+    pub fn check_runs_on(&self, gpu: &GpuType) -> Result<()> {
+        if *self == AttentionKernel::Flash && gpu.kernels.flash_attention_tflops.is_empty() {
+            return Err(Error::field(
+                "attention",
+                format!(
+                    "value \"flash\": no FlashAttention kernel runs on {} (FlashAttention-2 needs Ampere or later); \
+                     use the unfused attention",
+                    gpu.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The attention core of `heads` heads (all samples' of one GPU) of `seq`
 /// tokens each, `head_dim` wide, with `dropout` of its probabilities or
 /// not: forward and backward ms. FlashAttention drops inside its kernel
@@ -157,16 +176,10 @@ pub fn attention_ms(
 /// measured figures interpolated linearly in log2 of the length, the
 /// nearest one beyond their range.
 fn flash_tflops(gpu: &GpuType, seq: u64) -> Result<f64> {
+    AttentionKernel::Flash.check_runs_on(gpu)?;
     let table = gpu.kernels.flash_attention_tflops;
     let (Some(first), Some(last)) = (table.first(), table.last()) else {
-        return Err(Error::field(
-            "attention",
-            format!(
-                "value \"flash\": no FlashAttention kernel runs on {} (FlashAttention-2 needs Ampere or later); \
-                 use the unfused attention",
-                gpu.name
-            ),
-        ));
+        unreachable!("checked: FlashAttention has measured figures on this type")
     };
     if seq <= first.0 {
         return Ok(first.1);

@@ -126,21 +126,12 @@ impl TransformerConfig {
             return Err(Error::invalid("a model config must be a JSON object"));
         };
         let number = |keys: &[&str], what: &str| -> Result<Option<u64>> {
-            for key in keys {
-                match obj.get(*key) {
-                    None | Some(Value::Null) => continue,
-                    Some(v) => {
-                        return match v.as_u64() {
-                            Some(n) if n > 0 => Ok(Some(n)),
-                            _ => Err(Error::field(
-                                *key,
-                                format!("value {v} must be a whole number >= 1 ({what})"),
-                            )),
-                        }
-                    }
-                }
-            }
-            Ok(None)
+            first_given(
+                obj,
+                keys,
+                |v| v.as_u64().filter(|&n| n > 0),
+                &format!("a whole number >= 1 ({what})"),
+            )
         };
         let required = |keys: &[&str], what: &str| -> Result<u64> {
             number(keys, what)?.ok_or_else(|| {
@@ -326,21 +317,35 @@ fn probability(
     keys: &[&str],
     default_on: bool,
 ) -> Result<bool> {
+    let p = first_given(
+        obj,
+        keys,
+        |v| v.as_f64().filter(|p| (0.0..1.0).contains(p)),
+        "a dropout probability in [0, 1)",
+    )?;
+    Ok(p.map_or(default_on, |p| p > 0.0))
+}
+
+/// The value of the first of `keys` the config gives (null counts as not
+/// given) as `parse` reads it, or an error naming that key where `parse`
+/// does not take it (`what` it must be); None where no key is given.
+fn first_given<T>(
+    obj: &serde_json::Map<String, Value>,
+    keys: &[&str],
+    parse: impl Fn(&Value) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>> {
     for key in keys {
         match obj.get(*key) {
             None | Some(Value::Null) => continue,
             Some(v) => {
-                return match v.as_f64() {
-                    Some(p) if (0.0..1.0).contains(&p) => Ok(p > 0.0),
-                    _ => Err(Error::field(
-                        *key,
-                        format!("value {v} must be a dropout probability in [0, 1)"),
-                    )),
-                }
+                return parse(v)
+                    .map(Some)
+                    .ok_or_else(|| Error::field(*key, format!("value {v} must be {what}")));
             }
         }
     }
-    Ok(default_on)
+    Ok(None)
 }
 
 /// Each layer's operators, timed on a GPU (`kernels.rs`); the list, and
@@ -439,25 +444,21 @@ pub fn transformer_profile(
     let gpu = gpu_type(&options.gpu).map_err(|e| e.under("gpu"))?;
     check_options(options)?;
     let s = options.seq_len as f64;
-    let attention = options
-        .attention
-        .unwrap_or(if gpu.kernels.flash_attention_tflops.is_empty() {
-            AttentionKernel::Unfused
-        } else {
-            AttentionKernel::Flash
-        });
+    let attention =
+        options
+            .attention
+            .unwrap_or(if AttentionKernel::Flash.check_runs_on(gpu).is_ok() {
+                AttentionKernel::Flash
+            } else {
+                AttentionKernel::Unfused
+            });
     let timing = match options.efficiency {
         Some(efficiency) => Timing::Efficiency {
             flops_per_ms: gpu.bf16_tflops * 1e9 * efficiency,
         },
         None => {
             // A kernel that does not run on this GPU is refused here, once.
-            attention_ms(
-                gpu,
-                attention,
-                (1, options.seq_len, config.head_dim()),
-                false,
-            )?;
+            attention.check_runs_on(gpu)?;
             Timing::Operators { gpu, attention }
         }
     };
@@ -469,10 +470,16 @@ pub fn transformer_profile(
         attention,
         micro_batch_sizes: &options.micro_batch_sizes,
     };
-    let layers: Vec<Layer> = std::iter::once(maker.embedding())
-        .chain((0..config.blocks).map(|i| maker.block(i)))
-        .chain(std::iter::once(maker.lm_head()))
-        .collect::<Result<_>>()?;
+    // The blocks are alike: one is timed, the others are its copies.
+    let block = maker.block()?;
+    let blocks = (0..config.blocks).map(|i| Layer {
+        name: format!("block_{i}"),
+        ..block.clone()
+    });
+    let layers: Vec<Layer> = std::iter::once(maker.embedding()?)
+        .chain(blocks)
+        .chain(std::iter::once(maker.lm_head()?))
+        .collect();
     let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
     let profile = Profile {
         optimizer_step_ms: None,
@@ -685,27 +692,26 @@ impl LayerMaker<'_> {
         }
     }
 
-    /// A layer's measurements, stored and output bytes per sample.
+    /// A layer's measurements from its `times` at each micro-batch size,
+    /// stored and output bytes per sample.
     fn measurements(
         &self,
         kind: LayerKind,
-        flops: (f64, f64),
-        stored: f64,
-        activation: f64,
-    ) -> Result<Vec<Measurement>> {
+        times: &[PassTimes],
+        (stored, activation): (f64, f64),
+    ) -> Vec<Measurement> {
+        let selective_per_sample = if kind == LayerKind::Block {
+            self.config
+                .attention_core_stored_bytes(self.s, BF16, self.attention)
+        } else {
+            0.0
+        };
         self.micro_batch_sizes
             .iter()
-            .map(|&b| {
-                let times = self.times(kind, flops, b, 1)?;
-                let selective = if kind == LayerKind::Block {
-                    f64::from(b)
-                        * self
-                            .config
-                            .attention_core_stored_bytes(self.s, BF16, self.attention)
-                } else {
-                    0.0
-                };
-                Ok(Measurement {
+            .zip(times)
+            .map(|(&b, times)| {
+                let selective = f64::from(b) * selective_per_sample;
+                Measurement {
                     backward_working_bytes: None,
                     recompute_fwd_ms: None,
                     selective_stored_bytes: (selective > 0.0).then(|| selective.round() as u64),
@@ -717,28 +723,23 @@ impl LayerMaker<'_> {
                     bwd_ms: times.bwd,
                     activation_bytes: (f64::from(b) * activation).round() as u64,
                     stored_activation_bytes: Some((f64::from(b) * stored).round() as u64),
-                })
+                }
             })
             .collect()
     }
 
     /// `pattern` with the share of the layer's time every shard spends
     /// whole (operators a split does not divide), at the smallest
-    /// micro-batch size; FLOPs at one rate divide whole (share 0).
-    fn with_replicated_compute(
-        &self,
-        mut pattern: SplitPattern,
-        kind: LayerKind,
-        flops: (f64, f64),
-    ) -> Result<SplitPattern> {
-        let times = self.times(kind, flops, self.micro_batch_sizes[0], 1)?;
-        let total = times.fwd + times.bwd;
+    /// micro-batch size (`smallest`, its times); FLOPs at one rate divide
+    /// whole (share 0).
+    fn with_replicated_compute(mut pattern: SplitPattern, smallest: &PassTimes) -> SplitPattern {
+        let total = smallest.fwd + smallest.bwd;
         pattern.replicated_compute_fraction = if total > 0.0 {
-            (times.replicated / total).clamp(0.0, 1.0)
+            (smallest.replicated / total).clamp(0.0, 1.0)
         } else {
             0.0
         };
-        Ok(pattern)
+        pattern
     }
 
     /// A layer of `kind` named `name` with its parameter bytes, forward
@@ -751,14 +752,20 @@ impl LayerMaker<'_> {
         (stored, activation): (f64, f64),
         split: SplitPattern,
     ) -> Result<Layer> {
+        // Each micro-batch size timed once.
+        let times = self
+            .micro_batch_sizes
+            .iter()
+            .map(|&b| self.times(kind, flops, b, 1))
+            .collect::<Result<Vec<PassTimes>>>()?;
         Ok(Layer {
             weight_copy_bytes: None,
             name,
             kind: (kind == LayerKind::Block).then(|| BLOCK_KIND.into()),
             param_bytes: param_bytes as u64,
             inputs: None,
-            measurements: self.measurements(kind, flops, stored, activation)?,
-            split: vec![self.with_replicated_compute(split, kind, flops)?],
+            measurements: self.measurements(kind, &times, (stored, activation)),
+            split: vec![Self::with_replicated_compute(split, &times[0])],
         })
     }
 
@@ -779,14 +786,14 @@ impl LayerMaker<'_> {
         )
     }
 
-    /// One block: Megatron-LM's split, attention heads and MLP columns then
+    /// A block (named by the caller): Megatron-LM's split, attention heads and MLP columns then
     /// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
-    fn block(&self, i: u64) -> Result<Layer> {
+    fn block(&self) -> Result<Layer> {
         let (config, s) = (self.config, self.s);
         let (params, _) = config.block_params();
         let (stored, _) = config.block_stored_bytes(s, BF16, self.attention);
         self.layer(
-            (format!("block_{i}"), LayerKind::Block),
+            ("block".into(), LayerKind::Block),
             params * BF16,
             (config.block_fwd_flops(s), config.block_weight_flops(s)),
             (stored, s * config.hidden as f64 * BF16),
