@@ -387,15 +387,22 @@ impl MemorySums {
 mod tests {
     use super::*;
 
-    #[test]
-    fn summed_memory_of_a_plain_stage_is_the_cost_models() {
-        // Layer by layer, as the search grows a stage, with the terms of
-        // `cost::tests::a_stage_memory_counts_each_term`.
+    /// The two layers of `profile_with_memory_terms`, summed whole from
+    /// the last, at slices of 2 on one GPU.
+    fn two_layers_summed() -> (LayerCosts, MemorySums) {
         let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
             sums.add_layer(&layers, l, None, (2, 2), (1, 1));
         }
+        (layers, sums)
+    }
+
+    #[test]
+    fn summed_memory_of_a_plain_stage_is_the_cost_models() {
+        // Layer by layer, as the search grows a stage, with the terms of
+        // `cost::tests::a_stage_memory_counts_each_term`.
+        let (layers, sums) = two_layers_summed();
         let m = sums.memory(&layers, &StageShape::PLAIN, 0.0);
         assert_eq!(m.fixed_bytes, 16_000.0 + 40.0);
         assert_eq!(m.per_micro_batch_bytes, 600.0 + 1_500.0);
@@ -476,11 +483,7 @@ mod tests {
         // The two layers of `profile_with_memory_terms` at slices of 2: l0
         // stores 100 and works 20 a sample, l1 stores 200 and works 10 a
         // sample with 1500 of weight copies; l0 outputs 25 a sample.
-        let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
-        let mut sums = MemorySums::default();
-        for l in (0..2).rev() {
-            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
-        }
+        let (layers, sums) = two_layers_summed();
         let per_layer = StageShape {
             recompute: Recompute::PerLayer,
             ..StageShape::PLAIN

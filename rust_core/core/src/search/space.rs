@@ -67,6 +67,9 @@ pub(crate) struct ShapeChoices {
     /// may win (it divides the replicated operators by t, and gathers the
     /// products' inputs again in the backward).
     pub(crate) sequence_options: Vec<bool>,
+    /// The split degrees at which some layer's pattern allows sequence
+    /// parallelism (`LayerCosts::sequence_parallel_at`, asked once each).
+    pub(crate) sequence_degrees: Vec<u32>,
 }
 
 impl ShapeChoices {
@@ -77,6 +80,7 @@ impl ShapeChoices {
         recompute: false,
         selective: false,
         sequence_options: Vec::new(),
+        sequence_degrees: Vec::new(),
     };
 
     pub(crate) fn new(
@@ -125,6 +129,8 @@ impl ShapeChoices {
                 }
                 _ => vec![false, true],
             },
+            // Filled once the hinted degrees are in (`Space::new`).
+            sequence_degrees: Vec::new(),
         }
     }
 
@@ -144,6 +150,7 @@ impl ShapeChoices {
             selective: layout.iter().any(|s| s.3.recompute == Recompute::Selective),
             // A layout's own, at each degree (`Context::sequence_options`).
             sequence_options: Vec::new(),
+            sequence_degrees: Vec::new(),
         }
     }
 
@@ -259,6 +266,12 @@ impl<'a> Space<'a> {
                 shapes.split_degrees.sort_unstable();
             }
         }
+        shapes.sequence_degrees = shapes
+            .split_degrees
+            .iter()
+            .copied()
+            .filter(|&t| layers.sequence_parallel_at(t))
+            .collect();
         let passes: Vec<WarmupPolicy> = match warmup_policy {
             WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
             fixed => vec![fixed],
@@ -519,27 +532,19 @@ impl Context<'_> {
     /// Whether a stage split `t` ways runs its sequence whole, split, or
     /// either (each priced as a degree of its own): split where the
     /// profile's patterns at `t` allow it and the search was asked for it;
-    /// a layout's own at `t`.
-    pub(crate) fn sequence_options(&self, t: u32, mixed: bool) -> Vec<bool> {
-        if let Some(layout) = self.layout {
-            let mut options: Vec<bool> = layout
-                .iter()
-                .filter(|s| s.3.tensor_parallel == t)
-                .map(|s| s.3.sequence_parallel)
-                .collect();
-            options.sort_unstable();
-            options.dedup();
-            return options;
-        }
-        if t > 1
-            && !mixed
-            && self.layers.sequence_parallel_at(t)
-            && !self.shapes.sequence_options.is_empty()
-        {
-            self.shapes.sequence_options.clone()
-        } else {
-            vec![false]
-        }
+    /// a layout's own at `t`. Asked for every stage option: no allocation.
+    pub(crate) fn sequence_options(&self, t: u32, mixed: bool) -> impl Iterator<Item = bool> + '_ {
+        [false, true]
+            .into_iter()
+            .filter(move |&split| match self.layout {
+                Some(layout) => layout
+                    .iter()
+                    .any(|s| s.3.tensor_parallel == t && s.3.sequence_parallel == split),
+                None if !mixed && self.shapes.sequence_degrees.contains(&t) => {
+                    self.shapes.sequence_options.contains(&split)
+                }
+                None => !split,
+            })
     }
 
     /// The shapes a stage split `t` ways over `gpus` GPUs may take, the
