@@ -85,6 +85,14 @@ from .render import plan_table
 @click.option("--from-layout", default=None, metavar="LAYOUT",
               help="Hint: the stages of a Megatron-LM --pipeline-model-parallel-layout string, e.g. 'Et*15|t*17L', "
                    "so that the layout run today is costed (docs/export.md).")
+@click.option("--overlap-grad-reduce", type=click.Choice(planner.GRAD_REDUCE_OVERLAPS),
+              default=planner.GRAD_REDUCE_OVERLAPS[0], show_default=True,
+              help="Which stages reduce their gradients behind their backward: data-parallel, a plan of one plain "
+                   "stage only (DAPPLE's); every-stage, each stage's buckets behind its last backward (Megatron-LM's "
+                   "--overlap-grad-reduce, FSDP); none. --for sets its runtime's (docs/cost-model.md, \"Overlap\").")
+@click.option("--overlap-param-gather", is_flag=True,
+              help="ZeRO-1 stages gather their updated weights behind the next forward (Megatron-LM's "
+                   "--overlap-param-gather). --for sets its runtime's.")
 @click.option("--for", "target", type=click.Choice(planner.TARGETS), default=None,
               help="Plan for this runtime: the fastest plan that `dapple export --to` it writes without "
                    "--approximate (torch: torch's schedule CSV), with the free plan's time beside it "
@@ -116,6 +124,8 @@ def plan_command(
     replicate,
     split,
     from_layout,
+    overlap_grad_reduce,
+    overlap_param_gather,
     target,
     simulate_flag,
     out_path,
@@ -146,6 +156,8 @@ def plan_command(
         replicate=replicate,
         split=split,
         from_layout=from_layout,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
     )
     for_target = None
     with working(f"planning {profile.model} on {topo.name}" + (f" for {target}" if target else ""), quiet):

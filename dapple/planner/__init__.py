@@ -28,7 +28,7 @@ from .errors import (
     LimitExceededError,
     RunFailedError,
 )
-from .plan import SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
+from .plan import GRAD_REDUCE_OVERLAPS, SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
 from .profile import (
     ATTENTION_KERNELS,
     MODEL_CONFIGS,
@@ -62,6 +62,7 @@ __all__ = [
     "CHUNKED_SCHEDULES",
     "SEARCH_SPACES",
     "STAGE_SHAPES",
+    "GRAD_REDUCE_OVERLAPS",
     "SearchStats",
     "Simulation",
     "Topology",

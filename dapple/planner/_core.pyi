@@ -8,6 +8,7 @@ WARMUP_POLICIES: tuple[str, ...]
 BASELINES: tuple[str, ...]
 SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
+GRAD_REDUCE_OVERLAPS: tuple[str, ...]
 ATTENTION_KERNELS: tuple[str, ...]
 CHUNKED_SCHEDULES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
@@ -74,6 +75,10 @@ class Plan:
     model: str
     schedule_kind: str
     warmup_policy: str
+    overlap_grad_reduce: str
+    overlap_param_gather: bool
+    hides_grad_reduce: bool
+    hides_param_gather: bool
     chunks: int
     stage_ranks: list[int]
     iteration_ms: float | None
@@ -277,6 +282,8 @@ def megatron_plan(
     shard_optimizer: bool = False,
     sequence_parallel: bool = False,
     recompute: str = "none",
+    overlap_grad_reduce: str = "data-parallel",
+    overlap_param_gather: bool = False,
 ) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float
@@ -304,6 +311,8 @@ def search(
     micro_batches: int | None = None,
     cuts: list[int] = ...,
     ranges: list[tuple[int, int, int, int | None]] = ...,
+    overlap_grad_reduce: str = "data-parallel",
+    overlap_param_gather: bool = False,
 ) -> tuple[Plan, tuple[list[int], int, int, list[int]]]: ...
 def evaluate(plan: Plan, profile: Profile) -> Plan: ...
 def choose_warmups(plan: Plan, profile: Profile) -> Plan | None: ...
@@ -326,6 +335,8 @@ def baseline_plans(
     *,
     min_micro_batch_size: int | None = None,
     warmup_policy: str = "auto",
+    overlap_grad_reduce: str = "data-parallel",
+    overlap_param_gather: bool = False,
 ) -> list[Plan]: ...
 def asynchronous_plan(
     schedule: str,

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from . import _core
 from .errors import DappleError
 from .limits import check_count
-from .plan import Plan, chunked, evaluate, plan, shape_label
+from .plan import GRAD_REDUCE_OVERLAPS, Plan, chunked, evaluate, plan, shape_label
 from .profile import Profile
 from .simulation import simulate
 from .topology import Topology
@@ -43,13 +43,17 @@ def baseline_plans(
     *,
     min_micro_batch_size: int | None = None,
     warmup_policy: str = "auto",
+    overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
+    overlap_param_gather: bool = False,
 ) -> list[Plan]:
     """Every plan of a baseline strategy that fits, fastest first
     (:func:`baseline` is the first): megatron's are each uniform shape at
-    each micro-batch size."""
+    each micro-batch size. The overlap arguments: what the runtime hides
+    behind computation, as :func:`dapple.planner.plan.plan` takes them."""
     prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
     return [Plan(core) for core in _core.baseline_plans(
-        kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy)]
+        kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs, warmup_policy=warmup_policy,
+        overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)]
 
 
 def megatron_plan(
@@ -63,20 +67,25 @@ def megatron_plan(
     shard_optimizer: bool = False,
     sequence_parallel: bool = False,
     recompute: str = "none",
+    overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
+    overlap_param_gather: bool = False,
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
     as replicas, ``micro_batch_size`` samples a replica per micro-batch,
     ZeRO-1 or not, sequence parallelism or not (t > 1) and re-computation
     (``"none"``, ``"full"``, ``"per-layer"`` or ``"selective"``) on every
-    stage, 1F1B. Its estimate is given whether or not it fits memory
-    (``plan.estimate["fits_memory"]``)."""
+    stage, 1F1B, on a runtime that hides what the overlap arguments say
+    (as :func:`dapple.planner.plan.plan` takes them; Megatron-LM's
+    ``--overlap-grad-reduce`` is "every-stage"). Its estimate is given
+    whether or not it fits memory (``plan.estimate["fits_memory"]``)."""
     prof, topo, gbs, _ = _inputs(profile, topology, global_batch_size, None)
     core = _core.megatron_plan(
         prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
         pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
         micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
-        sequence_parallel=sequence_parallel, recompute=recompute,
+        sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
     )
     return evaluate(Plan(core), prof)
 

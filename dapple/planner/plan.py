@@ -21,6 +21,9 @@ WARMUP_POLICIES: tuple[str, ...] = _core.WARMUP_POLICIES
 #: Search spaces, the default first (see :func:`plan`).
 SEARCH_SPACES: tuple[str, ...] = _core.SEARCH_SPACES
 STAGE_SHAPES: tuple[str, ...] = _core.STAGE_SHAPES
+#: Which stages reduce their gradients behind their backward, the default
+#: (DAPPLE's: a data-parallel plan only) first (``docs/cost-model.md``, "Overlap").
+GRAD_REDUCE_OVERLAPS: tuple[str, ...] = _core.GRAD_REDUCE_OVERLAPS
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,14 @@ class Plan(FileObject):
     def kind(self) -> str:
         """``"data parallel"``, ``"straight"`` or ``"hybrid"``."""
         return self.core.layout_kind
+
+    @property
+    def overlap(self) -> tuple[str, bool]:
+        """What the plan's runtime hides behind computation
+        (``schedule.overlap``): which stages reduce their gradients behind
+        their backward (``GRAD_REDUCE_OVERLAPS``), and whether ZeRO-1 stages
+        gather their weights behind the next forward."""
+        return self.core.overlap_grad_reduce, self.core.overlap_param_gather
 
     @property
     def topology(self) -> Topology:
@@ -184,6 +195,8 @@ def plan(
     replicate: Iterable[str] = (),
     split: Iterable[str] = (),
     from_layout: str | None = None,
+    overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
+    overlap_param_gather: bool = False,
 ) -> Plan:
     """Search the plan with the shortest simulated iteration that fits in memory.
 
@@ -227,6 +240,9 @@ def plan(
     ``stages``, ``micro_batches``, ``pin_cuts``, ``replicate``, ``split``,
     ``from_layout``: Whale's hints, constraints the search stays exact under
     (``docs/hints.md``, :func:`dapple.planner.hints.read_hints`).
+    ``overlap_grad_reduce`` (``GRAD_REDUCE_OVERLAPS``), ``overlap_param_gather``:
+    what the runtime hides behind computation, as every plan is costed and
+    records it (``schedule.overlap``; ``docs/cost-model.md``, "Overlap").
     """
     gbs = check_count("global_batch_size", global_batch_size)
     min_micro_batch_size, micro_batch_sizes, max_search_steps = _checked_counts(
@@ -240,24 +256,18 @@ def plan(
             ("max_search_gib", max_search_gib, None), ("max_search_steps", max_search_steps, None),
             ("refine", refine, True), ("stages", stages, None), ("micro_batches", micro_batches, None),
             ("pin_cuts", tuple(pin_cuts), ()), ("replicate", tuple(replicate), ()), ("split", tuple(split), ()),
-            ("from_layout", from_layout, None), ("chunks", chunks, None)))
+            ("from_layout", from_layout, None), ("chunks", chunks, None),
+            ("overlap_grad_reduce", overlap_grad_reduce, GRAD_REDUCE_OVERLAPS[0]),
+            ("overlap_param_gather", overlap_param_gather, False)))
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
     check_search_machines(topo.name, topo.core.num_machines, max_search_machines)
     core, (sizes, states, costed, abandoned) = _core.search(
-        prof.core,
-        topo.core,
-        gbs,
-        warmup_policy=warmup_policy,
-        min_micro_batch_size=min_micro_batch_size,
-        micro_batch_sizes=micro_batch_sizes,
-        search_space=search_space,
-        stage_shapes=stage_shapes,
-        max_search_bytes=max_search_bytes,
-        max_search_steps=max_search_steps,
-        refine=refine,
-        schedule=schedule,
+        prof.core, topo.core, gbs, warmup_policy=warmup_policy, min_micro_batch_size=min_micro_batch_size,
+        micro_batch_sizes=micro_batch_sizes, search_space=search_space, stage_shapes=stage_shapes,
+        max_search_bytes=max_search_bytes, max_search_steps=max_search_steps, refine=refine, schedule=schedule,
         chunks=None if chunks is None else check_count("chunks", chunks),
+        overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
         **read_hints(prof, stages=stages, micro_batches=micro_batches, pin_cuts=pin_cuts, replicate=replicate,
                      split=split, from_layout=from_layout).as_search_options(),
     )

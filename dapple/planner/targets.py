@@ -17,7 +17,10 @@ The candidates are the free search's plan, the search for the target's
 schedule alone, and the fastest of Megatron-LM's uniform shapes that the
 target runs (``baseline_plans("megatron")``: every (t, p, d) and
 micro-batch size, with and without ZeRO-1 and re-computation); the fastest
-that the target takes is the plan.
+that the target takes is the plan. Every candidate, the free plan's too, is
+costed with the communication the target hides behind computation
+(``TARGET_OVERLAP``), so that the cost beside it is that of the shapes the
+runtime takes, not of its overlap.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .errors import DappleError, IncompatibleInputsError, InvalidInputError
 from .export.deepspeed import deepspeed_partition
 from .export.megatron import megatron_arguments
 from .export.torchtitan import torchtitan_config
-from .plan import Plan, plan as free_plan
+from .plan import GRAD_REDUCE_OVERLAPS, Plan, plan as free_plan
 from .profile import Profile
 from .runtime.layout import Layout
 from .topology import Topology
@@ -45,6 +48,18 @@ TARGET_SEARCH = {
     "torchtitan": {"schedule": "early-backward-1f1b"},
     "torch": {"schedule": "early-backward-1f1b"},
 }
+
+
+#: What each target hides behind computation (``docs/cost-model.md``,
+#: "Overlap"): Megatron-LM with ``--overlap-grad-reduce`` and
+#: ``--overlap-param-gather``, which its export writes; torchtitan's FSDP
+#: reduce-scatters each stage's gradients behind its backward and gathers
+#: its weights ahead of the forward (DDP overlaps a single stage's);
+#: DeepSpeed's pipeline engine and dapple's runtime reduce a pipeline's
+#: gradients after its backward (DAPPLE's model).
+_HIDING_BOTH = {"overlap_grad_reduce": "every-stage", "overlap_param_gather": True}
+_DAPPLES = {"overlap_grad_reduce": GRAD_REDUCE_OVERLAPS[0], "overlap_param_gather": False}
+TARGET_OVERLAP = {"megatron": _HIDING_BOTH, "torchtitan": _HIDING_BOTH, "deepspeed": _DAPPLES, "torch": _DAPPLES}
 
 
 @dataclass(frozen=True)
@@ -98,15 +113,21 @@ def plan_for(
     **options,
 ) -> ForTarget:
     """The fastest plan ``target`` runs as it is, among the free search's,
-    the search for the target's schedule and Megatron-LM's uniform shapes.
-    ``free``: the free plan of the same inputs and options, where the caller
-    has it already (the search is the expensive part). Raises
+    the search for the target's schedule and Megatron-LM's uniform shapes,
+    each costed with the target's overlap (``TARGET_OVERLAP``, in place of
+    the options' own). ``free``: the free plan of the same inputs and
+    options under that overlap, where the caller has it already (the search
+    is the expensive part). Raises
     ``IncompatibleInputsError`` (exit 4) where the target runs none of them,
     naming why each was refused."""
     if target not in TARGETS:
         raise IncompatibleInputsError(f"target {target!r} is none of {', '.join(TARGETS)}")
     prof = profile if isinstance(profile, Profile) else Profile.load(profile)
     topo = Topology.resolve(topology)
+    options = {**options, **TARGET_OVERLAP[target]}
+    if free is not None and free.overlap != tuple(TARGET_OVERLAP[target].values()):
+        raise InvalidInputError(f"the free plan given for {target} hides {free.overlap}, not the target's "
+                                f"{tuple(TARGET_OVERLAP[target].values())}")
     free = free if free is not None else free_plan(prof, topo, global_batch_size, **options)
     candidates = [("the free plan", free)]
     asked = {**options, **TARGET_SEARCH[target]}
@@ -138,7 +159,7 @@ def _fastest_uniform_it_runs(prof: Profile, topo: Topology, global_batch_size: i
     """The fastest of Megatron-LM's uniform shapes that fits and that
     ``target`` runs (not every target runs a re-computed one), or why none."""
     plans = _or_error(lambda: baseline_plans("megatron", prof, topo, global_batch_size,
-                                             min_micro_batch_size=min_micro_batch_size))
+                                             min_micro_batch_size=min_micro_batch_size, **TARGET_OVERLAP[target]))
     if isinstance(plans, DappleError):
         return str(plans)
     first_refusal = None

@@ -52,6 +52,13 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
     if shape.recompute == "selective":
         rounding.refuse("selective re-computation", "its activation checkpointing checkpoints whole layers",
                         "a checkpoint of each layer (interval 1)")
+    if shape.hides_grad_reduce and shape.stages > 1:
+        rounding.refuse("gradient reduction behind the backward of a pipeline's stages", "its pipeline engine "
+                        "reduces gradients after the last micro-batch's backward",
+                        "the reduction after the backward (slower than planned)")
+    if shape.hides_param_gather:
+        rounding.refuse("ZeRO-1's weight gather behind the next forward", "its ZeRO stage 1 gathers the weights "
+                        "right after the optimizer's step", "the gather after the step (slower than planned)")
     changes = shape.changes + one_f_one_b(plan, TARGET, approximate) + tuple(rounding.changes)
     parts = [start for start, _ in shape.stage_ranges] + [shape.stage_ranges[-1][1]]
     num_layers = parts[-1]

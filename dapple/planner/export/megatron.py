@@ -58,6 +58,23 @@ def _recompute_chunk(blocks_per_stage: list[int], rounding: Rounding) -> tuple[i
     return chunk, tuple(rounding.changes)
 
 
+def _overlap_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
+    """Megatron-LM's switches for what the plan hides behind computation:
+    ``--overlap-grad-reduce`` where a stage reduces its gradients behind its
+    backward (without it Megatron-LM reduces after the last one), and
+    ``--overlap-param-gather`` where the distributed optimizer gathers its
+    weights behind the next forward, which Megatron-LM runs only together
+    with the first (``validate_args``)."""
+    grad_reduce = shape.hides_grad_reduce
+    if shape.hides_param_gather and not grad_reduce:
+        rounding.refuse("the weights' gather behind the forward without the gradients' reduction behind the "
+                        "backward", "it asserts --overlap-grad-reduce with --overlap-param-gather",
+                        "both overlapped (faster than planned)")
+        grad_reduce = True
+    return ([("--overlap-grad-reduce",)] if grad_reduce else []) + (
+        [("--overlap-param-gather",)] if shape.hides_param_gather else [])
+
+
 def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:
     """Megatron-LM's arguments for ``plan`` over ``profile``'s layers (a
     transformer: embedding, blocks, head; ``megatron_layout.layer_tokens``)."""
@@ -89,6 +106,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         options.append(("--use-distributed-optimizer",))
     if shape.sequence_parallel:
         options.append(("--sequence-parallel",))
+    overlap_rounding = Rounding(TARGET, approximate)
+    options += _overlap_options(shape, overlap_rounding)
+    changes += tuple(overlap_rounding.changes)
     if chunk:
         options += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                     ("--recompute-num-layers", str(chunk[0]))]

@@ -38,6 +38,11 @@ class RunShape:
     changes: tuple[str, ...] = ()
     #: Sequence parallelism in the split layers (t > 1).
     sequence_parallel: bool = False
+    #: Some stage reduces its gradients behind its backward, and some ZeRO-1
+    #: stage gathers its weights behind the next forward, as the plan was
+    #: costed (``schedule.overlap``; ``docs/cost-model.md``, "Overlap").
+    hides_grad_reduce: bool = False
+    hides_param_gather: bool = False
 
     @property
     def stages(self) -> int:
@@ -116,7 +121,9 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
                     tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
-                    changes=tuple(rounding.changes), sequence_parallel=sequence_parallel)
+                    changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
+                    hides_grad_reduce=plan.core.hides_grad_reduce,
+                    hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1)
 
 
 def _samples_per_replica(plan: Plan, replicas: int, rounding: Rounding) -> int:

@@ -50,6 +50,12 @@ class Layout:
                 raise IncompatibleInputsError(
                     f"field stages[{i}].{refused[0]}: dapple's runtime does not run {refused[1]}; export the plan "
                     "to Megatron-LM, or plan for this runtime with --for torch")
+        if (plan.core.hides_grad_reduce and len(plan.stages) > 1) or plan.core.hides_param_gather:
+            grad_reduce, param_gather = plan.overlap
+            raise IncompatibleInputsError(
+                f"field schedule.overlap: value grad_reduce {grad_reduce!r}, param_gather {param_gather}: dapple's "
+                "runtime reduces a pipeline's gradients after its backward and gathers nothing behind the forward; "
+                "plan for this runtime with --for torch")
         return cls(plan.core.layout())
 
     devices = _asked("devices", "Used device ids, ascending: rank r runs on ``devices[r]``.")

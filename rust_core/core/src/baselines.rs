@@ -23,6 +23,7 @@ use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_costed;
 use crate::megatron::megatron_plans;
+use crate::overlap::Overlap;
 use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::profile::{LayerCosts, Profile};
@@ -437,11 +438,7 @@ pub(crate) fn layout_at_every_size(
                 inputs.clone(),
                 b,
                 m,
-                ScheduleChoice {
-                    kind: schedule_kind,
-                    warmup_policy: policy,
-                    chunks: 1,
-                },
+                ScheduleChoice::new(schedule_kind, policy),
                 stages
                     .iter()
                     .enumerate()
@@ -476,7 +473,14 @@ pub fn baseline_plan(
     min_micro_batch_size: Option<u32>,
     policy: WarmupPolicy,
 ) -> Result<Plan> {
-    let plans = baseline_plans(kind, profile, topology, global_batch_size, min_micro_batch_size, policy)?;
+    let plans = baseline_plans(
+        kind,
+        profile,
+        topology,
+        global_batch_size,
+        min_micro_batch_size,
+        (policy, Overlap::default()),
+    )?;
     Ok(plans.into_iter().next().expect("baseline_plans is an error when none fits"))
 }
 
@@ -490,7 +494,7 @@ pub fn baseline_plans(
     topology: &Topology,
     global_batch_size: u32,
     min_micro_batch_size: Option<u32>,
-    policy: WarmupPolicy,
+    (policy, overlap): (WarmupPolicy, Overlap),
 ) -> Result<Vec<Plan>> {
     let min_slice = profile.min_slice(min_micro_batch_size);
     // Megatron's stages warm up as 1F1B does, whatever the search's policy.
@@ -502,7 +506,10 @@ pub fn baseline_plans(
     let costs = ProfileCosts::new(profile);
     let layouts = baseline_layouts(kind, &costs, topology, global_batch_size, min_slice, policy)?;
     every_that_fits(
-        layouts,
+        layouts
+            .into_iter()
+            .map(|plan| plan.overlapping(overlap))
+            .collect(),
         &costs,
         policy,
         kind.name(),
@@ -658,7 +665,15 @@ mod tests {
         };
         let p = crate::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();
-        let all = baseline_plans(Baseline::Megatron, &p, &t, 64, None, WarmupPolicy::Auto).unwrap();
+        let all = baseline_plans(
+            Baseline::Megatron,
+            &p,
+            &t,
+            64,
+            None,
+            (WarmupPolicy::Auto, Overlap::default()),
+        )
+        .unwrap();
         assert!(all.len() > 10, "{}", all.len());
         let ms: Vec<f64> = all.iter().map(|plan| plan.iteration_ms().unwrap()).collect();
         assert!(ms.windows(2).all(|w| w[0] <= w[1]));

@@ -511,11 +511,7 @@ mod tests {
             },
             2,
             4,
-            ScheduleChoice {
-                kind: ScheduleKind::EarlyBackward1F1B,
-                warmup_policy: WarmupPolicy::A,
-                chunks: 1,
-            },
+            ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A),
             stages
                 .iter()
                 .map(|&(a, b, d, k)| Stage {

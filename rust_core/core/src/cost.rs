@@ -12,7 +12,9 @@ use rustc_hash::FxHashMap;
 use crate::balance::{balanced_slices, BalanceDevice};
 use crate::error::{Error, Input, Result};
 use crate::gpus::CollectiveFigures;
+use crate::overlap::{exposed_behind_backward, Overlap};
 use crate::profile::{LayerCosts, TimePrefix};
+use crate::shape::StageShape;
 use crate::topology::Topology;
 
 mod shaped;
@@ -29,9 +31,6 @@ fn timed_names(devices: &[Option<&str>]) -> String {
 
 /// Bytes per millisecond of one Gbit/s.
 const BYTES_PER_MS_PER_GBPS: f64 = 1e9 / 8.0 / 1e3;
-/// PyTorch DDP's default gradient bucket (25 MiB): AllReduce calls of data
-/// parallelism are issued per bucket, in reverse layer order.
-pub const DP_BUCKET_BYTES: f64 = 25.0 * 1024.0 * 1024.0;
 
 /// The cluster as the cost model sees it.
 #[derive(Debug, Clone)]
@@ -722,7 +721,8 @@ pub fn stage_memory_bytes(
 
 /// AllReduce time left exposed after the backward pass of the last
 /// micro-batch, when gradient buckets are reduced as soon as their layers'
-/// backward is done (data parallelism with overlap, section VI-C).
+/// backward is done (data parallelism with overlap, section VI-C;
+/// `overlap::exposed_behind_backward`).
 ///
 /// `bwd_ms_of_layer(l)` is the backward time of layer l for one slice.
 pub fn exposed_allreduce_with_overlap(
@@ -733,21 +733,12 @@ pub fn exposed_allreduce_with_overlap(
     end: usize,
     bwd_ms_of_layer: impl Fn(usize) -> f64,
 ) -> f64 {
-    let mut clock = 0.0; // backward progress of the last micro-batch
-    let mut network_free_at: f64 = 0.0;
-    let mut bucket = 0.0;
-    for l in (start..end).rev() {
-        clock += bwd_ms_of_layer(l);
-        bucket += layers.gradient_bytes(l, l + 1);
-        if bucket >= DP_BUCKET_BYTES || l == start {
-            if bucket > 0.0 {
-                let begin = network_free_at.max(clock);
-                network_free_at = begin + allreduce_ms(cluster, alloc, bucket);
-            }
-            bucket = 0.0;
-        }
-    }
-    (network_free_at - clock).max(0.0)
+    exposed_behind_backward(
+        (start..end)
+            .rev()
+            .map(|l| (bwd_ms_of_layer(l), layers.gradient_bytes(l, l + 1))),
+        |bucket| allreduce_ms(cluster, alloc, bucket),
+    )
 }
 
 /// One stage of the pipeline as the latency formula sees it: a computation
@@ -971,6 +962,8 @@ pub struct StageCoster<'a> {
     uneven: RefCell<FxHashMap<(usize, u32), Rc<TimePrefix>>>,
     /// The distinct (timing, speed) pairs of the cluster's GPUs.
     cluster_paces: Vec<(usize, f64)>,
+    /// What the runtime hides behind computation (`overlap.rs`).
+    pub overlap: Overlap,
 }
 
 /// One replica's pace: its times (at its slice) and its GPU's speed.
@@ -1065,7 +1058,14 @@ impl<'a> StageCoster<'a> {
             times,
             uneven: RefCell::new(FxHashMap::default()),
             cluster_paces,
+            overlap: Overlap::default(),
         }
+    }
+
+    /// The coster of a runtime that hides what `overlap` says.
+    pub fn overlapping(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
     }
 
     /// Times on `timing` at an even slice size.
@@ -1094,7 +1094,8 @@ impl<'a> StageCoster<'a> {
     /// Cost of layers `start..end` on `alloc` with `warmup` micro-batches in
     /// flight, every replica taking an even slice. `only_stage`: the stage
     /// is the whole model (data parallelism), whose AllReduce overlaps the
-    /// last backward pass.
+    /// last backward pass under every overlap but "none"; any stage's does
+    /// under "every-stage" (`self.overlap`).
     pub fn stage(
         &self,
         start: usize,
@@ -1328,7 +1329,10 @@ impl<'a> StageCoster<'a> {
     ) -> StageCost {
         let slowest = |ms: &dyn Fn(&Pace) -> f64| paces.iter().map(ms).fold(0.0, f64::max);
         let allreduce = devices.allreduce.ms(self.layers.gradient_bytes(start, end));
-        let exposed = if only_stage && devices.replicas > 1 {
+        let hides = self
+            .overlap
+            .hides_grad_reduce(only_stage, &StageShape::PLAIN);
+        let exposed = if hides && devices.replicas > 1 {
             exposed_allreduce_with_overlap(
                 self.cluster,
                 &devices.alloc,
@@ -1428,6 +1432,59 @@ mod tests {
         let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
         t.machine_groups[1].gpu.memory_bytes = memory;
         t
+    }
+
+    #[test]
+    fn a_stage_hides_its_reduction_as_far_as_its_runtime_does() {
+        use crate::overlap::{GradReduceOverlap, Overlap};
+        use crate::shape::StageShape;
+        // Four layers of 40 MiB of weights (a DDP bucket each), 1 ms
+        // forward and 2 ms backward a sample; micro-batches of 4 on one GPU
+        // of each of two machines: slices of 2, backward 4 ms a layer.
+        let mib = 1u64 << 20;
+        let p = crate::profile::profile_of_layers("overlap", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
+        let layers = LayerCosts::new(&p);
+        let t = Topology::from_spec("2x2-nvlink").unwrap();
+        let cluster = Cluster::new(&t);
+        let alloc = [(0, 1), (1, 1)];
+        let of = |grad_reduce, param_gather| {
+            StageCoster::new(&layers, &cluster, 4, 4).overlapping(Overlap {
+                grad_reduce,
+                param_gather,
+            })
+        };
+        // A pipelined stage: DAPPLE's model reduces after the backward.
+        let dapple = of(GradReduceOverlap::DataParallel, false).stage(0, 4, &alloc, 1, false);
+        assert_eq!(dapple.exposed_allreduce_ms, dapple.allreduce_ms);
+        // Every stage: bucket k's reduction (r ms) starts once the backward
+        // has passed it (at 4k ms) and the one before is done.
+        let every = of(GradReduceOverlap::EveryStage, false).stage(0, 4, &alloc, 1, false);
+        let r = allreduce_ms(&cluster, &alloc, (40 * mib) as f64);
+        assert_eq!(every.allreduce_ms, dapple.allreduce_ms);
+        let ends_at = f64::max(4.0 + 4.0 * r, 16.0 + r);
+        assert!((every.exposed_allreduce_ms - (ends_at - 16.0)).abs() < 1e-9);
+        assert!(every.exposed_allreduce_ms < every.allreduce_ms);
+        // None: not even a plan of one stage hides it.
+        let none = of(GradReduceOverlap::None, false).stage(0, 4, &alloc, 1, true);
+        assert_eq!(none.exposed_allreduce_ms, none.allreduce_ms);
+        // ZeRO-1: the reduce-scatter behind the backward, and the weights'
+        // all-gather behind the next forward only where the runtime says so.
+        let zero = StageShape {
+            shard_optimizer: true,
+            ..StageShape::PLAIN
+        };
+        let devices = StageDevices::new(&cluster, alloc.to_vec());
+        let shaped = |grad_reduce, param_gather| {
+            of(grad_reduce, param_gather).stage_shaped(0, 4, &devices, &zero, 1, false)
+        };
+        let after = shaped(GradReduceOverlap::DataParallel, false);
+        let behind_backward = shaped(GradReduceOverlap::EveryStage, false);
+        let behind_both = shaped(GradReduceOverlap::EveryStage, true);
+        assert_eq!(after.exposed_allreduce_ms, after.allreduce_ms);
+        assert!(behind_backward.exposed_allreduce_ms < after.exposed_allreduce_ms);
+        assert!(behind_both.exposed_allreduce_ms < behind_backward.exposed_allreduce_ms);
+        assert!(behind_both.exposed_allreduce_ms > 0.0);
+        assert_eq!(behind_both.allreduce_ms, after.allreduce_ms);
     }
 
     #[test]

@@ -55,18 +55,20 @@ pub(crate) fn with_coster<R>(
         &cluster,
         plan.micro_batch_size,
         plan.micro_batches,
-    );
+    )
+    .overlapping(plan.schedule.overlap);
     Ok(f(&coster, &allocs, plan.schedule.warmup_policy))
 }
 
 /// Cost of every stage of a checked plan, and of every transfer between
 /// consecutive stages (`transfers_ms[i]`: between stages i and i+1, each
-/// way). `overlap`: hide a single stage's AllReduce behind its backward.
+/// way). `only_stage`: the plan is one stage (what its runtime hides is
+/// `plan.schedule.overlap`, the coster's).
 pub(crate) fn stage_costs(
     coster: &StageCoster,
     plan: &Plan,
     allocs: &[Alloc],
-    overlap: bool,
+    only_stage: bool,
 ) -> (Vec<StageCost>, Vec<f64>) {
     let mut stages = Vec::with_capacity(plan.stages.len());
     let mut transfers_ms = Vec::with_capacity(plan.stages.len().saturating_sub(1));
@@ -83,7 +85,7 @@ pub(crate) fn stage_costs(
                 &devices,
                 &shape,
                 s.warmup_micro_batches,
-                overlap,
+                only_stage,
             ));
             continue;
         }
@@ -94,14 +96,14 @@ pub(crate) fn stage_costs(
                 &s.devices,
                 slices,
                 s.warmup_micro_batches,
-                overlap,
+                only_stage,
             ),
             None => coster.stage(
                 s.layer_start,
                 s.layer_end,
                 alloc,
                 s.warmup_micro_batches,
-                overlap,
+                only_stage,
             ),
         });
     }

@@ -47,7 +47,9 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// (interleaved 1F1B, interleaved zero bubble, ZB-V), whose ranks hold
 /// `schedule.chunks` stages each. Version 6: `recompute` "per-layer".
 /// Version 7: `stages[i].sequence_parallel` and `recompute` "selective".
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 7, &[1, 2, 3, 4, 5, 6, 7]);
+/// Version 8: `schedule.overlap` (what the runtime hides behind
+/// computation; absent: DAPPLE's overlap, as every older plan has it).
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 8, &[1, 2, 3, 4, 5, 6, 7, 8]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

@@ -368,7 +368,7 @@ mod tests {
             let chunks = kind.fixed_chunks().unwrap_or(3);
             let chunked = chunked_plan(&plan, &costs, kind, chunks).unwrap();
             let estimate = evaluate_costed(&chunked, &costs).unwrap();
-            let (stages, transfers) = sim_inputs(&chunked, &costs, false).unwrap();
+            let (stages, transfers) = sim_inputs(&chunked, &costs).unwrap();
             let order = kind.chunked_order(4, 8, chunks).unwrap();
             let run = simulate_order(&stages, &transfers, &order).unwrap();
             assert_eq!(estimate.iteration_ms, Some(run.iteration_ms));
@@ -421,7 +421,7 @@ mod tests {
         assert_eq!(one.schedule.kind, ScheduleKind::ZeroBubbleH1);
         let depths: Vec<u32> = one.stages.iter().map(|s| s.warmup_micro_batches).collect();
         assert_eq!(depths, [2, 1]);
-        let (stages, transfers) = sim_inputs(&one, &costs, false).unwrap();
+        let (stages, transfers) = sim_inputs(&one, &costs).unwrap();
         let order = ScheduleKind::InterleavedZeroBubble
             .chunked_order(2, 8, 1)
             .unwrap();

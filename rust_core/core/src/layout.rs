@@ -305,11 +305,7 @@ mod tests {
             },
             mbs,
             m,
-            ScheduleChoice {
-                kind: ScheduleKind::EarlyBackward1F1B,
-                warmup_policy: WarmupPolicy::A,
-                chunks: 1,
-            },
+            ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A),
             stages
                 .iter()
                 .enumerate()

@@ -24,6 +24,7 @@ pub mod layout;
 pub mod megatron;
 pub mod metrics;
 pub mod names;
+pub mod overlap;
 pub mod pipedream;
 pub mod pipeline_order;
 pub mod placement;

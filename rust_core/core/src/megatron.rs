@@ -302,11 +302,7 @@ fn uniform_plan(
             .with_shape(shape)
         })
         .collect();
-    let schedule = ScheduleChoice {
-        kind: ScheduleKind::EarlyBackward1F1B,
-        warmup_policy: WarmupPolicy::A,
-        chunks: 1,
-    };
+    let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);
     Plan::new(inputs.clone(), micro_batch, m, schedule, stages)
 }
 

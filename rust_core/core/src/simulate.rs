@@ -20,12 +20,15 @@
 //! and the Adam moments XPipe's prediction keeps when the optimizer has
 //! none.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
 use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
 use crate::format::{FileFormat, FileObject, SIMULATION};
+use crate::overlap::GradReduceOverlap;
 use crate::pipeline_order::PipelineOrder;
 use crate::plan::{plan_schedule, Plan};
 use crate::profile::Profile;
@@ -1169,8 +1172,9 @@ pub struct SimulationOptions {
     pub schedule: Option<ScheduleKind>,
     /// Every stage re-computes, whatever the plan says of each.
     pub recompute: bool,
-    /// Overlap a data-parallel plan's AllReduce with its last backward, as
-    /// the estimate does; false gives data parallelism without overlap.
+    /// Hide the gradient reductions the plan's runtime hides
+    /// (`schedule.overlap`), as the estimate does; false: none (data
+    /// parallelism without overlap).
     pub overlap_allreduce: bool,
 }
 
@@ -1303,27 +1307,34 @@ pub(crate) fn sim_stages(
 }
 
 /// Check `plan` against `profile` and cost it for the simulator: its stages
-/// and the transfer between each pair. `overlap_allreduce`: a single
-/// (data-parallel) stage hides its AllReduce behind the last backward.
-pub(crate) fn sim_inputs(
-    plan: &Plan,
-    costs: &ProfileCosts,
-    overlap_allreduce: bool,
-) -> Result<(Vec<SimStage>, Vec<f64>)> {
+/// and the transfer between each pair, each stage's gradient reduction
+/// hidden as far as its runtime hides it (`schedule.overlap`).
+pub(crate) fn sim_inputs(plan: &Plan, costs: &ProfileCosts) -> Result<(Vec<SimStage>, Vec<f64>)> {
     with_coster(plan, costs, |coster, allocs, _| {
-        let overlap = plan.stages.len() == 1 && overlap_allreduce;
-        let (costs, transfers) = stage_costs(coster, plan, allocs, overlap);
+        let (costs, transfers) = stage_costs(coster, plan, allocs, plan.stages.len() == 1);
         (sim_stages(coster, plan, &costs, allocs), transfers)
     })
 }
 
+/// `plan`, or where `opts` hides no gradient reduction, the plan as a
+/// runtime that hides none runs it.
+fn as_simulated<'p>(plan: &'p Plan, opts: &SimulationOptions) -> Cow<'p, Plan> {
+    if opts.overlap_allreduce {
+        return Cow::Borrowed(plan);
+    }
+    let mut hiding_none = plan.clone();
+    hiding_none.schedule.overlap.grad_reduce = GradReduceOverlap::None;
+    Cow::Owned(hiding_none)
+}
+
 /// Simulate a plan with the same stage costs the estimate uses.
 pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Result<Simulation> {
+    let plan = as_simulated(plan, &opts);
+    let plan = plan.as_ref();
     if plan.schedule.kind.is_chunked() {
         return simulate_chunked_plan(plan, &ProfileCosts::new(profile), opts);
     }
-    let (stages, transfers) =
-        sim_inputs(plan, &ProfileCosts::new(profile), opts.overlap_allreduce)?;
+    let (stages, transfers) = sim_inputs(plan, &ProfileCosts::new(profile))?;
     let schedule = plan_schedule(plan, opts.schedule)?;
     let recompute = opts.recompute || plan.recomputes_every_stage();
     simulate_stages(&stages, &transfers, &schedule, recompute)
@@ -1332,7 +1343,7 @@ pub fn simulate(plan: &Plan, profile: &Profile, opts: SimulationOptions) -> Resu
 /// A chunked plan's ranks running its order, each stage costed on its
 /// rank's devices.
 pub(crate) fn simulate_chunked(plan: &Plan, costs: &ProfileCosts) -> Result<OrderSimulation> {
-    let (stages, transfers) = sim_inputs(plan, costs, false)?;
+    let (stages, transfers) = sim_inputs(plan, costs)?;
     simulate_order(&stages, &transfers, &plan.chunked_order()?)
 }
 

@@ -355,7 +355,7 @@ pub(crate) fn plan_with_chosen_warmups_below(
     costs: &ProfileCosts,
     below_ms: f64,
 ) -> Result<(Option<Plan>, u64)> {
-    let (stages, transfers) = sim_inputs(plan, costs, true)?;
+    let (stages, transfers) = sim_inputs(plan, costs)?;
     let Some(chosen) = choose_warmups(&stages, &transfers, plan.micro_batches)? else {
         return Ok((None, 0));
     };
@@ -384,7 +384,7 @@ pub fn fastest_valid_warmups(
     profile: &Profile,
     max_vectors: u64,
 ) -> Result<Option<ExhaustiveWarmups>> {
-    let (stages, transfers) = sim_inputs(plan, &ProfileCosts::new(profile), true)?;
+    let (stages, transfers) = sim_inputs(plan, &ProfileCosts::new(profile))?;
     fastest_of_every_vector(&stages, &transfers, plan.micro_batches, max_vectors)
 }
 

@@ -64,11 +64,7 @@ fn megatron_plan(
         })
         .collect();
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "megatron", None);
-    let schedule = ScheduleChoice {
-        kind: ScheduleKind::EarlyBackward1F1B,
-        warmup_policy: WarmupPolicy::A,
-        chunks: 1,
-    };
+    let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);
     Plan::new(inputs, micro_batch, gbs / micro_batch, schedule, stages)
 }
 
@@ -268,11 +264,7 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
         recompute: Recompute::None,
     };
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "hand", None);
-    let schedule = ScheduleChoice {
-        kind: ScheduleKind::EarlyBackward1F1B,
-        warmup_policy: WarmupPolicy::A,
-        chunks: 1,
-    };
+    let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);
     Plan::new(inputs, gbs, 1, schedule, vec![stage])
 }
 

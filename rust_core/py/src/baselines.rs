@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
 use crate::profile::PyProfile;
+use crate::search::overlap_of;
 use crate::topology::PyTopology;
 use crate::{to_py_err, with_inputs};
 
@@ -16,7 +17,8 @@ use crate::{to_py_err, with_inputs};
 /// at its fastest warm-up depths, fastest first: the baseline's plan is the
 /// first.
 #[pyfunction]
-#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto"))]
+#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto", overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
+#[allow(clippy::too_many_arguments)]
 fn baseline_plans(
     py: Python<'_>,
     kind: &str,
@@ -25,7 +27,10 @@ fn baseline_plans(
     global_batch_size: u32,
     min_micro_batch_size: Option<u32>,
     warmup_policy: &str,
+    overlap_grad_reduce: &str,
+    overlap_param_gather: bool,
 ) -> PyResult<Vec<PyPlan>> {
+    let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let kind = Baseline::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
     let policy =
         WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
@@ -37,7 +42,7 @@ fn baseline_plans(
                 &topology.inner,
                 global_batch_size,
                 min_micro_batch_size,
-                policy,
+                (policy, overlap),
             )
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
@@ -120,9 +125,9 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// GPUs left over as replicas, `micro_batch_size` samples a replica, every
 /// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
 /// re-computing as `recompute` says (none, full, per-layer or selective),
-/// 1F1B.
+/// 1F1B, on a runtime that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none"))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -134,7 +139,10 @@ fn megatron_plan(
     shard_optimizer: bool,
     sequence_parallel: bool,
     recompute: &str,
+    overlap_grad_reduce: &str,
+    overlap_param_gather: bool,
 ) -> PyResult<PyPlan> {
+    let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let shape = StageShape {
         tensor_parallel,
         sequence_parallel,
@@ -149,7 +157,7 @@ fn megatron_plan(
         &shape,
     )
     .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(made_from(plan, profile))
+    Ok(made_from(plan.overlapping(overlap), profile))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

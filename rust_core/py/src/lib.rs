@@ -180,6 +180,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SEARCH_SPACES", names(py, SearchSpace::names())?)?;
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add(
+        "GRAD_REDUCE_OVERLAPS",
+        names(py, dapple_core::overlap::GradReduceOverlap::names())?,
+    )?;
+    m.add(
         "ATTENTION_KERNELS",
         names(py, dapple_core::kernels::AttentionKernel::names())?,
     )?;

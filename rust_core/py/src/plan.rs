@@ -149,6 +149,31 @@ crate::file_object_methods!(PyPlan {
         self.inner.schedule.warmup_policy.name()
     }
 
+    /// Which stages reduce their gradients behind their backward
+    /// (`schedule.overlap.grad_reduce`).
+    #[getter]
+    fn overlap_grad_reduce(&self) -> &'static str {
+        self.inner.schedule.overlap.grad_reduce.name()
+    }
+
+    /// Whether ZeRO-1 stages gather their weights behind the next forward.
+    #[getter]
+    fn overlap_param_gather(&self) -> bool {
+        self.inner.schedule.overlap.param_gather
+    }
+
+    /// Whether some stage reduces its gradients behind its backward.
+    #[getter]
+    fn hides_grad_reduce(&self) -> bool {
+        self.inner.hides_grad_reduce()
+    }
+
+    /// Whether some ZeRO-1 stage gathers its weights behind the next forward.
+    #[getter]
+    fn hides_param_gather(&self) -> bool {
+        self.inner.hides_param_gather()
+    }
+
     /// Stages (chunks) each pipeline rank holds: 1 but under a chunked kind.
     #[getter]
     fn chunks(&self) -> u32 {

@@ -1,4 +1,5 @@
 use dapple_core::cost::WarmupPolicy;
+use dapple_core::overlap::{GradReduceOverlap, Overlap};
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::search::{
     search as search_plan, Hints, RangeHint, SearchOptions, SearchSpace, StageShapes,
@@ -23,7 +24,7 @@ type PyRangeHint = (usize, usize, u32, Option<u32>);
 /// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, chunks=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new()))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, chunks=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new(), overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -43,6 +44,8 @@ fn search(
     micro_batches: Option<u32>,
     cuts: Vec<usize>,
     ranges: Vec<PyRangeHint>,
+    overlap_grad_reduce: &str,
+    overlap_param_gather: bool,
 ) -> PyResult<(PyPlan, Stats)> {
     let mut opts = SearchOptions::new(global_batch_size);
     opts.warmup_policy =
@@ -71,6 +74,7 @@ fn search(
         )));
     }
     opts.chunks = chunks;
+    opts.overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     opts.hints = Hints {
         stages,
         micro_batches,
@@ -100,6 +104,17 @@ fn search(
             s.abandoned_micro_batch_sizes,
         ),
     ))
+}
+
+/// What a runtime hides behind computation (`overlap.rs`), from its
+/// gradient reduction's name and whether it gathers weights behind the
+/// forward.
+pub(crate) fn overlap_of(grad_reduce: &str, param_gather: bool) -> PyResult<Overlap> {
+    Ok(Overlap {
+        grad_reduce: GradReduceOverlap::parse(grad_reduce)
+            .map_err(|e| to_py_err(e.under("overlap_grad_reduce")))?,
+        param_gather,
+    })
 }
 
 /// A synchronous schedule kind by name; an asynchronous one is planned by

@@ -18,6 +18,7 @@
 //!   layer); or the selective parts again, and all but them kept.
 
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
+use crate::overlap::{exposed_before_forward, exposed_behind_backward};
 use crate::shape::{MemorySums, StageMemory, StageShape};
 use crate::split::ShardCost;
 
@@ -297,18 +298,15 @@ impl StageCoster<'_> {
             fwd_ms += whole.fwd(sums.start, end) / speed;
             bwd_ms += whole.bwd(sums.start, end) / speed;
         }
-        let mut allreduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms;
-        if shape.shard_optimizer {
-            // Half an AllReduce's volume in gradients, half in weights.
-            allreduce_ms *= (1.0 + self.layers.weights_per_gradient_byte()) / 2.0;
-        }
-        let exposed = if only_stage && shape.tensor_parallel <= 1 && !shape.shard_optimizer {
-            // Data parallelism re-computing: its AllReduce overlaps the backward as a plain one's.
-            self.stage_on(sums.start, sums.end, devices, 1, only_stage)
-                .exposed_allreduce_ms
-        } else {
-            allreduce_ms
-        };
+        let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms;
+        let (exposed, allreduce_ms) = self.exposed_reduction(
+            sums,
+            devices,
+            shape,
+            only_stage,
+            reduce_ms,
+            (fwd_ms, bwd_ms),
+        );
         let first_slice = match &sums.first_shard {
             Some(s) => f64::from(sums.split_slice) * s.input_factor,
             None => f64::from(sums.whole_slice),
@@ -344,5 +342,79 @@ impl StageCoster<'_> {
             bubble_ms: None,
         };
         (cost, memory)
+    }
+
+    /// The gradient reduction of the summed stage (`reduce_ms`: its
+    /// AllReduces) as the runtime runs it: under ZeRO-1 a reduce-scatter of
+    /// the gradients and an all-gather of the weights in its place (half an
+    /// AllReduce's volume each, in its own bytes); what the runtime hides
+    /// behind the passes (`fwd_ms`, `bwd_ms`: one micro-batch's, before
+    /// re-computation) as `self.overlap` says, bucket by bucket over the
+    /// layers, each layer's share of a pass its share of the plain stage's,
+    /// and of the bytes its share of the gradients. Returns (exposed, all).
+    fn exposed_reduction(
+        &self,
+        sums: &ShapedSums,
+        devices: &StageDevices,
+        shape: &StageShape,
+        only_stage: bool,
+        reduce_ms: f64,
+        (fwd_ms, bwd_ms): (f64, f64),
+    ) -> (f64, f64) {
+        let weights_per_gradient_byte = self.layers.weights_per_gradient_byte();
+        let all = if shape.shard_optimizer {
+            reduce_ms * (1.0 + weights_per_gradient_byte) / 2.0
+        } else {
+            reduce_ms
+        };
+        let hides_reduce = self.overlap.hides_grad_reduce(only_stage, shape);
+        let hides_gather = self.overlap.hides_param_gather(shape);
+        if !hides_reduce && !hides_gather {
+            return (all, all);
+        }
+        if hides_reduce && shape.tensor_parallel <= 1 && !shape.shard_optimizer {
+            // Its AllReduce overlaps the backward as a plain stage's.
+            let plain = self.stage_on(sums.start, sums.end, devices, 1, only_stage);
+            return (plain.exposed_allreduce_ms, all);
+        }
+        let (scatter_ms, gather_ms) = if shape.shard_optimizer {
+            (reduce_ms / 2.0, reduce_ms / 2.0 * weights_per_gradient_byte)
+        } else {
+            (reduce_ms, 0.0)
+        };
+        let (start, end) = (sums.start, sums.end);
+        let plain = self.times(devices.paces[0].0, sums.whole_slice);
+        let share = |part: f64, whole: f64| if whole > 0.0 { part / whole } else { 0.0 };
+        // Each GPU's gradient bytes of a layer, its share of the stage's
+        // (split layers hold a shard's).
+        let all_bytes = self.layers.gradient_bytes(start, end);
+        let per_gpu_bytes = if sums.any_split {
+            sums.whole_gradient_bytes + sums.split_gradient_bytes
+        } else {
+            all_bytes
+        };
+        let bytes =
+            |l: usize| self.layers.gradient_bytes(l, l + 1) * share(per_gpu_bytes, all_bytes);
+        // A bucket's time: its share of the bytes of the whole transfer.
+        let of_bytes = |total_ms: f64| move |b: f64| total_ms * share(b, per_gpu_bytes);
+        let scatter = if hides_reduce {
+            let layer_bwd = |l: usize| bwd_ms * share(plain.bwd(l, l + 1), plain.bwd(start, end));
+            exposed_behind_backward(
+                (start..end).rev().map(|l| (layer_bwd(l), bytes(l))),
+                of_bytes(scatter_ms),
+            )
+        } else {
+            scatter_ms
+        };
+        let gather = if hides_gather {
+            let layer_fwd = |l: usize| fwd_ms * share(plain.fwd(l, l + 1), plain.fwd(start, end));
+            exposed_before_forward(
+                (start..end).map(|l| (layer_fwd(l), bytes(l))),
+                of_bytes(gather_ms),
+            )
+        } else {
+            gather_ms
+        };
+        (scatter + gather, all)
     }
 }

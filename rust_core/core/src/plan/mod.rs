@@ -13,6 +13,7 @@ use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
 use crate::hints::Hints;
+use crate::overlap::Overlap;
 use crate::pipeline_order::PipelineOrder;
 use crate::placement::Policy;
 use crate::profile::{Profile, BLOCK_KIND};
@@ -170,16 +171,27 @@ pub struct ScheduleChoice {
     /// (`Plan::stage_ranks`).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub chunks: u32,
+    /// What communication the runtime hides behind computation
+    /// (`overlap.rs`); absent: DAPPLE's, a data-parallel plan's gradient
+    /// reduction only.
+    #[serde(default, skip_serializing_if = "Overlap::is_default")]
+    pub overlap: Overlap,
 }
 
 impl ScheduleChoice {
-    /// `kind` at warm-up `policy`, one stage a rank.
+    /// `kind` at warm-up `policy`, one stage a rank, DAPPLE's overlap.
     pub fn new(kind: ScheduleKind, warmup_policy: WarmupPolicy) -> ScheduleChoice {
         ScheduleChoice {
             kind,
             warmup_policy,
             chunks: 1,
+            overlap: Overlap::default(),
         }
+    }
+
+    /// This schedule, its runtime hiding what `overlap` says.
+    pub fn overlapping(self, overlap: Overlap) -> ScheduleChoice {
+        ScheduleChoice { overlap, ..self }
     }
 }
 
@@ -519,6 +531,36 @@ impl Plan {
             stages,
             estimate: None,
             selection: None,
+        }
+    }
+
+    /// Whether some stage reduces its gradients behind its backward, as the
+    /// plan's runtime hides them (`Overlap::hides_grad_reduce`).
+    pub fn hides_grad_reduce(&self) -> bool {
+        let only_stage = self.stages.len() == 1;
+        self.stages.iter().any(|s| {
+            s.replicas() > 1
+                && self
+                    .schedule
+                    .overlap
+                    .hides_grad_reduce(only_stage, &s.shape())
+        })
+    }
+
+    /// Whether some ZeRO-1 stage gathers its weights behind the next forward.
+    pub fn hides_param_gather(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.replicas() > 1 && self.schedule.overlap.hides_param_gather(&s.shape()))
+    }
+
+    /// This plan, not yet costed, as a runtime that hides what `overlap`
+    /// says runs it.
+    pub fn overlapping(self, overlap: Overlap) -> Plan {
+        Plan {
+            schedule: self.schedule.overlapping(overlap),
+            estimate: None,
+            ..self
         }
     }
 

@@ -12,6 +12,7 @@ use crate::costing::ProfileCosts;
 use crate::error::{ErrorKind, Result};
 use crate::evaluate::{bound_estimate, bound_estimate_stages, estimate_stages, evaluate_costed};
 use crate::megatron::uniform_plans;
+use crate::overlap::Overlap;
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::schedule::{within_passes, ScheduleKind};
 
@@ -216,12 +217,13 @@ fn estimated(candidates: Vec<Candidate>, costs: &ProfileCosts) -> Result<Vec<Can
 pub(crate) fn megatron_candidates(
     costs: &ProfileCosts,
     topology: &Topology,
-    global_batch_size: u32,
-    min_slice: u32,
+    (global_batch_size, min_slice): (u32, u32),
     plain_only: bool,
+    overlap: Overlap,
 ) -> Vec<Candidate> {
     uniform_plans(costs.profile, topology, global_batch_size, min_slice)
         .into_iter()
+        .map(|(plan, source)| (plan.overlapping(overlap), source))
         .filter(|(plan, _)| !plain_only || plan.stages.iter().all(|s| s.shape().is_plain()))
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
@@ -281,7 +283,7 @@ pub(crate) fn baseline_candidates(
             other => other?,
         };
         candidates.extend(layouts.into_iter().map(|plan| Candidate {
-            plan,
+            plan: plan.overlapping(space.covering().overlap),
             source: kind.name(),
         }));
     }
@@ -304,6 +306,7 @@ pub(crate) fn best_placement_of(
         layers: &costs.layers,
         cluster,
         policy,
+        overlap: plan.schedule.overlap,
         min_slice,
         space: SearchSpace::Full,
         layout: Some(&layout),
@@ -384,7 +387,7 @@ pub(crate) fn plan_of_steps(
 ) -> Plan {
     let allocs = concrete_allocs(ctx.cluster, steps, |s, r, p| ctx.replay(s, r, p));
     let count = steps.len() as u32;
-    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m);
+    let coster = StageCoster::new(ctx.layers, ctx.cluster, b, m).overlapping(ctx.overlap);
     let stages: Vec<Stage> = steps
         .iter()
         .rev()
@@ -410,11 +413,8 @@ pub(crate) fn plan_of_steps(
             stage.with_shape(&step.shape)
         })
         .collect();
-    let schedule = ScheduleChoice {
-        kind: ScheduleKind::EarlyBackward1F1B,
-        warmup_policy: ctx.policy,
-        chunks: 1,
-    };
+    let schedule =
+        ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, ctx.policy).overlapping(ctx.overlap);
     let mut plan = Plan::new(inputs.clone(), b, m, schedule, stages);
     plan.estimate = Some(match ctx.policy {
         WarmupPolicy::Auto => bound_estimate_stages(&coster, &plan, &allocs),

@@ -242,7 +242,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         incumbents: Option<&'c [AtomicU64]>,
     ) -> Self {
         debug_assert!(incumbents.is_none_or(|i| i.len() == rules.len()));
-        let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches);
+        let coster = StageCoster::new(ctx.layers, ctx.cluster, micro_batch, micro_batches)
+            .overlapping(ctx.overlap);
         let n = ctx.layers.num_layers;
         let max_replicas = ctx.cluster.num_devices().min(micro_batch);
         let slices: Vec<u32> = {
@@ -1775,7 +1776,7 @@ mod tests {
             &layers,
             &cluster,
             (SearchSpace::Full, StageShapes::Plain, None),
-            policy,
+            (policy, crate::overlap::Overlap::default()),
             1,
             (1, vec![1]),
             &crate::hints::NO_HINTS,

@@ -19,6 +19,7 @@
 use crate::cost::{Cluster, WarmupPolicy};
 use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
+use crate::overlap::Overlap;
 use crate::plan::{ChosenBy, Plan, PlanInputs, Selection};
 use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
@@ -81,6 +82,9 @@ pub struct SearchOptions {
     pub chunks: Option<u32>,
     /// The user's constraints (`hints.rs`); empty: none.
     pub hints: Hints,
+    /// What the runtime hides behind computation (`overlap.rs`), as every
+    /// plan is costed and records it (`schedule.overlap`).
+    pub overlap: Overlap,
 }
 
 /// Default of `SearchOptions::max_search_bytes` (`dapple plan
@@ -112,6 +116,7 @@ impl SearchOptions {
             schedule: None,
             chunks: None,
             hints: Hints::default(),
+            overlap: Overlap::default(),
         }
     }
 }
@@ -287,13 +292,14 @@ fn search_layouts(
     refuse_before_searching(layers, &cluster, &sizes, opts)?;
     // Only the machine-aligned space asks which uniform degree is fastest.
     let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
-    let plain_only = match opts.stage_shapes {
-        StageShapes::Plain => true,
-        StageShapes::Auto => !layers.splits_any(),
-        StageShapes::All => false,
-    };
-    let mut uniform =
-        megatron_candidates(costs, topology, opts.global_batch_size, min_slice, plain_only);
+    let plain_only = opts.stage_shapes.plain_only(layers);
+    let mut uniform = megatron_candidates(
+        costs,
+        topology,
+        (opts.global_batch_size, min_slice),
+        plain_only,
+        opts.overlap,
+    );
     // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
     let space = Space::new(
         layers,
@@ -305,7 +311,7 @@ fn search_layouts(
                 .then(|| uniform_degree(&mut uniform, costs))
                 .flatten(),
         ),
-        opts.warmup_policy,
+        (opts.warmup_policy, opts.overlap),
         min_slice,
         (opts.global_batch_size, sizes),
         hints,
@@ -769,7 +775,7 @@ mod tests {
     /// valid vector of warm-up depths that fits in memory (policy auto).
     fn best_over_warmups(plan: &Plan, profile: &Profile) -> Option<f64> {
         let (stages, transfers) =
-            crate::simulate::sim_inputs(plan, &ProfileCosts::new(profile), true).unwrap();
+            crate::simulate::sim_inputs(plan, &ProfileCosts::new(profile)).unwrap();
         let caps = crate::warmup::deepest_warmups(&stages, plan.micro_batches)?;
         all_warmups(&caps)
             .iter()
@@ -866,11 +872,7 @@ mod tests {
             },
             b,
             gbs / b,
-            ScheduleChoice {
-                kind: ScheduleKind::EarlyBackward1F1B,
-                warmup_policy: policy,
-                chunks: 1,
-            },
+            ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, policy),
             plan_stages,
         )
     }
@@ -1657,11 +1659,7 @@ mod tests {
                 })
                 .collect();
             let inputs = PlanInputs::new(&profile, &topology, gbs, 1, "full", None);
-            let schedule = ScheduleChoice {
-                kind: ScheduleKind::EarlyBackward1F1B,
-                warmup_policy: policy,
-                chunks: 1,
-            };
+            let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, policy);
             let plan = Plan::new(inputs, b, gbs / b, schedule, plan_stages);
             let layout: Vec<(usize, usize, u32)> = plan
                 .stages
@@ -1672,6 +1670,7 @@ mod tests {
                 layers,
                 cluster: &cluster,
                 policy,
+                overlap: Overlap::default(),
                 min_slice: 1,
                 space: SearchSpace::Full,
                 layout: None,
@@ -1952,6 +1951,7 @@ mod tests {
             layers: &layers,
             cluster: &cluster,
             policy: WarmupPolicy::Auto,
+            overlap: Overlap::default(),
             min_slice: 1,
             space: SearchSpace::MachineAligned,
             layout: None,

@@ -150,7 +150,8 @@ pub(crate) fn refine(
         cluster,
         plan.micro_batch_size,
         plan.micro_batches,
-    );
+    )
+    .overlapping(plan.schedule.overlap);
     let mut current = plan.clone();
     let mut best_ms = from_ms;
     let mut moves = candidate_moves(&current, cluster);
@@ -518,11 +519,7 @@ mod tests {
             })
             .collect();
         let inputs = PlanInputs::new(profile, topology, gbs, min_slice, "test", None);
-        let schedule = ScheduleChoice {
-            kind: ScheduleKind::EarlyBackward1F1B,
-            warmup_policy: policy,
-            chunks: 1,
-        };
+        let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, policy);
         let plan = Plan::new(inputs, b, m, schedule, stages);
         cost(&plan, &ProfileCosts::new(profile), f64::INFINITY)
             .unwrap()

@@ -6,6 +6,7 @@
 
 use crate::cost::{largest_slice, micro_batch_sizes, Cluster, StageDevices, WarmupPolicy};
 use crate::error::{Error, Result};
+use crate::overlap::Overlap;
 use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
 use crate::shape::{uneven_split_group, Recompute, StageShape};
@@ -50,6 +51,18 @@ crate::named_enum! {
     }
 }
 
+impl StageShapes {
+    /// Whether stages are plain only: asked so, or "auto" where no layer of
+    /// the profile splits.
+    pub(crate) fn plain_only(self, layers: &LayerCosts) -> bool {
+        match self {
+            StageShapes::Plain => true,
+            StageShapes::Auto => !layers.splits_any(),
+            StageShapes::All => false,
+        }
+    }
+}
+
 /// The shapes a DP run may give a stage: what the profile allows and the
 /// search was asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,7 +102,7 @@ impl ShapeChoices {
         (space, uniform): (SearchSpace, Option<(u32, bool)>),
         shapes: StageShapes,
     ) -> ShapeChoices {
-        if shapes == StageShapes::Plain || (shapes == StageShapes::Auto && !layers.splits_any()) {
+        if shapes.plain_only(layers) {
             return ShapeChoices::PLAIN;
         }
         let splits = |t: u32| (0..layers.num_layers).any(|l| layers.shard(l, t, false).is_some());
@@ -247,7 +260,7 @@ impl<'a> Space<'a> {
         // The space, the stage shapes and the fastest uniform plan's degree
         // and sequence parallelism.
         (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<(u32, bool)>),
-        warmup_policy: WarmupPolicy,
+        (warmup_policy, overlap): (WarmupPolicy, Overlap),
         min_slice: u32,
         (global_batch_size, sizes): (u32, Vec<u32>),
         hints: &'a Hints,
@@ -282,6 +295,7 @@ impl<'a> Space<'a> {
                 layers,
                 cluster,
                 policy,
+                overlap,
                 min_slice,
                 space,
                 layout: None,
@@ -353,6 +367,8 @@ pub(crate) struct Context<'a> {
     pub(crate) layers: &'a LayerCosts,
     pub(crate) cluster: &'a Cluster,
     pub(crate) policy: WarmupPolicy,
+    /// What the runtime hides behind computation: how every stage is priced.
+    pub(crate) overlap: Overlap,
     pub(crate) min_slice: u32,
     pub(crate) space: SearchSpace,
     /// Where set, only this layout: stages (layer_start, layer_end, GPUs,
