@@ -34,7 +34,7 @@ pub const VOCAB_PADDING: u64 = 128;
 pub const MAX_BLOCKS: u64 = 100_000;
 
 /// Shipped model configs, by name: Hugging Face `config.json` files.
-pub const MODELS: [(&str, &str); 7] = [
+pub const MODELS: [(&str, &str); 10] = [
     (
         "gpt3-175b",
         include_str!("../../../profiles/models/gpt3-175b.json"),
@@ -63,15 +63,30 @@ pub const MODELS: [(&str, &str); 7] = [
         "llama-3-405b",
         include_str!("../../../profiles/models/llama-3-405b.json"),
     ),
+    (
+        "mixtral-8x7b",
+        include_str!("../../../profiles/models/mixtral-8x7b.json"),
+    ),
+    (
+        "qwen3-30b-a3b",
+        include_str!("../../../profiles/models/qwen3-30b-a3b.json"),
+    ),
+    (
+        "qwen3-235b-a22b",
+        include_str!("../../../profiles/models/qwen3-235b-a22b.json"),
+    ),
 ];
 
 /// The shape of a decoder-only transformer, as the generator reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
     pub hidden: u64,
+    /// The MLP width of a dense block.
     pub ffn: u64,
     pub heads: u64,
     pub kv_heads: u64,
+    /// Width of one attention head (Qwen3's `head_dim`; else hidden / heads).
+    pub head_dim: u64,
     pub blocks: u64,
     pub vocabulary: u64,
     /// Learned position embeddings (GPT-2 style), else rotary (none held).
@@ -84,6 +99,23 @@ pub struct TransformerConfig {
     pub hidden_dropout: bool,
     /// Dropout of the attention probabilities.
     pub attention_dropout: bool,
+    /// Mixture-of-experts MLPs (Mixtral, Qwen3-MoE); None: every block dense.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture of experts in place of a block's MLP: a router picks
+/// `experts_per_token` of `experts` routed experts for each token, and
+/// shared experts (`shared_ffn` columns in all) take every token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub experts: u64,
+    pub experts_per_token: u64,
+    /// One routed expert's MLP width.
+    pub expert_ffn: u64,
+    /// The shared experts' MLP width together (0: none).
+    pub shared_ffn: u64,
+    /// The first blocks keep a dense MLP (DeepSeek's `first_k_dense_replace`).
+    pub dense_blocks: u64,
 }
 
 /// What the generator is asked for besides the model.
@@ -125,14 +157,7 @@ impl TransformerConfig {
         let Value::Object(obj) = &value else {
             return Err(Error::invalid("a model config must be a JSON object"));
         };
-        let number = |keys: &[&str], what: &str| -> Result<Option<u64>> {
-            first_given(
-                obj,
-                keys,
-                |v| v.as_u64().filter(|&n| n > 0),
-                &format!("a whole number >= 1 ({what})"),
-            )
-        };
+        let number = |keys: &[&str], what: &str| whole_number(obj, keys, what);
         let required = |keys: &[&str], what: &str| -> Result<u64> {
             number(keys, what)?.ok_or_else(|| {
                 Error::field(
@@ -176,10 +201,17 @@ impl TransformerConfig {
                 ))
             }
         };
-        if hidden % heads != 0 || heads % kv_heads != 0 {
+        let head_dim = number(&["head_dim"], "the width of an attention head")?;
+        if (head_dim.is_none() && hidden % heads != 0) || heads % kv_heads != 0 {
             return Err(Error::field(
                 "num_attention_heads",
                 format!("value {heads} must divide the hidden size {hidden} and be a multiple of the KV heads {kv_heads}"),
+            ));
+        }
+        if obj.get("kv_lora_rank").is_some_and(|v| !v.is_null()) {
+            return Err(Error::field(
+                "kv_lora_rank",
+                "is multi-head latent attention (DeepSeek's MLA), which the generator does not price yet",
             ));
         }
         let act = obj
@@ -205,6 +237,8 @@ impl TransformerConfig {
             // `attention_dropout` to 0 and it has no hidden dropout.
             hidden_dropout: probability(obj, &["resid_pdrop", "hidden_dropout"], gpt_style)?,
             attention_dropout: probability(obj, &["attn_pdrop", "attention_dropout"], gpt_style)?,
+            head_dim: head_dim.unwrap_or(hidden / heads),
+            moe: MoeConfig::from_json(obj, ffn, blocks)?,
         })
     }
 
@@ -212,51 +246,99 @@ impl TransformerConfig {
         self.vocabulary.div_ceil(VOCAB_PADDING) * VOCAB_PADDING
     }
 
+    /// Width of the queries and of the attention's output: heads x head_dim.
+    fn q_width(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+
     fn kv_hidden(&self) -> u64 {
-        self.hidden / self.heads * self.kv_heads
+        self.kv_heads * self.head_dim
+    }
+
+    /// Whether block `block` (from 0) runs the experts: every block of a
+    /// mixture-of-experts model after its dense first ones.
+    pub fn has_experts(&self, block: u64) -> bool {
+        self.moe.is_some_and(|m| block >= m.dense_blocks)
+    }
+
+    /// The matrices of an MLP of `width` columns: up (and gate) and down.
+    fn mlp_matrix_params(&self, width: u64) -> f64 {
+        let matrices = if self.gated_mlp { 3.0 } else { 2.0 };
+        matrices * self.hidden as f64 * width as f64
+    }
+
+    /// A block's MLP parameters, the dense one or (`experts`) the mixture
+    /// of experts: (all of them, those each token multiplies, the router's).
+    fn mlp_params(&self, experts: bool) -> (f64, f64, f64) {
+        match self.moe.filter(|_| experts) {
+            None => {
+                let dense = self.mlp_matrix_params(self.ffn);
+                (dense, dense, 0.0)
+            }
+            Some(moe) => {
+                let expert = self.mlp_matrix_params(moe.expert_ffn);
+                let shared = self.mlp_matrix_params(moe.shared_ffn);
+                let router = (self.hidden * moe.experts) as f64;
+                (
+                    moe.experts as f64 * expert + shared + router,
+                    moe.experts_per_token as f64 * expert + shared + router,
+                    router,
+                )
+            }
+        }
+    }
+
+    /// The MLP columns one token passes through: the dense MLP's, or its
+    /// routed experts' and the shared experts'.
+    fn mlp_inner_per_token(&self, experts: bool) -> u64 {
+        match self.moe.filter(|_| experts) {
+            None => self.ffn,
+            Some(moe) => moe.experts_per_token * moe.expert_ffn + moe.shared_ffn,
+        }
     }
 
     /// Parameters of one block's matrices, and of what stays whole when it
-    /// is split (norms, and the biases added after a row-parallel matrix).
-    fn block_params(&self) -> (f64, f64) {
-        let (h, f, kv) = (self.hidden as f64, self.ffn as f64, self.kv_hidden() as f64);
-        let attention = 2.0 * h * h + 2.0 * h * kv;
-        let mlp = if self.gated_mlp {
-            3.0 * h * f
-        } else {
-            2.0 * h * f
-        };
+    /// is split (norms, the router, and the biases added after a
+    /// row-parallel matrix).
+    fn block_params(&self, experts: bool) -> (f64, f64) {
+        let (h, q, kv) = (
+            self.hidden as f64,
+            self.q_width() as f64,
+            self.kv_hidden() as f64,
+        );
+        let attention = 2.0 * h * q + 2.0 * h * kv;
+        let (mlp, _, router) = self.mlp_params(experts);
         let (norms, split_biases, whole_biases) = if self.biases {
-            (4.0 * h, h + 2.0 * kv + f, 2.0 * h)
+            (4.0 * h, q + 2.0 * kv + self.ffn as f64, 2.0 * h)
         } else {
             (2.0 * h, 0.0, 0.0)
         };
         (
             attention + mlp + norms + split_biases + whole_biases,
-            norms + whole_biases,
+            norms + whole_biases + router,
         )
     }
 
     /// Forward FLOPs of one block for one sample of `s` tokens: twice the
-    /// matrices' parameters per token, and QK^T and AV over all s x s
+    /// parameters each token multiplies, and QK^T and AV over all s x s
     /// pairs (causal masking not subtracted, as Megatron-LM counts).
-    fn block_fwd_flops(&self, s: f64) -> f64 {
-        self.block_weight_flops(s) + 4.0 * s * s * self.hidden as f64
+    fn block_fwd_flops(&self, s: f64, experts: bool) -> f64 {
+        self.block_weight_flops(s, experts) + 4.0 * s * s * self.q_width() as f64
     }
 
-    /// Of a block's forward FLOPs, the products with its weight matrices:
-    /// the backward's weight gradient (W of a zero-bubble split) costs as
-    /// much again; QK^T and AV multiply activations and have none.
-    fn block_weight_flops(&self, s: f64) -> f64 {
-        let (h, f, kv) = (self.hidden as f64, self.ffn as f64, self.kv_hidden() as f64);
-        let matrices = 2.0 * h * h
-            + 2.0 * h * kv
-            + if self.gated_mlp {
-                3.0 * h * f
-            } else {
-                2.0 * h * f
-            };
-        2.0 * s * matrices
+    /// Of a block's forward FLOPs, the products with its weight matrices
+    /// (of a mixture of experts, those of the experts a token is routed to,
+    /// the shared ones and the router): the backward's weight gradient (W
+    /// of a zero-bubble split) costs as much again; QK^T and AV multiply
+    /// activations and have none.
+    fn block_weight_flops(&self, s: f64, experts: bool) -> f64 {
+        let (h, q, kv) = (
+            self.hidden as f64,
+            self.q_width() as f64,
+            self.kv_hidden() as f64,
+        );
+        let (_, active, _) = self.mlp_params(experts);
+        2.0 * s * (2.0 * h * q + 2.0 * h * kv + active)
     }
 
     /// Bytes one block keeps for its backward, per sample, and the part
@@ -264,11 +346,18 @@ impl TransformerConfig {
     /// split are Q, K and V, the attention output and its softmax
     /// statistics, the MLP's inner activations, and where the attention
     /// runs unfused the s x s probabilities of every head (FlashAttention
-    /// keeps none).
-    fn block_stored_bytes(&self, s: f64, value_bytes: f64, kernel: AttentionKernel) -> (f64, f64) {
-        let (h, f, kv, a) = (
+    /// keeps none). A mixture of experts keeps its routed experts' inner
+    /// activations, and whole on every shard each token's copies for its
+    /// experts (k s h) and the router's probabilities (fp32).
+    fn block_stored_bytes(
+        &self,
+        s: f64,
+        value_bytes: f64,
+        (kernel, experts): (AttentionKernel, bool),
+    ) -> (f64, f64) {
+        let (h, q, kv, a) = (
             self.hidden as f64,
-            self.ffn as f64,
+            self.q_width() as f64,
             self.kv_hidden() as f64,
             self.heads as f64,
         );
@@ -278,13 +367,16 @@ impl TransformerConfig {
         } else {
             0.0
         };
-        let whole = 4.0 * s * h * value_bytes + masks;
-        let attention = s * (h + 2.0 * kv) * value_bytes + s * h * value_bytes + s * a * FP32;
-        let mlp = if self.gated_mlp {
-            3.0 * s * f * value_bytes
-        } else {
-            2.0 * s * f * value_bytes
+        let routing = match self.moe.filter(|_| experts) {
+            Some(moe) => {
+                s * (moe.experts_per_token as f64 * h * value_bytes + moe.experts as f64 * FP32)
+            }
+            None => 0.0,
         };
+        let whole = 4.0 * s * h * value_bytes + masks + routing;
+        let attention = s * (q + 2.0 * kv) * value_bytes + s * q * value_bytes + s * a * FP32;
+        let inner = self.mlp_inner_per_token(experts) as f64;
+        let mlp = if self.gated_mlp { 3.0 } else { 2.0 } * s * inner * value_bytes;
         let probabilities = self.attention_core_stored_bytes(s, value_bytes, kernel);
         (whole + attention + probabilities + mlp, whole)
     }
@@ -308,6 +400,109 @@ impl TransformerConfig {
             AttentionKernel::Unfused => a * s * s * value_bytes,
         }
     }
+}
+
+impl MoeConfig {
+    /// The experts of a Hugging Face config: Mixtral's keys
+    /// (`num_local_experts`, its `intermediate_size` each expert's width),
+    /// Qwen3-MoE's (`num_experts`, `moe_intermediate_size`, and
+    /// `intermediate_size` for dense blocks) or DeepSeek's
+    /// (`n_routed_experts`, `n_shared_experts`, `first_k_dense_replace`);
+    /// None where the config names no experts. `ffn`: its dense MLP width.
+    fn from_json(
+        obj: &serde_json::Map<String, Value>,
+        ffn: u64,
+        blocks: u64,
+    ) -> Result<Option<MoeConfig>> {
+        let number = |keys: &[&str], what: &str| whole_number(obj, keys, what);
+        let Some(experts) = number(
+            &["num_local_experts", "num_experts", "n_routed_experts"],
+            "the routed experts",
+        )?
+        else {
+            return Ok(None);
+        };
+        let experts_per_token = number(
+            &["num_experts_per_tok"],
+            "the experts each token is routed to",
+        )?
+        .ok_or_else(|| {
+            Error::field(
+                "num_experts_per_tok",
+                "is missing: a mixture of experts needs the experts each token is routed to",
+            )
+        })?;
+        if experts_per_token > experts {
+            return Err(Error::field(
+                "num_experts_per_tok",
+                format!("value {experts_per_token} is more than the {experts} routed experts"),
+            ));
+        }
+        let expert_ffn =
+            number(&["moe_intermediate_size"], "an expert's MLP width")?.unwrap_or(ffn);
+        let shared_ffn = match number(
+            &["shared_expert_intermediate_size"],
+            "the shared expert's MLP width",
+        )? {
+            Some(width) => width,
+            None => {
+                let shared = first_given(
+                    obj,
+                    &["n_shared_experts"],
+                    Value::as_u64,
+                    "a whole number (the shared experts)",
+                )?;
+                shared.unwrap_or(0) * expert_ffn
+            }
+        };
+        let dense_blocks = first_given(
+            obj,
+            &["first_k_dense_replace"],
+            Value::as_u64,
+            "a whole number (the dense first blocks)",
+        )?
+        .unwrap_or(0);
+        if dense_blocks > blocks {
+            return Err(Error::field(
+                "first_k_dense_replace",
+                format!("value {dense_blocks} is more than the {blocks} blocks"),
+            ));
+        }
+        let every_block = |key: &str, fine: &dyn Fn(&Value) -> bool| {
+            match obj.get(key) {
+            Some(v) if !v.is_null() && !fine(v) => Err(Error::field(
+                key,
+                format!("value {v}: the generator places experts in every block after the dense first ones"),
+            )),
+            _ => Ok(()),
+        }
+        };
+        every_block("decoder_sparse_step", &|v| v.as_u64() == Some(1))?;
+        every_block("mlp_only_layers", &|v| {
+            v.as_array().is_some_and(Vec::is_empty)
+        })?;
+        Ok(Some(MoeConfig {
+            experts,
+            experts_per_token,
+            expert_ffn,
+            shared_ffn,
+            dense_blocks,
+        }))
+    }
+}
+
+/// The whole number >= 1 the first of `keys` gives (`first_given`).
+fn whole_number(
+    obj: &serde_json::Map<String, Value>,
+    keys: &[&str],
+    what: &str,
+) -> Result<Option<u64>> {
+    first_given(
+        obj,
+        keys,
+        |v| v.as_u64().filter(|&n| n > 0),
+        &format!("a whole number >= 1 ({what})"),
+    )
 }
 
 /// Whether a dropout probability among `keys` is above 0: the first key
@@ -352,7 +547,7 @@ fn first_given<T>(
 /// what it leaves out, is in docs/cost-model.md ("Transformer profiles").
 impl TransformerConfig {
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads
+        self.head_dim
     }
 
     /// The lookup reads its rows and writes the output (GPT: and adds the
@@ -375,23 +570,25 @@ impl TransformerConfig {
     /// two norms (each reads and writes h) and residual adds (each reads
     /// 2h, writes h), every shard's whole, and the MLP's activation
     /// (SwiGLU reads 2f / t, writes f / t; GeLU reads and writes f / t) and
-    /// rotary positions on Q and K, split.
+    /// rotary positions on Q and K, split. With `experts`, the MLP is the
+    /// mixture's (`moe_mlp_times`).
     fn block_times(
         &self,
         gpu: &GpuType,
-        attention: AttentionKernel,
+        (attention, experts): (AttentionKernel, bool),
         (b, seq): (u32, u64),
         t: u64,
     ) -> Result<PassTimes> {
         let tokens = u64::from(b) * seq;
         let h = self.hidden;
-        let (q, kv, inner) = (h / t, self.kv_hidden() / t, self.ffn / t);
+        let (q, kv) = (self.q_width() / t, self.kv_hidden() / t);
         let mut times = PassTimes::default();
         times.add_weight_product(gpu, tokens, q + 2 * kv, h);
         times.add_weight_product(gpu, tokens, h, q);
-        let up = if self.gated_mlp { 2 * inner } else { inner };
-        times.add_weight_product(gpu, tokens, up, h);
-        times.add_weight_product(gpu, tokens, h, inner);
+        let activation_bytes = match self.moe.filter(|_| experts) {
+            None => self.add_mlp(&mut times, gpu, tokens, self.ffn / t),
+            Some(moe) => self.add_moe_mlp(&mut times, gpu, tokens, (&moe, t)),
+        };
         let heads = u64::from(b) * self.heads / t;
         let (fwd, bwd) = attention_ms(
             gpu,
@@ -411,14 +608,62 @@ impl TransformerConfig {
             // Fused with the residual adds, each dropout writes a one-byte mask.
             times.add_replicated(gpu, (tokens * 2 * h) as f64 * MASK);
         }
-        let activation = if self.gated_mlp { 3 * inner } else { 2 * inner };
         let rotary = if self.positions.is_none() {
             2 * (q + kv)
         } else {
             0
         };
-        times.add_memory_bound(gpu, BF16 * (tokens * (activation + rotary)) as f64);
+        times.add_memory_bound(gpu, activation_bytes + BF16 * (tokens * rotary) as f64);
         Ok(times)
+    }
+
+    /// An MLP of `inner` columns (a shard's) over `rows` tokens: its up
+    /// (and gate) and down products; returns the bytes its activation
+    /// moves, which the caller times with the block's other such operators.
+    fn add_mlp(&self, times: &mut PassTimes, gpu: &GpuType, rows: u64, inner: u64) -> f64 {
+        if rows == 0 || inner == 0 {
+            return 0.0;
+        }
+        let (up, activation) = if self.gated_mlp {
+            (2 * inner, 3 * inner)
+        } else {
+            (inner, 2 * inner)
+        };
+        times.add_weight_product(gpu, rows, up, self.hidden);
+        times.add_weight_product(gpu, rows, self.hidden, inner);
+        BF16 * (rows * activation) as f64
+    }
+
+    /// A mixture of experts on one of `t` shards (each expert's columns
+    /// split t ways, Megatron-LM's expert tensor parallelism at t): the
+    /// router's product, whole on every shard; each routed expert's MLP
+    /// over an even share of the tokens' k copies (routing balanced, an
+    /// assumption: docs/cost-model.md); the shared experts' over every
+    /// token; and the copies' dispatch (each read and written) and combine
+    /// (k read, one written) in bf16, whole on every shard.
+    fn add_moe_mlp(
+        &self,
+        times: &mut PassTimes,
+        gpu: &GpuType,
+        tokens: u64,
+        (moe, t): (&MoeConfig, u64),
+    ) -> f64 {
+        let h = self.hidden;
+        let router = Gemm::new(tokens, moe.experts, h).ms(gpu);
+        let router_bwd =
+            Gemm::new(tokens, h, moe.experts).ms(gpu) + Gemm::new(h, moe.experts, tokens).ms(gpu);
+        times.add_weight_product(gpu, tokens, moe.experts, h);
+        times.replicated += router + router_bwd;
+        let copies = tokens * moe.experts_per_token;
+        let mut activation_bytes = 0.0;
+        for expert in 0..moe.experts {
+            // Expert e takes copies / E tokens, the first copies mod E one more.
+            let rows = copies / moe.experts + u64::from(expert < copies % moe.experts);
+            activation_bytes += self.add_mlp(times, gpu, rows, moe.expert_ffn / t);
+        }
+        activation_bytes += self.add_mlp(times, gpu, tokens, moe.shared_ffn / t);
+        times.add_replicated(gpu, BF16 * ((3 * copies + tokens) * h) as f64);
+        activation_bytes
     }
 
     /// The head on one of `t` shards: the final norm (reads and writes h,
@@ -470,17 +715,29 @@ pub fn transformer_profile(
         attention,
         micro_batch_sizes: &options.micro_batch_sizes,
     };
-    // The blocks are alike: one is timed, the others are its copies.
-    let block = maker.block()?;
+    // The blocks of a kind are alike: one is timed, the others are its
+    // copies (a mixture-of-experts model's dense first blocks are the other kind).
+    let dense = maker.block(false)?;
+    let with_experts = match config.moe {
+        Some(_) => Some(maker.block(true)?),
+        None => None,
+    };
     let blocks = (0..config.blocks).map(|i| Layer {
         name: format!("block_{i}"),
-        ..block.clone()
+        ..match (&with_experts, config.has_experts(i)) {
+            (Some(block), true) => block,
+            _ => &dense,
+        }
+        .clone()
     });
     let layers: Vec<Layer> = std::iter::once(maker.embedding()?)
         .chain(blocks)
         .chain(std::iter::once(maker.lm_head()?))
         .collect();
-    let fwd_flops = config.blocks as f64 * config.block_fwd_flops(s) + head_fwd_flops(config, s);
+    let with_experts_count = config.moe.map_or(0, |m| config.blocks - m.dense_blocks);
+    let fwd_flops = (config.blocks - with_experts_count) as f64 * config.block_fwd_flops(s, false)
+        + with_experts_count as f64 * config.block_fwd_flops(s, true)
+        + head_fwd_flops(config, s);
     let profile = Profile {
         optimizer_step_ms: None,
         optimizer_step_bytes: None,
@@ -581,8 +838,17 @@ enum Timing {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum LayerKind {
     Embedding,
-    Block,
+    /// A block, with the mixture of experts or its dense MLP.
+    Block {
+        experts: bool,
+    },
     Head,
+}
+
+impl LayerKind {
+    fn is_block(self) -> bool {
+        matches!(self, LayerKind::Block { .. })
+    }
 }
 
 /// One layer's times at one micro-batch size and split degree, ms: the
@@ -663,8 +929,7 @@ impl LayerMaker<'_> {
         match self.timing {
             Timing::Efficiency { flops_per_ms } => {
                 let fwd = f64::from(b) * flops.0 / flops_per_ms;
-                let unfused_core =
-                    kind == LayerKind::Block && self.attention == AttentionKernel::Unfused;
+                let unfused_core = kind.is_block() && self.attention == AttentionKernel::Unfused;
                 Ok(PassTimes {
                     fwd,
                     bwd: 2.0 * fwd,
@@ -682,9 +947,9 @@ impl LayerMaker<'_> {
                 let tokens = u64::from(b) * self.seq_len;
                 Ok(match kind {
                     LayerKind::Embedding => self.config.embedding_times(gpu, tokens),
-                    LayerKind::Block => {
+                    LayerKind::Block { experts } => {
                         self.config
-                            .block_times(gpu, attention, (b, self.seq_len), t)?
+                            .block_times(gpu, (attention, experts), (b, self.seq_len), t)?
                     }
                     LayerKind::Head => self.config.head_times(gpu, tokens, t),
                 })
@@ -700,7 +965,7 @@ impl LayerMaker<'_> {
         times: &[PassTimes],
         (stored, activation): (f64, f64),
     ) -> Vec<Measurement> {
-        let selective_per_sample = if kind == LayerKind::Block {
+        let selective_per_sample = if kind.is_block() {
             self.config
                 .attention_core_stored_bytes(self.s, BF16, self.attention)
         } else {
@@ -761,7 +1026,7 @@ impl LayerMaker<'_> {
         Ok(Layer {
             weight_copy_bytes: None,
             name,
-            kind: (kind == LayerKind::Block).then(|| BLOCK_KIND.into()),
+            kind: kind.is_block().then(|| BLOCK_KIND.into()),
             param_bytes: param_bytes as u64,
             inputs: None,
             measurements: self.measurements(kind, &times, (stored, activation)),
@@ -786,18 +1051,23 @@ impl LayerMaker<'_> {
         )
     }
 
-    /// A block (named by the caller): Megatron-LM's split, attention heads and MLP columns then
-    /// rows, an AllReduce of the block's output after each (2 forward, 2 backward).
-    fn block(&self) -> Result<Layer> {
+    /// A block (named by the caller), with the mixture of experts where
+    /// `experts`: Megatron-LM's split, attention heads and MLP columns then
+    /// rows, an AllReduce of the block's output after each (2 forward, 2
+    /// backward).
+    fn block(&self, experts: bool) -> Result<Layer> {
         let (config, s) = (self.config, self.s);
-        let (params, _) = config.block_params();
-        let (stored, _) = config.block_stored_bytes(s, BF16, self.attention);
+        let (params, _) = config.block_params(experts);
+        let (stored, _) = config.block_stored_bytes(s, BF16, (self.attention, experts));
         self.layer(
-            ("block".into(), LayerKind::Block),
+            ("block".into(), LayerKind::Block { experts }),
             params * BF16,
-            (config.block_fwd_flops(s), config.block_weight_flops(s)),
+            (
+                config.block_fwd_flops(s, experts),
+                config.block_weight_flops(s, experts),
+            ),
             (stored, s * config.hidden as f64 * BF16),
-            self.splits().block(),
+            self.splits().block(experts),
         )
     }
 
@@ -872,13 +1142,15 @@ impl SplitMaker<'_> {
         }
     }
 
-    /// Attention heads and MLP columns, then rows: an AllReduce of the
-    /// block's output after each (2 forward, 2 backward).
-    fn block(&self) -> SplitPattern {
+    /// Attention heads and MLP columns (each expert's, where `experts`),
+    /// then rows: an AllReduce of the block's output after each (2
+    /// forward, 2 backward).
+    fn block(&self, experts: bool) -> SplitPattern {
         let (config, s) = (self.config, self.s);
         let h = config.hidden as f64;
-        let (params, whole_params) = config.block_params();
-        let (stored, whole_stored) = config.block_stored_bytes(s, self.value_bytes, self.attention);
+        let (params, whole_params) = config.block_params(experts);
+        let (stored, whole_stored) =
+            config.block_stored_bytes(s, self.value_bytes, (self.attention, experts));
         SplitPattern {
             name: "megatron-block".into(),
             divides: vec![
@@ -949,7 +1221,7 @@ pub fn transformer_splits(
     };
     TransformerSplits {
         embedding: maker.embedding(),
-        block: maker.block(),
+        block: maker.block(false),
         lm_head: maker.lm_head(),
     }
 }
@@ -990,6 +1262,138 @@ mod tests {
         assert_eq!(p.device.as_deref(), Some("A100-80GB"));
     }
 
+    /// (all, active) parameters of a generated profile: every layer's, and
+    /// of its model FLOPs a token's (the FLOPs' weight products / 2s).
+    fn parameter_counts(name: &str) -> (f64, f64) {
+        let c = TransformerConfig::named(name).unwrap();
+        let p = transformer_profile(name, &c, &options("h100")).unwrap();
+        let all = p.layers.iter().map(|l| l.param_bytes as f64).sum::<f64>() / BF16;
+        let s = 4096.0;
+        let with_experts = (0..c.blocks).filter(|&i| c.has_experts(i)).count() as f64;
+        let per_token = (with_experts * c.block_weight_flops(s, true)
+            + (c.blocks as f64 - with_experts) * c.block_weight_flops(s, false)
+            + head_fwd_flops(&c, s))
+            / (2.0 * s);
+        // The embedding multiplies nothing; its rows count as active.
+        let embedding = p.layers[0].param_bytes as f64 / BF16;
+        (all, per_token + embedding)
+    }
+
+    #[test]
+    fn mixtures_of_experts_have_their_published_parameter_counts() {
+        // Each model card's totals and parameters active per token:
+        // Mixtral 8x7B (Mistral AI, "Mixtral of experts", 2024: 46.7B and
+        // 12.9B), Qwen3-30B-A3B (30.5B and 3.3B) and Qwen3-235B-A22B (235B
+        // and 22B; Qwen3 technical report, Table 2). Qwen3's per-head
+        // q and k norms (2 x 128 values a block) are left out.
+        for (name, total, active) in [
+            ("mixtral-8x7b", 46.7e9, 12.9e9),
+            ("qwen3-30b-a3b", 30.5e9, 3.3e9),
+            ("qwen3-235b-a22b", 235e9, 22e9),
+        ] {
+            let (all, per_token) = parameter_counts(name);
+            assert!((all / total - 1.0).abs() < 0.01, "{name}: {all}");
+            assert!(
+                (per_token / active - 1.0).abs() < 0.02,
+                "{name}: {per_token}"
+            );
+        }
+        // A dense model's active parameters are all of them but its norms'.
+        let (all, per_token) = parameter_counts("llama-2-7b");
+        assert!((per_token / all - 1.0).abs() < 1e-4, "{per_token} {all}");
+    }
+
+    #[test]
+    fn a_mixture_of_experts_keeps_its_routed_copies_and_times_each_expert() {
+        let c = TransformerConfig::named("mixtral-8x7b").unwrap();
+        let moe = c.moe.unwrap();
+        assert_eq!(
+            (
+                moe.experts,
+                moe.experts_per_token,
+                moe.expert_ffn,
+                moe.shared_ffn
+            ),
+            (8, 2, 14336, 0)
+        );
+        let (s, h) = (4096.0, 4096.0);
+        let (dense_stored, dense_whole) =
+            c.block_stored_bytes(s, BF16, (AttentionKernel::Flash, false));
+        let (stored, whole) = c.block_stored_bytes(s, BF16, (AttentionKernel::Flash, true));
+        // Whole on every shard besides the dense block's: two copies of each
+        // token (k s h bf16) and the router's 8 fp32 probabilities a token.
+        assert_eq!(whole - dense_whole, s * (2.0 * h * BF16 + 8.0 * FP32));
+        // The MLP's inner activations: a token's two experts' (3 x 2 x 14336) for one.
+        assert_eq!(
+            stored - dense_stored - (whole - dense_whole),
+            3.0 * s * 14336.0 * BF16
+        );
+        // By operator on an H100, a block of two experts of 14336 columns per
+        // token runs longer than a dense block of one 14336-wide MLP, and
+        // shorter than a dense block of 8 such (the experts' products are
+        // each an eighth of the tokens' copies, so less efficient).
+        let gpu = gpu_type("h100").unwrap();
+        let at = |experts| {
+            c.block_times(gpu, (AttentionKernel::Flash, experts), (1, 4096), 1)
+                .unwrap()
+        };
+        let (dense, routed) = (at(false), at(true));
+        assert!(routed.fwd > dense.fwd, "{routed:?} {dense:?}");
+        let mlp = |inner: u64| {
+            let mut t = PassTimes::default();
+            c.add_mlp(&mut t, gpu, 4096, inner);
+            t.fwd
+        };
+        assert!(
+            routed.fwd - dense.fwd < mlp(7 * 14336),
+            "{}",
+            routed.fwd - dense.fwd
+        );
+    }
+
+    #[test]
+    fn a_moe_config_names_its_bad_field() {
+        let base = |extra: &str| {
+            format!(
+                r#"{{"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100{extra}}}"#
+            )
+        };
+        let error = |extra: &str| {
+            TransformerConfig::from_json(&base(extra))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(error(r#", "num_experts": 4, "num_experts_per_tok": 5"#)
+            .contains("num_experts_per_tok: value 5 is more than the 4 routed experts"));
+        assert!(error(r#", "num_experts": 4"#).contains("num_experts_per_tok: is missing"));
+        assert!(
+            error(r#", "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0]"#)
+                .contains("mlp_only_layers: value [0]")
+        );
+        assert!(error(r#", "kv_lora_rank": 512"#)
+            .contains("kv_lora_rank: is multi-head latent attention"));
+        assert!(error(
+            r#", "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 3"#
+        )
+        .contains("first_k_dense_replace: value 3 is more than the 2 blocks"));
+        // DeepSeek's keys: shared experts of the routed ones' width, dense first blocks.
+        let c = TransformerConfig::from_json(&base(
+            r#", "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            c.moe,
+            Some(MoeConfig {
+                experts: 4,
+                experts_per_token: 2,
+                expert_ffn: 32,
+                shared_ffn: 32,
+                dense_blocks: 1
+            })
+        );
+        assert!(!c.has_experts(0) && c.has_experts(1));
+    }
+
     #[test]
     fn gpt3_flops_per_sample_follow_megatrons_formula() {
         // Narayanan et al. 2021, eq. (3): 72 B s l h^2 (1 + s / 6h + V / 12lh) per iteration.
@@ -1008,7 +1412,7 @@ mod tests {
         let c = TransformerConfig::named("llama-2-7b").unwrap();
         let p = transformer_profile("llama-2-7b", &c, &options("h100")).unwrap();
         let m = &p.layers[1].measurements[1];
-        let flops = c.block_fwd_flops(4096.0) * 2.0;
+        let flops = c.block_fwd_flops(4096.0, false) * 2.0;
         assert!((m.fwd_ms - flops / (989.5e12 * 0.5) * 1e3).abs() < 1e-9);
         assert_eq!(m.bwd_ms, 2.0 * m.fwd_ms);
         // Its weight gradient: the weight products' FLOPs, the forward's
@@ -1069,7 +1473,7 @@ mod tests {
         );
         assert!((m.bwd_weight_ms.unwrap() - weight).abs() < 1e-9);
         // The products run at about 0.87 of the peak in full waves: the block about 0.8.
-        let flops = c.block_fwd_flops(2048.0);
+        let flops = c.block_fwd_flops(2048.0, false);
         let share = flops / (m.fwd_ms * 1e9) / 312.0;
         assert!((0.7..0.87).contains(&share), "{share}");
         // The norms and residual adds are what a split leaves whole.

@@ -71,6 +71,7 @@ fn transformer_splits<'py>(
         ffn,
         heads,
         kv_heads: heads,
+        head_dim: hidden / heads,
         blocks: 1,
         vocabulary,
         positions: Some(positions),
@@ -79,6 +80,7 @@ fn transformer_splits<'py>(
         // The runtime's GPT has no dropout.
         hidden_dropout: false,
         attention_dropout: false,
+        moe: None,
     };
     let splits = splits_of(&config, seq_len, value_bytes);
     let out = PyDict::new(py);
