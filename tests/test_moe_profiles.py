@@ -46,3 +46,21 @@ def test_a_bad_moe_config_is_one_line_naming_the_field(tmp_path, dapple):
                "--out", tmp_path / "p.json")
     assert_one_line_error(r, 3, "num_experts_per_tok: value 6 is more than the 4 routed experts")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_deepseek_v3_has_latent_attention_dense_first_blocks_and_shared_experts(dapple, tmp_path):
+    out = tmp_path / "deepseek.json"
+    r = dapple("profile", "transformer", "--config", "deepseek-v3", "--gpu", "h100", "--seq-len", 4096,
+               "--micro-batch-sizes", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    layers = json.loads(out.read_text())["layers"]
+    blocks = [layer for layer in layers if layer.get("kind") == "block"]
+    assert len(blocks) == 61
+    # Three dense first blocks, then 58 of 256 routed experts and a shared one.
+    sizes = [b["param_bytes"] for b in blocks]
+    assert len(set(sizes[:3])) == 1 and len(set(sizes[3:])) == 1 and sizes[3] > 15 * sizes[0]
+    assert abs(sum(layer["param_bytes"] for layer in layers) / 2 / 671e9 - 1) < 0.01
+    # The latent down projections stay whole on every shard of a split.
+    split = blocks[0]["split"][0]
+    assert {d["what"] for d in split["divides"]} == {"attention heads", "KV heads"}
+    assert split["replicated_param_fraction"] > 0.01

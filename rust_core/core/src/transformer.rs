@@ -34,7 +34,7 @@ pub const VOCAB_PADDING: u64 = 128;
 pub const MAX_BLOCKS: u64 = 100_000;
 
 /// Shipped model configs, by name: Hugging Face `config.json` files.
-pub const MODELS: [(&str, &str); 10] = [
+pub const MODELS: [(&str, &str); 11] = [
     (
         "gpt3-175b",
         include_str!("../../../profiles/models/gpt3-175b.json"),
@@ -75,6 +75,10 @@ pub const MODELS: [(&str, &str); 10] = [
         "qwen3-235b-a22b",
         include_str!("../../../profiles/models/qwen3-235b-a22b.json"),
     ),
+    (
+        "deepseek-v3",
+        include_str!("../../../profiles/models/deepseek-v3.json"),
+    ),
 ];
 
 /// The shape of a decoder-only transformer, as the generator reads it.
@@ -101,6 +105,41 @@ pub struct TransformerConfig {
     pub attention_dropout: bool,
     /// Mixture-of-experts MLPs (Mixtral, Qwen3-MoE); None: every block dense.
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (DeepSeek-V2 and V3); None: the heads'
+    /// own queries, keys and values (grouped where fewer KV heads).
+    pub mla: Option<MlaConfig>,
+}
+
+/// DeepSeek's multi-head latent attention: queries (where `q_lora_rank`
+/// is given) and keys and values go through low-rank latents, each
+/// normed, then up to every head; each head's queries and keys have a
+/// part without positions (`qk_nope_head_dim`) and a rotary one
+/// (`qk_rope_head_dim`, the keys' shared by the heads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlaConfig {
+    /// 0: the queries come from the hidden state directly (DeepSeek-V2-Lite).
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+/// A block's attention by its matrices and what it keeps, per token.
+struct AttentionSizes {
+    /// Parameters of the matrices a split divides (by heads), and of those
+    /// every shard keeps whole (MLA's down projections).
+    split_params: f64,
+    whole_params: f64,
+    /// Parameters of the latents' norms (MLA), whole.
+    norm_params: f64,
+    /// Values kept for the backward: queries, keys and values, and the
+    /// attention's output (split by heads), and what every shard keeps
+    /// whole (MLA's latents before and after their norms, and the shared
+    /// rotary key).
+    qkv_stored: f64,
+    output_stored: f64,
+    whole_stored: f64,
 }
 
 /// A mixture of experts in place of a block's MLP: a router picks
@@ -208,12 +247,6 @@ impl TransformerConfig {
                 format!("value {heads} must divide the hidden size {hidden} and be a multiple of the KV heads {kv_heads}"),
             ));
         }
-        if obj.get("kv_lora_rank").is_some_and(|v| !v.is_null()) {
-            return Err(Error::field(
-                "kv_lora_rank",
-                "is multi-head latent attention (DeepSeek's MLA), which the generator does not price yet",
-            ));
-        }
         let act = obj
             .get("hidden_act")
             .or_else(|| obj.get("activation_function"))
@@ -239,6 +272,7 @@ impl TransformerConfig {
             attention_dropout: probability(obj, &["attn_pdrop", "attention_dropout"], gpt_style)?,
             head_dim: head_dim.unwrap_or(hidden / heads),
             moe: MoeConfig::from_json(obj, ffn, blocks)?,
+            mla: MlaConfig::from_json(obj)?,
         })
     }
 
@@ -253,6 +287,46 @@ impl TransformerConfig {
 
     fn kv_hidden(&self) -> u64 {
         self.kv_heads * self.head_dim
+    }
+
+    /// The attention's matrices and what it keeps, per token: Q, K and V
+    /// of the heads (K and V of the KV heads) and the output projection; or
+    /// DeepSeek's latent attention, its down projections whole on every
+    /// shard (as Megatron-LM's MLA duplicates them) and the up projections
+    /// and the output's split by heads.
+    fn attention_sizes(&self) -> AttentionSizes {
+        let h = self.hidden as f64;
+        let Some(mla) = self.mla else {
+            let (q, kv) = (self.q_width() as f64, self.kv_hidden() as f64);
+            return AttentionSizes {
+                split_params: 2.0 * h * q + 2.0 * h * kv,
+                whole_params: 0.0,
+                norm_params: 0.0,
+                qkv_stored: q + 2.0 * kv,
+                output_stored: q,
+                whole_stored: 0.0,
+            };
+        };
+        let a = self.heads as f64;
+        let (r_q, r_kv) = (mla.q_lora_rank as f64, mla.kv_lora_rank as f64);
+        let (qk, rope, v) = (
+            (mla.qk_nope_head_dim + mla.qk_rope_head_dim) as f64,
+            mla.qk_rope_head_dim as f64,
+            mla.v_head_dim as f64,
+        );
+        let (q_split, q_whole) = if mla.q_lora_rank > 0 {
+            (r_q * a * qk, h * r_q)
+        } else {
+            (h * a * qk, 0.0)
+        };
+        AttentionSizes {
+            split_params: q_split + r_kv * a * (mla.qk_nope_head_dim as f64 + v) + a * v * h,
+            whole_params: q_whole + h * (r_kv + rope),
+            norm_params: r_q + r_kv,
+            qkv_stored: 2.0 * a * qk + a * v,
+            output_stored: a * v,
+            whole_stored: 2.0 * (r_q + r_kv) + rope,
+        }
     }
 
     /// Whether block `block` (from 0) runs the experts: every block of a
@@ -306,16 +380,17 @@ impl TransformerConfig {
             self.q_width() as f64,
             self.kv_hidden() as f64,
         );
-        let attention = 2.0 * h * q + 2.0 * h * kv;
+        let sizes = self.attention_sizes();
+        let attention = sizes.split_params + sizes.whole_params;
         let (mlp, _, router) = self.mlp_params(experts);
         let (norms, split_biases, whole_biases) = if self.biases {
             (4.0 * h, q + 2.0 * kv + self.ffn as f64, 2.0 * h)
         } else {
-            (2.0 * h, 0.0, 0.0)
+            (2.0 * h + sizes.norm_params, 0.0, 0.0)
         };
         (
             attention + mlp + norms + split_biases + whole_biases,
-            norms + whole_biases + router,
+            norms + whole_biases + router + sizes.whole_params,
         )
     }
 
@@ -323,7 +398,14 @@ impl TransformerConfig {
     /// parameters each token multiplies, and QK^T and AV over all s x s
     /// pairs (causal masking not subtracted, as Megatron-LM counts).
     fn block_fwd_flops(&self, s: f64, experts: bool) -> f64 {
-        self.block_weight_flops(s, experts) + 4.0 * s * s * self.q_width() as f64
+        let core = match self.mla {
+            None => 4.0 * s * s * self.q_width() as f64,
+            Some(mla) => {
+                let per_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim;
+                2.0 * s * s * (self.heads * per_head) as f64
+            }
+        };
+        self.block_weight_flops(s, experts) + core
     }
 
     /// Of a block's forward FLOPs, the products with its weight matrices
@@ -332,13 +414,9 @@ impl TransformerConfig {
     /// of a zero-bubble split) costs as much again; QK^T and AV multiply
     /// activations and have none.
     fn block_weight_flops(&self, s: f64, experts: bool) -> f64 {
-        let (h, q, kv) = (
-            self.hidden as f64,
-            self.q_width() as f64,
-            self.kv_hidden() as f64,
-        );
+        let sizes = self.attention_sizes();
         let (_, active, _) = self.mlp_params(experts);
-        2.0 * s * (2.0 * h * q + 2.0 * h * kv + active)
+        2.0 * s * (sizes.split_params + sizes.whole_params + active)
     }
 
     /// Bytes one block keeps for its backward, per sample, and the part
@@ -355,12 +433,7 @@ impl TransformerConfig {
         value_bytes: f64,
         (kernel, experts): (AttentionKernel, bool),
     ) -> (f64, f64) {
-        let (h, q, kv, a) = (
-            self.hidden as f64,
-            self.q_width() as f64,
-            self.kv_hidden() as f64,
-            self.heads as f64,
-        );
+        let (h, a) = (self.hidden as f64, self.heads as f64);
         // The two hidden dropouts' masks stay whole too.
         let masks = if self.hidden_dropout {
             2.0 * s * h * MASK
@@ -373,8 +446,12 @@ impl TransformerConfig {
             }
             None => 0.0,
         };
-        let whole = 4.0 * s * h * value_bytes + masks + routing;
-        let attention = s * (q + 2.0 * kv) * value_bytes + s * q * value_bytes + s * a * FP32;
+        let sizes = self.attention_sizes();
+        let whole =
+            4.0 * s * h * value_bytes + masks + routing + s * sizes.whole_stored * value_bytes;
+        let attention = s * sizes.qkv_stored * value_bytes
+            + s * sizes.output_stored * value_bytes
+            + s * a * FP32;
         let inner = self.mlp_inner_per_token(experts) as f64;
         let mlp = if self.gated_mlp { 3.0 } else { 2.0 } * s * inner * value_bytes;
         let probabilities = self.attention_core_stored_bytes(s, value_bytes, kernel);
@@ -399,6 +476,37 @@ impl TransformerConfig {
             }
             AttentionKernel::Unfused => a * s * s * value_bytes,
         }
+    }
+}
+
+impl MlaConfig {
+    /// DeepSeek's keys (`kv_lora_rank`, `q_lora_rank`, `qk_nope_head_dim`,
+    /// `qk_rope_head_dim`, `v_head_dim`); None where the config gives no
+    /// `kv_lora_rank`.
+    fn from_json(obj: &serde_json::Map<String, Value>) -> Result<Option<MlaConfig>> {
+        let number = |key: &str, what: &str| whole_number(obj, &[key], what);
+        let Some(kv_lora_rank) = number("kv_lora_rank", "the keys' and values' latent width")?
+        else {
+            return Ok(None);
+        };
+        let required = |key: &str, what: &str| {
+            number(key, what)?.ok_or_else(|| {
+                Error::field(
+                    key,
+                    format!("is missing: latent attention (kv_lora_rank) needs {what}"),
+                )
+            })
+        };
+        Ok(Some(MlaConfig {
+            q_lora_rank: number("q_lora_rank", "the queries' latent width")?.unwrap_or(0),
+            kv_lora_rank,
+            qk_nope_head_dim: required(
+                "qk_nope_head_dim",
+                "a head's query and key width without positions",
+            )?,
+            qk_rope_head_dim: required("qk_rope_head_dim", "a head's rotary query and key width")?,
+            v_head_dim: required("v_head_dim", "a head's value width")?,
+        }))
     }
 }
 
@@ -478,6 +586,7 @@ impl MoeConfig {
         }
         };
         every_block("decoder_sparse_step", &|v| v.as_u64() == Some(1))?;
+        every_block("moe_layer_freq", &|v| v.as_u64() == Some(1))?;
         every_block("mlp_only_layers", &|v| {
             v.as_array().is_some_and(Vec::is_empty)
         })?;
@@ -581,10 +690,8 @@ impl TransformerConfig {
     ) -> Result<PassTimes> {
         let tokens = u64::from(b) * seq;
         let h = self.hidden;
-        let (q, kv) = (self.q_width() / t, self.kv_hidden() / t);
         let mut times = PassTimes::default();
-        times.add_weight_product(gpu, tokens, q + 2 * kv, h);
-        times.add_weight_product(gpu, tokens, h, q);
+        let (core_head_dim, rotary) = self.add_attention_products(&mut times, gpu, tokens, t);
         let activation_bytes = match self.moe.filter(|_| experts) {
             None => self.add_mlp(&mut times, gpu, tokens, self.ffn / t),
             Some(moe) => self.add_moe_mlp(&mut times, gpu, tokens, (&moe, t)),
@@ -593,7 +700,7 @@ impl TransformerConfig {
         let (fwd, bwd) = attention_ms(
             gpu,
             attention,
-            (heads, seq, self.head_dim()),
+            (heads, seq, core_head_dim),
             self.attention_dropout,
         )?;
         times.fwd += fwd;
@@ -608,13 +715,58 @@ impl TransformerConfig {
             // Fused with the residual adds, each dropout writes a one-byte mask.
             times.add_replicated(gpu, (tokens * 2 * h) as f64 * MASK);
         }
-        let rotary = if self.positions.is_none() {
-            2 * (q + kv)
-        } else {
-            0
-        };
         times.add_memory_bound(gpu, activation_bytes + BF16 * (tokens * rotary) as f64);
         Ok(times)
+    }
+
+    /// The attention's products on one of `t` shards (`attention_sizes`):
+    /// QKV and the output projection; or MLA's down projections (whole on
+    /// every shard), its latents' norms (whole), its up projections and the
+    /// output's. Returns the head width its core runs at (MLA: the mean of
+    /// the queries' and keys' and the values', which keeps QK^T's and AV's
+    /// FLOPs) and the values a token's rotary positions read and write.
+    fn add_attention_products(
+        &self,
+        times: &mut PassTimes,
+        gpu: &GpuType,
+        tokens: u64,
+        t: u64,
+    ) -> (u64, u64) {
+        let h = self.hidden;
+        let Some(mla) = self.mla else {
+            let (q, kv) = (self.q_width() / t, self.kv_hidden() / t);
+            times.add_weight_product(gpu, tokens, q + 2 * kv, h);
+            times.add_weight_product(gpu, tokens, h, q);
+            let rotary = if self.positions.is_none() {
+                2 * (q + kv)
+            } else {
+                0
+            };
+            return (self.head_dim(), rotary);
+        };
+        let heads = self.heads / t;
+        let (qk, rope, v) = (
+            mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.v_head_dim,
+        );
+        if mla.q_lora_rank > 0 {
+            times.add_whole_product(gpu, tokens, mla.q_lora_rank, h);
+            times.add_weight_product(gpu, tokens, heads * qk, mla.q_lora_rank);
+        } else {
+            times.add_weight_product(gpu, tokens, heads * qk, h);
+        }
+        times.add_whole_product(gpu, tokens, mla.kv_lora_rank + rope, h);
+        times.add_weight_product(
+            gpu,
+            tokens,
+            heads * (mla.qk_nope_head_dim + v),
+            mla.kv_lora_rank,
+        );
+        times.add_weight_product(gpu, tokens, h, heads * v);
+        let latents = mla.q_lora_rank + mla.kv_lora_rank;
+        times.add_replicated(gpu, BF16 * (tokens * 2 * latents) as f64);
+        ((qk + v) / 2, 2 * (heads * rope + rope))
     }
 
     /// An MLP of `inner` columns (a shard's) over `rows` tokens: its up
@@ -649,11 +801,7 @@ impl TransformerConfig {
         (moe, t): (&MoeConfig, u64),
     ) -> f64 {
         let h = self.hidden;
-        let router = Gemm::new(tokens, moe.experts, h).ms(gpu);
-        let router_bwd =
-            Gemm::new(tokens, h, moe.experts).ms(gpu) + Gemm::new(h, moe.experts, tokens).ms(gpu);
-        times.add_weight_product(gpu, tokens, moe.experts, h);
-        times.replicated += router + router_bwd;
+        times.add_whole_product(gpu, tokens, moe.experts, h);
         let copies = tokens * moe.experts_per_token;
         let mut activation_bytes = 0.0;
         for expert in 0..moe.experts {
@@ -869,11 +1017,20 @@ struct PassTimes {
 impl PassTimes {
     /// A weight's product of `tokens` rows in, `outputs` columns out, over
     /// `inputs`: its forward, its input gradient and its weight gradient.
-    fn add_weight_product(&mut self, gpu: &GpuType, tokens: u64, outputs: u64, inputs: u64) {
-        self.fwd += Gemm::new(tokens, outputs, inputs).ms(gpu);
+    /// Returns its forward's and backward's time together.
+    fn add_weight_product(&mut self, gpu: &GpuType, tokens: u64, outputs: u64, inputs: u64) -> f64 {
+        let fwd = Gemm::new(tokens, outputs, inputs).ms(gpu);
         let weight = Gemm::new(inputs, outputs, tokens).ms(gpu);
-        self.bwd += Gemm::new(tokens, inputs, outputs).ms(gpu) + weight;
+        let bwd = Gemm::new(tokens, inputs, outputs).ms(gpu) + weight;
+        self.fwd += fwd;
+        self.bwd += bwd;
         self.weight += weight;
+        fwd + bwd
+    }
+
+    /// The same, for a product every shard of a split runs whole.
+    fn add_whole_product(&mut self, gpu: &GpuType, tokens: u64, outputs: u64, inputs: u64) {
+        self.replicated += self.add_weight_product(gpu, tokens, outputs, inputs);
     }
 
     /// Memory-bound operators that move `bytes` forward; their backward
@@ -1290,6 +1447,9 @@ mod tests {
             ("mixtral-8x7b", 46.7e9, 12.9e9),
             ("qwen3-30b-a3b", 30.5e9, 3.3e9),
             ("qwen3-235b-a22b", 235e9, 22e9),
+            // DeepSeek-V3's report: 671B, 37B activated per token (its
+            // multi-token prediction module, 14B more, left out).
+            ("deepseek-v3", 671e9, 37e9),
         ] {
             let (all, per_token) = parameter_counts(name);
             assert!((all / total - 1.0).abs() < 0.01, "{name}: {all}");
@@ -1371,7 +1531,7 @@ mod tests {
                 .contains("mlp_only_layers: value [0]")
         );
         assert!(error(r#", "kv_lora_rank": 512"#)
-            .contains("kv_lora_rank: is multi-head latent attention"));
+            .contains("qk_nope_head_dim: is missing: latent attention (kv_lora_rank) needs"));
         assert!(error(
             r#", "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 3"#
         )

@@ -81,6 +81,7 @@ fn transformer_splits<'py>(
         hidden_dropout: false,
         attention_dropout: false,
         moe: None,
+        mla: None,
     };
     let splits = splits_of(&config, seq_len, value_bytes);
     let out = PyDict::new(py);
