@@ -1120,19 +1120,62 @@ impl<'a> StageCoster<'a> {
         only_stage: bool,
     ) -> StageCost {
         let slice = largest_slice(self.micro_batch, devices.replicas);
+        let memory = (slice, devices.memory_limit_bytes, warmup);
+        self.with_paces(devices, slice, |paces| {
+            self.priced(start, end, devices, paces, only_stage, memory)
+        })
+    }
+
+    /// `priced(paces)`, the paces of `devices`' replicas at `slice` samples.
+    fn with_paces<R>(
+        &self,
+        devices: &StageDevices,
+        slice: u32,
+        priced: impl FnOnce(&[Pace]) -> R,
+    ) -> R {
         let pace = |&(timing, speed): &(usize, f64)| Pace {
             times: self.times(timing, slice),
             speed,
         };
-        let memory = (slice, devices.memory_limit_bytes, warmup);
         match devices.paces.as_slice() {
             // GPUs of one kind (the search's hot path): no list to build.
-            [one] => self.priced(start, end, devices, &[pace(one)], only_stage, memory),
-            many => {
-                let paces: Vec<Pace> = many.iter().map(pace).collect();
-                self.priced(start, end, devices, &paces, only_stage, memory)
-            }
+            [one] => priced(&[pace(one)]),
+            many => priced(&many.iter().map(pace).collect::<Vec<Pace>>()),
         }
+    }
+
+    /// The AllReduce of plain layers `start..end` on `devices` (more than
+    /// one replica) left exposed behind their backward, the slowest
+    /// replica's at `slice` samples: a gradient bucket is ready when every
+    /// replica has passed its layers.
+    pub(crate) fn exposed_plain_allreduce(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        slice: u32,
+    ) -> f64 {
+        self.with_paces(devices, slice, |paces| {
+            self.exposed_behind_paces(start, end, devices, paces)
+        })
+    }
+
+    fn exposed_behind_paces(
+        &self,
+        start: usize,
+        end: usize,
+        devices: &StageDevices,
+        paces: &[Pace],
+    ) -> f64 {
+        let slowest = |ms: &dyn Fn(&Pace) -> f64| paces.iter().map(ms).fold(0.0, f64::max);
+        exposed_allreduce_with_overlap(self.cluster, &devices.alloc, self.layers, start, end, |l| {
+            match paces {
+                [one] => one.bwd(l, l + 1),
+                // Backward runs from the last layer down: the slowest
+                // replica's time to get through layer l, less through l + 1.
+                _ => slowest(&|p| p.bwd(l, end)) - slowest(&|p| p.bwd(l + 1, end)),
+            }
+        })
     }
 
     /// The slices the search gives layers `start..end` on `devices`: none
@@ -1333,19 +1376,7 @@ impl<'a> StageCoster<'a> {
             .overlap
             .hides_grad_reduce(only_stage, &StageShape::PLAIN);
         let exposed = if hides && devices.replicas > 1 {
-            exposed_allreduce_with_overlap(
-                self.cluster,
-                &devices.alloc,
-                self.layers,
-                start,
-                end,
-                |l| match paces {
-                    [one] => one.bwd(l, l + 1),
-                    // Backward runs from the last layer down: the slowest
-                    // replica's time to get through layer l, less through l + 1.
-                    _ => slowest(&|p| p.bwd(l, end)) - slowest(&|p| p.bwd(l + 1, end)),
-                },
-            )
+            self.exposed_behind_paces(start, end, devices, paces)
         } else {
             allreduce
         };

@@ -804,10 +804,17 @@ impl TransformerConfig {
         times.add_whole_product(gpu, tokens, moe.experts, h);
         let copies = tokens * moe.experts_per_token;
         let mut activation_bytes = 0.0;
-        for expert in 0..moe.experts {
-            // Expert e takes copies / E tokens, the first copies mod E one more.
-            let rows = copies / moe.experts + u64::from(expert < copies % moe.experts);
-            activation_bytes += self.add_mlp(times, gpu, rows, moe.expert_ffn / t);
+        // Each expert takes copies / E tokens, copies mod E of them one
+        // more: two sizes of expert, each timed once.
+        let heavier = copies % moe.experts;
+        for (rows, count) in [
+            (copies / moe.experts + 1, heavier),
+            (copies / moe.experts, moe.experts - heavier),
+        ] {
+            let mut one = PassTimes::default();
+            let bytes = self.add_mlp(&mut one, gpu, rows, moe.expert_ffn / t);
+            times.add_times(&one, count as f64);
+            activation_bytes += count as f64 * bytes;
         }
         activation_bytes += self.add_mlp(times, gpu, tokens, moe.shared_ffn / t);
         times.add_replicated(gpu, BF16 * ((3 * copies + tokens) * h) as f64);
@@ -1046,6 +1053,15 @@ impl PassTimes {
     fn add_replicated(&mut self, gpu: &GpuType, bytes: f64) {
         self.add_memory_bound(gpu, bytes);
         self.replicated += 3.0 * memory_bound_ms(gpu, bytes);
+    }
+
+    /// `other`'s times `count` times over.
+    fn add_times(&mut self, other: &PassTimes, count: f64) {
+        self.fwd += count * other.fwd;
+        self.bwd += count * other.bwd;
+        self.weight += count * other.weight;
+        self.replicated += count * other.replicated;
+        self.selective += count * other.selective;
     }
 }
 

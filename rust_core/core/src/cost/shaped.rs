@@ -374,8 +374,13 @@ impl StageCoster<'_> {
         }
         if hides_reduce && shape.tensor_parallel <= 1 && !shape.shard_optimizer {
             // Its AllReduce overlaps the backward as a plain stage's.
-            let plain = self.stage_on(sums.start, sums.end, devices, 1, only_stage);
-            return (plain.exposed_allreduce_ms, all);
+            let exposed = if devices.replicas > 1 {
+                let slice = largest_slice(self.micro_batch, devices.replicas);
+                self.exposed_plain_allreduce(sums.start, sums.end, devices, slice)
+            } else {
+                all
+            };
+            return (exposed, all);
         }
         let (scatter_ms, gather_ms) = if shape.shard_optimizer {
             (reduce_ms / 2.0, reduce_ms / 2.0 * weights_per_gradient_byte)

@@ -538,20 +538,22 @@ impl Plan {
     /// plan's runtime hides them (`Overlap::hides_grad_reduce`).
     pub fn hides_grad_reduce(&self) -> bool {
         let only_stage = self.stages.len() == 1;
-        self.stages.iter().any(|s| {
-            s.replicas() > 1
-                && self
-                    .schedule
-                    .overlap
-                    .hides_grad_reduce(only_stage, &s.shape())
+        self.reducing_stages().any(|s| {
+            self.schedule
+                .overlap
+                .hides_grad_reduce(only_stage, &s.shape())
         })
     }
 
     /// Whether some ZeRO-1 stage gathers its weights behind the next forward.
     pub fn hides_param_gather(&self) -> bool {
-        self.stages
-            .iter()
-            .any(|s| s.replicas() > 1 && self.schedule.overlap.hides_param_gather(&s.shape()))
+        self.reducing_stages()
+            .any(|s| self.schedule.overlap.hides_param_gather(&s.shape()))
+    }
+
+    /// The stages whose replicas reduce their gradients: more than one.
+    fn reducing_stages(&self) -> impl Iterator<Item = &Stage> {
+        self.stages.iter().filter(|s| s.replicas() > 1)
     }
 
     /// This plan, not yet costed, as a runtime that hides what `overlap`
