@@ -43,7 +43,7 @@ def test_a_pipeline_hides_its_gradient_reduction_where_its_runtime_does(llama_7b
     assert again.overlap == every.overlap and again.iteration_ms == every.iteration_ms
     # A default plan writes no overlap, as a version 7 plan read the same way.
     plain = _pipeline(llama_7b)
-    assert "overlap" not in plain.data["schedule"] and plain.data["schema_version"] == 8
+    assert "overlap" not in plain.data["schedule"] and plain.data["schema_version"] >= 8
 
 
 def test_zero_1_gathers_its_weights_behind_the_forward_only_where_asked(llama_7b):

@@ -43,8 +43,9 @@ from .render import plan_table
 @click.option("--stage-shapes", type=click.Choice(planner.STAGE_SHAPES), default=planner.STAGE_SHAPES[0],
               show_default=True,
               help="all: each stage may split its layers (tensor parallelism), shard its optimizer state over its "
-                   "replicas (ZeRO-1) and re-compute its forward; auto: all where the profile says how layers split, "
-                   "else plain; plain: replicas only (DAPPLE's space).")
+                   "replicas (ZeRO-1), spread its experts over its replicas (expert parallelism) and re-compute its "
+                   "forward; auto: all where the profile says how layers split or has experts, else plain; plain: "
+                   "replicas only (DAPPLE's space).")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")

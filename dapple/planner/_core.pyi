@@ -100,14 +100,16 @@ class Plan:
 class StageShape:
     """A stage's split degree, sequence parallelism, replicas (its GPUs /
     t), ZeRO-1, re-computation ("none", "full", "per-layer" or
-    "selective") and split groups (each replica's t consecutive devices),
-    from ``Plan.stage_shapes``."""
+    "selective"), expert degree (the routed experts over groups of that
+    many consecutive replicas; 1: none) and split groups (each replica's t
+    consecutive devices), from ``Plan.stage_shapes``."""
 
     tensor_parallel: int
     sequence_parallel: bool
     replicas: int
     shard_optimizer: bool
     recompute: str
+    expert_parallel: int
     is_plain: bool
     split_groups: list[list[int]]
 
@@ -284,6 +286,7 @@ def megatron_plan(
     recompute: str = "none",
     overlap_grad_reduce: str = "data-parallel",
     overlap_param_gather: bool = False,
+    expert_parallel: int = 1,
 ) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float

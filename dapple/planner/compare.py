@@ -69,13 +69,16 @@ def megatron_plan(
     recompute: str = "none",
     overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
     overlap_param_gather: bool = False,
+    expert_parallel: int = 1,
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
     as replicas, ``micro_batch_size`` samples a replica per micro-batch,
     ZeRO-1 or not, sequence parallelism or not (t > 1) and re-computation
     (``"none"``, ``"full"``, ``"per-layer"`` or ``"selective"``) on every
-    stage, 1F1B, on a runtime that hides what the overlap arguments say
+    stage, the routed experts of the stages that have some spread over
+    ``expert_parallel`` replicas (``--expert-model-parallel-size``), 1F1B,
+    on a runtime that hides what the overlap arguments say
     (as :func:`dapple.planner.plan.plan` takes them; Megatron-LM's
     ``--overlap-grad-reduce`` is "every-stage"). Its estimate is given
     whether or not it fits memory (``plan.estimate["fits_memory"]``)."""
@@ -85,7 +88,7 @@ def megatron_plan(
         pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
         micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
         sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather,
+        overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
     )
     return evaluate(Plan(core), prof)
 

@@ -117,9 +117,9 @@ class Plan(FileObject):
 
 
 #: What the words of ``shape_label`` mean, for a line under a table.
-SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; zero: ZeRO-1 over "
-             "the replicas; rc: full re-computation (rc per-layer: a layer at a time; rc selective: the attention "
-             "core alone)")
+SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; eE: the routed "
+             "experts over groups of E replicas; zero: ZeRO-1 over the replicas; rc: full re-computation (rc "
+             "per-layer: a layer at a time; rc selective: the attention core alone)")
 
 
 def shape_label(shape: _core.StageShape) -> str:
@@ -131,6 +131,8 @@ def shape_label(shape: _core.StageShape) -> str:
     parts = [f"t{shape.tensor_parallel}\u00d7r{shape.replicas}"]
     if shape.sequence_parallel:
         parts.append("sp")
+    if shape.expert_parallel > 1:
+        parts.append(f"e{shape.expert_parallel}")
     if shape.shard_optimizer:
         parts.append("zero")
     if shape.recompute != "none":

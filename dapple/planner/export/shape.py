@@ -109,6 +109,10 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
         rounding.refuse(f"schedule {kind}", f"its ranks hold several stages each, which dapple does not write for "
                         f"{target} yet; export it with --to torch-csv", None)
     shapes = plan.stage_shapes
+    spread = [i for i, s in enumerate(shapes) if s.expert_parallel > 1]
+    if spread:
+        rounding.refuse(f"expert parallelism (stages[{spread[0]}].expert_parallel "
+                        f"{shapes[spread[0]].expert_parallel})", f"dapple does not write it for {target} yet", None)
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")

@@ -43,7 +43,8 @@ def schedule_csv(plan: Plan) -> str:
     data = json.loads(json.dumps(plan.data))
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
-        for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute"):
+        for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute",
+                    "expert_parallel"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)

@@ -42,10 +42,11 @@ class Layout:
         when its stages cannot run, and IncompatibleInputsError where they
         need what this runtime does not run (sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
-        checkpoints whole layers or stages)."""
+        checkpoints whole layers or stages; expert parallelism)."""
         for i, shape in enumerate(plan.stage_shapes):
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
-                       ("recompute", "selective re-computation") if shape.recompute == "selective" else None)
+                       ("recompute", "selective re-computation") if shape.recompute == "selective" else
+                       ("expert_parallel", "expert parallelism") if shape.expert_parallel > 1 else None)
             if refused:
                 raise IncompatibleInputsError(
                     f"field stages[{i}].{refused[0]}: dapple's runtime does not run {refused[1]}; export the plan "

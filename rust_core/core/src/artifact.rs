@@ -115,6 +115,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                     stored_activation_bytes: None,
                 }],
                 split: Vec::new(),
+                experts: None,
             }
         })
         .collect();

@@ -17,6 +17,7 @@ use crate::profile::{LayerCosts, TimePrefix};
 use crate::shape::StageShape;
 use crate::topology::Topology;
 
+pub mod all_to_all;
 mod shaped;
 pub use shaped::ShapedSums;
 

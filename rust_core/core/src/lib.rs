@@ -15,6 +15,7 @@ mod costing;
 pub mod early_backward;
 pub mod error;
 pub mod evaluate;
+pub mod experts;
 pub mod format;
 pub mod gpus;
 pub mod hints;

@@ -219,6 +219,8 @@ fn shaped_plans(
                             sequence_parallel,
                             shard_optimizer,
                             recompute,
+                            // Expert parallelism is not among the uniform shapes yet.
+                            expert_parallel: 1,
                         };
                         plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
                     }
@@ -269,7 +271,18 @@ pub fn megatron_plan(
         )
     })?;
     let inputs = PlanInputs::new(profile, topology, global_batch_size, 1, MEGATRON, None);
-    Ok(uniform_plan(&inputs, &ranges, (t, d), b, shape))
+    let mut plan = uniform_plan(&inputs, &ranges, (t, d), b, shape);
+    // Megatron-LM's expert degree is the run's; a stage of dense layers
+    // alone has no experts to spread.
+    for stage in &mut plan.stages {
+        if !profile.layers[stage.layer_start..stage.layer_end]
+            .iter()
+            .any(|l| l.experts.is_some())
+        {
+            stage.expert_parallel = 1;
+        }
+    }
+    Ok(plan)
 }
 
 /// The plan of `ranges` with `d` replicas of `t` shards each per stage and

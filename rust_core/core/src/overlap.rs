@@ -65,7 +65,10 @@ impl Overlap {
         match self.grad_reduce {
             GradReduceOverlap::None => false,
             GradReduceOverlap::DataParallel => {
-                only_stage && shape.tensor_parallel <= 1 && !shape.shard_optimizer
+                only_stage
+                    && shape.tensor_parallel <= 1
+                    && shape.expert_parallel <= 1
+                    && !shape.shard_optimizer
             }
             GradReduceOverlap::EveryStage => true,
         }

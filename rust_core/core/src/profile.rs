@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::experts::ExpertPattern;
 use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
 use crate::range_table::{Greatest, RangeTable};
 use crate::split::SplitPattern;
@@ -198,6 +199,10 @@ pub struct Layer {
     /// none: it is never split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<SplitPattern>,
+    /// The layer's routed experts, when it is a mixture of experts that
+    /// expert parallelism may spread (`experts.rs`); none: it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertPattern>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -732,6 +737,11 @@ impl Profile {
                     .validate()
                     .map_err(|e| e.under(&format!("layers[{i}].split[{k}]")))?;
             }
+            if let Some(experts) = &layer.experts {
+                experts
+                    .validate()
+                    .map_err(|e| e.under(&format!("layers[{i}].experts")))?;
+            }
         }
         if let Some(state) = &self.parameter_state {
             state.validate().map_err(|e| e.under("parameter_state"))?;
@@ -960,6 +970,10 @@ pub struct LayerCosts {
     optimizer_per_param_byte: f64,
     /// Each layer's sharding patterns (`split.rs`).
     split: Vec<Vec<SplitPattern>>,
+    /// Each layer's routed experts (`experts.rs`).
+    experts: Vec<Option<ExpertPattern>>,
+    /// expert_layer_prefix[p]: layers before p that have experts.
+    expert_layer_prefix: Vec<u32>,
     /// The profile's model FLOPs of one sample (forward and backward).
     pub model_flops_per_sample: Option<f64>,
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
@@ -1211,6 +1225,13 @@ impl LayerCosts {
                 None => f64::from(optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
             },
             split: per_layer(profile, |l| l.split.clone()),
+            experts: per_layer(profile, |l| l.experts.clone()),
+            expert_layer_prefix: std::iter::once(0)
+                .chain(profile.layers.iter().scan(0, |n, l| {
+                    *n += u32::from(l.experts.is_some());
+                    Some(*n)
+                }))
+                .collect(),
             model_flops_per_sample: profile.model_flops_per_sample,
             optimizer_ms_per_param_byte,
             optimizer_step_bytes_per_param_byte,
@@ -1440,6 +1461,21 @@ impl LayerCosts {
         params * self.state_per_param_byte - optimizer + optimizer / f64::from(sharers)
     }
 
+    /// [`LayerCosts::model_state_bytes_sharded`] of a GPU that holds
+    /// `held` of the layers' parameters (expert parallelism leaves it its
+    /// share of the routed experts): its weights and gradients, and
+    /// unsharded its optimizer state, scaled by it; sharded, the optimizer
+    /// state is 1/`sharers` of the whole layers', as the GPUs that hold
+    /// the same experts shard theirs among themselves.
+    pub fn held_model_state_bytes(&self, start: usize, end: usize, sharers: u32, held: f64) -> f64 {
+        let params = self.param_bytes(start, end);
+        if sharers <= 1 {
+            return held * params * self.state_per_param_byte;
+        }
+        let optimizer = params * self.optimizer_per_param_byte;
+        held * (params * self.state_per_param_byte - optimizer) + optimizer / f64::from(sharers)
+    }
+
     /// Gradient bytes per byte of weights: what ZeRO-1's all-gather of the
     /// weights costs against its reduce-scatter of the gradients.
     pub fn weights_per_gradient_byte(&self) -> f64 {
@@ -1455,6 +1491,30 @@ impl LayerCosts {
         sequence_parallel: bool,
     ) -> Option<crate::split::ShardCost> {
         crate::split::cheapest(&self.split[layer], t).map(|p| p.shard(t, sequence_parallel))
+    }
+
+    /// The routed experts of layer `layer`, if it has any.
+    pub fn experts(&self, layer: usize) -> Option<&ExpertPattern> {
+        self.experts[layer].as_ref()
+    }
+
+    /// Whether some layer of `start..end` has routed experts.
+    pub fn has_experts(&self, start: usize, end: usize) -> bool {
+        self.expert_layer_prefix[end] > self.expert_layer_prefix[start]
+    }
+
+    /// The expert degrees (at least 2) every layer with experts allows:
+    /// the divisors of their expert counts' greatest common divisor.
+    /// Empty where no layer has experts.
+    pub fn expert_degrees(&self) -> Vec<u32> {
+        let gcd = |mut a: u32, mut b: u32| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        let common = self.experts.iter().flatten().map(|p| p.count).fold(0, gcd);
+        (2..=common).filter(|e| common.is_multiple_of(*e)).collect()
     }
 
     /// Some layer's pattern at degree `t` runs with sequence parallelism.
@@ -1713,6 +1773,7 @@ mod tests {
                             stored_activation_bytes: None,
                         }],
                         split: Vec::new(),
+                        experts: None,
                     },
                 )
                 .collect(),

@@ -88,6 +88,19 @@ pub struct StageShape {
     /// gradients reduce-scattered and weights all-gathered.
     pub shard_optimizer: bool,
     pub recompute: Recompute,
+    /// Expert parallelism: the routed experts of the layers that have
+    /// them spread over groups of this many consecutive replicas
+    /// (`experts.rs`; 1: every replica holds every expert).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub expert_parallel: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 impl StageShape {
@@ -97,6 +110,7 @@ impl StageShape {
         sequence_parallel: false,
         shard_optimizer: false,
         recompute: Recompute::None,
+        expert_parallel: 1,
     };
 
     pub fn is_plain(&self) -> bool {
@@ -263,32 +277,44 @@ pub struct MemorySums {
 }
 
 impl MemorySums {
-    /// Add layer `layer`, split as `shard` says (None: whole).
+    /// Add layer `layer`, split as `shard` says (None: whole), of which a
+    /// GPU holds `held` of the parameters besides (expert parallelism's
+    /// share, `ExpertPattern::param_factor`; 1: all).
     pub fn add_layer(
         &mut self,
         layers: &LayerCosts,
         layer: usize,
-        shard: Option<&ShardCost>,
+        (shard, held): (Option<&ShardCost>, f64),
         (whole_slice, split_slice): (u32, u32),
         (gpus, replicas): (u32, u32),
     ) {
-        let (param_factor, stored_factor, slice, sharers) = match shard {
+        let (split_param_factor, stored_factor, slice, sharers) = match shard {
             Some(s) => (s.param_factor, s.stored_factor, split_slice, replicas),
             None => (1.0, 1.0, whole_slice, gpus),
         };
+        let (l, next) = (layer, layer + 1);
+        let param_factor = split_param_factor * held;
+        if held == 1.0 {
+            self.state_bytes += param_factor * layers.model_state_bytes_sharded(l, next, 1);
+            self.sharded_state_bytes +=
+                param_factor * layers.model_state_bytes_sharded(l, next, sharers);
+        } else {
+            self.state_bytes +=
+                split_param_factor * layers.held_model_state_bytes(l, next, 1, held);
+            self.sharded_state_bytes +=
+                split_param_factor * layers.held_model_state_bytes(l, next, sharers, held);
+        }
+        // The weights a GPU steps under ZeRO-1: 1/sharers of the whole
+        // layer's, whichever experts it holds.
+        self.sharded_weight_bytes +=
+            split_param_factor * layers.param_bytes(l, next) / f64::from(sharers.max(1));
         // The selective part lies in what the split divides (the attention
         // core, split by heads): a shard keeps 1/t of it.
         let selective_factor = match shard {
             Some(_) => f64::from(replicas) / f64::from(gpus.max(1)),
             None => 1.0,
         };
-        let (l, next) = (layer, layer + 1);
-        self.state_bytes += param_factor * layers.model_state_bytes_sharded(l, next, 1);
-        self.sharded_state_bytes +=
-            param_factor * layers.model_state_bytes_sharded(l, next, sharers);
         self.weight_bytes += param_factor * layers.param_bytes(l, next);
-        self.sharded_weight_bytes +=
-            param_factor * layers.param_bytes(l, next) / f64::from(sharers.max(1));
         self.gradient_bytes += param_factor * layers.gradient_bytes(l, next);
         // What a micro-batch keeps (`LayerCosts::in_flight_bytes`): the
         // activations of its slice, and autocast's copies of the weights.
@@ -393,7 +419,7 @@ mod tests {
         let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (1, 1));
         }
         (layers, sums)
     }
@@ -418,7 +444,7 @@ mod tests {
         let stepped_layers = LayerCosts::new(&stepped);
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&stepped_layers, l, None, (2, 2), (1, 1));
+            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2), (1, 1));
         }
         let m = sums.memory(&stepped_layers, &StageShape::PLAIN, 0.0);
         assert_eq!(
@@ -435,7 +461,7 @@ mod tests {
         // Under ZeRO-1 over 4 GPUs each steps a quarter of the weights.
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&stepped_layers, l, None, (2, 2), (4, 4));
+            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2), (4, 4));
         }
         let zero = StageShape {
             shard_optimizer: true,
@@ -454,7 +480,7 @@ mod tests {
         let layers = LayerCosts::new(&p);
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&layers, l, None, (2, 2), (1, 1));
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (1, 1));
         }
         let full = StageShape {
             recompute: Recompute::Full,

@@ -11,6 +11,7 @@
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::experts::ExpertPattern;
 use crate::gpus::{gpu_type, GpuType};
 use crate::kernels::{attention_ms, memory_bound_ms, AttentionKernel, Gemm};
 use crate::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
@@ -540,6 +541,15 @@ impl MoeConfig {
                 "is missing: a mixture of experts needs the experts each token is routed to",
             )
         })?;
+        if u32::try_from(experts).is_err() {
+            return Err(Error::field(
+                "num_experts",
+                format!(
+                    "value {experts} is more experts than dapple counts (at most {})",
+                    u32::MAX
+                ),
+            ));
+        }
         if experts_per_token > experts {
             return Err(Error::field(
                 "num_experts_per_tok",
@@ -1204,6 +1214,7 @@ impl LayerMaker<'_> {
             inputs: None,
             measurements: self.measurements(kind, &times, (stored, activation)),
             split: vec![Self::with_replicated_compute(split, &times[0])],
+            experts: None,
         })
     }
 
@@ -1232,7 +1243,7 @@ impl LayerMaker<'_> {
         let (config, s) = (self.config, self.s);
         let (params, _) = config.block_params(experts);
         let (stored, _) = config.block_stored_bytes(s, BF16, (self.attention, experts));
-        self.layer(
+        let mut layer = self.layer(
             ("block".into(), LayerKind::Block { experts }),
             params * BF16,
             (
@@ -1241,7 +1252,15 @@ impl LayerMaker<'_> {
             ),
             (stored, s * config.hidden as f64 * BF16),
             self.splits().block(experts),
-        )
+        )?;
+        layer.experts = config.moe.filter(|_| experts).map(|moe| ExpertPattern {
+            count: moe.experts as u32,
+            per_token: moe.experts_per_token as u32,
+            param_fraction: moe.experts as f64 * config.mlp_matrix_params(moe.expert_ffn) / params,
+            // Each token's k copies of its hidden state, in bf16.
+            all_to_all_bytes_per_sample: s * (moe.experts_per_token * config.hidden) as f64 * BF16,
+        });
+        Ok(layer)
     }
 
     /// The final norm, the output projection and the loss. Split over the
@@ -1528,6 +1547,35 @@ mod tests {
     }
 
     #[test]
+    fn a_mixture_of_experts_records_what_expert_parallelism_spreads_and_exchanges() {
+        let c = TransformerConfig::named("mixtral-8x7b").unwrap();
+        let p = transformer_profile("mixtral-8x7b", &c, &options("h100")).unwrap();
+        let block = &p.layers[1];
+        let experts = block
+            .experts
+            .as_ref()
+            .expect("Mixtral's blocks have experts");
+        assert_eq!((experts.count, experts.per_token), (8, 2));
+        // One all-to-all of a sample: its 4096 tokens' two copies of 4096
+        // values in bf16, 64 MiB.
+        assert_eq!(
+            experts.all_to_all_bytes_per_sample,
+            4096.0 * 2.0 * 4096.0 * 2.0
+        );
+        // The routed experts' weights: 8 experts of three 4096 x 14336
+        // matrices, in bf16 (97% of the block; the attention, router and
+        // norms the rest).
+        let routed = 8.0 * 3.0 * 4096.0 * 14336.0 * 2.0;
+        assert!((experts.param_fraction * block.param_bytes as f64 - routed).abs() < 1.0);
+        assert!((0.97..0.98).contains(&experts.param_fraction));
+        // Neither the embedding, nor the head, nor a dense model's blocks.
+        assert!(p.layers[0].experts.is_none() && p.layers.last().unwrap().experts.is_none());
+        let dense = TransformerConfig::named("llama-2-7b").unwrap();
+        let dense = transformer_profile("llama-2-7b", &dense, &options("h100")).unwrap();
+        assert!(dense.layers.iter().all(|l| l.experts.is_none()));
+    }
+
+    #[test]
     fn a_moe_config_names_its_bad_field() {
         let base = |extra: &str| {
             format!(
@@ -1726,12 +1774,13 @@ mod tests {
         // flight, what a shard of the block keeps under selective re-computation.
         let mut sums = MemorySums::default();
         let shard = layers.shard(1, 8, true).unwrap();
-        sums.add_layer(&layers, 1, Some(&shard), (1, 1), (8, 1));
+        sums.add_layer(&layers, 1, (Some(&shard), 1.0), (1, 1), (8, 1));
         let shape = StageShape {
             tensor_parallel: 8,
             sequence_parallel: true,
             shard_optimizer: false,
             recompute: Recompute::Selective,
+            expert_parallel: 1,
         };
         let memory = sums.memory(&layers, &shape, 0.0);
         assert!(

@@ -125,9 +125,10 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// GPUs left over as replicas, `micro_batch_size` samples a replica, every
 /// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
 /// re-computing as `recompute` says (none, full, per-layer or selective),
-/// 1F1B, on a runtime that hides what the overlap arguments say.
+/// the experts of the stages that have some spread over `expert_parallel`
+/// replicas, 1F1B, on a runtime that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -141,6 +142,7 @@ fn megatron_plan(
     recompute: &str,
     overlap_grad_reduce: &str,
     overlap_param_gather: bool,
+    expert_parallel: u32,
 ) -> PyResult<PyPlan> {
     let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let shape = StageShape {
@@ -148,6 +150,7 @@ fn megatron_plan(
         sequence_parallel,
         shard_optimizer,
         recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
+        expert_parallel,
     };
     let plan = dapple_core::megatron::megatron_plan(
         &profile.inner,

@@ -28,7 +28,11 @@ pub struct PyStageShape {
     shard_optimizer: bool,
     /// "none", "full", "per-layer" or "selective".
     recompute: &'static str,
-    /// t = 1, no ZeRO-1, no re-computation: a stage as DAPPLE plans it.
+    /// Expert parallelism: the routed experts over groups of this many
+    /// consecutive replicas (1: none).
+    expert_parallel: u32,
+    /// t = 1, no ZeRO-1, no re-computation, no expert parallelism: a
+    /// stage as DAPPLE plans it.
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
     split_groups: Vec<Vec<u32>>,
@@ -43,6 +47,7 @@ impl From<&Stage> for PyStageShape {
             replicas: s.replicas(),
             shard_optimizer: shape.shard_optimizer,
             recompute: shape.recompute.name(),
+            expert_parallel: shape.expert_parallel,
             is_plain: shape.is_plain(),
             split_groups: s.split_groups().map(<[u32]>::to_vec).collect(),
         }
@@ -53,12 +58,14 @@ impl From<&Stage> for PyStageShape {
 impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
-            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?})",
+            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?}, \
+             expert_parallel={})",
             self.tensor_parallel,
             python_bool(self.sequence_parallel),
             self.replicas,
             python_bool(self.shard_optimizer),
-            self.recompute
+            self.recompute,
+            self.expert_parallel
         )
     }
 }

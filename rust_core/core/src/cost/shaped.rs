@@ -17,7 +17,9 @@
 //!   stage's input kept per micro-batch (full), or each layer's (per
 //!   layer); or the selective parts again, and all but them kept.
 
+use super::all_to_all::AllToAll;
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
+use crate::experts::ALL_TO_ALLS_PER_PASS;
 use crate::overlap::{exposed_before_forward, exposed_behind_backward};
 use crate::shape::{MemorySums, StageMemory, StageShape};
 use crate::split::ShardCost;
@@ -32,43 +34,73 @@ struct SplitGroups {
 }
 
 impl SplitGroups {
-    fn new(cluster: &Cluster, devices: &StageDevices, t: u32) -> SplitGroups {
-        let machines = devices.replica_machines();
+    fn new(cluster: &Cluster, machines: &[usize], t: u32) -> SplitGroups {
         let t = t as usize;
-        let alloc_of = |members: &[usize]| -> Alloc {
-            let mut alloc: Alloc = Vec::new();
-            for &m in members {
-                match alloc.iter_mut().find(|(x, _)| *x == m) {
-                    Some((_, c)) => *c += 1,
-                    None => alloc.push((m, 1)),
-                }
-            }
-            alloc
-        };
-        // How many groups of a kind touch machine m, at most over the group's machines.
-        let sharers = |group: &Alloc, touching: &dyn Fn(usize) -> usize| {
-            group.iter().map(|&(m, _)| touching(m)).max().unwrap_or(1) as u32
-        };
         let shard_group = alloc_of(&machines[..t.min(machines.len())]);
-        let replica_members: Vec<usize> = machines.iter().step_by(t).copied().collect();
-        let replica_group = alloc_of(&replica_members);
         let chunks_on = |m: usize| machines.chunks(t).filter(|c| c.contains(&m)).count();
-        let shards_on = |m: usize| {
-            (0..t)
-                .filter(|&k| machines.iter().skip(k).step_by(t).any(|&x| x == m))
-                .count()
-        };
         SplitGroups {
             shards: AllreduceCurve::for_group(
                 cluster,
                 &shard_group,
                 sharers(&shard_group, &chunks_on),
             ),
-            replicas: AllreduceCurve::for_group(
-                cluster,
-                &replica_group,
-                sharers(&replica_group, &shards_on),
-            ),
+            replicas: strided_group(cluster, machines, t),
+        }
+    }
+}
+
+/// The GPUs per machine of a group whose members sit on `members`.
+fn alloc_of(members: &[usize]) -> Alloc {
+    let mut alloc: Alloc = Vec::new();
+    for &m in members {
+        match alloc.iter_mut().find(|(x, _)| *x == m) {
+            Some((_, c)) => *c += 1,
+            None => alloc.push((m, 1)),
+        }
+    }
+    alloc
+}
+
+/// How many groups of a kind touch machine m, at most over `group`'s machines.
+fn sharers(group: &Alloc, touching: &dyn Fn(usize) -> usize) -> u32 {
+    group.iter().map(|&(m, _)| touching(m)).max().unwrap_or(1) as u32
+}
+
+/// The AllReduce of every `stride`-th GPU of a stage whose GPUs sit on
+/// `machines` (in device order), beside the `stride` groups of that shape
+/// (one per first GPU) that run at once: a shard's replicas (stride t),
+/// or the replicas that hold the same experts (stride t e).
+fn strided_group(cluster: &Cluster, machines: &[usize], stride: usize) -> AllreduceCurve {
+    let members: Vec<usize> = machines.iter().step_by(stride).copied().collect();
+    let group = alloc_of(&members);
+    let groups_on = |m: usize| {
+        (0..stride)
+            .filter(|&k| machines.iter().skip(k).step_by(stride).any(|&x| x == m))
+            .count()
+    };
+    AllreduceCurve::for_group(cluster, &group, sharers(&group, &groups_on))
+}
+
+/// The collectives of a stage's expert groups (`experts.rs`) of `e`
+/// consecutive replicas, for the layers that split `t` ways and those
+/// that run whole (each GPU a replica): the token exchange, and the
+/// gradient AllReduce of the routed experts over the replicas that hold
+/// the same ones.
+struct ExpertGroups {
+    split_exchange: AllToAll,
+    whole_exchange: AllToAll,
+    split_reduce: AllreduceCurve,
+    whole_reduce: AllreduceCurve,
+}
+
+impl ExpertGroups {
+    fn new(cluster: &Cluster, machines: &[usize], t: u32, e: u32) -> ExpertGroups {
+        let (t, e) = (t as usize, e as usize);
+        ExpertGroups {
+            split_exchange: AllToAll::new(cluster, machines, t, e),
+            whole_exchange: AllToAll::new(cluster, machines, 1, e),
+            split_reduce: strided_group(cluster, machines, t * e),
+            whole_reduce: strided_group(cluster, machines, e),
         }
     }
 }
@@ -83,6 +115,9 @@ impl SplitGroups {
 pub struct ShapedSums {
     t: u32,
     sequence_parallel: bool,
+    /// The expert degree (1: none), and its groups where above 1.
+    e: u32,
+    experts: Option<ExpertGroups>,
     start: usize,
     end: usize,
     gpus: u32,
@@ -104,8 +139,13 @@ pub struct ShapedSums {
     settled_bwd_ms: f64,
     split_gradient_bytes: f64,
     /// Of whole layers, summed a layer at a time (used where some layer
-    /// splits; else the range's, as a plain stage's).
+    /// splits or experts spread; else the range's, as a plain stage's).
     whole_gradient_bytes: f64,
+    /// One GPU's gradients of the routed experts it holds (e > 1), of
+    /// split layers and of whole ones: reduced over the replicas that
+    /// hold the same experts.
+    split_expert_gradient_bytes: f64,
+    whole_expert_gradient_bytes: f64,
     memory: MemorySums,
 }
 
@@ -115,10 +155,13 @@ impl ShapedSums {
         self.start
     }
 
-    /// Whether the sums price `shape`: the same split degree and sequence
-    /// parallelism (ZeRO-1 and re-computation are applied when priced).
+    /// Whether the sums price `shape`: the same split degree, sequence
+    /// parallelism and expert degree (ZeRO-1 and re-computation are
+    /// applied when priced).
     pub fn prices(&self, shape: &StageShape) -> bool {
-        self.t == shape.tensor_parallel.max(1) && self.sequence_parallel == shape.sequence_parallel
+        self.t == shape.tensor_parallel.max(1)
+            && self.sequence_parallel == shape.sequence_parallel
+            && self.e == shape.expert_parallel.max(1)
     }
 }
 
@@ -180,23 +223,30 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> ShapedSums {
-        let t = shape.tensor_parallel.max(1);
+        let (t, e) = (shape.tensor_parallel.max(1), shape.expert_parallel.max(1));
         let gpus = devices.replicas;
         let replicas = StageShape {
             tensor_parallel: t,
             ..StageShape::PLAIN
         }
         .replicas(gpus);
+        let machines = if t > 1 || e > 1 {
+            devices.replica_machines()
+        } else {
+            Vec::new()
+        };
         ShapedSums {
             t,
             sequence_parallel: shape.sequence_parallel,
+            e,
+            experts: (e > 1).then(|| ExpertGroups::new(self.cluster, &machines, t, e)),
             start: end,
             end,
             gpus,
             replicas,
             whole_slice: largest_slice(self.micro_batch, gpus),
             split_slice: largest_slice(self.micro_batch, replicas),
-            groups: (t > 1).then(|| SplitGroups::new(self.cluster, devices, t)),
+            groups: (t > 1).then(|| SplitGroups::new(self.cluster, &machines, t)),
             first_shard: None,
             any_split: false,
             whole_run_end: None,
@@ -204,6 +254,8 @@ impl StageCoster<'_> {
             settled_bwd_ms: 0.0,
             split_gradient_bytes: 0.0,
             whole_gradient_bytes: 0.0,
+            split_expert_gradient_bytes: 0.0,
+            whole_expert_gradient_bytes: 0.0,
             memory: MemorySums::default(),
         }
     }
@@ -225,6 +277,40 @@ impl StageCoster<'_> {
         let shard_group = |groups: &Option<SplitGroups>, bytes: f64| {
             groups.as_ref().map_or(0.0, |g| g.shards.ms(bytes))
         };
+        // Expert parallelism: the layer's routed experts spread, their
+        // share of its gradients reduced apart, its tokens exchanged.
+        let spread = sums
+            .experts
+            .as_ref()
+            .zip(self.layers.experts(l))
+            .map(|(groups, pattern)| (groups, pattern, pattern.param_factor(sums.e)));
+        let held = spread.map_or(1.0, |(_, _, held)| held);
+        if let Some((groups, pattern, _)) = spread {
+            let expert_gradient_bytes =
+                self.layers.gradient_bytes(l, l + 1) * pattern.param_fraction / f64::from(sums.e);
+            // Each GPU sends its own tokens' copies: a replica's slice, or
+            // its 1/t of it where the sequence is split too.
+            let (exchange, sent_bytes) = match &shard {
+                Some(s) => {
+                    sums.split_expert_gradient_bytes += expert_gradient_bytes * s.param_factor;
+                    (
+                        &groups.split_exchange,
+                        f64::from(sums.split_slice) * s.input_factor,
+                    )
+                }
+                None => {
+                    sums.whole_expert_gradient_bytes += expert_gradient_bytes;
+                    (&groups.whole_exchange, f64::from(sums.whole_slice))
+                }
+            };
+            let pass_ms = ALL_TO_ALLS_PER_PASS
+                * exchange.ms(sent_bytes * pattern.all_to_all_bytes_per_sample);
+            sums.settled_fwd_ms += pass_ms;
+            sums.settled_bwd_ms += pass_ms;
+        }
+        // What the AllReduce of all the stage's replicas reduces of the layer.
+        let replicated_gradient_bytes = self.layers.gradient_bytes(l, l + 1)
+            * spread.map_or(1.0, |(_, p, _)| 1.0 - p.param_fraction);
         match &shard {
             Some(s) => {
                 if let Some(end) = sums.whole_run_end.take() {
@@ -243,11 +329,11 @@ impl StageCoster<'_> {
                     + allreduces(s.fwd_allreduce_bytes_per_sample);
                 sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
                     + allreduces(s.bwd_allreduce_bytes_per_sample);
-                sums.split_gradient_bytes += self.layers.gradient_bytes(l, l + 1) * s.param_factor;
+                sums.split_gradient_bytes += replicated_gradient_bytes * s.param_factor;
             }
             None => {
                 sums.whole_run_end.get_or_insert(l + 1);
-                sums.whole_gradient_bytes += self.layers.gradient_bytes(l, l + 1);
+                sums.whole_gradient_bytes += replicated_gradient_bytes;
             }
         }
         if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
@@ -261,7 +347,7 @@ impl StageCoster<'_> {
         sums.memory.add_layer(
             self.layers,
             l,
-            shard.as_ref(),
+            (shard.as_ref(), held),
             (sums.whole_slice, sums.split_slice),
             (sums.gpus, sums.replicas),
         );
@@ -289,8 +375,13 @@ impl StageCoster<'_> {
                 g.replicas.ms(sums.split_gradient_bytes),
                 sums.whole_gradient_bytes,
             ),
+            _ if sums.experts.is_some() => (0.0, sums.whole_gradient_bytes),
             _ => (0.0, self.layers.gradient_bytes(sums.start, sums.end)),
         };
+        let expert_ms = sums.experts.as_ref().map_or(0.0, |g| {
+            g.split_reduce.ms(sums.split_expert_gradient_bytes)
+                + g.whole_reduce.ms(sums.whole_expert_gradient_bytes)
+        });
         let (timing, speed) = devices.paces[0];
         let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
         if let Some(end) = sums.whole_run_end {
@@ -298,7 +389,7 @@ impl StageCoster<'_> {
             fwd_ms += whole.fwd(sums.start, end) / speed;
             bwd_ms += whole.bwd(sums.start, end) / speed;
         }
-        let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms;
+        let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms;
         let (exposed, allreduce_ms) = self.exposed_reduction(
             sums,
             devices,
@@ -372,7 +463,11 @@ impl StageCoster<'_> {
         if !hides_reduce && !hides_gather {
             return (all, all);
         }
-        if hides_reduce && shape.tensor_parallel <= 1 && !shape.shard_optimizer {
+        if hides_reduce
+            && shape.tensor_parallel <= 1
+            && shape.expert_parallel <= 1
+            && !shape.shard_optimizer
+        {
             // Its AllReduce overlaps the backward as a plain stage's.
             let exposed = if devices.replicas > 1 {
                 let slice = largest_slice(self.micro_batch, devices.replicas);
@@ -393,8 +488,11 @@ impl StageCoster<'_> {
         // Each GPU's gradient bytes of a layer, its share of the stage's
         // (split layers hold a shard's).
         let all_bytes = self.layers.gradient_bytes(start, end);
-        let per_gpu_bytes = if sums.any_split {
-            sums.whole_gradient_bytes + sums.split_gradient_bytes
+        let per_gpu_bytes = if sums.any_split || sums.experts.is_some() {
+            sums.whole_gradient_bytes
+                + sums.split_gradient_bytes
+                + sums.whole_expert_gradient_bytes
+                + sums.split_expert_gradient_bytes
         } else {
             all_bytes
         };
@@ -421,5 +519,82 @@ impl StageCoster<'_> {
             gather_ms
         };
         (scatter + gather, all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::ExpertPattern;
+    use crate::profile::{profile_of_layers, LayerCosts};
+    use crate::topology::Topology;
+
+    #[test]
+    fn spread_experts_leave_a_gpu_its_share_and_exchange_its_tokens() {
+        // Two layers; the second a mixture of 4 experts, half its 4 MB of
+        // weights in them, exchanging 1 MB a sample each all-to-all.
+        let mut profile = profile_of_layers(
+            "moe",
+            &[(1.0, 2.0, 1_000_000, 1000), (1.0, 2.0, 4_000_000, 1000)],
+            1,
+        );
+        profile.layers[1].experts = Some(ExpertPattern {
+            count: 4,
+            per_token: 2,
+            param_fraction: 0.5,
+            all_to_all_bytes_per_sample: 1e6,
+        });
+        let layers = LayerCosts::new(&profile);
+        let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
+        // A micro-batch of 8: one sample a GPU.
+        let coster = StageCoster::new(&layers, &cluster, 8, 1);
+        let devices = StageDevices::new(&cluster, vec![(0, 8)]);
+        let spread = StageShape {
+            expert_parallel: 4,
+            ..StageShape::PLAIN
+        };
+        let of = |shape: &StageShape| {
+            (
+                coster.stage_shaped(0, 2, &devices, shape, 1, false),
+                coster.stage_memory(0, 2, &devices, shape),
+            )
+        };
+        let ((plain, plain_memory), (cost, memory)) = (of(&StageShape::PLAIN), of(&spread));
+        // A GPU holds a quarter of the experts: 5/8 of the second layer's
+        // state, all of the first's.
+        let second = layers.model_state_bytes(1, 2);
+        assert_eq!(
+            memory.model_state_bytes,
+            plain_memory.model_state_bytes - 0.375 * second
+        );
+        // Under ZeRO-1 the optimizer's state is an eighth of every layer's
+        // (the two GPUs that hold the same experts shard theirs), the
+        // weights and gradients as without ZeRO-1: the spread saves 3/8
+        // of the second layer's weights and gradients alone.
+        let zero = |shape: StageShape| {
+            let zero = StageShape {
+                shard_optimizer: true,
+                ..shape
+            };
+            coster.stage_memory(0, 2, &devices, &zero).model_state_bytes
+        };
+        let second_optimizer = 2.0 * (second - layers.model_state_bytes_sharded(1, 2, 2));
+        let saved = 0.375 * (second - second_optimizer);
+        assert!((zero(StageShape::PLAIN) - zero(spread) - saved).abs() < 1e-6);
+        assert!(saved > 0.0 && second_optimizer > 0.0);
+        // Each pass exchanges twice (dispatch, combine) one sample's 1 MB.
+        let exchange = AllToAll::new(&cluster, &[0; 8], 1, 4);
+        let pass_ms = 2.0 * exchange.ms(1e6);
+        assert!(pass_ms > 0.0);
+        assert!((cost.fwd_ms - plain.fwd_ms - pass_ms).abs() < 1e-9);
+        assert!((cost.bwd_ms - plain.bwd_ms - pass_ms).abs() < 1e-9);
+        // Gradients: all of the first layer's and the second's dense half
+        // over all 8 GPUs; a GPU's quarter of the experts' half over the 2
+        // GPUs that hold the same experts (every 4th).
+        let gradients = |l: usize| layers.gradient_bytes(l, l + 1);
+        let dense = devices.allreduce.ms(gradients(0) + 0.5 * gradients(1));
+        let experts = strided_group(&cluster, &[0; 8], 4).ms(0.5 * gradients(1) / 4.0);
+        assert!((cost.allreduce_ms - dense - experts).abs() < 1e-9);
+        assert!(cost.allreduce_ms < plain.allreduce_ms);
     }
 }

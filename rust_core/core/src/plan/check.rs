@@ -156,6 +156,9 @@ fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     if s.shard_optimizer != first.shard_optimizer {
         return differs("shard_optimizer");
     }
+    if s.expert_parallel != first.expert_parallel {
+        return differs("expert_parallel");
+    }
     Ok(())
 }
 
@@ -271,12 +274,17 @@ fn check_stage_shape(
     if t == 0 {
         return Err(Error::field("tensor_parallel", "value 0 must be >= 1"));
     }
+    if s.expert_parallel == 0 {
+        return Err(Error::field("expert_parallel", "value 0 must be >= 1"));
+    }
     let shape = s.shape();
     if shape.is_plain() {
         return Ok(());
     }
     let field = if t > 1 {
         "tensor_parallel"
+    } else if s.expert_parallel > 1 {
+        "expert_parallel"
     } else if s.shard_optimizer {
         "shard_optimizer"
     } else {
@@ -325,17 +333,60 @@ fn check_stage_shape(
             "a stage that splits, shards or re-computes runs on GPUs alike",
         ));
     }
-    if t == 1 {
+    if t > 1 {
+        check_split_groups(s, t, cluster)?;
+        if let Some(p) = profile {
+            check_layers_split(p, s, t)?;
+            check_whole_layer_slices(plan, p, s, t)?;
+        }
+    }
+    check_expert_groups(s, profile)
+}
+
+/// Expert groups of `expert_parallel` consecutive replicas divide the
+/// stage's replicas, and the routed experts of each of its layers that
+/// has some (one of them at least).
+fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
+    let e = s.expert_parallel;
+    if e == 1 {
         return Ok(());
     }
-    check_split_groups(s, t, cluster)?;
-    match profile {
-        Some(p) => {
-            check_layers_split(p, s, t)?;
-            check_whole_layer_slices(plan, p, s, t)
-        }
-        None => Ok(()),
+    let replicas = s.replicas();
+    if !replicas.is_multiple_of(e) {
+        return Err(Error::field(
+            "expert_parallel",
+            format!("value {e} does not divide the stage's {replicas} replicas"),
+        ));
     }
+    let Some(profile) = profile else {
+        return Ok(());
+    };
+    let mut any = false;
+    for l in s.layer_start..s.layer_end {
+        let layer = &profile.layers[l];
+        if let Some(experts) = &layer.experts {
+            if !experts.count.is_multiple_of(e) {
+                return Err(Error::field(
+                    "expert_parallel",
+                    format!(
+                        "value {e} does not divide the {} experts of layer {:?} (layers[{l}])",
+                        experts.count, layer.name
+                    ),
+                ));
+            }
+            any = true;
+        }
+    }
+    if !any {
+        return Err(Error::field(
+            "expert_parallel",
+            format!(
+                "value {e}: no layer of the stage (layers {}..{}) has experts",
+                s.layer_start, s.layer_end
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Layers of a split stage that do not split run data parallel over all

@@ -228,6 +228,10 @@ pub struct Stage {
     /// What the forward keeps for the backward: "none" re-computes nothing.
     #[serde(default, skip_serializing_if = "Recompute::is_none")]
     pub recompute: Recompute,
+    /// Expert parallelism: the routed experts spread over groups of this
+    /// many consecutive replicas (`experts.rs`; 1: none).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub expert_parallel: u32,
 }
 
 /// An empty, plain stage: what struct literals fill in (`..Default::default()`)
@@ -245,6 +249,7 @@ impl Default for Stage {
             sequence_parallel: false,
             shard_optimizer: false,
             recompute: Recompute::None,
+            expert_parallel: 1,
         }
     }
 }
@@ -257,6 +262,7 @@ impl Stage {
             sequence_parallel: self.sequence_parallel,
             shard_optimizer: self.shard_optimizer,
             recompute: self.recompute,
+            expert_parallel: self.expert_parallel,
         }
     }
 
@@ -276,6 +282,7 @@ impl Stage {
         self.sequence_parallel = shape.sequence_parallel;
         self.shard_optimizer = shape.shard_optimizer;
         self.recompute = shape.recompute;
+        self.expert_parallel = shape.expert_parallel;
         self
     }
 }

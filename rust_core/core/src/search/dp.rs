@@ -973,16 +973,19 @@ impl<'c, 'a> Dp<'c, 'a> {
             {
                 // Each way of running the sequence is a degree of its own,
                 // with sums of its own.
+                // So is each expert degree.
                 for sequence_parallel in self.ctx.sequence_options(t, devices.mixed) {
-                    let shapes = self
-                        .ctx
-                        .shapes_at(t, sequence_parallel, gpus, devices.mixed);
-                    if !shapes.as_slice().is_empty() {
-                        list.push(Degree {
-                            t,
-                            shapes,
-                            sums: None,
-                        });
+                    for e in self.ctx.expert_options(t, gpus, devices.mixed) {
+                        let shapes =
+                            self.ctx
+                                .shapes_at((t, sequence_parallel, e), gpus, devices.mixed);
+                        if !shapes.as_slice().is_empty() {
+                            list.push(Degree {
+                                t,
+                                shapes,
+                                sums: None,
+                            });
+                        }
                     }
                 }
             }
@@ -1015,6 +1018,10 @@ impl<'c, 'a> Dp<'c, 'a> {
     ) -> bool {
         let j = suffixes.start;
         let (shapes, sums) = (degree.shapes.as_slice(), &mut degree.sums);
+        if self.ctx.spreads_no_experts(&shapes[0], (i, j)) {
+            // A longer stage may have some.
+            return true;
+        }
         // The memory asked for first: under the strictest rule the suffix of
         // fewest stages allows (`fitting_class`).
         let first = &suffixes.entries[0].1;
@@ -1489,6 +1496,13 @@ impl Dp<'_, '_> {
             .ctx
             .memory_warmup(suffix.stages + 1, self.micro_batches);
         let only_stage = i == 0 && suffix.stages == 0;
+        if self
+            .ctx
+            .spreads_no_experts(&degree.shapes.as_slice()[0], (i, j))
+        {
+            // A longer stage may have some.
+            return true;
+        }
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;
         for (k, shape) in degree.shapes.as_slice().iter().enumerate() {

@@ -788,29 +788,36 @@ mod tests {
 
     /// Every shape a stage of `gpus` GPUs may take in `shapes`: plain, or
     /// any split degree dividing its GPUs, with ZeRO-1 over more than one
-    /// GPU and re-computation or not. Which of them a profile, a
+    /// GPU and re-computation or not, and where the profile has experts
+    /// any expert degree dividing the replicas. Which of them a profile, a
     /// micro-batch and a placement allow is left to `plan::check`.
-    fn stage_shapes_of(gpus: u32, shapes: StageShapes) -> Vec<StageShape> {
+    fn stage_shapes_of(gpus: u32, shapes: StageShapes, has_experts: bool) -> Vec<StageShape> {
         if shapes == StageShapes::Plain {
             return vec![StageShape::PLAIN];
         }
         let mut out = Vec::new();
         for t in (1..=gpus).filter(|t| gpus.is_multiple_of(*t)) {
-            for shard_optimizer in [false, true] {
-                if shard_optimizer && gpus == 1 {
-                    continue;
-                }
-                for recompute in Recompute::ALL {
-                    for sequence_parallel in [false, true] {
-                        if sequence_parallel && t == 1 {
-                            continue;
+            let replicas = gpus / t;
+            let expert_degrees =
+                (1..=replicas).filter(|e| replicas.is_multiple_of(*e) && (has_experts || *e == 1));
+            for expert_parallel in expert_degrees {
+                for shard_optimizer in [false, true] {
+                    if shard_optimizer && gpus == 1 {
+                        continue;
+                    }
+                    for recompute in Recompute::ALL {
+                        for sequence_parallel in [false, true] {
+                            if sequence_parallel && t == 1 {
+                                continue;
+                            }
+                            out.push(StageShape {
+                                tensor_parallel: t,
+                                sequence_parallel,
+                                shard_optimizer,
+                                recompute,
+                                expert_parallel,
+                            });
                         }
-                        out.push(StageShape {
-                            tensor_parallel: t,
-                            sequence_parallel,
-                            shard_optimizer,
-                            recompute,
-                        });
                     }
                 }
             }
@@ -943,6 +950,7 @@ mod tests {
         let cluster = Cluster::for_model(topology, &layer_costs).unwrap();
         let machines = cluster.group_and_gpus();
         let min_slice = profile.min_batch_size();
+        let has_experts = layer_costs.has_experts(0, n);
         for b in (1..=gbs).filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice) {
             let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
             // (layer j the suffix starts at, state, steps so far)
@@ -973,7 +981,7 @@ mod tests {
                         }
                         for (placement, takes) in state.placements(r) {
                             let next = state.taken(&takes);
-                            for shape in stage_shapes_of(r, shapes) {
+                            for shape in stage_shapes_of(r, shapes, has_experts) {
                                 let mut steps2 = steps.clone();
                                 steps2.push(Step {
                                     layer_start: i,
@@ -1448,29 +1456,17 @@ mod tests {
                 // Memory that activations bind: a share of the model's
                 // state (on every fourth case too little for all of it
                 // with ZeRO-1) and of the global batch's activations.
-                let costs = LayerCosts::new(&profile);
-                let state = costs.model_state_bytes(0, layers);
-                let stored = costs.stored_bytes_per_sample(0, layers) * f64::from(gbs);
                 let state_share = if case % 4 == 0 { 0.6 } else { 0.5 };
-                topology.machine_groups[0].gpu.memory_bytes =
-                    (state * state_share + stored * rng.gen_range(0.1..0.8)) as u64;
+                let activations_share = rng.gen_range(0.1..0.8);
+                bind_memory(
+                    &mut topology,
+                    &profile,
+                    gbs,
+                    (state_share, activations_share),
+                );
             }
-            let mut opts = SearchOptions::new(gbs);
-            // Early backward: the brute force's kind.
-            opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
-            opts.search_space = SearchSpace::Full;
-            // Every shape, also where nothing splits.
-            opts.stage_shapes = StageShapes::All;
-            let expected = brute_force(
-                &profile,
-                &topology,
-                gbs,
-                WarmupPolicy::Auto,
-                StageShapes::All,
-            );
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
-            let got = search(&profile, &topology, &opts);
-            if let Some(plan) = assert_is_the_optimum(expected, got, &what) {
+            if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, gbs, &what) {
                 let stages = &plan.stages;
                 split += stages.iter().filter(|s| s.tensor_parallel > 1).count();
                 zero += stages.iter().filter(|s| s.shard_optimizer).count();
@@ -1480,6 +1476,89 @@ mod tests {
         eprintln!("{split} split, {zero} ZeRO, {recomputed} re-computed stages");
         // The optima do split and shard.
         assert!(split > 5 && zero > 5, "{split} split, {zero} ZeRO stages");
+    }
+
+    /// GPUs of `topology` with memory for `state_share` of the profile's
+    /// model state and `activations_share` of a global batch's stored
+    /// activations.
+    fn bind_memory(
+        topology: &mut Topology,
+        profile: &Profile,
+        gbs: u32,
+        (state_share, activations_share): (f64, f64),
+    ) {
+        let costs = LayerCosts::new(profile);
+        let layers = profile.layers.len();
+        let state = costs.model_state_bytes(0, layers);
+        let stored = costs.stored_bytes_per_sample(0, layers) * f64::from(gbs);
+        topology.machine_groups[0].gpu.memory_bytes =
+            (state * state_share + stored * activations_share) as u64;
+    }
+
+    /// The search over every shape (early backward, the brute force's
+    /// kind; the full space) returns the brute force's optimum; the plan.
+    fn assert_exact_over_every_shape(
+        profile: &Profile,
+        topology: &Topology,
+        gbs: u32,
+        what: &str,
+    ) -> Option<Plan> {
+        let mut opts = SearchOptions::new(gbs);
+        opts.schedule = Some(ScheduleKind::EarlyBackward1F1B);
+        opts.search_space = SearchSpace::Full;
+        // Every shape, also where nothing splits.
+        opts.stage_shapes = StageShapes::All;
+        let expected = brute_force(profile, topology, gbs, WarmupPolicy::Auto, StageShapes::All);
+        assert_is_the_optimum(expected, search(profile, topology, &opts), what)
+    }
+
+    /// Issue 46's acceptance test of expert parallelism: on small random
+    /// profiles with mixture-of-experts and dense layers (up to 8 layers
+    /// on 2 GPUs, 3 on 4, 2 on 8, on one or two machines, memory that
+    /// binds in some) the
+    /// search returns the smallest simulated iteration over every plan,
+    /// expert degrees among the shapes.
+    #[test]
+    fn search_finds_the_simulated_optimum_with_experts() {
+        let mut rng = StdRng::seed_from_u64(20261128);
+        let shapes = ["1x2", "1x4", "2x2", "2x1", "1x8", "2x4"];
+        let mut spread = 0;
+        for case in 0..36 {
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let most_layers = match topology.num_devices() {
+                8.. => 2,
+                4.. => 3,
+                _ => 8,
+            };
+            let layers = rng.gen_range(1..=most_layers);
+            let mut profile = random_split_profile(&mut rng, layers, case + 1);
+            let experts = [4, 8][case % 2];
+            for (l, layer) in profile.layers.iter_mut().enumerate() {
+                if l == 0 || rng.gen_bool(0.6) {
+                    layer.experts = Some(crate::experts::ExpertPattern {
+                        count: experts,
+                        per_token: 2,
+                        param_fraction: rng.gen_range(0.5..0.95),
+                        all_to_all_bytes_per_sample: rng.gen_range(0.0..8e6),
+                    });
+                }
+            }
+            let gbs = [2, 4, 8][case % 3];
+            let mut topology = topology;
+            if case % 2 == 0 {
+                // Memory the experts' state binds: a share of the whole
+                // model's state, and of the global batch's activations.
+                let shares = (rng.gen_range(0.3..0.7), rng.gen_range(0.1..0.8));
+                bind_memory(&mut topology, &profile, gbs, shares);
+            }
+            let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
+            if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, gbs, &what) {
+                spread += plan.stages.iter().filter(|s| s.expert_parallel > 1).count();
+            }
+        }
+        eprintln!("{spread} stages with experts spread");
+        // The optima do spread experts.
+        assert!(spread > 3, "{spread} stages with experts spread");
     }
 
     /// One hint of each kind, drawn for a model of `layers` layers on

@@ -37,7 +37,7 @@ crate::named_enum! {
     /// Which stage shapes (`shape.rs`) the search gives stages besides
     /// DAPPLE's replicas.
     pub enum StageShapes("a set of stage shapes") {
-        /// All, where the profile says how layers split (a transformer's);
+        /// All, where the profile says how layers split or has experts (a transformer's);
         /// else plain, DAPPLE's space: with ZeRO-1 and re-computation the
         /// walk's budget runs out sooner on the paper's profiles, and
         /// AmoebaNet-36 on configurations B and C planned 6.3% and 24.5%
@@ -53,11 +53,11 @@ crate::named_enum! {
 
 impl StageShapes {
     /// Whether stages are plain only: asked so, or "auto" where no layer of
-    /// the profile splits.
+    /// the profile splits or has experts.
     pub(crate) fn plain_only(self, layers: &LayerCosts) -> bool {
         match self {
             StageShapes::Plain => true,
-            StageShapes::Auto => !layers.splits_any(),
+            StageShapes::Auto => !layers.splits_any() && !layers.has_experts(0, layers.num_layers),
             StageShapes::All => false,
         }
     }
@@ -83,6 +83,9 @@ pub(crate) struct ShapeChoices {
     /// The split degrees at which some layer's pattern allows sequence
     /// parallelism (`LayerCosts::sequence_parallel_at`, asked once each).
     pub(crate) sequence_degrees: Vec<u32>,
+    /// Expert degrees (at least 2) every layer with experts allows,
+    /// ascending (`LayerCosts::expert_degrees`); empty where none has any.
+    pub(crate) expert_degrees: Vec<u32>,
 }
 
 impl ShapeChoices {
@@ -94,6 +97,7 @@ impl ShapeChoices {
         selective: false,
         sequence_options: Vec::new(),
         sequence_degrees: Vec::new(),
+        expert_degrees: Vec::new(),
     };
 
     pub(crate) fn new(
@@ -144,26 +148,29 @@ impl ShapeChoices {
             },
             // Filled once the hinted degrees are in (`Space::new`).
             sequence_degrees: Vec::new(),
+            expert_degrees: layers.expert_degrees(),
         }
     }
 
-    /// A layout's own split degrees (`Context::layout`).
+    /// A layout's own split and expert degrees (`Context::layout`).
     pub(crate) fn of_layout(layout: &[(usize, usize, u32, StageShape)]) -> ShapeChoices {
-        let mut split_degrees: Vec<u32> = layout
-            .iter()
-            .map(|s| s.3.tensor_parallel)
-            .filter(|&t| t > 1)
-            .collect();
-        split_degrees.sort_unstable();
-        split_degrees.dedup();
+        // The distinct degrees above 1 the layout's stages take, ascending.
+        let degrees = |of: fn(&StageShape) -> u32| {
+            let mut degrees: Vec<u32> =
+                layout.iter().map(|s| of(&s.3)).filter(|&d| d > 1).collect();
+            degrees.sort_unstable();
+            degrees.dedup();
+            degrees
+        };
         ShapeChoices {
-            split_degrees,
+            split_degrees: degrees(|s| s.tensor_parallel),
             shard_optimizer: layout.iter().any(|s| s.3.shard_optimizer),
             recompute: layout.iter().any(|s| !s.3.recompute.is_none()),
             selective: layout.iter().any(|s| s.3.recompute == Recompute::Selective),
             // A layout's own, at each degree (`Context::sequence_options`).
             sequence_options: Vec::new(),
             sequence_degrees: Vec::new(),
+            expert_degrees: degrees(|s| s.expert_parallel),
         }
     }
 
@@ -563,14 +570,38 @@ impl Context<'_> {
             })
     }
 
-    /// The shapes a stage split `t` ways over `gpus` GPUs may take, the
-    /// plain one (at `t`) first: then ZeRO-1 over more than one GPU and full
-    /// re-computation, each where it applies. Stages on mixed GPUs stay
-    /// plain (`plan::check`).
-    pub(crate) fn shapes_at(
+    /// The expert degrees a stage of `gpus` GPUs split `t` ways may take:
+    /// 1, and on alike GPUs each degree every layer with experts allows
+    /// that divides its replicas (each priced with sums of its own).
+    pub(crate) fn expert_options(
         &self,
         t: u32,
-        sequence_parallel: bool,
+        gpus: u32,
+        mixed: bool,
+    ) -> impl Iterator<Item = u32> + '_ {
+        let replicas = gpus / t.max(1);
+        std::iter::once(1).chain(
+            self.shapes
+                .expert_degrees
+                .iter()
+                .copied()
+                .filter(move |&e| !mixed && replicas.is_multiple_of(e)),
+        )
+    }
+
+    /// Whether `shape` spreads the experts of a stage of layers `i..j`
+    /// that has none: the same stage at e = 1, which `plan::check` refuses.
+    pub(crate) fn spreads_no_experts(&self, shape: &StageShape, (i, j): (usize, usize)) -> bool {
+        shape.expert_parallel > 1 && !self.layers.has_experts(i, j)
+    }
+
+    /// The shapes a stage split `t` ways, with expert degree `e`, over
+    /// `gpus` GPUs may take, the plain one (at `t` and `e`) first: then
+    /// ZeRO-1 over more than one GPU and full re-computation, each where
+    /// it applies. Stages on mixed GPUs stay plain (`plan::check`).
+    pub(crate) fn shapes_at(
+        &self,
+        (t, sequence_parallel, e): (u32, bool, u32),
         gpus: u32,
         mixed: bool,
     ) -> ShapeList {
@@ -581,6 +612,7 @@ impl Context<'_> {
                 if g == gpus
                     && shape.tensor_parallel == t
                     && shape.sequence_parallel == sequence_parallel
+                    && shape.expert_parallel == e
                 {
                     list.push_unique(shape);
                 }
@@ -590,6 +622,7 @@ impl Context<'_> {
         let base = StageShape {
             tensor_parallel: t,
             sequence_parallel,
+            expert_parallel: e,
             ..StageShape::PLAIN
         };
         if mixed {

@@ -1,0 +1,148 @@
+//! Expert parallelism: a mixture-of-experts layer's routed experts spread
+//! over e GPUs of a stage, each holding E / e of them, and the tokens
+//! exchanged between those GPUs (all-to-all) to reach their experts and
+//! come back.
+//!
+//! The expert groups are folded onto the stage's data parallelism, as
+//! Whale's M6-MoE (`replicate` and `split` on the same GPUs) and
+//! Megatron-LM (`--expert-model-parallel-size`) fold them: a stage of r
+//! replicas (of t shards each) forms r / e expert groups of e consecutive
+//! replicas, and each expert's columns stay split t ways (Megatron's
+//! expert tensor parallelism at t). What every shard keeps whole (the
+//! attention, the router, the shared experts) stays replicated r ways; the
+//! routed experts' weights, gradients and optimizer state are divided by
+//! e, and their gradients are reduced over the r / e replicas that hold
+//! the same experts. Routing is taken as balanced, as the profile's own
+//! times take it (docs/cost-model.md, "Expert parallelism"), so each GPU
+//! computes as many tokens' experts as without expert parallelism.
+//!
+//! This module holds the profile's description of a layer's experts and
+//! what one GPU holds of them; `cost/all_to_all.rs` prices the exchange
+//! on the stage's links.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A layer's routed experts, as a profile records them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertPattern {
+    /// Routed experts E: the expert degree must divide them.
+    pub count: u32,
+    /// Experts each token is routed to (k).
+    pub per_token: u32,
+    /// Share of the layer's parameter bytes in its routed experts: what
+    /// expert parallelism divides (the router, shared experts and the
+    /// rest of the layer stay whole).
+    pub param_fraction: f64,
+    /// Bytes per sample of one all-to-all: the k copies of each token's
+    /// hidden state the dispatch sends to their experts. The combine
+    /// brings back as many, and the backward moves both again.
+    pub all_to_all_bytes_per_sample: f64,
+}
+
+/// All-to-alls of a mixture-of-experts layer in each pass: the dispatch
+/// and the combine in the forward, their gradients in the backward.
+pub const ALL_TO_ALLS_PER_PASS: f64 = 2.0;
+
+impl ExpertPattern {
+    /// What one GPU holds of the layer's parameters at expert degree `e`:
+    /// its share of the routed experts, and everything else whole.
+    pub fn param_factor(&self, e: u32) -> f64 {
+        1.0 - self.param_fraction + self.param_fraction / f64::from(e.max(1))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.count == 0 {
+            return Err(Error::field("count", "value 0 must be >= 1"));
+        }
+        if self.per_token == 0 || self.per_token > self.count {
+            return Err(Error::field(
+                "per_token",
+                format!(
+                    "value {} must be between 1 and the {} experts",
+                    self.per_token, self.count
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.param_fraction) {
+            return Err(Error::field(
+                "param_fraction",
+                format!(
+                    "value {} must be a share of the layer's parameters, in [0, 1]",
+                    self.param_fraction
+                ),
+            ));
+        }
+        let bytes = self.all_to_all_bytes_per_sample;
+        if !(bytes.is_finite() && bytes >= 0.0) {
+            return Err(Error::field(
+                "all_to_all_bytes_per_sample",
+                format!("value {bytes} must be a finite number >= 0"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mixtral_like() -> ExpertPattern {
+        ExpertPattern {
+            count: 8,
+            per_token: 2,
+            param_fraction: 0.75,
+            all_to_all_bytes_per_sample: 1000.0,
+        }
+    }
+
+    #[test]
+    fn a_gpu_holds_its_share_of_the_routed_experts_and_the_rest_whole() {
+        let p = mixtral_like();
+        assert_eq!(p.param_factor(1), 1.0);
+        assert_eq!(p.param_factor(2), 0.25 + 0.375);
+        assert_eq!(p.param_factor(8), 0.25 + 0.75 / 8.0);
+    }
+
+    #[test]
+    fn bad_patterns_name_their_field() {
+        let bad = [
+            (
+                ExpertPattern {
+                    per_token: 9,
+                    ..mixtral_like()
+                },
+                "per_token: value 9 must be between 1 and the 8 experts",
+            ),
+            (
+                ExpertPattern {
+                    count: 0,
+                    ..mixtral_like()
+                },
+                "count: value 0",
+            ),
+            (
+                ExpertPattern {
+                    param_fraction: 1.5,
+                    ..mixtral_like()
+                },
+                "param_fraction: value 1.5",
+            ),
+            (
+                ExpertPattern {
+                    all_to_all_bytes_per_sample: f64::NAN,
+                    ..mixtral_like()
+                },
+                "all_to_all_bytes_per_sample: value NaN",
+            ),
+        ];
+        for (pattern, message) in bad {
+            let e = pattern.validate().unwrap_err().to_string();
+            assert!(e.contains(message), "{e}");
+        }
+        assert!(mixtral_like().validate().is_ok());
+    }
+}
