@@ -101,9 +101,9 @@ def test_the_search_is_no_slower_than_spreading_the_experts_by_hand(moe_profile,
         assert searched.iteration_ms <= by_hand.iteration_ms * (1 + 1e-9), (e, searched.iteration_ms)
 
 
-def test_exports_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, dapple):
+def test_deepspeed_torchtitan_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, dapple):
     plan = _one_stage_plan(moe_profile, tmp_path, expert_parallel=2)
-    for target, name in (("megatron", "Megatron-LM"), ("deepspeed", "DeepSpeed"), ("torchtitan", "torchtitan")):
+    for target, name in (("deepspeed", "DeepSpeed"), ("torchtitan", "torchtitan")):
         r = dapple("export", "--plan", plan, "--to", target, "--out", tmp_path / f"{target}.out")
         assert_one_line_error(r, 4, f"{name} cannot express expert parallelism (stages[0].expert_parallel 2)")
         assert not (tmp_path / f"{target}.out").exists()
@@ -111,3 +111,64 @@ def test_exports_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, da
 
     with pytest.raises(planner.IncompatibleInputsError, match="stages\\[0\\].expert_parallel: dapple's runtime"):
         Layout.of(planner.Plan.load(plan))
+
+
+@pytest.fixture
+def dense_first_moe(tmp_path):
+    """DeepSeek's way: a dense first block, then 3 of 8 experts, 2 a token."""
+    config = tmp_path / "dense-first.json"
+    config.write_text(json.dumps({
+        "model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 1000,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "first_k_dense_replace": 1,
+    }))
+    return planner.transformer_profile(config, gpu="a100", seq_len=128, micro_batch_sizes=[1, 2])
+
+
+def _megatron_moe_plan(profile, expert_parallel):
+    return planner.megatron_plan(profile, "1x8-a100-80gb", 64, tensor_parallel=2, pipeline_parallel=2,
+                                 micro_batch_size=1, sequence_parallel=True, expert_parallel=expert_parallel)
+
+
+def test_megatron_gets_the_experts_and_their_degrees(dense_first_moe):
+    from dapple.planner.export.megatron import megatron_arguments
+
+    plan = _megatron_moe_plan(dense_first_moe, 2)
+    assert [s.get("expert_parallel", 1) for s in plan.stages] == [2, 2]
+    words = megatron_arguments(plan, dense_first_moe).arguments
+    value = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+    assert (value["--num-experts"], value["--moe-router-topk"]) == ("8", "2")
+    assert (value["--expert-model-parallel-size"], value["--expert-tensor-parallel-size"]) == ("2", "2")
+    # Megatron-LM's list form of which blocks have experts: the first does not.
+    assert eval(value["--moe-layer-freq"]) == [0, 1, 1, 1]
+    # A pipeline that spreads the experts on one stage only is refused.
+    data = json.loads(json.dumps(plan.data))
+    data["stages"][1]["expert_parallel"] = 1
+    with pytest.raises(planner.IncompatibleInputsError, match="expert parallelism on some stages only"):
+        megatron_arguments(planner.Plan.from_dict(data), dense_first_moe)
+
+
+def test_megatron_cores_own_groups_are_dapples_expert_groups(dense_first_moe):
+    parallel_state = pytest.importorskip("megatron.core.parallel_state")
+    transformer = pytest.importorskip("megatron.core.transformer")
+    from dapple.planner.export.megatron import megatron_arguments
+
+    for e in (1, 2):
+        plan = _megatron_moe_plan(dense_first_moe, e)
+        words = megatron_arguments(plan, dense_first_moe).arguments
+        value = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+        t, p = int(value["--tensor-model-parallel-size"]), int(value["--pipeline-model-parallel-size"])
+        ep, etp = int(value["--expert-model-parallel-size"]), int(value["--expert-tensor-parallel-size"])
+        # megatron-core validates the degrees as a run would build them ...
+        transformer.TransformerConfig(
+            num_layers=int(value["--num-layers"]), hidden_size=256, num_attention_heads=8, add_bias_linear=False,
+            num_moe_experts=int(value["--num-experts"]), moe_router_topk=int(value["--moe-router-topk"]),
+            moe_ffn_hidden_size=128, moe_layer_freq=eval(value["--moe-layer-freq"]), tensor_model_parallel_size=t,
+            pipeline_model_parallel_size=p, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+            sequence_parallel=True, pipeline_dtype=pytest.importorskip("torch").bfloat16)
+        # ... and groups the ranks (its default order) into the GPUs that
+        # dapple's all-to-all prices together.
+        experts = parallel_state.RankGenerator(tp=etp, ep=ep, dp=8 // (etp * ep * p), pp=p, cp=1,
+                                               order="tp-cp-ep-dp-pp")
+        ours = sorted(group for shape in plan.stage_shapes for group in shape.expert_groups)
+        assert sorted(experts.get_ranks("ep")) == ours, e

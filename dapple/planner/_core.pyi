@@ -101,8 +101,9 @@ class StageShape:
     """A stage's split degree, sequence parallelism, replicas (its GPUs /
     t), ZeRO-1, re-computation ("none", "full", "per-layer" or
     "selective"), expert degree (the routed experts over groups of that
-    many consecutive replicas; 1: none) and split groups (each replica's t
-    consecutive devices), from ``Plan.stage_shapes``."""
+    many consecutive replicas; 1: none), split groups (each replica's t
+    consecutive devices) and expert groups (shard k of e consecutive
+    replicas), from ``Plan.stage_shapes``."""
 
     tensor_parallel: int
     sequence_parallel: bool
@@ -112,6 +113,7 @@ class StageShape:
     expert_parallel: int
     is_plain: bool
     split_groups: list[list[int]]
+    expert_groups: list[list[int]]
 
 class Action:
     """``F3``, ``B2``, ``AR``, ``OPT``: hashable, printable, picklable;

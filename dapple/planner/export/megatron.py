@@ -1,7 +1,8 @@
 """Megatron-LM's arguments for a plan (``pretrain_gpt.py``), as a bash
 array to source: the pipeline layout string, the tensor and pipeline sizes,
-the micro-batch and global batch, the distributed optimizer (ZeRO-1) and
-full re-computation where the plan has them.
+the micro-batch and global batch, the distributed optimizer (ZeRO-1),
+full re-computation and, for a mixture of experts, its experts and their
+expert and tensor degrees, where the plan has them.
 
 Megatron takes the data-parallel size as the world size over tensor x
 pipeline, so it is said in a comment: launch that many processes. It runs
@@ -10,6 +11,7 @@ pipeline, so it is said in a comment: launch that many processes. It runs
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from dataclasses import dataclass
@@ -75,13 +77,45 @@ def _overlap_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...
         [("--overlap-param-gather",)] if shape.hides_param_gather else [])
 
 
+def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
+    """Megatron-LM's mixture-of-experts arguments where the profile's
+    blocks have experts: their count and experts per token, which blocks
+    have them (``--moe-layer-freq`` where some do not), the expert degree
+    and the experts' tensor degree (dapple splits each expert's columns
+    at the stage's t). Every stage with experts spreads them alike."""
+    layers = profile.data["layers"]
+    experts = [layer.get("experts") for layer in layers]
+    kinds = {(e["count"], e["per_token"]) for e in experts if e}
+    if not kinds:
+        return []
+    if len(kinds) > 1:
+        listed = ", ".join(f"{count} experts, {k} a token" for count, k in sorted(kinds))
+        rounding.refuse(f"layers with experts of several counts ({listed})", "it takes one count for every layer",
+                        None)
+    count, per_token = kinds.pop()
+    for i, stage in enumerate(plan.stages):
+        if any(experts[stage["layer_start"]:stage["layer_end"]]) and \
+                stage.get("expert_parallel", 1) != shape.expert_parallel:
+            rounding.refuse(f"expert parallelism on some stages only (stages[{i}].expert_parallel "
+                            f"{stage.get('expert_parallel', 1)}, the run's {shape.expert_parallel})",
+                            "it takes one expert degree for every stage", None)
+    options = [("--num-experts", str(count)), ("--moe-router-topk", str(per_token))]
+    blocks = [1 if e else 0 for e, token in zip(experts, layer_tokens(profile)) if token == "t"]
+    if not all(blocks):
+        # Megatron-LM's list form, e.g. DeepSeek-V3's three dense first blocks: ([0]*3+[1]*58).
+        runs = [(flag, len(list(group))) for flag, group in itertools.groupby(blocks)]
+        options.append(("--moe-layer-freq", "(" + "+".join(f"[{flag}]*{n}" for flag, n in runs) + ")"))
+    return options + [("--expert-model-parallel-size", str(shape.expert_parallel)),
+                      ("--expert-tensor-parallel-size", str(shape.tensor_parallel))]
+
+
 def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:
     """Megatron-LM's arguments for ``plan`` over ``profile``'s layers (a
     transformer: embedding, blocks, head; ``megatron_layout.layer_tokens``)."""
     # The profile first: one that is no transformer has no layout at all.
     layout = plan_layout([(s["layer_start"], s["layer_end"]) for s in plan.stages], profile)
     tokens = layer_tokens(profile)
-    shape = run_shape(plan, TARGET, approximate)
+    shape = run_shape(plan, TARGET, approximate, writes_experts=True)
     blocks_per_stage = [tokens[start:end].count("t") for start, end in shape.stage_ranges]
     chunk = None
     if shape.recompute == "full":
@@ -106,6 +140,7 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         options.append(("--use-distributed-optimizer",))
     if shape.sequence_parallel:
         options.append(("--sequence-parallel",))
+    options += _expert_options(plan, profile, shape, Rounding(TARGET, approximate))
     overlap_rounding = Rounding(TARGET, approximate)
     options += _overlap_options(shape, overlap_rounding)
     changes += tuple(overlap_rounding.changes)

@@ -43,6 +43,9 @@ class RunShape:
     #: costed (``schedule.overlap``; ``docs/cost-model.md``, "Overlap").
     hides_grad_reduce: bool = False
     hides_param_gather: bool = False
+    #: The routed experts over groups of this many consecutive replicas,
+    #: on the stages that have experts (1: not spread).
+    expert_parallel: int = 1
 
     @property
     def stages(self) -> int:
@@ -96,10 +99,11 @@ def _word(value) -> str:
     return ("yes" if value else "no") if isinstance(value, bool) else str(value)
 
 
-def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
+def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_experts: bool = False) -> RunShape:
     """The plan as ``target`` runs it: one degree of each kind on every
     stage. Raises ``IncompatibleInputsError`` naming what ``target`` cannot
-    express; ``approximate`` rounds instead and says so in ``changes``."""
+    express (spread experts unless ``writes_experts``); ``approximate``
+    rounds instead and says so in ``changes``."""
     rounding = Rounding(target, approximate)
     kind = plan.core.schedule_kind
     if kind in _core.ASYNCHRONOUS_SCHEDULES:
@@ -110,9 +114,12 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
                         f"{target} yet; export it with --to torch-csv", None)
     shapes = plan.stage_shapes
     spread = [i for i, s in enumerate(shapes) if s.expert_parallel > 1]
-    if spread:
+    if spread and not writes_experts:
         rounding.refuse(f"expert parallelism (stages[{spread[0]}].expert_parallel "
                         f"{shapes[spread[0]].expert_parallel})", f"dapple does not write it for {target} yet", None)
+    # Stages without experts to spread keep 1 (`plan::check`), whatever the run's degree.
+    expert_parallel = rounding.one([shapes[i].expert_parallel for i in spread], "per-stage expert parallelism",
+                                   "expert degrees") if spread else 1
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
@@ -126,7 +133,7 @@ def run_shape(plan: Plan, target: str, approximate: bool = False) -> RunShape:
                     tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
                     changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
-                    hides_grad_reduce=plan.core.hides_grad_reduce,
+                    hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
                     hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1)
 
 

@@ -46,6 +46,17 @@ pub struct ExpertPattern {
 /// and the combine in the forward, their gradients in the backward.
 pub const ALL_TO_ALLS_PER_PASS: f64 = 2.0;
 
+/// The expert group of the GPU at `position` in a stage's device order,
+/// as positions: shard k of e consecutive replicas of t GPUs each (the
+/// same GPUs as Megatron-LM's expert-parallel group at expert tensor
+/// degree t, its ranks ordered tp-ep-dp).
+pub fn expert_group(position: usize, t: usize, e: usize) -> impl Iterator<Item = usize> {
+    let (t, e) = (t.max(1), e.max(1));
+    let (replica, shard) = (position / t, position % t);
+    let first = replica / e * e;
+    (first..first + e).map(move |q| q * t + shard)
+}
+
 impl ExpertPattern {
     /// What one GPU holds of the layer's parameters at expert degree `e`:
     /// its share of the routed experts, and everything else whole.
@@ -105,6 +116,16 @@ mod tests {
         assert_eq!(p.param_factor(1), 1.0);
         assert_eq!(p.param_factor(2), 0.25 + 0.375);
         assert_eq!(p.param_factor(8), 0.25 + 0.75 / 8.0);
+    }
+
+    #[test]
+    fn a_group_is_one_shard_of_consecutive_replicas() {
+        // 16 GPUs split 2 ways: 8 replicas; e = 4 groups replicas 0-3 and 4-7.
+        let group = |p: usize| expert_group(p, 2, 4).collect::<Vec<_>>();
+        assert_eq!(group(0), vec![0, 2, 4, 6]);
+        assert_eq!(group(5), vec![1, 3, 5, 7]);
+        assert_eq!(group(8), vec![8, 10, 12, 14]);
+        assert_eq!(expert_group(3, 1, 2).collect::<Vec<_>>(), vec![2, 3]);
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct PyStageShape {
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
     split_groups: Vec<Vec<u32>>,
+    /// Each expert group's devices: shard k of e consecutive replicas.
+    expert_groups: Vec<Vec<u32>>,
 }
 
 impl From<&Stage> for PyStageShape {
@@ -50,6 +52,7 @@ impl From<&Stage> for PyStageShape {
             expert_parallel: shape.expert_parallel,
             is_plain: shape.is_plain(),
             split_groups: s.split_groups().map(<[u32]>::to_vec).collect(),
+            expert_groups: s.expert_groups(),
         }
     }
 }

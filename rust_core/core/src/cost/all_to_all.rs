@@ -14,6 +14,7 @@
 //! 50 GB/s links), which this model does not correct for.
 
 use super::{Cluster, LinkShare};
+use crate::experts::expert_group;
 
 /// One link's part of an all-to-all: what share of a GPU's bytes cross it,
 /// at the stage's busiest GPU (intra-machine) or machine (the network).
@@ -47,9 +48,9 @@ pub struct AllToAll {
 impl AllToAll {
     /// The all-to-all of the stage whose GPUs (in device order) sit on
     /// `machines`, split `t` ways into replicas of t consecutive GPUs,
-    /// with expert groups of `e` consecutive replicas: shard k of a
-    /// replica exchanges with shard k of the other e - 1 replicas of its
-    /// group.
+    /// with expert groups of `e` consecutive replicas
+    /// (`experts::expert_group`): shard k of a replica exchanges with
+    /// shard k of the other e - 1 replicas of its group.
     pub fn new(cluster: &Cluster, machines: &[usize], t: usize, e: usize) -> AllToAll {
         let gpus = machines.len();
         let peer_share = 1.0 / e.max(1) as f64;
@@ -57,11 +58,9 @@ impl AllToAll {
         // Peers across machines, summed over each machine's GPUs.
         let mut leaving: Vec<(usize, usize)> = Vec::new();
         for p in 0..gpus {
-            let (replica, shard) = (p / t, p % t);
-            let first = replica / e * e;
             let (mut intra, mut inter) = (0, 0);
-            for q in (first..first + e).filter(|&q| q != replica) {
-                match machines.get(q * t + shard) {
+            for q in expert_group(p, t, e).filter(|&q| q != p) {
+                match machines.get(q) {
                     Some(&m) if m == machines[p] => intra += 1,
                     Some(_) => inter += 1,
                     None => {}

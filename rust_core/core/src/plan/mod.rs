@@ -276,6 +276,24 @@ impl Stage {
         self.shape().split_groups(&self.devices)
     }
 
+    /// The devices of each of the stage's expert groups
+    /// (`experts::expert_group`), in order of their first device; where
+    /// the experts are not spread, each of the stage's devices alone.
+    pub fn expert_groups(&self) -> Vec<Vec<u32>> {
+        let (t, e) = (
+            self.tensor_parallel.max(1) as usize,
+            self.expert_parallel.max(1) as usize,
+        );
+        (0..self.devices.len())
+            .filter(|&p| (p / t).is_multiple_of(e))
+            .map(|p| {
+                crate::experts::expert_group(p, t, e)
+                    .filter_map(|q| self.devices.get(q).copied())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The stage run as `shape` says.
     pub fn with_shape(mut self, shape: &StageShape) -> Stage {
         self.tensor_parallel = shape.tensor_parallel;
