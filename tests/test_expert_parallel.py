@@ -125,9 +125,42 @@ def dense_first_moe(tmp_path):
     return planner.transformer_profile(config, gpu="a100", seq_len=128, micro_batch_sizes=[1, 2])
 
 
-def _megatron_moe_plan(profile, expert_parallel):
+def _megatron_moe_plan(profile, expert_parallel, sequence_parallel=True):
     return planner.megatron_plan(profile, "1x8-a100-80gb", 64, tensor_parallel=2, pipeline_parallel=2,
-                                 micro_batch_size=1, sequence_parallel=True, expert_parallel=expert_parallel)
+                                 micro_batch_size=1, sequence_parallel=sequence_parallel,
+                                 expert_parallel=expert_parallel)
+
+
+def test_megatron_asks_for_sequence_parallelism_beside_experts_and_tensor_parallelism(dense_first_moe):
+    # Megatron-LM's validate_args: "When using MoE and tensor parallelism,
+    # sequence parallelism must be used."
+    from dapple.planner.export.megatron import megatron_arguments
+
+    plan = _megatron_moe_plan(dense_first_moe, 2, sequence_parallel=False)
+    with pytest.raises(planner.IncompatibleInputsError, match="split 2 ways without sequence parallelism"):
+        megatron_arguments(plan, dense_first_moe)
+    approximated = megatron_arguments(plan, dense_first_moe, approximate=True)
+    assert "--sequence-parallel" in approximated.arguments
+    assert any("without sequence parallelism -> --sequence-parallel" in c for c in approximated.changes)
+
+
+def test_chunks_without_experts_spread_none(dense_first_moe):
+    # Two ranks of two chunks: the first chunk (the embedding and the dense
+    # block) has no experts to spread, its rank's other chunk has.
+    plan = _megatron_moe_plan(dense_first_moe, 2)
+    chunked = planner.chunked(plan, dense_first_moe, "interleaved-1f1b", chunks=2)
+    spread = [(s["layer_start"], s["layer_end"], s.get("expert_parallel", 1)) for s in chunked.stages]
+    experts = [bool(layer.get("experts")) for layer in dense_first_moe.data["layers"]]
+    for start, end, e in spread:
+        assert e == (2 if any(experts[start:end]) else 1), spread
+    assert 1 in [e for *_, e in spread] and chunked.estimate["fits_memory"]
+
+
+def test_a_stage_that_spreads_experts_lists_its_devices_in_order(moe_profile, tmp_path, dapple):
+    plan = _one_stage_plan(moe_profile, tmp_path, expert_parallel=2, devices=[1, 0, 2, 3, 4, 5, 6, 7])
+    r = dapple("estimate", "--plan", plan, "--profile", moe_profile)
+    assert_one_line_error(r, 3, "stages[0].devices: list the devices of a stage that spreads experts in ascending "
+                                "order")
 
 
 def test_megatron_gets_the_experts_and_their_degrees(dense_first_moe):
@@ -165,7 +198,7 @@ def test_megatron_cores_own_groups_are_dapples_expert_groups(dense_first_moe):
             num_moe_experts=int(value["--num-experts"]), moe_router_topk=int(value["--moe-router-topk"]),
             moe_ffn_hidden_size=128, moe_layer_freq=eval(value["--moe-layer-freq"]), tensor_model_parallel_size=t,
             pipeline_model_parallel_size=p, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
-            sequence_parallel=True, pipeline_dtype=pytest.importorskip("torch").bfloat16)
+            sequence_parallel="--sequence-parallel" in words, pipeline_dtype=pytest.importorskip("torch").bfloat16)
         # ... and groups the ranks (its default order) into the GPUs that
         # dapple's all-to-all prices together.
         experts = parallel_state.RankGenerator(tp=etp, ep=ep, dp=8 // (etp * ep * p), pp=p, cp=1,

@@ -90,8 +90,12 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
         return []
     if len(kinds) > 1:
         listed = ", ".join(f"{count} experts, {k} a token" for count, k in sorted(kinds))
-        rounding.refuse(f"layers with experts of several counts ({listed})", "it takes one count for every layer",
-                        None)
+        rounding.refuse(f"layers with experts of several counts (layers[i].experts: {listed})",
+                        "it takes one count for every layer", None)
+    if shape.tensor_parallel > 1 and not shape.sequence_parallel:
+        rounding.refuse(f"a mixture of experts split {shape.tensor_parallel} ways without sequence parallelism",
+                        "its validate_args asserts sequence parallelism with experts and tensor parallelism",
+                        "--sequence-parallel (less activation memory and other collectives than planned)")
     count, per_token = kinds.pop()
     for i, stage in enumerate(plan.stages):
         if any(experts[stage["layer_start"]:stage["layer_end"]]) and \
@@ -100,6 +104,8 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
                             f"{stage.get('expert_parallel', 1)}, the run's {shape.expert_parallel})",
                             "it takes one expert degree for every stage", None)
     options = [("--num-experts", str(count)), ("--moe-router-topk", str(per_token))]
+    if shape.tensor_parallel > 1 and not shape.sequence_parallel:
+        options.append(("--sequence-parallel",))  # approximated, as said above
     blocks = [1 if e else 0 for e, token in zip(experts, layer_tokens(profile)) if token == "t"]
     if not all(blocks):
         # Megatron-LM's list form, e.g. DeepSeek-V3's three dense first blocks: ([0]*3+[1]*58).
@@ -140,7 +146,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         options.append(("--use-distributed-optimizer",))
     if shape.sequence_parallel:
         options.append(("--sequence-parallel",))
-    options += _expert_options(plan, profile, shape, Rounding(TARGET, approximate))
+    expert_rounding = Rounding(TARGET, approximate)
+    options += _expert_options(plan, profile, shape, expert_rounding)
+    changes += tuple(expert_rounding.changes)
     overlap_rounding = Rounding(TARGET, approximate)
     options += _overlap_options(shape, overlap_rounding)
     changes += tuple(overlap_rounding.changes)

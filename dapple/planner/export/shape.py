@@ -118,8 +118,11 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
         rounding.refuse(f"expert parallelism (stages[{spread[0]}].expert_parallel "
                         f"{shapes[spread[0]].expert_parallel})", f"dapple does not write it for {target} yet", None)
     # Stages without experts to spread keep 1 (`plan::check`), whatever the run's degree.
-    expert_parallel = rounding.one([shapes[i].expert_parallel for i in spread], "per-stage expert parallelism",
-                                   "expert degrees") if spread else 1
+    degrees = sorted({shapes[i].expert_parallel for i in spread})
+    if len(degrees) > 1:
+        rounding.refuse(f"per-stage expert parallelism (expert degrees {', '.join(map(str, degrees))} by stage)",
+                        "it takes one for every stage", None)
+    expert_parallel = degrees[0] if degrees else 1
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")

@@ -148,11 +148,11 @@ pub(crate) fn chunked_plan(
         stages: chunk_layers
             .iter()
             .enumerate()
-            .map(|(s, &(layer_start, layer_end))| Stage {
-                layer_start,
-                layer_end,
+            .map(|(s, &layers)| Stage {
                 warmup_micro_batches: depths[s],
-                ..plan.stages[rank_of[s]].clone()
+                ..plan.stages[rank_of[s]]
+                    .clone()
+                    .over_layers(layers, &costs.layers)
             })
             .collect(),
         estimate: None,
@@ -173,11 +173,7 @@ pub(crate) fn cut_by_rank_speeds(plan: &Plan, costs: &ProfileCosts) -> Result<Pl
             .stages
             .iter()
             .zip(layers)
-            .map(|(stage, (layer_start, layer_end))| Stage {
-                layer_start,
-                layer_end,
-                ..stage.clone()
-            })
+            .map(|(stage, layers)| stage.clone().over_layers(layers, &costs.layers))
             .collect(),
         estimate: None,
         selection: None,

@@ -135,8 +135,8 @@ fn check_chunks(plan: &Plan) -> Result<Option<Vec<u32>>> {
 }
 
 /// Stage `s`, a later chunk of the rank whose first chunk is stage `j`,
-/// runs on the same devices, slices and shape: a rank holds one copy of
-/// each, whatever it computes.
+/// runs on the same devices, slices and shape (its expert degree apart):
+/// a rank holds one copy of each, whatever it computes.
 fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     let differs = |field: &str| {
         Err(Error::field(
@@ -156,9 +156,8 @@ fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     if s.shard_optimizer != first.shard_optimizer {
         return differs("shard_optimizer");
     }
-    if s.expert_parallel != first.expert_parallel {
-        return differs("expert_parallel");
-    }
+    // The expert degree may differ: it groups the GPUs of the chunks that
+    // have experts, and a chunk without any has none to spread.
     Ok(())
 }
 
@@ -350,6 +349,15 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
     let e = s.expert_parallel;
     if e == 1 {
         return Ok(());
+    }
+    if s.devices.windows(2).any(|w| w[0] > w[1]) {
+        return Err(Error::field(
+            "devices",
+            format!(
+                "list the devices of a stage that spreads experts in ascending order: its expert groups are {e} \
+                 consecutive replicas"
+            ),
+        ));
     }
     let replicas = s.replicas();
     if !replicas.is_multiple_of(e) {

@@ -16,7 +16,7 @@ use crate::hints::Hints;
 use crate::overlap::Overlap;
 use crate::pipeline_order::PipelineOrder;
 use crate::placement::Policy;
-use crate::profile::{Profile, BLOCK_KIND};
+use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
 use crate::shape::{Recompute, StageShape};
 use crate::topology::Topology;
@@ -292,6 +292,21 @@ impl Stage {
                     .collect()
             })
             .collect()
+    }
+
+    /// The stage over layers `start..end` instead: its devices and shape
+    /// kept, but experts spread only where the new layers have some.
+    pub fn over_layers(self, (start, end): (usize, usize), layers: &LayerCosts) -> Stage {
+        Stage {
+            layer_start: start,
+            layer_end: end,
+            expert_parallel: if layers.has_experts(start, end) {
+                self.expert_parallel
+            } else {
+                1
+            },
+            ..self
+        }
     }
 
     /// The stage run as `shape` says.
