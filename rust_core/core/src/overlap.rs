@@ -64,12 +64,7 @@ impl Overlap {
     pub fn hides_grad_reduce(&self, only_stage: bool, shape: &StageShape) -> bool {
         match self.grad_reduce {
             GradReduceOverlap::None => false,
-            GradReduceOverlap::DataParallel => {
-                only_stage
-                    && shape.tensor_parallel <= 1
-                    && shape.expert_parallel <= 1
-                    && !shape.shard_optimizer
-            }
+            GradReduceOverlap::DataParallel => only_stage && shape.reduces_as_plain(),
             GradReduceOverlap::EveryStage => true,
         }
     }

@@ -117,6 +117,13 @@ impl StageShape {
         *self == StageShape::PLAIN
     }
 
+    /// Whether each GPU AllReduces all its layers' gradients over every
+    /// replica, as a plain stage does (re-computation aside): no split,
+    /// no ZeRO-1, no experts spread.
+    pub fn reduces_as_plain(&self) -> bool {
+        self.tensor_parallel <= 1 && self.expert_parallel <= 1 && !self.shard_optimizer
+    }
+
     /// Replicas of the split layers on `gpus` GPUs: t GPUs each (a plain
     /// stage has one per GPU). A t above `gpus`, which `plan::check`
     /// refuses, counts as one replica, so that checks before it can run.

@@ -463,11 +463,7 @@ impl StageCoster<'_> {
         if !hides_reduce && !hides_gather {
             return (all, all);
         }
-        if hides_reduce
-            && shape.tensor_parallel <= 1
-            && shape.expert_parallel <= 1
-            && !shape.shard_optimizer
-        {
+        if hides_reduce && shape.reduces_as_plain() {
             // Its AllReduce overlaps the backward as a plain stage's.
             let exposed = if devices.replicas > 1 {
                 let slice = largest_slice(self.micro_batch, devices.replicas);
