@@ -256,36 +256,45 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(doc: str, default_out: Path, rows_of, table_of) -> None:
+    """The command line of a benchmark of published runs: ``rows_of(runs,
+    folder, own_plans)`` costs the shared file's runs (a row each, or one
+    saying why not) into the results file; ``--table`` prints
+    ``table_of(results)`` of that file."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--own-plans", action="store_true")
     parser.add_argument("--table", action="store_true", help="print the tables of the results file and stop")
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(args.out.read_text())))
+        print(table_of(json.loads(args.out.read_text())))
         return
     runs = json.loads(args.runs.read_text())["runs"]
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for run in runs:
-            if run["layout"].get("cp", 1) > 1 or not str(run["model"].get("arch")).startswith("dense"):
-                continue  # context parallelism and experts: issues 47 and 46
-            for variant in variants(run):
-                try:
-                    rows.append(estimate_run(run, Path(tmp), args.own_plans, variant))
-                except Exception as e:  # noqa: BLE001  a row that cannot be costed says why
-                    rows.append({"id": run["id"] + variant[0], "error": f"{type(e).__name__}: {e}"})
-                print(json.dumps(rows[-1])[:400], file=sys.stderr)
+        rows = rows_of(runs, Path(tmp), args.own_plans)
     results = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": machine_info(), "build": build_info(), "runs_file": str(args.runs), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_suffix(".tmp")
     tmp_out.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(tmp_out, args.out)
-    print(table(results))
+    print(table_of(results))
+
+
+def dense_rows(runs: list[dict], folder: Path, own_plans: bool) -> list[dict]:
+    rows = []
+    for run in runs:
+        if run["layout"].get("cp", 1) > 1 or not str(run["model"].get("arch")).startswith("dense"):
+            continue  # context parallelism and experts: issue 47 and benchmarks/published_moe.py
+        for variant in variants(run):
+            try:
+                rows.append(estimate_run(run, folder, own_plans, variant))
+            except Exception as e:  # noqa: BLE001  a row that cannot be costed says why
+                rows.append({"id": run["id"] + variant[0], "error": f"{type(e).__name__}: {e}"})
+            print(json.dumps(rows[-1])[:400], file=sys.stderr)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, DEFAULT_OUT, dense_rows, table)

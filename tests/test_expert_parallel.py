@@ -3,6 +3,7 @@ groups of replicas, priced and checked by the core, searched, shown, and
 refused where a runtime or an export does not run it yet."""
 
 import json
+import tomllib
 
 import pytest
 
@@ -65,6 +66,15 @@ def test_spread_experts_hold_less_and_exchange_tokens(moe_profile, tmp_path):
     ({"expert_parallel": 4, "tensor_parallel": 4}, "stages[0].expert_parallel: value 4 does not divide the "
                                                     "stage's 2 replicas"),
     ({"expert_parallel": 0}, "stages[0].expert_parallel: value 0 must be >= 1"),
+    ({"expert_tensor_parallel": 0}, "stages[0].expert_tensor_parallel: value 0 must be >= 1"),
+    ({"expert_parallel": 2, "tensor_parallel": 4, "sequence_parallel": True, "expert_tensor_parallel": 3},
+     "stages[0].expert_tensor_parallel: value 3 does not divide the stage's tensor_parallel 4"),
+    ({"tensor_parallel": 2, "sequence_parallel": True, "expert_tensor_parallel": 1},
+     "stages[0].expert_tensor_parallel: value 1: only a stage that spreads its experts (expert_parallel > 1)"),
+    ({"expert_parallel": 2, "tensor_parallel": 2, "expert_tensor_parallel": 1},
+     "stages[0].expert_tensor_parallel: value 1 below tensor_parallel 2 needs sequence_parallel"),
+    ({"expert_parallel": 8, "tensor_parallel": 4, "sequence_parallel": True, "expert_tensor_parallel": 2},
+     "stages[0].expert_parallel: value 8 times the expert tensor degree 2 does not divide the stage's 8 GPUs"),
 ])
 def test_a_bad_expert_degree_is_one_line_naming_the_field(moe_profile, tmp_path, dapple, stage, message):
     r = dapple("estimate", "--plan", _one_stage_plan(moe_profile, tmp_path, **stage), "--profile", moe_profile)
@@ -101,12 +111,11 @@ def test_the_search_is_no_slower_than_spreading_the_experts_by_hand(moe_profile,
         assert searched.iteration_ms <= by_hand.iteration_ms * (1 + 1e-9), (e, searched.iteration_ms)
 
 
-def test_deepspeed_torchtitan_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, dapple):
+def test_deepspeed_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, dapple):
     plan = _one_stage_plan(moe_profile, tmp_path, expert_parallel=2)
-    for target, name in (("deepspeed", "DeepSpeed"), ("torchtitan", "torchtitan")):
-        r = dapple("export", "--plan", plan, "--to", target, "--out", tmp_path / f"{target}.out")
-        assert_one_line_error(r, 4, f"{name} cannot express expert parallelism (stages[0].expert_parallel 2)")
-        assert not (tmp_path / f"{target}.out").exists()
+    r = dapple("export", "--plan", plan, "--to", "deepspeed", "--out", tmp_path / "deepspeed.out")
+    assert_one_line_error(r, 4, "DeepSpeed cannot express expert parallelism (stages[0].expert_parallel 2)")
+    assert not (tmp_path / "deepspeed.out").exists()
     from dapple.planner.runtime.layout import Layout
 
     with pytest.raises(planner.IncompatibleInputsError, match="stages\\[0\\].expert_parallel: dapple's runtime"):
@@ -125,10 +134,10 @@ def dense_first_moe(tmp_path):
     return planner.transformer_profile(config, gpu="a100", seq_len=128, micro_batch_sizes=[1, 2])
 
 
-def _megatron_moe_plan(profile, expert_parallel, sequence_parallel=True):
+def _megatron_moe_plan(profile, expert_parallel, sequence_parallel=True, expert_tensor_parallel=None):
     return planner.megatron_plan(profile, "1x8-a100-80gb", 64, tensor_parallel=2, pipeline_parallel=2,
                                  micro_batch_size=1, sequence_parallel=sequence_parallel,
-                                 expert_parallel=expert_parallel)
+                                 expert_parallel=expert_parallel, expert_tensor_parallel=expert_tensor_parallel)
 
 
 def test_megatron_asks_for_sequence_parallelism_beside_experts_and_tensor_parallelism(dense_first_moe):
@@ -147,13 +156,16 @@ def test_megatron_asks_for_sequence_parallelism_beside_experts_and_tensor_parall
 def test_chunks_without_experts_spread_none(dense_first_moe):
     # Two ranks of two chunks: the first chunk (the embedding and the dense
     # block) has no experts to spread, its rank's other chunk has.
-    plan = _megatron_moe_plan(dense_first_moe, 2)
-    chunked = planner.chunked(plan, dense_first_moe, "interleaved-1f1b", chunks=2)
-    spread = [(s["layer_start"], s["layer_end"], s.get("expert_parallel", 1)) for s in chunked.stages]
     experts = [bool(layer.get("experts")) for layer in dense_first_moe.data["layers"]]
-    for start, end, e in spread:
-        assert e == (2 if any(experts[start:end]) else 1), spread
-    assert 1 in [e for *_, e in spread] and chunked.estimate["fits_memory"]
+    for degree, tensor_degree in ((2, None), (4, 1)):
+        plan = _megatron_moe_plan(dense_first_moe, degree, expert_tensor_parallel=tensor_degree)
+        chunked = planner.chunked(plan, dense_first_moe, "interleaved-1f1b", chunks=2)
+        spread = [(s["layer_start"], s["layer_end"], s.get("expert_parallel", 1), s.get("expert_tensor_parallel"))
+                  for s in chunked.stages]
+        for start, end, e, et in spread:
+            has = any(experts[start:end])
+            assert (e, et) == ((degree, tensor_degree) if has else (1, None)), spread
+        assert 1 in [e for _, _, e, _ in spread] and chunked.estimate["fits_memory"]
 
 
 def test_a_stage_that_spreads_experts_lists_its_devices_in_order(moe_profile, tmp_path, dapple):
@@ -186,8 +198,8 @@ def test_megatron_cores_own_groups_are_dapples_expert_groups(dense_first_moe):
     transformer = pytest.importorskip("megatron.core.transformer")
     from dapple.planner.export.megatron import megatron_arguments
 
-    for e in (1, 2):
-        plan = _megatron_moe_plan(dense_first_moe, e)
+    for e, et in ((1, None), (2, None), (4, 1)):
+        plan = _megatron_moe_plan(dense_first_moe, e, expert_tensor_parallel=et)
         words = megatron_arguments(plan, dense_first_moe).arguments
         value = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
         t, p = int(value["--tensor-model-parallel-size"]), int(value["--pipeline-model-parallel-size"])
@@ -204,4 +216,90 @@ def test_megatron_cores_own_groups_are_dapples_expert_groups(dense_first_moe):
         experts = parallel_state.RankGenerator(tp=etp, ep=ep, dp=8 // (etp * ep * p), pp=p, cp=1,
                                                order="tp-cp-ep-dp-pp")
         ours = sorted(group for shape in plan.stage_shapes for group in shape.expert_groups)
-        assert sorted(experts.get_ranks("ep")) == ours, e
+        assert sorted(experts.get_ranks("ep")) == ours, (e, et)
+        assert etp == (et or t), (e, et)
+
+
+def test_experts_split_fewer_ways_than_the_layers(moe_profile, tmp_path):
+    # Megatron-LM's expert tensor degree: 8 GPUs split 2 ways, the experts
+    # spread over 4 GPUs whole (et 1: 4 consecutive GPUs exchange) against
+    # 4 replicas split 2 ways (et = t: the same shard of 4 replicas).
+    stage = {"tensor_parallel": 2, "sequence_parallel": True, "expert_parallel": 4}
+    at_t = planner.evaluate(_one_stage_plan(moe_profile, tmp_path, **stage), moe_profile)
+    path = _one_stage_plan(moe_profile, tmp_path, **stage, expert_tensor_parallel=1)
+    whole = planner.evaluate(path, moe_profile)
+    assert json.loads(path.read_text())["stages"][0]["expert_tensor_parallel"] == 1
+    assert whole.data["schema_version"] == 10
+    assert at_t.stage_shapes[0].expert_groups == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert whole.stage_shapes[0].expert_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert (at_t.stage_shapes[0].expert_tensor_parallel, whole.stage_shapes[0].expert_tensor_parallel) == (2, 1)
+    assert shape_label(whole.stage_shapes[0]) == "t2\u00d7r4 sp e4/et1"
+    # A GPU holds a quarter of the experts whole rather than halved: more
+    # state; and it gathers none of its experts' tokens over the shards.
+    memory = [p.estimate["memory"][0]["model_state_bytes"] for p in (at_t, whole)]
+    assert memory[1] > 1.5 * memory[0], memory
+    passes = [p.estimate["stages"][0]["fwd_ms"] for p in (at_t, whole)]
+    assert passes[1] < passes[0], passes
+
+
+def _torchtitan_parallelism(plan, profile, tmp_path, dapple):
+    out = tmp_path / "job.toml"
+    r = dapple("export", "--plan", plan, "--profile", profile, "--to", "torchtitan", "--out", out)
+    assert r.returncode == 0, r.stderr
+    return tomllib.loads(out.read_text())["parallelism"]
+
+
+@pytest.mark.parametrize(("degree", "tensor_degree"), [(2, None), (4, 1)])
+def test_torchtitans_own_mesh_groups_dapples_expert_groups(dense_first_moe, tmp_path, dapple, degree,
+                                                          tensor_degree):
+    """torchtitan's ConfigManager reads the exported degrees and its
+    ParallelDims builds, on a fake process group of 8 ranks, the expert
+    groups dapple prices (ETP = TP and ETP = 1)."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims")
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    dist = pytest.importorskip("torch.distributed")
+    plan = _megatron_moe_plan(dense_first_moe, degree, expert_tensor_parallel=tensor_degree)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    profile = tmp_path / "profile.json"
+    dense_first_moe.save(profile)
+    keys = _torchtitan_parallelism(path, profile, tmp_path, dapple)
+    assert (keys["expert_parallel_degree"], keys["expert_tensor_parallel_degree"]) == (degree, tensor_degree or 2)
+    config = manager.ConfigManager().parse_args(["--job.config_file", str(tmp_path / "job.toml")])
+    p = config.parallelism
+    ours = sorted(group for shape in plan.stage_shapes for group in shape.expert_groups)
+    theirs = set()
+    # torchtitan asks for a CUDA mesh where it finds no accelerator; its
+    # groups are the same on the CPU's.
+    parallel_dims.device_type = "cpu"
+    device_mesh = pytest.importorskip("torch.distributed.device_mesh")
+    for rank in range(8):
+        # torch caches a flattened sub-mesh by its root mesh's layout, which
+        # the other parameter's root shares: start each mesh afresh.
+        device_mesh._mesh_resources.__init__()
+        dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=8)
+        try:
+            dims = parallel_dims.ParallelDims(
+                dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree, cp=1,
+                tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+                etp=p.expert_tensor_parallel_degree, world_size=8)
+            theirs.add(tuple(dims.world_mesh["ep"].mesh.flatten().tolist()))
+        finally:
+            dist.destroy_process_group()
+    assert sorted(list(group) for group in theirs) == ours
+
+
+def test_torchtitan_refuses_expert_groups_that_split_replicas(dense_first_moe, tmp_path, dapple):
+    # Expert groups of 2 GPUs at expert tensor degree 1 on replicas of 4
+    # are fine for dapple, but torchtitan's ParallelDims asks ep to be a
+    # multiple of tp then.
+    plan = planner.megatron_plan(dense_first_moe, "1x8-a100-80gb", 64, tensor_parallel=4, pipeline_parallel=2,
+                                 micro_batch_size=1, sequence_parallel=True, expert_parallel=2,
+                                 expert_tensor_parallel=1)
+    path, profile = tmp_path / "plan.json", tmp_path / "profile.json"
+    plan.save(path)
+    dense_first_moe.save(profile)
+    r = dapple("export", "--plan", path, "--profile", profile, "--to", "torchtitan", "--out", tmp_path / "job.toml")
+    assert_one_line_error(r, 4, "torchtitan cannot express expert groups of 2 GPUs, which split replicas of 4")
+    assert not (tmp_path / "job.toml").exists()

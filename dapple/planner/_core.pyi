@@ -101,9 +101,10 @@ class StageShape:
     """A stage's split degree, sequence parallelism, replicas (its GPUs /
     t), ZeRO-1, re-computation ("none", "full", "per-layer" or
     "selective"), expert degree (the routed experts over groups of that
-    many consecutive replicas; 1: none), split groups (each replica's t
-    consecutive devices) and expert groups (shard k of e consecutive
-    replicas), from ``Plan.stage_shapes``."""
+    many consecutive replicas; 1: none), expert tensor degree (the GPUs
+    each routed expert's columns are split over), split groups (each
+    replica's t consecutive devices) and expert groups (shard k of e
+    consecutive expert replicas), from ``Plan.stage_shapes``."""
 
     tensor_parallel: int
     sequence_parallel: bool
@@ -111,6 +112,7 @@ class StageShape:
     shard_optimizer: bool
     recompute: str
     expert_parallel: int
+    expert_tensor_parallel: int
     is_plain: bool
     split_groups: list[list[int]]
     expert_groups: list[list[int]]
@@ -289,6 +291,7 @@ def megatron_plan(
     overlap_grad_reduce: str = "data-parallel",
     overlap_param_gather: bool = False,
     expert_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float

@@ -70,6 +70,7 @@ def megatron_plan(
     overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
     overlap_param_gather: bool = False,
     expert_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
@@ -77,7 +78,9 @@ def megatron_plan(
     ZeRO-1 or not, sequence parallelism or not (t > 1) and re-computation
     (``"none"``, ``"full"``, ``"per-layer"`` or ``"selective"``) on every
     stage, the routed experts of the stages that have some spread over
-    ``expert_parallel`` replicas (``--expert-model-parallel-size``), 1F1B,
+    ``expert_parallel`` replicas (``--expert-model-parallel-size``), each
+    expert's columns split ``expert_tensor_parallel`` ways (None: t;
+    ``--expert-tensor-parallel-size``), 1F1B,
     on a runtime that hides what the overlap arguments say
     (as :func:`dapple.planner.plan.plan` takes them; Megatron-LM's
     ``--overlap-grad-reduce`` is "every-stage"). Its estimate is given
@@ -89,6 +92,8 @@ def megatron_plan(
         micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
         sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
+        expert_tensor_parallel=(None if expert_tensor_parallel is None
+                                else check_count("expert_tensor_parallel", expert_tensor_parallel)),
     )
     return evaluate(Plan(core), prof)
 

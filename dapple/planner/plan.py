@@ -118,7 +118,7 @@ class Plan(FileObject):
 
 #: What the words of ``shape_label`` mean, for a line under a table.
 SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; eE: the routed "
-             "experts over groups of E replicas; zero: ZeRO-1 over the replicas; rc: full re-computation (rc "
+             "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas; rc: full re-computation (rc "
              "per-layer: a layer at a time; rc selective: the attention core alone)")
 
 
@@ -132,7 +132,8 @@ def shape_label(shape: _core.StageShape) -> str:
     if shape.sequence_parallel:
         parts.append("sp")
     if shape.expert_parallel > 1:
-        parts.append(f"e{shape.expert_parallel}")
+        parts.append(f"e{shape.expert_parallel}" + (f"/et{shape.expert_tensor_parallel}"
+                     if shape.expert_tensor_parallel != shape.tensor_parallel else ""))
     if shape.shard_optimizer:
         parts.append("zero")
     if shape.recompute != "none":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..megatron_layout import layer_tokens, plan_layout
 from ..plan import Plan
 from ..profile import Profile
-from .shape import Rounding, RunShape, one_f_one_b, run_shape
+from .shape import Rounding, RunShape, one_f_one_b, refuse_experts_spread_on_some_stages, run_shape
 
 TARGET = "Megatron-LM"
 #: The bash array the file sets.
@@ -81,8 +81,8 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
     """Megatron-LM's mixture-of-experts arguments where the profile's
     blocks have experts: their count and experts per token, which blocks
     have them (``--moe-layer-freq`` where some do not), the expert degree
-    and the experts' tensor degree (dapple splits each expert's columns
-    at the stage's t). Every stage with experts spreads them alike."""
+    and the experts' tensor degree (the GPUs each expert's columns are
+    split over). Every stage with experts spreads them alike."""
     layers = profile.data["layers"]
     experts = [layer.get("experts") for layer in layers]
     kinds = {(e["count"], e["per_token"]) for e in experts if e}
@@ -97,12 +97,7 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
                         "its validate_args asserts sequence parallelism with experts and tensor parallelism",
                         "--sequence-parallel (less activation memory and other collectives than planned)")
     count, per_token = kinds.pop()
-    for i, stage in enumerate(plan.stages):
-        if any(experts[stage["layer_start"]:stage["layer_end"]]) and \
-                stage.get("expert_parallel", 1) != shape.expert_parallel:
-            rounding.refuse(f"expert parallelism on some stages only (stages[{i}].expert_parallel "
-                            f"{stage.get('expert_parallel', 1)}, the run's {shape.expert_parallel})",
-                            "it takes one expert degree for every stage", None)
+    refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
     options = [("--num-experts", str(count)), ("--moe-router-topk", str(per_token))]
     if shape.tensor_parallel > 1 and not shape.sequence_parallel:
         options.append(("--sequence-parallel",))  # approximated, as said above
@@ -112,7 +107,7 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
         runs = [(flag, len(list(group))) for flag, group in itertools.groupby(blocks)]
         options.append(("--moe-layer-freq", "(" + "+".join(f"[{flag}]*{n}" for flag, n in runs) + ")"))
     return options + [("--expert-model-parallel-size", str(shape.expert_parallel)),
-                      ("--expert-tensor-parallel-size", str(shape.tensor_parallel))]
+                      ("--expert-tensor-parallel-size", str(shape.expert_tensor_parallel))]
 
 
 def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:

@@ -46,6 +46,9 @@ class RunShape:
     #: The routed experts over groups of this many consecutive replicas,
     #: on the stages that have experts (1: not spread).
     expert_parallel: int = 1
+    #: The GPUs each routed expert's columns are split over (Megatron-LM's
+    #: expert tensor degree; the tensor degree where experts are not spread).
+    expert_tensor_parallel: int = 1
 
     @property
     def stages(self) -> int:
@@ -123,6 +126,10 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
         rounding.refuse(f"per-stage expert parallelism (expert degrees {', '.join(map(str, degrees))} by stage)",
                         "it takes one for every stage", None)
     expert_parallel = degrees[0] if degrees else 1
+    expert_tensor = sorted({shapes[i].expert_tensor_parallel for i in spread})
+    if len(expert_tensor) > 1:
+        rounding.refuse(f"per-stage expert tensor degrees ({', '.join(map(str, expert_tensor))} by stage)",
+                        "it takes one for every stage", None)
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
@@ -137,6 +144,7 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
                     changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
                     hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
+                    expert_tensor_parallel=expert_tensor[0] if expert_tensor else tensor_parallel,
                     hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1)
 
 
@@ -180,3 +188,16 @@ def one_f_one_b(plan: Plan, target: str, approximate: bool = False) -> tuple[str
         rounding.refuse(f"warm-up depths K_i {', '.join(map(str, ours))} by stage",
                         "its 1F1B runs K_i = min(S - i, M)", f"its 1F1B, K_i = {', '.join(map(str, theirs))}")
     return tuple(rounding.changes)
+
+
+def refuse_experts_spread_on_some_stages(plan: Plan, profile, shape: RunShape, rounding: Rounding) -> None:
+    """Refuse a plan whose stages with experts (the profile's
+    ``layers[i].experts``) do not all spread them at the run's degree:
+    the targets take one expert degree for every stage that has experts."""
+    experts = [layer.get("experts") for layer in profile.data["layers"]]
+    for i, stage in enumerate(plan.stages):
+        if any(experts[stage["layer_start"]:stage["layer_end"]]) and \
+                stage.get("expert_parallel", 1) != shape.expert_parallel:
+            rounding.refuse(f"expert parallelism on some stages only (stages[{i}].expert_parallel "
+                            f"{stage.get('expert_parallel', 1)}, the run's {shape.expert_parallel})",
+                            "it takes one expert degree for every stage", None)

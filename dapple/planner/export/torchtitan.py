@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..plan import Plan
 from ..profile import Profile
 from .module_map import modules_per_stage
-from .shape import Rounding, RunShape, run_shape
+from .shape import Rounding, RunShape, refuse_experts_spread_on_some_stages, run_shape
 
 TARGET = "torchtitan"
 
@@ -44,7 +44,7 @@ def schedule_csv(plan: Plan) -> str:
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
         for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute",
-                    "expert_parallel"):
+                    "expert_parallel", "expert_tensor_parallel"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)
@@ -57,13 +57,34 @@ def _data_parallel(shape: RunShape) -> dict:
     and for ZeRO-1, its data parallelism is FSDP, here with parameters kept
     whole from the forward to the backward (reshard_after_forward never):
     gradients and optimizer state sharded, the AllReduce's traffic as a
-    reduce-scatter and an all-gather."""
+    reduce-scatter and an all-gather. Its expert parallelism borrows the
+    GPUs of FSDP's (and, at expert tensor degree 1, tensor parallelism's)
+    dimension, so spread experts take FSDP too."""
     if shape.replicas == 1:
         return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 1}
-    if shape.stages == 1 and shape.tensor_parallel == 1 and not shape.shard_optimizer:
+    if shape.stages == 1 and shape.tensor_parallel == 1 and not shape.shard_optimizer and shape.expert_parallel == 1:
         return {"data_parallel_replicate_degree": shape.replicas, "data_parallel_shard_degree": 1}
     return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": shape.replicas,
             "fsdp_reshard_after_forward": "never"}
+
+
+def _expert_degrees(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> dict:
+    """torchtitan's expert keys where the plan spreads experts: the
+    expert degree (its ``ep``: the GPUs of an expert group, at expert
+    tensor degree 1 whole replicas' shards included) and the expert tensor
+    degree, which its ParallelDims takes only at 1 or t, and at 1 only with
+    whole replicas in each group."""
+    if shape.expert_parallel == 1:
+        return {}
+    refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
+    e, et, t = shape.expert_parallel, shape.expert_tensor_parallel, shape.tensor_parallel
+    if et not in (1, t):
+        rounding.refuse(f"an expert tensor degree {et} between 1 and the tensor degree {t}",
+                        "its ParallelDims takes ETP = TP or ETP = 1", None)
+    if et == 1 and t > 1 and e % t:
+        rounding.refuse(f"expert groups of {e} GPUs, which split replicas of {t}",
+                        "its ParallelDims asks ep to be a multiple of tp at ETP = 1", None)
+    return {"expert_parallel_degree": e, "expert_tensor_parallel_degree": et}
 
 
 def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torchtitan-llama",
@@ -71,8 +92,9 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
     """The job config of ``plan`` (over ``profile``'s layers, named by
     ``module_map``: a name of ``MODULE_MAPS`` or a map file), its schedule
     CSV to be written at ``schedule_csv_path`` (the TOML names it so)."""
-    shape = run_shape(plan, TARGET, approximate)
+    shape = run_shape(plan, TARGET, approximate, writes_experts=True)
     rounding = Rounding(TARGET, approximate)
+    experts = _expert_degrees(plan, profile, shape, rounding)
     if shape.recompute == "full":
         rounding.refuse("re-computation of whole stages", "its full activation checkpointing checkpoints each "
                         "block, keeping every block's input (more memory than planned)",
@@ -81,7 +103,7 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
         rounding.refuse("selective re-computation of the attention core", "its selective activation checkpointing "
                         "picks operators by its own policy", "full activation checkpointing (each block)")
     parallelism = _data_parallel(shape) | {"tensor_parallel_degree": shape.tensor_parallel,
-                                          "pipeline_parallel_degree": shape.stages}
+                                          "pipeline_parallel_degree": shape.stages} | experts
     csv = None
     local_batch_size = shape.micro_batch_per_replica
     if shape.stages > 1:

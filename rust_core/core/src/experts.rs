@@ -8,7 +8,10 @@
 //! Megatron-LM (`--expert-model-parallel-size`) fold them: a stage of r
 //! replicas (of t shards each) forms r / e expert groups of e consecutive
 //! replicas, and each expert's columns stay split t ways (Megatron's
-//! expert tensor parallelism at t). What every shard keeps whole (the
+//! expert tensor parallelism at t); or, at an expert tensor degree et
+//! below t (Megatron-LM's `--expert-tensor-parallel-size`), over groups of
+//! e GPUs every et-th of e et consecutive ones, each expert's columns split
+//! et ways. What every shard keeps whole (the
 //! attention, the router, the shared experts) stays replicated r ways; the
 //! routed experts' weights, gradients and optimizer state are divided by
 //! e, and their gradients are reduced over the r / e replicas that hold
@@ -40,6 +43,20 @@ pub struct ExpertPattern {
     /// hidden state the dispatch sends to their experts. The combine
     /// brings back as many, and the backward moves both again.
     pub all_to_all_bytes_per_sample: f64,
+    /// Bytes per sample of the split layer's collective (one of its
+    /// `allreduce_calls_per_pass`, each pass) that gathers the hidden
+    /// state into the mixture and scatters its output back over the t
+    /// shards, as Megatron-LM's allgather dispatcher does without expert
+    /// parallelism. Spread experts under sequence parallelism exchange
+    /// each shard's own tokens instead (Megatron-LM's all-to-all
+    /// dispatcher), so the cost takes this call out there; 0 where shared
+    /// experts need the gather anyway (or a profile does not say).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub split_gather_bytes_per_sample: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// All-to-alls of a mixture-of-experts layer in each pass: the dispatch
@@ -47,21 +64,24 @@ pub struct ExpertPattern {
 pub const ALL_TO_ALLS_PER_PASS: f64 = 2.0;
 
 /// The expert group of the GPU at `position` in a stage's device order,
-/// as positions: shard k of e consecutive replicas of t GPUs each (the
-/// same GPUs as Megatron-LM's expert-parallel group at expert tensor
-/// degree t, its ranks ordered tp-ep-dp).
-pub fn expert_group(position: usize, t: usize, e: usize) -> impl Iterator<Item = usize> {
-    let (t, e) = (t.max(1), e.max(1));
+/// as positions: shard k of e consecutive expert replicas of `et` GPUs
+/// each, et the expert tensor degree (the same GPUs as Megatron-LM's
+/// expert-parallel group, its expert ranks ordered etp-ep-edp). At et = t
+/// an expert replica is a replica of the stage's split layers.
+pub fn expert_group(position: usize, et: usize, e: usize) -> impl Iterator<Item = usize> {
+    let (t, e) = (et.max(1), e.max(1));
     let (replica, shard) = (position / t, position % t);
     let first = replica / e * e;
     (first..first + e).map(move |q| q * t + shard)
 }
 
 impl ExpertPattern {
-    /// What one GPU holds of the layer's parameters at expert degree `e`:
-    /// its share of the routed experts, and everything else whole.
-    pub fn param_factor(&self, e: u32) -> f64 {
-        1.0 - self.param_fraction + self.param_fraction / f64::from(e.max(1))
+    /// What one GPU holds of the layer's parameters where `spread` GPUs
+    /// share what it would hold of the routed experts alone (the expert
+    /// degree e; for a shard of a layer split t ways, e et / t): its share
+    /// of the routed experts, and everything else whole.
+    pub fn param_factor(&self, spread: f64) -> f64 {
+        1.0 - self.param_fraction + self.param_fraction / spread
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -86,12 +106,22 @@ impl ExpertPattern {
                 ),
             ));
         }
-        let bytes = self.all_to_all_bytes_per_sample;
-        if !(bytes.is_finite() && bytes >= 0.0) {
-            return Err(Error::field(
+        for (field, bytes) in [
+            (
                 "all_to_all_bytes_per_sample",
-                format!("value {bytes} must be a finite number >= 0"),
-            ));
+                self.all_to_all_bytes_per_sample,
+            ),
+            (
+                "split_gather_bytes_per_sample",
+                self.split_gather_bytes_per_sample,
+            ),
+        ] {
+            if !(bytes.is_finite() && bytes >= 0.0) {
+                return Err(Error::field(
+                    field,
+                    format!("value {bytes} must be a finite number >= 0"),
+                ));
+            }
         }
         Ok(())
     }
@@ -107,15 +137,19 @@ mod tests {
             per_token: 2,
             param_fraction: 0.75,
             all_to_all_bytes_per_sample: 1000.0,
+            split_gather_bytes_per_sample: 0.0,
         }
     }
 
     #[test]
     fn a_gpu_holds_its_share_of_the_routed_experts_and_the_rest_whole() {
         let p = mixtral_like();
-        assert_eq!(p.param_factor(1), 1.0);
-        assert_eq!(p.param_factor(2), 0.25 + 0.375);
-        assert_eq!(p.param_factor(8), 0.25 + 0.75 / 8.0);
+        assert_eq!(p.param_factor(1.0), 1.0);
+        assert_eq!(p.param_factor(2.0), 0.25 + 0.375);
+        assert_eq!(p.param_factor(8.0), 0.25 + 0.75 / 8.0);
+        // A shard of a layer split 2 ways, its experts spread 4 ways
+        // whole (et = 1): the 4 GPUs share twice a shard's experts.
+        assert_eq!(p.param_factor(4.0 * 1.0 / 2.0), 0.25 + 0.375);
     }
 
     #[test]
@@ -126,6 +160,8 @@ mod tests {
         assert_eq!(group(5), vec![1, 3, 5, 7]);
         assert_eq!(group(8), vec![8, 10, 12, 14]);
         assert_eq!(expert_group(3, 1, 2).collect::<Vec<_>>(), vec![2, 3]);
+        // Expert tensor degree 1 on the same stage: 4 consecutive GPUs.
+        assert_eq!(expert_group(5, 1, 4).collect::<Vec<_>>(), vec![4, 5, 6, 7]);
     }
 
     #[test]

@@ -33,7 +33,8 @@ impl FileFormat {
 /// types) came without a new version: a dapple that predates it refuses
 /// such a file by naming the field, and reads every other profile; so did
 /// the measurements' optional `selective_stored_bytes` and
-/// `selective_recompute_ms` (issue 45), and a layer's `experts` (issue 46).
+/// `selective_recompute_ms` (issue 45), and a layer's `experts` (issue 46)
+/// with their `split_gather_bytes_per_sample`.
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage
@@ -49,8 +50,9 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 7: `stages[i].sequence_parallel` and `recompute` "selective".
 /// Version 8: `schedule.overlap` (what the runtime hides behind
 /// computation; absent: DAPPLE's overlap, as every older plan has it).
-/// Version 9: `stages[i].expert_parallel`.
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 9, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+/// Version 9: `stages[i].expert_parallel`; version 10
+/// `stages[i].expert_tensor_parallel`.
+pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 10, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

@@ -221,6 +221,7 @@ fn shaped_plans(
                             recompute,
                             // Expert parallelism is not among the uniform shapes yet.
                             expert_parallel: 1,
+                            expert_tensor_parallel: None,
                         };
                         plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
                     }
@@ -280,6 +281,7 @@ pub fn megatron_plan(
             .any(|l| l.experts.is_some())
         {
             stage.expert_parallel = 1;
+            stage.expert_tensor_parallel = None;
         }
     }
     Ok(plan)

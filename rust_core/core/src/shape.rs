@@ -93,6 +93,11 @@ pub struct StageShape {
     /// (`experts.rs`; 1: every replica holds every expert).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u32,
+    /// The GPUs each routed expert's columns are split over, where it
+    /// differs from t (Megatron-LM's `--expert-tensor-parallel-size`);
+    /// None: t. Read it through `expert_tensor_degree`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_tensor_parallel: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -111,6 +116,7 @@ impl StageShape {
         shard_optimizer: false,
         recompute: Recompute::None,
         expert_parallel: 1,
+        expert_tensor_parallel: None,
     };
 
     pub fn is_plain(&self) -> bool {
@@ -122,6 +128,14 @@ impl StageShape {
     /// no ZeRO-1, no experts spread.
     pub fn reduces_as_plain(&self) -> bool {
         self.tensor_parallel <= 1 && self.expert_parallel <= 1 && !self.shard_optimizer
+    }
+
+    /// The expert tensor degree et: the GPUs each routed expert's columns
+    /// are split over (t unless the shape says otherwise).
+    pub fn expert_tensor_degree(&self) -> u32 {
+        self.expert_tensor_parallel
+            .unwrap_or(self.tensor_parallel)
+            .max(1)
     }
 
     /// Replicas of the split layers on `gpus` GPUs: t GPUs each (a plain

@@ -703,7 +703,7 @@ impl TransformerConfig {
         let mut times = PassTimes::default();
         let (core_head_dim, rotary) = self.add_attention_products(&mut times, gpu, tokens, t);
         let activation_bytes = match self.moe.filter(|_| experts) {
-            None => self.add_mlp(&mut times, gpu, tokens, self.ffn / t),
+            None => self.add_mlp(&mut times, gpu, (tokens, 1), self.ffn / t),
             Some(moe) => self.add_moe_mlp(&mut times, gpu, tokens, (&moe, t)),
         };
         let heads = u64::from(b) * self.heads / t;
@@ -779,11 +779,19 @@ impl TransformerConfig {
         ((qk + v) / 2, 2 * (heads * rope + rope))
     }
 
-    /// An MLP of `inner` columns (a shard's) over `rows` tokens: its up
-    /// (and gate) and down products; returns the bytes its activation
-    /// moves, which the caller times with the block's other such operators.
-    fn add_mlp(&self, times: &mut PassTimes, gpu: &GpuType, rows: u64, inner: u64) -> f64 {
-        if rows == 0 || inner == 0 {
+    /// `groups` MLPs of `inner` columns each (a shard's) over `rows`
+    /// tokens each: their up (and gate) and down products, several MLPs
+    /// (routed experts) as one grouped product; returns the bytes their
+    /// activation moves, which the caller times with the block's other
+    /// such operators.
+    fn add_mlp(
+        &self,
+        times: &mut PassTimes,
+        gpu: &GpuType,
+        (rows, groups): (u64, u64),
+        inner: u64,
+    ) -> f64 {
+        if rows == 0 || inner == 0 || groups == 0 {
             return 0.0;
         }
         let (up, activation) = if self.gated_mlp {
@@ -791,9 +799,9 @@ impl TransformerConfig {
         } else {
             (inner, 2 * inner)
         };
-        times.add_weight_product(gpu, rows, up, self.hidden);
-        times.add_weight_product(gpu, rows, self.hidden, inner);
-        BF16 * (rows * activation) as f64
+        times.add_grouped_product(gpu, groups, rows, up, self.hidden);
+        times.add_grouped_product(gpu, groups, rows, self.hidden, inner);
+        BF16 * (groups * rows * activation) as f64
     }
 
     /// A mixture of experts on one of `t` shards (each expert's columns
@@ -813,20 +821,13 @@ impl TransformerConfig {
         let h = self.hidden;
         times.add_whole_product(gpu, tokens, moe.experts, h);
         let copies = tokens * moe.experts_per_token;
-        let mut activation_bytes = 0.0;
-        // Each expert takes copies / E tokens, copies mod E of them one
-        // more: two sizes of expert, each timed once.
-        let heavier = copies % moe.experts;
-        for (rows, count) in [
-            (copies / moe.experts + 1, heavier),
-            (copies / moe.experts, moe.experts - heavier),
-        ] {
-            let mut one = PassTimes::default();
-            let bytes = self.add_mlp(&mut one, gpu, rows, moe.expert_ffn / t);
-            times.add_times(&one, count as f64);
-            activation_bytes += count as f64 * bytes;
-        }
-        activation_bytes += self.add_mlp(times, gpu, tokens, moe.shared_ffn / t);
+        // Every expert's products in one grouped product (Megatron-LM's
+        // --moe-grouped-gemm), each expert over copies / E tokens rounded
+        // up (at most a row more than its share).
+        let rows = copies.div_ceil(moe.experts);
+        let mut activation_bytes =
+            self.add_mlp(times, gpu, (rows, moe.experts), moe.expert_ffn / t);
+        activation_bytes += self.add_mlp(times, gpu, (tokens, 1), moe.shared_ffn / t);
         times.add_replicated(gpu, BF16 * ((3 * copies + tokens) * h) as f64);
         activation_bytes
     }
@@ -1036,9 +1037,33 @@ impl PassTimes {
     /// `inputs`: its forward, its input gradient and its weight gradient.
     /// Returns its forward's and backward's time together.
     fn add_weight_product(&mut self, gpu: &GpuType, tokens: u64, outputs: u64, inputs: u64) -> f64 {
-        let fwd = Gemm::new(tokens, outputs, inputs).ms(gpu);
-        let weight = Gemm::new(inputs, outputs, tokens).ms(gpu);
-        let bwd = Gemm::new(tokens, inputs, outputs).ms(gpu) + weight;
+        self.add_grouped_product(gpu, 1, tokens, outputs, inputs)
+    }
+
+    /// `groups` such products of as many rows each (one weight each: the
+    /// routed experts), run as one grouped kernel whose tiles share the
+    /// SMs' waves (`Gemm::batch`), as TransformerEngine's GroupedLinear
+    /// runs them.
+    fn add_grouped_product(
+        &mut self,
+        gpu: &GpuType,
+        groups: u64,
+        tokens: u64,
+        outputs: u64,
+        inputs: u64,
+    ) -> f64 {
+        let product = |m: u64, n: u64, k: u64| {
+            Gemm {
+                m,
+                n,
+                k,
+                batch: groups,
+            }
+            .ms(gpu)
+        };
+        let fwd = product(tokens, outputs, inputs);
+        let weight = product(inputs, outputs, tokens);
+        let bwd = product(tokens, inputs, outputs) + weight;
         self.fwd += fwd;
         self.bwd += bwd;
         self.weight += weight;
@@ -1063,15 +1088,6 @@ impl PassTimes {
     fn add_replicated(&mut self, gpu: &GpuType, bytes: f64) {
         self.add_memory_bound(gpu, bytes);
         self.replicated += 3.0 * memory_bound_ms(gpu, bytes);
-    }
-
-    /// `other`'s times `count` times over.
-    fn add_times(&mut self, other: &PassTimes, count: f64) {
-        self.fwd += count * other.fwd;
-        self.bwd += count * other.bwd;
-        self.weight += count * other.weight;
-        self.replicated += count * other.replicated;
-        self.selective += count * other.selective;
     }
 }
 
@@ -1259,6 +1275,14 @@ impl LayerMaker<'_> {
             param_fraction: moe.experts as f64 * config.mlp_matrix_params(moe.expert_ffn) / params,
             // Each token's k copies of its hidden state, in bf16.
             all_to_all_bytes_per_sample: s * (moe.experts_per_token * config.hidden) as f64 * BF16,
+            // The split pattern's gather of the hidden state into the MLP
+            // and scatter of its output (one of its two calls a pass),
+            // which shared experts still need.
+            split_gather_bytes_per_sample: if moe.shared_ffn == 0 {
+                s * config.hidden as f64 * BF16
+            } else {
+                0.0
+            },
         });
         Ok(layer)
     }
@@ -1525,8 +1549,9 @@ mod tests {
         );
         // By operator on an H100, a block of two experts of 14336 columns per
         // token runs longer than a dense block of one 14336-wide MLP, and
-        // shorter than a dense block of 8 such (the experts' products are
-        // each an eighth of the tokens' copies, so less efficient).
+        // shorter than a dense block of 8 such (the experts' products, one
+        // grouped product of 8 over an eighth of the tokens' copies each,
+        // run about as efficiently as a dense one).
         let gpu = gpu_type("h100").unwrap();
         let at = |experts| {
             c.block_times(gpu, (AttentionKernel::Flash, experts), (1, 4096), 1)
@@ -1536,7 +1561,7 @@ mod tests {
         assert!(routed.fwd > dense.fwd, "{routed:?} {dense:?}");
         let mlp = |inner: u64| {
             let mut t = PassTimes::default();
-            c.add_mlp(&mut t, gpu, 4096, inner);
+            c.add_mlp(&mut t, gpu, (4096, 1), inner);
             t.fwd
         };
         assert!(
@@ -1544,6 +1569,24 @@ mod tests {
             "{}",
             routed.fwd - dense.fwd
         );
+    }
+
+    #[test]
+    fn routed_experts_run_as_one_grouped_product() {
+        // Eight experts of 512 tokens each fill the same tiles and waves as
+        // one product of 4096 tokens (512 rows are four 128-row tiles), so
+        // their forward takes as long; eight products one after another
+        // would pay eight launches and eight partly empty last waves.
+        let c = TransformerConfig::named("mixtral-8x7b").unwrap();
+        let gpu = gpu_type("h100").unwrap();
+        let fwd = |rows_groups: (u64, u64)| {
+            let mut t = PassTimes::default();
+            c.add_mlp(&mut t, gpu, rows_groups, 14336);
+            t.fwd
+        };
+        let whole = fwd((4096, 1));
+        assert!((fwd((512, 8)) - whole).abs() < 1e-12 * whole);
+        assert!(8.0 * fwd((512, 1)) > 1.05 * whole);
     }
 
     #[test]
@@ -1568,6 +1611,25 @@ mod tests {
         let routed = 8.0 * 3.0 * 4096.0 * 14336.0 * 2.0;
         assert!((experts.param_fraction * block.param_bytes as f64 - routed).abs() < 1.0);
         assert!((0.97..0.98).contains(&experts.param_fraction));
+        // Without shared experts, the split block's gather into its MLP
+        // (one of its two collectives, 4096 tokens of 4096 values in bf16)
+        // is what spread experts exchange instead; DeepSeek-V3's shared
+        // expert still needs it.
+        let split = &block.split[0];
+        assert_eq!(split.allreduce_calls_per_pass, 2);
+        assert_eq!(
+            experts.split_gather_bytes_per_sample,
+            split.fwd_allreduce_bytes_per_sample / 2.0
+        );
+        assert_eq!(experts.split_gather_bytes_per_sample, 4096.0 * 4096.0 * 2.0);
+        let deepseek = TransformerConfig::named("deepseek-v3").unwrap();
+        let deepseek = transformer_profile("deepseek-v3", &deepseek, &options("h100")).unwrap();
+        let shared = deepseek
+            .layers
+            .iter()
+            .find_map(|l| l.experts.as_ref())
+            .unwrap();
+        assert_eq!(shared.split_gather_bytes_per_sample, 0.0);
         // Neither the embedding, nor the head, nor a dense model's blocks.
         assert!(p.layers[0].experts.is_none() && p.layers.last().unwrap().experts.is_none());
         let dense = TransformerConfig::named("llama-2-7b").unwrap();
@@ -1781,6 +1843,7 @@ mod tests {
             shard_optimizer: false,
             recompute: Recompute::Selective,
             expert_parallel: 1,
+            expert_tensor_parallel: None,
         };
         let memory = sums.memory(&layers, &shape, 0.0);
         assert!(

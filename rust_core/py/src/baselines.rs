@@ -126,9 +126,9 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
 /// re-computing as `recompute` says (none, full, per-layer or selective),
 /// the experts of the stages that have some spread over `expert_parallel`
-/// replicas, 1F1B, on a runtime that hides what the overlap arguments say.
+/// expert replicas of `expert_tensor_parallel` GPUs each (None: t), 1F1B, on a runtime that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -143,6 +143,7 @@ fn megatron_plan(
     overlap_grad_reduce: &str,
     overlap_param_gather: bool,
     expert_parallel: u32,
+    expert_tensor_parallel: Option<u32>,
 ) -> PyResult<PyPlan> {
     let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let shape = StageShape {
@@ -151,6 +152,7 @@ fn megatron_plan(
         shard_optimizer,
         recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
         expert_parallel,
+        expert_tensor_parallel,
     };
     let plan = dapple_core::megatron::megatron_plan(
         &profile.inner,

@@ -31,12 +31,16 @@ pub struct PyStageShape {
     /// Expert parallelism: the routed experts over groups of this many
     /// consecutive replicas (1: none).
     expert_parallel: u32,
+    /// The GPUs each routed expert's columns are split over (Megatron-LM's
+    /// expert tensor degree; t unless the stage says otherwise).
+    expert_tensor_parallel: u32,
     /// t = 1, no ZeRO-1, no re-computation, no expert parallelism: a
     /// stage as DAPPLE plans it.
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
     split_groups: Vec<Vec<u32>>,
-    /// Each expert group's devices: shard k of e consecutive replicas.
+    /// Each expert group's devices: shard k of e consecutive expert
+    /// replicas (of the expert tensor degree's consecutive devices each).
     expert_groups: Vec<Vec<u32>>,
 }
 
@@ -50,6 +54,7 @@ impl From<&Stage> for PyStageShape {
             shard_optimizer: shape.shard_optimizer,
             recompute: shape.recompute.name(),
             expert_parallel: shape.expert_parallel,
+            expert_tensor_parallel: shape.expert_tensor_degree(),
             is_plain: shape.is_plain(),
             split_groups: s.split_groups().map(<[u32]>::to_vec).collect(),
             expert_groups: s.expert_groups(),
@@ -62,13 +67,14 @@ impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
             "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?}, \
-             expert_parallel={})",
+             expert_parallel={}, expert_tensor_parallel={})",
             self.tensor_parallel,
             python_bool(self.sequence_parallel),
             self.replicas,
             python_bool(self.shard_optimizer),
             self.recompute,
-            self.expert_parallel
+            self.expert_parallel,
+            self.expert_tensor_parallel
         )
     }
 }

@@ -35,18 +35,20 @@ struct SplitGroups {
 
 impl SplitGroups {
     fn new(cluster: &Cluster, machines: &[usize], t: u32) -> SplitGroups {
-        let t = t as usize;
-        let shard_group = alloc_of(&machines[..t.min(machines.len())]);
-        let chunks_on = |m: usize| machines.chunks(t).filter(|c| c.contains(&m)).count();
         SplitGroups {
-            shards: AllreduceCurve::for_group(
-                cluster,
-                &shard_group,
-                sharers(&shard_group, &chunks_on),
-            ),
-            replicas: strided_group(cluster, machines, t),
+            shards: consecutive_group(cluster, machines, t as usize),
+            replicas: strided_group(cluster, machines, t as usize),
         }
     }
+}
+
+/// The AllReduce of `size` consecutive GPUs of a stage whose GPUs sit on
+/// `machines` (in device order), beside the other such groups, which run
+/// at once: a replica's t shards, or an expert's et shards.
+fn consecutive_group(cluster: &Cluster, machines: &[usize], size: usize) -> AllreduceCurve {
+    let group = alloc_of(&machines[..size.min(machines.len())]);
+    let chunks_on = |m: usize| machines.chunks(size).filter(|c| c.contains(&m)).count();
+    AllreduceCurve::for_group(cluster, &group, sharers(&group, &chunks_on))
 }
 
 /// The GPUs per machine of a group whose members sit on `members`.
@@ -82,24 +84,28 @@ fn strided_group(cluster: &Cluster, machines: &[usize], stride: usize) -> Allred
 }
 
 /// The collectives of a stage's expert groups (`experts.rs`) of `e`
-/// consecutive replicas, for the layers that split `t` ways and those
-/// that run whole (each GPU a replica): the token exchange, and the
-/// gradient AllReduce of the routed experts over the replicas that hold
-/// the same ones.
+/// expert replicas, for the layers that split `t` ways (expert replicas of
+/// `et` consecutive GPUs) and those that run whole (each GPU a replica):
+/// the token exchange, the gather of the exchanged copies over each
+/// expert's et shards (et > 1), and the gradient AllReduce of the routed
+/// experts over the GPUs that hold the same ones.
 struct ExpertGroups {
     split_exchange: AllToAll,
     whole_exchange: AllToAll,
+    /// An expert's et shards, where et > 1.
+    expert_shards: Option<AllreduceCurve>,
     split_reduce: AllreduceCurve,
     whole_reduce: AllreduceCurve,
 }
 
 impl ExpertGroups {
-    fn new(cluster: &Cluster, machines: &[usize], t: u32, e: u32) -> ExpertGroups {
-        let (t, e) = (t as usize, e as usize);
+    fn new(cluster: &Cluster, machines: &[usize], e: u32, et: u32) -> ExpertGroups {
+        let (e, et) = (e as usize, et as usize);
         ExpertGroups {
-            split_exchange: AllToAll::new(cluster, machines, t, e),
+            split_exchange: AllToAll::new(cluster, machines, et, e),
             whole_exchange: AllToAll::new(cluster, machines, 1, e),
-            split_reduce: strided_group(cluster, machines, t * e),
+            expert_shards: (et > 1).then(|| consecutive_group(cluster, machines, et)),
+            split_reduce: strided_group(cluster, machines, et * e),
             whole_reduce: strided_group(cluster, machines, e),
         }
     }
@@ -115,8 +121,10 @@ impl ExpertGroups {
 pub struct ShapedSums {
     t: u32,
     sequence_parallel: bool,
-    /// The expert degree (1: none), and its groups where above 1.
+    /// The expert degree (1: none) and expert tensor degree, and the
+    /// expert groups where e > 1.
     e: u32,
+    et: u32,
     experts: Option<ExpertGroups>,
     start: usize,
     end: usize,
@@ -156,12 +164,13 @@ impl ShapedSums {
     }
 
     /// Whether the sums price `shape`: the same split degree, sequence
-    /// parallelism and expert degree (ZeRO-1 and re-computation are
-    /// applied when priced).
+    /// parallelism, expert degree and expert tensor degree (ZeRO-1 and
+    /// re-computation are applied when priced).
     pub fn prices(&self, shape: &StageShape) -> bool {
         self.t == shape.tensor_parallel.max(1)
             && self.sequence_parallel == shape.sequence_parallel
             && self.e == shape.expert_parallel.max(1)
+            && self.et == shape.expert_tensor_degree()
     }
 }
 
@@ -223,7 +232,11 @@ impl StageCoster<'_> {
         devices: &StageDevices,
         shape: &StageShape,
     ) -> ShapedSums {
-        let (t, e) = (shape.tensor_parallel.max(1), shape.expert_parallel.max(1));
+        let (t, e, et) = (
+            shape.tensor_parallel.max(1),
+            shape.expert_parallel.max(1),
+            shape.expert_tensor_degree(),
+        );
         let gpus = devices.replicas;
         let replicas = StageShape {
             tensor_parallel: t,
@@ -239,7 +252,8 @@ impl StageCoster<'_> {
             t,
             sequence_parallel: shape.sequence_parallel,
             e,
-            experts: (e > 1).then(|| ExpertGroups::new(self.cluster, &machines, t, e)),
+            et,
+            experts: (e > 1).then(|| ExpertGroups::new(self.cluster, &machines, e, et)),
             start: end,
             end,
             gpus,
@@ -279,38 +293,11 @@ impl StageCoster<'_> {
         };
         // Expert parallelism: the layer's routed experts spread, their
         // share of its gradients reduced apart, its tokens exchanged.
-        let spread = sums
-            .experts
-            .as_ref()
-            .zip(self.layers.experts(l))
-            .map(|(groups, pattern)| (groups, pattern, pattern.param_factor(sums.e)));
-        let held = spread.map_or(1.0, |(_, _, held)| held);
-        if let Some((groups, pattern, _)) = spread {
-            let expert_gradient_bytes =
-                self.layers.gradient_bytes(l, l + 1) * pattern.param_fraction / f64::from(sums.e);
-            // Each GPU sends its own tokens' copies: a replica's slice, or
-            // its 1/t of it where the sequence is split too.
-            let (exchange, sent_bytes) = match &shard {
-                Some(s) => {
-                    sums.split_expert_gradient_bytes += expert_gradient_bytes * s.param_factor;
-                    (
-                        &groups.split_exchange,
-                        f64::from(sums.split_slice) * s.input_factor,
-                    )
-                }
-                None => {
-                    sums.whole_expert_gradient_bytes += expert_gradient_bytes;
-                    (&groups.whole_exchange, f64::from(sums.whole_slice))
-                }
-            };
-            let pass_ms = ALL_TO_ALLS_PER_PASS
-                * exchange.ms(sent_bytes * pattern.all_to_all_bytes_per_sample);
-            sums.settled_fwd_ms += pass_ms;
-            sums.settled_bwd_ms += pass_ms;
-        }
+        let (held, gather_taken_bytes_per_sample) = self.prepend_experts(sums, l, shard.as_ref());
         // What the AllReduce of all the stage's replicas reduces of the layer.
-        let replicated_gradient_bytes = self.layers.gradient_bytes(l, l + 1)
-            * spread.map_or(1.0, |(_, p, _)| 1.0 - p.param_fraction);
+        let spread = sums.experts.as_ref().and(self.layers.experts(l));
+        let replicated_gradient_bytes =
+            self.layers.gradient_bytes(l, l + 1) * spread.map_or(1.0, |p| 1.0 - p.param_fraction);
         match &shard {
             Some(s) => {
                 if let Some(end) = sums.whole_run_end.take() {
@@ -320,10 +307,17 @@ impl StageCoster<'_> {
                 }
                 let split = self.times(timing, sums.split_slice);
                 let samples = f64::from(sums.split_slice);
-                // Each pass's AllReduces, priced a call at a time.
-                let calls = f64::from(s.allreduce_calls_per_pass);
+                // Each pass's AllReduces, priced a call at a time, less
+                // the gather the experts' exchange replaced.
+                let taken = gather_taken_bytes_per_sample;
+                let calls = s.allreduce_calls_per_pass - u32::from(taken > 0.0);
                 let allreduces = |bytes_per_sample: f64| {
-                    calls * shard_group(&sums.groups, bytes_per_sample * samples / calls)
+                    if calls == 0 {
+                        return 0.0;
+                    }
+                    let calls = f64::from(calls);
+                    let bytes = (bytes_per_sample - taken).max(0.0) * samples / calls;
+                    calls * shard_group(&sums.groups, bytes)
                 };
                 sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
                     + allreduces(s.fwd_allreduce_bytes_per_sample);
@@ -354,6 +348,67 @@ impl StageCoster<'_> {
         sums.any_split |= shard.is_some();
         sums.first_shard = shard;
         sums.start = l;
+    }
+
+    /// The exchange of layer `l`'s tokens where the sums spread its
+    /// experts (split as `shard` says), its experts' gradients and passes
+    /// added to `sums`. Returns what a GPU holds of the layer's parameters
+    /// (`ExpertPattern::param_factor`; 1 where nothing is spread) and the
+    /// bytes per sample of the split layer's collectives the exchange
+    /// replaces.
+    fn prepend_experts(
+        &self,
+        sums: &mut ShapedSums,
+        l: usize,
+        shard: Option<&ShardCost>,
+    ) -> (f64, f64) {
+        let Some((groups, pattern)) = sums.experts.as_ref().zip(self.layers.experts(l)) else {
+            return (1.0, 0.0);
+        };
+        let gradient_bytes = self.layers.gradient_bytes(l, l + 1) * pattern.param_fraction;
+        // Each GPU sends its own tokens' copies: a replica's slice, or its
+        // 1/t of it where the sequence is split too.
+        let (exchange, sent_bytes, held) = match shard {
+            Some(s) => {
+                // The GPUs that share what a shard holds of the experts.
+                let sharers = f64::from(sums.e) * f64::from(sums.et) / f64::from(sums.t);
+                sums.split_expert_gradient_bytes += gradient_bytes / sharers * s.param_factor;
+                let sent_bytes = f64::from(sums.split_slice)
+                    * s.input_factor
+                    * pattern.all_to_all_bytes_per_sample;
+                (
+                    &groups.split_exchange,
+                    sent_bytes,
+                    pattern.param_factor(sharers),
+                )
+            }
+            None => {
+                sums.whole_expert_gradient_bytes += gradient_bytes / f64::from(sums.e);
+                (
+                    &groups.whole_exchange,
+                    f64::from(sums.whole_slice) * pattern.all_to_all_bytes_per_sample,
+                    pattern.param_factor(f64::from(sums.e)),
+                )
+            }
+        };
+        let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(sent_bytes);
+        // Of a split layer's collectives, the gather into the mixture that
+        // the exchange replaces where the shards hold different tokens
+        // (under sequence parallelism); then each expert's et shards
+        // gather the copies they received and scatter the outputs back
+        // (Megatron-LM's all-to-all dispatcher), an AllReduce's worth of
+        // the gathered bytes each pass.
+        let mut gather_taken_bytes_per_sample = 0.0;
+        if shard.is_some_and(|s| s.input_factor < 1.0) {
+            gather_taken_bytes_per_sample = pattern.split_gather_bytes_per_sample;
+            pass_ms += groups
+                .expert_shards
+                .as_ref()
+                .map_or(0.0, |g| g.ms(f64::from(sums.et) * sent_bytes));
+        }
+        sums.settled_fwd_ms += pass_ms;
+        sums.settled_bwd_ms += pass_ms;
+        (held, gather_taken_bytes_per_sample)
     }
 
     /// The cost, with one micro-batch in flight, and the memory of the
@@ -539,6 +594,7 @@ mod tests {
             per_token: 2,
             param_fraction: 0.5,
             all_to_all_bytes_per_sample: 1e6,
+            split_gather_bytes_per_sample: 0.0,
         });
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
@@ -592,5 +648,66 @@ mod tests {
         let experts = strided_group(&cluster, &[0; 8], 4).ms(0.5 * gradients(1) / 4.0);
         assert!((cost.allreduce_ms - dense - experts).abs() < 1e-9);
         assert!(cost.allreduce_ms < plain.allreduce_ms);
+    }
+
+    #[test]
+    fn experts_split_fewer_ways_than_t_drop_the_gather_and_exchange_in_wider_groups() {
+        // One block split 2 ways with its sequence, 4 MB of weights, 3/4 of
+        // them in 4 routed experts; 1 MB a sample each all-to-all, and
+        // 0.25 MB of its two 1 MB collectives the gather into the mixture.
+        let mut profile = profile_of_layers("moe", &[(1.0, 2.0, 4_000_000, 1000)], 1);
+        profile.layers[0].split = vec![crate::split::SplitPattern {
+            name: "block".into(),
+            divides: Vec::new(),
+            fwd_allreduce_bytes_per_sample: 1e6,
+            bwd_allreduce_bytes_per_sample: 1e6,
+            replicated_param_fraction: 0.0,
+            replicated_stored_fraction: 0.0,
+            replicated_compute_fraction: 0.0,
+            allreduce_calls_per_pass: 2,
+            sequence_parallel: true,
+        }];
+        profile.layers[0].experts = Some(ExpertPattern {
+            count: 4,
+            per_token: 2,
+            param_fraction: 0.75,
+            all_to_all_bytes_per_sample: 1e6,
+            split_gather_bytes_per_sample: 0.25e6,
+        });
+        let layers = LayerCosts::new(&profile);
+        let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
+        // A micro-batch of 4: one sample a replica, half of it a shard.
+        let coster = StageCoster::new(&layers, &cluster, 4, 1);
+        let devices = StageDevices::new(&cluster, vec![(0, 8)]);
+        let shape = |e: u32, et: Option<u32>| StageShape {
+            tensor_parallel: 2,
+            sequence_parallel: true,
+            expert_parallel: e,
+            expert_tensor_parallel: et,
+            ..StageShape::PLAIN
+        };
+        let fwd = |s: &StageShape| coster.stage_shaped(0, 1, &devices, s, 1, false).fwd_ms;
+        let state = |s: &StageShape| coster.stage_memory(0, 1, &devices, s).model_state_bytes;
+        let shards = consecutive_group(&cluster, &[0; 8], 2);
+        let dense = fwd(&shape(1, None));
+        // Without experts spread, the block's two collectives of 0.5 MB.
+        let collectives = 2.0 * shards.ms(0.5e6);
+        // Spread 4 ways at et = t = 2: the exchange between the same shard
+        // of 4 replicas, the gather's call gone (one call of 0.75 MB left),
+        // and each expert's 2 shards gathering the copies both received.
+        let at_t = AllToAll::new(&cluster, &[0; 8], 2, 4);
+        let expected =
+            dense - collectives + 2.0 * at_t.ms(0.5e6) + shards.ms(0.75e6) + shards.ms(2.0 * 0.5e6);
+        assert!((fwd(&shape(4, None)) - expected).abs() < 1e-9);
+        // Spread 4 ways whole (et = 1): 4 consecutive GPUs exchange, and
+        // nothing is gathered.
+        let whole = AllToAll::new(&cluster, &[0; 8], 1, 4);
+        let expected = dense - collectives + 2.0 * whole.ms(0.5e6) + shards.ms(0.75e6);
+        assert!((fwd(&shape(4, Some(1))) - expected).abs() < 1e-9);
+        // A GPU holds a quarter of the experts whole at et = 1, a quarter
+        // of them halved at et = 2: 3/16 of the layer's state apart.
+        let layer = layers.model_state_bytes(0, 1);
+        let apart = state(&shape(4, Some(1))) - state(&shape(4, None));
+        assert!((apart - 0.75 / 8.0 * layer).abs() < 1e-6 * layer, "{apart}");
     }
 }

@@ -156,8 +156,9 @@ fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     if s.shard_optimizer != first.shard_optimizer {
         return differs("shard_optimizer");
     }
-    // The expert degree may differ: it groups the GPUs of the chunks that
-    // have experts, and a chunk without any has none to spread.
+    // The expert degree and expert tensor degree may differ: they group
+    // the GPUs of the chunks that have experts, and a chunk without any
+    // has none to spread.
     Ok(())
 }
 
@@ -284,6 +285,8 @@ fn check_stage_shape(
         "tensor_parallel"
     } else if s.expert_parallel > 1 {
         "expert_parallel"
+    } else if s.expert_tensor_parallel.is_some() {
+        "expert_tensor_parallel"
     } else if s.shard_optimizer {
         "shard_optimizer"
     } else {
@@ -342,11 +345,50 @@ fn check_stage_shape(
     check_expert_groups(s, profile)
 }
 
-/// Expert groups of `expert_parallel` consecutive replicas divide the
-/// stage's replicas, and the routed experts of each of its layers that
-/// has some (one of them at least).
+/// An expert tensor degree of the stage's own: at least 1, only where the
+/// experts spread, a divisor of t, below t only under sequence parallelism.
+fn check_expert_tensor_degree(s: &Stage) -> Result<()> {
+    let (e, t) = (s.expert_parallel, s.tensor_parallel.max(1));
+    let Some(et) = s.expert_tensor_parallel else {
+        return Ok(());
+    };
+    let field = "expert_tensor_parallel";
+    if et == 0 {
+        return Err(Error::field(field, "value 0 must be >= 1"));
+    }
+    if e == 1 {
+        return Err(Error::field(
+            field,
+            format!("value {et}: only a stage that spreads its experts (expert_parallel > 1) splits them apart"),
+        ));
+    }
+    if !t.is_multiple_of(et) {
+        return Err(Error::field(
+            field,
+            format!("value {et} does not divide the stage's tensor_parallel {t}"),
+        ));
+    }
+    if et < t && !s.sequence_parallel {
+        return Err(Error::field(
+            field,
+            format!(
+                "value {et} below tensor_parallel {t} needs sequence_parallel: without it the {t} shards \
+                 hold the same tokens"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Expert groups of `expert_parallel` expert replicas (of the expert
+/// tensor degree's consecutive GPUs each) divide the stage's GPUs, and
+/// the routed experts of each of its layers that has some (one of them at
+/// least), on layers that split their sequence where each expert splits
+/// fewer ways than t.
 fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
     let e = s.expert_parallel;
+    let t = s.tensor_parallel.max(1);
+    check_expert_tensor_degree(s)?;
     if e == 1 {
         return Ok(());
     }
@@ -359,11 +401,22 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
             ),
         ));
     }
-    let replicas = s.replicas();
-    if !replicas.is_multiple_of(e) {
+    let et = s.shape().expert_tensor_degree();
+    let gpus = s.devices.len() as u32;
+    if et == t {
+        let replicas = s.replicas();
+        if !replicas.is_multiple_of(e) {
+            return Err(Error::field(
+                "expert_parallel",
+                format!("value {e} does not divide the stage's {replicas} replicas"),
+            ));
+        }
+    } else if !gpus.is_multiple_of(e * et) {
         return Err(Error::field(
             "expert_parallel",
-            format!("value {e} does not divide the stage's {replicas} replicas"),
+            format!(
+                "value {e} times the expert tensor degree {et} does not divide the stage's {gpus} GPUs"
+            ),
         ));
     }
     let Some(profile) = profile else {
@@ -373,6 +426,21 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
     for l in s.layer_start..s.layer_end {
         let layer = &profile.layers[l];
         if let Some(experts) = &layer.experts {
+            // Each expert split fewer ways than the layer: only where the
+            // layer's shards hold different tokens (split along the
+            // sequence), as they would otherwise send the same.
+            if et < t
+                && crate::split::cheapest(&layer.split, t).is_some_and(|p| !p.sequence_parallel)
+            {
+                return Err(Error::field(
+                    "expert_tensor_parallel",
+                    format!(
+                        "value {et} below tensor_parallel {t}: layer {:?} (layers[{l}]) does not split its \
+                         sequence, so its {t} shards hold the same tokens",
+                        layer.name
+                    ),
+                ));
+            }
             if !experts.count.is_multiple_of(e) {
                 return Err(Error::field(
                     "expert_parallel",

@@ -232,6 +232,10 @@ pub struct Stage {
     /// many consecutive replicas (`experts.rs`; 1: none).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u32,
+    /// The GPUs each routed expert's columns are split over, where not t
+    /// (`StageShape::expert_tensor_degree`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_tensor_parallel: Option<u32>,
 }
 
 /// An empty, plain stage: what struct literals fill in (`..Default::default()`)
@@ -250,6 +254,7 @@ impl Default for Stage {
             shard_optimizer: false,
             recompute: Recompute::None,
             expert_parallel: 1,
+            expert_tensor_parallel: None,
         }
     }
 }
@@ -263,6 +268,7 @@ impl Stage {
             shard_optimizer: self.shard_optimizer,
             recompute: self.recompute,
             expert_parallel: self.expert_parallel,
+            expert_tensor_parallel: self.expert_tensor_parallel,
         }
     }
 
@@ -280,14 +286,15 @@ impl Stage {
     /// (`experts::expert_group`), in order of their first device; where
     /// the experts are not spread, each of the stage's devices alone.
     pub fn expert_groups(&self) -> Vec<Vec<u32>> {
-        let (t, e) = (
-            self.tensor_parallel.max(1) as usize,
+        let shape = self.shape();
+        let (et, e) = (
+            shape.expert_tensor_degree() as usize,
             self.expert_parallel.max(1) as usize,
         );
         (0..self.devices.len())
-            .filter(|&p| (p / t).is_multiple_of(e))
+            .filter(|&p| (p / et).is_multiple_of(e))
             .map(|p| {
-                crate::experts::expert_group(p, t, e)
+                crate::experts::expert_group(p, et, e)
                     .filter_map(|q| self.devices.get(q).copied())
                     .collect()
             })
@@ -297,14 +304,12 @@ impl Stage {
     /// The stage over layers `start..end` instead: its devices and shape
     /// kept, but experts spread only where the new layers have some.
     pub fn over_layers(self, (start, end): (usize, usize), layers: &LayerCosts) -> Stage {
+        let experts = layers.has_experts(start, end);
         Stage {
             layer_start: start,
             layer_end: end,
-            expert_parallel: if layers.has_experts(start, end) {
-                self.expert_parallel
-            } else {
-                1
-            },
+            expert_parallel: if experts { self.expert_parallel } else { 1 },
+            expert_tensor_parallel: self.expert_tensor_parallel.filter(|_| experts),
             ..self
         }
     }
@@ -316,6 +321,7 @@ impl Stage {
         self.shard_optimizer = shape.shard_optimizer;
         self.recompute = shape.recompute;
         self.expert_parallel = shape.expert_parallel;
+        self.expert_tensor_parallel = shape.expert_tensor_parallel;
         self
     }
 }

@@ -975,10 +975,13 @@ impl<'c, 'a> Dp<'c, 'a> {
                 // with sums of its own.
                 // So is each expert degree.
                 for sequence_parallel in self.ctx.sequence_options(t, devices.mixed) {
-                    for e in self.ctx.expert_options(t, gpus, devices.mixed) {
+                    let experts =
+                        self.ctx
+                            .expert_options((t, sequence_parallel), gpus, devices.mixed);
+                    for (e, et) in experts {
                         let shapes =
                             self.ctx
-                                .shapes_at((t, sequence_parallel, e), gpus, devices.mixed);
+                                .shapes_at((t, sequence_parallel, e, et), gpus, devices.mixed);
                         if !shapes.as_slice().is_empty() {
                             list.push(Degree {
                                 t,
@@ -1021,6 +1024,12 @@ impl<'c, 'a> Dp<'c, 'a> {
         if self.ctx.spreads_no_experts(&shapes[0], (i, j)) {
             // A longer stage may have some.
             return true;
+        }
+        if self
+            .ctx
+            .splits_experts_of_a_whole_sequence(&shapes[0], (i, j))
+        {
+            return false;
         }
         // The memory asked for first: under the strictest rule the suffix of
         // fewest stages allows (`fitting_class`).
@@ -1502,6 +1511,12 @@ impl Dp<'_, '_> {
         {
             // A longer stage may have some.
             return true;
+        }
+        if self
+            .ctx
+            .splits_experts_of_a_whole_sequence(&degree.shapes.as_slice()[0], (i, j))
+        {
+            return false;
         }
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;

@@ -789,7 +789,8 @@ mod tests {
     /// Every shape a stage of `gpus` GPUs may take in `shapes`: plain, or
     /// any split degree dividing its GPUs, with ZeRO-1 over more than one
     /// GPU and re-computation or not, and where the profile has experts
-    /// any expert degree dividing the replicas. Which of them a profile, a
+    /// any expert degree dividing the replicas, or (each expert split
+    /// et < t ways) the GPUs in groups of e et. Which of them a profile, a
     /// micro-batch and a placement allow is left to `plan::check`.
     fn stage_shapes_of(gpus: u32, shapes: StageShapes, has_experts: bool) -> Vec<StageShape> {
         if shapes == StageShapes::Plain {
@@ -798,16 +799,26 @@ mod tests {
         let mut out = Vec::new();
         for t in (1..=gpus).filter(|t| gpus.is_multiple_of(*t)) {
             let replicas = gpus / t;
-            let expert_degrees =
-                (1..=replicas).filter(|e| replicas.is_multiple_of(*e) && (has_experts || *e == 1));
-            for expert_parallel in expert_degrees {
+            let at_t = (1..=replicas)
+                .filter(|e| replicas.is_multiple_of(*e) && (has_experts || *e == 1))
+                .map(|e| (e, None));
+            let below_t = (2..=gpus)
+                .filter(|_| has_experts)
+                .flat_map(|e| (1..t).map(move |et| (e, Some(et))))
+                .filter(|&(e, et)| {
+                    let et = et.unwrap_or(t);
+                    t.is_multiple_of(et) && gpus.is_multiple_of(e * et)
+                });
+            for (expert_parallel, expert_tensor_parallel) in at_t.chain(below_t) {
                 for shard_optimizer in [false, true] {
                     if shard_optimizer && gpus == 1 {
                         continue;
                     }
                     for recompute in Recompute::ALL {
                         for sequence_parallel in [false, true] {
-                            if sequence_parallel && t == 1 {
+                            if sequence_parallel && t == 1
+                                || !sequence_parallel && expert_tensor_parallel.is_some()
+                            {
                                 continue;
                             }
                             out.push(StageShape {
@@ -816,6 +827,7 @@ mod tests {
                                 shard_optimizer,
                                 recompute,
                                 expert_parallel,
+                                expert_tensor_parallel,
                             });
                         }
                     }
@@ -1522,7 +1534,7 @@ mod tests {
     fn search_finds_the_simulated_optimum_with_experts() {
         let mut rng = StdRng::seed_from_u64(20261128);
         let shapes = ["1x2", "1x4", "2x2", "2x1", "1x8", "2x4"];
-        let mut spread = 0;
+        let (mut spread, mut apart) = (0, 0);
         for case in 0..36 {
             let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
             let most_layers = match topology.num_devices() {
@@ -1540,6 +1552,7 @@ mod tests {
                         per_token: 2,
                         param_fraction: rng.gen_range(0.5..0.95),
                         all_to_all_bytes_per_sample: rng.gen_range(0.0..8e6),
+                        split_gather_bytes_per_sample: rng.gen_range(0.0..1e6),
                     });
                 }
             }
@@ -1554,11 +1567,20 @@ mod tests {
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
             if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, gbs, &what) {
                 spread += plan.stages.iter().filter(|s| s.expert_parallel > 1).count();
+                apart += plan
+                    .stages
+                    .iter()
+                    .filter(|s| s.expert_tensor_parallel.is_some())
+                    .count();
             }
         }
-        eprintln!("{spread} stages with experts spread");
-        // The optima do spread experts.
+        eprintln!("{spread} stages with experts spread, {apart} split fewer ways than t");
+        // The optima do spread experts, and some split them apart.
         assert!(spread > 3, "{spread} stages with experts spread");
+        assert!(
+            apart > 0,
+            "{apart} stages with an expert tensor degree below t"
+        );
     }
 
     /// One hint of each kind, drawn for a model of `layers` layers on

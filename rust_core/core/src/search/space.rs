@@ -570,23 +570,37 @@ impl Context<'_> {
             })
     }
 
-    /// The expert degrees a stage of `gpus` GPUs split `t` ways may take:
-    /// 1, and on alike GPUs each degree every layer with experts allows
-    /// that divides its replicas (each priced with sums of its own).
+    /// The expert degrees, with expert tensor degrees (None: t), a stage
+    /// of `gpus` GPUs split `t` ways may take: 1, and on alike GPUs each
+    /// degree every layer with experts allows that divides its replicas;
+    /// under sequence parallelism, also each expert split fewer ways than
+    /// t, where the expert groups divide the stage's GPUs (each priced
+    /// with sums of its own).
     pub(crate) fn expert_options(
         &self,
-        t: u32,
+        (t, sequence_parallel): (u32, bool),
         gpus: u32,
         mixed: bool,
-    ) -> impl Iterator<Item = u32> + '_ {
+    ) -> impl Iterator<Item = (u32, Option<u32>)> + '_ {
         let replicas = gpus / t.max(1);
-        std::iter::once(1).chain(
-            self.shapes
-                .expert_degrees
-                .iter()
-                .copied()
-                .filter(move |&e| !mixed && replicas.is_multiple_of(e)),
-        )
+        let degrees = self
+            .shapes
+            .expert_degrees
+            .iter()
+            .copied()
+            .filter(move |_| !mixed);
+        let at_t = degrees
+            .clone()
+            .filter(move |&e| replicas.is_multiple_of(e))
+            .map(|e| (e, None));
+        let below_t = degrees.flat_map(move |e| {
+            (1..t)
+                .filter(move |&et| {
+                    sequence_parallel && t.is_multiple_of(et) && gpus.is_multiple_of(e * et)
+                })
+                .map(move |et| (e, Some(et)))
+        });
+        std::iter::once((1, None)).chain(at_t).chain(below_t)
     }
 
     /// Whether `shape` spreads the experts of a stage of layers `i..j`
@@ -595,13 +609,34 @@ impl Context<'_> {
         shape.expert_parallel > 1 && !self.layers.has_experts(i, j)
     }
 
-    /// The shapes a stage split `t` ways, with expert degree `e`, over
-    /// `gpus` GPUs may take, the plain one (at `t` and `e`) first: then
+    /// Whether `shape` splits the experts of a layer of `i..j` fewer ways
+    /// than the layer whose shards hold the same tokens (not split along
+    /// the sequence), which `plan::check` refuses for this stage and
+    /// every longer one.
+    pub(crate) fn splits_experts_of_a_whole_sequence(
+        &self,
+        shape: &StageShape,
+        (i, j): (usize, usize),
+    ) -> bool {
+        let t = shape.tensor_parallel;
+        shape.expert_tensor_degree() < t
+            && (i..j).any(|l| {
+                self.layers.experts(l).is_some()
+                    && self
+                        .layers
+                        .shard(l, t, true)
+                        .is_some_and(|s| s.input_factor >= 1.0)
+            })
+    }
+
+    /// The shapes a stage split `t` ways, with expert degree `e` (each
+    /// expert split `et` ways), over `gpus` GPUs may take, the plain one
+    /// (at `t`, `e` and `et`) first: then
     /// ZeRO-1 over more than one GPU and full re-computation, each where
     /// it applies. Stages on mixed GPUs stay plain (`plan::check`).
     pub(crate) fn shapes_at(
         &self,
-        (t, sequence_parallel, e): (u32, bool, u32),
+        (t, sequence_parallel, e, et): (u32, bool, u32, Option<u32>),
         gpus: u32,
         mixed: bool,
     ) -> ShapeList {
@@ -613,6 +648,7 @@ impl Context<'_> {
                     && shape.tensor_parallel == t
                     && shape.sequence_parallel == sequence_parallel
                     && shape.expert_parallel == e
+                    && shape.expert_tensor_parallel == et
                 {
                     list.push_unique(shape);
                 }
@@ -623,6 +659,7 @@ impl Context<'_> {
             tensor_parallel: t,
             sequence_parallel,
             expert_parallel: e,
+            expert_tensor_parallel: et,
             ..StageShape::PLAIN
         };
         if mixed {
