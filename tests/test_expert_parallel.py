@@ -303,3 +303,34 @@ def test_torchtitan_refuses_expert_groups_that_split_replicas(dense_first_moe, t
     r = dapple("export", "--plan", path, "--profile", profile, "--to", "torchtitan", "--out", tmp_path / "job.toml")
     assert_one_line_error(r, 4, "torchtitan cannot express expert groups of 2 GPUs, which split replicas of 4")
     assert not (tmp_path / "job.toml").exists()
+
+
+def test_an_imbalanced_router_slows_spread_experts_alone(tmp_path, dapple):
+    # The busiest GPU takes 1.5 times the mean's tokens: a stage that
+    # spreads the experts waits for it; one that holds every expert does not.
+    config = _moe_config(tmp_path / "moe.json")
+    profiles = {}
+    for imbalance in (1.0, 1.5):
+        out = tmp_path / f"moe-{imbalance}.json"
+        r = dapple("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 128,
+                   "--expert-imbalance", imbalance, "--out", out)
+        assert r.returncode == 0, r.stderr
+        profiles[imbalance] = out
+    blocks = [layer["experts"] for layer in json.loads(profiles[1.5].read_text())["layers"] if layer.get("experts")]
+    assert {e["imbalance"] for e in blocks} == {1.5} and all(0 < e["compute_fraction"] < 1 for e in blocks)
+
+    def stage(profile, **shape):
+        plan = planner.evaluate(_one_stage_plan(profile, tmp_path, **shape), profile)
+        return plan.estimate["stages"][0]
+
+    for shape, slower in (({}, False), ({"expert_parallel": 4}, True)):
+        balanced, skewed = stage(profiles[1.0], **shape), stage(profiles[1.5], **shape)
+        assert (skewed["fwd_ms"] > balanced["fwd_ms"]) == slower, shape
+        assert (skewed["bwd_ms"] > balanced["bwd_ms"]) == slower, shape
+
+
+def test_a_router_more_balanced_than_balanced_is_one_line(tmp_path, dapple):
+    r = dapple("profile", "transformer", "--config", _moe_config(tmp_path / "moe.json"), "--gpu", "a100",
+               "--seq-len", 128, "--expert-imbalance", 0.5, "--out", tmp_path / "p.json")
+    assert_one_line_error(r, 3, "expert_imbalance: value 0.5 must be a finite number >= 1")
+    assert not (tmp_path / "p.json").exists()

@@ -24,10 +24,14 @@ from .options import FILE_PATH, PositiveIntList, count_option_type, reports_erro
               help="How the attention core runs: FlashAttention (causal), or separate kernels with the s x s "
                    "probabilities in memory (Megatron-LM before FlashAttention). Default: flash where the GPU type "
                    "has it measured (A100 and later), else unfused.")
+@click.option("--expert-imbalance", type=float, default=1.0, show_default=True,
+              help="Mixtures of experts: the busiest GPU's routed tokens over the mean where a plan spreads the "
+                   "experts, >= 1 (1: balanced, as force-balanced benchmarks run; a capacity factor C bounds it at C).")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the config's name.")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
-def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, model_name, out_path):
+def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, expert_imbalance,
+                                model_name, out_path):
     """Write the analytic profile of a decoder-only transformer (Llama, GPT).
 
     Each layer's FLOPs, parameters and stored activations follow from the
@@ -43,7 +47,7 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     check_writable(out_path)
     profile = planner.transformer_profile(
         config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency,
-        attention=attention, model=model_name,
+        attention=attention, expert_imbalance=expert_imbalance, model=model_name,
     )
     profile.save(out_path)
     params = sum(layer["param_bytes"] for layer in profile.layers) / profile.data["parameter_state"]["weight_bytes"]

@@ -271,6 +271,7 @@ def transformer_profile(
     micro_batch_sizes: list[int],
     efficiency: float | None = None,
     attention: str | None = None,
+    expert_imbalance: float = 1.0,
     name: str | None = None,
     text: str | None = None,
     source: str | None = None,

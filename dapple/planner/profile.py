@@ -104,6 +104,7 @@ def transformer_profile(
     micro_batch_sizes: list[int] | tuple[int, ...] = (1, 2, 4, 8),
     efficiency: float | None = None,
     attention: str | None = None,
+    expert_imbalance: float = 1.0,
     model: str | None = None,
 ) -> Profile:
     """A profile of a decoder-only transformer without a GPU: ``config`` is a
@@ -113,10 +114,12 @@ def transformer_profile(
     ``attention`` runs it: ``"flash"`` or ``"unfused"``, by default flash
     where the GPU type has FlashAttention measured), or, where
     ``efficiency`` is given, as its FLOPs over the bf16 peak times it
-    (docs/cost-model.md, "Transformer profiles")."""
+    (docs/cost-model.md, "Transformer profiles"). ``expert_imbalance`` is
+    the router's imbalance its blocks with experts record (>= 1; 1:
+    balanced)."""
     sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
     common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency,
-                  attention=attention)
+                  attention=attention, expert_imbalance=float(expert_imbalance))
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:

@@ -662,6 +662,7 @@ mod tests {
             micro_batch_sizes: vec![1, 2],
             efficiency: Some(0.5),
             attention: None,
+            expert_imbalance: 1.0,
         };
         let p = crate::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();

@@ -53,10 +53,29 @@ pub struct ExpertPattern {
     /// experts need the gather anyway (or a profile does not say).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub split_gather_bytes_per_sample: f64,
+    /// Share of the layer's compute in its routed experts (of its FLOPs,
+    /// as `dapple profile transformer` counts them): what the router's
+    /// imbalance lengthens. 0 where a profile does not say.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compute_fraction: f64,
+    /// The busiest GPU's routed tokens over the mean where the experts are
+    /// spread (>= 1; 1: routing balanced, as force-balanced benchmarks
+    /// run it; a capacity factor C bounds it at C): its experts' compute
+    /// and the copies it receives, which every GPU of the layer waits for.
+    #[serde(default = "balanced", skip_serializing_if = "is_balanced")]
+    pub imbalance: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn balanced() -> f64 {
+    1.0
+}
+
+fn is_balanced(x: &f64) -> bool {
+    *x == 1.0
 }
 
 /// All-to-alls of a mixture-of-experts layer in each pass: the dispatch
@@ -97,14 +116,25 @@ impl ExpertPattern {
                 ),
             ));
         }
-        if !(0.0..=1.0).contains(&self.param_fraction) {
+        if !(self.imbalance.is_finite() && self.imbalance >= 1.0) {
             return Err(Error::field(
-                "param_fraction",
+                "imbalance",
                 format!(
-                    "value {} must be a share of the layer's parameters, in [0, 1]",
-                    self.param_fraction
+                    "value {} must be a finite number >= 1: the busiest GPU's routed tokens over the mean",
+                    self.imbalance
                 ),
             ));
+        }
+        for (field, share, of) in [
+            ("param_fraction", self.param_fraction, "parameters"),
+            ("compute_fraction", self.compute_fraction, "compute"),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                return Err(Error::field(
+                    field,
+                    format!("value {share} must be a share of the layer's {of}, in [0, 1]"),
+                ));
+            }
         }
         for (field, bytes) in [
             (
@@ -138,6 +168,8 @@ mod tests {
             param_fraction: 0.75,
             all_to_all_bytes_per_sample: 1000.0,
             split_gather_bytes_per_sample: 0.0,
+            compute_fraction: 0.9,
+            imbalance: 1.0,
         }
     }
 
@@ -180,6 +212,20 @@ mod tests {
                     ..mixtral_like()
                 },
                 "count: value 0",
+            ),
+            (
+                ExpertPattern {
+                    imbalance: 0.5,
+                    ..mixtral_like()
+                },
+                "imbalance: value 0.5 must be a finite number >= 1",
+            ),
+            (
+                ExpertPattern {
+                    compute_fraction: 2.0,
+                    ..mixtral_like()
+                },
+                "compute_fraction: value 2",
             ),
             (
                 ExpertPattern {

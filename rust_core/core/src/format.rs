@@ -34,7 +34,8 @@ impl FileFormat {
 /// such a file by naming the field, and reads every other profile; so did
 /// the measurements' optional `selective_stored_bytes` and
 /// `selective_recompute_ms` (issue 45), and a layer's `experts` (issue 46)
-/// with their `split_gather_bytes_per_sample`.
+/// with their `split_gather_bytes_per_sample`, `compute_fraction` and
+/// `imbalance`.
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage

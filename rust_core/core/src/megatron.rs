@@ -273,17 +273,17 @@ pub fn megatron_plan(
     })?;
     let inputs = PlanInputs::new(profile, topology, global_batch_size, 1, MEGATRON, None);
     let mut plan = uniform_plan(&inputs, &ranges, (t, d), b, shape);
-    // Megatron-LM's expert degree is the run's; a stage of dense layers
+    // Megatron-LM's expert degrees are the run's; a stage of dense layers
     // alone has no experts to spread.
-    for stage in &mut plan.stages {
-        if !profile.layers[stage.layer_start..stage.layer_end]
-            .iter()
-            .any(|l| l.experts.is_some())
-        {
-            stage.expert_parallel = 1;
-            stage.expert_tensor_parallel = None;
-        }
-    }
+    let layers = LayerCosts::new(profile);
+    plan.stages = plan
+        .stages
+        .into_iter()
+        .map(|s| {
+            let range = (s.layer_start, s.layer_end);
+            s.over_layers(range, &layers)
+        })
+        .collect();
     Ok(plan)
 }
 
@@ -334,6 +334,7 @@ mod tests {
             micro_batch_sizes: vec![1, 2],
             efficiency: Some(0.5),
             attention: None,
+            expert_imbalance: 1.0,
         };
         transformer_profile("llama-2-7b", &config, &options).unwrap()
     }

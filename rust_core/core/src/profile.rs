@@ -1453,12 +1453,7 @@ impl LayerCosts {
     /// [`LayerCosts::model_state_bytes`] with the master weights and
     /// optimizer state divided among `sharers` replicas (ZeRO-1; 1: none).
     pub fn model_state_bytes_sharded(&self, start: usize, end: usize, sharers: u32) -> f64 {
-        if sharers <= 1 {
-            return self.model_state_bytes(start, end);
-        }
-        let params = self.param_bytes(start, end);
-        let optimizer = params * self.optimizer_per_param_byte;
-        params * self.state_per_param_byte - optimizer + optimizer / f64::from(sharers)
+        self.held_model_state_bytes(start, end, sharers, 1.0)
     }
 
     /// [`LayerCosts::model_state_bytes_sharded`] of a GPU that holds
@@ -1514,6 +1509,8 @@ impl LayerCosts {
             a
         };
         let common = self.experts.iter().flatten().map(|p| p.count).fold(0, gcd);
+        // Counted to the common count (hundreds at most), not with
+        // `cost::divisors`: `cost` reads this module.
         (2..=common).filter(|e| common.is_multiple_of(*e)).collect()
     }
 

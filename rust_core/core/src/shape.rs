@@ -315,16 +315,9 @@ impl MemorySums {
         };
         let (l, next) = (layer, layer + 1);
         let param_factor = split_param_factor * held;
-        if held == 1.0 {
-            self.state_bytes += param_factor * layers.model_state_bytes_sharded(l, next, 1);
-            self.sharded_state_bytes +=
-                param_factor * layers.model_state_bytes_sharded(l, next, sharers);
-        } else {
-            self.state_bytes +=
-                split_param_factor * layers.held_model_state_bytes(l, next, 1, held);
-            self.sharded_state_bytes +=
-                split_param_factor * layers.held_model_state_bytes(l, next, sharers, held);
-        }
+        self.state_bytes += split_param_factor * layers.held_model_state_bytes(l, next, 1, held);
+        self.sharded_state_bytes +=
+            split_param_factor * layers.held_model_state_bytes(l, next, sharers, held);
         // The weights a GPU steps under ZeRO-1: 1/sharers of the whole
         // layer's, whichever experts it holds.
         self.sharded_weight_bytes +=

@@ -171,6 +171,9 @@ pub struct TransformerOptions {
     /// probabilities are kept); None: FlashAttention where the GPU type
     /// has it measured, else unfused.
     pub attention: Option<AttentionKernel>,
+    /// The router's imbalance a block with experts records
+    /// (`ExpertPattern::imbalance`): 1 balanced.
+    pub expert_imbalance: f64,
 }
 
 impl TransformerConfig {
@@ -880,6 +883,7 @@ pub fn transformer_profile(
         timing,
         attention,
         micro_batch_sizes: &options.micro_batch_sizes,
+        expert_imbalance: options.expert_imbalance,
     };
     // The blocks of a kind are alike: one is timed, the others are its
     // copies (a mixture-of-experts model's dense first blocks are the other kind).
@@ -943,6 +947,13 @@ fn check_options(options: &TransformerOptions) -> Result<()> {
                 ),
             ));
         }
+    }
+    let imbalance = options.expert_imbalance;
+    if !(imbalance.is_finite() && imbalance >= 1.0) {
+        return Err(Error::field(
+            "expert_imbalance",
+            format!("value {imbalance} must be a finite number >= 1: the busiest GPU's routed tokens over the mean"),
+        ));
     }
     let sizes = &options.micro_batch_sizes;
     if sizes.is_empty() || sizes.contains(&0) || sizes.windows(2).any(|w| w[0] >= w[1]) {
@@ -1100,6 +1111,7 @@ struct LayerMaker<'a> {
     timing: Timing,
     attention: AttentionKernel,
     micro_batch_sizes: &'a [u32],
+    expert_imbalance: f64,
 }
 
 impl LayerMaker<'_> {
@@ -1283,6 +1295,12 @@ impl LayerMaker<'_> {
             } else {
                 0.0
             },
+            // The routed experts' FLOPs over the block's, forward.
+            compute_fraction: 2.0
+                * s
+                * (moe.experts_per_token as f64 * config.mlp_matrix_params(moe.expert_ffn))
+                / config.block_fwd_flops(s, experts),
+            imbalance: self.expert_imbalance,
         });
         Ok(layer)
     }
@@ -1460,6 +1478,7 @@ mod tests {
             micro_batch_sizes: vec![1, 2],
             efficiency: Some(0.5),
             attention: None,
+            expert_imbalance: 1.0,
         }
     }
 
@@ -1622,6 +1641,30 @@ mod tests {
             split.fwd_allreduce_bytes_per_sample / 2.0
         );
         assert_eq!(experts.split_gather_bytes_per_sample, 4096.0 * 4096.0 * 2.0);
+        // The routed experts' share of the block's forward FLOPs: two
+        // experts of three 4096 x 14336 products a token.
+        let routed = 2.0 * 4096.0 * (2.0 * 3.0 * 4096.0 * 14336.0);
+        assert_eq!(
+            experts.compute_fraction,
+            routed / c.block_fwd_flops(4096.0, true)
+        );
+        assert!((0.75..0.9).contains(&experts.compute_fraction));
+        // Balanced unless the options say otherwise.
+        assert_eq!(experts.imbalance, 1.0);
+        let skewed = TransformerOptions {
+            expert_imbalance: 1.3,
+            ..options("h100")
+        };
+        let skewed = transformer_profile("mixtral-8x7b", &c, &skewed).unwrap();
+        assert_eq!(skewed.layers[1].experts.as_ref().unwrap().imbalance, 1.3);
+        let bad = TransformerOptions {
+            expert_imbalance: 0.9,
+            ..options("h100")
+        };
+        let error = transformer_profile("mixtral-8x7b", &c, &bad).unwrap_err();
+        assert!(error
+            .to_string()
+            .contains("expert_imbalance: value 0.9 must be a finite number >= 1"));
         let deepseek = TransformerConfig::named("deepseek-v3").unwrap();
         let deepseek = transformer_profile("deepseek-v3", &deepseek, &options("h100")).unwrap();
         let shared = deepseek
@@ -1720,6 +1763,7 @@ mod tests {
             micro_batch_sizes: vec![1, 4],
             efficiency: None,
             attention,
+            expert_imbalance: 1.0,
         }
     }
 

@@ -19,6 +19,7 @@ fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
         micro_batch_sizes: sizes,
         efficiency: Some(0.5),
         attention: None,
+        expert_imbalance: 1.0,
     };
     transformer_profile(name, &config, &options).unwrap()
 }
@@ -307,6 +308,7 @@ fn tiny_llama() -> Profile {
         micro_batch_sizes: vec![1, 2],
         efficiency: Some(0.5),
         attention: None,
+        expert_imbalance: 1.0,
     };
     transformer_profile("tiny", &config, &options).unwrap()
 }

@@ -14,7 +14,7 @@ use crate::{to_py_err, with_source};
 /// or from a Hugging Face `config.json`'s `text` (`source` names its file
 /// in errors); `model` is the name it records.
 #[pyfunction]
-#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, name=None, text=None, source=None))]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, name=None, text=None, source=None))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_profile(
     model: &str,
@@ -23,6 +23,7 @@ fn transformer_profile(
     micro_batch_sizes: Vec<u32>,
     efficiency: Option<f64>,
     attention: Option<&str>,
+    expert_imbalance: f64,
     name: Option<&str>,
     text: Option<&str>,
     source: Option<&str>,
@@ -44,6 +45,7 @@ fn transformer_profile(
             .map(AttentionKernel::parse)
             .transpose()
             .map_err(|e| to_py_err(e.under("attention")))?,
+        expert_imbalance,
     };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))

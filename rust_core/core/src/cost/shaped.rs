@@ -293,7 +293,8 @@ impl StageCoster<'_> {
         };
         // Expert parallelism: the layer's routed experts spread, their
         // share of its gradients reduced apart, its tokens exchanged.
-        let (held, gather_taken_bytes_per_sample) = self.prepend_experts(sums, l, shard.as_ref());
+        let (held, gather_taken_bytes_per_sample) =
+            self.prepend_experts(sums, l, shard.as_ref(), devices);
         // What the AllReduce of all the stage's replicas reduces of the layer.
         let spread = sums.experts.as_ref().and(self.layers.experts(l));
         let replicated_gradient_bytes =
@@ -352,7 +353,8 @@ impl StageCoster<'_> {
 
     /// The exchange of layer `l`'s tokens where the sums spread its
     /// experts (split as `shard` says), its experts' gradients and passes
-    /// added to `sums`. Returns what a GPU holds of the layer's parameters
+    /// added to `sums`, at the pace of the busiest GPU (the router's
+    /// `imbalance`). Returns what a GPU holds of the layer's parameters
     /// (`ExpertPattern::param_factor`; 1 where nothing is spread) and the
     /// bytes per sample of the split layer's collectives the exchange
     /// replaces.
@@ -361,6 +363,7 @@ impl StageCoster<'_> {
         sums: &mut ShapedSums,
         l: usize,
         shard: Option<&ShardCost>,
+        devices: &StageDevices,
     ) -> (f64, f64) {
         let Some((groups, pattern)) = sums.experts.as_ref().zip(self.layers.experts(l)) else {
             return (1.0, 0.0);
@@ -391,7 +394,9 @@ impl StageCoster<'_> {
                 )
             }
         };
-        let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(sent_bytes);
+        // The busiest GPU receives `imbalance` times the mean's copies.
+        let received_bytes = sent_bytes * pattern.imbalance;
+        let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(received_bytes);
         // Of a split layer's collectives, the gather into the mixture that
         // the exchange replaces where the shards hold different tokens
         // (under sequence parallelism); then each expert's et shards
@@ -404,10 +409,23 @@ impl StageCoster<'_> {
             pass_ms += groups
                 .expert_shards
                 .as_ref()
-                .map_or(0.0, |g| g.ms(f64::from(sums.et) * sent_bytes));
+                .map_or(0.0, |g| g.ms(f64::from(sums.et) * received_bytes));
         }
         sums.settled_fwd_ms += pass_ms;
         sums.settled_bwd_ms += pass_ms;
+        if pattern.imbalance > 1.0 {
+            // And runs its experts over them: the layer's expert share of
+            // its passes, `imbalance` times over.
+            let (timing, speed) = devices.paces[0];
+            let (slice, factor) = match shard {
+                Some(s) => (sums.split_slice, s.compute_factor),
+                None => (sums.whole_slice, 1.0),
+            };
+            let times = self.times(timing, slice);
+            let longer = (pattern.imbalance - 1.0) * pattern.compute_fraction * factor / speed;
+            sums.settled_fwd_ms += longer * times.fwd(l, l + 1);
+            sums.settled_bwd_ms += longer * times.bwd(l, l + 1);
+        }
         (held, gather_taken_bytes_per_sample)
     }
 
@@ -595,6 +613,8 @@ mod tests {
             param_fraction: 0.5,
             all_to_all_bytes_per_sample: 1e6,
             split_gather_bytes_per_sample: 0.0,
+            compute_fraction: 0.0,
+            imbalance: 1.0,
         });
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
@@ -673,6 +693,8 @@ mod tests {
             param_fraction: 0.75,
             all_to_all_bytes_per_sample: 1e6,
             split_gather_bytes_per_sample: 0.25e6,
+            compute_fraction: 0.6,
+            imbalance: 1.0,
         });
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
@@ -709,5 +731,25 @@ mod tests {
         let layer = layers.model_state_bytes(0, 1);
         let apart = state(&shape(4, Some(1))) - state(&shape(4, None));
         assert!((apart - 0.75 / 8.0 * layer).abs() < 1e-6 * layer, "{apart}");
+        // A router that sends the busiest GPU 1.5 times the mean's tokens:
+        // it receives half as many copies again, and runs its experts (0.6
+        // of the layer's compute) half as long again.
+        let mut skewed = profile.clone();
+        skewed.layers[0].experts.as_mut().unwrap().imbalance = 1.5;
+        let layers = LayerCosts::new(&skewed);
+        let coster = StageCoster::new(&layers, &cluster, 4, 1);
+        let cost = coster.stage_shaped(0, 1, &devices, &shape(4, Some(1)), 1, false);
+        let shard = layers.shard(0, 2, true).unwrap();
+        let compute = |pass: f64| 0.5 * 0.6 * shard.compute_factor * pass;
+        let times = coster.times(0, 1);
+        let expected = dense - collectives
+            + 2.0 * whole.ms(1.5 * 0.5e6)
+            + shards.ms(0.75e6)
+            + compute(times.fwd(0, 1));
+        assert!(
+            (cost.fwd_ms - expected).abs() < 1e-9,
+            "{} {expected}",
+            cost.fwd_ms
+        );
     }
 }

@@ -1553,6 +1553,8 @@ mod tests {
                         param_fraction: rng.gen_range(0.5..0.95),
                         all_to_all_bytes_per_sample: rng.gen_range(0.0..8e6),
                         split_gather_bytes_per_sample: rng.gen_range(0.0..1e6),
+                        compute_fraction: rng.gen_range(0.3..0.9),
+                        imbalance: [1.0, 1.4][case % 2],
                     });
                 }
             }
