@@ -9,15 +9,17 @@
 //! replicas (of t shards each) forms r / e expert groups of e consecutive
 //! replicas, and each expert's columns stay split t ways (Megatron's
 //! expert tensor parallelism at t); or, at an expert tensor degree et
-//! below t (Megatron-LM's `--expert-tensor-parallel-size`), over groups of
-//! e GPUs every et-th of e et consecutive ones, each expert's columns split
-//! et ways. What every shard keeps whole (the
-//! attention, the router, the shared experts) stays replicated r ways; the
-//! routed experts' weights, gradients and optimizer state are divided by
-//! e, and their gradients are reduced over the r / e replicas that hold
-//! the same experts. Routing is taken as balanced, as the profile's own
-//! times take it (docs/cost-model.md, "Expert parallelism"), so each GPU
-//! computes as many tokens' experts as without expert parallelism.
+//! below t (Megatron-LM's `--expert-tensor-parallel-size`), groups of e
+//! GPUs every et-th of e et consecutive ones, each expert's columns split
+//! et ways. What every shard keeps whole (the attention, the router, the
+//! shared experts) stays replicated r ways; the routed experts' weights,
+//! gradients and optimizer state are divided by e (by e et / t against a
+//! shard's), and their gradients are reduced over the GPUs that hold the
+//! same experts. Routing is balanced unless the profile states the
+//! router's imbalance (docs/cost-model.md, "Expert parallelism"):
+//! balanced, each GPU computes as many tokens' experts as without expert
+//! parallelism; imbalanced, the busiest GPU computes and receives that
+//! many times the mean's, and the layer waits for it.
 //!
 //! This module holds the profile's description of a layer's experts and
 //! what one GPU holds of them; `cost/all_to_all.rs` prices the exchange
