@@ -59,6 +59,15 @@ def small_profile(tmp_path):
     return write
 
 
+def write_hand_plan(data: dict, path: Path) -> Path:
+    """Write plan ``data`` as a user's hand-written plan: without the
+    estimate and selection the planner would have written."""
+    data.pop("estimate", None)
+    data.pop("selection", None)
+    path.write_text(json.dumps(data))
+    return path
+
+
 def assert_one_line_error(result, exit_code, *needles):
     """The CLI failed with `exit_code` and one stderr line holding every needle."""
     assert result.returncode == exit_code, (result.returncode, result.stderr)

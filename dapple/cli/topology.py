@@ -43,7 +43,8 @@ def gpus(as_json):
         click.echo(
             f"{name:10} {g['memory_bytes'] / 2**30:5.0f} GiB  bf16 {g['bf16_tflops']:7.1f} TFLOP/s  "
             f"fp32 {g['fp32_tflops']:5.1f}  NVLink {g['nvlink_gbps']:6.0f} Gbps  "
-            f"network {g['network_gbps_per_gpu']:4.0f} Gbps/GPU ({g['server']}); spec names: {', '.join(g['aliases'])}"
+            f"network {g['network_gbps_per_gpu']:4.0f} Gbps/GPU  host {g['host']['copy_gb_per_s']:5.1f} GB/s "
+            f"{g['host']['memory_gib_per_gpu']:4.0f} GiB/GPU ({g['server']}); spec names: {', '.join(g['aliases'])}"
         )
     click.echo("Sources: dapple topology gpus --json", err=True)
 

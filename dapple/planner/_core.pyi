@@ -102,7 +102,8 @@ class StageShape:
     t), ZeRO-1, re-computation ("none", "full", "per-layer" or
     "selective"), expert degree (the routed experts over groups of that
     many consecutive replicas; 1: none), expert tensor degree (the GPUs
-    each routed expert's columns are split over), split groups (each
+    each routed expert's columns are split over), where the optimizer
+    lives ("none": the GPUs; "optimizer": host memory), split groups (each
     replica's t consecutive devices) and expert groups (shard k of e
     consecutive expert replicas), from ``Plan.stage_shapes``."""
 
@@ -113,6 +114,7 @@ class StageShape:
     recompute: str
     expert_parallel: int
     expert_tensor_parallel: int
+    offload: str
     is_plain: bool
     split_groups: list[list[int]]
     expert_groups: list[list[int]]
@@ -293,6 +295,7 @@ def megatron_plan(
     overlap_param_gather: bool = False,
     expert_parallel: int = 1,
     expert_tensor_parallel: int | None = None,
+    offload: str = "none",
 ) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float

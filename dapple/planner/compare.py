@@ -71,6 +71,7 @@ def megatron_plan(
     overlap_param_gather: bool = False,
     expert_parallel: int = 1,
     expert_tensor_parallel: int | None = None,
+    offload: str = "none",
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
@@ -80,7 +81,9 @@ def megatron_plan(
     stage, the routed experts of the stages that have some spread over
     ``expert_parallel`` replicas (``--expert-model-parallel-size``), each
     expert's columns split ``expert_tensor_parallel`` ways (None: t;
-    ``--expert-tensor-parallel-size``), 1F1B,
+    ``--expert-tensor-parallel-size``), the optimizer on the GPUs or
+    offloaded to host memory (``offload``: "none" or "optimizer";
+    ``--optimizer-cpu-offload``), 1F1B,
     on a runtime that hides what the overlap arguments say
     (as :func:`dapple.planner.plan.plan` takes them; Megatron-LM's
     ``--overlap-grad-reduce`` is "every-stage"). Its estimate is given
@@ -94,6 +97,7 @@ def megatron_plan(
         overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
         expert_tensor_parallel=(None if expert_tensor_parallel is None
                                 else check_count("expert_tensor_parallel", expert_tensor_parallel)),
+        offload=offload,
     )
     return evaluate(Plan(core), prof)
 

@@ -118,7 +118,8 @@ class Plan(FileObject):
 
 #: What the words of ``shape_label`` mean, for a line under a table.
 SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; eE: the routed "
-             "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas; rc: full re-computation (rc "
+             "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas; "
+             "off: the optimizer offloaded to host memory; rc: full re-computation (rc "
              "per-layer: a layer at a time; rc selective: the attention core alone)")
 
 
@@ -136,6 +137,8 @@ def shape_label(shape: _core.StageShape) -> str:
                      if shape.expert_tensor_parallel != shape.tensor_parallel else ""))
     if shape.shard_optimizer:
         parts.append("zero")
+    if shape.offload != "none":
+        parts.append("off")
     if shape.recompute != "none":
         parts.append("rc" if shape.recompute == "full" else f"rc {shape.recompute}")
     return " ".join(parts)

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from ..plan import Plan
-from .shape import Rounding, RunShape, one_f_one_b, run_shape
+from .shape import Rounding, RunShape, one_f_one_b, refuse_offload_without_zero, run_shape
 
 TARGET = "DeepSpeed"
 
@@ -56,6 +56,7 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
         rounding.refuse("gradient reduction behind the backward of a pipeline's stages", "its pipeline engine "
                         "reduces gradients after the last micro-batch's backward",
                         "the reduction after the backward (slower than planned)")
+    refuse_offload_without_zero(shape, rounding)
     if shape.hides_param_gather:
         rounding.refuse("ZeRO-1's weight gather behind the next forward", "its ZeRO stage 1 gathers the weights "
                         "right after the optimizer's step", "the gather after the step (slower than planned)")
@@ -67,8 +68,12 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
         "train_micro_batch_size_per_gpu": shape.micro_batch_per_replica,
         "gradient_accumulation_steps": shape.micro_batches,
     }
-    if shape.shard_optimizer:
+    if shape.shard_optimizer or shape.offload_optimizer:
         config["zero_optimization"] = {"stage": 1}
+    if shape.offload_optimizer:
+        # ZeRO-Offload: the optimizer's partitions in pinned host memory,
+        # stepped by DeepSpeedCPUAdam.
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     data = {
         "about": f"DeepSpeed pipeline partition from dapple plan {plan.path or ''!r} (dapple export --to deepspeed): "
                  "build PipelineModule over one layer per profile layer, in order; docs/export.md",

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..megatron_layout import layer_tokens, plan_layout
 from ..plan import Plan
 from ..profile import Profile
-from .shape import Rounding, RunShape, one_f_one_b, refuse_experts_spread_on_some_stages, run_shape
+from .shape import (Rounding, RunShape, one_f_one_b, refuse_experts_spread_on_some_stages, refuse_offload_without_zero,
+                    run_shape)
 
 TARGET = "Megatron-LM"
 #: The bash array the file sets.
@@ -135,10 +136,19 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         ("--micro-batch-size", str(shape.micro_batch_per_replica)),
         ("--global-batch-size", str(shape.global_batch_size)),
     ]
-    if shape.shard_optimizer:
+    offload_rounding = Rounding(TARGET, approximate)
+    refuse_offload_without_zero(shape, offload_rounding)
+    changes += tuple(offload_rounding.changes)
+    if shape.shard_optimizer or shape.offload_optimizer:
         # Megatron's distributed optimizer shards the optimizer state (and
         # the fp32 master weights) over the data-parallel ranks: ZeRO-1.
         options.append(("--use-distributed-optimizer",))
+    if shape.offload_optimizer:
+        # All of it on the host, stepped by torch's fused CPU Adam (its
+        # HybridDeviceOptimizer), which validate_args allows only beside
+        # the precision-aware optimizer.
+        options += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", "1.0"),
+                    ("--use-precision-aware-optimizer",)]
     if shape.sequence_parallel:
         options.append(("--sequence-parallel",))
     expert_rounding = Rounding(TARGET, approximate)

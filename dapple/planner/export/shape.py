@@ -49,6 +49,9 @@ class RunShape:
     #: The GPUs each routed expert's columns are split over (Megatron-LM's
     #: expert tensor degree; the tensor degree where experts are not spread).
     expert_tensor_parallel: int = 1
+    #: The master weights and optimizer state in host memory, stepped by
+    #: its CPU (``stages[i].offload`` "optimizer").
+    offload_optimizer: bool = False
 
     @property
     def stages(self) -> int:
@@ -138,6 +141,8 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
                              "two kinds", "re-computation")
     sequence_parallel = rounding.one([s.sequence_parallel for s in shapes], "sequence parallelism on some "
                                      "stages only", "sequence parallelism")
+    offload = rounding.one([s.offload != "none" for s in shapes], "an optimizer offloaded on some stages only",
+                           "offloading")
     per_replica = _samples_per_replica(plan, replicas, rounding)
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
                     tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
@@ -145,7 +150,8 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
                     changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
                     hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
                     expert_tensor_parallel=expert_tensor[0] if expert_tensor else tensor_parallel,
-                    hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1)
+                    hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1,
+                    offload_optimizer=offload)
 
 
 def _samples_per_replica(plan: Plan, replicas: int, rounding: Rounding) -> int:
@@ -188,6 +194,17 @@ def one_f_one_b(plan: Plan, target: str, approximate: bool = False) -> tuple[str
         rounding.refuse(f"warm-up depths K_i {', '.join(map(str, ours))} by stage",
                         "its 1F1B runs K_i = min(S - i, M)", f"its 1F1B, K_i = {', '.join(map(str, theirs))}")
     return tuple(rounding.changes)
+
+
+def refuse_offload_without_zero(shape: RunShape, rounding: Rounding) -> None:
+    """Refuse an offloaded optimizer that is not sharded over the replicas:
+    DeepSpeed's ``offload_optimizer`` offloads ZeRO's partitions, and
+    Megatron-LM's ``--optimizer-cpu-offload`` needs its distributed
+    optimizer, so each replica's host would step a share, not all."""
+    if shape.offload_optimizer and shape.replicas > 1 and not shape.shard_optimizer:
+        rounding.refuse("an offloaded optimizer without ZeRO-1", f"its offloaded optimizer is sharded over the "
+                        f"{shape.replicas} replicas", "ZeRO-1 with it (less host memory and a shorter step than "
+                        "planned)")
 
 
 def refuse_experts_spread_on_some_stages(plan: Plan, profile, shape: RunShape, rounding: Rounding) -> None:

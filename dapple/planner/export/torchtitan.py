@@ -44,7 +44,7 @@ def schedule_csv(plan: Plan) -> str:
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
         for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute",
-                    "expert_parallel", "expert_tensor_parallel"):
+                    "expert_parallel", "expert_tensor_parallel", "offload"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)
@@ -99,6 +99,9 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
         rounding.refuse("re-computation of whole stages", "its full activation checkpointing checkpoints each "
                         "block, keeping every block's input (more memory than planned)",
                         "full activation checkpointing (each block)")
+    if shape.offload_optimizer:
+        rounding.refuse("an optimizer offloaded alone", "its CPU offload (training.enable_cpu_offload, FSDP's "
+                        "CPUOffload) moves weights and gradients to the host too, and steps there", None)
     if shape.recompute == "selective":
         rounding.refuse("selective re-computation of the attention core", "its selective activation checkpointing "
                         "picks operators by its own policy", "full activation checkpointing (each block)")

@@ -42,11 +42,13 @@ class Layout:
         when its stages cannot run, and IncompatibleInputsError where they
         need what this runtime does not run (sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
-        checkpoints whole layers or stages; expert parallelism)."""
+        checkpoints whole layers or stages; expert parallelism; an offloaded
+        optimizer)."""
         for i, shape in enumerate(plan.stage_shapes):
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
-                       ("expert_parallel", "expert parallelism") if shape.expert_parallel > 1 else None)
+                       ("expert_parallel", "expert parallelism") if shape.expert_parallel > 1 else
+                       ("offload", "an offloaded optimizer") if shape.offload != "none" else None)
             if refused:
                 raise IncompatibleInputsError(
                     f"field stages[{i}].{refused[0]}: dapple's runtime does not run {refused[1]}; export the plan "

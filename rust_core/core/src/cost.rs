@@ -18,6 +18,7 @@ use crate::shape::StageShape;
 use crate::topology::Topology;
 
 pub mod all_to_all;
+pub mod offload;
 mod shaped;
 pub use shaped::ShapedSums;
 
@@ -28,6 +29,10 @@ fn timed_names(devices: &[Option<&str>]) -> String {
         .map(|d| format!("{:?}", d.unwrap_or("unnamed")))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// Bytes per millisecond of one Gbit/s.
@@ -60,6 +65,8 @@ pub struct MachineCost {
     pub intra_latency_ms: f64,
     /// What of the intra-machine link NCCL's AllReduce reaches.
     pub intra_share: LinkShare,
+    /// Its GPUs' host, for offloading (None: a GPU type not in the catalog).
+    pub host: Option<offload::HostCost>,
 }
 
 /// The share of a link's line rate a collective reaches, as the cost model
@@ -240,6 +247,7 @@ impl Cluster {
                     intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
                     intra_latency_ms: g.intra_machine.latency_us / 1e3,
                     intra_share: LinkShare::intra_of(collectives[m.group].as_ref()),
+                    host: offload::HostCost::of_gpu(&g.gpu.gpu_type),
                 }
             })
             .collect();
@@ -472,6 +480,8 @@ pub struct StageDevices {
     /// Whether its GPUs differ in times, speed or memory: the search gives
     /// such a stage Whale's balanced slices (`StageCoster::searched_slices`).
     pub mixed: bool,
+    /// Its GPUs' host, where an offloaded optimizer steps (`offload.rs`).
+    pub host: Option<offload::HostCost>,
 }
 
 impl StageDevices {
@@ -486,6 +496,7 @@ impl StageDevices {
             mixed: alloc
                 .iter()
                 .any(|&(m, _)| first.is_some_and(|f| !f.same_gpus(&cluster.machines[m]))),
+            host: offload::HostCost::of_stage(cluster, &alloc),
             alloc,
         }
     }
@@ -997,6 +1008,11 @@ pub struct StageCost {
     /// Part of it that is not hidden behind backward computation (equals
     /// allreduce_ms except for data parallelism, which overlaps it).
     pub exposed_allreduce_ms: f64,
+    /// An optimizer step offloaded to the host (`offload.rs`): gradients
+    /// out, the CPU's Adam, weights back; 0 for a step on the GPU (which
+    /// the simulator times from the profile's `optimizer_step_ms`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub offloaded_step_ms: f64,
     /// Per GPU: weights, gradients, optimizer state and the stored
     /// activations of K_i slices.
     pub memory_bytes: f64,
@@ -1017,8 +1033,14 @@ impl StageCost {
         self.memory_bytes <= self.memory_limit_bytes
     }
 
+    /// What the stage does after its last backward: the exposed gradient
+    /// reduction, then an offloaded step.
+    pub fn tail_ms(&self) -> f64 {
+        self.exposed_allreduce_ms + self.offloaded_step_ms
+    }
+
     pub fn as_pipe_stage(&self) -> PipeStage {
-        PipeStage::compute(self.fwd_ms, self.bwd_ms, self.exposed_allreduce_ms)
+        PipeStage::compute(self.fwd_ms, self.bwd_ms, self.tail_ms())
     }
 }
 
@@ -1386,6 +1408,7 @@ impl<'a> StageCoster<'a> {
             bwd_ms: slowest(&|p| p.bwd(start, end)),
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
+            offloaded_step_ms: 0.0,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
             memory_limit_bytes: limit,
             slice_size: slice,

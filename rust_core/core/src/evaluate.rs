@@ -178,7 +178,7 @@ fn asynchronous_estimate(
             0.0
         };
         let compute = m * (run.fwd_ms + run.bwd_ms + rerun);
-        let work = compute + st.exposed_allreduce_ms;
+        let work = compute + st.tail_ms();
         st.memory_bytes = timeline.peak_memory_bytes;
         st.bubble_ms = Some((sim.iteration_ms - compute).max(0.0));
         if work > busiest.0 {
@@ -223,7 +223,7 @@ fn chunked_estimate(
     let mut work = vec![0.0f64; plan.ranks()];
     let mut held = vec![0.0f64; plan.ranks()];
     for (st, &r) in stages.iter().zip(&stage_ranks) {
-        work[r] += m * (st.fwd_ms + st.bwd_ms) + st.exposed_allreduce_ms;
+        work[r] += m * (st.fwd_ms + st.bwd_ms) + st.tail_ms();
         held[r] += st.memory_bytes;
     }
     let busiest = (0..work.len()).fold(0, |b, r| if work[r] > work[b] { r } else { b });

@@ -52,8 +52,9 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 8: `schedule.overlap` (what the runtime hides behind
 /// computation; absent: DAPPLE's overlap, as every older plan has it).
 /// Version 9: `stages[i].expert_parallel`; version 10
-/// `stages[i].expert_tensor_parallel`.
-pub const PLAN: FileFormat = FileFormat::new("dapple.plan", 10, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+/// `stages[i].expert_tensor_parallel`; version 11 `stages[i].offload`.
+pub const PLAN: FileFormat =
+    FileFormat::new("dapple.plan", 11, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

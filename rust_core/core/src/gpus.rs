@@ -39,7 +39,73 @@ pub struct GpuType {
     pub kernels: KernelFigures,
     /// What NCCL's collectives reach on the usual server, where measured.
     pub collectives: Option<CollectiveFigures>,
+    /// The usual server's host side, for offloading (`cost/offload.rs`).
+    pub host: HostFigures,
 }
+
+/// What one GPU has of its server's host: the copy rate of its host link,
+/// and its share of the server's CPU cores and memory (each figure naming
+/// its source in `sources`, as `KernelFigures`'). Offloaded optimizer
+/// state lives in this memory and is stepped on these cores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostFigures {
+    /// Copies between the GPU and pinned host memory, GB/s each way (the
+    /// slower of the two directions where both were measured).
+    pub copy_gb_per_s: f64,
+    /// The server's CPU cores over its GPUs.
+    pub cpu_cores_per_gpu: f64,
+    /// The server's memory over its GPUs, GiB.
+    pub memory_gib_per_gpu: f64,
+    /// The server's memory bandwidth over its GPUs, GB/s: the peak of its
+    /// sockets' memory channels (a CPU's Adam is bound by it).
+    pub memory_gb_per_s_per_gpu: f64,
+    pub sources: &'static [(&'static str, &'static str)],
+}
+
+/// DGX-1 (V100): PCIe 3.0 x16 per GPU, 2 x 20-core Xeon E5-2698 v4, 512 GB.
+const DGX1_HOST: HostFigures = HostFigures {
+    copy_gb_per_s: 16.0,
+    cpu_cores_per_gpu: 40.0 / 8.0,
+    memory_gib_per_gpu: 512.0 / 8.0,
+    memory_gb_per_s_per_gpu: 2.0 * 76.8 / 8.0,
+    sources: &[
+        ("copy_gb_per_s", "assumed: the PCIe 3.0 x16 line rate (16 GB/s); no record measures V100 copies"),
+        ("cpu_cores_per_gpu", "assumed: DGX-1 datasheet, 2 x Intel Xeon E5-2698 v4 (20 cores each) for 8 GPUs"),
+        ("memory_gib_per_gpu", "assumed: DGX-1 datasheet, 512 GB system memory for 8 GPUs"),
+        ("memory_gb_per_s_per_gpu", "assumed: Intel's E5-2698 v4 specification, 4 channels of DDR4-2400 (76.8 GB/s) a socket"),
+    ],
+};
+
+/// DGX A100: PCIe 4.0 x16 per GPU, 2 x 64-core EPYC 7742; 1 TB (320 GB
+/// model) or 2 TB (640 GB model).
+const fn dgx_a100_host(memory_tb: f64) -> HostFigures {
+    HostFigures {
+        copy_gb_per_s: 25.13,
+        cpu_cores_per_gpu: 128.0 / 8.0,
+        memory_gib_per_gpu: memory_tb * 1024.0 / 8.0,
+        memory_gb_per_s_per_gpu: 2.0 * 204.8 / 8.0,
+        sources: &[
+            ("copy_gb_per_s", "P2: NVIDIA/nvbandwidth issue #42, host_to_device_memcpy_sm on A100-SXM4-40GB (PCIe Gen4 x16), 512 MiB-1 GiB"),
+            ("cpu_cores_per_gpu", "assumed: DGX A100 datasheet, 2 x AMD EPYC 7742 (64 cores each) for 8 GPUs"),
+            ("memory_gib_per_gpu", "assumed: DGX A100 datasheet, 1 TB system memory with 8 A100-40GB, 2 TB with 8 A100-80GB"),
+            ("memory_gb_per_s_per_gpu", "assumed: AMD's EPYC 7742 specification, 8 channels of DDR4-3200 (204.8 GB/s) a socket"),
+        ],
+    }
+}
+
+/// DGX H100, H200 and B200: PCIe 5.0 x16 per GPU, 2 x 56-core Xeon, 2 TB.
+const HOPPER_HOST: HostFigures = HostFigures {
+    copy_gb_per_s: 55.06,
+    cpu_cores_per_gpu: 112.0 / 8.0,
+    memory_gib_per_gpu: 2048.0 / 8.0,
+    memory_gb_per_s_per_gpu: 2.0 * 307.2 / 8.0,
+    sources: &[
+        ("copy_gb_per_s", "P1: stas00/ml-engineering@744d01e network/README.md, nvbandwidth on 8 x H200 (PCIe Gen5 x16), device_to_host 55.06 GB/s (host_to_device 55.43); DGX H100 and B200 have the same link"),
+        ("cpu_cores_per_gpu", "assumed: DGX H100/H200 datasheets, 2 x Intel Xeon Platinum 8480C (56 cores each); DGX B200, 2 x Xeon Platinum 8570 (56 each); for 8 GPUs"),
+        ("memory_gib_per_gpu", "assumed: DGX H100/H200/B200 datasheets, 2 TB system memory for 8 GPUs"),
+        ("memory_gb_per_s_per_gpu", "assumed: Intel's Xeon Platinum 8480C specification, 8 channels of DDR5-4800 (307.2 GB/s) a socket"),
+    ],
+};
 
 /// What NCCL's AllReduce reaches on one GPU type's usual server, measured
 /// (each figure naming its record of public measurements in `sources`): the
@@ -161,7 +227,7 @@ const fn row(
     (nvlink_gbps, pcie_gbps, network_gbps_per_gpu): (f64, f64, f64),
     server: &'static str,
     source: &'static str,
-    (kernels, collectives): (KernelFigures, Option<CollectiveFigures>),
+    (kernels, collectives, host): (KernelFigures, Option<CollectiveFigures>, HostFigures),
 ) -> GpuType {
     GpuType {
         name,
@@ -176,6 +242,7 @@ const fn row(
         source,
         kernels,
         collectives,
+        host,
     }
 }
 
@@ -270,17 +337,17 @@ const fn kernels(
 /// network per GPU in Gbit/s), server, source, kernel figures.
 #[rustfmt::skip]
 pub const GPU_TYPES: [GpuType; 7] = [
-    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None)),
-    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None)),
+    row("V100-16GB", &["v100-16gb", "v100"], 16, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None, DGX1_HOST)),
+    row("V100-32GB", &["v100-32gb"], 32, (125.0, 15.7), (1040.0, 128.0, 50.0), "DGX-1", V100_SOURCE, (V100_KERNELS, None, DGX1_HOST)),
     row("A100-40GB", &["a100-40gb"], 40, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
-        (kernels(108, 1363.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES))),
+        (kernels(108, 1363.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES), dgx_a100_host(1.0))),
     row("A100-80GB", &["a100-80gb", "a100"], 80, (312.0, 19.5), (2400.0, 256.0, 200.0), "DGX A100", A100_SOURCE,
-        (kernels(108, 1759.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES))),
+        (kernels(108, 1759.0, 271.2, &A100_FLASH, &A100_KERNEL_SOURCES), Some(A100_COLLECTIVES), dgx_a100_host(2.0))),
     row("H100-80GB", &["h100-80gb", "h100"], 80, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H100", H100_SOURCE,
-        (kernels(132, 3000.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H100_COLLECTIVES))),
+        (kernels(132, 3000.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H100_COLLECTIVES), HOPPER_HOST)),
     row("H200", &["h200", "h200-141gb"], 141, (989.5, 67.0), (3600.0, 512.0, 400.0), "DGX H200", H200_SOURCE,
-        (kernels(132, 3534.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H200_COLLECTIVES))),
-    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE, (B200_KERNELS, None)),
+        (kernels(132, 3534.0, 794.5, &[(8192, 447.0)], &HOPPER_KERNEL_SOURCES), Some(H200_COLLECTIVES), HOPPER_HOST)),
+    row("B200", &["b200", "b200-180gb"], 180, (2250.0, 75.0), (7200.0, 512.0, 400.0), "DGX B200", B200_SOURCE, (B200_KERNELS, None, HOPPER_HOST)),
 ];
 
 /// The type of untyped specs and topologies: the paper's V100-16GB.
@@ -397,6 +464,22 @@ mod tests {
                 g.name
             );
             assert!(g.bf16_tflops > g.fp32_tflops);
+            let h = &g.host;
+            assert!(h.copy_gb_per_s > 0.0 && h.copy_gb_per_s <= g.pcie_gbps / 8.0);
+            assert!(h.cpu_cores_per_gpu > 0.0 && h.memory_gib_per_gpu > 0.0);
+            assert!(h.memory_gb_per_s_per_gpu > 0.0);
+            for field in [
+                "copy_gb_per_s",
+                "cpu_cores_per_gpu",
+                "memory_gib_per_gpu",
+                "memory_gb_per_s_per_gpu",
+            ] {
+                assert!(
+                    h.sources.iter().any(|(f, _)| *f == field),
+                    "{} {field}",
+                    g.name
+                );
+            }
         }
     }
 }

@@ -219,9 +219,9 @@ fn shaped_plans(
                             sequence_parallel,
                             shard_optimizer,
                             recompute,
-                            // Expert parallelism is not among the uniform shapes yet.
-                            expert_parallel: 1,
-                            expert_tensor_parallel: None,
+                            // Expert parallelism and offloading are not
+                            // among the uniform shapes yet.
+                            ..StageShape::PLAIN
                         };
                         plans.push(uniform_plan(&inputs, &ranges, (t, d), b, &shape));
                     }

@@ -968,6 +968,8 @@ pub struct LayerCosts {
     /// Of `state_per_param_byte`, the master weights and optimizer state:
     /// what ZeRO-1 shards over replicas.
     optimizer_per_param_byte: f64,
+    /// Bytes of one parameter in `param_bytes` (4 in fp32, 2 in bf16).
+    weight_bytes_per_param: f64,
     /// Each layer's sharding patterns (`split.rs`).
     split: Vec<Vec<SplitPattern>>,
     /// Each layer's routed experts (`experts.rs`).
@@ -1224,6 +1226,7 @@ impl LayerCosts {
                 Some(p) => (p.master_weight_bytes + p.optimizer_bytes) / p.weight_bytes,
                 None => f64::from(optimizer_state_slots(&profile.optimizer).unwrap_or(2)),
             },
+            weight_bytes_per_param: profile.parameter_state.map_or(4.0, |p| p.weight_bytes),
             split: per_layer(profile, |l| l.split.clone()),
             experts: per_layer(profile, |l| l.experts.clone()),
             expert_layer_prefix: std::iter::once(0)
@@ -1469,6 +1472,33 @@ impl LayerCosts {
         }
         let optimizer = params * self.optimizer_per_param_byte;
         held * (params * self.state_per_param_byte - optimizer) + optimizer / f64::from(sharers)
+    }
+
+    /// Of [`LayerCosts::held_model_state_bytes`], the master weights and
+    /// optimizer state alone: what an offloaded stage keeps in host memory.
+    pub fn held_optimizer_state_bytes(
+        &self,
+        start: usize,
+        end: usize,
+        sharers: u32,
+        held: f64,
+    ) -> f64 {
+        let optimizer = self.param_bytes(start, end) * self.optimizer_per_param_byte;
+        if sharers <= 1 {
+            held * optimizer
+        } else {
+            optimizer / f64::from(sharers)
+        }
+    }
+
+    /// Bytes of gradients per byte of weights.
+    pub fn gradient_per_weight_byte(&self) -> f64 {
+        self.gradient_per_param_byte
+    }
+
+    /// Bytes of one parameter as `param_bytes` counts them.
+    pub fn weight_bytes_per_param(&self) -> f64 {
+        self.weight_bytes_per_param
     }
 
     /// Gradient bytes per byte of weights: what ZeRO-1's all-gather of the

@@ -75,6 +75,32 @@ impl Default for Recompute {
     }
 }
 
+crate::named_enum! {
+    /// Where a stage keeps its master weights and optimizer state, and so
+    /// where it steps them (`cost/offload.rs`).
+    pub enum Offload("an offload target") {
+        /// On the GPUs, stepped there.
+        None = "none",
+        /// In host memory, stepped by the host's CPU (ZeRO-Offload,
+        /// DeepSpeed's `offload_optimizer`): gradients go to the host and
+        /// updated weights come back each iteration.
+        Optimizer = "optimizer",
+    }
+}
+
+impl Offload {
+    pub fn is_none(&self) -> bool {
+        *self == Offload::None
+    }
+}
+
+#[allow(clippy::derivable_impls)]
+impl Default for Offload {
+    fn default() -> Self {
+        Offload::None
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageShape {
@@ -98,6 +124,9 @@ pub struct StageShape {
     /// None: t. Read it through `expert_tensor_degree`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_tensor_parallel: Option<u32>,
+    /// Master weights and optimizer state in host memory (`cost/offload.rs`).
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
 }
 
 fn one() -> u32 {
@@ -117,6 +146,7 @@ impl StageShape {
         recompute: Recompute::None,
         expert_parallel: 1,
         expert_tensor_parallel: None,
+        offload: Offload::None,
     };
 
     pub fn is_plain(&self) -> bool {
@@ -223,8 +253,13 @@ pub struct StageMemory {
     /// backward, freed by its optimizer step.
     pub gradient_bytes: f64,
     /// What the optimizer's step allocates above the model state, on the
-    /// weights the GPU steps (a ZeRO-1 shard's).
+    /// weights the GPU steps (a ZeRO-1 shard's); 0 where it steps on the host.
     pub optimizer_step_bytes: f64,
+    /// The weights the GPU steps (all it holds, or its ZeRO-1 shard's).
+    pub stepped_weight_bytes: f64,
+    /// Offloaded: the master weights and optimizer state the GPU's host
+    /// keeps for it (not in `model_state_bytes`); else 0.
+    pub host_bytes: f64,
 }
 
 impl StageMemory {
@@ -273,6 +308,9 @@ pub struct MemoryTerms {
 pub struct MemorySums {
     state_bytes: f64,
     sharded_state_bytes: f64,
+    /// Of those, the master weights and optimizer state.
+    optimizer_state_bytes: f64,
+    sharded_optimizer_state_bytes: f64,
     weight_bytes: f64,
     /// The weights each GPU steps under ZeRO-1 (its shard of them).
     sharded_weight_bytes: f64,
@@ -318,6 +356,10 @@ impl MemorySums {
         self.state_bytes += split_param_factor * layers.held_model_state_bytes(l, next, 1, held);
         self.sharded_state_bytes +=
             split_param_factor * layers.held_model_state_bytes(l, next, sharers, held);
+        self.optimizer_state_bytes +=
+            split_param_factor * layers.held_optimizer_state_bytes(l, next, 1, held);
+        self.sharded_optimizer_state_bytes +=
+            split_param_factor * layers.held_optimizer_state_bytes(l, next, sharers, held);
         // The weights a GPU steps under ZeRO-1: 1/sharers of the whole
         // layer's, whichever experts it holds.
         self.sharded_weight_bytes +=
@@ -373,10 +415,23 @@ impl MemorySums {
     /// `input_bytes` per micro-batch in; `layers` prices the optimizer's step.
     pub fn memory(&self, layers: &LayerCosts, shape: &StageShape, input_bytes: f64) -> StageMemory {
         let input_bytes = input_bytes + self.loss_kept_bytes;
-        let (state, stepped) = if shape.shard_optimizer {
-            (self.sharded_state_bytes, self.sharded_weight_bytes)
+        let (state, stepped, optimizer_state) = if shape.shard_optimizer {
+            (
+                self.sharded_state_bytes,
+                self.sharded_weight_bytes,
+                self.sharded_optimizer_state_bytes,
+            )
         } else {
-            (self.state_bytes, self.weight_bytes)
+            (
+                self.state_bytes,
+                self.weight_bytes,
+                self.optimizer_state_bytes,
+            )
+        };
+        // Offloaded, the host keeps the optimizer's part and steps it.
+        let (state, host_bytes, step_bytes) = match shape.offload {
+            Offload::None => (state, 0.0, layers.optimizer_step_bytes(stepped)),
+            Offload::Optimizer => (state - optimizer_state, optimizer_state, 0.0),
         };
         let (stored, working) = (self.stored_bytes, self.working_bytes);
         let rerun = stored - self.loss_kept_bytes;
@@ -418,7 +473,9 @@ impl MemorySums {
             rerun_bytes: rerun,
             recompute_backward_bytes: recompute_backward,
             gradient_bytes: self.gradient_bytes,
-            optimizer_step_bytes: layers.optimizer_step_bytes(stepped),
+            optimizer_step_bytes: step_bytes,
+            stepped_weight_bytes: stepped,
+            host_bytes,
         }
     }
 }

@@ -1259,7 +1259,11 @@ pub(crate) fn sim_stages(
                 bwd_weight_ms: plain_bwd_ms
                     * layers.weight_gradient_ratio(&times, start, end, c.slice_size),
                 allreduce_ms: c.exposed_allreduce_ms,
-                optimizer_ms: optimizer_ms(coster, s, alloc, memory.as_ref()),
+                optimizer_ms: if shape.offload.is_none() {
+                    optimizer_ms(coster, s, alloc, memory.as_ref())
+                } else {
+                    c.offloaded_step_ms
+                },
                 model_state_bytes: memory.map_or_else(
                     || layers.model_state_bytes(start, end),
                     |m| m.model_state_bytes,

@@ -1884,10 +1884,8 @@ mod tests {
         let shape = StageShape {
             tensor_parallel: 8,
             sequence_parallel: true,
-            shard_optimizer: false,
             recompute: Recompute::Selective,
-            expert_parallel: 1,
-            expert_tensor_parallel: None,
+            ..StageShape::PLAIN
         };
         let memory = sums.memory(&layers, &shape, 0.0);
         assert!(

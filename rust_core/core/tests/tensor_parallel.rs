@@ -7,7 +7,7 @@ use dapple_core::evaluate::evaluate;
 use dapple_core::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use dapple_core::profile::Profile;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::shape::{Recompute, StageShape};
+use dapple_core::shape::{Offload, Recompute, StageShape};
 use dapple_core::topology::Topology;
 use dapple_core::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
 
@@ -108,6 +108,7 @@ fn llama_2_70b_t8_p4_d16() -> (Profile, Plan) {
         recompute: Recompute::None,
         expert_parallel: 1,
         expert_tensor_parallel: None,
+        offload: Offload::None,
     };
     let plan = megatron_plan(&profile, &topology, 512, (8, 4, 1), shape);
     (profile, plan)
@@ -267,6 +268,7 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
         recompute: Recompute::None,
         expert_parallel: 1,
         expert_tensor_parallel: None,
+        offload: Offload::None,
     };
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "hand", None);
     let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);

@@ -4,7 +4,7 @@ use dapple_core::baselines::{
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::plan::Plan;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::shape::{Recompute, StageShape};
+use dapple_core::shape::{Offload, Recompute, StageShape};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
@@ -126,9 +126,11 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
 /// re-computing as `recompute` says (none, full, per-layer or selective),
 /// the experts of the stages that have some spread over `expert_parallel`
-/// expert replicas of `expert_tensor_parallel` GPUs each (None: t), 1F1B, on a runtime that hides what the overlap arguments say.
+/// expert replicas of `expert_tensor_parallel` GPUs each (None: t), the
+/// optimizer where `offload` says ("none" or "optimizer"), 1F1B, on a
+/// runtime that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None, offload="none"))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -144,6 +146,7 @@ fn megatron_plan(
     overlap_param_gather: bool,
     expert_parallel: u32,
     expert_tensor_parallel: Option<u32>,
+    offload: &str,
 ) -> PyResult<PyPlan> {
     let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let shape = StageShape {
@@ -153,6 +156,7 @@ fn megatron_plan(
         recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
         expert_parallel,
         expert_tensor_parallel,
+        offload: Offload::parse(offload).map_err(|e| to_py_err(e.under("offload")))?,
     };
     let plan = dapple_core::megatron::megatron_plan(
         &profile.inner,

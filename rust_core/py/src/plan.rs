@@ -34,8 +34,11 @@ pub struct PyStageShape {
     /// The GPUs each routed expert's columns are split over (Megatron-LM's
     /// expert tensor degree; t unless the stage says otherwise).
     expert_tensor_parallel: u32,
-    /// t = 1, no ZeRO-1, no re-computation, no expert parallelism: a
-    /// stage as DAPPLE plans it.
+    /// Where the master weights and optimizer state live: "none" (the
+    /// GPUs) or "optimizer" (host memory, stepped by its CPU).
+    offload: &'static str,
+    /// t = 1, no ZeRO-1, no re-computation, no expert parallelism, no
+    /// offloading: a stage as DAPPLE plans it.
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
     split_groups: Vec<Vec<u32>>,
@@ -55,6 +58,7 @@ impl From<&Stage> for PyStageShape {
             recompute: shape.recompute.name(),
             expert_parallel: shape.expert_parallel,
             expert_tensor_parallel: shape.expert_tensor_degree(),
+            offload: shape.offload.name(),
             is_plain: shape.is_plain(),
             split_groups: s.split_groups().map(<[u32]>::to_vec).collect(),
             expert_groups: s.expert_groups(),
@@ -67,14 +71,15 @@ impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
             "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?}, \
-             expert_parallel={}, expert_tensor_parallel={})",
+             expert_parallel={}, expert_tensor_parallel={}, offload={:?})",
             self.tensor_parallel,
             python_bool(self.sequence_parallel),
             self.replicas,
             python_bool(self.shard_optimizer),
             self.recompute,
             self.expert_parallel,
-            self.expert_tensor_parallel
+            self.expert_tensor_parallel,
+            self.offload
         )
     }
 }

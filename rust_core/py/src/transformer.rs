@@ -97,6 +97,18 @@ fn transformer_splits<'py>(
     Ok(out)
 }
 
+/// A catalog figure's sources, (field, source) pairs, as a dict.
+fn sources_dict<'py>(
+    py: Python<'py>,
+    sources: &[(&str, &str)],
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (field, source) in sources {
+        dict.set_item(*field, *source)?;
+    }
+    Ok(dict)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transformer_profile, m)?)?;
     m.add_function(wrap_pyfunction!(transformer_splits, m)?)?;
@@ -123,11 +135,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         kernels.set_item("hbm_gb_per_s", k.hbm_gb_per_s)?;
         kernels.set_item("gemm_tflops", k.gemm_tflops)?;
         kernels.set_item("flash_attention_tflops", k.flash_attention_tflops.to_vec())?;
-        let sources = PyDict::new(py);
-        for (field, source) in k.sources {
-            sources.set_item(*field, *source)?;
-        }
-        kernels.set_item("sources", sources)?;
+        kernels.set_item("sources", sources_dict(py, k.sources)?)?;
         figures.set_item("kernels", kernels)?;
         let collectives = match &g.collectives {
             Some(c) => {
@@ -138,16 +146,20 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
                 )?;
                 d.set_item("intra_line_gb_per_s", c.intra_line_gb_per_s)?;
                 d.set_item("network_share", c.network_share)?;
-                let sources = PyDict::new(py);
-                for (field, source) in c.sources {
-                    sources.set_item(*field, *source)?;
-                }
-                d.set_item("sources", sources)?;
+                d.set_item("sources", sources_dict(py, c.sources)?)?;
                 Some(d)
             }
             None => None,
         };
         figures.set_item("collectives", collectives)?;
+        let h = &g.host;
+        let host = PyDict::new(py);
+        host.set_item("copy_gb_per_s", h.copy_gb_per_s)?;
+        host.set_item("cpu_cores_per_gpu", h.cpu_cores_per_gpu)?;
+        host.set_item("memory_gib_per_gpu", h.memory_gib_per_gpu)?;
+        host.set_item("memory_gb_per_s_per_gpu", h.memory_gb_per_s_per_gpu)?;
+        host.set_item("sources", sources_dict(py, h.sources)?)?;
+        figures.set_item("host", host)?;
         gpus.set_item(g.name, figures)?;
     }
     m.add("GPU_TYPES", gpus)?;

@@ -15,13 +15,16 @@
 //!   divided by t too (`SplitPattern::shard`);
 //! - re-computation: the forward again in the backward, and only the
 //!   stage's input kept per micro-batch (full), or each layer's (per
-//!   layer); or the selective parts again, and all but them kept.
+//!   layer); or the selective parts again, and all but them kept;
+//! - an offloaded optimizer: its state in host memory, its step on the
+//!   host after the last backward (`offload.rs`).
 
 use super::all_to_all::AllToAll;
+use super::offload::offloaded_step_ms;
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
 use crate::experts::ALL_TO_ALLS_PER_PASS;
 use crate::overlap::{exposed_before_forward, exposed_behind_backward};
-use crate::shape::{MemorySums, StageMemory, StageShape};
+use crate::shape::{MemorySums, Offload, StageMemory, StageShape};
 use crate::split::ShardCost;
 
 /// The collectives of a stage split `t` ways, its GPUs taken in device
@@ -495,11 +498,18 @@ impl StageCoster<'_> {
         } else {
             sums.whole_slice
         };
+        let offloaded_step_ms = match shape.offload {
+            Offload::None => 0.0,
+            Offload::Optimizer => {
+                offloaded_step_ms(self.layers, devices, memory.stepped_weight_bytes)
+            }
+        };
         let cost = StageCost {
             fwd_ms,
             bwd_ms,
             allreduce_ms,
             exposed_allreduce_ms: exposed,
+            offloaded_step_ms,
             memory_bytes: memory.at(1),
             memory_limit_bytes: devices.memory_limit_bytes,
             slice_size: slice,

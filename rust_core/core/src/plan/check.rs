@@ -258,8 +258,9 @@ fn check_stage_slices(plan: &Plan, s: &Stage, replicas: u32) -> Result<()> {
     Ok(())
 }
 
-/// A stage that splits, shards or re-computes runs on GPUs alike with even
-/// slices and a synchronous schedule; its split groups are `t` consecutive
+/// A stage that splits, shards, re-computes or offloads runs on GPUs alike
+/// with even slices and a synchronous schedule (offloading, to a host the
+/// GPU catalog knows); its split groups are `t` consecutive
 /// devices (`check_split_groups`); every layer that can split can split at
 /// `t` (a layer that cannot split at all runs whole, data parallel, and its
 /// slices are at least the minimum too).
@@ -289,6 +290,8 @@ fn check_stage_shape(
         "expert_tensor_parallel"
     } else if s.shard_optimizer {
         "shard_optimizer"
+    } else if !s.offload.is_none() {
+        "offload"
     } else {
         "recompute"
     };
@@ -333,6 +336,18 @@ fn check_stage_shape(
         return Err(Error::field(
             field,
             "a stage that splits, shards or re-computes runs on GPUs alike",
+        ));
+    }
+    if !s.offload.is_none() && cluster.machines[alloc[0].0].host.is_none() {
+        return Err(Error::field(
+            "offload",
+            format!(
+                "value \"{}\": GPU type {:?} has no host figures (memory, copy rate, CPU cores) to \
+                 offload to; known types: {}",
+                s.offload,
+                first.gpu_type,
+                crate::gpus::known_gpu_types()
+            ),
         ));
     }
     if t > 1 {

@@ -18,7 +18,7 @@ use crate::pipeline_order::PipelineOrder;
 use crate::placement::Policy;
 use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
-use crate::shape::{Recompute, StageShape};
+use crate::shape::{Offload, Recompute, StageShape};
 use crate::topology::Topology;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -236,6 +236,10 @@ pub struct Stage {
     /// (`StageShape::expert_tensor_degree`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_tensor_parallel: Option<u32>,
+    /// Where the master weights and optimizer state live: "optimizer"
+    /// keeps them in host memory and steps them there (`cost/offload.rs`).
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
 }
 
 /// An empty, plain stage: what struct literals fill in (`..Default::default()`)
@@ -255,6 +259,7 @@ impl Default for Stage {
             recompute: Recompute::None,
             expert_parallel: 1,
             expert_tensor_parallel: None,
+            offload: Offload::None,
         }
     }
 }
@@ -269,6 +274,7 @@ impl Stage {
             recompute: self.recompute,
             expert_parallel: self.expert_parallel,
             expert_tensor_parallel: self.expert_tensor_parallel,
+            offload: self.offload,
         }
     }
 
@@ -322,6 +328,7 @@ impl Stage {
         self.recompute = shape.recompute;
         self.expert_parallel = shape.expert_parallel;
         self.expert_tensor_parallel = shape.expert_tensor_parallel;
+        self.offload = shape.offload;
         self
     }
 }

@@ -29,13 +29,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::rc::Rc;
 
+use crate::cost::offload::fits_host;
 use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, ShapedSums, StageCost,
     StageCoster, StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
 };
 use crate::placement::{MachineUse, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
-use crate::shape::{Recompute, StageMemory, StageShape};
+use crate::shape::{Offload, Recompute, StageMemory, StageShape};
 
 use super::space::{Context, ShapeList, StageDegrees, StageGpus};
 
@@ -492,6 +493,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 cost,
                 memory: None,
                 warmup,
+                fits_host: true,
             };
         }
         let sums = match sums {
@@ -508,6 +510,7 @@ impl<'c, 'a> Dp<'c, 'a> {
         Priced {
             shape: *shape,
             cost,
+            fits_host: fits_host(&memory, devices),
             memory: Some(memory),
             warmup,
         }
@@ -1058,7 +1061,13 @@ impl<'c, 'a> Dp<'c, 'a> {
             let counterpart = passes
                 .iter()
                 .find(|(s, _)| {
-                    if shape.recompute.is_none() {
+                    if !shape.offload.is_none() {
+                        // Offloaded: the same shape stepping on its GPUs.
+                        *s == StageShape {
+                            offload: Offload::None,
+                            ..*shape
+                        }
+                    } else if shape.recompute.is_none() {
                         shape.shard_optimizer && !self.zero_saves_time && !s.shard_optimizer
                     } else {
                         s.recompute.is_none() && s.shard_optimizer == shape.shard_optimizer
@@ -1071,6 +1080,8 @@ impl<'c, 'a> Dp<'c, 'a> {
                     passes.push((*shape, None));
                     continue;
                 }
+                // An offloaded step adds to its tail: no faster.
+                Some(Some(times)) if !shape.offload.is_none() => Some(times),
                 // Selective re-computation re-runs a part of the forward:
                 // no faster than the counterpart, at most b + f.
                 Some(Some(times)) if shape.recompute == Recompute::Selective => Some(times),
@@ -1087,7 +1098,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             let priced = self.price((i, j), &option.devices, (shape, warmup), only_stage, sums);
             self.stages_costed += 1;
             let c = &priced.cost;
-            let times = [c.fwd_ms, c.bwd_ms, c.exposed_allreduce_ms];
+            let times = [c.fwd_ms, c.bwd_ms, c.tail_ms()];
             if self.objective == Objective::Latency && fitting.iter().any(|u| no_faster(&times, u))
             {
                 passes.push((*shape, None));
@@ -1294,10 +1305,17 @@ struct Priced {
     memory: Option<StageMemory>,
     /// The depth of a plain shape's `cost.memory_bytes`.
     warmup: u32,
+    /// What it offloads fits its host's memory (`offload::fits_host`).
+    fits_host: bool,
 }
 
 impl Priced {
+    /// Its GPUs' memory with `warmup` micro-batches in flight; infinite
+    /// where its host cannot hold what it offloads (it fits nowhere).
     fn bytes_at(&self, layers: &LayerCosts, start: usize, end: usize, warmup: u32) -> f64 {
+        if !self.fits_host {
+            return f64::INFINITY;
+        }
         match &self.memory {
             Some(memory) => memory.at(warmup),
             None if warmup == self.warmup => self.cost.memory_bytes,
@@ -1521,7 +1539,8 @@ impl Dp<'_, '_> {
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;
         for (k, shape) in degree.shapes.as_slice().iter().enumerate() {
-            let may_be_faster = shape.recompute.is_none() && self.zero_saves_time;
+            let may_be_faster =
+                shape.recompute.is_none() && shape.offload.is_none() && self.zero_saves_time;
             if k > 0 && base_fits_deepest && !may_be_faster {
                 continue;
             }

@@ -151,7 +151,7 @@ fn busiest_stage_ms(plan: &Plan) -> f64 {
     plan.estimate.as_ref().map_or(0.0, |e| {
         e.stages
             .iter()
-            .map(|s| m * (s.fwd_ms + s.bwd_ms) + s.exposed_allreduce_ms)
+            .map(|s| m * (s.fwd_ms + s.bwd_ms) + s.tail_ms())
             .fold(0.0, f64::max)
     })
 }

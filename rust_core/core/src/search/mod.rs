@@ -731,7 +731,7 @@ mod tests {
     use crate::plan::{ScheduleChoice, Stage};
     use crate::profile::Measurement;
     use crate::schedule::ScheduleKind;
-    use crate::shape::{Recompute, StageShape};
+    use crate::shape::{Offload, Recompute, StageShape};
     use crate::FileObject;
     use candidate::{best_placement_of, plan_of_steps};
     use dp::{concrete_allocs, Step};
@@ -788,11 +788,16 @@ mod tests {
 
     /// Every shape a stage of `gpus` GPUs may take in `shapes`: plain, or
     /// any split degree dividing its GPUs, with ZeRO-1 over more than one
-    /// GPU and re-computation or not, and where the profile has experts
+    /// GPU, re-computation or not, the optimizer offloaded or not (where
+    /// some machine has a host to offload to), and where the profile has experts
     /// any expert degree dividing the replicas, or (each expert split
     /// et < t ways) the GPUs in groups of e et. Which of them a profile, a
     /// micro-batch and a placement allow is left to `plan::check`.
-    fn stage_shapes_of(gpus: u32, shapes: StageShapes, has_experts: bool) -> Vec<StageShape> {
+    fn stage_shapes_of(
+        gpus: u32,
+        shapes: StageShapes,
+        (has_experts, has_hosts): (bool, bool),
+    ) -> Vec<StageShape> {
         if shapes == StageShapes::Plain {
             return vec![StageShape::PLAIN];
         }
@@ -814,7 +819,15 @@ mod tests {
                     if shard_optimizer && gpus == 1 {
                         continue;
                     }
-                    for recompute in Recompute::ALL {
+                    let offloads: &[Offload] = if has_hosts {
+                        &Offload::ALL
+                    } else {
+                        &[Offload::None]
+                    };
+                    for (recompute, &offload) in Recompute::ALL
+                        .into_iter()
+                        .flat_map(|r| offloads.iter().map(move |o| (r, o)))
+                    {
                         for sequence_parallel in [false, true] {
                             if sequence_parallel && t == 1
                                 || !sequence_parallel && expert_tensor_parallel.is_some()
@@ -828,6 +841,7 @@ mod tests {
                                 recompute,
                                 expert_parallel,
                                 expert_tensor_parallel,
+                                offload,
                             });
                         }
                     }
@@ -963,6 +977,8 @@ mod tests {
         let machines = cluster.group_and_gpus();
         let min_slice = profile.min_batch_size();
         let has_experts = layer_costs.has_experts(0, n);
+        // Offloading needs a host the catalog knows (`plan::check`).
+        let has_hosts = cluster.machines.iter().any(|m| m.host.is_some());
         for b in (1..=gbs).filter(|b| gbs.is_multiple_of(*b) && *b >= min_slice) {
             let coster = StageCoster::new(&layer_costs, &cluster, b, gbs / b);
             // (layer j the suffix starts at, state, steps so far)
@@ -993,7 +1009,7 @@ mod tests {
                         }
                         for (placement, takes) in state.placements(r) {
                             let next = state.taken(&takes);
-                            for shape in stage_shapes_of(r, shapes, has_experts) {
+                            for shape in stage_shapes_of(r, shapes, (has_experts, has_hosts)) {
                                 let mut steps2 = steps.clone();
                                 steps2.push(Step {
                                     layer_start: i,
@@ -1446,12 +1462,13 @@ mod tests {
     /// cases (up to 8 layers, up to 8 GPUs on one or two machines, memory
     /// that binds in some) the search returns the smallest simulated
     /// iteration over every partition, GPU count, placement, split degree,
-    /// ZeRO-1, re-computation, micro-batch size and warm-up vector.
+    /// ZeRO-1, re-computation, offloading, micro-batch size and warm-up
+    /// vector.
     #[test]
     fn search_finds_the_simulated_optimum_with_stage_shapes() {
         let mut rng = StdRng::seed_from_u64(20261125);
         let shapes = ["1x2", "1x4", "2x2", "2x1", "1x8", "2x4", "1x3"];
-        let (mut split, mut zero, mut recomputed) = (0, 0, 0);
+        let (mut split, mut zero, mut recomputed, mut offloaded) = (0, 0, 0, 0);
         for case in 0..70 {
             let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
             let most_layers = match topology.num_devices() {
@@ -1476,6 +1493,8 @@ mod tests {
                     gbs,
                     (state_share, activations_share),
                 );
+            } else {
+                without_host(&mut topology);
             }
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
             if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, gbs, &what) {
@@ -1483,11 +1502,27 @@ mod tests {
                 split += stages.iter().filter(|s| s.tensor_parallel > 1).count();
                 zero += stages.iter().filter(|s| s.shard_optimizer).count();
                 recomputed += stages.iter().filter(|s| !s.recompute.is_none()).count();
+                offloaded += stages.iter().filter(|s| !s.offload.is_none()).count();
             }
         }
-        eprintln!("{split} split, {zero} ZeRO, {recomputed} re-computed stages");
-        // The optima do split and shard.
-        assert!(split > 5 && zero > 5, "{split} split, {zero} ZeRO stages");
+        eprintln!(
+            "{split} split, {zero} ZeRO, {recomputed} re-computed, {offloaded} offloaded stages"
+        );
+        // The optima do split, shard and offload.
+        assert!(
+            split > 5 && zero > 5 && offloaded > 0,
+            "{split} split, {zero} ZeRO, {offloaded} offloaded stages"
+        );
+    }
+
+    /// `topology`'s GPUs as a type the catalog does not know, so that no
+    /// stage may offload: on the cases whose memory `bind_memory` does not
+    /// set, the enumeration's shapes halve (offloading is enumerated on
+    /// the others, where memory binds most).
+    fn without_host(topology: &mut Topology) {
+        for g in &mut topology.machine_groups {
+            g.gpu.gpu_type = "uncatalogued".into();
+        }
     }
 
     /// GPUs of `topology` with memory for `state_share` of the profile's
@@ -1565,6 +1600,8 @@ mod tests {
                 // model's state, and of the global batch's activations.
                 let shares = (rng.gen_range(0.3..0.7), rng.gen_range(0.1..0.8));
                 bind_memory(&mut topology, &profile, gbs, shares);
+            } else {
+                without_host(&mut topology);
             }
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
             if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, gbs, &what) {

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::overlap::Overlap;
 use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
 use crate::profile::LayerCosts;
-use crate::shape::{uneven_split_group, Recompute, StageShape};
+use crate::shape::{uneven_split_group, Offload, Recompute, StageShape};
 
 use crate::hints::Hints;
 use crate::plan::Plan;
@@ -72,6 +72,9 @@ pub(crate) struct ShapeChoices {
     pub(crate) split_degrees: Vec<u32>,
     /// ZeRO-1 shrinks something: the profile keeps optimizer state.
     pub(crate) shard_optimizer: bool,
+    /// Offloading the optimizer shrinks something (the profile keeps
+    /// optimizer state) and some machine's host is known.
+    pub(crate) offload: bool,
     pub(crate) recompute: bool,
     /// Selective re-computation: some layer has something to re-run so.
     pub(crate) selective: bool,
@@ -93,6 +96,7 @@ impl ShapeChoices {
     pub(crate) const PLAIN: ShapeChoices = ShapeChoices {
         split_degrees: Vec::new(),
         shard_optimizer: false,
+        offload: false,
         recompute: false,
         selective: false,
         sequence_options: Vec::new(),
@@ -136,6 +140,8 @@ impl ShapeChoices {
             split_degrees,
             shard_optimizer: layers.model_state_bytes_sharded(0, layers.num_layers, 2)
                 < layers.model_state_bytes(0, layers.num_layers),
+            offload: layers.held_optimizer_state_bytes(0, layers.num_layers, 1, 1.0) > 0.0
+                && cluster.machines.iter().any(|m| m.host.is_some()),
             recompute: true,
             selective: layers.recomputes_selectively(),
             // The machine-aligned space, as with degrees, only the fastest
@@ -165,6 +171,7 @@ impl ShapeChoices {
         ShapeChoices {
             split_degrees: degrees(|s| s.tensor_parallel),
             shard_optimizer: layout.iter().any(|s| s.3.shard_optimizer),
+            offload: layout.iter().any(|s| !s.3.offload.is_none()),
             recompute: layout.iter().any(|s| !s.3.recompute.is_none()),
             selective: layout.iter().any(|s| s.3.recompute == Recompute::Selective),
             // A layout's own, at each degree (`Context::sequence_options`).
@@ -671,15 +678,25 @@ impl Context<'_> {
             (true, false) => &[Recompute::None, Recompute::Full, Recompute::PerLayer],
             (false, _) => &[Recompute::None],
         };
+        let offload: &[Offload] = if self.shapes.offload {
+            &Offload::ALL
+        } else {
+            &[Offload::None]
+        };
+        // Each offloaded shape after the one that steps on its GPUs, which
+        // the search weighs it against (`dp.rs`).
         for &recompute in recompute {
             for shard_optimizer in [false, true] {
                 // Whole layers shard over all the stage's GPUs, split ones over its replicas.
                 if !shard_optimizer || (self.shapes.shard_optimizer && gpus > 1) {
-                    list.push_unique(StageShape {
-                        recompute,
-                        shard_optimizer,
-                        ..base
-                    });
+                    for &offload in offload {
+                        list.push_unique(StageShape {
+                            recompute,
+                            shard_optimizer,
+                            offload,
+                            ..base
+                        });
+                    }
                 }
             }
         }
@@ -737,12 +754,13 @@ pub(crate) struct ShapeList {
 }
 
 impl ShapeList {
-    const CAPACITY: usize = 2 * Recompute::ALL.len();
+    const CAPACITY: usize = 2 * Recompute::ALL.len() * Offload::ALL.len();
 
     /// Adds `shape` unless it is listed already.
     fn push_unique(&mut self, shape: StageShape) {
         if !self.as_slice().contains(&shape) {
-            // Distinct shapes at one degree differ in ZeRO-1 or re-computation.
+            // Distinct shapes at one degree differ in ZeRO-1, re-computation
+            // or offloading.
             debug_assert!(self.len < Self::CAPACITY, "a stage shape of another kind");
             self.shapes[self.len] = shape;
             self.len += 1;
