@@ -136,3 +136,21 @@ def test_torchtitan_and_dapples_runtime_refuse_an_offloaded_optimizer(llama_7b, 
     assert_one_line_error(r, 4, "torchtitan cannot express an optimizer offloaded alone")
     with pytest.raises(planner.IncompatibleInputsError, match=r"stages\[0\]\.offload"):
         planner.runtime.layout.Layout.of(planner.Plan.load(plan))
+
+
+def test_a_plan_offloading_more_than_its_host_holds_does_not_fit(llama_7b):
+    # Each of 8 replicas offloading all of Llama-2-7B's optimizer state:
+    # 6.74e9 x 12 bytes, 75 GiB, beside a DGX-1's 64 GiB of host memory a
+    # GPU, though its GPU holds the rest (25.5 of 32 GiB). Under ZeRO-1 its
+    # host keeps an eighth, and it fits.
+    alone, sharded = (planner.megatron_plan(llama_7b, "1x8-v100-32gb", 8, tensor_parallel=1, pipeline_parallel=1,
+                                            micro_batch_size=1, recompute="per-layer", shard_optimizer=zero,
+                                            offload="optimizer")
+                      for zero in (False, True))
+    stage = alone.estimate["stages"][0]
+    assert stage["memory_bytes"] < stage["memory_limit_bytes"]
+    assert stage["host_memory_bytes"] > stage["host_memory_limit_bytes"] == 64 * 2**30
+    assert not alone.estimate["fits_memory"]
+    stage = sharded.estimate["stages"][0]
+    assert stage["host_memory_bytes"] == pytest.approx(alone.estimate["stages"][0]["host_memory_bytes"] / 8)
+    assert sharded.estimate["fits_memory"]

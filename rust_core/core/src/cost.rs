@@ -1013,6 +1013,12 @@ pub struct StageCost {
     /// the simulator times from the profile's `optimizer_step_ms`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub offloaded_step_ms: f64,
+    /// Offloaded: what one GPU's host keeps for it (master weights and
+    /// optimizer state), and the host's memory a GPU; 0 and 0 otherwise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_memory_bytes: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_memory_limit_bytes: f64,
     /// Per GPU: weights, gradients, optimizer state and the stored
     /// activations of K_i slices.
     pub memory_bytes: f64,
@@ -1030,7 +1036,12 @@ pub struct StageCost {
 
 impl StageCost {
     pub fn fits(&self) -> bool {
-        self.memory_bytes <= self.memory_limit_bytes
+        self.memory_bytes <= self.memory_limit_bytes && self.fits_host()
+    }
+
+    /// Whether its host holds what it offloads (nothing always fits).
+    pub fn fits_host(&self) -> bool {
+        self.host_memory_bytes <= self.host_memory_limit_bytes
     }
 
     /// What the stage does after its last backward: the exposed gradient
@@ -1409,6 +1420,8 @@ impl<'a> StageCoster<'a> {
             allreduce_ms: allreduce,
             exposed_allreduce_ms: exposed,
             offloaded_step_ms: 0.0,
+            host_memory_bytes: 0.0,
+            host_memory_limit_bytes: 0.0,
             memory_bytes: stage_memory_bytes(self.layers, start, end, slice, warmup),
             memory_limit_bytes: limit,
             slice_size: slice,

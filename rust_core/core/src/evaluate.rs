@@ -323,9 +323,7 @@ fn mfu(coster: &StageCoster, plan: &Plan, iteration_ms: f64) -> Option<f64> {
 /// The largest stage memory, and whether every stage fits its GPU.
 fn peak_and_fit(stages: &[StageCost]) -> (f64, bool) {
     let peak = stages.iter().map(|s| s.memory_bytes).fold(0.0, f64::max);
-    let fits = stages
-        .iter()
-        .all(|s| s.memory_bytes <= s.memory_limit_bytes);
+    let fits = stages.iter().all(StageCost::fits);
     (peak, fits)
 }
 

@@ -257,6 +257,9 @@ pub struct StageMemory {
     pub optimizer_step_bytes: f64,
     /// The weights the GPU steps (all it holds, or its ZeRO-1 shard's).
     pub stepped_weight_bytes: f64,
+    /// Of `model_state_bytes`, the master weights and optimizer state:
+    /// what offloading would move to the host (0 where it did).
+    pub optimizer_state_bytes: f64,
     /// Offloaded: the master weights and optimizer state the GPU's host
     /// keeps for it (not in `model_state_bytes`); else 0.
     pub host_bytes: f64,
@@ -269,6 +272,14 @@ impl StageMemory {
         let backward =
             self.fixed_bytes + f64::from(micro_batches_in_flight) * self.per_micro_batch_bytes;
         backward.max(self.model_state_bytes + self.optimizer_step_bytes)
+    }
+
+    /// The least one GPU would hold, with one micro-batch in flight, were
+    /// the optimizer offloaded: the backward's peak less the optimizer's
+    /// state (the search leaves an offloaded shape unpriced where this is
+    /// over the GPU's memory).
+    pub fn offloaded_floor_bytes(&self) -> f64 {
+        self.fixed_bytes + self.per_micro_batch_bytes - self.optimizer_state_bytes
     }
 }
 
@@ -429,9 +440,14 @@ impl MemorySums {
             )
         };
         // Offloaded, the host keeps the optimizer's part and steps it.
-        let (state, host_bytes, step_bytes) = match shape.offload {
-            Offload::None => (state, 0.0, layers.optimizer_step_bytes(stepped)),
-            Offload::Optimizer => (state - optimizer_state, optimizer_state, 0.0),
+        let (state, host_bytes, step_bytes, on_gpu_optimizer_state) = match shape.offload {
+            Offload::None => (
+                state,
+                0.0,
+                layers.optimizer_step_bytes(stepped),
+                optimizer_state,
+            ),
+            Offload::Optimizer => (state - optimizer_state, optimizer_state, 0.0, 0.0),
         };
         let (stored, working) = (self.stored_bytes, self.working_bytes);
         let rerun = stored - self.loss_kept_bytes;
@@ -475,6 +491,7 @@ impl MemorySums {
             gradient_bytes: self.gradient_bytes,
             optimizer_step_bytes: step_bytes,
             stepped_weight_bytes: stepped,
+            optimizer_state_bytes: on_gpu_optimizer_state,
             host_bytes,
         }
     }

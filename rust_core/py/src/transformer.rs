@@ -98,10 +98,7 @@ fn transformer_splits<'py>(
 }
 
 /// A catalog figure's sources, (field, source) pairs, as a dict.
-fn sources_dict<'py>(
-    py: Python<'py>,
-    sources: &[(&str, &str)],
-) -> PyResult<Bound<'py, PyDict>> {
+fn sources_dict<'py>(py: Python<'py>, sources: &[(&str, &str)]) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     for (field, source) in sources {
         dict.set_item(*field, *source)?;

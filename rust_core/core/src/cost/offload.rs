@@ -9,12 +9,12 @@
 //! and may delay the update a step, which this leaves out.
 //!
 //! What a GPU holds and steps is `shape.rs`' (`MemorySums`); this prices
-//! the step and says what the host must hold.
+//! the step. A stage's cost says what its host holds beside what it can
+//! (`StageCost::fits_host`).
 
 use super::{Cluster, StageDevices};
 use crate::gpus::find_gpu;
 use crate::profile::LayerCosts;
-use crate::shape::StageMemory;
 
 /// Adam's parameters per second on one CPU core: torch 2.9's fused CPU Adam
 /// (`torch.optim.Adam(fused=True)`, fp32) on one thread of the machine
@@ -91,15 +91,6 @@ pub fn offloaded_step_ms(
     copies_bytes / host.copy_bytes_per_ms + params / host.adam_params_per_ms
 }
 
-/// Whether the host of a stage on `devices` holds what one of its GPUs
-/// offloads (`memory.host_bytes`; nothing always fits).
-pub fn fits_host(memory: &StageMemory, devices: &StageDevices) -> bool {
-    memory.host_bytes <= 0.0
-        || devices
-            .host
-            .is_some_and(|h| memory.host_bytes <= h.memory_bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,7 +147,12 @@ mod tests {
             (4e6, 1.5e6)
         );
         assert_eq!(off_memory.optimizer_step_bytes, 0.0);
-        assert!(fits_host(&off_memory, &devices));
+        // A host of 64 GiB a GPU holds the 12 MB.
+        assert_eq!(
+            (off.host_memory_bytes, off.host_memory_limit_bytes),
+            (12e6, 64.0 * f64::from(1u32 << 30))
+        );
+        assert!(off.fits_host() && on_gpu.fits_host());
         // The step: the stepped weights' gradients out and weights back at
         // 16 GB/s, Adam over their parameters at the host memory's pace
         // (19.2 GB/s over 28 bytes a parameter, below 5 cores' 5.83 G/s).
@@ -172,9 +168,5 @@ mod tests {
             off.exposed_allreduce_ms + off.offloaded_step_ms
         );
         assert_eq!((off.fwd_ms, off.bwd_ms), (on_gpu.fwd_ms, on_gpu.bwd_ms));
-        // A host of 64 GiB a GPU holds the 12 MB, not 100 GiB.
-        let mut huge = off_memory;
-        huge.host_bytes = 100.0 * f64::from(1u32 << 30);
-        assert!(!fits_host(&huge, &devices));
     }
 }

@@ -498,11 +498,12 @@ impl StageCoster<'_> {
         } else {
             sums.whole_slice
         };
-        let offloaded_step_ms = match shape.offload {
-            Offload::None => 0.0,
-            Offload::Optimizer => {
-                offloaded_step_ms(self.layers, devices, memory.stepped_weight_bytes)
-            }
+        let (offloaded_step_ms, host_memory_limit_bytes) = match shape.offload {
+            Offload::None => (0.0, 0.0),
+            Offload::Optimizer => (
+                offloaded_step_ms(self.layers, devices, memory.stepped_weight_bytes),
+                devices.host.map_or(0.0, |h| h.memory_bytes),
+            ),
         };
         let cost = StageCost {
             fwd_ms,
@@ -510,6 +511,8 @@ impl StageCoster<'_> {
             allreduce_ms,
             exposed_allreduce_ms: exposed,
             offloaded_step_ms,
+            host_memory_bytes: memory.host_bytes,
+            host_memory_limit_bytes,
             memory_bytes: memory.at(1),
             memory_limit_bytes: devices.memory_limit_bytes,
             slice_size: slice,

@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::rc::Rc;
 
-use crate::cost::offload::fits_host;
 use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, ShapedSums, StageCost,
     StageCoster, StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
@@ -493,7 +492,6 @@ impl<'c, 'a> Dp<'c, 'a> {
                 cost,
                 memory: None,
                 warmup,
-                fits_host: true,
             };
         }
         let sums = match sums {
@@ -510,7 +508,6 @@ impl<'c, 'a> Dp<'c, 'a> {
         Priced {
             shape: *shape,
             cost,
-            fits_host: fits_host(&memory, devices),
             memory: Some(memory),
             warmup,
         }
@@ -1054,40 +1051,23 @@ impl<'c, 'a> Dp<'c, 'a> {
         passes.clear();
         fitting.clear();
         let no_faster = |v: &[f64; 3], u: &[f64; 3]| (0..3).all(|k| u[k] <= v[k]);
+        // Whether an offloaded shape's twin (the one before it, stepping on
+        // its GPUs) leaves it no room to fit.
+        let mut twin_rules_out = false;
         for shape in shapes {
-            // Re-computing: the same shape keeping its activations, plus a
-            // forward. ZeRO-1 where it moves no less: the plain shape's
-            // passes at least.
-            let counterpart = passes
-                .iter()
-                .find(|(s, _)| {
-                    if !shape.offload.is_none() {
-                        // Offloaded: the same shape stepping on its GPUs.
-                        *s == StageShape {
-                            offload: Offload::None,
-                            ..*shape
-                        }
-                    } else if shape.recompute.is_none() {
-                        shape.shard_optimizer && !self.zero_saves_time && !s.shard_optimizer
-                    } else {
-                        s.recompute.is_none() && s.shard_optimizer == shape.shard_optimizer
-                    }
-                })
-                .map(|&(_, p)| p);
-            let predicted = match counterpart {
+            if shape.offload.is_none() {
+                twin_rules_out = false;
+            } else if twin_rules_out {
+                passes.push((*shape, None));
+                continue;
+            }
+            let predicted = match predicted_times(shape, &passes, self.zero_saves_time) {
                 // Its counterpart was no use: neither is it, no faster.
                 Some(None) => {
                     passes.push((*shape, None));
                     continue;
                 }
-                // An offloaded step adds to its tail: no faster.
-                Some(Some(times)) if !shape.offload.is_none() => Some(times),
-                // Selective re-computation re-runs a part of the forward:
-                // no faster than the counterpart, at most b + f.
-                Some(Some(times)) if shape.recompute == Recompute::Selective => Some(times),
-                Some(Some([f, b, a])) if !shape.recompute.is_none() => Some([f, b + f, a]),
-                Some(Some(times)) => Some(times),
-                None => None,
+                weighed => weighed.flatten(),
             };
             if self.objective == Objective::Latency
                 && predicted.is_some_and(|v| fitting.iter().any(|u| no_faster(&v, u)))
@@ -1097,6 +1077,9 @@ impl<'c, 'a> Dp<'c, 'a> {
             }
             let priced = self.price((i, j), &option.devices, (shape, warmup), only_stage, sums);
             self.stages_costed += 1;
+            if shape.offload.is_none() {
+                twin_rules_out = priced.offloading_cannot_fit();
+            }
             let c = &priced.cost;
             let times = [c.fwd_ms, c.bwd_ms, c.tail_ms()];
             if self.objective == Objective::Latency && fitting.iter().any(|u| no_faster(&times, u))
@@ -1305,15 +1288,21 @@ struct Priced {
     memory: Option<StageMemory>,
     /// The depth of a plain shape's `cost.memory_bytes`.
     warmup: u32,
-    /// What it offloads fits its host's memory (`offload::fits_host`).
-    fits_host: bool,
 }
 
 impl Priced {
+    /// Whether the same shape with its optimizer offloaded could not fit
+    /// either (`StageMemory::offloaded_floor_bytes`; a plain shape's
+    /// memory is not summed so, and rules nothing out).
+    fn offloading_cannot_fit(&self) -> bool {
+        self.memory
+            .is_some_and(|m| m.offloaded_floor_bytes() > self.cost.memory_limit_bytes)
+    }
+
     /// Its GPUs' memory with `warmup` micro-batches in flight; infinite
     /// where its host cannot hold what it offloads (it fits nowhere).
     fn bytes_at(&self, layers: &LayerCosts, start: usize, end: usize, warmup: u32) -> f64 {
-        if !self.fits_host {
+        if !self.cost.fits_host() {
             return f64::INFINITY;
         }
         match &self.memory {
@@ -1538,7 +1527,15 @@ impl Dp<'_, '_> {
         }
         let mut longer_may_help = false;
         let mut base_fits_deepest = false;
+        // Whether an offloaded shape's twin (the one before it, stepping on
+        // its GPUs) fits, and is faster, or leaves it no room to fit.
+        let mut twin_decides = false;
         for (k, shape) in degree.shapes.as_slice().iter().enumerate() {
+            if shape.offload.is_none() {
+                twin_decides = false;
+            } else if twin_decides {
+                continue;
+            }
             let may_be_faster =
                 shape.recompute.is_none() && shape.offload.is_none() && self.zero_saves_time;
             if k > 0 && base_fits_deepest && !may_be_faster {
@@ -1558,9 +1555,11 @@ impl Dp<'_, '_> {
                     priced.bytes_at(self.ctx.layers, i, j, self.micro_batches) <= limit;
             }
             let cost = &priced.cost;
-            if priced.bytes_at(self.ctx.layers, i, j, warmup) > limit
-                || m * (cost.fwd_ms + cost.bwd_ms) >= bound
-            {
+            let fits = priced.bytes_at(self.ctx.layers, i, j, warmup) <= limit;
+            if shape.offload.is_none() {
+                twin_decides = fits || priced.offloading_cannot_fit();
+            }
+            if !fits || m * (cost.fwd_ms + cost.bwd_ms) >= bound {
                 continue;
             }
             longer_may_help = true;
@@ -1569,8 +1568,8 @@ impl Dp<'_, '_> {
                 l = l.prepend(PipeStage::transfer(transfer_ms), self.micro_batches);
             }
             l = l.prepend(cost.as_pipe_stage(), self.micro_batches);
-            let floor = self.completion_floor(l, i, stage_free(suffix, stage));
             let free = stage_free(suffix, stage);
+            let floor = self.completion_floor(l, i, free);
             if floor < bound
                 && self
                     .ctx
@@ -1597,6 +1596,45 @@ impl Dp<'_, '_> {
         }
         longer_may_help
     }
+}
+
+/// The times `shape` is no faster than, from its counterpart among the
+/// shapes weighed before it at one degree (`passes`: each with its times,
+/// or None where it was no use): None where it has none weighed yet,
+/// Some(None) where its counterpart was no use. Re-computing, the same
+/// shape keeping its activations, plus a forward (selective: a part of
+/// it); ZeRO-1 where it moves no less, the shape without it; offloaded,
+/// the same shape stepping on its GPUs, its step adding to its tail.
+fn predicted_times(
+    shape: &StageShape,
+    passes: &[(StageShape, Option<[f64; 3]>)],
+    zero_saves_time: bool,
+) -> Option<Option<[f64; 3]>> {
+    let counterpart = passes
+        .iter()
+        .find(|(s, _)| {
+            if !shape.offload.is_none() {
+                *s == StageShape {
+                    offload: Offload::None,
+                    ..*shape
+                }
+            } else if shape.recompute.is_none() {
+                shape.shard_optimizer && !zero_saves_time && !s.shard_optimizer
+            } else {
+                s.recompute.is_none() && s.shard_optimizer == shape.shard_optimizer
+            }
+        })
+        .map(|&(_, p)| p)?;
+    Some(counterpart.map(|[f, b, a]| {
+        if shape.offload.is_none()
+            && !shape.recompute.is_none()
+            && shape.recompute != Recompute::Selective
+        {
+            [f, b + f, a]
+        } else {
+            [f, b, a]
+        }
+    }))
 }
 
 /// GPUs left in front of `stage` once it is placed before `suffix`.
