@@ -154,3 +154,11 @@ def test_a_plan_offloading_more_than_its_host_holds_does_not_fit(llama_7b):
     stage = sharded.estimate["stages"][0]
     assert stage["host_memory_bytes"] == pytest.approx(alone.estimate["stages"][0]["host_memory_bytes"] / 8)
     assert sharded.estimate["fits_memory"]
+
+
+def test_no_plan_says_offloading_was_weighed_within_the_hosts_memory(llama_7b, dapple):
+    # One V100-32GB: 25 GiB of weights and gradients fit, but its 75 GiB
+    # of optimizer state does not fit a DGX-1's 64 GiB of host a GPU.
+    r = dapple("plan", "--profile", llama_7b, "--topology", "1x1-v100-32gb", "--global-batch-size", 16)
+    assert_one_line_error(r, 5, "no plan fits in GPU memory",
+                          "offloading the optimizer where a host's 64.00 GiB a GPU holds it")

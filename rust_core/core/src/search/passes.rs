@@ -463,9 +463,18 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget, work_limi
             } else {
                 format!("the GPUs have {} to {}", size(smallest), size(largest))
             };
+            // Offloaded stages count where their hosts hold what they offload.
+            let hosts = ctx.cluster.machines.iter().filter_map(|m| m.host);
+            let offloading = match hosts.map(|h| h.memory_bytes).reduce(f64::min) {
+                Some(host) if ctx.shapes.offload => format!(
+                    ", offloading the optimizer where a host's {} a GPU holds it",
+                    size(host)
+                ),
+                _ => String::new(),
+            };
             Error::infeasible(format!(
                 "no plan fits in GPU memory: the plan needing the least memory per GPU still needs {} \
-                 (micro-batch size {b}, {} stage(s)) but {has}",
+                 (micro-batch size {b}, {} stage(s){offloading}) but {has}",
                 size(f.value),
                 f.stages.len(),
             ))
