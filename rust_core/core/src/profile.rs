@@ -1471,7 +1471,8 @@ impl LayerCosts {
             return held * params * self.state_per_param_byte;
         }
         let optimizer = params * self.optimizer_per_param_byte;
-        held * (params * self.state_per_param_byte - optimizer) + optimizer / f64::from(sharers)
+        held * (params * self.state_per_param_byte - optimizer)
+            + self.held_optimizer_state_bytes(start, end, sharers, held)
     }
 
     /// Of [`LayerCosts::held_model_state_bytes`], the master weights and

@@ -1188,17 +1188,21 @@ impl Default for SimulationOptions {
     }
 }
 
-/// One GPU's optimizer step in stage `s`: over the weights it holds (a
-/// shard's under split), its share of them under ZeRO-1, at the stage's
-/// slowest GPU's relative speed.
+/// One GPU's optimizer step in stage `s`: offloaded, the host's (its
+/// cost's `offloaded_step_ms`); else over the weights it holds (a shard's
+/// under split), its share of them under ZeRO-1, at the stage's slowest
+/// GPU's relative speed.
 fn optimizer_ms(
     coster: &StageCoster,
     s: &crate::plan::Stage,
     alloc: &Alloc,
-    memory: Option<&crate::shape::StageMemory>,
+    (cost, memory): (&StageCost, Option<&crate::shape::StageMemory>),
 ) -> f64 {
     let layers = coster.layers;
     let shape = s.shape();
+    if !shape.offload.is_none() {
+        return cost.offloaded_step_ms;
+    }
     let weights = memory.map_or_else(
         || layers.param_bytes(s.layer_start, s.layer_end),
         |m| m.weight_bytes,
@@ -1259,11 +1263,7 @@ pub(crate) fn sim_stages(
                 bwd_weight_ms: plain_bwd_ms
                     * layers.weight_gradient_ratio(&times, start, end, c.slice_size),
                 allreduce_ms: c.exposed_allreduce_ms,
-                optimizer_ms: if shape.offload.is_none() {
-                    optimizer_ms(coster, s, alloc, memory.as_ref())
-                } else {
-                    c.offloaded_step_ms
-                },
+                optimizer_ms: optimizer_ms(coster, s, alloc, (c, memory.as_ref())),
                 model_state_bytes: memory.map_or_else(
                     || layers.model_state_bytes(start, end),
                     |m| m.model_state_bytes,
