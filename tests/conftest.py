@@ -68,6 +68,41 @@ def write_hand_plan(data: dict, path: Path) -> Path:
     return path
 
 
+def hand_plan(mbs: int, stages: list, gbs: int, kind: str = "early-backward-1f1b"):
+    """A checked hand-written plan on one 8-GPU machine; ``stages`` are
+    (layer_start, layer_end, devices, shape fields: split degree, ZeRO-1,
+    experts, ...)."""
+    from dapple import planner
+
+    m = gbs // mbs
+    return planner.Plan.from_dict({
+        "planner_version": "test",
+        "inputs": {"model": "tiny", "profile_sha256": "", "topology": planner.Topology.from_spec("1x8-pcie").data,
+                   "global_batch_size": gbs, "options": {"min_micro_batch_size": 1}},
+        "micro_batch_size": mbs,
+        "micro_batches": m,
+        "schedule": {"kind": kind, "warmup_policy": "A"},
+        "stages": [{"layer_start": a, "layer_end": b, "devices": devs,
+                    "warmup_micro_batches": min(len(stages) - i, m), **shape}
+                   for i, (a, b, devs, shape) in enumerate(stages)],
+    })
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest difference between two states of the same parameters."""
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def assert_trains_as_one_process(result, reference: dict, name: str) -> None:
+    """A run's parameters (every rank's gathered back whole) within 1e-5 of
+    single-process training's, and every replica's alike."""
+    diff = max_diff(result.params, reference)
+    print(f"{name}: max parameter difference {diff:.2e}")
+    assert diff < 1e-5
+    assert result.replicas_agree(atol=1e-6)
+
+
 def assert_one_line_error(result, exit_code, *needles):
     """The CLI failed with `exit_code` and one stderr line holding every needle."""
     assert result.returncode == exit_code, (result.returncode, result.stderr)

@@ -107,15 +107,36 @@ def test_the_search_is_no_slower_than_spreading_the_experts_by_hand(moe_profile,
         assert searched.iteration_ms <= by_hand.iteration_ms * (1 + 1e-9), (e, searched.iteration_ms)
 
 
-def test_deepspeed_and_the_runtime_refuse_spread_experts(moe_profile, tmp_path, dapple):
+def test_deepspeed_writes_spread_experts_from_the_profile(moe_profile, tmp_path, dapple):
     plan = _one_stage_plan(moe_profile, tmp_path, expert_parallel=2)
-    r = dapple("export", "--plan", plan, "--to", "deepspeed", "--out", tmp_path / "deepspeed.out")
-    assert_one_line_error(r, 4, "DeepSpeed cannot express expert parallelism (stages[0].expert_parallel 2)")
-    assert not (tmp_path / "deepspeed.out").exists()
+    out = tmp_path / "deepspeed.json"
+    # The experts' count is the profile's: without it, one line.
+    data = json.loads(plan.read_text())
+    data["inputs"].pop("profile_path", None)
+    bare = write_hand_plan(data, tmp_path / "bare.json")
+    r = dapple("export", "--plan", bare, "--to", "deepspeed", "--out", out)
+    assert_one_line_error(r, 3, "field inputs.profile_path: missing; pass --profile")
+    assert not out.exists()
+    r = dapple("export", "--plan", bare, "--to", "deepspeed", "--profile", moe_profile, "--out", out)
+    assert r.returncode == 0, r.stderr
+    blocks = [i for i, layer in enumerate(json.loads(moe_profile.read_text())["layers"]) if layer.get("experts")]
+    assert json.loads(out.read_text())["moe"] == {
+        "layers": blocks, "num_experts": 8, "k": 2, "ep_size": 2, "enable_expert_tensor_parallelism": False,
+        "drop_tokens": False}
+    # A dense export stays as it was, without the profile.
+    dense = _one_stage_plan(moe_profile, tmp_path)
+    r = dapple("export", "--plan", dense, "--to", "deepspeed", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "moe" not in json.loads(out.read_text())
+
+
+def test_the_runtime_lays_out_spread_experts(moe_profile, tmp_path):
     from dapple.planner.runtime.layout import Layout
 
-    with pytest.raises(planner.IncompatibleInputsError, match="stages\\[0\\].expert_parallel: dapple's runtime"):
-        Layout.of(planner.Plan.load(plan))
+    # dapple's runtime folds them onto the replicas (tests/test_moe_runtime.py runs it).
+    stage = Layout.of(planner.Plan.load(_one_stage_plan(moe_profile, tmp_path, expert_parallel=2))).stages[0]
+    assert stage.expert_parallel == 2 and stage.expert_groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert stage.expert_replica_groups == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
 @pytest.fixture

@@ -595,7 +595,7 @@ def test_torchtitans_two_files_are_written_both_or_neither(tmp_path, dapple, lla
 @pytest.mark.parametrize("args,needle", [
     (("--to", "megatron", "--module-map", "dapple-gpt"), "--module-map applies to --to torchtitan, not megatron"),
     (("--to", "torch-csv", "--approximate"), "--approximate applies to --to torchtitan and megatron and deepspeed"),
-    (("--to", "deepspeed", "--profile", "p.json"), "--profile applies to --to torchtitan and megatron"),
+    (("--to", "torch-csv", "--profile", "p.json"), "--profile applies to --to torchtitan and megatron and deepspeed"),
 ])
 def test_options_of_other_targets_are_usage_errors(tmp_path, dapple, llama, args, needle):
     r = dapple("export", "--plan", shaped(tmp_path, llama), "--out", tmp_path / "out", *args)

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 from dapple import planner  # noqa: E402
 from conftest import assert_one_line_error  # noqa: E402
 from dapple.planner.profiler import profile_model  # noqa: E402
-from dapple.planner.runtime.models import ModelSpec, bert, gpt, load_model, vgg  # noqa: E402
+from dapple.planner.runtime.models import ModelSpec, bert, gpt, gpt_moe, load_model, vgg  # noqa: E402
 
-FACTORIES = {"gpt": gpt, "bert": bert, "vgg": vgg}
+FACTORIES = {"gpt": gpt, "bert": bert, "vgg": vgg, "gpt_moe": gpt_moe}
 
 
 

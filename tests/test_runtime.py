@@ -113,6 +113,7 @@ from dapple.planner.runtime.launcher import run_plan  # noqa: E402
 from dapple.planner.runtime.layout import Layout  # noqa: E402
 from dapple.planner.runtime.reference import train_single_process  # noqa: E402
 from dapple.planner.runtime.training import build_layers, prefixed_state  # noqa: E402
+from conftest import max_diff  # noqa: E402
 
 LR = 0.1
 STEPS = 5
@@ -197,11 +198,6 @@ def batches():
 def reference(batches):
     torch.set_num_threads(1)
     return train_single_process(tiny_layers, mse, batches, STEPS, LR)
-
-
-def max_diff(a, b):
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 def test_layout_as_the_core_gives_it():

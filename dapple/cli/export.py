@@ -37,8 +37,8 @@ def schedule_csv_path(out_path: str) -> str:
                    "array; deepspeed: PipelineModule's parts and config keys as JSON (docs/export.md).")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="File to write.")
 @click.option("--profile", "profile_path", type=FILE_PATH, default=None,
-              help="Profile whose layers the plan's stages hold (torchtitan, megatron). Default: the path recorded "
-                   "in the plan.")
+              help="Profile whose layers the plan's stages hold (torchtitan, megatron; deepspeed: a mixture's "
+                   "experts, needed where the plan spreads them). Default: the path recorded in the plan.")
 @click.option("--module-map", default=None, metavar="NAME|FILE",
               help=f"torchtitan: the model's modules of each profile layer: {', '.join(MODULE_MAPS)} "
                    f"(default {DEFAULT_MODULE_MAP}), or a JSON map file (docs/export.md).")
@@ -67,7 +67,7 @@ def export_command(plan_path, target, out_path, profile_path, module_map, approx
     uneven slices on mixed GPUs, an asynchronous schedule, and per target
     more) is refused in one line naming it (exit 4), unless --approximate."""
     for given, name, applies in ((module_map, "--module-map", ("torchtitan",)),
-                                 (profile_path, "--profile", ("torchtitan", "megatron")),
+                                 (profile_path, "--profile", ("torchtitan", "megatron", "deepspeed")),
                                  (approximate or None, "--approximate", ("torchtitan", "megatron", "deepspeed"))):
         if given is not None and target not in applies:
             raise click.UsageError(f"{name} applies to --to {' and '.join(applies)}, not {target}")
@@ -90,7 +90,11 @@ def _exported(plan, plan_path, target, out_path, profile_path, module_map, appro
     """The files to write, as (path, text), and the target's result (its
     ``shape`` and ``changes``)."""
     if target == "deepspeed":
-        result = deepspeed_partition(plan, approximate=approximate)
+        # The profile names a mixture's experts: asked for where the plan
+        # spreads them, else read where given.
+        spreads = any(stage.get("expert_parallel", 1) > 1 for stage in plan.stages)
+        profile = profile_for(plan, plan_path, profile_path) if spreads or profile_path else None
+        result = deepspeed_partition(plan, profile, approximate=approximate)
         return [(out_path, result.text)], result
     profile = profile_for(plan, plan_path, profile_path)
     if target == "megatron":

@@ -149,7 +149,7 @@ def _checked_model(config, lay, plan_path, model_spec):
     """The run's model, built once the options passed their checks against
     the plan (``config.check_run``, before the model is built), and checked
     to fit the plan."""
-    from dapple.planner.runtime.config import check_layer_count, check_run, check_split_layers
+    from dapple.planner.runtime.config import check_expert_layers, check_layer_count, check_run, check_split_layers
     from dapple.planner.runtime.evaluation import declares_validation
     from dapple.planner.runtime.launcher import visible_gpus
 
@@ -167,6 +167,7 @@ def _checked_model(config, lay, plan_path, model_spec):
     try:
         check_layer_count(lay, len(spec.layers), model_spec)
         check_split_layers(lay, [layer for _, layer in spec.layers], model_spec)
+        check_expert_layers(lay, [layer for _, layer in spec.layers], model_spec)
     except IncompatibleInputsError as e:
         raise IncompatibleInputsError(f"{plan_path}: {e}") from None
     return spec

@@ -200,6 +200,10 @@ class StageLayout:
     recompute_per_layer: bool
     split_groups: list[list[int]]
     replica_groups: list[list[int]]
+    expert_parallel: int
+    expert_groups: list[list[int]]
+    expert_replica_groups: list[list[int]]
+    offload_optimizer: bool
 
 class RunLayout:
     devices: tuple[int, ...]
@@ -298,7 +302,8 @@ def megatron_plan(
     offload: str = "none",
 ) -> Plan: ...
 def transformer_splits(
-    *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float
+    *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float,
+    experts: int = 0, experts_per_token: int = 0, expert_ffn: int = 0,
 ) -> dict[str, dict]: ...
 def check_memory_floor(
     profile: Profile, topology: Topology, global_batch_size: int, *, min_micro_batch_size: int | None = None

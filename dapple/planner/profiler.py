@@ -320,6 +320,9 @@ def _layer_record(name, layer, spec, records: list[dict]) -> dict:
         # How the layer splits, where it declares it (the runtime
         # shards it this way: runtime/tensor_parallel.py).
         **({"split": list(layer.split_patterns)} if getattr(layer, "split_patterns", None) else {}),
+        # Its routed experts, where it has them (the runtime spreads them
+        # over a stage's expert groups: runtime/experts.py).
+        **({"experts": dict(layer.expert_pattern)} if getattr(layer, "expert_pattern", None) else {}),
     }
 
 

@@ -11,7 +11,8 @@ boundaries; torchtitan the same shapes under any synchronous kind of one
 stage a rank, and no re-computation of whole stages; torch's runtime
 (``torch``: dapple's own runtime, and the schedule CSV) any synchronous
 plan whose stages are replicated and split alike, without sequence
-parallelism or selective re-computation.
+parallelism or selective re-computation, its experts spread only over
+replicas (``runtime/layout.py``'s refusals are the rule).
 
 The candidates are the free search's plan, the search for the target's
 schedule alone, and the fastest of Megatron-LM's uniform shapes that the

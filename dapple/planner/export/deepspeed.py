@@ -9,6 +9,14 @@ DeepSpeed takes no ``parts`` argument (DeepSpeed issue 2974): a
 (``docs/export.md``), unless they are DeepSpeed's own ``uniform``
 partition, which ``partition_method`` then names. It runs 1F1B only
 (``TrainSchedule``; ``shape.one_f_one_b``) and ZeRO stage 1 at most.
+
+A mixture of experts (the profile's ``layers[i].experts``) is DeepSpeed's
+``deepspeed.moe.layer.MoE`` in those layers: the JSON's ``moe`` holds its
+arguments (``num_experts``, ``k``, ``ep_size``: expert groups of
+consecutive data-parallel ranks, as dapple's are;
+``enable_expert_tensor_parallelism`` where the stage splits, each expert
+split t ways as dapple's et = t; ``drop_tokens`` false, since dapple
+prices every routed token).
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ import json
 from dataclasses import dataclass
 
 from ..plan import Plan
-from .shape import Rounding, RunShape, one_f_one_b, refuse_offload_without_zero, run_shape
+from ..profile import Profile
+from .shape import (Rounding, RunShape, expert_kind, one_f_one_b, refuse_experts_spread_on_some_stages,
+                    refuse_offload_without_zero, run_shape)
 
 TARGET = "DeepSpeed"
 
@@ -42,9 +52,10 @@ def uniform_parts(num_layers: int, num_stages: int) -> list[int]:
     return [s * chunk + min(s, residual) for s in range(num_stages + 1)]
 
 
-def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPartition:
-    """DeepSpeed's partition of ``plan``."""
-    shape = run_shape(plan, TARGET, approximate)
+def deepspeed_partition(plan: Plan, profile: Profile | None = None, *, approximate: bool = False) -> DeepSpeedPartition:
+    """DeepSpeed's partition of ``plan``; with its layers' experts where
+    ``profile`` is given (needed where the plan spreads experts)."""
+    shape = run_shape(plan, TARGET, approximate, writes_experts=profile is not None)
     rounding = Rounding(TARGET, approximate)
     if shape.sequence_parallel:
         rounding.refuse("sequence parallelism", "its pipeline engine does not shard the sequence",
@@ -60,6 +71,7 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
     if shape.hides_param_gather:
         rounding.refuse("ZeRO-1's weight gather behind the next forward", "its ZeRO stage 1 gathers the weights "
                         "right after the optimizer's step", "the gather after the step (slower than planned)")
+    moe = _moe_arguments(plan, profile, shape, rounding) if profile is not None else None
     changes = shape.changes + one_f_one_b(plan, TARGET, approximate) + tuple(rounding.changes)
     parts = [start for start, _ in shape.stage_ranges] + [shape.stage_ranges[-1][1]]
     num_layers = parts[-1]
@@ -88,8 +100,28 @@ def deepspeed_partition(plan: Plan, *, approximate: bool = False) -> DeepSpeedPa
                                            "per-layer": 1, "selective": 1}[shape.recompute],
         "config": config,
     }
+    if moe is not None:
+        data["moe"] = moe
     if parts == uniform_parts(num_layers, shape.stages):
         # DeepSpeed's own method gives these parts; where none does,
         # _partition_layers must set them.
         data["partition_method"] = "uniform"
     return DeepSpeedPartition(text=json.dumps(data, indent=2) + "\n", data=data, shape=shape, changes=changes)
+
+
+def _moe_arguments(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> dict | None:
+    """``deepspeed.moe.layer.MoE``'s arguments for the layers with experts
+    (by profile layer index); None for a dense model."""
+    kind = expert_kind(profile, rounding)
+    if kind is None:
+        return None
+    refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
+    count, per_token = kind
+    return {
+        "layers": [i for i, layer in enumerate(profile.data["layers"]) if layer.get("experts")],
+        "num_experts": count,
+        "k": per_token,
+        "ep_size": shape.expert_parallel,
+        "enable_expert_tensor_parallelism": shape.tensor_parallel > 1,
+        "drop_tokens": False,
+    }

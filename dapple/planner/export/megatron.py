@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from ..megatron_layout import layer_tokens, plan_layout
 from ..plan import Plan
 from ..profile import Profile
-from .shape import (Rounding, RunShape, one_f_one_b, refuse_experts_spread_on_some_stages, refuse_offload_without_zero,
-                    run_shape)
+from .shape import (Rounding, RunShape, expert_kind, one_f_one_b, refuse_experts_spread_on_some_stages,
+                    refuse_offload_without_zero, run_shape)
 
 TARGET = "Megatron-LM"
 #: The bash array the file sets.
@@ -84,20 +84,15 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
     have them (``--moe-layer-freq`` where some do not), the expert degree
     and the experts' tensor degree (the GPUs each expert's columns are
     split over). Every stage with experts spreads them alike."""
-    layers = profile.data["layers"]
-    experts = [layer.get("experts") for layer in layers]
-    kinds = {(e["count"], e["per_token"]) for e in experts if e}
-    if not kinds:
+    kind = expert_kind(profile, rounding)
+    if kind is None:
         return []
-    if len(kinds) > 1:
-        listed = ", ".join(f"{count} experts, {k} a token" for count, k in sorted(kinds))
-        rounding.refuse(f"layers with experts of several counts (layers[i].experts: {listed})",
-                        "it takes one count for every layer", None)
+    experts = [layer.get("experts") for layer in profile.data["layers"]]
     if shape.tensor_parallel > 1 and not shape.sequence_parallel:
         rounding.refuse(f"a mixture of experts split {shape.tensor_parallel} ways without sequence parallelism",
                         "its validate_args asserts sequence parallelism with experts and tensor parallelism",
                         "--sequence-parallel (less activation memory and other collectives than planned)")
-    count, per_token = kinds.pop()
+    count, per_token = kind
     refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
     options = [("--num-experts", str(count)), ("--moe-router-topk", str(per_token))]
     if shape.tensor_parallel > 1 and not shape.sequence_parallel:

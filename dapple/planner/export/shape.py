@@ -108,7 +108,8 @@ def _word(value) -> str:
 def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_experts: bool = False) -> RunShape:
     """The plan as ``target`` runs it: one degree of each kind on every
     stage. Raises ``IncompatibleInputsError`` naming what ``target`` cannot
-    express (spread experts unless ``writes_experts``); ``approximate``
+    express (spread experts unless ``writes_experts``: the caller has the
+    profile that names them); ``approximate``
     rounds instead and says so in ``changes``."""
     rounding = Rounding(target, approximate)
     kind = plan.core.schedule_kind
@@ -122,7 +123,8 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     spread = [i for i, s in enumerate(shapes) if s.expert_parallel > 1]
     if spread and not writes_experts:
         rounding.refuse(f"expert parallelism (stages[{spread[0]}].expert_parallel "
-                        f"{shapes[spread[0]].expert_parallel})", f"dapple does not write it for {target} yet", None)
+                        f"{shapes[spread[0]].expert_parallel}) without the profile that names the experts",
+                        "pass the profile (--profile)", None)
     # Stages without experts to spread keep 1 (`plan::check`), whatever the run's degree.
     degrees = sorted({shapes[i].expert_parallel for i in spread})
     if len(degrees) > 1:
@@ -205,6 +207,18 @@ def refuse_offload_without_zero(shape: RunShape, rounding: Rounding) -> None:
         rounding.refuse("an offloaded optimizer without ZeRO-1", f"its offloaded optimizer is sharded over the "
                         f"{shape.replicas} replicas", "ZeRO-1 with it (less host memory and a shorter step than "
                         "planned)")
+
+
+def expert_kind(profile, rounding: Rounding) -> tuple[int, int] | None:
+    """The routed experts of ``profile``'s layers that have some: (count,
+    experts per token), one kind for every such layer (the targets take one
+    count); None for a dense model."""
+    kinds = {(e["count"], e["per_token"]) for e in (layer.get("experts") for layer in profile.data["layers"]) if e}
+    if len(kinds) > 1:
+        listed = ", ".join(f"{count} experts, {k} a token" for count, k in sorted(kinds))
+        rounding.refuse(f"layers with experts of several counts (layers[i].experts: {listed})",
+                        "it takes one count for every layer", None)
+    return kinds.pop() if kinds else None
 
 
 def refuse_experts_spread_on_some_stages(plan: Plan, profile, shape: RunShape, rounding: Rounding) -> None:

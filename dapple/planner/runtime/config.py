@@ -175,6 +175,29 @@ def check_split_layers(layout: Layout, layers: list, model: str = "the model") -
                     f"(its shards divide {counts})")
 
 
+def check_expert_layers(layout: Layout, layers: list, model: str = "the model") -> None:
+    """A stage that spreads experts (e > 1) has a layer that declares them
+    (``expert_pattern``, ``spread``: see ``experts.py``), and e divides
+    every such layer's experts."""
+    for i, stage in enumerate(layout.stages):
+        e = stage.expert_parallel
+        if e == 1:
+            continue
+        field = f"field stages[{i}].expert_parallel: value {e}"
+        with_experts = [index for index in range(stage.layer_start, stage.layer_end)
+                        if getattr(layers[index], "expert_pattern", None)]
+        if not with_experts:
+            raise IncompatibleInputsError(f"{field}: no layer of the stage ({stage.layer_start}..{stage.layer_end}) "
+                                          f"of {model} declares experts")
+        for index in with_experts:
+            layer = layers[index]
+            count = layer.expert_pattern["count"]
+            if not callable(getattr(layer, "spread", None)):
+                raise IncompatibleInputsError(f"{field}: layer {index} of {model} cannot spread its experts (no spread)")
+            if count % e:
+                raise IncompatibleInputsError(f"{field} does not divide the {count} experts of layer {index} of {model}")
+
+
 @dataclass
 class Job:
     """Everything a rank needs to train: picklable, handed to launched

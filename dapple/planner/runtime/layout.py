@@ -29,6 +29,14 @@ def _asked(name: str, doc: str | None = None) -> property:
     return property(lambda self: getattr(self.core, name), doc=doc)
 
 
+def _backward_splits_or_moves(plan: Plan) -> bool:
+    """Whether some backward of ``plan`` splits into I and W, or runs on
+    other weights than its forward (an asynchronous schedule)."""
+    if plan.core.schedule_kind in _core.ASYNCHRONOUS_SCHEDULES:
+        return True
+    return any(a.kind in ("I", "W") for s in plan.core.layout().stages for a in s.actions)
+
+
 @dataclass(frozen=True)
 class Layout:
     """A plan as ranks: the core's own ``RunLayout`` (``core``), asked and
@@ -42,13 +50,22 @@ class Layout:
         when its stages cannot run, and IncompatibleInputsError where they
         need what this runtime does not run (sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
-        checkpoints whole layers or stages; expert parallelism; an offloaded
-        optimizer)."""
+        checkpoints whole layers or stages; experts spread over a split
+        stage, beside ZeRO-1, or under a schedule whose backward splits into
+        I and W or runs on other weights than its forward: what it runs of
+        expert parallelism is Whale's, experts over the replicas)."""
+        kind = plan.core.schedule_kind
         for i, shape in enumerate(plan.stage_shapes):
+            spread = shape.expert_parallel > 1
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
-                       ("expert_parallel", "expert parallelism") if shape.expert_parallel > 1 else
-                       ("offload", "an offloaded optimizer") if shape.offload != "none" else None)
+                       ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
+                       ("expert_parallel", "experts spread beside ZeRO-1") if spread and shape.shard_optimizer else
+                       ("expert_parallel", f"experts spread under {kind}, whose backward splits or runs on other "
+                        "weights") if spread and _backward_splits_or_moves(plan) else
+                       ("offload", f"an offloaded optimizer under {kind}, whose weight prediction reads the "
+                        "optimizer's state") if shape.offload != "none" and kind in _core.ASYNCHRONOUS_SCHEDULES
+                       else None)
             if refused:
                 raise IncompatibleInputsError(
                     f"field stages[{i}].{refused[0]}: dapple's runtime does not run {refused[1]}; export the plan "

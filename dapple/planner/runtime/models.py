@@ -29,9 +29,10 @@ from torch.nn import functional as F
 
 from .. import _core
 from ..errors import InvalidInputError
+from .experts import MoEBlock
 from .tensor_parallel import ShardedBlock, ShardedEmbedding, ShardedLMHead, SplitGroup
 
-__all__ = ["ModelSpec", "load_model", "gpt", "bert", "vgg", "hf_gpt2", "digits", "TransformerBlock"]
+__all__ = ["ModelSpec", "load_model", "gpt", "gpt_moe", "bert", "vgg", "hf_gpt2", "digits", "TransformerBlock"]
 
 
 @dataclass
@@ -328,6 +329,39 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
     head.split_patterns = [splits["lm_head"]]
     config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, seed=seed)
     return _language_model(emb, blocks, head, f"gpt-{n_layers}x{d_model}", config)
+
+
+def gpt_moe(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, vocab: int = 256, experts: int = 4,
+            experts_per_token: int = 2, expert_ffn: int = 64, seed: int = 0) -> ModelSpec:
+    """A GPT whose blocks' MLP is a mixture of experts (``experts.MoEBlock``:
+    ``experts`` routed GELU experts of ``expert_ffn`` columns,
+    ``experts_per_token`` a token, Mixtral's routing): ``embedding``,
+    ``block0`` .. ``block{n-1}``, ``lm_head``; the GPT's inputs and targets.
+    Its blocks spread their experts over a stage's expert groups (the
+    profile's ``experts``), and do not split; the embedding and the head
+    split as the GPT's do."""
+    _check_sizes(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, experts=experts,
+                 experts_per_token=experts_per_token, expert_ffn=expert_ffn)
+    if experts_per_token > experts:
+        raise InvalidInputError(f"experts_per_token {experts_per_token} is more than the {experts} experts")
+    with _seeded(seed):
+        emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
+        blocks = [MoEBlock(d_model, n_heads, seq, experts=experts, per_token=experts_per_token, expert_ffn=expert_ffn)
+                  for _ in range(n_layers)]
+        head = _LMHead(d_model, vocab)
+    # The experts' pattern as the core works it out for analytic profiles
+    # with experts, at this model's fp32 values (the blocks' dense parts
+    # keep the GPT's biases, the experts have none).
+    splits = _core.transformer_splits(hidden=d_model, ffn=0, heads=n_heads, vocabulary=vocab, positions=seq,
+                                      seq_len=seq, value_bytes=4.0, experts=experts,
+                                      experts_per_token=experts_per_token, expert_ffn=expert_ffn)
+    emb.split_patterns = [splits["embedding"]]
+    for block in blocks:
+        block.expert_pattern = splits["block_experts"]
+    head.split_patterns = [splits["lm_head"]]
+    config = dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, experts=experts,
+                  experts_per_token=experts_per_token, expert_ffn=expert_ffn, seed=seed)
+    return _language_model(emb, blocks, head, f"gpt-moe-{n_layers}x{d_model}-e{experts}", config)
 
 
 def _digits_split(validation_share: float = 0.2):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import Job, check_layer_count, check_split_layers
+from .config import Job, check_expert_layers, check_layer_count, check_split_layers
 from .data import SeededBatches
+from .experts import ExpertGroup, expert_parameters, spread_layers
 from .memory import PeakMemory
 from .tensor_parallel import SplitGroup, shard_layers
 from .training import Precision, layers_of, make_optimizer, make_sharded_optimizer
@@ -131,6 +132,12 @@ class RankSetup:
     #: Saved state beyond the model and the optimizer, from the checkpoint
     #: resumed (None when starting afresh).
     resumed: dict | None = None
+    #: Where the stage spreads its experts: the routed experts this rank
+    #: holds (of ``params``), and the ranks holding the same ones in the
+    #: other expert groups (None: no other), over which their gradients
+    #: are summed instead of over the replica group.
+    expert_params: list[nn.Parameter] = field(default_factory=list)
+    expert_group: Any = None
 
     def computed(self, work):
         """``work()``, made ``slow`` times longer when the experiment asks."""
@@ -142,11 +149,16 @@ class RankSetup:
         return result
 
     def reduce_gradients(self, skip: bool = False) -> bool:
-        """Sum the stage's gradients over its replicas; False when there is
-        nothing to reduce (one replica, or the testing hook ``skip``)."""
-        if self.group is None or skip:
+        """Sum the stage's gradients over its replicas (a routed expert's
+        over the ranks holding the same one); False when there is nothing
+        to reduce (one replica, or the testing hook ``skip``)."""
+        if skip or (self.group is None and self.expert_group is None):
             return False
-        allreduce_grads(self.params, self.group)
+        experts = {id(p) for p in self.expert_params}
+        if self.group is not None:
+            allreduce_grads([p for p in self.params if id(p) not in experts], self.group)
+        if self.expert_group is not None:
+            allreduce_grads(self.expert_params, self.expert_group)
         return True
 
     def prepare_step(self) -> None:
@@ -231,13 +243,27 @@ def optimizer_state(opt) -> dict | None:
     return local_optimizer(opt).state_dict() if opt is not None else None
 
 
-def _process_groups(lay, rank: int) -> tuple[Any, SplitGroup | None]:
-    """Every stage's replica groups, then its split groups, made by every
-    rank in that order (``new_group`` is collective); this rank's replica
-    group and split group (a chunked plan's chunks of one rank have the
-    same ones)."""
+@dataclass(frozen=True)
+class RankGroups:
+    """A rank's process groups: its replica group and split group (the same
+    for a chunked plan's chunks of one rank), and by stage, where the stage
+    spreads its experts, its expert group and the group holding its
+    experts (None where that is the rank alone)."""
+
+    replica: Any
+    split: SplitGroup | None
+    experts: dict[int, ExpertGroup]
+    expert_replicas: dict[int, Any]
+
+
+def _process_groups(lay, rank: int) -> RankGroups:
+    """Every stage's replica groups, then its split groups, then its expert
+    groups and the groups holding the same experts, made by every rank in
+    that order (``new_group`` is collective)."""
     replica_group = split = None
-    for stage in lay.stages:
+    experts: dict[int, ExpertGroup] = {}
+    expert_replicas: dict[int, Any] = {}
+    for i, stage in enumerate(lay.stages):
         for ranks in stage.replica_groups:
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
             if rank in ranks:
@@ -246,12 +272,24 @@ def _process_groups(lay, rank: int) -> tuple[Any, SplitGroup | None]:
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
             if rank in ranks and group is not None:
                 split = SplitGroup(group, list(ranks).index(rank), len(ranks))
-    return replica_group, split
+        if stage.expert_parallel == 1:
+            continue
+        for ranks in stage.expert_groups:
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                experts[i] = ExpertGroup(group, list(ranks).index(rank), len(ranks))
+        for ranks in stage.expert_replica_groups:
+            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            if rank in ranks and group is not None:
+                expert_replicas[i] = group
+    return RankGroups(replica_group, split, experts, expert_replicas)
 
 
-def _stage_layers(job: Job, stage: int, split: SplitGroup | None) -> tuple[list[nn.Module], Callable | None]:
+def _stage_layers(job: Job, stage: int, split: SplitGroup | None,
+                  experts: ExpertGroup | None) -> tuple[list[nn.Module], Callable | None]:
     """This rank's layers of ``stage`` (its shards of them when the stage
-    splits), and the loss of a split last stage."""
+    splits, its part of the experts where it spreads them), and the loss
+    of a split last stage."""
     lay, config = job.layout, job.config
     a, b = lay.layer_ranges[stage]
     made = config.layers_factory()
@@ -260,8 +298,11 @@ def _stage_layers(job: Job, stage: int, split: SplitGroup | None) -> tuple[list[
         config.batches.use_maker(getattr(made, "make_batch", None))
     check_layer_count(lay, len(all_layers))
     check_split_layers(lay, all_layers)
+    check_expert_layers(lay, all_layers)
     layers = all_layers[a:b]
     del all_layers, made  # the other stages' layers are not this rank's to keep
+    if experts is not None:
+        layers = spread_layers(layers, experts)
     if split is None:
         return layers, None
     layers = shard_layers(layers, split)
@@ -284,11 +325,11 @@ def open_stages(rank: int, job: Job) -> list[RankSetup]:
     process groups and its peers; the process group must be up. The
     stages share the rank's groups, device, transport and dtype."""
     lay, config = job.layout, job.config
-    replica_group, split = _process_groups(lay, rank)
+    groups = _process_groups(lay, rank)
     dev = rank_device(config.device, rank)
     comm = PointToPoint(dev, rank, len(lay.stages) - 1)
     precision = Precision.for_rank(config.dtype, dev)
-    shared = (replica_group, split, dev, comm, precision)
+    shared = (groups, dev, comm, precision)
     return [_open_stage(rank, job, stage, position, shared) for stage, position in lay.positions(rank)]
 
 
@@ -297,18 +338,21 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     (built from the run's seed, as one process would build the model),
     optimizer and links."""
     lay, config = job.layout, job.config
-    replica_group, split, dev, comm, precision = shared
+    groups, dev, comm, precision = shared
+    replica_group, split = groups.replica, groups.split
     stage_layout = lay.stages[stage]
     me = stage_layout.replicas[position]
     a, b = lay.layer_ranges[stage]
     torch.manual_seed(config.seed)
-    layers, loss_fn = _stage_layers(job, stage, split)
+    layers, loss_fn = _stage_layers(job, stage, split, groups.experts.get(stage))
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
+    held_experts = expert_parameters(layers)
+    offload = stage_layout.offload_optimizer
     if stage_layout.shard_optimizer and replica_group is not None:
-        opt = make_sharded_optimizer(params, config.optimizer, config.lr, replica_group)
+        opt = make_sharded_optimizer(params, config.optimizer, config.lr, replica_group, offload=offload)
     else:
-        opt = make_optimizer(params, config.optimizer, config.lr)
+        opt = make_optimizer(params, config.optimizer, config.lr, offload=offload)
     resumed = _resume(module, opt, job, rank, stage, (a, b))
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
     precision.load_state_dict((resumed or {}).get("loss_scaler"))
@@ -326,9 +370,11 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         layers=layers,
         module=module,
         params=params,
+        expert_params=[p for p in params if id(p) in held_experts],
         opt=opt,
         group=replica_group,
         split=split,
+        expert_group=groups.expert_replicas.get(stage),
         comm=comm,
         links=StageLinks(comm, peers[0], peers[1], me.start, grads_to=peers[2], grads_from=peers[3], stage=stage),
         lo=me.start,

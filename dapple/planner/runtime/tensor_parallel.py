@@ -104,10 +104,10 @@ def _gathered(t: torch.Tensor, split: SplitGroup) -> list[torch.Tensor]:
 
 
 class ShardedModule(nn.Module):
-    """A shard: ``full_state()`` is the whole layer's state (every shard of
-    the split group must call it together)."""
-
-    split: SplitGroup
+    """A layer held in part: a shard of a split group, or a member's part
+    of a layer whose experts are spread (``experts.SpreadMoEBlock``).
+    ``full_state()`` is the whole layer's state (every rank holding a part
+    must call it together)."""
 
     def full_state(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -126,32 +126,91 @@ def layers_of(made: Any) -> list[nn.Module]:
     return [item[1] if isinstance(item, tuple) else item for item in made]
 
 
-def make_optimizer(params, optimizer: str, lr: float):
+def make_optimizer(params, optimizer: str, lr: float, offload: bool = False):
     """The optimizer named ``optimizer`` (``optimizers.OPTIMIZERS``) over
-    ``params``; None when there are none."""
+    ``params``, stepped on the host where ``offload`` (:func:`host_stepped`);
+    None when there are none."""
+    params = list(params)
+    return _optimizer_class(optimizer, offload)(params, lr=lr, **_arguments(optimizer)) if params else None
+
+
+def make_sharded_optimizer(params, optimizer: str, lr: float, group, offload: bool = False):
+    """ZeRO-1: the optimizer named ``optimizer`` with its state sharded over
+    the ranks of ``group`` (``ZeroRedundancyOptimizer``: each rank steps
+    its part of the parameters, on the host where ``offload``, and
+    broadcasts it); None without parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    params = list(params)
+    if not params:
+        return None
+    return ZeroRedundancyOptimizer(params, optimizer_class=_optimizer_class(optimizer, offload), process_group=group,
+                                   lr=lr, **_arguments(optimizer))
+
+
+def _optimizer_class(optimizer: str, offload: bool):
     from .optimizers import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; use {', '.join(OPTIMIZERS)}")
-    params = list(params)
-    cls, kwargs = OPTIMIZERS[optimizer]
-    return getattr(torch.optim, cls)(params, lr=lr, **kwargs) if params else None
+    cls = getattr(torch.optim, OPTIMIZERS[optimizer][0])
+    return host_stepped(cls) if offload else cls
 
 
-def make_sharded_optimizer(params, optimizer: str, lr: float, group):
-    """ZeRO-1: the optimizer named ``optimizer`` with its state sharded over
-    the ranks of ``group`` (``ZeroRedundancyOptimizer``: each rank steps
-    its part of the parameters and broadcasts it); None without parameters."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
+def _arguments(optimizer: str) -> dict:
     from .optimizers import OPTIMIZERS
 
-    params = list(params)
-    cls, kwargs = OPTIMIZERS[optimizer]
-    if not params:
-        return None
-    return ZeroRedundancyOptimizer(params, optimizer_class=getattr(torch.optim, cls), process_group=group, lr=lr,
-                                   **kwargs)
+    return OPTIMIZERS[optimizer][1]
+
+
+def host_stepped(optimizer_class: type) -> type:
+    """``optimizer_class`` with its master weights, state and step in host
+    memory (ZeRO-Offload; DeepSpeed's ``offload_optimizer``, Megatron-LM's
+    ``--optimizer-cpu-offload``): the device keeps the weights the passes
+    use and their gradients; a step copies the gradients to fp32 masters on
+    the CPU, steps them there, and copies the weights back. On the CPU
+    device the copies are plain copies: the run computes what the device
+    would, step for step."""
+
+    class HostStepped(torch.optim.Optimizer):
+        def __init__(self, params, **defaults):
+            super().__init__(params, defaults)
+            host = torch.device("cpu")
+            self.masters = {p: p.detach().to(host, torch.float32, copy=True)
+                            for group in self.param_groups for p in group["params"]}
+            self.host = optimizer_class([{**_hyper(group), "params": [self.masters[p] for p in group["params"]]}
+                                         for group in self.param_groups], **defaults)
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            pairs = [(p, self.masters[p]) for group in self.param_groups for p in group["params"]]
+            for group, host_group in zip(self.param_groups, self.host.param_groups):
+                host_group.update(_hyper(group))  # a learning rate set on this optimizer
+            for p, master in pairs:
+                master.grad = None if p.grad is None else p.grad.to(master.device, torch.float32, copy=True)
+            self.host.step()
+            for p, master in pairs:
+                p.copy_(master)
+            return None
+
+        def state_dict(self):
+            return self.host.state_dict()
+
+        def load_state_dict(self, state_dict):
+            """The host's state, and its masters from the weights (loaded
+            from the same checkpoint before)."""
+            self.host.load_state_dict(state_dict)
+            with torch.no_grad():
+                for p, master in self.masters.items():
+                    master.copy_(p)
+
+    HostStepped.__name__ = HostStepped.__qualname__ = f"HostStepped{optimizer_class.__name__}"
+    return HostStepped
+
+
+def _hyper(group: dict) -> dict:
+    """A parameter group's settings, without its parameters."""
+    return {k: v for k, v in group.items() if k != "params"}
 
 
 def scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str):

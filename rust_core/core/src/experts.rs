@@ -96,6 +96,21 @@ pub fn expert_group(position: usize, et: usize, e: usize) -> impl Iterator<Item 
     (first..first + e).map(move |q| q * t + shard)
 }
 
+/// The positions in a stage's device order of `gpus` that hold the same
+/// experts (the same expert shard) as the GPU at `position`: one in every
+/// e et consecutive GPUs, where its routed experts' gradients are reduced
+/// (the stride `cost/shaped.rs` prices). Where the experts are not spread
+/// (e = 1, et = t) these are the GPU's replica group.
+pub fn expert_replicas(
+    position: usize,
+    et: usize,
+    e: usize,
+    gpus: usize,
+) -> impl Iterator<Item = usize> {
+    let stride = et.max(1) * e.max(1);
+    (position % stride..gpus).step_by(stride)
+}
+
 impl ExpertPattern {
     /// What one GPU holds of the layer's parameters where `spread` GPUs
     /// share what it would hold of the routed experts alone (the expert

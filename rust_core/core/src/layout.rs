@@ -78,6 +78,19 @@ pub struct StageLayout {
     /// Ranks holding the same shard in every replica, by shard: the
     /// gradient AllReduce and ZeRO-1 run over these.
     pub replica_groups: Vec<Vec<u32>>,
+    /// Expert degree e: each expert group spreads the routed experts of
+    /// the stage's layers over e ranks (1: every rank holds them all).
+    pub expert_parallel: u32,
+    /// Ranks of each expert group (`Stage::expert_groups`), which exchange
+    /// their tokens: member k holds the k-th e-th of each layer's experts.
+    pub expert_groups: Vec<Vec<u32>>,
+    /// Ranks holding the same experts (`Stage::expert_replica_groups`):
+    /// the routed experts' gradients are reduced over these, the rest over
+    /// the replica groups.
+    pub expert_replica_groups: Vec<Vec<u32>>,
+    /// The optimizer's master weights, state and step on the host
+    /// (`Offload::Optimizer`).
+    pub offload_optimizer: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +231,12 @@ impl RunLayout {
             .map(|s| s.tensor_parallel.max(1))
             .collect();
         let actions = stage_actions(plan)?;
+        let ranks_of = |groups: Vec<Vec<u32>>| -> Vec<Vec<u32>> {
+            groups
+                .into_iter()
+                .map(|g| g.into_iter().map(rank_of).collect())
+                .collect()
+        };
         let stages = plan
             .stages
             .iter()
@@ -238,6 +257,10 @@ impl RunLayout {
                     recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
                     split_groups,
                     replica_groups,
+                    expert_parallel: s.expert_parallel.max(1),
+                    expert_groups: ranks_of(s.expert_groups()),
+                    expert_replica_groups: ranks_of(s.expert_replica_groups()),
+                    offload_optimizer: !s.offload.is_none(),
                 }
             })
             .collect();
@@ -368,6 +391,30 @@ mod tests {
         assert_eq!(second.replicas[1].receives_from, vec![peer(0, 0, 2)]);
         assert!(second.replicas[1].gradients_to.is_empty());
         assert_eq!(second.replicas[2].gradients_to, vec![peer(0, 2, 4)]);
+    }
+
+    #[test]
+    fn expert_groups_are_consecutive_replicas_and_their_experts_reduce_across_them() {
+        // One stage of 4 replicas, experts over e = 2: groups {0, 1} and
+        // {2, 3} exchange tokens; ranks 0 and 2 hold the same experts.
+        let mut p = plan(4, 1, &[(0, 5, &[0, 1, 2, 3])]);
+        p.stages[0].expert_parallel = 2;
+        p.stages[0].offload = crate::shape::Offload::Optimizer;
+        let stage = &RunLayout::of(&p).unwrap().stages[0];
+        assert_eq!(stage.expert_parallel, 2);
+        assert_eq!(stage.expert_groups, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(stage.expert_replica_groups, vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(stage.replica_groups, vec![vec![0, 1, 2, 3]]);
+        assert!(stage.offload_optimizer);
+        // Not spread: each rank alone exchanges nothing, and its experts
+        // reduce over its replica group.
+        p.stages[0].expert_parallel = 1;
+        let stage = &RunLayout::of(&p).unwrap().stages[0];
+        assert_eq!(
+            stage.expert_groups,
+            vec![vec![0], vec![1], vec![2], vec![3]]
+        );
+        assert_eq!(stage.expert_replica_groups, stage.replica_groups);
     }
 
     #[test]

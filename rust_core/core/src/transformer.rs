@@ -339,6 +339,40 @@ impl TransformerConfig {
         self.moe.is_some_and(|m| block >= m.dense_blocks)
     }
 
+    /// The routed experts of a block that has them (`experts.rs`'s
+    /// pattern), at `s` tokens a sample and activations of `value_bytes`,
+    /// routing balanced; None for a dense model. One rule for the analytic
+    /// profiles (bf16) and the runtime's mixture-of-experts model
+    /// (`transformer_splits`, fp32).
+    pub fn expert_pattern(&self, s: f64, value_bytes: f64) -> Option<ExpertPattern> {
+        let moe = self.moe?;
+        let (params, _) = self.block_params(true);
+        let routed = moe.experts as f64 * self.mlp_matrix_params(moe.expert_ffn);
+        Some(ExpertPattern {
+            count: moe.experts as u32,
+            per_token: moe.experts_per_token as u32,
+            param_fraction: routed / params,
+            // Each token's k copies of its hidden state.
+            all_to_all_bytes_per_sample: s
+                * (moe.experts_per_token * self.hidden) as f64
+                * value_bytes,
+            // The split pattern's gather of the hidden state into the MLP
+            // and scatter of its output (one of its two calls a pass),
+            // which shared experts still need.
+            split_gather_bytes_per_sample: if moe.shared_ffn == 0 {
+                s * self.hidden as f64 * value_bytes
+            } else {
+                0.0
+            },
+            // The routed experts' FLOPs over the block's, forward.
+            compute_fraction: 2.0
+                * s
+                * (moe.experts_per_token as f64 * self.mlp_matrix_params(moe.expert_ffn))
+                / self.block_fwd_flops(s, true),
+            imbalance: 1.0,
+        })
+    }
+
     /// The matrices of an MLP of `width` columns: up (and gate) and down.
     fn mlp_matrix_params(&self, width: u64) -> f64 {
         let matrices = if self.gated_mlp { 3.0 } else { 2.0 };
@@ -1281,27 +1315,13 @@ impl LayerMaker<'_> {
             (stored, s * config.hidden as f64 * BF16),
             self.splits().block(experts),
         )?;
-        layer.experts = config.moe.filter(|_| experts).map(|moe| ExpertPattern {
-            count: moe.experts as u32,
-            per_token: moe.experts_per_token as u32,
-            param_fraction: moe.experts as f64 * config.mlp_matrix_params(moe.expert_ffn) / params,
-            // Each token's k copies of its hidden state, in bf16.
-            all_to_all_bytes_per_sample: s * (moe.experts_per_token * config.hidden) as f64 * BF16,
-            // The split pattern's gather of the hidden state into the MLP
-            // and scatter of its output (one of its two calls a pass),
-            // which shared experts still need.
-            split_gather_bytes_per_sample: if moe.shared_ffn == 0 {
-                s * config.hidden as f64 * BF16
-            } else {
-                0.0
-            },
-            // The routed experts' FLOPs over the block's, forward.
-            compute_fraction: 2.0
-                * s
-                * (moe.experts_per_token as f64 * config.mlp_matrix_params(moe.expert_ffn))
-                / config.block_fwd_flops(s, experts),
-            imbalance: self.expert_imbalance,
-        });
+        layer.experts = config
+            .expert_pattern(s, BF16)
+            .filter(|_| experts)
+            .map(|pattern| ExpertPattern {
+                imbalance: self.expert_imbalance,
+                ..pattern
+            });
         Ok(layer)
     }
 
@@ -1432,6 +1452,8 @@ pub struct TransformerSplits {
     pub embedding: SplitPattern,
     pub block: SplitPattern,
     pub lm_head: SplitPattern,
+    /// A block's routed experts, where the config has a mixture of them.
+    pub block_experts: Option<ExpertPattern>,
 }
 
 /// The patterns of a model the runtime runs (`planner/runtime/models.py`'s
@@ -1455,8 +1477,9 @@ pub fn transformer_splits(
     };
     TransformerSplits {
         embedding: maker.embedding(),
-        block: maker.block(false),
+        block: maker.block(config.moe.is_some()),
         lm_head: maker.lm_head(),
+        block_experts: config.expert_pattern(seq_len as f64, value_bytes),
     }
 }
 

@@ -69,8 +69,10 @@ impl From<&ReplicaLayout> for PyReplicaLayout {
 
 /// One stage: its layers, its ranks (`replicas`, one entry per rank in the
 /// order of its devices), its action list (forwards and backwards, then
-/// "AR" and "OPT"), its shape (split degree, ZeRO-1, re-computation) and
-/// the ranks of its split groups (by replica) and replica groups (by shard).
+/// "AR" and "OPT"), its shape (split degree, ZeRO-1, re-computation, expert
+/// degree, an offloaded optimizer) and the ranks of its split groups (by
+/// replica), replica groups (by shard), expert groups and the groups
+/// holding the same experts.
 #[pyclass(frozen, get_all, module = "dapple.planner._core", name = "StageLayout")]
 #[derive(Clone)]
 pub struct PyStageLayout {
@@ -84,6 +86,10 @@ pub struct PyStageLayout {
     recompute_per_layer: bool,
     split_groups: Vec<Vec<u32>>,
     replica_groups: Vec<Vec<u32>>,
+    expert_parallel: u32,
+    expert_groups: Vec<Vec<u32>>,
+    expert_replica_groups: Vec<Vec<u32>>,
+    offload_optimizer: bool,
 }
 
 impl From<&StageLayout> for PyStageLayout {
@@ -99,6 +105,10 @@ impl From<&StageLayout> for PyStageLayout {
             recompute_per_layer: s.recompute_per_layer,
             split_groups: s.split_groups.clone(),
             replica_groups: s.replica_groups.clone(),
+            expert_parallel: s.expert_parallel,
+            expert_groups: s.expert_groups.clone(),
+            expert_replica_groups: s.expert_replica_groups.clone(),
+            offload_optimizer: s.offload_optimizer,
         }
     }
 }

@@ -1,7 +1,7 @@
 use dapple_core::gpus::GPU_TYPES;
 use dapple_core::kernels::AttentionKernel;
 use dapple_core::transformer::{
-    transformer_profile as generate, transformer_splits as splits_of, TransformerConfig,
+    transformer_profile as generate, transformer_splits as splits_of, MoeConfig, TransformerConfig,
     TransformerOptions, MODELS,
 };
 use pyo3::prelude::*;
@@ -54,9 +54,13 @@ fn transformer_profile(
 /// The sharding patterns (a profile layer's `split`, as plain data) of a
 /// runtime model's `embedding`, each `block` and `lm_head`: a GPT-2 style
 /// transformer (biases, LayerNorm, GeLU MLP of `ffn` columns, learned
-/// positions) at `seq_len` tokens a sample, activations of `value_bytes`.
+/// positions) at `seq_len` tokens a sample, activations of `value_bytes`;
+/// with `experts` > 0 its blocks' MLP is a mixture of `experts` routed
+/// experts of `expert_ffn` columns, `experts_per_token` a token, and the
+/// dict also holds their pattern (`block_experts`, a profile layer's
+/// `experts`).
 #[pyfunction]
-#[pyo3(signature = (*, hidden, ffn, heads, vocabulary, positions, seq_len, value_bytes))]
+#[pyo3(signature = (*, hidden, ffn, heads, vocabulary, positions, seq_len, value_bytes, experts=0, experts_per_token=0, expert_ffn=0))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_splits<'py>(
     py: Python<'py>,
@@ -67,6 +71,9 @@ fn transformer_splits<'py>(
     positions: u64,
     seq_len: u64,
     value_bytes: f64,
+    experts: u64,
+    experts_per_token: u64,
+    expert_ffn: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let config = TransformerConfig {
         hidden,
@@ -82,7 +89,13 @@ fn transformer_splits<'py>(
         // The runtime's GPT has no dropout.
         hidden_dropout: false,
         attention_dropout: false,
-        moe: None,
+        moe: (experts > 0).then_some(MoeConfig {
+            experts,
+            experts_per_token,
+            expert_ffn,
+            shared_ffn: 0,
+            dense_blocks: 0,
+        }),
         mla: None,
     };
     let splits = splits_of(&config, seq_len, value_bytes);
@@ -93,6 +106,9 @@ fn transformer_splits<'py>(
         ("lm_head", &splits.lm_head),
     ] {
         out.set_item(name, crate::convert::to_python(py, pattern)?)?;
+    }
+    if let Some(experts) = &splits.block_experts {
+        out.set_item("block_experts", crate::convert::to_python(py, experts)?)?;
     }
     Ok(out)
 }

@@ -307,6 +307,25 @@ impl Stage {
             .collect()
     }
 
+    /// The devices holding the same experts (`experts::expert_replicas`),
+    /// one group for each place in an expert group, in order of their
+    /// first device.
+    pub fn expert_replica_groups(&self) -> Vec<Vec<u32>> {
+        let shape = self.shape();
+        let (et, e) = (
+            shape.expert_tensor_degree() as usize,
+            self.expert_parallel.max(1) as usize,
+        );
+        let gpus = self.devices.len();
+        (0..gpus.min(et * e))
+            .map(|p| {
+                crate::experts::expert_replicas(p, et, e, gpus)
+                    .map(|q| self.devices[q])
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The stage over layers `start..end` instead: its devices and shape
     /// kept, but experts spread only where the new layers have some.
     pub fn over_layers(self, (start, end): (usize, usize), layers: &LayerCosts) -> Stage {
