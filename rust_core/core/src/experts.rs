@@ -120,6 +120,19 @@ impl ExpertPattern {
         1.0 - self.param_fraction + self.param_fraction / spread
     }
 
+    /// Of the part of a layer's passes that grows with the experts a GPU
+    /// holds (`Measurement::experts_held_fwd_ms`: all E against one), what
+    /// a GPU no longer spends where `spread` GPUs share what it would hold:
+    /// linear in the experts held, E / spread of them, so
+    /// (E - E / spread) / (E - 1); negative where it holds more.
+    pub fn held_dropped_share(&self, spread: f64) -> f64 {
+        let all = f64::from(self.count);
+        if all <= 1.0 {
+            return 0.0;
+        }
+        (all - all / spread) / (all - 1.0)
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.count == 0 {
             return Err(Error::field("count", "value 0 must be >= 1"));

@@ -254,6 +254,16 @@ pub struct Measurement {
     /// the backward runs again under selective re-computation. Absent: 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective_recompute_ms: Option<f64>,
+    /// Of `fwd_ms` and `bwd_ms` of a layer with routed experts, the part
+    /// that grows with the experts a GPU holds (all E of them here): what
+    /// running the same tokens' copies through E experts takes over
+    /// running them through one (reading E weights, not one, and in the
+    /// backward writing E gradients). A GPU holding E/e of them takes
+    /// (E/e - 1) / (E - 1) of it (`experts.rs`). Absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_held_fwd_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_held_bwd_ms: Option<f64>,
 }
 
 impl Measurement {
@@ -266,6 +276,27 @@ impl Measurement {
         ] {
             if let Some(ms) = ms {
                 check_non_negative(|| at(field), ms)?;
+            }
+        }
+        for (field, ms, whole, pass) in [
+            (
+                "experts_held_fwd_ms",
+                self.experts_held_fwd_ms,
+                self.fwd_ms,
+                "fwd_ms",
+            ),
+            (
+                "experts_held_bwd_ms",
+                self.experts_held_bwd_ms,
+                self.bwd_ms,
+                "bwd_ms",
+            ),
+        ] {
+            if let Some(ms) = ms.filter(|ms| !(ms.is_finite() && (0.0..=whole).contains(ms))) {
+                return Err(Error::field(
+                    at(field),
+                    format!("value {ms} must be a number in 0..={pass} ({whole}): it is part of that pass"),
+                ));
             }
         }
         let stored = self
@@ -301,6 +332,8 @@ impl Measurement {
             &mut self.recompute_fwd_ms,
             &mut self.bwd_weight_ms,
             &mut self.selective_recompute_ms,
+            &mut self.experts_held_fwd_ms,
+            &mut self.experts_held_bwd_ms,
         ]
         .into_iter()
         .flatten()
@@ -361,6 +394,29 @@ impl Layer {
                 (m.batch_size, share)
             })
             .collect()
+    }
+
+    /// The shares of its forward and backward that grow with the routed
+    /// experts a GPU holds (`Measurement::experts_held_fwd_ms`), at each
+    /// measured batch size (0 where not measured).
+    pub fn experts_held_fractions(&self) -> [Vec<(u32, f64)>; 2] {
+        let share = |ms: Option<f64>, whole: f64| {
+            if whole > 0.0 {
+                ms.unwrap_or(0.0) / whole
+            } else {
+                0.0
+            }
+        };
+        [
+            self.measurements
+                .iter()
+                .map(|m| (m.batch_size, share(m.experts_held_fwd_ms, m.fwd_ms)))
+                .collect(),
+            self.measurements
+                .iter()
+                .map(|m| (m.batch_size, share(m.experts_held_bwd_ms, m.bwd_ms)))
+                .collect(),
+        ]
     }
 
     /// The share of its forward the layer re-runs when it ends a
@@ -951,6 +1007,9 @@ pub struct LayerCosts {
     /// and by measured batch size the share of the forward it runs again.
     selective_stored_per_sample: Vec<f64>,
     selective_fractions: Vec<Vec<(u32, f64)>>,
+    /// Per layer and measured batch size: the shares of its forward and
+    /// backward that grow with the routed experts a GPU holds.
+    experts_held_fractions: Vec<[Vec<(u32, f64)>; 2]>,
     /// The optimizer's step time per parameter byte, on the profile's device.
     optimizer_ms_per_param_byte: f64,
     /// What the optimizer's step allocates above what it holds, per
@@ -1210,6 +1269,7 @@ impl LayerCosts {
                 Layer::selective_stored_bytes_per_sample,
             ),
             selective_fractions: per_layer(profile, Layer::selective_fractions),
+            experts_held_fractions: per_layer(profile, Layer::experts_held_fractions),
             cut_per_sample,
             state_per_param_byte: match &profile.parameter_state {
                 Some(p) => {
@@ -1343,6 +1403,14 @@ impl LayerCosts {
             (start, end),
             batch,
         )
+    }
+
+    /// The shares of layer `l`'s forward and backward at slices of `batch`
+    /// that grow with the routed experts a GPU holds (0 and 0 for a layer
+    /// without experts, or a profile that does not say).
+    pub fn experts_held_shares(&self, l: usize, batch: u32) -> (f64, f64) {
+        let [fwd, bwd] = &self.experts_held_fractions[l];
+        (fraction_at(fwd, batch, 0.0), fraction_at(bwd, batch, 0.0))
     }
 
     /// Per sample, what selective re-computation does not keep of layer `layer`.
@@ -1792,6 +1860,8 @@ mod tests {
                             recompute_fwd_ms: None,
                             selective_stored_bytes: None,
                             selective_recompute_ms: None,
+                            experts_held_fwd_ms: None,
+                            experts_held_bwd_ms: None,
                             bwd_weight_ms: None,
                             loss_stored_bytes: None,
                             batch_size: batch,
@@ -1879,6 +1949,8 @@ mod tests {
                 recompute_fwd_ms: None,
                 selective_stored_bytes: None,
                 selective_recompute_ms: None,
+                experts_held_fwd_ms: None,
+                experts_held_bwd_ms: None,
                 bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 2,
@@ -1892,6 +1964,8 @@ mod tests {
                 recompute_fwd_ms: None,
                 selective_stored_bytes: None,
                 selective_recompute_ms: None,
+                experts_held_fwd_ms: None,
+                experts_held_bwd_ms: None,
                 bwd_weight_ms: None,
                 loss_stored_bytes: None,
                 batch_size: 4,

@@ -35,7 +35,7 @@ pub const VOCAB_PADDING: u64 = 128;
 pub const MAX_BLOCKS: u64 = 100_000;
 
 /// Shipped model configs, by name: Hugging Face `config.json` files.
-pub const MODELS: [(&str, &str); 11] = [
+pub const MODELS: [(&str, &str); 14] = [
     (
         "gpt3-175b",
         include_str!("../../../profiles/models/gpt3-175b.json"),
@@ -79,6 +79,18 @@ pub const MODELS: [(&str, &str); 11] = [
     (
         "deepseek-v3",
         include_str!("../../../profiles/models/deepseek-v3.json"),
+    ),
+    (
+        "m6-moe-100b",
+        include_str!("../../../profiles/models/m6-moe-100b.json"),
+    ),
+    (
+        "m6-moe-1t",
+        include_str!("../../../profiles/models/m6-moe-1t.json"),
+    ),
+    (
+        "m6-moe-10t",
+        include_str!("../../../profiles/models/m6-moe-10t.json"),
     ),
 ];
 
@@ -864,6 +876,13 @@ impl TransformerConfig {
         let rows = copies.div_ceil(moe.experts);
         let mut activation_bytes =
             self.add_mlp(times, gpu, (rows, moe.experts), moe.expert_ffn / t);
+        // What holding E experts takes over holding one with every copy:
+        // under expert parallelism a GPU holds E / e of them.
+        let (mut all, mut one) = (PassTimes::default(), PassTimes::default());
+        self.add_mlp(&mut all, gpu, (rows, moe.experts), moe.expert_ffn / t);
+        self.add_mlp(&mut one, gpu, (copies, 1), moe.expert_ffn / t);
+        times.experts_held_fwd += (all.fwd - one.fwd).max(0.0);
+        times.experts_held_bwd += (all.bwd - one.bwd).max(0.0);
         activation_bytes += self.add_mlp(times, gpu, (tokens, 1), moe.shared_ffn / t);
         times.add_replicated(gpu, BF16 * ((3 * copies + tokens) * h) as f64);
         activation_bytes
@@ -1075,6 +1094,10 @@ struct PassTimes {
     /// Of the forward, what selective re-computation runs again (the
     /// unfused attention core).
     selective: f64,
+    /// Of the forward and backward, what grows with the routed experts a
+    /// GPU holds (`Measurement::experts_held_fwd_ms`).
+    experts_held_fwd: f64,
+    experts_held_bwd: f64,
 }
 
 impl PassTimes {
@@ -1186,6 +1209,8 @@ impl LayerMaker<'_> {
                     } else {
                         0.0
                     },
+                    // FLOPs at one rate: holding more experts takes no longer.
+                    ..PassTimes::default()
                 })
             }
             Timing::Operators { gpu, attention } => {
@@ -1226,6 +1251,10 @@ impl LayerMaker<'_> {
                     recompute_fwd_ms: None,
                     selective_stored_bytes: (selective > 0.0).then(|| selective.round() as u64),
                     selective_recompute_ms: (selective > 0.0).then_some(times.selective),
+                    experts_held_fwd_ms: (times.experts_held_fwd > 0.0)
+                        .then_some(times.experts_held_fwd),
+                    experts_held_bwd_ms: (times.experts_held_bwd > 0.0)
+                        .then_some(times.experts_held_bwd),
                     bwd_weight_ms: Some(times.weight),
                     loss_stored_bytes: None,
                     batch_size: b,
@@ -1701,6 +1730,50 @@ mod tests {
         let dense = TransformerConfig::named("llama-2-7b").unwrap();
         let dense = transformer_profile("llama-2-7b", &dense, &options("h100")).unwrap();
         assert!(dense.layers.iter().all(|l| l.experts.is_none()));
+    }
+
+    #[test]
+    fn a_mixture_records_what_holding_its_experts_takes() {
+        let by_operator = |gpu: &str, seq_len: u64| TransformerOptions {
+            efficiency: None,
+            seq_len,
+            ..options(gpu)
+        };
+        // Mixtral's 8 experts of 1024 copies each (2 of 4096 tokens) fill
+        // the SMs' waves as one expert of all 8192 would: holding 8 takes
+        // little more than holding one.
+        let c = TransformerConfig::named("mixtral-8x7b").unwrap();
+        let p = transformer_profile("mixtral-8x7b", &c, &by_operator("h100", 4096)).unwrap();
+        let m = &p.layers[1].measurements[0];
+        let held = m.experts_held_fwd_ms.unwrap_or(0.0);
+        assert!(held < 0.05 * m.fwd_ms, "{held} of {}", m.fwd_ms);
+        // An M6-MoE-1T stand-in's block: 2400 experts for 1024 copies (2
+        // of 512 tokens), one row each, reads 2400 experts' weights where
+        // one expert would take every copy: most of its forward.
+        let m6 = TransformerConfig::from_json(
+            r#"{"model_type": "mixtral", "hidden_act": "gelu", "hidden_size": 1024,
+                "intermediate_size": 4224, "num_attention_heads": 16, "num_key_value_heads": 16,
+                "num_hidden_layers": 2, "vocab_size": 50000, "max_position_embeddings": 512,
+                "num_local_experts": 2400, "num_experts_per_tok": 2}"#,
+        )
+        .unwrap();
+        let p = transformer_profile("m6", &m6, &by_operator("v100-32gb", 512)).unwrap();
+        let m = &p.layers[1].measurements[0];
+        let gpu = gpu_type("v100-32gb").unwrap();
+        let (mut all, mut one) = (PassTimes::default(), PassTimes::default());
+        m6.add_mlp(&mut all, gpu, (1, 2400), 4224);
+        m6.add_mlp(&mut one, gpu, (1024, 1), 4224);
+        assert_eq!(m.experts_held_fwd_ms, Some(all.fwd - one.fwd));
+        assert_eq!(m.experts_held_bwd_ms, Some(all.bwd - one.bwd));
+        assert!(
+            all.fwd - one.fwd > 0.5 * m.fwd_ms,
+            "{} of {}",
+            all.fwd - one.fwd,
+            m.fwd_ms
+        );
+        // FLOPs at one rate: no part grows with the experts held.
+        let p = transformer_profile("mixtral-8x7b", &c, &options("h100")).unwrap();
+        assert!(p.layers[1].measurements[0].experts_held_fwd_ms.is_none());
     }
 
     #[test]

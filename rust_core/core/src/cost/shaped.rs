@@ -374,29 +374,27 @@ impl StageCoster<'_> {
         let gradient_bytes = self.layers.gradient_bytes(l, l + 1) * pattern.param_fraction;
         // Each GPU sends its own tokens' copies: a replica's slice, or its
         // 1/t of it where the sequence is split too.
-        let (exchange, sent_bytes, held) = match shard {
+        // The GPUs that share what a GPU would hold of the experts without
+        // spreading them: a shard's, or the whole layer's.
+        let (exchange, sent_bytes, sharers) = match shard {
             Some(s) => {
-                // The GPUs that share what a shard holds of the experts.
                 let sharers = f64::from(sums.e) * f64::from(sums.et) / f64::from(sums.t);
                 sums.split_expert_gradient_bytes += gradient_bytes / sharers * s.param_factor;
                 let sent_bytes = f64::from(sums.split_slice)
                     * s.input_factor
                     * pattern.all_to_all_bytes_per_sample;
-                (
-                    &groups.split_exchange,
-                    sent_bytes,
-                    pattern.param_factor(sharers),
-                )
+                (&groups.split_exchange, sent_bytes, sharers)
             }
             None => {
                 sums.whole_expert_gradient_bytes += gradient_bytes / f64::from(sums.e);
                 (
                     &groups.whole_exchange,
                     f64::from(sums.whole_slice) * pattern.all_to_all_bytes_per_sample,
-                    pattern.param_factor(f64::from(sums.e)),
+                    f64::from(sums.e),
                 )
             }
         };
+        let held = pattern.param_factor(sharers);
         // The busiest GPU receives `imbalance` times the mean's copies.
         let received_bytes = sent_bytes * pattern.imbalance;
         let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(received_bytes);
@@ -416,18 +414,25 @@ impl StageCoster<'_> {
         }
         sums.settled_fwd_ms += pass_ms;
         sums.settled_bwd_ms += pass_ms;
+        let (timing, speed) = devices.paces[0];
+        let (slice, factor) = match shard {
+            Some(s) => (sums.split_slice, s.compute_factor),
+            None => (sums.whole_slice, 1.0),
+        };
+        let times = self.times(timing, slice);
+        let (fwd_ms, bwd_ms) = (times.fwd(l, l + 1), times.bwd(l, l + 1));
+        // Each GPU holds 1 / sharers of the experts: the part of the
+        // passes that grows with the experts held shrinks with them.
+        let (held_fwd, held_bwd) = self.layers.experts_held_shares(l, slice);
+        let dropped = pattern.held_dropped_share(sharers) * factor / speed;
+        sums.settled_fwd_ms -= dropped * held_fwd * fwd_ms;
+        sums.settled_bwd_ms -= dropped * held_bwd * bwd_ms;
         if pattern.imbalance > 1.0 {
             // And runs its experts over them: the layer's expert share of
             // its passes, `imbalance` times over.
-            let (timing, speed) = devices.paces[0];
-            let (slice, factor) = match shard {
-                Some(s) => (sums.split_slice, s.compute_factor),
-                None => (sums.whole_slice, 1.0),
-            };
-            let times = self.times(timing, slice);
             let longer = (pattern.imbalance - 1.0) * pattern.compute_fraction * factor / speed;
-            sums.settled_fwd_ms += longer * times.fwd(l, l + 1);
-            sums.settled_bwd_ms += longer * times.bwd(l, l + 1);
+            sums.settled_fwd_ms += longer * fwd_ms;
+            sums.settled_bwd_ms += longer * bwd_ms;
         }
         (held, gather_taken_bytes_per_sample)
     }
@@ -764,5 +769,30 @@ mod tests {
             "{} {expected}",
             cost.fwd_ms
         );
+        // Holding 4 experts takes 0.4 of its passes more than holding one
+        // (reading 4 experts' weights, not one). Spread 4 ways at et = t =
+        // 2, a GPU holds one expert's half where a shard held 4 halves: all
+        // of that part gone. At et = 1 it holds one expert whole, 2 halves'
+        // worth: (4 - 2) / (4 - 1) of it gone.
+        let mut held = profile.clone();
+        for m in &mut held.layers[0].measurements {
+            m.experts_held_fwd_ms = Some(0.4 * m.fwd_ms);
+            m.experts_held_bwd_ms = Some(0.4 * m.bwd_ms);
+        }
+        let layers = LayerCosts::new(&held);
+        let coster = StageCoster::new(&layers, &cluster, 4, 1);
+        let fwd = |s: &StageShape| coster.stage_shaped(0, 1, &devices, s, 1, false).fwd_ms;
+        let part = 0.4 * shard.compute_factor * coster.times(0, 1).fwd(0, 1);
+        let expected =
+            dense - collectives + 2.0 * at_t.ms(0.5e6) + shards.ms(0.75e6) + shards.ms(2.0 * 0.5e6)
+                - part;
+        assert!((fwd(&shape(4, None)) - expected).abs() < 1e-9);
+        let expected =
+            dense - collectives + 2.0 * whole.ms(0.5e6) + shards.ms(0.75e6) - 2.0 / 3.0 * part;
+        assert!((fwd(&shape(4, Some(1))) - expected).abs() < 1e-9);
+        // Spread 2 ways, 2 of 4 experts held: (4 - 2) / (4 - 1) of it gone.
+        let pattern = held.layers[0].experts.as_ref().unwrap();
+        assert!((pattern.held_dropped_share(2.0) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(pattern.held_dropped_share(4.0), 1.0);
     }
 }

@@ -1806,6 +1806,8 @@ mod tests {
                     recompute_fwd_ms: None,
                     selective_stored_bytes: None,
                     selective_recompute_ms: None,
+                    experts_held_fwd_ms: None,
+                    experts_held_bwd_ms: None,
                     bwd_weight_ms: None,
                     loss_stored_bytes: None,
                     batch_size: batch,

@@ -1435,6 +1435,8 @@ mod tests {
                         selective_stored_bytes: selective.then(|| kept * u64::from(b) / 2),
                         selective_recompute_ms: selective
                             .then(|| 0.1 * one.fwd_ms * f64::from(b).powf(0.4)),
+                        experts_held_fwd_ms: None,
+                        experts_held_bwd_ms: None,
                         bwd_weight_ms: None,
                         loss_stored_bytes: None,
                         batch_size: b,
@@ -1591,6 +1593,13 @@ mod tests {
                         compute_fraction: rng.gen_range(0.3..0.9),
                         imbalance: [1.0, 1.4][case % 2],
                     });
+                    // A part of its passes grows with the experts a GPU
+                    // holds, which spreading them shortens.
+                    let held = rng.gen_range(0.0..0.6);
+                    for m in &mut layer.measurements {
+                        m.experts_held_fwd_ms = Some(held * m.fwd_ms);
+                        m.experts_held_bwd_ms = Some(held * m.bwd_ms);
+                    }
                 }
             }
             let gbs = [2, 4, 8][case % 3];
