@@ -131,8 +131,4 @@ def shaped_plan(tmp_path):
     data = planner.layout_plan(str(profile), "1x8-a100-80gb", 64, [(0, 3, [0, 1, 2, 3]), (3, 6, [4, 5, 6, 7])]).data
     data["stages"][0].update(tensor_parallel=2, shard_optimizer=True)
     data["stages"][1].update(recompute="full")
-    data.pop("estimate")
-    data.pop("selection", None)
-    plan = tmp_path / "shaped-plan.json"
-    plan.write_text(json.dumps(data))
-    return plan, profile
+    return write_hand_plan(data, tmp_path / "shaped-plan.json"), profile

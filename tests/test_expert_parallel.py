@@ -89,10 +89,7 @@ def test_experts_a_degree_does_not_divide_and_stages_without_experts_are_refused
     data = planner.layout_plan(str(six), "1x8-a100-80gb", 64,
                                [(0, 1, [0, 1]), (1, 6, [2, 3, 4, 5, 6, 7])]).data
     data["stages"][0]["expert_parallel"] = 2
-    data.pop("estimate")
-    data.pop("selection", None)
-    plan = tmp_path / "dense-stage.json"
-    plan.write_text(json.dumps(data))
+    plan = write_hand_plan(data, tmp_path / "dense-stage.json")
     r = dapple("estimate", "--plan", plan, "--profile", six)
     assert_one_line_error(r, 3, "stages[0].expert_parallel: value 2: no layer of the stage (layers 0..1) has experts")
 

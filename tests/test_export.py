@@ -3,7 +3,7 @@
 import pytest
 
 from dapple import planner
-from conftest import PROFILES
+from conftest import PROFILES, write_hand_plan
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 
@@ -150,11 +150,7 @@ def hand_plan(tmp_path, profile, stages, *, micro_batch_size, micro_batches, war
     data["schedule"] = {"kind": kind or data["schedule"]["kind"], "warmup_policy": "auto"}
     for stage, (_, _, _, fields), k in zip(data["stages"], stages, warmups):
         stage.update(fields, warmup_micro_batches=k)
-    data.pop("estimate", None)
-    data.pop("selection", None)
-    path = tmp_path / name
-    path.write_text(json.dumps(data))
-    return path
+    return write_hand_plan(data, tmp_path / name)
 
 
 SPLIT_ZERO = {"tensor_parallel": 2, "shard_optimizer": True}

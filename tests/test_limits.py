@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dapple import planner
-from conftest import PROFILES, assert_one_line_error
+from conftest import PROFILES, assert_one_line_error, write_hand_plan
 from dapple.planner._core import MAX_PASSES
 
 BERT = PROFILES / "bert-48-pbs-2.json"
@@ -77,18 +77,13 @@ def test_rates_beyond_the_bound_are_invalid_inputs(dapple, tmp_path, group, fiel
 
 def _one_gpu_plan(dapple, profile, path, micro_batches):
     """A one-stage plan on one GPU with `micro_batches` micro-batches of one sample."""
-    import json
-
     assert dapple("plan", "--profile", profile, "--topology", "1x1", "--global-batch-size", 8, "--out", path,
                   "--warmup-policy", "A").returncode == 0
     plan = json.loads(path.read_text())
-    plan.pop("estimate", None)
-    plan.pop("selection", None)
     plan["inputs"]["global_batch_size"] = micro_batches
     plan["micro_batch_size"], plan["micro_batches"] = 1, micro_batches
     plan["stages"][-1]["warmup_micro_batches"] = 1
-    path.write_text(json.dumps(plan))
-    return path
+    return write_hand_plan(plan, path)
 
 
 def test_a_plan_over_the_simulation_limit_is_refused_not_run(dapple, small_profile, tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_hand_plan
 from dapple import planner
 
 TINY = {  # a Llama-style config small enough to plan in a blink
@@ -67,11 +68,7 @@ def _hand_plan(profile_path, topology, gbs, devices_per_stage, t, tmp_path, **sh
     data = base.data
     data["stages"][0]["tensor_parallel"] = t
     data["stages"][0].update(shape)
-    data.pop("estimate", None)
-    data.pop("selection", None)
-    path = tmp_path / "hand.json"
-    path.write_text(json.dumps(data))
-    return path
+    return write_hand_plan(data, tmp_path / "hand.json")
 
 
 def test_a_hand_written_split_plan_is_costed(tiny_profile, tmp_path, dapple):
@@ -98,10 +95,7 @@ def test_a_split_degree_that_does_not_divide_the_heads_or_the_vocabulary_is_refu
     profile = planner.Profile.load(str(tiny_profile))
     data = planner.layout_plan(profile, "1x5-a100-80gb", 60, [(0, 1, [0]), (1, 5, [1, 2, 3]), (5, 6, [4])]).data
     data["stages"][1]["tensor_parallel"] = 3
-    data.pop("estimate", None)
-    data.pop("selection", None)
-    blocks = tmp_path / "blocks.json"
-    blocks.write_text(json.dumps(data))
+    blocks = write_hand_plan(data, tmp_path / "blocks.json")
     for path, field, message in [
         (whole, "stages[0]", 'value 3 does not divide the vocabulary entries (padded to a multiple of 128) (1024) of layer "embedding"'),
         (blocks, "stages[1]", 'value 3 does not divide the attention heads (8) of layer "block_0"'),
@@ -118,10 +112,7 @@ def test_a_split_group_that_spans_machines_unevenly_is_refused(tiny_profile, tmp
     n = len(profile.layers)
     data = planner.layout_plan(profile, "2x8-a100-80gb", 64, [(0, n, list(range(6, 14)))]).data
     data["stages"][0]["tensor_parallel"] = 4
-    data.pop("estimate", None)
-    data.pop("selection", None)
-    path = tmp_path / "spans.json"
-    path.write_text(json.dumps(data))
+    path = write_hand_plan(data, tmp_path / "spans.json")
     result = dapple("estimate", "--plan", path, "--profile", tiny_profile)
     assert result.returncode == 3, result.stderr
     assert "field stages[0].tensor_parallel: value 4: split group [10, 11, 12, 13] takes [4] GPUs" in result.stderr
