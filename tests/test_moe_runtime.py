@@ -73,6 +73,9 @@ CASES = {
     # A pipeline of 2 stages, the second spreading its experts over r = 2,
     # its optimizer offloaded: 3 processes.
     "1-then-r2-e2-offloaded": plan_of(2, [(0, 2, [0], {}), (2, 4, [1, 2], {**E2, "offload": "optimizer"})]),
+    # ZeRO-1: the dense state over all 4 ranks, each expert's over the 2
+    # ranks holding it, apart.
+    "r4-e2-zero": plan_of(4, [(0, 4, [0, 1, 2, 3], {**E2, "shard_optimizer": True})]),
 }
 
 
@@ -125,6 +128,20 @@ def test_spread_experts_train_as_one_process(name, moe_batches, moe_reference, t
     assert experts == {"0", "1"}
 
 
+def test_spread_experts_under_zero1_resume_where_they_saved(moe_batches, tmp_path):
+    # Each rank saves its dense part's and its experts' optimizer state
+    # (ZeRO-1 over 4 and over 2 ranks) and loads both back.
+    plan = CASES["r4-e2-zero"]
+    common = dict(optimizer="adam", checkpoint_every=2, **FAST)
+    full = run_plan(plan, MOE, MOE().loss, moe_batches, STEPS, LR, checkpoint_dir=str(tmp_path / "a"), **common)
+    run_plan(plan, MOE, MOE().loss, moe_batches, 2, LR, checkpoint_dir=str(tmp_path / "b"), **common)
+    resumed = run_plan(plan, MOE, MOE().loss, moe_batches, STEPS, LR, checkpoint_dir=str(tmp_path / "b"),
+                       start_step=2, **common)
+    assert max_diff(resumed.params, full.params) < 1e-6
+    saved = checkpoint.load_rank(str(tmp_path / "b"), 2, 0)["stages"][0]["optimizer"]
+    assert len(saved["parts"]) == 2
+
+
 def test_an_offloaded_optimizer_trains_as_one_process_under_zero1():
     batches = batches_of(GPT)
     reference = train_single_process(GPT, GPT().loss, batches, STEPS, LR, optimizer="momentum")
@@ -161,7 +178,6 @@ def test_a_host_stepped_optimizer_keeps_its_state_on_the_host_and_resumes():
 
 def test_what_the_runtime_does_not_run_of_experts_is_refused_in_one_line():
     cases = {
-        "experts spread beside ZeRO-1": plan_of(4, [(0, 4, [0, 1], {**E2, "shard_optimizer": True})]),
         "experts spread over a split stage": plan_of(
             4, [(0, 4, [0, 1, 2, 3], {**E2, "tensor_parallel": 2})]),
         "whose backward splits": plan_of(4, [(0, 4, [0, 1], E2)], kind="zb-h1"),

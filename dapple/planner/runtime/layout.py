@@ -51,7 +51,7 @@ class Layout:
         need what this runtime does not run (sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
         checkpoints whole layers or stages; experts spread over a split
-        stage, beside ZeRO-1, or under a schedule whose backward splits into
+        stage, or under a schedule whose backward splits into
         I and W or runs on other weights than its forward: what it runs of
         expert parallelism is Whale's, experts over the replicas)."""
         kind = plan.core.schedule_kind
@@ -60,7 +60,6 @@ class Layout:
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
                        ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
-                       ("expert_parallel", "experts spread beside ZeRO-1") if spread and shape.shard_optimizer else
                        ("expert_parallel", f"experts spread under {kind}, whose backward splits or runs on other "
                         "weights") if spread and _backward_splits_or_moves(plan) else
                        ("offload", f"an offloaded optimizer under {kind}, whose weight prediction reads the "

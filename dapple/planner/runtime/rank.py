@@ -24,7 +24,7 @@ from .data import SeededBatches
 from .experts import ExpertGroup, expert_parameters, spread_layers
 from .memory import PeakMemory
 from .tensor_parallel import SplitGroup, shard_layers
-from .training import Precision, layers_of, make_optimizer, make_sharded_optimizer
+from .training import Precision, layers_of, local_optimizer, stage_optimizer
 from .transport import PointToPoint, StageLinks
 
 
@@ -231,14 +231,6 @@ def _resume(module: nn.Module, opt, job: Job, rank: int, stage: int, layer_range
     return resumed
 
 
-def local_optimizer(opt):
-    """The optimizer this rank steps: under ZeRO-1 the one over its part of
-    the parameters, whose state each rank saves and loads as its own (the
-    partition is the same in every run of the plan), so checkpoints need no
-    gathering."""
-    return getattr(opt, "optim", opt)
-
-
 def optimizer_state(opt) -> dict | None:
     return local_optimizer(opt).state_dict() if opt is not None else None
 
@@ -348,11 +340,13 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     module = nn.Sequential(*layers).to(dev)
     params = [p for p in module.parameters() if p.requires_grad]
     held_experts = expert_parameters(layers)
-    offload = stage_layout.offload_optimizer
-    if stage_layout.shard_optimizer and replica_group is not None:
-        opt = make_sharded_optimizer(params, config.optimizer, config.lr, replica_group, offload=offload)
-    else:
-        opt = make_optimizer(params, config.optimizer, config.lr, offload=offload)
+    expert_params = [p for p in params if id(p) in held_experts]
+    # The routed experts a rank holds step apart from the rest: their
+    # state is sharded (ZeRO-1) over the ranks holding the same ones.
+    parts = [([p for p in params if id(p) not in held_experts], replica_group),
+             (expert_params, groups.expert_replicas.get(stage))]
+    opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_optimizer,
+                          offload=stage_layout.offload_optimizer)
     resumed = _resume(module, opt, job, rank, stage, (a, b))
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
     precision.load_state_dict((resumed or {}).get("loss_scaler"))
@@ -370,7 +364,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         layers=layers,
         module=module,
         params=params,
-        expert_params=[p for p in params if id(p) in held_experts],
+        expert_params=expert_params,
         opt=opt,
         group=replica_group,
         split=split,

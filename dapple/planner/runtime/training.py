@@ -148,6 +148,58 @@ def make_sharded_optimizer(params, optimizer: str, lr: float, group, offload: bo
                                    lr=lr, **_arguments(optimizer))
 
 
+def stage_optimizer(parts: list, optimizer: str, lr: float, *, shard: bool, offload: bool):
+    """A stage's optimizer over ``parts``, (parameters, group) pairs: one
+    optimizer over each part that has parameters, ZeRO-1 over its group
+    where the stage shards its state and the group is not the rank alone;
+    one part's alone, several together (:class:`StageOptimizers`), None
+    without parameters."""
+    made = [make_sharded_optimizer(params, optimizer, lr, group, offload=offload) if shard and group is not None
+            else make_optimizer(params, optimizer, lr, offload=offload)
+            for params, group in parts if params]
+    if not made:
+        return None
+    return made[0] if len(made) == 1 else StageOptimizers(made)
+
+
+def local_optimizer(opt):
+    """The optimizer this rank steps: under ZeRO-1 the one over its part of
+    the parameters, whose state each rank saves and loads as its own (the
+    partition is the same in every run of the plan), so checkpoints need no
+    gathering."""
+    return getattr(opt, "optim", opt)
+
+
+class StageOptimizers:
+    """A stage's optimizers where its parameters step apart: the dense ones
+    (ZeRO-1 over the replica group) and the routed experts a rank holds
+    (ZeRO-1 over the ranks holding the same ones). Stepped, saved and loaded
+    together; torch's GradScaler unscales their parameter groups as one
+    optimizer's."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for part in self.parts for group in part.param_groups]
+
+    def step(self, closure=None):
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"parts": [local_optimizer(part).state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, saved in zip(self.parts, state["parts"], strict=True):
+            local_optimizer(part).load_state_dict(saved)
+
+
 def _optimizer_class(optimizer: str, offload: bool):
     from .optimizers import OPTIMIZERS
 
