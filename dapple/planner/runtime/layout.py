@@ -29,12 +29,13 @@ def _asked(name: str, doc: str | None = None) -> property:
     return property(lambda self: getattr(self.core, name), doc=doc)
 
 
-def _backward_splits_or_moves(plan: Plan) -> bool:
-    """Whether some backward of ``plan`` splits into I and W, or runs on
-    other weights than its forward (an asynchronous schedule)."""
+def _backward_splits_or_moves(plan: Plan, core: _core.RunLayout) -> bool:
+    """Whether some backward of ``plan`` (laid out as ``core``) splits into
+    I and W, or runs on other weights than its forward (an asynchronous
+    schedule)."""
     if plan.core.schedule_kind in _core.ASYNCHRONOUS_SCHEDULES:
         return True
-    return any(a.kind in ("I", "W") for s in plan.core.layout().stages for a in s.actions)
+    return any(a.kind in ("I", "W") for s in core.stages for a in s.actions)
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,16 @@ class Layout:
         I and W or runs on other weights than its forward: what it runs of
         expert parallelism is Whale's, experts over the replicas)."""
         kind = plan.core.schedule_kind
-        for i, shape in enumerate(plan.stage_shapes):
+        shapes = plan.stage_shapes
+        # Laid out once, where spread experts need its action lists.
+        core = plan.core.layout() if any(shape.expert_parallel > 1 for shape in shapes) else None
+        for i, shape in enumerate(shapes):
             spread = shape.expert_parallel > 1
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
                        ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
                        ("expert_parallel", f"experts spread under {kind}, whose backward splits or runs on other "
-                        "weights") if spread and _backward_splits_or_moves(plan) else
+                        "weights") if spread and _backward_splits_or_moves(plan, core) else
                        ("offload", f"an offloaded optimizer under {kind}, whose weight prediction reads the "
                         "optimizer's state") if shape.offload != "none" and kind in _core.ASYNCHRONOUS_SCHEDULES
                        else None)
@@ -75,7 +79,7 @@ class Layout:
                 f"field schedule.overlap: value grad_reduce {grad_reduce!r}, param_gather {param_gather}: dapple's "
                 "runtime reduces a pipeline's gradients after its backward and gathers nothing behind the forward; "
                 "plan for this runtime with --for torch")
-        return cls(plan.core.layout())
+        return cls(core if core is not None else plan.core.layout())
 
     devices = _asked("devices", "Used device ids, ascending: rank r runs on ``devices[r]``.")
     micro_batch_size = _asked("micro_batch_size")
