@@ -126,7 +126,7 @@ def simulate(profile_path: Path, topology: str, shape: dict) -> tuple[object, fl
     plan = planner.megatron_plan(
         str(profile_path), topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
         pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
-        shard_optimizer=True, sequence_parallel=True, recompute="none", overlap_grad_reduce="every-stage",
+        shard_level=1, sequence_parallel=True, recompute="none", overlap_grad_reduce="every-stage",
         overlap_param_gather=True, expert_parallel=shape["expert_parallel"],
         expert_tensor_parallel=shape["expert_tensor_parallel"])
     if shape["chunks"]:

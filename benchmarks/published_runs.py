@@ -111,10 +111,18 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
                            "--checkpoint-num-layers 1, its default; DeepSpeed's activation checkpointing of "
                            "each layer in Megatron-DeepSpeed)")
     zero = str(lay.get("zero", "none"))
-    shard_optimizer = zero.startswith("ZeRO-1")
+    shard_level, reshard_after_forward = (1 if zero.startswith("ZeRO-1") else 0), False
     if "FSDP" in str(lay.get("dp_kind", "")):
-        shard_optimizer = True
-        missing.append("FSDP's sharded gradients (costed as ZeRO-1: optimizer state sharded, gradients whole)")
+        # "shards optimizer states and grads; params not resharded after
+        # forward": the optimizer state and gradients sharded, the weights
+        # whole through the passes, which is sharding level 2 (each
+        # micro-batch's gradients reduce-scattered, the weights gathered
+        # once a step; docs/cost-model.md, "Sharding"). Level 3 keeping the
+        # weights would gather them again with every micro-batch.
+        shard_level = 2
+        assumptions.append("FSDP sharding optimizer state and gradients, the weights not re-sharded, as sharding "
+                           "level 2: each micro-batch's gradients reduce-scattered after its backward, the weights "
+                           "gathered once a step")
     gbs = lay.get("gbs_seq")
     if gbs is None:
         gbs = lay["batch_per_dp"] * lay["dp"]
@@ -135,7 +143,8 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     assumptions.append(overlap.pop("why"))
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": mbs,
              "recompute": "per-layer" if full else "selective" if selective else "none",
-             "sequence_parallel": sequence_parallel, "shard_optimizer": shard_optimizer, "global_batch": gbs,
+             "sequence_parallel": sequence_parallel, "shard_level": shard_level,
+             "reshard_after_forward": reshard_after_forward, "global_batch": gbs,
              "chunks": vpp, **overlap}, assumptions, missing)
 
 
@@ -193,7 +202,8 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
     plan = planner.megatron_plan(
         profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
         pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
-        shard_optimizer=shape["shard_optimizer"], sequence_parallel=shape["sequence_parallel"],
+        shard_level=shape["shard_level"], reshard_after_forward=shape["reshard_after_forward"],
+        sequence_parallel=shape["sequence_parallel"],
         recompute=shape["recompute"], overlap_grad_reduce=shape["overlap_grad_reduce"],
         overlap_param_gather=shape["overlap_param_gather"])
     if shape["chunks"]:
@@ -233,7 +243,9 @@ def table(results: dict) -> str:
         lay = r["layout"]
         d = r["gpus"] // (lay["tensor_parallel"] * lay["pipeline_parallel"])
         v = f" v{lay['chunks']}" if lay.get("chunks") else ""
-        zero = " zero" if lay["shard_optimizer"] else ""
+        level = lay["shard_level"]
+        zero = "" if not level else " zero" if level == 1 else f" zero{level}" + (
+            "" if level < 3 or lay["reshard_after_forward"] else " kept")
         sp = " sp" if lay.get("sequence_parallel") else ""
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']}{v} d{d} "

@@ -67,7 +67,7 @@ def whale_layout(profile, cluster: str, gbs: int, gpus: int):
         try:
             p = planner.megatron_plan(profile, cluster, gbs, tensor_parallel=1, pipeline_parallel=1,
                                       micro_batch_size=gbs // gpus, expert_parallel=gpus, offload=offload,
-                                      shard_optimizer=offload != "none")
+                                      shard_level=int(offload != "none"))
         except DappleError as e:
             last = str(e)
             continue

@@ -129,6 +129,6 @@ def shaped_plan(tmp_path):
     r = run_dapple("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 128, "--out", profile)
     assert r.returncode == 0, r.stderr
     data = planner.layout_plan(str(profile), "1x8-a100-80gb", 64, [(0, 3, [0, 1, 2, 3]), (3, 6, [4, 5, 6, 7])]).data
-    data["stages"][0].update(tensor_parallel=2, shard_optimizer=True)
+    data["stages"][0].update(tensor_parallel=2, shard_level=1)
     data["stages"][1].update(recompute="full")
     return write_hand_plan(data, tmp_path / "shaped-plan.json"), profile

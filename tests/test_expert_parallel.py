@@ -148,10 +148,11 @@ def dense_first_moe(tmp_path):
     return planner.transformer_profile(config, gpu="a100", seq_len=128, micro_batch_sizes=[1, 2])
 
 
-def _megatron_moe_plan(profile, expert_parallel, sequence_parallel=True, expert_tensor_parallel=None):
+def _megatron_moe_plan(profile, expert_parallel, sequence_parallel=True, expert_tensor_parallel=None, shard_level=0):
     return planner.megatron_plan(profile, "1x8-a100-80gb", 64, tensor_parallel=2, pipeline_parallel=2,
                                  micro_batch_size=1, sequence_parallel=sequence_parallel,
-                                 expert_parallel=expert_parallel, expert_tensor_parallel=expert_tensor_parallel)
+                                 expert_parallel=expert_parallel, expert_tensor_parallel=expert_tensor_parallel,
+                                 shard_level=shard_level)
 
 
 def test_megatron_asks_for_sequence_parallelism_beside_experts_and_tensor_parallelism(dense_first_moe):
@@ -273,7 +274,8 @@ def test_torchtitans_own_mesh_groups_dapples_expert_groups(dense_first_moe, tmp_
     parallel_dims = pytest.importorskip("torchtitan.distributed.parallel_dims")
     fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
     dist = pytest.importorskip("torch.distributed")
-    plan = _megatron_moe_plan(dense_first_moe, degree, expert_tensor_parallel=tensor_degree)
+    # Sharded: torchtitan's FSDP under its pipeline is level 1.
+    plan = _megatron_moe_plan(dense_first_moe, degree, expert_tensor_parallel=tensor_degree, shard_level=1)
     path = tmp_path / "plan.json"
     plan.save(path)
     profile = tmp_path / "profile.json"

@@ -153,7 +153,7 @@ def hand_plan(tmp_path, profile, stages, *, micro_batch_size, micro_batches, war
     return write_hand_plan(data, tmp_path / name)
 
 
-SPLIT_ZERO = {"tensor_parallel": 2, "shard_optimizer": True}
+SPLIT_ZERO = {"tensor_parallel": 2, "shard_level": 1}
 
 
 def shaped(tmp_path, llama, **kw):
@@ -290,7 +290,10 @@ def test_a_module_map_file(tmp_path, dapple, llama):
 
 def test_a_layer_no_map_names_is_refused_by_name(tmp_path, dapple):
     out = tmp_path / "job.toml"
-    r = dapple("export", "--plan", plan_file(tmp_path, dapple, "A"), "--to", "torchtitan", "--out", out)
+    # A pipeline of plain replicas, which torchtitan shards (approximated):
+    # the module map still refuses it.
+    r = dapple("export", "--plan", plan_file(tmp_path, dapple, "A"), "--to", "torchtitan", "--out", out,
+               "--approximate")
     assert_one_line_error(r, 4, "module map torchtitan-llama", "profile layer 'input_ids' matches no key")
     assert not out.exists()
 
@@ -477,7 +480,7 @@ def test_deepspeeds_own_code_agrees_on_uniform_parts_and_its_1f1b_depths():
 
 REPLICAS_2_4 = [(0, 3, [0, 1], {}), (3, 6, [2, 3, 4, 5], {})]
 SPLIT_2_4 = [(0, 3, [0, 1, 2, 3], {"tensor_parallel": 2}), (3, 6, [4, 5, 6, 7], {"tensor_parallel": 4})]
-ZERO_ONE_STAGE = [(0, 3, [0, 1], {"shard_optimizer": True}), (3, 6, [2, 3], {})]
+ZERO_ONE_STAGE = [(0, 3, [0, 1], {"shard_level": 1}), (3, 6, [2, 3], {})]
 RECOMPUTE_ONE_STAGE = [(0, 3, [0], {"recompute": "full"}), (3, 6, [1], {})]
 SLICES = [(0, 3, [0, 1], {}), (3, 6, [2, 3], {"slices": [3, 5]})]
 
@@ -486,7 +489,8 @@ SLICES = [(0, 3, [0, 1], {}), (3, 6, [2, 3], {"slices": [3, 5]})]
 @pytest.mark.parametrize("stages,feature,approximated", [
     (REPLICAS_2_4, "stages replicated unevenly (replicas 2, 4 by stage)", "the most common, 2, on every stage"),
     (SPLIT_2_4, "per-stage tensor parallelism (split degrees 2, 4 by stage)", "the most common, 2, on every stage"),
-    (ZERO_ONE_STAGE, "ZeRO-1 on some stages only (ZeRO-1 yes, no by stage)", "the most common, yes, on every stage"),
+    (ZERO_ONE_STAGE, "sharding levels that differ by stage (sharding levels 1, 0 by stage)",
+     "the most common, 1, on every stage"),
     (RECOMPUTE_ONE_STAGE, "re-computation on some stages only, or of two kinds (re-computation full, none by stage)",
      "the most common, full, on every stage"),
     (SLICES, "uneven slices on mixed GPUs (stage 1: 3, 5 samples)",
@@ -596,3 +600,76 @@ def test_torchtitans_two_files_are_written_both_or_neither(tmp_path, dapple, lla
 def test_options_of_other_targets_are_usage_errors(tmp_path, dapple, llama, args, needle):
     r = dapple("export", "--plan", shaped(tmp_path, llama), "--out", tmp_path / "out", *args)
     assert_one_line_error(r, 2, needle)
+
+
+ONE_STAGE = (0, 6, list(range(4)))
+
+
+@pytest.mark.parametrize("fields, keys", [
+    ({"shard_level": 3, "reshard_after_forward": True},
+     {"data_parallel_shard_degree": 4, "fsdp_reshard_after_forward": "always"}),
+    ({"shard_level": 3}, {"data_parallel_shard_degree": 4, "fsdp_reshard_after_forward": "never"}),
+    ({}, {"data_parallel_replicate_degree": 4, "data_parallel_shard_degree": 1}),
+], ids=["zero3", "zero3-kept", "ddp"])
+def test_torchtitan_writes_the_sharding_level_it_runs_without_a_pipeline(tmp_path, dapple, llama, fields, keys):
+    # One stage on 4 replicas, 2 micro-batches: torchtitan's gradient
+    # accumulation runs FSDP's hooks with each, which is level 3.
+    plan = hand_plan(tmp_path, llama, [(*ONE_STAGE, fields)], micro_batch_size=8, micro_batches=2, warmups=[1])
+    out = tmp_path / "job.toml"
+    r = dapple("export", "--plan", plan, "--to", "torchtitan", "--out", out)
+    assert r.returncode == 0, r.stderr
+    parallelism = tomllib.loads(out.read_text())["parallelism"]
+    assert {k: parallelism[k] for k in keys} == keys
+    manager = pytest.importorskip("torchtitan.config.manager")
+    config = manager.ConfigManager().parse_args(["--job.config_file", str(out)])
+    assert config.parallelism.fsdp_reshard_after_forward == keys.get("fsdp_reshard_after_forward", "default")
+
+
+@pytest.mark.parametrize("target, stages, feature, approximated", [
+    ("torchtitan", [(*ONE_STAGE, {"shard_level": 2})], "sharding level 2 (ZeRO-2)",
+     "level 3 keeping the weights after the forward"),
+    ("torchtitan", [(0, 3, [0, 1], {}), (3, 6, [2, 3], {})], "sharding level 0 (none) beside a pipeline",
+     "level 1 (FSDP, fsdp_reshard_after_forward never)"),
+    ("torchtitan", [(0, 3, [0, 1], {"shard_level": 3}), (3, 6, [2, 3], {"shard_level": 3})],
+     "sharding level 3 (ZeRO-3 keeping the weights after the forward) beside a pipeline", "level 1"),
+    ("megatron", [(0, 3, [0, 1], {"shard_level": 2}), (3, 6, [2, 3], {"shard_level": 2})],
+     "sharding level 2 (ZeRO-2) beside a pipeline", "its distributed optimizer, level 1"),
+    ("megatron", [(*ONE_STAGE, {"shard_level": 3})], "sharding level 3 (ZeRO-3 keeping the weights after the "
+     "forward)", "level 3 gathering the weights again for the backward"),
+    ("deepspeed", [(0, 3, [0, 1], {"shard_level": 3, "reshard_after_forward": True}),
+                   (3, 6, [2, 3], {"shard_level": 3, "reshard_after_forward": True})],
+     "sharding level 3 (ZeRO-3) beside a pipeline", "stage 1"),
+    ("deepspeed", [(*ONE_STAGE, {"shard_level": 3})], "sharding level 3 (ZeRO-3 keeping the weights after the "
+     "forward)", "stage 3 gathering them again for the backward"),
+], ids=["titan-zero2", "titan-pipeline-zero0", "titan-pipeline-zero3", "megatron-pipeline-zero2",
+        "megatron-zero3-kept", "deepspeed-pipeline-zero3", "deepspeed-zero3-kept"])
+def test_a_sharding_level_a_target_does_not_run_is_refused_by_name(tmp_path, dapple, llama, target, stages,
+                                                                    feature, approximated):
+    warmups = [2, 1] if len(stages) == 2 else [1]
+    plan = hand_plan(tmp_path, llama, stages, micro_batch_size=8, micro_batches=2, warmups=warmups)
+    out = tmp_path / "out.txt"
+    assert_one_line_error(dapple("export", "--plan", plan, "--to", target, "--out", out), 4,
+                          f"cannot express {feature}", f"--approximate writes {approximated}")
+    r = dapple("export", "--plan", plan, "--to", target, "--out", out, "--approximate")
+    assert r.returncode == 0, r.stderr
+    assert any(line.startswith(f"approximated: {feature} -> {approximated}") for line in r.stderr.splitlines())
+
+
+@pytest.mark.parametrize("fields, zero_stage, megatron", [
+    ({"shard_level": 1}, 1, ["--use-distributed-optimizer"]),
+    ({"shard_level": 2}, 2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+                             "--no-gradient-accumulation-fusion", "--use-distributed-optimizer"]),
+    ({"shard_level": 3, "reshard_after_forward": True}, 3,
+     ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+      "--no-gradient-accumulation-fusion", "--use-distributed-optimizer"]),
+], ids=["zero1", "zero2", "zero3"])
+def test_deepspeed_and_megatron_write_the_plans_sharding_level(tmp_path, dapple, llama, fields, zero_stage, megatron):
+    plan = hand_plan(tmp_path, llama, [(*ONE_STAGE, fields)], micro_batch_size=8, micro_batches=2, warmups=[1])
+    out = tmp_path / "ds.json"
+    assert dapple("export", "--plan", plan, "--to", "deepspeed", "--out", out).returncode == 0
+    assert json.loads(out.read_text())["config"]["zero_optimization"] == {"stage": zero_stage}
+    out = tmp_path / "megatron.sh"
+    assert dapple("export", "--plan", plan, "--to", "megatron", "--out", out).returncode == 0
+    words = source_array(out)
+    start = words.index(megatron[0])
+    assert words[start:start + len(megatron)] == megatron

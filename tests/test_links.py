@@ -31,7 +31,10 @@ def test_fit_rejects_what_it_cannot_fit():
 
 def test_measured_topology_is_valid_and_plans(dapple, tmp_path):
     out = tmp_path / "local.json"
-    r = dapple("topology", "measure", "--repeats", 3, "--sizes-kib", "4,256,2048", "--out", out)
+    # Sizes 4,000 times apart, 7 repeats each: on a loaded 2-core machine a
+    # ping-pong of 2 MiB took no longer than one of 4 KiB (scheduling noise
+    # of about a millisecond); 16 MiB takes several.
+    r = dapple("topology", "measure", "--repeats", 7, "--sizes-kib", "4,1024,16384", "--out", out)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # the table and gloo's notices go to stderr
     assert "latency" in r.stderr and "allreduce" in r.stderr

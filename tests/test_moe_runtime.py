@@ -75,7 +75,7 @@ CASES = {
     "1-then-r2-e2-offloaded": plan_of(2, [(0, 2, [0], {}), (2, 4, [1, 2], {**E2, "offload": "optimizer"})]),
     # ZeRO-1: the dense state over all 4 ranks, each expert's over the 2
     # ranks holding it, apart.
-    "r4-e2-zero": plan_of(4, [(0, 4, [0, 1, 2, 3], {**E2, "shard_optimizer": True})]),
+    "r4-e2-zero": plan_of(4, [(0, 4, [0, 1, 2, 3], {**E2, "shard_level": 1})]),
 }
 
 
@@ -145,11 +145,11 @@ def test_spread_experts_under_zero1_resume_where_they_saved(moe_batches, tmp_pat
 def test_an_offloaded_optimizer_trains_as_one_process_under_zero1():
     batches = batches_of(GPT)
     reference = train_single_process(GPT, GPT().loss, batches, STEPS, LR, optimizer="momentum")
-    offloaded = plan_of(4, [(0, 4, [0, 1], {"shard_optimizer": True, "offload": "optimizer"})])
+    offloaded = plan_of(4, [(0, 4, [0, 1], {"shard_level": 1, "offload": "optimizer"})])
     res = run_plan(offloaded, GPT, GPT().loss, batches, STEPS, LR, optimizer="momentum", **FAST)
     assert max_diff(res.params, reference) < 1e-5
     # Adam offloaded steps as Adam on the device does.
-    on_device = plan_of(4, [(0, 4, [0, 1], {"shard_optimizer": True})])
+    on_device = plan_of(4, [(0, 4, [0, 1], {"shard_level": 1})])
     runs = [run_plan(p, GPT, GPT().loss, batches, STEPS, LR, optimizer="adam", **FAST) for p in (offloaded, on_device)]
     assert max_diff(runs[0].params, runs[1].params) < 1e-6
 

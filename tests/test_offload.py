@@ -47,7 +47,7 @@ def test_offloading_a_plan_moves_its_optimizer_state_to_the_host_and_adds_the_st
     for stage in data["stages"]:
         stage["offload"] = "optimizer"
     off = planner.evaluate(write_hand_plan(data, tmp_path / "offloaded.json"), llama_7b)
-    assert off.data["schema_version"] == 11
+    assert off.data["schema_version"] >= 11  # the version that added offloading
     for before, after in zip(on_gpu.estimate["stages"], off.estimate["stages"]):
         assert after["memory_bytes"] < before["memory_bytes"]
         assert after["offloaded_step_ms"] > 0
@@ -69,7 +69,7 @@ def test_megatron_plans_take_the_offload_as_runs_write_it(llama_7b):
     # At t4 x r2 with ZeRO-1 a GPU holds 6.74e9 x (4 / 4 + 12 / 8) bytes
     # of state, 16.8 GB; offloaded, the first 6.7 GB alone.
     on_gpu, off = (planner.megatron_plan(llama_7b, "1x8-v100-16gb", 64, tensor_parallel=4, pipeline_parallel=1,
-                                         micro_batch_size=2, shard_optimizer=True, recompute="per-layer",
+                                         micro_batch_size=2, shard_level=1, recompute="per-layer",
                                          offload=offload)
                    for offload in ("none", "optimizer"))
     assert not on_gpu.estimate["fits_memory"] and off.estimate["fits_memory"]
@@ -103,7 +103,7 @@ def _exported(dapple, plan, target, tmp_path, *extra):
 
 
 def test_megatron_and_deepspeed_offload_with_their_sharded_optimizers(llama_7b, tmp_path, dapple):
-    plan = _offloaded_plan(llama_7b, tmp_path, shard_optimizer=True, offload="optimizer")
+    plan = _offloaded_plan(llama_7b, tmp_path, shard_level=1, offload="optimizer")
     r, out = _exported(dapple, plan, "megatron", tmp_path, "--profile", llama_7b)
     assert r.returncode == 0, r.stderr
     words = out.read_text()
@@ -131,7 +131,7 @@ def test_an_offload_without_zero_is_refused_or_approximated_aloud(llama_7b, tmp_
 
 
 def test_torchtitan_refuses_an_offloaded_optimizer_and_dapples_runtime_takes_it(llama_7b, tmp_path, dapple):
-    plan = _offloaded_plan(llama_7b, tmp_path, shard_optimizer=True, offload="optimizer")
+    plan = _offloaded_plan(llama_7b, tmp_path, shard_level=1, offload="optimizer")
     r, _ = _exported(dapple, plan, "torchtitan", tmp_path, "--profile", llama_7b)
     assert_one_line_error(r, 4, "torchtitan cannot express an optimizer offloaded alone")
     # dapple's runtime steps it on the host (tests/test_moe_runtime.py runs it).
@@ -145,7 +145,7 @@ def test_a_plan_offloading_more_than_its_host_holds_does_not_fit(llama_7b):
     # GPU, though its GPU holds the rest (25.5 of 32 GiB). Under ZeRO-1 its
     # host keeps an eighth, and it fits.
     alone, sharded = (planner.megatron_plan(llama_7b, "1x8-v100-32gb", 8, tensor_parallel=1, pipeline_parallel=1,
-                                            micro_batch_size=1, recompute="per-layer", shard_optimizer=zero,
+                                            micro_batch_size=1, recompute="per-layer", shard_level=int(zero),
                                             offload="optimizer")
                       for zero in (False, True))
     stage = alone.estimate["stages"][0]

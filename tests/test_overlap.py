@@ -18,11 +18,11 @@ def llama_7b():
     return planner.transformer_profile("llama-2-7b", gpu="a100", seq_len=1024, micro_batch_sizes=[1])
 
 
-def _pipeline(profile, grad_reduce="data-parallel", param_gather=False, shard_optimizer=False):
+def _pipeline(profile, grad_reduce="data-parallel", param_gather=False, shard_level=0):
     """Llama-2-7B on 32 A100s at t2 p2 d8: each stage's 8 replicas span two
     machines, so their gradients cross the network."""
     return planner.megatron_plan(profile, "4x8-a100-80gb", 64, tensor_parallel=2, pipeline_parallel=2,
-                                 micro_batch_size=1, shard_optimizer=shard_optimizer,
+                                 micro_batch_size=1, shard_level=shard_level,
                                  overlap_grad_reduce=grad_reduce, overlap_param_gather=param_gather)
 
 
@@ -48,7 +48,7 @@ def test_a_pipeline_hides_its_gradient_reduction_where_its_runtime_does(llama_7b
 
 def test_zero_1_gathers_its_weights_behind_the_forward_only_where_asked(llama_7b):
     after, behind_backward, behind_both = (
-        _pipeline(llama_7b, grad_reduce, param_gather, shard_optimizer=True).iteration_ms
+        _pipeline(llama_7b, grad_reduce, param_gather, shard_level=1).iteration_ms
         for grad_reduce, param_gather in (("none", False), ("every-stage", False), ("every-stage", True)))
     assert behind_both < behind_backward < after
     # Without ZeRO-1 there is no gather to hide.
@@ -59,7 +59,7 @@ def test_the_exports_write_what_the_plan_hides_or_refuse_it(llama_7b):
     def words(plan, **kw):
         return megatron_arguments(plan, llama_7b, **kw).arguments
 
-    both = _pipeline(llama_7b, "every-stage", True, shard_optimizer=True)
+    both = _pipeline(llama_7b, "every-stage", True, shard_level=1)
     assert {"--overlap-grad-reduce", "--overlap-param-gather", "--use-distributed-optimizer"} <= set(words(both))
     # Megatron-LM reduces a pipeline's gradients after its backward unless told.
     assert not {"--overlap-grad-reduce", "--overlap-param-gather"} & set(words(_pipeline(llama_7b)))
@@ -67,7 +67,7 @@ def test_the_exports_write_what_the_plan_hides_or_refuse_it(llama_7b):
                                       micro_batch_size=1)
     assert "--overlap-grad-reduce" in words(one_stage)  # DAPPLE's model hides a data-parallel plan's
     # Megatron-LM gathers behind the forward only while it reduces behind the backward.
-    gather_only = _pipeline(llama_7b, "none", True, shard_optimizer=True)
+    gather_only = _pipeline(llama_7b, "none", True, shard_level=1)
     with pytest.raises(planner.IncompatibleInputsError, match="asserts --overlap-grad-reduce"):
         words(gather_only)
     assert "--overlap-grad-reduce" in words(gather_only, approximate=True)

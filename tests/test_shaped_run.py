@@ -108,7 +108,7 @@ def test_zero1_over_two_replicas_trains_as_one_process(batches, tmp_path):
     # the attention's key bias has a zero gradient, whose rounding noise
     # Adam's normalisation blows up to the size of a step in any run that
     # sums gradients in another order.)
-    p = shaped_plan(4, [(0, 2, [0], {}), (2, 4, [1, 2], {"shard_optimizer": True})])
+    p = shaped_plan(4, [(0, 2, [0], {}), (2, 4, [1, 2], {"shard_level": 1})])
     ref = train_single_process(GPT, GPT().loss, batches, STEPS, LR, optimizer="momentum")
     res = run(p, batches, optimizer="momentum", checkpoint_dir=str(tmp_path), checkpoint_every=STEPS)
     diff = max_diff(res.params, ref)
@@ -125,7 +125,7 @@ def test_zero1_over_two_replicas_trains_as_one_process(batches, tmp_path):
 
 def test_zero1_with_adam_equals_plain_data_parallelism(batches):
     plain = shaped_plan(4, [(0, 2, [0], {}), (2, 4, [1, 2], {})])
-    sharded = shaped_plan(4, [(0, 2, [0], {}), (2, 4, [1, 2], {"shard_optimizer": True})])
+    sharded = shaped_plan(4, [(0, 2, [0], {}), (2, 4, [1, 2], {"shard_level": 1})])
     a = run_plan(plain, GPT, GPT().loss, batches, STEPS, 0.01, optimizer="adam", **FAST)
     b = run_plan(sharded, GPT, GPT().loss, batches, STEPS, 0.01, optimizer="adam", **FAST)
     assert max_diff(a.params, b.params) < 1e-6

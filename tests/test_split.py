@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_hand_plan
+from conftest import assert_one_line_error, write_hand_plan
 from dapple import planner
 
 TINY = {  # a Llama-style config small enough to plan in a blink
@@ -84,8 +84,25 @@ def test_a_hand_written_split_plan_is_costed(tiny_profile, tmp_path, dapple):
     # split 4 ways: a quarter of the weights (norms aside) on each GPU
     assert peak(4) < plain
     # ZeRO-1: the optimizer state shared by 8 replicas
-    assert peak(1, shard_optimizer=True) < plain
-    assert peak(4, shard_optimizer=True) < peak(4)
+    assert peak(1, shard_level=1) < plain
+    assert peak(4, shard_level=1) < peak(4)
+    # ZeRO-2 shares the gradients too, ZeRO-3 re-sharded the weights too;
+    # level 3 keeping them after the forward holds what level 2 does.
+    assert peak(1, shard_level=3, reshard_after_forward=True) < peak(1, shard_level=2) < peak(1, shard_level=1)
+    assert peak(1, shard_level=3) == peak(1, shard_level=2)
+    # A plan before version 12 said level 1 as a flag.
+    assert peak(1, shard_optimizer=True) == peak(1, shard_level=1)
+
+
+@pytest.mark.parametrize("shape, field, needle", [
+    ({"shard_level": 4}, "stages[0].shard_level", "sharding level 4 is none of"),
+    ({"shard_level": 2, "reshard_after_forward": True}, "stages[0].reshard_after_forward",
+     "needs sharding level 3 (the weights), not 2"),
+    ({"reshard_after_forward": True}, "stages[0].reshard_after_forward", "not 0"),
+])
+def test_a_sharding_level_that_is_none_is_refused_in_one_line(tiny_profile, tmp_path, dapple, shape, field, needle):
+    path = _hand_plan(tiny_profile, "1x8-a100-80gb", 64, 8, 1, tmp_path, **shape)
+    assert_one_line_error(dapple("estimate", "--plan", path, "--profile", tiny_profile), 3, field, needle)
 
 
 def test_a_split_degree_that_does_not_divide_the_heads_or_the_vocabulary_is_refused(tiny_profile, tmp_path, dapple):

@@ -42,10 +42,14 @@ from .render import plan_table
               "or an even share of every machine in use; auto: full up to 16 GPUs.")
 @click.option("--stage-shapes", type=click.Choice(planner.STAGE_SHAPES), default=planner.STAGE_SHAPES[0],
               show_default=True,
-              help="all: each stage may split its layers (tensor parallelism), shard its optimizer state over its "
-                   "replicas (ZeRO-1), spread its experts over its replicas (expert parallelism) and re-compute its "
+              help="all: each stage may split its layers (tensor parallelism), shard its state over its "
+                   "replicas (ZeRO-1, -2, -3), spread its experts over its replicas (expert parallelism) and re-compute its "
                    "forward; auto: all where the profile says how layers split or has experts, else plain; plain: "
                    "replicas only (DAPPLE's space).")
+@click.option("--max-shard-level", type=click.IntRange(0, 3), default=1, show_default=True,
+              help="The highest sharding level a stage may take: 0 none, 1 the optimizer state (ZeRO-1), 2 and the "
+                   "gradients (ZeRO-2), 3 and the weights (ZeRO-3, FSDP); levels 2 and 3 make large searches "
+                   "slower. docs/cost-model.md, \"Sharding\".")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
@@ -113,6 +117,7 @@ def plan_command(
     min_micro_batch_size,
     search_space,
     stage_shapes,
+    max_shard_level,
     max_search_gib,
     max_search_steps,
     max_search_machines,
@@ -145,6 +150,7 @@ def plan_command(
         min_micro_batch_size=min_micro_batch_size,
         search_space=search_space,
         stage_shapes=stage_shapes,
+        max_shard_level=max_shard_level,
         schedule=schedule,
         chunks=chunks,
         max_search_gib=max_search_gib,

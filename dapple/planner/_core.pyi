@@ -110,7 +110,8 @@ class StageShape:
     tensor_parallel: int
     sequence_parallel: bool
     replicas: int
-    shard_optimizer: bool
+    shard_level: int
+    reshard_after_forward: bool
     recompute: str
     expert_parallel: int
     expert_tensor_parallel: int
@@ -195,7 +196,7 @@ class StageLayout:
     replicas: list[ReplicaLayout]
     actions: list[Action]
     tensor_parallel: int
-    shard_optimizer: bool
+    shard_level: int
     recompute: bool
     recompute_per_layer: bool
     split_groups: list[list[int]]
@@ -292,7 +293,8 @@ def megatron_plan(
     tensor_parallel: int,
     pipeline_parallel: int,
     micro_batch_size: int,
-    shard_optimizer: bool = False,
+    shard_level: int = 0,
+    reshard_after_forward: bool = False,
     sequence_parallel: bool = False,
     recompute: str = "none",
     overlap_grad_reduce: str = "data-parallel",
@@ -319,6 +321,7 @@ def search(
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
     stage_shapes: str = "auto",
+    max_shard_level: int = 1,
     max_search_bytes: int | None = None,
     max_search_steps: int | None = None,
     refine: bool = True,

@@ -64,7 +64,8 @@ def megatron_plan(
     tensor_parallel: int,
     pipeline_parallel: int,
     micro_batch_size: int,
-    shard_optimizer: bool = False,
+    shard_level: int = 0,
+    reshard_after_forward: bool = False,
     sequence_parallel: bool = False,
     recompute: str = "none",
     overlap_grad_reduce: str = GRAD_REDUCE_OVERLAPS[0],
@@ -76,7 +77,10 @@ def megatron_plan(
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
     shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
     as replicas, ``micro_batch_size`` samples a replica per micro-batch,
-    ZeRO-1 or not, sequence parallelism or not (t > 1) and re-computation
+    sharded to ``shard_level`` (0 none, 1 the optimizer state as Megatron-LM's
+    distributed optimizer, 2 and the gradients, 3 and the weights, freed after
+    each forward where ``reshard_after_forward``: ``docs/cost-model.md``,
+    "Sharding"), sequence parallelism or not (t > 1) and re-computation
     (``"none"``, ``"full"``, ``"per-layer"`` or ``"selective"``) on every
     stage, the routed experts of the stages that have some spread over
     ``expert_parallel`` replicas (``--expert-model-parallel-size``), each
@@ -92,7 +96,8 @@ def megatron_plan(
     core = _core.megatron_plan(
         prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
         pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
-        micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_optimizer=shard_optimizer,
+        micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_level=shard_level,
+        reshard_after_forward=reshard_after_forward,
         sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
         overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
         expert_tensor_parallel=(None if expert_tensor_parallel is None

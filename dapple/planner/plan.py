@@ -118,7 +118,8 @@ class Plan(FileObject):
 
 #: What the words of ``shape_label`` mean, for a line under a table.
 SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; eE: the routed "
-             "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas; "
+             "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas "
+             "(zero2: ZeRO-2; zero3: ZeRO-3 or FSDP, kept: the weights kept from the forward to the backward); "
              "off: the optimizer offloaded to host memory; rc: full re-computation (rc "
              "per-layer: a layer at a time; rc selective: the attention core alone)")
 
@@ -135,8 +136,9 @@ def shape_label(shape: _core.StageShape) -> str:
     if shape.expert_parallel > 1:
         parts.append(f"e{shape.expert_parallel}" + (f"/et{shape.expert_tensor_parallel}"
                      if shape.expert_tensor_parallel != shape.tensor_parallel else ""))
-    if shape.shard_optimizer:
-        parts.append("zero")
+    if shape.shard_level:
+        level = "zero" if shape.shard_level == 1 else f"zero{shape.shard_level}"
+        parts.append(level if shape.shard_level < 3 or shape.reshard_after_forward else f"{level} kept")
     if shape.offload != "none":
         parts.append("off")
     if shape.recompute != "none":
@@ -189,6 +191,7 @@ def plan(
     micro_batch_sizes: list[int] | None = None,
     search_space: str = "auto",
     stage_shapes: str = "auto",
+    max_shard_level: int = 1,
     schedule: str | None = None,
     chunks: int | None = None,
     max_search_gib: float | None = None,
@@ -216,18 +219,16 @@ def plan(
     aligned" (stages of a divisor of a machine, whole machines, or an even
     share of every machine in use) or "auto" (full up to 16 GPUs).
     ``stage_shapes``: "all" (each stage may split its layers over t GPUs,
-    shard its optimizer state over its replicas (ZeRO-1) and re-compute its
-    forward, each chosen per stage), "auto" (all where the profile says how
-    layers split, else plain) or "plain" (replicas only: DAPPLE's space). The plan's ``selection`` says how it was chosen:
-    its simulated time, the smallest bound of the space and whether the
-    search proved it optimal (``docs/cost-model.md``).
-    ``schedule``: None or "auto", the fastest of ``SEARCHED_SCHEDULES``
-    (the chunked ones left out under layout hints) on the layouts the search ranked
-    (``docs/schedules.md``); a synchronous kind to plan for it alone (a
-    chunked one, ``CHUNKED_SCHEDULES``, cuts the layouts' ranks into
-    ``chunks`` chunks each, or the fastest count up to 8); an asynchronous
-    kind: the uniform pipeline of fastest steady state within memory
-    (``docs/xpipe.md``), the search's options refused with it.
+    shard its state over its replicas up to ``max_shard_level`` (ZeRO-1 by
+    default, up to 3; ``docs/cost-model.md``, "Sharding") and re-compute its forward, each
+    chosen per stage), "auto" (all where the profile says how layers split,
+    else plain) or "plain" (replicas only: DAPPLE's space). ``selection``
+    says how the plan was chosen (``docs/cost-model.md``).
+    ``schedule``: None or "auto", the fastest of ``SEARCHED_SCHEDULES`` (the chunked ones left out
+    under layout hints) on the layouts the search ranked (``docs/schedules.md``); a synchronous kind
+    to plan for it alone (a chunked one, ``CHUNKED_SCHEDULES``, cuts the layouts' ranks into ``chunks``
+    chunks each, or the fastest count up to 8); an asynchronous kind: the uniform pipeline of fastest
+    steady state within memory (``docs/xpipe.md``), the search's options refused with it.
     ``max_search_gib``: most memory the search's tables may take (default
     ``limits.DEFAULT_MAX_SEARCH_GIB``); past it the search stops with a
     :class:`dapple.planner.errors.LimitExceededError` saying how far it got.
@@ -258,7 +259,8 @@ def plan(
     if schedule in _core.ASYNCHRONOUS_SCHEDULES:  # (no search: no limit on machines)
         _refuse_search_options(schedule, (
             ("warmup_policy", warmup_policy, WARMUP_POLICIES[0]), ("search_space", search_space, SEARCH_SPACES[0]),
-            ("stage_shapes", stage_shapes, STAGE_SHAPES[0]), ("micro_batch_sizes", micro_batch_sizes, None),
+            ("stage_shapes", stage_shapes, STAGE_SHAPES[0]), ("max_shard_level", max_shard_level, 1),
+            ("micro_batch_sizes", micro_batch_sizes, None),
             ("max_search_gib", max_search_gib, None), ("max_search_steps", max_search_steps, None),
             ("refine", refine, True), ("stages", stages, None), ("micro_batches", micro_batches, None),
             ("pin_cuts", tuple(pin_cuts), ()), ("replicate", tuple(replicate), ()), ("split", tuple(split), ()),
@@ -271,7 +273,8 @@ def plan(
     core, (sizes, states, costed, abandoned) = _core.search(
         prof.core, topo.core, gbs, warmup_policy=warmup_policy, min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes, search_space=search_space, stage_shapes=stage_shapes,
-        max_search_bytes=max_search_bytes, max_search_steps=max_search_steps, refine=refine, schedule=schedule,
+        max_shard_level=max_shard_level, max_search_bytes=max_search_bytes, max_search_steps=max_search_steps,
+        refine=refine, schedule=schedule,
         chunks=None if chunks is None else check_count("chunks", chunks),
         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
         **read_hints(prof, stages=stages, micro_batches=micro_batches, pin_cuts=pin_cuts, replicate=replicate,

@@ -42,12 +42,15 @@ from .topology import Topology
 #: The runtimes ``--for`` plans for.
 TARGETS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "torch")
 #: The schedule each target's own search asks for (Megatron-LM's and
-#: DeepSpeed's 1F1B is early backward at policy A's depths).
+#: DeepSpeed's 1F1B is early backward at policy A's depths), and the
+#: highest sharding level it runs beside a pipeline: ZeRO-1 (Megatron-LM's
+#: distributed optimizer, DeepSpeed's pipeline engine, torchtitan's FSDP
+#: under torch's pipeline stages, dapple's runtime; ``docs/export.md``).
 TARGET_SEARCH = {
-    "megatron": {"schedule": "early-backward-1f1b", "warmup_policy": "A"},
-    "deepspeed": {"schedule": "early-backward-1f1b", "warmup_policy": "A"},
-    "torchtitan": {"schedule": "early-backward-1f1b"},
-    "torch": {"schedule": "early-backward-1f1b"},
+    "megatron": {"schedule": "early-backward-1f1b", "warmup_policy": "A", "max_shard_level": 1},
+    "deepspeed": {"schedule": "early-backward-1f1b", "warmup_policy": "A", "max_shard_level": 1},
+    "torchtitan": {"schedule": "early-backward-1f1b", "max_shard_level": 1},
+    "torch": {"schedule": "early-backward-1f1b", "max_shard_level": 1},
 }
 
 

@@ -68,7 +68,8 @@ def deepspeed_partition(plan: Plan, profile: Profile | None = None, *, approxima
                         "reduces gradients after the last micro-batch's backward",
                         "the reduction after the backward (slower than planned)")
     refuse_offload_without_zero(shape, rounding)
-    if shape.hides_param_gather:
+    stage = _zero_stage(shape, rounding)
+    if shape.hides_param_gather and stage < 3:
         rounding.refuse("ZeRO-1's weight gather behind the next forward", "its ZeRO stage 1 gathers the weights "
                         "right after the optimizer's step", "the gather after the step (slower than planned)")
     moe = _moe_arguments(plan, profile, shape, rounding) if profile is not None else None
@@ -80,8 +81,8 @@ def deepspeed_partition(plan: Plan, profile: Profile | None = None, *, approxima
         "train_micro_batch_size_per_gpu": shape.micro_batch_per_replica,
         "gradient_accumulation_steps": shape.micro_batches,
     }
-    if shape.shard_optimizer or shape.offload_optimizer:
-        config["zero_optimization"] = {"stage": 1}
+    if stage or shape.offload_optimizer:
+        config["zero_optimization"] = {"stage": max(stage, 1)}
     if shape.offload_optimizer:
         # ZeRO-Offload: the optimizer's partitions in pinned host memory,
         # stepped by DeepSpeedCPUAdam.
@@ -107,6 +108,22 @@ def deepspeed_partition(plan: Plan, profile: Profile | None = None, *, approxima
         # _partition_layers must set them.
         data["partition_method"] = "uniform"
     return DeepSpeedPartition(text=json.dumps(data, indent=2) + "\n", data=data, shape=shape, changes=changes)
+
+
+def _zero_stage(shape: RunShape, rounding: Rounding) -> int:
+    """DeepSpeed's ZeRO stage for the plan's sharding level: the same
+    number, but beside a pipeline at most 1 (its PipelineEngine asserts
+    stage < 2), and level 3 always frees each module's gathered weights
+    after its forward (no level 3 that keeps them)."""
+    level = shape.shard_level
+    if shape.stages > 1 and level > 1:
+        rounding.refuse(f"{shape.shard_description} beside a pipeline", "its pipeline engine runs ZeRO stage 1 "
+                        "at most", "stage 1 (more memory than planned)")
+        return 1
+    if level == 3 and not shape.reshard_after_forward:
+        rounding.refuse(shape.shard_description, "its ZeRO-3 frees each module's gathered weights after the "
+                        "forward", "stage 3 gathering them again for the backward (slower than planned)")
+    return level
 
 
 def _moe_arguments(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> dict | None:

@@ -78,6 +78,29 @@ def _overlap_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...
         [("--overlap-param-gather",)] if shape.hides_param_gather else [])
 
 
+def _sharding_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
+    """Megatron-LM's switches for the plan's sharding level. Its distributed
+    optimizer shards the optimizer state and the fp32 master weights over
+    the data-parallel ranks: level 1 (and what its CPU offload needs).
+    Levels 2 and 3 are Megatron-FSDP's sharding strategies ``optim_grads``
+    and ``optim_grads_params``, with the flags its guide asks beside them;
+    its guide names tensor, expert and context parallelism beside it, not
+    a pipeline, and no level 3 that keeps the weights after the forward."""
+    level = shape.shard_level
+    if level > 1 and shape.stages > 1:
+        rounding.refuse(f"{shape.shard_description} beside a pipeline", "its FSDP runs beside tensor, expert and "
+                        "context parallelism", "its distributed optimizer, level 1 (more memory than planned)")
+        level = 1
+    if level == 3 and not shape.reshard_after_forward:
+        rounding.refuse(shape.shard_description, "dapple writes its FSDP's level 3 re-sharded after the forward "
+                        "only", "level 3 gathering the weights again for the backward (slower than planned)")
+    if level <= 1:
+        return [("--use-distributed-optimizer",)] if level or shape.offload_optimizer else []
+    strategy = {2: "optim_grads", 3: "optim_grads_params"}[level]
+    return [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", strategy),
+            ("--no-gradient-accumulation-fusion",), ("--use-distributed-optimizer",)]
+
+
 def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
     """Megatron-LM's mixture-of-experts arguments where the profile's
     blocks have experts: their count and experts per token, which blocks
@@ -134,10 +157,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
     offload_rounding = Rounding(TARGET, approximate)
     refuse_offload_without_zero(shape, offload_rounding)
     changes += tuple(offload_rounding.changes)
-    if shape.shard_optimizer or shape.offload_optimizer:
-        # Megatron's distributed optimizer shards the optimizer state (and
-        # the fp32 master weights) over the data-parallel ranks: ZeRO-1.
-        options.append(("--use-distributed-optimizer",))
+    sharding_rounding = Rounding(TARGET, approximate)
+    options += _sharding_options(shape, sharding_rounding)
+    changes += tuple(sharding_rounding.changes)
     if shape.offload_optimizer:
         # All of it on the host, stepped by torch's fused CPU Adam (its
         # HybridDeviceOptimizer), which validate_args allows only beside

@@ -1,6 +1,6 @@
 """What every export target takes: one pipeline, one tensor-parallel degree,
-one data-parallel degree, ZeRO-1 and re-computation on every stage or on
-none, even micro-batch slices, synchronous steps.
+one data-parallel degree, one sharding level and one re-computation on
+every stage, even micro-batch slices, synchronous steps.
 
 A plan that differs is refused with one line naming the feature
 (``IncompatibleInputsError``, exit 4, as ``dapple export --to torch-csv``),
@@ -28,7 +28,9 @@ class RunShape:
     stage_ranges: tuple[tuple[int, int], ...]
     tensor_parallel: int
     replicas: int
-    shard_optimizer: bool
+    #: ZeRO's level over the replicas (0 where there is one replica):
+    #: ``sharding.rs`` in the core, ``docs/cost-model.md`` "Sharding".
+    shard_level: int
     #: "none", "full" (one checkpoint a stage), "per-layer" (one a layer) or
     #: "selective" (the attention core re-run, the rest kept).
     recompute: str
@@ -38,8 +40,8 @@ class RunShape:
     changes: tuple[str, ...] = ()
     #: Sequence parallelism in the split layers (t > 1).
     sequence_parallel: bool = False
-    #: Some stage reduces its gradients behind its backward, and some ZeRO-1
-    #: stage gathers its weights behind the next forward, as the plan was
+    #: Some stage reduces its gradients behind its backward, and some sharded
+    #: stage gathers its weights behind its forward, as the plan was
     #: costed (``schedule.overlap``; ``docs/cost-model.md``, "Overlap").
     hides_grad_reduce: bool = False
     hides_param_gather: bool = False
@@ -52,6 +54,22 @@ class RunShape:
     #: The master weights and optimizer state in host memory, stepped by
     #: its CPU (``stages[i].offload`` "optimizer").
     offload_optimizer: bool = False
+    #: Level 3: the weights freed after each forward and gathered again for
+    #: the backward (FSDP's ``reshard_after_forward``).
+    reshard_after_forward: bool = False
+
+    @property
+    def shard_optimizer(self) -> bool:
+        """Sharded at level 1 or above: the optimizer state over the replicas."""
+        return self.shard_level >= 1
+
+    @property
+    def shard_description(self) -> str:
+        """The level in words, as refusals name it."""
+        if self.shard_level == 0:
+            return "sharding level 0 (none)"
+        kept = "" if self.shard_level < 3 or self.reshard_after_forward else " keeping the weights after the forward"
+        return f"sharding level {self.shard_level} (ZeRO-{self.shard_level}{kept})"
 
     @property
     def stages(self) -> int:
@@ -101,6 +119,10 @@ class Rounding:
         return chosen
 
 
+def _level_word(shape: _core.StageShape) -> str:
+    return f"{shape.shard_level}{' kept' if shape.shard_level == 3 and not shape.reshard_after_forward else ''}"
+
+
 def _word(value) -> str:
     return ("yes" if value else "no") if isinstance(value, bool) else str(value)
 
@@ -138,7 +160,10 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
-    shard = rounding.one([s.shard_optimizer and s.replicas > 1 for s in shapes], "ZeRO-1 on some stages only", "ZeRO-1")
+    # "3 kept": level 3 keeping the weights from the forward to the backward.
+    level = rounding.one([_level_word(s) if s.replicas > 1 else "0" for s in shapes],
+                         "sharding levels that differ by stage", "sharding levels")
+    shard = (int(level[0]), level == "3")
     recompute = rounding.one([s.recompute for s in shapes], "re-computation on some stages only, or of "
                              "two kinds", "re-computation")
     sequence_parallel = rounding.one([s.sequence_parallel for s in shapes], "sequence parallelism on some "
@@ -147,12 +172,14 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
                            "offloading")
     per_replica = _samples_per_replica(plan, replicas, rounding)
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
-                    tensor_parallel=tensor_parallel, replicas=replicas, shard_optimizer=shard and replicas > 1,
+                    tensor_parallel=tensor_parallel, replicas=replicas,
+                    shard_level=shard[0] if replicas > 1 else 0,
+                    reshard_after_forward=shard[1] and replicas > 1,
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
                     changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
                     hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
                     expert_tensor_parallel=expert_tensor[0] if expert_tensor else tensor_parallel,
-                    hides_param_gather=plan.core.hides_param_gather and shard and replicas > 1,
+                    hides_param_gather=plan.core.hides_param_gather and shard[0] >= 1 and replicas > 1,
                     offload_optimizer=offload)
 
 

@@ -43,29 +43,47 @@ def schedule_csv(plan: Plan) -> str:
     data = json.loads(json.dumps(plan.data))
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
-        for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_optimizer", "recompute",
-                    "expert_parallel", "expert_tensor_parallel", "offload"):
+        for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_level", "reshard_after_forward",
+                    "recompute", "expert_parallel", "expert_tensor_parallel", "offload"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)
     return Plan.from_dict(data, plan.path).pipeline_order().to_csv()
 
 
-def _data_parallel(shape: RunShape) -> dict:
-    """torchtitan's data-parallel keys. torchtitan replicates (DDP) only
-    when nothing else is parallel; beside a pipeline or tensor parallelism,
-    and for ZeRO-1, its data parallelism is FSDP, here with parameters kept
-    whole from the forward to the backward (reshard_after_forward never):
-    gradients and optimizer state sharded, the AllReduce's traffic as a
-    reduce-scatter and an all-gather. Its expert parallelism borrows the
-    GPUs of FSDP's (and, at expert tensor degree 1, tensor parallelism's)
-    dimension, so spread experts take FSDP too."""
+def _data_parallel(shape: RunShape, rounding: Rounding) -> dict:
+    """torchtitan's data-parallel keys, at the sharding level it runs.
+    torchtitan replicates (DDP) only when nothing else is parallel: a
+    single unsharded stage. Otherwise its data parallelism is FSDP2
+    (``data_parallel_shard_degree``), and which ZeRO level that is depends
+    on the pipeline. Beside one, torch's pipeline stages defer FSDP's
+    gradient reduce-scatter and re-sharding to the last micro-batch's
+    backward (``torch/distributed/pipelining/stage.py``,
+    ``backward_maybe_with_nosync``): with ``fsdp_reshard_after_forward =
+    "never"`` the weights are gathered once and the gradients kept whole and
+    reduce-scattered once, which is level 1. Without one, torchtitan's
+    gradient accumulation runs FSDP's hooks with every micro-batch: each
+    gradient is reduce-scattered as it is made, which is level 3, its
+    weights freed after the forward ("always") or kept to the backward
+    ("never"). Other levels are refused, or rounded to these."""
     if shape.replicas == 1:
         return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 1}
-    if shape.stages == 1 and shape.tensor_parallel == 1 and not shape.shard_optimizer and shape.expert_parallel == 1:
+    alone = shape.stages == 1 and shape.tensor_parallel == 1 and shape.expert_parallel == 1
+    if alone and shape.shard_level == 0:
         return {"data_parallel_replicate_degree": shape.replicas, "data_parallel_shard_degree": 1}
-    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": shape.replicas,
-            "fsdp_reshard_after_forward": "never"}
+    fsdp = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": shape.replicas}
+    if shape.stages > 1:
+        if shape.shard_level != 1:
+            rounding.refuse(f"{shape.shard_description} beside a pipeline", "its FSDP under a pipeline schedule "
+                            "gathers the weights once and reduce-scatters whole gradients after the last "
+                            "micro-batch: level 1", "level 1 (FSDP, fsdp_reshard_after_forward never)")
+        return fsdp | {"fsdp_reshard_after_forward": "never"}
+    if shape.shard_level != 3:
+        rounding.refuse(shape.shard_description, "its FSDP reduce-scatters each micro-batch's gradients and "
+                        "shards the weights: level 3", "level 3 keeping the weights after the forward (FSDP, "
+                        "fsdp_reshard_after_forward never)")
+        return fsdp | {"fsdp_reshard_after_forward": "never"}
+    return fsdp | {"fsdp_reshard_after_forward": "always" if shape.reshard_after_forward else "never"}
 
 
 def _expert_degrees(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> dict:
@@ -105,7 +123,7 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
     if shape.recompute == "selective":
         rounding.refuse("selective re-computation of the attention core", "its selective activation checkpointing "
                         "picks operators by its own policy", "full activation checkpointing (each block)")
-    parallelism = _data_parallel(shape) | {"tensor_parallel_degree": shape.tensor_parallel,
+    parallelism = _data_parallel(shape, rounding) | {"tensor_parallel_degree": shape.tensor_parallel,
                                           "pipeline_parallel_degree": shape.stages} | experts
     csv = None
     local_batch_size = shape.micro_batch_per_replica

@@ -62,6 +62,8 @@ class Layout:
         for i, shape in enumerate(shapes):
             spread = shape.expert_parallel > 1
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
+                       ("shard_level", f"sharding level {shape.shard_level} (ZeRO-2 or -3)")
+                       if shape.shard_level > 1 else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
                        ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
                        ("expert_parallel", f"experts spread under {kind}, whose backward splits or runs on other "

@@ -345,7 +345,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     # state is sharded (ZeRO-1) over the ranks holding the same ones.
     parts = [([p for p in params if id(p) not in held_experts], replica_group),
              (expert_params, groups.expert_replicas.get(stage))]
-    opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_optimizer,
+    opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_level >= 1,
                           offload=stage_layout.offload_optimizer)
     resumed = _resume(module, opt, job, rank, stage, (a, b))
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).

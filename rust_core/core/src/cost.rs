@@ -1538,7 +1538,7 @@ mod tests {
         // ZeRO-1: the reduce-scatter behind the backward, and the weights'
         // all-gather behind the next forward only where the runtime says so.
         let zero = StageShape {
-            shard_optimizer: true,
+            shard_level: 1,
             ..StageShape::PLAIN
         };
         let devices = StageDevices::new(&cluster, alloc.to_vec());
@@ -1553,6 +1553,70 @@ mod tests {
         assert!(behind_both.exposed_allreduce_ms < behind_backward.exposed_allreduce_ms);
         assert!(behind_both.exposed_allreduce_ms > 0.0);
         assert_eq!(behind_both.allreduce_ms, after.allreduce_ms);
+    }
+
+    #[test]
+    fn each_sharding_level_moves_its_collectives_when_its_rule_says() {
+        use crate::overlap::{GradReduceOverlap, Overlap};
+        use crate::shape::StageShape;
+        // The four 40 MiB layers of the overlap test on one GPU of each of
+        // two machines; fp32 gradients, so that a reduce-scatter and an
+        // all-gather each take half the AllReduce's r.
+        let mib = 1u64 << 20;
+        let p = crate::profile::profile_of_layers("sharded", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
+        let layers = LayerCosts::new(&p);
+        let cluster = Cluster::new(&Topology::from_spec("2x2-nvlink").unwrap());
+        let alloc = [(0, 1), (1, 1)];
+        let devices = StageDevices::new(&cluster, alloc.to_vec());
+        let r = allreduce_ms(&cluster, &alloc, (160 * mib) as f64);
+        let at = |overlap: Overlap, shard_level, reshard_after_forward| {
+            let shape = StageShape {
+                shard_level,
+                reshard_after_forward,
+                ..StageShape::PLAIN
+            };
+            StageCoster::new(&layers, &cluster, 4, 4)
+                .overlapping(overlap)
+                .stage_shaped(0, 4, &devices, &shape, 1, false)
+        };
+        let hidden_nowhere = Overlap {
+            grad_reduce: GradReduceOverlap::None,
+            param_gather: false,
+        };
+        let of = |level, reshard| at(hidden_nowhere, level, reshard);
+        let one = of(1, false);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // ZeRO-1: both after the last backward, once an iteration.
+        assert!(close(one.allreduce_ms, r) && close(one.exposed_allreduce_ms, r));
+        // ZeRO-2: each micro-batch's backward reduce-scatters its gradients;
+        // the all-gather stays after the step.
+        let two = of(2, false);
+        assert!(close(two.bwd_ms - one.bwd_ms, r / 2.0) && close(two.fwd_ms, one.fwd_ms));
+        assert!(close(two.allreduce_ms, r / 2.0));
+        // ZeRO-3 re-sharded: a gather before each forward and each
+        // backward, the reduce-scatter after it; nothing after the step.
+        let three = of(3, true);
+        assert!(close(three.fwd_ms - one.fwd_ms, r / 2.0));
+        assert!(close(three.bwd_ms - one.bwd_ms, r));
+        assert_eq!(three.allreduce_ms, 0.0);
+        // Kept after the forward: the backward's gather is gone.
+        let kept = of(3, false);
+        assert!(close(kept.fwd_ms - one.fwd_ms, r / 2.0));
+        assert!(close(kept.bwd_ms - one.bwd_ms, r / 2.0));
+        // Where the runtime overlaps them (FSDP's prefetch, its reduce-scatter
+        // behind the backward), each micro-batch waits for less, but for the
+        // first layer's weights at least.
+        let everywhere = Overlap {
+            grad_reduce: GradReduceOverlap::EveryStage,
+            param_gather: true,
+        };
+        let hidden = at(everywhere, 3, true);
+        assert!(hidden.fwd_ms < three.fwd_ms && hidden.bwd_ms < three.bwd_ms);
+        assert!(
+            hidden.fwd_ms - one.fwd_ms >= r / 8.0 - 1e-9,
+            "{}",
+            hidden.fwd_ms
+        );
     }
 
     #[test]

@@ -65,8 +65,8 @@ pub struct StageLayout {
     pub actions: Vec<Action>,
     /// Split degree t: the GPUs each replica's layers are sharded over.
     pub tensor_parallel: u32,
-    /// ZeRO-1: optimizer state sharded over each replica group.
-    pub shard_optimizer: bool,
+    /// The sharding level over each replica group (`sharding.rs`).
+    pub shard_level: u8,
     /// The backward re-runs the stage's forward (only its input is kept).
     pub recompute: bool,
     /// It does so a layer at a time: each layer's input kept, each layer's
@@ -252,7 +252,7 @@ impl RunLayout {
                         .collect(),
                     actions: actions[i].clone(),
                     tensor_parallel: t[i],
-                    shard_optimizer: s.shard_optimizer,
+                    shard_level: s.shard_level,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
                     recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
                     split_groups,
@@ -351,25 +351,17 @@ mod tests {
         // Stage 0 on device 0 feeds stage 1: two replicas of two shards.
         let mut p = plan(4, 2, &[(0, 2, &[0]), (2, 5, &[1, 2, 3, 4])]);
         p.stages[1].tensor_parallel = 2;
-        p.stages[1].shard_optimizer = true;
+        p.stages[1].shard_level = 1;
         p.stages[0].recompute = Recompute::Full;
         let lay = RunLayout::of(&p).unwrap();
         let (first, second) = (&lay.stages[0], &lay.stages[1]);
         assert_eq!(
-            (
-                first.tensor_parallel,
-                first.recompute,
-                first.shard_optimizer
-            ),
-            (1, true, false)
+            (first.tensor_parallel, first.recompute, first.shard_level),
+            (1, true, 0)
         );
         assert_eq!(
-            (
-                second.tensor_parallel,
-                second.recompute,
-                second.shard_optimizer
-            ),
-            (2, false, true)
+            (second.tensor_parallel, second.recompute, second.shard_level),
+            (2, false, 1)
         );
         assert_eq!(second.split_groups, vec![vec![1, 2], vec![3, 4]]);
         assert_eq!(second.replica_groups, vec![vec![1, 3], vec![2, 4]]);
@@ -445,9 +437,9 @@ mod tests {
         p.stages[0].recompute = crate::shape::Recompute::Full;
         let lay = RunLayout::of(&p).unwrap();
         assert!(lay.stages[0].recompute && !lay.stages[1].recompute);
-        p.stages[1].shard_optimizer = true;
+        p.stages[1].shard_level = 1;
         let e = RunLayout::of(&p).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("stages[1].shard_optimizer"));
+        assert_eq!(e.field.as_deref(), Some("stages[1].shard_level"));
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod regress;
 pub mod schedule;
 pub mod search;
 pub mod shape;
+pub mod sharding;
 pub mod simulate;
 pub mod split;
 pub mod topology;

@@ -177,10 +177,11 @@ fn shaped_plans(
     } else {
         &[Recompute::None, Recompute::Full, Recompute::PerLayer]
     };
-    let shapes = [false, true]
+    // Megatron-LM's distributed optimizer is sharding level 1.
+    let shapes = [0, 1]
         .into_iter()
-        .flat_map(|zero| recompute.iter().map(move |&recompute| (zero, recompute)));
-    let shapes: Vec<(bool, Recompute)> = shapes.collect();
+        .flat_map(|level| recompute.iter().map(move |&recompute| (level, recompute)));
+    let shapes: Vec<(u8, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
     for &t in degrees {
         // Layers that do not split at t run data parallel over all t x d
@@ -212,12 +213,12 @@ fn shaped_plans(
                 &[false]
             };
             for b in per_replica.into_iter().filter(|&b| slice_fits(b)) {
-                for &(shard_optimizer, recompute) in &shapes {
+                for &(shard_level, recompute) in &shapes {
                     for &sequence_parallel in sequence {
                         let shape = StageShape {
                             tensor_parallel: t,
                             sequence_parallel,
-                            shard_optimizer,
+                            shard_level,
                             recompute,
                             // Expert parallelism and offloading are not
                             // among the uniform shapes yet.

@@ -71,7 +71,7 @@ impl Overlap {
 
     /// Whether a stage of `shape` gathers its weights behind the next forward.
     pub fn hides_param_gather(&self, shape: &StageShape) -> bool {
-        self.param_gather && shape.shard_optimizer
+        self.param_gather && shape.shards_optimizer()
     }
 
     pub fn is_default(&self) -> bool {
@@ -179,7 +179,7 @@ mod tests {
             ..plain
         };
         let zero = StageShape {
-            shard_optimizer: true,
+            shard_level: 1,
             recompute: Recompute::Full,
             ..plain
         };

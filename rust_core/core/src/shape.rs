@@ -1,6 +1,7 @@
 //! How a stage runs its layers on its GPUs besides replicating them: Whale's
 //! split degree t (tensor parallelism, with the sequence split too or not),
-//! ZeRO-1 (optimizer state sharded over the replicas) and re-computation
+//! sharding over the replicas (ZeRO's levels, `sharding.rs`), expert
+//! parallelism, offloading and re-computation
 //! (none, full, per layer or selective). A plain stage (t = 1, no sharding,
 //! no re-computation) is what DAPPLE plans.
 //!
@@ -110,9 +111,23 @@ pub struct StageShape {
     /// (`SplitPattern::sequence_parallel`); only with t > 1.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
-    /// ZeRO-1: master weights and optimizer state sharded over the replicas,
-    /// gradients reduce-scattered and weights all-gathered.
-    pub shard_optimizer: bool,
+    /// ZeRO's level of sharding over the stage's replicas
+    /// (`sharding.rs`): 0 none; 1 the master weights and optimizer
+    /// state (ZeRO-1); 2 the gradients too (ZeRO-2); 3 the weights too
+    /// (ZeRO-3, FSDP). A plan older than version 12 says level 1 as
+    /// `shard_optimizer: true`.
+    #[serde(
+        default,
+        alias = "shard_optimizer",
+        deserialize_with = "crate::sharding::level_or_flag",
+        skip_serializing_if = "is_zero"
+    )]
+    pub shard_level: u8,
+    /// Level 3: each micro-batch's forward frees the weights it gathered,
+    /// and its backward gathers them again (FSDP's
+    /// `reshard_after_forward=True`); false keeps them for the backward.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reshard_after_forward: bool,
     pub recompute: Recompute,
     /// Expert parallelism: the routed experts of the layers that have
     /// them spread over groups of this many consecutive replicas
@@ -137,12 +152,17 @@ fn is_one(x: &u32) -> bool {
     *x == 1
 }
 
+fn is_zero(x: &u8) -> bool {
+    *x == 0
+}
+
 impl StageShape {
     /// DAPPLE's stage: replicas only.
     pub const PLAIN: StageShape = StageShape {
         tensor_parallel: 1,
         sequence_parallel: false,
-        shard_optimizer: false,
+        shard_level: 0,
+        reshard_after_forward: false,
         recompute: Recompute::None,
         expert_parallel: 1,
         expert_tensor_parallel: None,
@@ -155,9 +175,20 @@ impl StageShape {
 
     /// Whether each GPU AllReduces all its layers' gradients over every
     /// replica, as a plain stage does (re-computation aside): no split,
-    /// no ZeRO-1, no experts spread.
+    /// no sharding, no experts spread.
     pub fn reduces_as_plain(&self) -> bool {
-        self.tensor_parallel <= 1 && self.expert_parallel <= 1 && !self.shard_optimizer
+        self.tensor_parallel <= 1 && self.expert_parallel <= 1 && !self.shards_optimizer()
+    }
+
+    /// Sharding level 1 or above: each GPU keeps and steps its replica
+    /// group's shard of the master weights and optimizer state.
+    pub fn shards_optimizer(&self) -> bool {
+        self.sharding().shards_optimizer()
+    }
+
+    /// The stage's sharding level, whose rules `sharding.rs` holds.
+    pub fn sharding(&self) -> crate::sharding::ShardLevel {
+        crate::sharding::ShardLevel::new(self.shard_level, self.reshard_after_forward)
     }
 
     /// The expert tensor degree et: the GPUs each routed expert's columns
@@ -311,21 +342,27 @@ pub struct MemoryTerms {
 /// What one GPU of a stage holds of its layers, summed a layer at a time
 /// (the search grows stages from their last layer): whole layers take
 /// `whole_slice` samples of a micro-batch, split ones `split_slice` (a
-/// replica's); ZeRO-1 shards whole layers' optimizer state over all the
-/// stage's `gpus` and split ones' over their `replicas`. Both sharings are
-/// summed, so one sum serves a stage with ZeRO-1 and without. A plain
-/// stage is `stage_memory_bytes` in `cost.rs`.
+/// replica's); sharding divides whole layers' state over all the stage's
+/// `gpus` and split ones' over their `replicas`. Each part of the state is
+/// summed whole and sharded, so one sum serves a stage at every sharding
+/// level. A plain stage is `stage_memory_bytes` in `cost.rs`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MemorySums {
-    state_bytes: f64,
-    sharded_state_bytes: f64,
-    /// Of those, the master weights and optimizer state.
+    /// The master weights and optimizer state.
     optimizer_state_bytes: f64,
     sharded_optimizer_state_bytes: f64,
     weight_bytes: f64,
-    /// The weights each GPU steps under ZeRO-1 (its shard of them).
+    /// The weights each GPU steps when sharded (its shard of them), and
+    /// holds at level 3.
     sharded_weight_bytes: f64,
     gradient_bytes: f64,
+    /// The gradients each GPU keeps at level 2 and above.
+    sharded_gradient_bytes: f64,
+    /// The most weights and gradients of one layer a GPU holds whole: what
+    /// a level-3 stage gathers before running a layer, and what a level-2
+    /// one holds before reducing a layer's gradients (`sharding.rs`).
+    layer_weight_peak_bytes: f64,
+    layer_gradient_peak_bytes: f64,
     stored_bytes: f64,
     working_bytes: f64,
     rerun_working_bytes: f64,
@@ -364,17 +401,22 @@ impl MemorySums {
         };
         let (l, next) = (layer, layer + 1);
         let param_factor = split_param_factor * held;
-        self.state_bytes += split_param_factor * layers.held_model_state_bytes(l, next, 1, held);
-        self.sharded_state_bytes +=
-            split_param_factor * layers.held_model_state_bytes(l, next, sharers, held);
         self.optimizer_state_bytes +=
             split_param_factor * layers.held_optimizer_state_bytes(l, next, 1, held);
         self.sharded_optimizer_state_bytes +=
             split_param_factor * layers.held_optimizer_state_bytes(l, next, sharers, held);
-        // The weights a GPU steps under ZeRO-1: 1/sharers of the whole
-        // layer's, whichever experts it holds.
-        self.sharded_weight_bytes +=
-            split_param_factor * layers.param_bytes(l, next) / f64::from(sharers.max(1));
+        // What a sharded GPU keeps of the weights and gradients: 1/sharers
+        // of the whole layer's, whichever experts it holds.
+        let sharers_f = f64::from(sharers.max(1));
+        self.sharded_weight_bytes += split_param_factor * layers.param_bytes(l, next) / sharers_f;
+        self.sharded_gradient_bytes +=
+            split_param_factor * layers.gradient_bytes(l, next) / sharers_f;
+        self.layer_weight_peak_bytes = self
+            .layer_weight_peak_bytes
+            .max(param_factor * layers.param_bytes(l, next));
+        self.layer_gradient_peak_bytes = self
+            .layer_gradient_peak_bytes
+            .max(param_factor * layers.gradient_bytes(l, next));
         // The selective part lies in what the split divides (the attention
         // core, split by heads): a shard keeps 1/t of it.
         let selective_factor = match shard {
@@ -426,19 +468,31 @@ impl MemorySums {
     /// `input_bytes` per micro-batch in; `layers` prices the optimizer's step.
     pub fn memory(&self, layers: &LayerCosts, shape: &StageShape, input_bytes: f64) -> StageMemory {
         let input_bytes = input_bytes + self.loss_kept_bytes;
-        let (state, stepped, optimizer_state) = if shape.shard_optimizer {
-            (
-                self.sharded_state_bytes,
-                self.sharded_weight_bytes,
-                self.sharded_optimizer_state_bytes,
-            )
+        let level = shape.sharding();
+        let optimizer_state = if level.shards_optimizer() {
+            self.sharded_optimizer_state_bytes
         } else {
-            (
-                self.state_bytes,
-                self.weight_bytes,
-                self.optimizer_state_bytes,
-            )
+            self.optimizer_state_bytes
         };
+        let gradients = if level.shards_gradients() {
+            self.sharded_gradient_bytes
+        } else {
+            self.gradient_bytes
+        };
+        let resident_weights = if level.shards_weights_in_flight() {
+            self.sharded_weight_bytes
+        } else {
+            self.weight_bytes
+        };
+        let stepped = if level.shards_optimizer() {
+            self.sharded_weight_bytes
+        } else {
+            self.weight_bytes
+        };
+        // Held whole for a moment on top (`ShardLevel::gathered_bytes`).
+        let gathered =
+            level.gathered_bytes(self.layer_weight_peak_bytes, self.layer_gradient_peak_bytes);
+        let state = resident_weights + gradients + optimizer_state;
         // Offloaded, the host keeps the optimizer's part and steps it.
         let (state, host_bytes, step_bytes, on_gpu_optimizer_state) = match shape.offload {
             Offload::None => (
@@ -479,7 +533,7 @@ impl MemorySums {
             }
         };
         StageMemory {
-            fixed_bytes: fixed,
+            fixed_bytes: fixed + gathered,
             per_micro_batch_bytes: per_micro_batch,
             model_state_bytes: state,
             weight_bytes: self.weight_bytes,
@@ -488,7 +542,7 @@ impl MemorySums {
             working_bytes: working,
             rerun_bytes: rerun,
             recompute_backward_bytes: recompute_backward,
-            gradient_bytes: self.gradient_bytes,
+            gradient_bytes: gradients,
             optimizer_step_bytes: step_bytes,
             stepped_weight_bytes: stepped,
             optimizer_state_bytes: on_gpu_optimizer_state,
@@ -552,7 +606,7 @@ mod tests {
             sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2), (4, 4));
         }
         let zero = StageShape {
-            shard_optimizer: true,
+            shard_level: 1,
             ..StageShape::PLAIN
         };
         assert_eq!(
@@ -590,6 +644,58 @@ mod tests {
             m.recompute_backward_bytes,
             layers.recompute_backward_bytes(0, 2, 2)
         );
+    }
+
+    #[test]
+    fn each_sharding_level_divides_the_zero_papers_sixteen_bytes_as_its_rule_says() {
+        // Mixed precision with Adam: 2 bytes of weights, 2 of gradients and
+        // 12 of master weights and moments a parameter (ZeRO, Fig. 1), over
+        // 2,000 parameters (4,000 bytes of bf16 weights; the larger layer
+        // 1,500 of them), sharded over 4 GPUs.
+        let mut p = crate::profile::profile_with_memory_terms();
+        p.parameter_state = Some(crate::profile::ParameterState {
+            weight_bytes: 2.0,
+            gradient_bytes: 2.0,
+            master_weight_bytes: 4.0,
+            optimizer_bytes: 8.0,
+        });
+        let layers = LayerCosts::new(&p);
+        let mut sums = MemorySums::default();
+        for l in (0..2).rev() {
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (4, 4));
+        }
+        let at = |shard_level, reshard_after_forward| {
+            sums.memory(
+                &layers,
+                &StageShape {
+                    shard_level,
+                    reshard_after_forward,
+                    ..StageShape::PLAIN
+                },
+                0.0,
+            )
+        };
+        let state = |m: StageMemory| m.model_state_bytes;
+        assert_eq!(state(at(0, false)), 2000.0 * 16.0);
+        assert_eq!(state(at(1, false)), 2000.0 * (2.0 + 2.0 + 12.0 / 4.0));
+        assert_eq!(state(at(2, false)), 2000.0 * (2.0 + (2.0 + 12.0) / 4.0));
+        assert_eq!(state(at(3, true)), 2000.0 * 16.0 / 4.0);
+        // Kept after the forward, the weights are whole while micro-batches
+        // are in flight: level 2's state.
+        assert_eq!(state(at(3, false)), state(at(2, false)));
+        // On top: the larger layer's 3,000 bytes of gradients before their
+        // reduce-scatter (levels 2 and 3), and re-sharded, its weights
+        // gathered and the next layer's prefetched (2 x 3,000 at most).
+        let on_top = |m: StageMemory| m.fixed_bytes - m.model_state_bytes;
+        let base = on_top(at(1, false));
+        assert_eq!(on_top(at(0, false)), base);
+        assert_eq!(on_top(at(2, false)) - base, 3000.0);
+        assert_eq!(on_top(at(3, false)) - base, 3000.0);
+        assert_eq!(on_top(at(3, true)) - base, 9000.0);
+        // A sharded GPU keeps its gradients' shard and steps its weights' shard.
+        assert_eq!(at(1, false).gradient_bytes, 4000.0);
+        assert_eq!(at(2, false).gradient_bytes, 1000.0);
+        assert_eq!(at(3, true).stepped_weight_bytes, 1000.0);
     }
 
     #[test]
@@ -636,5 +742,31 @@ mod tests {
         // a t above the stage's GPUs (refused by the plan's check) is one replica, not zero
         assert_eq!(shape.replicas(2), 1);
         assert_eq!(shape.replicas(0), 0);
+    }
+
+    #[test]
+    fn an_older_plans_flag_reads_as_level_one() {
+        let shape: StageShape = serde_json::from_str(
+            r#"{"tensor_parallel": 1, "shard_optimizer": true, "recompute": "none"}"#,
+        )
+        .unwrap();
+        assert_eq!(shape.sharding(), crate::sharding::ShardLevel::Optimizer);
+        let shape: StageShape = serde_json::from_str(
+            r#"{"tensor_parallel": 1, "shard_level": 3, "reshard_after_forward": true, "recompute": "none"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            shape.sharding(),
+            crate::sharding::ShardLevel::Weights {
+                reshard_after_forward: true
+            }
+        );
+        let text = serde_json::to_string(&shape).unwrap();
+        assert!(text.contains(r#""shard_level":3"#), "{text}");
+        let e = serde_json::from_str::<StageShape>(
+            r#"{"tensor_parallel": 1, "shard_level": 4, "recompute": "none"}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("sharding level 4 is none of"), "{e}");
     }
 }

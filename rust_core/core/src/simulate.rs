@@ -1190,7 +1190,7 @@ impl Default for SimulationOptions {
 
 /// One GPU's optimizer step in stage `s`: offloaded, the host's (its
 /// cost's `offloaded_step_ms`); else over the weights it holds (a shard's
-/// under split), its share of them under ZeRO-1, at the stage's slowest
+/// under split), its share of them when sharded, at the stage's slowest
 /// GPU's relative speed.
 fn optimizer_ms(
     coster: &StageCoster,
@@ -1207,7 +1207,7 @@ fn optimizer_ms(
         || layers.param_bytes(s.layer_start, s.layer_end),
         |m| m.weight_bytes,
     );
-    let sharers = if shape.shard_optimizer {
+    let sharers = if shape.shards_optimizer() {
         shape.replicas(s.devices.len() as u32).max(1)
     } else {
         1

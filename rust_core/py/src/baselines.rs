@@ -123,14 +123,15 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// One Megatron-LM layout as a run used it, not costed: t shards
 /// (`tensor_parallel`), `pipeline_parallel` stages of equal blocks, the
 /// GPUs left over as replicas, `micro_batch_size` samples a replica, every
-/// stage with ZeRO-1 or not, sequence parallelism or not (t > 1) and
+/// stage at sharding level `shard_level` (0 to 3; at 3 re-sharded after the
+/// forward or not), sequence parallelism or not (t > 1) and
 /// re-computing as `recompute` says (none, full, per-layer or selective),
 /// the experts of the stages that have some spread over `expert_parallel`
 /// expert replicas of `expert_tensor_parallel` GPUs each (None: t), the
 /// optimizer where `offload` says ("none" or "optimizer"), 1F1B, on a
 /// runtime that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_optimizer=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None, offload="none"))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_level=0, reshard_after_forward=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None, offload="none"))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -139,7 +140,8 @@ fn megatron_plan(
     tensor_parallel: u32,
     pipeline_parallel: u32,
     micro_batch_size: u32,
-    shard_optimizer: bool,
+    shard_level: u8,
+    reshard_after_forward: bool,
     sequence_parallel: bool,
     recompute: &str,
     overlap_grad_reduce: &str,
@@ -152,7 +154,8 @@ fn megatron_plan(
     let shape = StageShape {
         tensor_parallel,
         sequence_parallel,
-        shard_optimizer,
+        shard_level,
+        reshard_after_forward,
         recompute: Recompute::parse(recompute).map_err(|e| to_py_err(e.under("recompute")))?,
         expert_parallel,
         expert_tensor_parallel,

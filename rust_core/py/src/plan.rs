@@ -24,8 +24,12 @@ pub struct PyStageShape {
     sequence_parallel: bool,
     /// Replicas of the split layers: the stage's GPUs / t.
     replicas: u32,
-    /// ZeRO-1 over the replicas.
-    shard_optimizer: bool,
+    /// The sharding level over the replicas: 0 none, 1 optimizer state
+    /// (ZeRO-1), 2 and gradients (ZeRO-2), 3 and weights (ZeRO-3, FSDP).
+    shard_level: u8,
+    /// Level 3: the weights freed after each forward and gathered again
+    /// for the backward (FSDP's `reshard_after_forward`).
+    reshard_after_forward: bool,
     /// "none", "full", "per-layer" or "selective".
     recompute: &'static str,
     /// Expert parallelism: the routed experts over groups of this many
@@ -37,7 +41,7 @@ pub struct PyStageShape {
     /// Where the master weights and optimizer state live: "none" (the
     /// GPUs) or "optimizer" (host memory, stepped by its CPU).
     offload: &'static str,
-    /// t = 1, no ZeRO-1, no re-computation, no expert parallelism, no
+    /// t = 1, no sharding, no re-computation, no expert parallelism, no
     /// offloading: a stage as DAPPLE plans it.
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
@@ -54,7 +58,8 @@ impl From<&Stage> for PyStageShape {
             tensor_parallel: shape.tensor_parallel,
             sequence_parallel: shape.sequence_parallel,
             replicas: s.replicas(),
-            shard_optimizer: shape.shard_optimizer,
+            shard_level: shape.shard_level,
+            reshard_after_forward: shape.reshard_after_forward,
             recompute: shape.recompute.name(),
             expert_parallel: shape.expert_parallel,
             expert_tensor_parallel: shape.expert_tensor_degree(),
@@ -70,12 +75,13 @@ impl From<&Stage> for PyStageShape {
 impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
-            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_optimizer={}, recompute={:?}, \
-             expert_parallel={}, expert_tensor_parallel={}, offload={:?})",
+            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_level={}, \
+             reshard_after_forward={}, recompute={:?}, expert_parallel={}, expert_tensor_parallel={}, offload={:?})",
             self.tensor_parallel,
             python_bool(self.sequence_parallel),
             self.replicas,
-            python_bool(self.shard_optimizer),
+            self.shard_level,
+            python_bool(self.reshard_after_forward),
             self.recompute,
             self.expert_parallel,
             self.expert_tensor_parallel,

@@ -116,9 +116,9 @@ mod tests {
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
         let coster = StageCoster::new(&layers, &cluster, 8, 1);
         let devices = StageDevices::new(&cluster, vec![(0, 8)]);
-        let of = |shard_optimizer: bool, offload: Offload| {
+        let of = |sharded: bool, offload: Offload| {
             let shape = StageShape {
-                shard_optimizer,
+                shard_level: u8::from(sharded),
                 offload,
                 ..StageShape::PLAIN
             };

@@ -1,4 +1,4 @@
-//! The cost of a stage of any shape (`shape.rs`): split layers, ZeRO-1,
+//! The cost of a stage of any shape (`shape.rs`): split layers, sharding,
 //! re-computation. A plain stage costs what `StageCoster::stage_on` says;
 //! this adds, on alike GPUs with even slices:
 //! - split layers' compute divided by t and their AllReduces inside each
@@ -9,8 +9,9 @@
 //! - gradient AllReduces over all the stage's GPUs for whole layers, and
 //!   over each shard's replicas for split ones (the t shards' rings share
 //!   each machine's network);
-//! - ZeRO-1: a reduce-scatter of gradients and an all-gather of weights in
-//!   place of the AllReduce, the optimizer's state over the replicas;
+//! - sharding (`sharding.rs`): reduce-scatters of gradients and all-gathers
+//!   of weights in place of the AllReduce, once an iteration or with every
+//!   micro-batch as the level says, and what the level keeps sharded;
 //! - sequence parallelism: a split layer's replicated share and input
 //!   divided by t too (`SplitPattern::shard`);
 //! - re-computation: the forward again in the backward, and only the
@@ -471,7 +472,7 @@ impl StageCoster<'_> {
             bwd_ms += whole.bwd(sums.start, end) / speed;
         }
         let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms;
-        let (exposed, allreduce_ms) = self.exposed_reduction(
+        let reduction = self.exposed_reduction(
             sums,
             devices,
             shape,
@@ -479,6 +480,7 @@ impl StageCoster<'_> {
             reduce_ms,
             (fwd_ms, bwd_ms),
         );
+        let (exposed, allreduce_ms) = (reduction.exposed_ms, reduction.all_ms);
         let first_slice = match &sums.first_shard {
             Some(s) => f64::from(sums.split_slice) * s.input_factor,
             None => f64::from(sums.whole_slice),
@@ -498,6 +500,11 @@ impl StageCoster<'_> {
                     sums.whole_slice,
                 );
         }
+        // A sharded stage's collectives with every micro-batch, where its
+        // passes do not hide them (`sharding.rs`; a re-run forward
+        // uses the weights the backward gathers).
+        fwd_ms += reduction.fwd_exposed_ms;
+        bwd_ms += reduction.bwd_exposed_ms;
         let slice = if sums.any_split {
             sums.split_slice
         } else {
@@ -527,13 +534,15 @@ impl StageCoster<'_> {
     }
 
     /// The gradient reduction of the summed stage (`reduce_ms`: its
-    /// AllReduces) as the runtime runs it: under ZeRO-1 a reduce-scatter of
-    /// the gradients and an all-gather of the weights in its place (half an
-    /// AllReduce's volume each, in its own bytes); what the runtime hides
+    /// AllReduces) as the runtime runs it. Sharded, a reduce-scatter of
+    /// the gradients and an all-gather of the weights take its place (half
+    /// an AllReduce's volume each, in its own bytes), each as often as the
+    /// level says (`ShardLevel::traffic`): once an iteration after the last
+    /// backward, or with every micro-batch's passes. What the runtime hides
     /// behind the passes (`fwd_ms`, `bwd_ms`: one micro-batch's, before
-    /// re-computation) as `self.overlap` says, bucket by bucket over the
+    /// re-computation) is as `self.overlap` says, bucket by bucket over the
     /// layers, each layer's share of a pass its share of the plain stage's,
-    /// and of the bytes its share of the gradients. Returns (exposed, all).
+    /// and of the bytes its share of the gradients.
     fn exposed_reduction(
         &self,
         sums: &ShapedSums,
@@ -542,17 +551,25 @@ impl StageCoster<'_> {
         only_stage: bool,
         reduce_ms: f64,
         (fwd_ms, bwd_ms): (f64, f64),
-    ) -> (f64, f64) {
+    ) -> Reduction {
+        let traffic = shape.sharding().traffic();
         let weights_per_gradient_byte = self.layers.weights_per_gradient_byte();
-        let all = if shape.shard_optimizer {
-            reduce_ms * (1.0 + weights_per_gradient_byte) / 2.0
+        let (scatter_ms, gather_ms) = if shape.shards_optimizer() {
+            (reduce_ms / 2.0, reduce_ms / 2.0 * weights_per_gradient_byte)
+        } else {
+            (reduce_ms, 0.0)
+        };
+        let all = if shape.shards_optimizer() {
+            f64::from(traffic.iteration_scatters) * scatter_ms
+                + f64::from(traffic.iteration_gathers) * gather_ms
         } else {
             reduce_ms
         };
         let hides_reduce = self.overlap.hides_grad_reduce(only_stage, shape);
         let hides_gather = self.overlap.hides_param_gather(shape);
+        let exposing = |exposed| Reduction::of(&traffic, (all, shape.shards_optimizer()), exposed);
         if !hides_reduce && !hides_gather {
-            return (all, all);
+            return exposing((scatter_ms, gather_ms, gather_ms));
         }
         if hides_reduce && shape.reduces_as_plain() {
             // Its AllReduce overlaps the backward as a plain stage's.
@@ -562,13 +579,13 @@ impl StageCoster<'_> {
             } else {
                 all
             };
-            return (exposed, all);
+            return Reduction {
+                exposed_ms: exposed,
+                all_ms: all,
+                fwd_exposed_ms: 0.0,
+                bwd_exposed_ms: 0.0,
+            };
         }
-        let (scatter_ms, gather_ms) = if shape.shard_optimizer {
-            (reduce_ms / 2.0, reduce_ms / 2.0 * weights_per_gradient_byte)
-        } else {
-            (reduce_ms, 0.0)
-        };
         let (start, end) = (sums.start, sums.end);
         let plain = self.times(devices.paces[0].0, sums.whole_slice);
         let share = |part: f64, whole: f64| if whole > 0.0 { part / whole } else { 0.0 };
@@ -587,8 +604,9 @@ impl StageCoster<'_> {
             |l: usize| self.layers.gradient_bytes(l, l + 1) * share(per_gpu_bytes, all_bytes);
         // A bucket's time: its share of the bytes of the whole transfer.
         let of_bytes = |total_ms: f64| move |b: f64| total_ms * share(b, per_gpu_bytes);
+        let layer_fwd = |l: usize| fwd_ms * share(plain.fwd(l, l + 1), plain.fwd(start, end));
+        let layer_bwd = |l: usize| bwd_ms * share(plain.bwd(l, l + 1), plain.bwd(start, end));
         let scatter = if hides_reduce {
-            let layer_bwd = |l: usize| bwd_ms * share(plain.bwd(l, l + 1), plain.bwd(start, end));
             exposed_behind_backward(
                 (start..end).rev().map(|l| (layer_bwd(l), bytes(l))),
                 of_bytes(scatter_ms),
@@ -596,16 +614,59 @@ impl StageCoster<'_> {
         } else {
             scatter_ms
         };
-        let gather = if hides_gather {
-            let layer_fwd = |l: usize| fwd_ms * share(plain.fwd(l, l + 1), plain.fwd(start, end));
-            exposed_before_forward(
-                (start..end).map(|l| (layer_fwd(l), bytes(l))),
-                of_bytes(gather_ms),
+        let (gather_fwd, gather_bwd) = if hides_gather {
+            (
+                exposed_before_forward(
+                    (start..end).map(|l| (layer_fwd(l), bytes(l))),
+                    of_bytes(gather_ms),
+                ),
+                // The backward's gathers, last layer first (FSDP's
+                // backward prefetch).
+                exposed_before_forward(
+                    (start..end).rev().map(|l| (layer_bwd(l), bytes(l))),
+                    of_bytes(gather_ms),
+                ),
             )
         } else {
-            gather_ms
+            (gather_ms, gather_ms)
         };
-        (scatter + gather, all)
+        exposing((scatter, gather_fwd, gather_bwd))
+    }
+}
+
+/// A stage's gradient reduction and weight gathers, in ms: `all_ms` after
+/// its last backward (`exposed_ms` of it not hidden), and what each
+/// micro-batch's forward and backward wait for besides their own passes.
+struct Reduction {
+    exposed_ms: f64,
+    all_ms: f64,
+    fwd_exposed_ms: f64,
+    bwd_exposed_ms: f64,
+}
+
+impl Reduction {
+    /// What `traffic` leaves exposed, from the exposed part of each of its
+    /// collectives: a reduce-scatter's (unsharded, the AllReduce's), a
+    /// gather's before a forward and before a backward. `all_ms`: the
+    /// collectives after the last backward.
+    fn of(
+        traffic: &crate::sharding::ShardTraffic,
+        (all_ms, sharded): (f64, bool),
+        (scatter, gather_fwd, gather_bwd): (f64, f64, f64),
+    ) -> Reduction {
+        let after_backward = if sharded {
+            f64::from(traffic.iteration_scatters) * scatter
+                + f64::from(traffic.iteration_gathers) * gather_fwd
+        } else {
+            scatter
+        };
+        Reduction {
+            exposed_ms: after_backward,
+            all_ms,
+            fwd_exposed_ms: f64::from(traffic.gathers_before_forward) * gather_fwd,
+            bwd_exposed_ms: f64::from(traffic.gathers_before_backward) * gather_bwd
+                + f64::from(traffic.scatters_after_backward) * scatter,
+        }
     }
 }
 
@@ -663,7 +724,7 @@ mod tests {
         // of the second layer's weights and gradients alone.
         let zero = |shape: StageShape| {
             let zero = StageShape {
-                shard_optimizer: true,
+                shard_level: 1,
                 ..shape
             };
             coster.stage_memory(0, 2, &devices, &zero).model_state_bytes

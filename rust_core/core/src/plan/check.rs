@@ -153,8 +153,11 @@ fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     if s.tensor_parallel != first.tensor_parallel {
         return differs("tensor_parallel");
     }
-    if s.shard_optimizer != first.shard_optimizer {
-        return differs("shard_optimizer");
+    if s.shard_level != first.shard_level {
+        return differs("shard_level");
+    }
+    if s.reshard_after_forward != first.reshard_after_forward {
+        return differs("reshard_after_forward");
     }
     // The expert degree and expert tensor degree may differ: they group
     // the GPUs of the chunks that have experts, and a chunk without any
@@ -282,14 +285,15 @@ fn check_stage_shape(
     if shape.is_plain() {
         return Ok(());
     }
+    check_shard_level(s)?;
     let field = if t > 1 {
         "tensor_parallel"
     } else if s.expert_parallel > 1 {
         "expert_parallel"
     } else if s.expert_tensor_parallel.is_some() {
         "expert_tensor_parallel"
-    } else if s.shard_optimizer {
-        "shard_optimizer"
+    } else if s.shard_level > 0 {
+        "shard_level"
     } else if !s.offload.is_none() {
         "offload"
     } else {
@@ -358,6 +362,20 @@ fn check_stage_shape(
         }
     }
     check_expert_groups(s, profile)
+}
+
+/// A sharding level that is one (`ShardLevel::from_fields`).
+fn check_shard_level(s: &Stage) -> Result<()> {
+    crate::sharding::ShardLevel::from_fields(s.shard_level, s.reshard_after_forward)
+        .map(|_| ())
+        .map_err(|e| {
+            let field = if s.shard_level > 3 {
+                "shard_level"
+            } else {
+                "reshard_after_forward"
+            };
+            Error::field(field, e)
+        })
 }
 
 /// An expert tensor degree of the stage's own: at least 1, only where the

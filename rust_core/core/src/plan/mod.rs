@@ -222,9 +222,20 @@ pub struct Stage {
     /// Sequence parallelism in the split layers (`StageShape`); t > 1 only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub sequence_parallel: bool,
-    /// ZeRO-1: optimizer state sharded over the stage's replicas.
+    /// ZeRO's sharding level over the stage's replicas (`sharding.rs`):
+    /// 0 none, 1 optimizer state, 2 and gradients, 3 and weights. Plans
+    /// before version 12 wrote level 1 as `shard_optimizer: true`.
+    #[serde(
+        default,
+        alias = "shard_optimizer",
+        deserialize_with = "crate::sharding::level_or_flag",
+        skip_serializing_if = "is_zero"
+    )]
+    pub shard_level: u8,
+    /// Level 3: each micro-batch's forward frees the weights it gathered
+    /// (FSDP's `reshard_after_forward`).
     #[serde(default, skip_serializing_if = "is_false")]
-    pub shard_optimizer: bool,
+    pub reshard_after_forward: bool,
     /// What the forward keeps for the backward: "none" re-computes nothing.
     #[serde(default, skip_serializing_if = "Recompute::is_none")]
     pub recompute: Recompute,
@@ -255,7 +266,8 @@ impl Default for Stage {
             slices: None,
             tensor_parallel: 1,
             sequence_parallel: false,
-            shard_optimizer: false,
+            shard_level: 0,
+            reshard_after_forward: false,
             recompute: Recompute::None,
             expert_parallel: 1,
             expert_tensor_parallel: None,
@@ -270,7 +282,8 @@ impl Stage {
         StageShape {
             tensor_parallel: self.tensor_parallel,
             sequence_parallel: self.sequence_parallel,
-            shard_optimizer: self.shard_optimizer,
+            shard_level: self.shard_level,
+            reshard_after_forward: self.reshard_after_forward,
             recompute: self.recompute,
             expert_parallel: self.expert_parallel,
             expert_tensor_parallel: self.expert_tensor_parallel,
@@ -343,7 +356,8 @@ impl Stage {
     pub fn with_shape(mut self, shape: &StageShape) -> Stage {
         self.tensor_parallel = shape.tensor_parallel;
         self.sequence_parallel = shape.sequence_parallel;
-        self.shard_optimizer = shape.shard_optimizer;
+        self.shard_level = shape.shard_level;
+        self.reshard_after_forward = shape.reshard_after_forward;
         self.recompute = shape.recompute;
         self.expert_parallel = shape.expert_parallel;
         self.expert_tensor_parallel = shape.expert_tensor_parallel;
@@ -358,6 +372,10 @@ fn one() -> u32 {
 
 fn is_one(x: &u32) -> bool {
     *x == 1
+}
+
+fn is_zero(x: &u8) -> bool {
+    *x == 0
 }
 
 fn is_false(x: &bool) -> bool {

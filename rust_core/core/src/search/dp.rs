@@ -222,6 +222,8 @@ pub(crate) struct Dp<'c, 'a> {
 struct ShapeScratch {
     passes: Vec<(StageShape, Option<[f64; 3]>)>,
     fitting: Vec<[f64; 3]>,
+    /// The shapes some shape that fits every rule is no slower than.
+    settled: Vec<StageShape>,
 }
 
 impl Drop for Dp<'_, '_> {
@@ -326,7 +328,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             stopped: false,
             work_limit: u64::MAX,
             abandoned: false,
-            zero_saves_time: ctx.shapes.shard_optimizer
+            zero_saves_time: ctx.shapes.shard_levels.contains(&1)
                 && ctx.layers.weights_per_gradient_byte() < 1.0,
             shape_scratch: ShapeScratch::default(),
             spare_degrees: Vec::new(),
@@ -1009,7 +1011,9 @@ impl<'c, 'a> Dp<'c, 'a> {
     /// other makes, that one makes no slower). Re-computation's passes are
     /// its counterpart's with the forward again in the backward, and
     /// ZeRO-1's, where weights are no smaller than gradients, at least the
-    /// plain shape's: so they are known, or bounded, before pricing.
+    /// plain shape's: so they are known, or bounded, before pricing. A
+    /// sharding level above 1 is weighed only where the level below it
+    /// may not fit (`lower_sharding_level`).
     /// Returns whether a longer stage at `t` could still be of use.
     fn prepend_shapes(
         &mut self,
@@ -1047,9 +1051,11 @@ impl<'c, 'a> Dp<'c, 'a> {
         let ShapeScratch {
             mut passes,
             mut fitting,
+            mut settled,
         } = std::mem::take(&mut self.shape_scratch);
         passes.clear();
         fitting.clear();
+        settled.clear();
         let no_faster = |v: &[f64; 3], u: &[f64; 3]| (0..3).all(|k| u[k] <= v[k]);
         // Whether an offloaded shape's twin (the one before it, stepping on
         // its GPUs) leaves it no room to fit.
@@ -1061,18 +1067,19 @@ impl<'c, 'a> Dp<'c, 'a> {
                 passes.push((*shape, None));
                 continue;
             }
-            let predicted = match predicted_times(shape, &passes, self.zero_saves_time) {
-                // Its counterpart was no use: neither is it, no faster.
-                Some(None) => {
-                    passes.push((*shape, None));
-                    continue;
-                }
-                weighed => weighed.flatten(),
-            };
-            if self.objective == Objective::Latency
-                && predicted.is_some_and(|v| fitting.iter().any(|u| no_faster(&v, u)))
-            {
+            let predicted = predicted_times(shape, &passes, self.zero_saves_time);
+            // No use: its counterpart was none (it is no faster), a shape
+            // that fits every rule is no slower, or it shards above level 1
+            // where the level below it fits (`sharding.rs`: no faster).
+            let no_use = matches!(predicted, Some(None))
+                || self.objective == Objective::Latency
+                    && (lower_sharding_level(shape).is_some_and(|l| settled.contains(&l))
+                        || predicted
+                            .flatten()
+                            .is_some_and(|v| fitting.iter().any(|u| no_faster(&v, u))));
+            if no_use {
                 passes.push((*shape, None));
+                settled.push(*shape);
                 continue;
             }
             let priced = self.price((i, j), &option.devices, (shape, warmup), only_stage, sums);
@@ -1085,16 +1092,22 @@ impl<'c, 'a> Dp<'c, 'a> {
             if self.objective == Objective::Latency && fitting.iter().any(|u| no_faster(&times, u))
             {
                 passes.push((*shape, None));
+                settled.push(*shape);
                 continue;
             }
             let prepended = self.prepend_stage(option, i, &priced, suffixes);
             longer_may_help |= prepended.longer_may_help;
             if prepended.fits_every_rule {
                 fitting.push(times);
+                settled.push(*shape);
             }
             passes.push((*shape, Some(times)));
         }
-        self.shape_scratch = ShapeScratch { passes, fitting };
+        self.shape_scratch = ShapeScratch {
+            passes,
+            fitting,
+            settled,
+        };
         longer_may_help
     }
 
@@ -1598,6 +1611,16 @@ impl Dp<'_, '_> {
     }
 }
 
+/// The shape one sharding level below `shape`'s, for levels 2 and 3
+/// (level 3 is weighed against level 2 whether or not it re-shards).
+fn lower_sharding_level(shape: &StageShape) -> Option<StageShape> {
+    (shape.shard_level >= 2).then(|| StageShape {
+        shard_level: shape.shard_level - 1,
+        reshard_after_forward: false,
+        ..*shape
+    })
+}
+
 /// The times `shape` is no faster than, from its counterpart among the
 /// shapes weighed before it at one degree (`passes`: each with its times,
 /// or None where it was no use): None where it has none weighed yet,
@@ -1619,9 +1642,11 @@ fn predicted_times(
                     ..*shape
                 }
             } else if shape.recompute.is_none() {
-                shape.shard_optimizer && !zero_saves_time && !s.shard_optimizer
+                shape.shard_level == 1 && !zero_saves_time && s.shard_level == 0
             } else {
-                s.recompute.is_none() && s.shard_optimizer == shape.shard_optimizer
+                s.recompute.is_none()
+                    && s.shard_level == shape.shard_level
+                    && s.reshard_after_forward == shape.reshard_after_forward
             }
         })
         .map(|&(_, p)| p)?;
@@ -1863,7 +1888,7 @@ mod tests {
         let space = Space::new(
             &layers,
             &cluster,
-            (SearchSpace::Full, StageShapes::Plain, None),
+            (SearchSpace::Full, (StageShapes::Plain, 0), None),
             (policy, crate::overlap::Overlap::default()),
             1,
             (1, vec![1]),

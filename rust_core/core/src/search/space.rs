@@ -38,12 +38,12 @@ crate::named_enum! {
     /// DAPPLE's replicas.
     pub enum StageShapes("a set of stage shapes") {
         /// All, where the profile says how layers split or has experts (a transformer's);
-        /// else plain, DAPPLE's space: with ZeRO-1 and re-computation the
+        /// else plain, DAPPLE's space: with sharding and re-computation the
         /// walk's budget runs out sooner on the paper's profiles, and
         /// AmoebaNet-36 on configurations B and C planned 6.3% and 24.5%
         /// slower (the regress suite).
         Auto = "auto",
-        /// Split degrees the profile's layers allow, ZeRO-1 and full
+        /// Split degrees the profile's layers allow, sharding levels and
         /// re-computation, each stage its own.
         All = "all",
         /// Replicas only: DAPPLE's space (to reproduce the paper).
@@ -70,8 +70,10 @@ pub(crate) struct ShapeChoices {
     /// Split degrees (at least 2) some layer allows and some machine holds,
     /// ascending; empty where nothing splits.
     pub(crate) split_degrees: Vec<u32>,
-    /// ZeRO-1 shrinks something: the profile keeps optimizer state.
-    pub(crate) shard_optimizer: bool,
+    /// The sharding levels searched (`sharding.rs`), ascending from 0:
+    /// each that shrinks something (level 1 where the profile keeps
+    /// optimizer state), up to the options' highest; level 3 re-sharded.
+    pub(crate) shard_levels: Vec<u8>,
     /// Offloading the optimizer shrinks something (the profile keeps
     /// optimizer state) and some machine's host is known.
     pub(crate) offload: bool,
@@ -95,7 +97,7 @@ impl ShapeChoices {
     /// DAPPLE's stages: replicas only.
     pub(crate) const PLAIN: ShapeChoices = ShapeChoices {
         split_degrees: Vec::new(),
-        shard_optimizer: false,
+        shard_levels: Vec::new(),
         offload: false,
         recompute: false,
         selective: false,
@@ -108,7 +110,7 @@ impl ShapeChoices {
         layers: &LayerCosts,
         cluster: &Cluster,
         (space, uniform): (SearchSpace, Option<(u32, bool)>),
-        shapes: StageShapes,
+        (shapes, max_shard_level): (StageShapes, u8),
     ) -> ShapeChoices {
         if shapes.plain_only(layers) {
             return ShapeChoices::PLAIN;
@@ -138,8 +140,13 @@ impl ShapeChoices {
         };
         ShapeChoices {
             split_degrees,
-            shard_optimizer: layers.model_state_bytes_sharded(0, layers.num_layers, 2)
-                < layers.model_state_bytes(0, layers.num_layers),
+            shard_levels: (0..=max_shard_level.min(3))
+                .filter(|&level| {
+                    level != 1
+                        || layers.model_state_bytes_sharded(0, layers.num_layers, 2)
+                            < layers.model_state_bytes(0, layers.num_layers)
+                })
+                .collect(),
             offload: layers.held_optimizer_state_bytes(0, layers.num_layers, 1, 1.0) > 0.0
                 && cluster.machines.iter().any(|m| m.host.is_some()),
             recompute: true,
@@ -170,7 +177,12 @@ impl ShapeChoices {
         };
         ShapeChoices {
             split_degrees: degrees(|s| s.tensor_parallel),
-            shard_optimizer: layout.iter().any(|s| s.3.shard_optimizer),
+            shard_levels: {
+                let mut levels: Vec<u8> = layout.iter().map(|s| s.3.shard_level).collect();
+                levels.sort_unstable();
+                levels.dedup();
+                levels
+            },
             offload: layout.iter().any(|s| !s.3.offload.is_none()),
             recompute: layout.iter().any(|s| !s.3.recompute.is_none()),
             selective: layout.iter().any(|s| s.3.recompute == Recompute::Selective),
@@ -273,7 +285,7 @@ impl<'a> Space<'a> {
         cluster: &'a Cluster,
         // The space, the stage shapes and the fastest uniform plan's degree
         // and sequence parallelism.
-        (space, shapes, uniform_degree): (SearchSpace, StageShapes, Option<(u32, bool)>),
+        (space, shapes, uniform_degree): (SearchSpace, (StageShapes, u8), Option<(u32, bool)>),
         (warmup_policy, overlap): (WarmupPolicy, Overlap),
         min_slice: u32,
         (global_batch_size, sizes): (u32, Vec<u32>),
@@ -639,7 +651,7 @@ impl Context<'_> {
     /// The shapes a stage split `t` ways, with expert degree `e` (each
     /// expert split `et` ways), over `gpus` GPUs may take, the plain one
     /// (at `t`, `e` and `et`) first: then
-    /// ZeRO-1 over more than one GPU and full re-computation, each where
+    /// sharding over more than one GPU and re-computation, each where
     /// it applies. Stages on mixed GPUs stay plain (`plan::check`).
     pub(crate) fn shapes_at(
         &self,
@@ -685,18 +697,25 @@ impl Context<'_> {
         };
         // Each offloaded shape after the one that steps on its GPUs, which
         // the search weighs it against (`dp.rs`).
+        // Sharding levels in order, each after the one it is weighed
+        // against (`dp.rs`); level 3 keeping its weights after the forward
+        // is never faster than level 2 and holds as much (`sharding.rs`).
+        let levels: &[u8] = if gpus > 1 && !self.shapes.shard_levels.is_empty() {
+            &self.shapes.shard_levels
+        } else {
+            &[0]
+        };
         for &recompute in recompute {
-            for shard_optimizer in [false, true] {
-                // Whole layers shard over all the stage's GPUs, split ones over its replicas.
-                if !shard_optimizer || (self.shapes.shard_optimizer && gpus > 1) {
-                    for &offload in offload {
-                        list.push_unique(StageShape {
-                            recompute,
-                            shard_optimizer,
-                            offload,
-                            ..base
-                        });
-                    }
+            // Whole layers shard over all the stage's GPUs, split ones over its replicas.
+            for &shard_level in levels {
+                for &offload in offload {
+                    list.push_unique(StageShape {
+                        recompute,
+                        shard_level,
+                        reshard_after_forward: shard_level == 3,
+                        offload,
+                        ..base
+                    });
                 }
             }
         }
@@ -744,9 +763,10 @@ impl Context<'_> {
 }
 
 /// The shapes a stage may take at one split degree, in the order they are
-/// priced. There is at most one per combination of ZeRO-1 and
-/// re-computation, so they fit a fixed array: the DP lists them once per
-/// stage option, too often to allocate each time.
+/// priced. There is at most one per combination of sharding level (five,
+/// counting level 3 both ways), re-computation and offloading, so they fit
+/// a fixed array: the DP lists them once per stage option, too often to
+/// allocate each time.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ShapeList {
     shapes: [StageShape; ShapeList::CAPACITY],
@@ -754,13 +774,13 @@ pub(crate) struct ShapeList {
 }
 
 impl ShapeList {
-    const CAPACITY: usize = 2 * Recompute::ALL.len() * Offload::ALL.len();
+    const CAPACITY: usize = 5 * Recompute::ALL.len() * Offload::ALL.len();
 
     /// Adds `shape` unless it is listed already.
     fn push_unique(&mut self, shape: StageShape) {
         if !self.as_slice().contains(&shape) {
-            // Distinct shapes at one degree differ in ZeRO-1, re-computation
-            // or offloading.
+            // Distinct shapes at one degree differ in sharding,
+            // re-computation or offloading.
             debug_assert!(self.len < Self::CAPACITY, "a stage shape of another kind");
             self.shapes[self.len] = shape;
             self.len += 1;
