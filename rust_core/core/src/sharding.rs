@@ -19,8 +19,8 @@
 //! (the ZeRO paper's 1.5 times data parallelism's 2), the others 2. Level 3
 //! keeping its weights holds them whole while micro-batches are in flight,
 //! as ZeRO-2 does, and moves more: it never beats level 2 in this model,
-//! which is why the search leaves it out; a plan may still ask for it (Llama
-//! 3's layout). Level 2 and 3 reduce each micro-batch's gradients as its
+//! which is why the search leaves it out; a plan may still ask for it. Level
+//! 2 and 3 reduce each micro-batch's gradients as its
 //! backward makes them (DeepSpeed's ZeRO-2, FSDP2's default): a GPU holds
 //! one layer's whole gradients before reducing them, and a re-sharded level
 //! 3 gathers one layer's weights while the one before runs
