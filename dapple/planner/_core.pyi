@@ -197,6 +197,7 @@ class StageLayout:
     actions: list[Action]
     tensor_parallel: int
     shard_level: int
+    reshard_after_forward: bool
     recompute: bool
     recompute_per_layer: bool
     split_groups: list[list[int]]

@@ -57,13 +57,16 @@ class Layout:
         expert parallelism is Whale's, experts over the replicas)."""
         kind = plan.core.schedule_kind
         shapes = plan.stage_shapes
-        # Laid out once, where spread experts need its action lists.
-        core = plan.core.layout() if any(shape.expert_parallel > 1 for shape in shapes) else None
+        # Laid out once, where spread experts or sharded stages need its action lists.
+        core = (plan.core.layout() if any(shape.expert_parallel > 1 or shape.shard_level > 1 for shape in shapes)
+                else None)
         for i, shape in enumerate(shapes):
             spread = shape.expert_parallel > 1
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
-                       ("shard_level", f"sharding level {shape.shard_level} (ZeRO-2 or -3)")
-                       if shape.shard_level > 1 else
+                       ("shard_level", f"sharding level {shape.shard_level} (FSDP) beside tensor parallelism, "
+                        "experts, or a backward that splits or runs on other weights")
+                       if shape.shard_level > 1 and (shape.tensor_parallel > 1 or shape.expert_parallel > 1
+                                                     or _backward_splits_or_moves(plan, core)) else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
                        ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
                        ("expert_parallel", f"experts spread under {kind}, whose backward splits or runs on other "

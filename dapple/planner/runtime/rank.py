@@ -22,6 +22,7 @@ from torch import nn
 from .config import Job, check_expert_layers, check_layer_count, check_split_layers
 from .data import SeededBatches
 from .experts import ExpertGroup, expert_parameters, spread_layers
+from .fully_sharded import fully_shard_stage
 from .memory import PeakMemory
 from .tensor_parallel import SplitGroup, shard_layers
 from .training import Precision, layers_of, local_optimizer, stage_optimizer
@@ -338,6 +339,10 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     torch.manual_seed(config.seed)
     layers, loss_fn = _stage_layers(job, stage, split, groups.experts.get(stage))
     module = nn.Sequential(*layers).to(dev)
+    # Levels 2 and 3: FSDP reduces the gradients and keeps the shards.
+    fsdp = stage_layout.shard_level >= 2 and replica_group is not None
+    if fsdp:
+        fully_shard_stage(module, replica_group, dev, reshard_after_forward=stage_layout.reshard_after_forward)
     params = [p for p in module.parameters() if p.requires_grad]
     held_experts = expert_parameters(layers)
     expert_params = [p for p in params if id(p) in held_experts]
@@ -345,7 +350,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     # state is sharded (ZeRO-1) over the ranks holding the same ones.
     parts = [([p for p in params if id(p) not in held_experts], replica_group),
              (expert_params, groups.expert_replicas.get(stage))]
-    opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_level >= 1,
+    opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_level == 1,
                           offload=stage_layout.offload_optimizer)
     resumed = _resume(module, opt, job, rank, stage, (a, b))
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
@@ -366,7 +371,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         params=params,
         expert_params=expert_params,
         opt=opt,
-        group=replica_group,
+        group=None if fsdp else replica_group,
         split=split,
         expert_group=groups.expert_replicas.get(stage),
         comm=comm,

@@ -42,6 +42,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from .fully_sharded import whole
+
 
 @dataclass(frozen=True)
 class SplitGroup:
@@ -276,5 +278,5 @@ def full_state(layers: list[nn.Module], first_index: int) -> dict[str, torch.Ten
     for i, layer in enumerate(layers):
         state = layer.full_state() if isinstance(layer, ShardedModule) else layer.state_dict()
         for k, v in state.items():
-            out[f"{first_index + i}.{k}"] = v.detach().to("cpu", copy=True)
+            out[f"{first_index + i}.{k}"] = whole(v).detach().to("cpu", copy=True)
     return out

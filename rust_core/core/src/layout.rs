@@ -67,6 +67,8 @@ pub struct StageLayout {
     pub tensor_parallel: u32,
     /// The sharding level over each replica group (`sharding.rs`).
     pub shard_level: u8,
+    /// Level 3: the weights freed after each forward.
+    pub reshard_after_forward: bool,
     /// The backward re-runs the stage's forward (only its input is kept).
     pub recompute: bool,
     /// It does so a layer at a time: each layer's input kept, each layer's
@@ -253,6 +255,7 @@ impl RunLayout {
                     actions: actions[i].clone(),
                     tensor_parallel: t[i],
                     shard_level: s.shard_level,
+                    reshard_after_forward: s.reshard_after_forward,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
                     recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
                     split_groups,
