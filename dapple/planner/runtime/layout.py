@@ -64,8 +64,9 @@ class Layout:
             spread = shape.expert_parallel > 1
             refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("shard_level", f"sharding level {shape.shard_level} (FSDP) beside tensor parallelism, "
-                        "experts, or a backward that splits or runs on other weights")
+                        "experts, an offloaded optimizer, or a backward that splits or runs on other weights")
                        if shape.shard_level > 1 and (shape.tensor_parallel > 1 or shape.expert_parallel > 1
+                                                     or shape.offload != "none"
                                                      or _backward_splits_or_moves(plan, core)) else
                        ("recompute", "selective re-computation") if shape.recompute == "selective" else
                        ("expert_parallel", "experts spread over a split stage") if spread and shape.tensor_parallel > 1 else
