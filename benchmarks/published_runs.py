@@ -4,9 +4,9 @@ their authors published (`../shared/reference/published-runs.json`).
     python benchmarks/published_runs.py [--runs FILE] [--out benchmarks/results/published_runs.json] [--own-plans]
     python benchmarks/published_runs.py --table   # docs/published-runs.md's tables, from the results file
 
-Each dense run without context parallelism is written as a dapple plan as
-it was published (``planner.megatron_plan``: its tensor, pipeline and data
-degrees, micro-batch size, re-computation, ZeRO-1; interleaved over its
+Each dense run is written as a dapple plan as
+it was published (``planner.megatron_plan``: its tensor, context, pipeline and data
+degrees, micro-batch size, re-computation, sharding; interleaved over its
 virtual stages where it gives them, ``planner.chunked``), on a profile that
 ``dapple profile transformer`` writes of its model at its sequence length
 on its GPU type (operator by operator: no efficiency is given), and costed
@@ -137,6 +137,11 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
         sequence_parallel = True
         assumptions.append("sequence parallelism with its tensor parallelism (the file does not say; without it "
                            "the layout would need 177 GiB a GPU)")
+    context_parallel = lay.get("cp", 1)
+    if context_parallel > 1:
+        assumptions.append(f"context parallelism {context_parallel} as a ring of keys and values beside the "
+                           "attention core (TransformerEngine's, torch's); the run gathered them whole before "
+                           f"attention ({lay.get('cp_impl', 'the file does not say')}): the same bytes, exposed")
     if lay.get("dp_overlap"):
         assumptions.append(f"data-parallel gradient AllReduce: {lay['dp_overlap']}")
     overlap = runtime_overlap(run, lay)
@@ -145,6 +150,7 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
              "recompute": "per-layer" if full else "selective" if selective else "none",
              "sequence_parallel": sequence_parallel, "shard_level": shard_level,
              "reshard_after_forward": reshard_after_forward, "global_batch": gbs,
+             "context_parallel": context_parallel,
              "chunks": vpp, **overlap}, assumptions, missing)
 
 
@@ -203,7 +209,7 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
         profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
         pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
         shard_level=shape["shard_level"], reshard_after_forward=shape["reshard_after_forward"],
-        sequence_parallel=shape["sequence_parallel"],
+        sequence_parallel=shape["sequence_parallel"], context_parallel=shape["context_parallel"],
         recompute=shape["recompute"], overlap_grad_reduce=shape["overlap_grad_reduce"],
         overlap_param_gather=shape["overlap_param_gather"])
     if shape["chunks"]:
@@ -234,21 +240,23 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
 
 def table(results: dict) -> str:
     rows = results["rows"]
-    lines = ["| run | GPUs | layout (t, p, d, b, rc) | dapple s | published s | ratio | memory GiB |",
+    lines = ["| run | GPUs | layout (t, c, p, d, b, rc) | dapple s | published s | ratio | memory GiB |",
              "|---|--:|---|--:|--:|--:|--:|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['id']} | | | {r['error']} | | | |")
             continue
         lay = r["layout"]
-        d = r["gpus"] // (lay["tensor_parallel"] * lay["pipeline_parallel"])
+        cp = lay.get("context_parallel", 1)
+        d = r["gpus"] // (lay["tensor_parallel"] * cp * lay["pipeline_parallel"])
         v = f" v{lay['chunks']}" if lay.get("chunks") else ""
+        c = f" c{cp}" if cp > 1 else ""
         level = lay["shard_level"]
         zero = "" if not level else " zero" if level == 1 else f" zero{level}" + (
             "" if level < 3 or lay["reshard_after_forward"] else " kept")
         sp = " sp" if lay.get("sequence_parallel") else ""
         lines.append(
-            f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']}{v} d{d} "
+            f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']}{c} p{lay['pipeline_parallel']}{v} d{d} "
             f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
             f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
     own = [r for r in rows if "own_plan" in r]
@@ -297,8 +305,8 @@ def cli(doc: str, default_out: Path, rows_of, table_of) -> None:
 def dense_rows(runs: list[dict], folder: Path, own_plans: bool) -> list[dict]:
     rows = []
     for run in runs:
-        if run["layout"].get("cp", 1) > 1 or not str(run["model"].get("arch")).startswith("dense"):
-            continue  # context parallelism and experts: issue 47 and benchmarks/published_moe.py
+        if not str(run["model"].get("arch")).startswith("dense"):
+            continue  # experts: benchmarks/published_moe.py
         for variant in variants(run):
             try:
                 rows.append(estimate_run(run, folder, own_plans, variant))

@@ -226,9 +226,9 @@ def test_compare_rows_show_each_stages_shape(llama_70b):
         assert len(r.stage_shapes) == len(gpus), r
         for label, g in zip(r.stage_shapes, gpus):
             # 70B does not fit plain stages here: each stage splits, shards or re-computes,
-            # its split degree times its replicas being its GPUs.
-            m = re.fullmatch(r"t(\d+)\u00d7r(\d+)( sp)?( zero)?( rc( per-layer| selective)?)?", label)
-            assert m and int(m[1]) * int(m[2]) == g, (name, label, g)
+            # its split degree times its context degree times its replicas being its GPUs.
+            m = re.fullmatch(r"t(\d+)\u00d7(?:c(\d+)\u00d7)?r(\d+)( sp)?( zero)?( rc( per-layer| selective)?)?", label)
+            assert m and int(m[1]) * int(m[2] or 1) * int(m[3]) == g, (name, label, g)
     # DAPPLE's own baselines run plain stages.
     assert rows["straight"].stage_shapes == [""] * len(rows["straight"].shape.split(":"))
     assert rows["gpipe"].stage_shapes is None and rows["gpipe"].error

@@ -50,6 +50,11 @@ from .render import plan_table
               help="The highest sharding level a stage may take: 0 none, 1 the optimizer state (ZeRO-1), 2 and the "
                    "gradients (ZeRO-2), 3 and the weights (ZeRO-3, FSDP); levels 2 and 3 make large searches "
                    "slower. docs/cost-model.md, \"Sharding\".")
+@click.option("--max-context-parallel", type=count_option_type(), default=None,
+              help="The most GPUs a stage may cut each sample's sequence over (context parallelism, where the "
+                   "profile's layers say how: `dapple profile transformer` profiles do); 1: none. Default 16: "
+                   "higher degrees make searches on thousands of GPUs slower. "
+                   "docs/cost-model.md, \"Context parallelism\".")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
@@ -118,6 +123,7 @@ def plan_command(
     search_space,
     stage_shapes,
     max_shard_level,
+    max_context_parallel,
     max_search_gib,
     max_search_steps,
     max_search_machines,
@@ -151,6 +157,7 @@ def plan_command(
         search_space=search_space,
         stage_shapes=stage_shapes,
         max_shard_level=max_shard_level,
+        max_context_parallel=max_context_parallel,
         schedule=schedule,
         chunks=chunks,
         max_search_gib=max_search_gib,

@@ -98,8 +98,9 @@ class Plan:
     def layout(self) -> RunLayout: ...
 
 class StageShape:
-    """A stage's split degree, sequence parallelism, replicas (its GPUs /
-    t), ZeRO-1, re-computation ("none", "full", "per-layer" or
+    """A stage's split degree, sequence parallelism, data replicas (its
+    GPUs / (t c)), context degree c (each sample's sequence cut over c
+    consecutive split groups), sharding level, re-computation ("none", "full", "per-layer" or
     "selective"), expert degree (the routed experts over groups of that
     many consecutive replicas; 1: none), expert tensor degree (the GPUs
     each routed expert's columns are split over), where the optimizer
@@ -110,6 +111,7 @@ class StageShape:
     tensor_parallel: int
     sequence_parallel: bool
     replicas: int
+    context_parallel: int
     shard_level: int
     reshard_after_forward: bool
     recompute: str
@@ -303,6 +305,7 @@ def megatron_plan(
     expert_parallel: int = 1,
     expert_tensor_parallel: int | None = None,
     offload: str = "none",
+    context_parallel: int = 1,
 ) -> Plan: ...
 def transformer_splits(
     *, hidden: int, ffn: int, heads: int, vocabulary: int, positions: int, seq_len: int, value_bytes: float,
@@ -323,6 +326,7 @@ def search(
     search_space: str = "auto",
     stage_shapes: str = "auto",
     max_shard_level: int = 1,
+    max_context_parallel: int | None = None,
     max_search_bytes: int | None = None,
     max_search_steps: int | None = None,
     refine: bool = True,

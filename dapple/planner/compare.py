@@ -73,10 +73,12 @@ def megatron_plan(
     expert_parallel: int = 1,
     expert_tensor_parallel: int | None = None,
     offload: str = "none",
+    context_parallel: int = 1,
 ) -> Plan:
     """One Megatron-LM layout as a run used it, costed: ``tensor_parallel``
-    shards, ``pipeline_parallel`` stages of equal blocks, the GPUs left over
-    as replicas, ``micro_batch_size`` samples a replica per micro-batch,
+    shards, ``pipeline_parallel`` stages of equal blocks, each sample's
+    sequence cut over ``context_parallel`` split groups
+    (``--context-parallel-size``), the GPUs left over as replicas, ``micro_batch_size`` samples a replica per micro-batch,
     sharded to ``shard_level`` (0 none, 1 the optimizer state as Megatron-LM's
     distributed optimizer, 2 and the gradients, 3 and the weights, freed after
     each forward where ``reshard_after_forward``: ``docs/cost-model.md``,
@@ -102,7 +104,7 @@ def megatron_plan(
         overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
         expert_tensor_parallel=(None if expert_tensor_parallel is None
                                 else check_count("expert_tensor_parallel", expert_tensor_parallel)),
-        offload=offload,
+        offload=offload, context_parallel=check_count("context_parallel", context_parallel),
     )
     return evaluate(Plan(core), prof)
 

@@ -117,7 +117,8 @@ class Plan(FileObject):
 
 
 #: What the words of ``shape_label`` mean, for a line under a table.
-SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; sp: sequence parallelism; eE: the routed "
+SHAPE_KEY = ("tT\u00d7rR: layers split T ways on each of R replicas; tT\u00d7cC\u00d7rR: each sample's sequence cut "
+             "over C split groups of a replica (context parallelism); sp: sequence parallelism; eE: the routed "
              "experts over groups of E replicas (eE/etN: each expert split N ways, not T); zero: ZeRO-1 over the replicas "
              "(zero2: ZeRO-2; zero3: ZeRO-3 or FSDP, kept: the weights kept from the forward to the backward); "
              "off: the optimizer offloaded to host memory; rc: full re-computation (rc "
@@ -130,7 +131,8 @@ def shape_label(shape: _core.StageShape) -> str:
     of plain plans stay as they were before stages had shapes."""
     if shape.is_plain:
         return ""
-    parts = [f"t{shape.tensor_parallel}\u00d7r{shape.replicas}"]
+    context = f"c{shape.context_parallel}\u00d7" if shape.context_parallel > 1 else ""
+    parts = [f"t{shape.tensor_parallel}\u00d7{context}r{shape.replicas}"]
     if shape.sequence_parallel:
         parts.append("sp")
     if shape.expert_parallel > 1:
@@ -158,11 +160,23 @@ def device_ranges(ids: list[int]) -> str:
     return ",".join(parts)
 
 
-def _refuse_search_options(schedule: str, options) -> None:
-    """An error naming the first of ``options`` (name, value, default) given
-    other than its default: they are the synchronous search's, not
-    asynchronous planning's. Each default is the first of its name table."""
-    for name, value, default in options:
+#: :func:`plan`'s options that only the synchronous search takes, with
+#: their defaults (each a name table's first where it has one).
+_SEARCH_ONLY_DEFAULTS = {
+    "warmup_policy": WARMUP_POLICIES[0], "search_space": SEARCH_SPACES[0], "stage_shapes": STAGE_SHAPES[0],
+    "max_shard_level": 1, "max_context_parallel": None, "micro_batch_sizes": None, "max_search_gib": None,
+    "max_search_steps": None, "refine": True, "stages": None, "micro_batches": None, "pin_cuts": (),
+    "replicate": (), "split": (), "from_layout": None, "chunks": None,
+    "overlap_grad_reduce": GRAD_REDUCE_OVERLAPS[0], "overlap_param_gather": False,
+}
+
+
+def _refuse_search_options(schedule: str, options: dict) -> None:
+    """An error naming the first of ``options`` (by name) that
+    ``_SEARCH_ONLY_DEFAULTS`` names, given other than its default: they are
+    the synchronous search's, not asynchronous planning's."""
+    for name, default in _SEARCH_ONLY_DEFAULTS.items():
+        value = tuple(options[name]) if isinstance(default, tuple) else options[name]
         if value != default:
             raise IncompatibleInputsError(
                 f"{name}: value {value!r} applies to the synchronous search, not to planning for "
@@ -170,15 +184,14 @@ def _refuse_search_options(schedule: str, options) -> None:
             )
 
 
-def _checked_counts(min_micro_batch_size, micro_batch_sizes, max_search_steps):
-    """:func:`plan`'s optional counts, each checked where given."""
-    if min_micro_batch_size is not None:
-        min_micro_batch_size = check_count("min_micro_batch_size", min_micro_batch_size)
-    if micro_batch_sizes is not None:
-        micro_batch_sizes = [check_count(f"micro_batch_sizes[{i}]", b) for i, b in enumerate(micro_batch_sizes)]
-    if max_search_steps is not None:
-        max_search_steps = check_count("max_search_steps", max_search_steps)
-    return min_micro_batch_size, micro_batch_sizes, max_search_steps
+def _checked_counts(**counts):
+    """:func:`plan`'s optional counts (by name), each checked where given; a
+    list element by element."""
+    def checked(name, value):
+        if isinstance(value, list):
+            return [check_count(f"{name}[{i}]", b) for i, b in enumerate(value)]
+        return check_count(name, value)
+    return [None if value is None else checked(name, value) for name, value in counts.items()]
 
 
 def plan(
@@ -192,6 +205,7 @@ def plan(
     search_space: str = "auto",
     stage_shapes: str = "auto",
     max_shard_level: int = 1,
+    max_context_parallel: int | None = None,
     schedule: str | None = None,
     chunks: int | None = None,
     max_search_gib: float | None = None,
@@ -222,7 +236,11 @@ def plan(
     shard its state over its replicas up to ``max_shard_level`` (ZeRO-1 by
     default, up to 3; ``docs/cost-model.md``, "Sharding") and re-compute its forward, each
     chosen per stage), "auto" (all where the profile says how layers split,
-    else plain) or "plain" (replicas only: DAPPLE's space). ``selection``
+    else plain) or "plain" (replicas only: DAPPLE's space).
+    ``max_context_parallel``: the most GPUs a stage may cut each sample's
+    sequence over (context parallelism, where the profile's layers say how;
+    ``docs/cost-model.md``, "Context parallelism"); None: 16 (the core's
+    default), 1: none. ``selection``
     says how the plan was chosen (``docs/cost-model.md``).
     ``schedule``: None or "auto", the fastest of ``SEARCHED_SCHEDULES`` (the chunked ones left out
     under layout hints) on the layouts the search ranked (``docs/schedules.md``); a synchronous kind
@@ -251,29 +269,23 @@ def plan(
     what the runtime hides behind computation, as every plan is costed and
     records it (``schedule.overlap``; ``docs/cost-model.md``, "Overlap").
     """
+    options = dict(locals())
     gbs = check_count("global_batch_size", global_batch_size)
-    min_micro_batch_size, micro_batch_sizes, max_search_steps = _checked_counts(
-        min_micro_batch_size, micro_batch_sizes, max_search_steps)
+    min_micro_batch_size, micro_batch_sizes, max_search_steps, max_context_parallel = _checked_counts(
+        min_micro_batch_size=min_micro_batch_size, micro_batch_sizes=micro_batch_sizes,
+        max_search_steps=max_search_steps, max_context_parallel=max_context_parallel)
     max_search_bytes = None if max_search_gib is None else int(check_search_gib("max_search_gib", max_search_gib) * 2**30)
     prof, topo = profile if isinstance(profile, Profile) else Profile.load(profile), Topology.resolve(topology)
     if schedule in _core.ASYNCHRONOUS_SCHEDULES:  # (no search: no limit on machines)
-        _refuse_search_options(schedule, (
-            ("warmup_policy", warmup_policy, WARMUP_POLICIES[0]), ("search_space", search_space, SEARCH_SPACES[0]),
-            ("stage_shapes", stage_shapes, STAGE_SHAPES[0]), ("max_shard_level", max_shard_level, 1),
-            ("micro_batch_sizes", micro_batch_sizes, None),
-            ("max_search_gib", max_search_gib, None), ("max_search_steps", max_search_steps, None),
-            ("refine", refine, True), ("stages", stages, None), ("micro_batches", micro_batches, None),
-            ("pin_cuts", tuple(pin_cuts), ()), ("replicate", tuple(replicate), ()), ("split", tuple(split), ()),
-            ("from_layout", from_layout, None), ("chunks", chunks, None),
-            ("overlap_grad_reduce", overlap_grad_reduce, GRAD_REDUCE_OVERLAPS[0]),
-            ("overlap_param_gather", overlap_param_gather, False)))
+        _refuse_search_options(schedule, options)
         return Plan(_core.asynchronous_plan(schedule, prof.core, topo.core, gbs,
                                             min_micro_batch_size=min_micro_batch_size))
     check_search_machines(topo.name, topo.core.num_machines, max_search_machines)
     core, (sizes, states, costed, abandoned) = _core.search(
         prof.core, topo.core, gbs, warmup_policy=warmup_policy, min_micro_batch_size=min_micro_batch_size,
         micro_batch_sizes=micro_batch_sizes, search_space=search_space, stage_shapes=stage_shapes,
-        max_shard_level=max_shard_level, max_search_bytes=max_search_bytes, max_search_steps=max_search_steps,
+        max_shard_level=max_shard_level, max_context_parallel=max_context_parallel,
+        max_search_bytes=max_search_bytes, max_search_steps=max_search_steps,
         refine=refine, schedule=schedule,
         chunks=None if chunks is None else check_count("chunks", chunks),
         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,

@@ -60,6 +60,9 @@ def deepspeed_partition(plan: Plan, profile: Profile | None = None, *, approxima
     if shape.sequence_parallel:
         rounding.refuse("sequence parallelism", "its pipeline engine does not shard the sequence",
                         "the plan without it (more activation memory than planned)")
+    if shape.context_parallel > 1:
+        rounding.refuse(f"context parallelism (degree {shape.context_parallel})", "its pipeline engine does not "
+                        "cut the sequence (Ulysses splits heads, not the ring dapple costs)", None)
     if shape.recompute == "selective":
         rounding.refuse("selective re-computation", "its activation checkpointing checkpoints whole layers",
                         "a checkpoint of each layer (interval 1)")

@@ -147,6 +147,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         ("--tensor-model-parallel-size", str(shape.tensor_parallel)),
         ("--pipeline-model-parallel-size", str(shape.stages)),
     ]
+    if shape.context_parallel > 1:
+        # TransformerEngine's ring attention over 2c chunks (cp_comm_type p2p, its default).
+        options.append(("--context-parallel-size", str(shape.context_parallel)))
     if shape.stages > 1:
         options.append(("--pipeline-model-parallel-layout", layout))
     options += [
@@ -180,10 +183,12 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
     elif shape.recompute == "selective":
         # The attention core of each layer re-run in its backward (Korthikanti et al.).
         options.append(("--recompute-granularity", "selective"))
+    context = "context x " if shape.context_parallel > 1 else ""
     header = [
         f"Megatron-LM arguments from dapple plan {plan.path or ''!r}, model {plan.data['inputs']['model']!r}:",
-        f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x pipeline,",
-        f"{shape.gpus} / {shape.tensor_parallel * shape.stages} = {shape.replicas}: launch {shape.gpus} processes.",
+        f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x {context}pipeline,",
+        f"{shape.gpus} / {shape.tensor_parallel * shape.context_parallel * shape.stages} = {shape.replicas}: "
+        f"launch {shape.gpus} processes.",
         f"dapple export --to megatron; docs/export.md. Use: source this file, then",
         f'torchrun ... pretrain_gpt.py "${{{ARRAY}[@]}}" with the model\'s own arguments.',
     ]

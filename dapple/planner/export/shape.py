@@ -57,6 +57,9 @@ class RunShape:
     #: Level 3: the weights freed after each forward and gathered again for
     #: the backward (FSDP's ``reshard_after_forward``).
     reshard_after_forward: bool = False
+    #: Each sample's sequence cut over this many split groups of a replica
+    #: (context parallelism; ``replicas`` counts the data replicas).
+    context_parallel: int = 1
 
     @property
     def shard_optimizer(self) -> bool:
@@ -77,7 +80,7 @@ class RunShape:
 
     @property
     def gpus(self) -> int:
-        return self.stages * self.tensor_parallel * self.replicas
+        return self.stages * self.tensor_parallel * self.context_parallel * self.replicas
 
     @property
     def global_batch_size(self) -> int:
@@ -88,9 +91,11 @@ class RunShape:
         return max(end - start for start, end in self.stage_ranges)
 
     def describe(self) -> str:
-        """``4 stages x tensor parallel 4 x data parallel 2 = 32 GPUs``."""
-        return (f"{self.stages} stages x tensor parallel {self.tensor_parallel} x data parallel {self.replicas} "
-                f"= {self.gpus} GPUs")
+        """``4 stages x tensor parallel 4 x data parallel 2 = 32 GPUs``
+        (``x context parallel 2`` where the sequence is cut)."""
+        context = f" x context parallel {self.context_parallel}" if self.context_parallel > 1 else ""
+        return (f"{self.stages} stages x tensor parallel {self.tensor_parallel}{context} x data parallel "
+                f"{self.replicas} = {self.gpus} GPUs")
 
 
 class Rounding:
@@ -160,6 +165,8 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     tensor_parallel = rounding.one([s.tensor_parallel for s in shapes], "per-stage tensor parallelism",
                                    "split degrees")
     replicas = rounding.one([s.replicas for s in shapes], "stages replicated unevenly", "replicas")
+    context = rounding.one([s.context_parallel for s in shapes], "context parallelism that differs by stage",
+                           "context degrees")
     # "3 kept": level 3 keeping the weights from the forward to the backward.
     level = rounding.one([_level_word(s) if s.replicas > 1 else "0" for s in shapes],
                          "sharding levels that differ by stage", "sharding levels")
@@ -180,7 +187,7 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
                     hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
                     expert_tensor_parallel=expert_tensor[0] if expert_tensor else tensor_parallel,
                     hides_param_gather=plan.core.hides_param_gather and shard[0] >= 1 and replicas > 1,
-                    offload_optimizer=offload)
+                    offload_optimizer=offload, context_parallel=context)
 
 
 def _samples_per_replica(plan: Plan, replicas: int, rounding: Rounding) -> int:

@@ -44,7 +44,7 @@ def schedule_csv(plan: Plan) -> str:
     for stage in data["stages"]:
         stage["devices"] = stage["devices"][:1]
         for key in ("slices", "tensor_parallel", "sequence_parallel", "shard_level", "reshard_after_forward",
-                    "recompute", "expert_parallel", "expert_tensor_parallel", "offload"):
+                    "recompute", "expert_parallel", "expert_tensor_parallel", "offload", "context_parallel"):
             stage.pop(key, None)
     data.pop("estimate", None)
     data.pop("selection", None)
@@ -125,6 +125,10 @@ def torchtitan_config(plan: Plan, profile: Profile, *, module_map: str = "torcht
                         "picks operators by its own policy", "full activation checkpointing (each block)")
     parallelism = _data_parallel(shape, rounding) | {"tensor_parallel_degree": shape.tensor_parallel,
                                           "pipeline_parallel_degree": shape.stages} | experts
+    if shape.context_parallel > 1:
+        # torch's context_parallel: the sequence in 2c chunks, keys and
+        # values passed around a ring (its round-robin load balancer).
+        parallelism["context_parallel_degree"] = shape.context_parallel
     csv = None
     local_batch_size = shape.micro_batch_per_replica
     if shape.stages > 1:

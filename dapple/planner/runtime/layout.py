@@ -49,7 +49,7 @@ class Layout:
     def of(cls, plan: Plan) -> "Layout":
         """The layout of ``plan``; raises InvalidInputError naming the field
         when its stages cannot run, and IncompatibleInputsError where they
-        need what this runtime does not run (sequence parallelism, selective
+        need what this runtime does not run (context and sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
         checkpoints whole layers or stages; experts spread over a split
         stage, or under a schedule whose backward splits into
@@ -62,7 +62,8 @@ class Layout:
                 else None)
         for i, shape in enumerate(shapes):
             spread = shape.expert_parallel > 1
-            refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
+            refused = (("context_parallel", "context parallelism") if shape.context_parallel > 1 else
+                       ("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("shard_level", f"sharding level {shape.shard_level} (FSDP) beside tensor parallelism, "
                         "experts, an offloaded optimizer, or a backward that splits or runs on other weights")
                        if shape.shard_level > 1 and (shape.tensor_parallel > 1 or shape.expert_parallel > 1

@@ -118,6 +118,7 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
                 }],
                 split: Vec::new(),
                 experts: None,
+                context: None,
             }
         })
         .collect();

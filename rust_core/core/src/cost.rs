@@ -327,6 +327,15 @@ impl Cluster {
     pub fn alloc_of(&self, devices: &[u32]) -> crate::error::Result<Alloc> {
         let mut alloc: Alloc = Vec::new();
         for &d in devices {
+            // The previous GPU's machine first (a stage lists its devices
+            // machine by machine), before searching the machines.
+            if let Some((last, c)) = alloc.last_mut() {
+                let machine = &self.machines[*last];
+                if (machine.first_device..machine.first_device + machine.gpus).contains(&d) {
+                    *c += 1;
+                    continue;
+                }
+            }
             let m = self.machine_of(d).ok_or_else(|| {
                 crate::error::Error::invalid(format!(
                     "device {d} does not exist: the topology has devices 0..{}",

@@ -55,8 +55,12 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// `stages[i].expert_tensor_parallel`; version 11 `stages[i].offload`.
 /// Version 12: `stages[i].shard_level` and `reshard_after_forward` (ZeRO-2
 /// and -3); older plans' `shard_optimizer: true` reads as level 1.
-pub const PLAN: FileFormat =
-    FileFormat::new("dapple.plan", 12, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+/// Version 13: `stages[i].context_parallel`.
+pub const PLAN: FileFormat = FileFormat::new(
+    "dapple.plan",
+    13,
+    &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+);
 /// Version 2 adds asynchronous schedules: `mini_batches`, `span_ms` and
 /// per-stage `peak_weight_copies`; version 3 the split backward's task
 /// kinds `input_gradient` and `weight_gradient`; version 4 the chunked

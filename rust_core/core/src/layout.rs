@@ -115,13 +115,17 @@ struct Slot {
 }
 
 /// The ranks of each stage, with their replica, shard and samples: a
-/// micro-batch is split over the G / t replicas (by the stage's own slices,
+/// micro-batch is split over the G / (t c) replicas (by the stage's own slices,
 /// else evenly), and every shard of a replica takes the replica's samples.
 fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
     plan.stages
         .iter()
         .map(|s| {
             let t = s.tensor_parallel.max(1);
+            // A data replica's t c devices take its samples (each context
+            // rank its share of their tokens, which the runtime does not
+            // run yet).
+            let width = (t * s.context_parallel.max(1)) as usize;
             let ranges = match &s.slices {
                 Some(sizes) => ranges_of(sizes),
                 None => slice_ranges(plan.micro_batch_size, s.replicas()),
@@ -131,9 +135,9 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
                 .enumerate()
                 .map(|(i, &d)| Slot {
                     rank: rank_of(d),
-                    replica: i as u32 / t,
+                    replica: (i / width) as u32,
                     shard: i as u32 % t,
-                    range: ranges[i / t as usize],
+                    range: ranges[i / width],
                 })
                 .collect()
         })

@@ -10,6 +10,7 @@ pub mod balance;
 pub mod baselines;
 pub mod block_partition;
 pub mod calibrate;
+pub mod context;
 pub mod cost;
 mod costing;
 pub mod early_backward;

@@ -5,7 +5,9 @@
 //! stages 1, 2, ... take one more each), d data-parallel replicas, 1F1B, every GPU
 //! used. GPUs are numbered as Megatron ranks them: the t shards of a
 //! replica next to each other, then the replicas of a stage, then the
-//! stages. Every uniform (t, p, d) that the model allows is tried at every
+//! stages. Every uniform (t, p, d) that the model allows, each with every
+//! context degree c its sequence cuts into (t c p d GPUs, Megatron-LM's
+//! `--context-parallel-size`), is tried at every
 //! micro-batch size, with and without ZeRO-1 and full re-computation; the
 //! fastest that fits is the baseline.
 //!
@@ -153,7 +155,8 @@ pub fn uniform_plans(
     plans
 }
 
-/// The uniform plans at split degrees `degrees`, every pipeline depth and
+/// The uniform plans at split degrees `degrees` (each with every context
+/// degree the layers allow), every pipeline depth and
 /// micro-batch size, with and without ZeRO-1 and re-computation.
 fn shaped_plans(
     profile: &Profile,
@@ -183,7 +186,13 @@ fn shaped_plans(
         .flat_map(|level| recompute.iter().map(move |&recompute| (level, recompute)));
     let shapes: Vec<(u8, Recompute)> = shapes.collect();
     let mut plans = Vec::new();
-    for &t in degrees {
+    let widths = degrees.iter().flat_map(|&t| {
+        std::iter::once(1)
+            .chain(layers.context_degrees(gpus / t))
+            .filter(move |&c| gpus.is_multiple_of(t * c))
+            .map(move |c| (t, c))
+    });
+    for (t, c) in widths {
         // Layers that do not split at t run data parallel over all t x d
         // GPUs of a stage: each GPU's b / t samples of them are a slice too
         // (`plan::check`'s rule; Whale's collocated split on 32 GPUs at 128
@@ -194,11 +203,12 @@ fn shaped_plans(
                 .iter()
                 .any(|l| !l.split.iter().any(|s| s.allows(t)));
         let slice_fits = |b: u32| b >= min_slice && (!whole || b / t >= min_slice);
-        for p in (1..=gpus / t).filter(|p| (gpus / t).is_multiple_of(*p)) {
+        let width = t * c;
+        for p in (1..=gpus / width).filter(|p| (gpus / width).is_multiple_of(*p)) {
             let Some(ranges) = equal_stages(profile, p as usize) else {
                 continue;
             };
-            let d = gpus / t / p;
+            let d = gpus / width / p;
             // Divisors, not a count to the batch: 2^32 - 1 samples took minutes.
             let per_replica = if global_batch_size.is_multiple_of(d) {
                 divisors(global_batch_size / d)
@@ -220,6 +230,7 @@ fn shaped_plans(
                             sequence_parallel,
                             shard_level,
                             recompute,
+                            context_parallel: c,
                             // Expert parallelism and offloading are not
                             // among the uniform shapes yet.
                             ..StageShape::PLAIN
@@ -249,15 +260,19 @@ pub fn megatron_plan(
             "a Megatron layout needs machines alike (one GPU type, as many GPUs each); this topology mixes them",
         ));
     }
-    let t = shape.tensor_parallel.max(1);
+    let (t, c) = (shape.tensor_parallel.max(1), shape.context_parallel.max(1));
     let gpus = topology.num_devices();
-    if p == 0 || !gpus.is_multiple_of(t * p) {
+    if p == 0 || !gpus.is_multiple_of(t * c * p) {
         return Err(Error::field(
             "pipeline_parallel",
-            format!("value {p}: t x p = {t} x {p} must divide the {gpus} GPUs"),
+            if c == 1 {
+                format!("value {p}: t x p = {t} x {p} must divide the {gpus} GPUs")
+            } else {
+                format!("value {p}: t x c x p = {t} x {c} x {p} must divide the {gpus} GPUs")
+            },
         ));
     }
-    let d = gpus / (t * p);
+    let d = gpus / (t * c * p);
     if b == 0 || !global_batch_size.is_multiple_of(b * d) {
         return Err(Error::field(
             "micro_batch_size",
@@ -298,7 +313,7 @@ fn uniform_plan(
     shape: &StageShape,
 ) -> Plan {
     let p = ranges.len() as u32;
-    let per_stage = t * d;
+    let per_stage = t * shape.context_parallel.max(1) * d;
     let micro_batch = b * d;
     let m = inputs.global_batch_size / micro_batch;
     let stages = ranges

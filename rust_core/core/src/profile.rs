@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::context::ContextPattern;
 use crate::error::{Error, Result};
 use crate::experts::ExpertPattern;
 use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
@@ -203,6 +204,10 @@ pub struct Layer {
     /// expert parallelism may spread (`experts.rs`); none: it has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertPattern>,
+    /// How the layer's sequence may be cut over several GPUs (context
+    /// parallelism, `context.rs`); none: it never is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextPattern>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -798,6 +803,11 @@ impl Profile {
                     .validate()
                     .map_err(|e| e.under(&format!("layers[{i}].experts")))?;
             }
+            if let Some(context) = &layer.context {
+                context
+                    .validate()
+                    .map_err(|e| e.under(&format!("layers[{i}].context")))?;
+            }
         }
         if let Some(state) = &self.parameter_state {
             state.validate().map_err(|e| e.under("parameter_state"))?;
@@ -1033,6 +1043,7 @@ pub struct LayerCosts {
     split: Vec<Vec<SplitPattern>>,
     /// Each layer's routed experts (`experts.rs`).
     experts: Vec<Option<ExpertPattern>>,
+    context: Vec<Option<ContextPattern>>,
     /// expert_layer_prefix[p]: layers before p that have experts.
     expert_layer_prefix: Vec<u32>,
     /// The profile's model FLOPs of one sample (forward and backward).
@@ -1289,6 +1300,7 @@ impl LayerCosts {
             weight_bytes_per_param: profile.parameter_state.map_or(4.0, |p| p.weight_bytes),
             split: per_layer(profile, |l| l.split.clone()),
             experts: per_layer(profile, |l| l.experts.clone()),
+            context: per_layer(profile, |l| l.context.clone()),
             expert_layer_prefix: std::iter::once(0)
                 .chain(profile.layers.iter().scan(0, |n, l| {
                     *n += u32::from(l.experts.is_some());
@@ -1613,6 +1625,29 @@ impl LayerCosts {
         (2..=common).filter(|e| common.is_multiple_of(*e)).collect()
     }
 
+    /// How layer `layer`'s sequence may be cut (context parallelism), if it may.
+    pub fn context(&self, layer: usize) -> Option<&ContextPattern> {
+        self.context[layer].as_ref()
+    }
+
+    /// Whether layer `layer` may run at context degree `c`: always at 1;
+    /// above, where its pattern cuts the sequence into 2c chunks.
+    pub fn context_runs_at(&self, layer: usize, c: u32) -> bool {
+        c == 1 || self.context(layer).is_some_and(|p| p.allows(c))
+    }
+
+    /// The context degrees (at least 2, at most `max`) at which some layer
+    /// with attention may run, ascending: a stage takes one where all its
+    /// layers may (`context_runs_at`). Empty where no layer has a pattern
+    /// with keys and values to pass.
+    pub fn context_degrees(&self, max: u32) -> Vec<u32> {
+        let attends = |p: &&ContextPattern| p.kv_bytes_per_sample > 0.0;
+        let Some(pattern) = self.context.iter().flatten().find(attends) else {
+            return Vec::new();
+        };
+        (2..=max).filter(|&c| pattern.allows(c)).collect()
+    }
+
     /// Some layer's pattern at degree `t` runs with sequence parallelism.
     pub fn sequence_parallel_at(&self, t: u32) -> bool {
         (0..self.num_layers)
@@ -1872,6 +1907,7 @@ mod tests {
                         }],
                         split: Vec::new(),
                         experts: None,
+                        context: None,
                     },
                 )
                 .collect(),

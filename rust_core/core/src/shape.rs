@@ -142,6 +142,11 @@ pub struct StageShape {
     /// Master weights and optimizer state in host memory (`cost/offload.rs`).
     #[serde(default, skip_serializing_if = "Offload::is_none")]
     pub offload: Offload,
+    /// Context parallelism: each sample's sequence cut over this many
+    /// consecutive split groups (`context.rs`; 1: none). A replica is
+    /// t c GPUs: tensor innermost, then context, as Megatron-LM orders them.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub context_parallel: u32,
 }
 
 fn one() -> u32 {
@@ -167,6 +172,7 @@ impl StageShape {
         expert_parallel: 1,
         expert_tensor_parallel: None,
         offload: Offload::None,
+        context_parallel: 1,
     };
 
     pub fn is_plain(&self) -> bool {
@@ -177,7 +183,10 @@ impl StageShape {
     /// replica, as a plain stage does (re-computation aside): no split,
     /// no sharding, no experts spread.
     pub fn reduces_as_plain(&self) -> bool {
-        self.tensor_parallel <= 1 && self.expert_parallel <= 1 && !self.shards_optimizer()
+        self.tensor_parallel <= 1
+            && self.expert_parallel <= 1
+            && self.context_parallel <= 1
+            && !self.shards_optimizer()
     }
 
     /// Sharding level 1 or above: each GPU keeps and steps its replica
@@ -199,10 +208,23 @@ impl StageShape {
             .max(1)
     }
 
-    /// Replicas of the split layers on `gpus` GPUs: t GPUs each (a plain
-    /// stage has one per GPU). A t above `gpus`, which `plan::check`
-    /// refuses, counts as one replica, so that checks before it can run.
+    /// Data replicas of the split layers on `gpus` GPUs, each taking its
+    /// own samples: t c GPUs each (a plain stage has one per GPU). A t c
+    /// above `gpus`, which `plan::check` refuses, counts as one replica,
+    /// so that checks before it can run.
     pub fn replicas(&self, gpus: u32) -> u32 {
+        gpus / self.replica_gpus().clamp(1, gpus.max(1))
+    }
+
+    /// The GPUs of one data replica of the split layers: t c.
+    pub fn replica_gpus(&self) -> u32 {
+        self.tensor_parallel.max(1) * self.context_parallel.max(1)
+    }
+
+    /// The GPUs on `gpus` that hold the same shard of the split layers'
+    /// weights: every data replica's context ranks (gpus / t). Their
+    /// gradients are reduced, and sharding shards, over them.
+    pub fn weight_replicas(&self, gpus: u32) -> u32 {
         gpus / self.tensor_parallel.clamp(1, gpus.max(1))
     }
 
@@ -386,19 +408,29 @@ pub struct MemorySums {
 impl MemorySums {
     /// Add layer `layer`, split as `shard` says (None: whole), of which a
     /// GPU holds `held` of the parameters besides (expert parallelism's
-    /// share, `ExpertPattern::param_factor`; 1: all).
+    /// share, `ExpertPattern::param_factor`; 1: all). Its sequence is cut
+    /// `context` ways (`context.rs`): a GPU keeps 1/context of the slice's
+    /// activations, and the ring's chunks of keys and values beside the
+    /// running layer's working memory. Sharding divides whole layers' state
+    /// over all `gpus` and split ones' over their `weight_replicas`.
     pub fn add_layer(
         &mut self,
         layers: &LayerCosts,
         layer: usize,
         (shard, held): (Option<&ShardCost>, f64),
-        (whole_slice, split_slice): (u32, u32),
-        (gpus, replicas): (u32, u32),
+        (whole_slice, split_slice, context): (u32, u32, u32),
+        (gpus, weight_replicas): (u32, u32),
     ) {
         let (split_param_factor, stored_factor, slice, sharers) = match shard {
-            Some(s) => (s.param_factor, s.stored_factor, split_slice, replicas),
+            Some(s) => (
+                s.param_factor,
+                s.stored_factor,
+                split_slice,
+                weight_replicas,
+            ),
             None => (1.0, 1.0, whole_slice, gpus),
         };
+        let slice = f64::from(slice) / f64::from(context.max(1));
         let (l, next) = (layer, layer + 1);
         let param_factor = split_param_factor * held;
         self.optimizer_state_bytes +=
@@ -420,27 +452,37 @@ impl MemorySums {
         // The selective part lies in what the split divides (the attention
         // core, split by heads): a shard keeps 1/t of it.
         let selective_factor = match shard {
-            Some(_) => f64::from(replicas) / f64::from(gpus.max(1)),
+            Some(_) => f64::from(weight_replicas) / f64::from(gpus.max(1)),
             None => 1.0,
         };
         self.weight_bytes += param_factor * layers.param_bytes(l, next);
         self.gradient_bytes += param_factor * layers.gradient_bytes(l, next);
         // What a micro-batch keeps (`LayerCosts::in_flight_bytes`): the
         // activations of its slice, and autocast's copies of the weights.
-        self.stored_bytes +=
-            stored_factor * f64::from(slice) * layers.stored_bytes_per_sample(l, next)
-                + param_factor * layers.weight_copy_bytes(l, next);
+        self.stored_bytes += stored_factor * slice * layers.stored_bytes_per_sample(l, next)
+            + param_factor * layers.weight_copy_bytes(l, next);
         self.loss_kept_bytes +=
-            stored_factor * f64::from(slice) * layers.loss_stored_bytes_per_sample_of_layer(l);
+            stored_factor * slice * layers.loss_stored_bytes_per_sample_of_layer(l);
+        // The ring's chunks of keys and values (split by heads, as the
+        // selective part is) beside the layer's backward.
+        let ring_bytes = match layers.context(l) {
+            Some(p) if context > 1 => {
+                crate::context::RING_BUFFER_CHUNKS
+                    * selective_factor
+                    * slice
+                    * p.kv_bytes_per_sample
+            }
+            _ => 0.0,
+        };
         self.working_bytes = self.working_bytes.max(
-            stored_factor * f64::from(slice) * layers.backward_working_bytes_per_sample_of_layer(l),
+            stored_factor * slice * layers.backward_working_bytes_per_sample_of_layer(l)
+                + ring_bytes,
         );
-        self.rerun_working_bytes = self.rerun_working_bytes.max(
-            stored_factor * f64::from(slice) * layers.rerun_working_bytes_per_sample_of_layer(l),
-        );
-        let selective = selective_factor
-            * f64::from(slice)
-            * layers.selective_stored_bytes_per_sample_of_layer(l);
+        self.rerun_working_bytes = self
+            .rerun_working_bytes
+            .max(stored_factor * slice * layers.rerun_working_bytes_per_sample_of_layer(l));
+        let selective =
+            selective_factor * slice * layers.selective_stored_bytes_per_sample_of_layer(l);
         self.selective_bytes += selective;
         self.selective_layer_peak_bytes = self.selective_layer_peak_bytes.max(selective);
         // Per layer: the layer after this one keeps its input (this
@@ -450,8 +492,8 @@ impl MemorySums {
             self.later_inputs_bytes += self.first_input_factor * layers.cut_bytes_per_sample(after);
         }
         self.first_layer = Some(l);
-        self.first_input_factor = f64::from(slice) * shard.map_or(1.0, |s| s.input_factor);
-        let samples = stored_factor * f64::from(slice);
+        self.first_input_factor = slice * shard.map_or(1.0, |s| s.input_factor);
+        let samples = stored_factor * slice;
         let loss_kept = samples * layers.loss_stored_bytes_per_sample_of_layer(l);
         let own = recompute_backward_bytes(
             samples * layers.backward_working_bytes_per_sample_of_layer(l),
@@ -561,7 +603,7 @@ mod tests {
         let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (1, 1));
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2, 1), (1, 1));
         }
         (layers, sums)
     }
@@ -586,7 +628,7 @@ mod tests {
         let stepped_layers = LayerCosts::new(&stepped);
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2), (1, 1));
+            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2, 1), (1, 1));
         }
         let m = sums.memory(&stepped_layers, &StageShape::PLAIN, 0.0);
         assert_eq!(
@@ -603,7 +645,7 @@ mod tests {
         // Under ZeRO-1 over 4 GPUs each steps a quarter of the weights.
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2), (4, 4));
+            sums.add_layer(&stepped_layers, l, (None, 1.0), (2, 2, 1), (4, 4));
         }
         let zero = StageShape {
             shard_level: 1,
@@ -622,7 +664,7 @@ mod tests {
         let layers = LayerCosts::new(&p);
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (1, 1));
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2, 1), (1, 1));
         }
         let full = StageShape {
             recompute: Recompute::Full,
@@ -662,7 +704,7 @@ mod tests {
         let layers = LayerCosts::new(&p);
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
-            sums.add_layer(&layers, l, (None, 1.0), (2, 2), (4, 4));
+            sums.add_layer(&layers, l, (None, 1.0), (2, 2, 1), (4, 4));
         }
         let at = |shard_level, reshard_after_forward| {
             sums.memory(

@@ -1208,7 +1208,7 @@ fn optimizer_ms(
         |m| m.weight_bytes,
     );
     let sharers = if shape.shards_optimizer() {
-        shape.replicas(s.devices.len() as u32).max(1)
+        shape.weight_replicas(s.devices.len() as u32).max(1)
     } else {
         1
     };

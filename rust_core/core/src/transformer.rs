@@ -10,6 +10,7 @@
 
 use serde_json::Value;
 
+use crate::context::ContextPattern;
 use crate::error::{Error, Result};
 use crate::experts::ExpertPattern;
 use crate::gpus::{gpu_type, GpuType};
@@ -303,6 +304,18 @@ impl TransformerConfig {
 
     fn kv_hidden(&self) -> u64 {
         self.kv_heads * self.head_dim
+    }
+
+    /// Values of one token's keys and values as attention's core reads
+    /// them: the KV heads' (K and V), or MLA's up-projected heads (keys of
+    /// the no-position and rotary widths, values of theirs).
+    pub fn kv_values_per_token(&self) -> u64 {
+        match self.mla {
+            Some(mla) => {
+                self.heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+            }
+            None => 2 * self.kv_hidden(),
+        }
     }
 
     /// The attention's matrices and what it keeps, per token: Q, K and V
@@ -764,6 +777,7 @@ impl TransformerConfig {
         )?;
         times.fwd += fwd;
         times.bwd += bwd;
+        times.attention_core = fwd + bwd;
         if attention == AttentionKernel::Unfused {
             // Selective re-computation runs the unfused core again; the
             // fused one keeps nothing it would drop.
@@ -1098,6 +1112,9 @@ struct PassTimes {
     /// GPU holds (`Measurement::experts_held_fwd_ms`).
     experts_held_fwd: f64,
     experts_held_bwd: f64,
+    /// Of the forward and backward, the attention core's: what context
+    /// parallelism's exchange of keys and values runs beside.
+    attention_core: f64,
 }
 
 impl PassTimes {
@@ -1198,17 +1215,19 @@ impl LayerMaker<'_> {
             Timing::Efficiency { flops_per_ms } => {
                 let fwd = f64::from(b) * flops.0 / flops_per_ms;
                 let unfused_core = kind.is_block() && self.attention == AttentionKernel::Unfused;
+                // A block's FLOPs that multiply no weight are its attention core's.
+                let core = if kind.is_block() {
+                    f64::from(b) * (flops.0 - flops.1) / flops_per_ms
+                } else {
+                    0.0
+                };
                 Ok(PassTimes {
                     fwd,
                     bwd: 2.0 * fwd,
                     weight: f64::from(b) * flops.1 / flops_per_ms,
                     replicated: 0.0,
-                    // A block's FLOPs that multiply no weight are its attention core's.
-                    selective: if unfused_core {
-                        f64::from(b) * (flops.0 - flops.1) / flops_per_ms
-                    } else {
-                        0.0
-                    },
+                    selective: if unfused_core { core } else { 0.0 },
+                    attention_core: 3.0 * core,
                     // FLOPs at one rate: holding more experts takes no longer.
                     ..PassTimes::default()
                 })
@@ -1306,7 +1325,35 @@ impl LayerMaker<'_> {
             measurements: self.measurements(kind, &times, (stored, activation)),
             split: vec![Self::with_replicated_compute(split, &times[0])],
             experts: None,
+            context: Some(self.context_pattern(kind, &times[0])),
         })
+    }
+
+    /// How the layer's sequence is cut over GPUs (`context.rs`): every
+    /// layer works token by token but a block's attention, which passes
+    /// its keys and values (bf16, whole heads: MLA's up-projected ones)
+    /// around the ring beside its core's share of the layer's time (at the
+    /// smallest micro-batch size, `smallest`).
+    fn context_pattern(&self, kind: LayerKind, smallest: &PassTimes) -> ContextPattern {
+        let total = smallest.fwd + smallest.bwd;
+        let (kv_bytes_per_sample, attention_compute_fraction) = if kind.is_block() {
+            let kv_values_per_token = self.config.kv_values_per_token() as f64;
+            (
+                self.s * kv_values_per_token * BF16,
+                if total > 0.0 {
+                    (smallest.attention_core / total).clamp(0.0, 1.0)
+                } else {
+                    0.0
+                },
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        ContextPattern {
+            sequence_length: self.seq_len,
+            kv_bytes_per_sample,
+            attention_compute_fraction,
+        }
     }
 
     /// Token and (GPT) position embeddings; split over the vocabulary, each
@@ -1976,7 +2023,7 @@ mod tests {
         // flight, what a shard of the block keeps under selective re-computation.
         let mut sums = MemorySums::default();
         let shard = layers.shard(1, 8, true).unwrap();
-        sums.add_layer(&layers, 1, (Some(&shard), 1.0), (1, 1), (8, 1));
+        sums.add_layer(&layers, 1, (Some(&shard), 1.0), (1, 1, 1), (8, 1));
         let shape = StageShape {
             tensor_parallel: 8,
             sequence_parallel: true,

@@ -110,6 +110,7 @@ fn llama_2_70b_t8_p4_d16() -> (Profile, Plan) {
         expert_parallel: 1,
         expert_tensor_parallel: None,
         offload: Offload::None,
+        context_parallel: 1,
     };
     let plan = megatron_plan(&profile, &topology, 512, (8, 4, 1), shape);
     (profile, plan)
@@ -271,6 +272,7 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
         expert_parallel: 1,
         expert_tensor_parallel: None,
         offload: Offload::None,
+        context_parallel: 1,
     };
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "hand", None);
     let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);

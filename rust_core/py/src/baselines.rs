@@ -128,10 +128,11 @@ fn made_from(mut plan: Plan, profile: &PyProfile) -> PyPlan {
 /// re-computing as `recompute` says (none, full, per-layer or selective),
 /// the experts of the stages that have some spread over `expert_parallel`
 /// expert replicas of `expert_tensor_parallel` GPUs each (None: t), the
-/// optimizer where `offload` says ("none" or "optimizer"), 1F1B, on a
-/// runtime that hides what the overlap arguments say.
+/// optimizer where `offload` says ("none" or "optimizer"), each sample's
+/// sequence cut over `context_parallel` split groups, 1F1B, on a runtime
+/// that hides what the overlap arguments say.
 #[pyfunction]
-#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_level=0, reshard_after_forward=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None, offload="none"))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, tensor_parallel, pipeline_parallel, micro_batch_size, shard_level=0, reshard_after_forward=false, sequence_parallel=false, recompute="none", overlap_grad_reduce="data-parallel", overlap_param_gather=false, expert_parallel=1, expert_tensor_parallel=None, offload="none", context_parallel=1))]
 #[allow(clippy::too_many_arguments)]
 fn megatron_plan(
     profile: &PyProfile,
@@ -149,6 +150,7 @@ fn megatron_plan(
     expert_parallel: u32,
     expert_tensor_parallel: Option<u32>,
     offload: &str,
+    context_parallel: u32,
 ) -> PyResult<PyPlan> {
     let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
     let shape = StageShape {
@@ -160,6 +162,7 @@ fn megatron_plan(
         expert_parallel,
         expert_tensor_parallel,
         offload: Offload::parse(offload).map_err(|e| to_py_err(e.under("offload")))?,
+        context_parallel,
     };
     let plan = dapple_core::megatron::megatron_plan(
         &profile.inner,

@@ -22,8 +22,11 @@ pub struct PyStageShape {
     tensor_parallel: u32,
     /// Sequence parallelism in the split layers.
     sequence_parallel: bool,
-    /// Replicas of the split layers: the stage's GPUs / t.
+    /// Data replicas of the split layers: the stage's GPUs / (t c).
     replicas: u32,
+    /// Context parallelism: each sample's sequence cut over this many
+    /// consecutive split groups (1: none).
+    context_parallel: u32,
     /// The sharding level over the replicas: 0 none, 1 optimizer state
     /// (ZeRO-1), 2 and gradients (ZeRO-2), 3 and weights (ZeRO-3, FSDP).
     shard_level: u8,
@@ -41,8 +44,8 @@ pub struct PyStageShape {
     /// Where the master weights and optimizer state live: "none" (the
     /// GPUs) or "optimizer" (host memory, stepped by its CPU).
     offload: &'static str,
-    /// t = 1, no sharding, no re-computation, no expert parallelism, no
-    /// offloading: a stage as DAPPLE plans it.
+    /// t = 1, no sharding, no re-computation, no expert or context
+    /// parallelism, no offloading: a stage as DAPPLE plans it.
     is_plain: bool,
     /// Each replica's devices: t consecutive devices of the stage.
     split_groups: Vec<Vec<u32>>,
@@ -58,6 +61,7 @@ impl From<&Stage> for PyStageShape {
             tensor_parallel: shape.tensor_parallel,
             sequence_parallel: shape.sequence_parallel,
             replicas: s.replicas(),
+            context_parallel: shape.context_parallel,
             shard_level: shape.shard_level,
             reshard_after_forward: shape.reshard_after_forward,
             recompute: shape.recompute.name(),
@@ -75,11 +79,12 @@ impl From<&Stage> for PyStageShape {
 impl PyStageShape {
     fn __repr__(&self) -> String {
         format!(
-            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, shard_level={}, \
+            "StageShape(tensor_parallel={}, sequence_parallel={}, replicas={}, context_parallel={}, shard_level={}, \
              reshard_after_forward={}, recompute={:?}, expert_parallel={}, expert_tensor_parallel={}, offload={:?})",
             self.tensor_parallel,
             python_bool(self.sequence_parallel),
             self.replicas,
+            self.context_parallel,
             self.shard_level,
             python_bool(self.reshard_after_forward),
             self.recompute,

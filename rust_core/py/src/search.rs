@@ -24,7 +24,7 @@ type PyRangeHint = (usize, usize, u32, Option<u32>);
 /// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_shard_level=1, max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, chunks=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new(), overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
+#[pyo3(signature = (profile, topology, global_batch_size, *, warmup_policy="auto", min_micro_batch_size=None, micro_batch_sizes=None, search_space="auto", stage_shapes="auto", max_shard_level=1, max_context_parallel=None, max_search_bytes=None, max_search_steps=None, refine=true, schedule=None, chunks=None, stages=None, micro_batches=None, cuts=Vec::new(), ranges=Vec::new(), overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
 fn search(
     py: Python<'_>,
     profile: &PyProfile,
@@ -36,6 +36,7 @@ fn search(
     search_space: &str,
     stage_shapes: &str,
     max_shard_level: u8,
+    max_context_parallel: Option<u32>,
     max_search_bytes: Option<u64>,
     max_search_steps: Option<u64>,
     refine: bool,
@@ -64,6 +65,15 @@ fn search(
         )));
     }
     opts.max_shard_level = max_shard_level;
+    if let Some(c) = max_context_parallel {
+        if c == 0 {
+            return Err(to_py_err(dapple_core::Error::field(
+                "max_context_parallel",
+                "value 0 must be >= 1 (1: no context parallelism)",
+            )));
+        }
+        opts.max_context_parallel = c;
+    }
     opts.profile_path = profile.source().map(str::to_string);
     if let Some(bytes) = max_search_bytes {
         opts.max_search_bytes = bytes;

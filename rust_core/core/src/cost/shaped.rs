@@ -23,6 +23,7 @@
 use super::all_to_all::AllToAll;
 use super::offload::offloaded_step_ms;
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
+use crate::context::RingTraffic;
 use crate::experts::ALL_TO_ALLS_PER_PASS;
 use crate::overlap::{exposed_before_forward, exposed_behind_backward};
 use crate::shape::{MemorySums, Offload, StageMemory, StageShape};
@@ -51,8 +52,8 @@ impl SplitGroups {
 /// at once: a replica's t shards, or an expert's et shards.
 fn consecutive_group(cluster: &Cluster, machines: &[usize], size: usize) -> AllreduceCurve {
     let group = alloc_of(&machines[..size.min(machines.len())]);
-    let chunks_on = |m: usize| machines.chunks(size).filter(|c| c.contains(&m)).count();
-    AllreduceCurve::for_group(cluster, &group, sharers(&group, &chunks_on))
+    let sharing = sharers(&group, machines, |i| i / size.max(1));
+    AllreduceCurve::for_group(cluster, &group, sharing)
 }
 
 /// The GPUs per machine of a group whose members sit on `members`.
@@ -67,9 +68,26 @@ fn alloc_of(members: &[usize]) -> Alloc {
     alloc
 }
 
-/// How many groups of a kind touch machine m, at most over `group`'s machines.
-fn sharers(group: &Alloc, touching: &dyn Fn(usize) -> usize) -> u32 {
-    group.iter().map(|&(m, _)| touching(m)).max().unwrap_or(1) as u32
+/// How many groups of a kind touch machine m, at most over `group`'s
+/// machines, where `group_of(i)` names the group of the stage's i-th GPU
+/// (on `machines[i]`). One pass over the stage's GPUs (a stage of 1,024
+/// GPUs asked each machine of each group about every GPU).
+fn sharers(group: &Alloc, machines: &[usize], group_of: impl Fn(usize) -> usize) -> u32 {
+    let mut members: Vec<usize> = group.iter().map(|&(m, _)| m).collect();
+    members.sort_unstable();
+    let mut touches: Vec<(usize, usize)> = machines
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| (m, group_of(i)))
+        .collect();
+    touches.sort_unstable();
+    touches.dedup();
+    let most = touches
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|on| members.binary_search(&on[0].0).is_ok())
+        .map(<[(usize, usize)]>::len)
+        .max();
+    most.unwrap_or(1) as u32
 }
 
 /// The AllReduce of every `stride`-th GPU of a stage whose GPUs sit on
@@ -79,12 +97,20 @@ fn sharers(group: &Alloc, touching: &dyn Fn(usize) -> usize) -> u32 {
 fn strided_group(cluster: &Cluster, machines: &[usize], stride: usize) -> AllreduceCurve {
     let members: Vec<usize> = machines.iter().step_by(stride).copied().collect();
     let group = alloc_of(&members);
-    let groups_on = |m: usize| {
-        (0..stride)
-            .filter(|&k| machines.iter().skip(k).step_by(stride).any(|&x| x == m))
-            .count()
-    };
-    AllreduceCurve::for_group(cluster, &group, sharers(&group, &groups_on))
+    let sharing = sharers(&group, machines, |i| i % stride);
+    AllreduceCurve::for_group(cluster, &group, sharing)
+}
+
+/// The AllReduce of one context group of a stage whose GPUs sit on
+/// `machines` (in device order): `c` GPUs `t` apart (each data replica's
+/// t c GPUs hold c split groups in a row), beside the stage's other
+/// context groups, which run at once.
+fn context_group(cluster: &Cluster, machines: &[usize], (t, c): (usize, usize)) -> AllreduceCurve {
+    let members: Vec<usize> = (0..c).map(|j| machines[j * t]).collect();
+    let group = alloc_of(&members);
+    // GPU i is shard i mod t of data replica i / (t c).
+    let sharing = sharers(&group, machines, |i| i / (t * c) * t + i % t);
+    AllreduceCurve::for_group(cluster, &group, sharing)
 }
 
 /// The collectives of a stage's expert groups (`experts.rs`) of `e`
@@ -125,6 +151,9 @@ impl ExpertGroups {
 pub struct ShapedSums {
     t: u32,
     sequence_parallel: bool,
+    /// The context degree (1: none), and its groups' collective where c > 1.
+    c: u32,
+    context: Option<AllreduceCurve>,
     /// The expert degree (1: none) and expert tensor degree, and the
     /// expert groups where e > 1.
     e: u32,
@@ -133,7 +162,9 @@ pub struct ShapedSums {
     start: usize,
     end: usize,
     gpus: u32,
-    replicas: u32,
+    /// The GPUs holding each shard of the split layers' weights (t apart:
+    /// the data replicas and their context ranks).
+    weight_replicas: u32,
     whole_slice: u32,
     split_slice: u32,
     /// Built where t > 1 (used only once some layer splits).
@@ -167,11 +198,17 @@ impl ShapedSums {
         self.start
     }
 
+    /// The share of each sample's tokens one GPU runs: 1 / c.
+    fn context_share(&self) -> f64 {
+        1.0 / f64::from(self.c)
+    }
+
     /// Whether the sums price `shape`: the same split degree, sequence
-    /// parallelism, expert degree and expert tensor degree (ZeRO-1 and
-    /// re-computation are applied when priced).
+    /// parallelism, expert degree, expert tensor degree and context degree
+    /// (sharding and re-computation are applied when priced).
     pub fn prices(&self, shape: &StageShape) -> bool {
         self.t == shape.tensor_parallel.max(1)
+            && self.c == shape.context_parallel.max(1)
             && self.sequence_parallel == shape.sequence_parallel
             && self.e == shape.expert_parallel.max(1)
             && self.et == shape.expert_tensor_degree()
@@ -241,13 +278,15 @@ impl StageCoster<'_> {
             shape.expert_parallel.max(1),
             shape.expert_tensor_degree(),
         );
+        let c = shape.context_parallel.max(1);
         let gpus = devices.replicas;
-        let replicas = StageShape {
+        let sums_shape = StageShape {
             tensor_parallel: t,
+            context_parallel: c,
             ..StageShape::PLAIN
-        }
-        .replicas(gpus);
-        let machines = if t > 1 || e > 1 {
+        };
+        let replicas = sums_shape.replicas(gpus);
+        let machines = if t > 1 || e > 1 || c > 1 {
             devices.replica_machines()
         } else {
             Vec::new()
@@ -255,14 +294,18 @@ impl StageCoster<'_> {
         ShapedSums {
             t,
             sequence_parallel: shape.sequence_parallel,
+            c,
+            context: (c > 1)
+                .then(|| context_group(self.cluster, &machines, (t as usize, c as usize))),
             e,
             et,
             experts: (e > 1).then(|| ExpertGroups::new(self.cluster, &machines, e, et)),
             start: end,
             end,
             gpus,
-            replicas,
-            whole_slice: largest_slice(self.micro_batch, gpus),
+            weight_replicas: sums_shape.weight_replicas(gpus),
+            // Whole layers run on every context group's samples.
+            whole_slice: largest_slice(self.micro_batch, gpus / c),
             split_slice: largest_slice(self.micro_batch, replicas),
             groups: (t > 1).then(|| SplitGroups::new(self.cluster, &machines, t)),
             first_shard: None,
@@ -303,15 +346,17 @@ impl StageCoster<'_> {
         let spread = sums.experts.as_ref().and(self.layers.experts(l));
         let replicated_gradient_bytes =
             self.layers.gradient_bytes(l, l + 1) * spread.map_or(1.0, |p| 1.0 - p.param_fraction);
+        // A GPU's share of each sample's tokens (context parallelism).
+        let tokens = sums.context_share();
         match &shard {
             Some(s) => {
                 if let Some(end) = sums.whole_run_end.take() {
                     let whole = self.times(timing, sums.whole_slice);
-                    sums.settled_fwd_ms += whole.fwd(l + 1, end) / speed;
-                    sums.settled_bwd_ms += whole.bwd(l + 1, end) / speed;
+                    sums.settled_fwd_ms += whole.fwd(l + 1, end) / speed * tokens;
+                    sums.settled_bwd_ms += whole.bwd(l + 1, end) / speed * tokens;
                 }
                 let split = self.times(timing, sums.split_slice);
-                let samples = f64::from(sums.split_slice);
+                let samples = f64::from(sums.split_slice) * tokens;
                 // Each pass's AllReduces, priced a call at a time, less
                 // the gather the experts' exchange replaced.
                 let taken = gather_taken_bytes_per_sample;
@@ -324,9 +369,9 @@ impl StageCoster<'_> {
                     let bytes = (bytes_per_sample - taken).max(0.0) * samples / calls;
                     calls * shard_group(&sums.groups, bytes)
                 };
-                sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor
+                sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor * tokens
                     + allreduces(s.fwd_allreduce_bytes_per_sample);
-                sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor
+                sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor * tokens
                     + allreduces(s.bwd_allreduce_bytes_per_sample);
                 sums.split_gradient_bytes += replicated_gradient_bytes * s.param_factor;
             }
@@ -335,8 +380,10 @@ impl StageCoster<'_> {
                 sums.whole_gradient_bytes += replicated_gradient_bytes;
             }
         }
+        self.prepend_ring(sums, l, shard.is_some(), devices);
         if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
-            let cut_bytes = self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice);
+            let cut_bytes =
+                self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice) * tokens;
             let gather_ms = shard_group(&sums.groups, cut_bytes) / 2.0;
             if shard.is_none() {
                 sums.settled_fwd_ms += gather_ms;
@@ -347,12 +394,50 @@ impl StageCoster<'_> {
             self.layers,
             l,
             (shard.as_ref(), held),
-            (sums.whole_slice, sums.split_slice),
-            (sums.gpus, sums.replicas),
+            (sums.whole_slice, sums.split_slice, sums.c),
+            (sums.gpus, sums.weight_replicas),
         );
         sums.any_split |= shard.is_some();
         sums.first_shard = shard;
         sums.start = l;
+    }
+
+    /// Context parallelism's ring for layer `l` (split by heads where
+    /// `split`): each pass's exchange of keys and values over the context
+    /// group (`RingTraffic`; the c - 1 steps move what an all-gather of
+    /// them would, half an AllReduce's volume), less the attention core's
+    /// time it runs beside.
+    fn prepend_ring(&self, sums: &mut ShapedSums, l: usize, split: bool, devices: &StageDevices) {
+        let (Some(group), Some(pattern)) = (&sums.context, self.layers.context(l)) else {
+            return;
+        };
+        let (slice, heads) = if split {
+            (sums.split_slice, 1.0 / f64::from(sums.t))
+        } else {
+            (sums.whole_slice, 1.0)
+        };
+        let kv_bytes = pattern.kv_bytes_per_sample * f64::from(slice) * heads;
+        if kv_bytes <= 0.0 {
+            return;
+        }
+        let traffic = RingTraffic::of(kv_bytes, sums.c);
+        let gather_ms = |sent: f64| group.ms(sent / traffic.fwd_bytes * kv_bytes) / 2.0;
+        let (timing, speed) = devices.paces[0];
+        let times = self.times(timing, slice);
+        let compute_factor = if split {
+            self.layers
+                .shard(l, sums.t, sums.sequence_parallel)
+                .map_or(1.0, |s| s.compute_factor)
+        } else {
+            1.0
+        };
+        let share = compute_factor * sums.context_share() * pattern.attention_compute_fraction;
+        let exposed =
+            |sent: f64, pass_ms: f64| (gather_ms(sent) - pass_ms / speed * share).max(0.0);
+        let fwd = exposed(traffic.fwd_bytes, times.fwd(l, l + 1));
+        let bwd = exposed(traffic.bwd_bytes, times.bwd(l, l + 1));
+        sums.settled_fwd_ms += fwd;
+        sums.settled_bwd_ms += bwd;
     }
 
     /// The exchange of layer `l`'s tokens where the sums spread its
@@ -468,8 +553,8 @@ impl StageCoster<'_> {
         let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
         if let Some(end) = sums.whole_run_end {
             let whole = self.times(timing, sums.whole_slice);
-            fwd_ms += whole.fwd(sums.start, end) / speed;
-            bwd_ms += whole.bwd(sums.start, end) / speed;
+            fwd_ms += whole.fwd(sums.start, end) / speed * sums.context_share();
+            bwd_ms += whole.bwd(sums.start, end) / speed * sums.context_share();
         }
         let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms;
         let reduction = self.exposed_reduction(
@@ -485,7 +570,8 @@ impl StageCoster<'_> {
             Some(s) => f64::from(sums.split_slice) * s.input_factor,
             None => f64::from(sums.whole_slice),
         };
-        let input_bytes = first_slice * self.layers.cut_bytes_per_sample(sums.start);
+        let input_bytes =
+            first_slice * sums.context_share() * self.layers.cut_bytes_per_sample(sums.start);
         let memory = sums.memory.memory(self.layers, shape, input_bytes);
         if !shape.recompute.is_none() {
             // The forward again, but what torch's checkpoint does not re-run
@@ -747,6 +833,80 @@ mod tests {
         let experts = strided_group(&cluster, &[0; 8], 4).ms(0.5 * gradients(1) / 4.0);
         assert!((cost.allreduce_ms - dense - experts).abs() < 1e-9);
         assert!(cost.allreduce_ms < plain.allreduce_ms);
+    }
+
+    #[test]
+    fn context_parallelism_halves_each_gpus_share_and_exposes_what_the_ring_outlasts() {
+        // Two layers of 1 ms forward and 2 ms backward a sample; the second
+        // attends, with 40 MB of keys and values a sample and a quarter of
+        // its time in the attention core.
+        let mut profile = profile_of_layers(
+            "long",
+            &[
+                (1.0, 2.0, 1_000_000, 1_000_000),
+                (1.0, 2.0, 1_000_000, 1_000_000),
+            ],
+            1,
+        );
+        for (layer, kv_bytes) in profile.layers.iter_mut().zip([0.0, 40e6]) {
+            layer.context = Some(crate::context::ContextPattern {
+                sequence_length: 8,
+                kv_bytes_per_sample: kv_bytes,
+                attention_compute_fraction: 0.25,
+            });
+        }
+        let layers = LayerCosts::new(&profile);
+        let cluster = Cluster::new(&Topology::from_spec("1x4-pcie").unwrap());
+        // A micro-batch of 2 on 4 GPUs cut 2 ways: a sample per context group.
+        let coster = StageCoster::new(&layers, &cluster, 2, 1);
+        let devices = StageDevices::new(&cluster, vec![(0, 4)]);
+        let cut = StageShape {
+            context_parallel: 2,
+            ..StageShape::PLAIN
+        };
+        let cost = coster.stage_shaped(0, 2, &devices, &cut, 1, false);
+        // The ring over GPUs {0, 1} (and {2, 3} beside it): forward, an
+        // all-gather of the sample's 40 MB (half an AllReduce); backward,
+        // twice that; each less the attention core's quarter of the
+        // layer's half pass.
+        let group = context_group(&cluster, &[0; 4], (1, 2));
+        let ring_fwd = (group.ms(40e6) / 2.0 - 0.25 * 0.5).max(0.0);
+        let ring_bwd = (group.ms(80e6) / 2.0 - 0.25 * 1.0).max(0.0);
+        assert!(ring_fwd > 0.0 && ring_bwd > 0.0, "{ring_fwd} {ring_bwd}");
+        assert!(
+            (cost.fwd_ms - (0.5 + 0.5 + ring_fwd)).abs() < 1e-9,
+            "{}",
+            cost.fwd_ms
+        );
+        assert!(
+            (cost.bwd_ms - (1.0 + 1.0 + ring_bwd)).abs() < 1e-9,
+            "{}",
+            cost.bwd_ms
+        );
+        // Gradients over all 4 GPUs, the context ranks with the replicas.
+        let reduce = devices.allreduce.ms(layers.gradient_bytes(0, 2));
+        assert!((cost.allreduce_ms - reduce).abs() < 1e-9);
+        // Half a sample's activations a GPU, weights whole.
+        let two = StageDevices::new(&cluster, vec![(0, 2)]);
+        let plain = coster.stage_memory(0, 2, &two, &StageShape::PLAIN);
+        let memory = coster.stage_memory(0, 2, &devices, &cut);
+        assert_eq!(
+            memory.per_micro_batch_bytes,
+            plain.per_micro_batch_bytes / 2.0
+        );
+        assert_eq!(memory.model_state_bytes, plain.model_state_bytes);
+        // Sharded, the optimizer state over all 4.
+        let zero = StageShape {
+            shard_level: 1,
+            ..cut
+        };
+        let sharded = coster.stage_memory(0, 2, &devices, &zero);
+        let expected = memory.model_state_bytes - layers.model_state_bytes(0, 2)
+            + layers.model_state_bytes_sharded(0, 2, 4);
+        assert!((sharded.model_state_bytes - expected).abs() < 1e-6);
+        // The ring's four chunks of a sample's keys and values beside the
+        // backward: 4 x 20 MB.
+        assert!((memory.working_bytes - plain.working_bytes - 80e6).abs() < 1e-3 * 80e6);
     }
 
     #[test]

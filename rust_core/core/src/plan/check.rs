@@ -281,24 +281,15 @@ fn check_stage_shape(
     if s.expert_parallel == 0 {
         return Err(Error::field("expert_parallel", "value 0 must be >= 1"));
     }
+    if s.context_parallel == 0 {
+        return Err(Error::field("context_parallel", "value 0 must be >= 1"));
+    }
     let shape = s.shape();
     if shape.is_plain() {
         return Ok(());
     }
     check_shard_level(s)?;
-    let field = if t > 1 {
-        "tensor_parallel"
-    } else if s.expert_parallel > 1 {
-        "expert_parallel"
-    } else if s.expert_tensor_parallel.is_some() {
-        "expert_tensor_parallel"
-    } else if s.shard_level > 0 {
-        "shard_level"
-    } else if !s.offload.is_none() {
-        "offload"
-    } else {
-        "recompute"
-    };
+    let field = shaped_field(s);
     if s.slices.is_some() {
         return Err(Error::field(
             field,
@@ -356,12 +347,112 @@ fn check_stage_shape(
     }
     if t > 1 {
         check_split_groups(s, t, cluster)?;
+    }
+    if s.context_parallel > 1 {
+        check_context(s, cluster, profile)?;
+    }
+    if t > 1 || s.context_parallel > 1 {
         if let Some(p) = profile {
             check_layers_split(p, s, t)?;
             check_whole_layer_slices(plan, p, s, t)?;
         }
     }
     check_expert_groups(s, profile)
+}
+
+/// A stage whose sequence is cut `c` ways (`context.rs`): its data
+/// replicas, t c consecutive devices each, are even over machines as
+/// split groups are; its experts are not spread (not modelled together
+/// yet); each of its layers' patterns cuts the sequence into 2c chunks.
+fn check_context(s: &Stage, cluster: &Cluster, profile: Option<&Profile>) -> Result<()> {
+    let (c, t) = (s.context_parallel, s.tensor_parallel.max(1));
+    let field = "context_parallel";
+    if s.expert_parallel > 1 {
+        return Err(Error::field(
+            field,
+            format!(
+                "value {c}: context parallelism beside spread experts (expert_parallel {}) is not modelled yet",
+                s.expert_parallel
+            ),
+        ));
+    }
+    if s.devices.windows(2).any(|w| w[0] > w[1]) {
+        return Err(Error::field(
+            "devices",
+            format!("list the devices of a stage with context parallelism in ascending order: its replicas are {} consecutive devices", t * c),
+        ));
+    }
+    if !s.devices.len().is_multiple_of((t * c) as usize) {
+        return Err(Error::field(
+            field,
+            format!(
+                "value {c} times tensor_parallel {t} does not divide the stage's {} devices",
+                s.devices.len()
+            ),
+        ));
+    }
+    let alloc = cluster.alloc_of(&s.devices).expect("checked devices");
+    if let Some((_, shape)) = crate::shape::uneven_split_group(&alloc, t * c) {
+        return Err(Error::field(
+            field,
+            format!(
+                "value {c}: a replica of {} consecutive devices takes {shape:?} GPUs of its machines; each must \
+                 take as many GPUs of each machine it uses as every other",
+                t * c
+            ),
+        ));
+    }
+    let Some(profile) = profile else {
+        return Ok(());
+    };
+    for l in s.layer_start..s.layer_end {
+        let layer = &profile.layers[l];
+        match &layer.context {
+            None => {
+                return Err(Error::field(
+                    field,
+                    format!(
+                        "value {c}: layer {:?} (layers[{l}]) gives no context pattern: its sequence cannot be cut",
+                        layer.name
+                    ),
+                ))
+            }
+            Some(p) if !p.allows(c) => {
+                return Err(Error::field(
+                    field,
+                    format!(
+                        "value {c} does not cut layer {:?}'s {} tokens (layers[{l}].context.sequence_length) into {} equal chunks",
+                        layer.name,
+                        p.sequence_length,
+                        2 * c
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The field that makes a stage other than plain, for its errors: its
+/// first of split, context, expert degrees, sharding, offloading and
+/// re-computation.
+fn shaped_field(s: &Stage) -> &'static str {
+    if s.tensor_parallel > 1 {
+        "tensor_parallel"
+    } else if s.context_parallel > 1 {
+        "context_parallel"
+    } else if s.expert_parallel > 1 {
+        "expert_parallel"
+    } else if s.expert_tensor_parallel.is_some() {
+        "expert_tensor_parallel"
+    } else if s.shard_level > 0 {
+        "shard_level"
+    } else if !s.offload.is_none() {
+        "offload"
+    } else {
+        "recompute"
+    }
 }
 
 /// A sharding level that is one (`ShardLevel::from_fields`).
@@ -503,15 +594,16 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
 fn check_whole_layer_slices(plan: &Plan, profile: &Profile, s: &Stage, t: u32) -> Result<()> {
     let whole =
         (s.layer_start..s.layer_end).any(|l| !profile.layers[l].split.iter().any(|p| p.allows(t)));
-    let smallest = smallest_slice(plan.micro_batch_size, s.devices.len() as u32);
+    // Whole layers run data parallel over the stage's context groups.
+    let groups = s.devices.len() as u32 / s.context_parallel.max(1);
+    let smallest = smallest_slice(plan.micro_batch_size, groups);
     let min_slice = plan.inputs.options.min_micro_batch_size.max(1);
     if whole && smallest < min_slice {
         return Err(Error::field(
             "devices",
             format!(
-                "{} GPUs split micro-batch {} into slices of {smallest} samples for the stage's layers that do \
-                 not split, below the minimum {min_slice}",
-                s.devices.len(),
+                "{groups} GPUs (or context groups) split micro-batch {} into slices of {smallest} samples for the \
+                 stage's layers that do not split, below the minimum {min_slice}",
                 plan.micro_batch_size
             ),
         ));

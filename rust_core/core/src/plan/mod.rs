@@ -251,6 +251,10 @@ pub struct Stage {
     /// keeps them in host memory and steps them there (`cost/offload.rs`).
     #[serde(default, skip_serializing_if = "Offload::is_none")]
     pub offload: Offload,
+    /// Context parallelism: each sample's sequence cut over this many
+    /// consecutive split groups (`StageShape`, `context.rs`; 1: none).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub context_parallel: u32,
 }
 
 /// An empty, plain stage: what struct literals fill in (`..Default::default()`)
@@ -272,6 +276,7 @@ impl Default for Stage {
             expert_parallel: 1,
             expert_tensor_parallel: None,
             offload: Offload::None,
+            context_parallel: 1,
         }
     }
 }
@@ -288,6 +293,7 @@ impl Stage {
             expert_parallel: self.expert_parallel,
             expert_tensor_parallel: self.expert_tensor_parallel,
             offload: self.offload,
+            context_parallel: self.context_parallel,
         }
     }
 
@@ -362,6 +368,7 @@ impl Stage {
         self.expert_parallel = shape.expert_parallel;
         self.expert_tensor_parallel = shape.expert_tensor_parallel;
         self.offload = shape.offload;
+        self.context_parallel = shape.context_parallel;
         self
     }
 }

@@ -213,18 +213,24 @@ fn estimated(candidates: Vec<Candidate>, costs: &ProfileCosts) -> Result<Vec<Can
 /// the DP splits stages only at the degree of the fastest of them
 /// (`uniform_degree`), so these also bring the other degrees into the
 /// choice. `plain_only`: only plain stages (no split, ZeRO-1 or
-/// re-computation), where the search's stages are plain.
+/// re-computation), where the search's stages are plain; none cut its
+/// sequence more than `max_context_parallel` ways.
 pub(crate) fn megatron_candidates(
     costs: &ProfileCosts,
     topology: &Topology,
     (global_batch_size, min_slice): (u32, u32),
-    plain_only: bool,
+    (plain_only, max_context_parallel): (bool, u32),
     overlap: Overlap,
 ) -> Vec<Candidate> {
     uniform_plans(costs.profile, topology, global_batch_size, min_slice)
         .into_iter()
         .map(|(plan, source)| (plan.overlapping(overlap), source))
         .filter(|(plan, _)| !plain_only || plan.stages.iter().all(|s| s.shape().is_plain()))
+        .filter(|(plan, _)| {
+            plan.stages
+                .iter()
+                .all(|s| s.context_parallel <= max_context_parallel)
+        })
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
         .filter(|(plan, _)| costs.check(plan).is_ok())
@@ -233,19 +239,23 @@ pub(crate) fn megatron_candidates(
 }
 
 /// The split degree of the uniform candidate with the smallest formula (2)
-/// value that fits in memory at its warm-up depths, and whether it splits
-/// the sequence; None where none fits. Each candidate keeps its estimate,
+/// value that fits in memory at its warm-up depths, whether it splits
+/// the sequence, and its context degree; None where none fits. Each candidate keeps its estimate,
 /// which the ranking then reuses.
 pub(crate) fn uniform_degree(
     candidates: &mut [Candidate],
     costs: &ProfileCosts,
-) -> Option<(u32, bool)> {
+) -> Option<super::space::UniformShape> {
     candidates
         .iter_mut()
         .filter_map(|c| {
             let estimate = c.plan.estimate.insert(bound_estimate(&c.plan, costs).ok()?);
             let first = &c.plan.stages[0];
-            let shape = (first.tensor_parallel, first.sequence_parallel);
+            let shape = (
+                first.tensor_parallel,
+                first.sequence_parallel,
+                first.context_parallel,
+            );
             estimate.fits_memory.then_some((estimate.latency_ms, shape))
         })
         .min_by(|a, b| a.0.total_cmp(&b.0))

@@ -932,7 +932,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                 let degree = &mut growing[k];
                 if self
                     .ctx
-                    .layer_runs_at(i, degree.t, option.gpus, max_replicas)
+                    .layer_runs_at(i, (degree.t, degree.c), option.gpus, max_replicas)
                     && self.prepend_shapes(option, i, degree, only_stage, suffixes)
                 {
                     k += 1;
@@ -961,32 +961,40 @@ impl<'c, 'a> Dp<'c, 'a> {
     ) -> Vec<Degree> {
         let max_replicas = self.max_replicas();
         let mut list = self.spare_degrees.pop().unwrap_or_default();
-        for t in self.ctx.allowed_degrees(degrees, gpus, max_replicas) {
-            if !self.ctx.hints.admits_degree(always.end, t, gpus) {
+        // Each width t c of a data replica, at each (t, c) it is made of.
+        for width in self.ctx.allowed_degrees(degrees, gpus, max_replicas) {
+            // Every layer runs whole at t = c = 1 (`layer_runs_at`): no
+            // need to scan `always`.
+            if width > 1 && !self.ctx.splits_evenly(devices, width) {
                 continue;
             }
-            // Every layer runs whole at t = 1 (`layer_runs_at`): no need to
-            // scan `always`.
-            if t == 1
-                || self.ctx.splits_evenly(devices, t)
-                    && always
-                        .clone()
-                        .all(|l| self.ctx.layer_runs_at(l, t, gpus, max_replicas))
-            {
+            for (t, c) in self.ctx.shapes.pairs_of_width(width) {
+                if !self.ctx.hints.admits_degree(always.end, t, gpus)
+                    || width > 1
+                        && !(self.ctx.splits_evenly(devices, t)
+                            && always
+                                .clone()
+                                .all(|l| self.ctx.layer_runs_at(l, (t, c), gpus, max_replicas)))
+                {
+                    continue;
+                }
                 // Each way of running the sequence is a degree of its own,
                 // with sums of its own.
                 // So is each expert degree.
                 for sequence_parallel in self.ctx.sequence_options(t, devices.mixed) {
                     let experts =
                         self.ctx
-                            .expert_options((t, sequence_parallel), gpus, devices.mixed);
+                            .expert_options((t, sequence_parallel, c), gpus, devices.mixed);
                     for (e, et) in experts {
-                        let shapes =
-                            self.ctx
-                                .shapes_at((t, sequence_parallel, e, et), gpus, devices.mixed);
+                        let shapes = self.ctx.shapes_at(
+                            (t, sequence_parallel, e, et, c),
+                            gpus,
+                            devices.mixed,
+                        );
                         if !shapes.as_slice().is_empty() {
                             list.push(Degree {
                                 t,
+                                c,
                                 shapes,
                                 sums: None,
                             });
@@ -1272,7 +1280,9 @@ struct Suffixes {
 /// (`Context::shapes_at`), and its sums once a shape that is not plain was
 /// priced (grown with the stage after that).
 struct Degree {
+    /// The split and context degrees.
     t: u32,
+    c: u32,
     shapes: ShapeList,
     /// Boxed: a degree is listed for every stage option, its sums made
     /// only for the shapes that are not plain.
@@ -1479,7 +1489,10 @@ impl Dp<'_, '_> {
                     let mut k = 0;
                     while k < degrees.len() {
                         let degree = &mut degrees[k];
-                        if !self.ctx.layer_runs_at(i, degree.t, r, max_replicas) {
+                        if !self
+                            .ctx
+                            .layer_runs_at(i, (degree.t, degree.c), r, max_replicas)
+                        {
                             degrees.remove(k);
                             continue;
                         }
@@ -1888,7 +1901,7 @@ mod tests {
         let space = Space::new(
             &layers,
             &cluster,
-            (SearchSpace::Full, (StageShapes::Plain, 0), None),
+            (SearchSpace::Full, (StageShapes::Plain, 0, 1), None),
             (policy, crate::overlap::Overlap::default()),
             1,
             (1, vec![1]),

@@ -63,6 +63,11 @@ impl StageShapes {
     }
 }
 
+/// The fastest uniform plan's split degree, sequence parallelism and
+/// context degree (`candidate::uniform_degree`): what the machine-aligned
+/// space searches.
+pub(crate) type UniformShape = (u32, bool, u32);
+
 /// The shapes a DP run may give a stage: what the profile allows and the
 /// search was asked for.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +96,12 @@ pub(crate) struct ShapeChoices {
     /// Expert degrees (at least 2) every layer with experts allows,
     /// ascending (`LayerCosts::expert_degrees`); empty where none has any.
     pub(crate) expert_degrees: Vec<u32>,
+    /// Context degrees (at least 2) the layers' sequence cuts into,
+    /// ascending (`LayerCosts::context_degrees`); empty where none may.
+    pub(crate) context_degrees: Vec<u32>,
+    /// The GPUs a data replica of a stage may take, t c, above 1 and
+    /// ascending (`fill_widths`, once the degrees are final).
+    pub(crate) widths: Vec<u32>,
 }
 
 impl ShapeChoices {
@@ -104,13 +115,15 @@ impl ShapeChoices {
         sequence_options: Vec::new(),
         sequence_degrees: Vec::new(),
         expert_degrees: Vec::new(),
+        context_degrees: Vec::new(),
+        widths: Vec::new(),
     };
 
     pub(crate) fn new(
         layers: &LayerCosts,
         cluster: &Cluster,
-        (space, uniform): (SearchSpace, Option<(u32, bool)>),
-        (shapes, max_shard_level): (StageShapes, u8),
+        (space, uniform): (SearchSpace, Option<UniformShape>),
+        (shapes, max_shard_level, max_context_parallel): (StageShapes, u8, u32),
     ) -> ShapeChoices {
         if shapes.plain_only(layers) {
             return ShapeChoices::PLAIN;
@@ -131,7 +144,7 @@ impl ShapeChoices {
             SearchSpace::MachineAligned => {
                 let per_machine = cluster.machines.iter().map(|m| m.gpus).max().unwrap_or(1);
                 uniform
-                    .map(|(t, _)| t)
+                    .map(|(t, _, _)| t)
                     .filter(|&t| t > 1 && t <= per_machine && splits(t))
                     .into_iter()
                     .collect()
@@ -154,7 +167,7 @@ impl ShapeChoices {
             // The machine-aligned space, as with degrees, only the fastest
             // uniform plan's way (each is a DP as large again).
             sequence_options: match (space, uniform) {
-                (SearchSpace::MachineAligned, Some((_, sequence_parallel))) => {
+                (SearchSpace::MachineAligned, Some((_, sequence_parallel, _))) => {
                     vec![sequence_parallel]
                 }
                 _ => vec![false, true],
@@ -162,6 +175,22 @@ impl ShapeChoices {
             // Filled once the hinted degrees are in (`Space::new`).
             sequence_degrees: Vec::new(),
             expert_degrees: layers.expert_degrees(),
+            context_degrees: match space {
+                // As with split degrees: only the fastest uniform plan's.
+                SearchSpace::MachineAligned if cluster.num_devices() > SPLIT_SEARCH_MAX_DEVICES => {
+                    Vec::new()
+                }
+                SearchSpace::MachineAligned => uniform
+                    .map(|(_, _, c)| c)
+                    .filter(|&c| c > 1)
+                    .into_iter()
+                    .collect(),
+                _ => layers.context_degrees(cluster.num_devices()),
+            }
+            .into_iter()
+            .filter(|&c| c <= max_context_parallel)
+            .collect(),
+            widths: Vec::new(),
         }
     }
 
@@ -190,12 +219,44 @@ impl ShapeChoices {
             sequence_options: Vec::new(),
             sequence_degrees: Vec::new(),
             expert_degrees: degrees(|s| s.expert_parallel),
+            context_degrees: degrees(|s| s.context_parallel),
+            widths: Vec::new(),
         }
+        .with_widths()
     }
 
-    /// The most GPUs one replica of a stage may take.
+    /// With `widths` filled from the split and context degrees.
+    pub(crate) fn with_widths(mut self) -> ShapeChoices {
+        let mut widths: Vec<u32> = self
+            .width_pairs()
+            .map(|(t, c)| t * c)
+            .filter(|&w| w > 1)
+            .collect();
+        widths.sort_unstable();
+        widths.dedup();
+        self.widths = widths;
+        self
+    }
+
+    /// Every (t, c) the degrees allow, (1, 1) first.
+    fn width_pairs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        std::iter::once(1)
+            .chain(self.split_degrees.iter().copied())
+            .flat_map(move |t| {
+                std::iter::once(1)
+                    .chain(self.context_degrees.iter().copied())
+                    .map(move |c| (t, c))
+            })
+    }
+
+    /// The (t, c) whose data replicas take `width` GPUs.
+    pub(crate) fn pairs_of_width(&self, width: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.width_pairs().filter(move |&(t, c)| t * c == width)
+    }
+
+    /// The most GPUs one data replica of a stage may take.
     pub(crate) fn largest_degree(&self) -> u32 {
-        self.split_degrees.last().copied().unwrap_or(1)
+        self.widths.last().copied().unwrap_or(1)
     }
 }
 
@@ -285,7 +346,11 @@ impl<'a> Space<'a> {
         cluster: &'a Cluster,
         // The space, the stage shapes and the fastest uniform plan's degree
         // and sequence parallelism.
-        (space, shapes, uniform_degree): (SearchSpace, (StageShapes, u8), Option<(u32, bool)>),
+        (space, shapes, uniform_degree): (
+            SearchSpace,
+            (StageShapes, u8, u32),
+            Option<UniformShape>,
+        ),
         (warmup_policy, overlap): (WarmupPolicy, Overlap),
         min_slice: u32,
         (global_batch_size, sizes): (u32, Vec<u32>),
@@ -311,6 +376,7 @@ impl<'a> Space<'a> {
             .copied()
             .filter(|&t| layers.sequence_parallel_at(t))
             .collect();
+        let shapes = shapes.with_widths();
         let passes: Vec<WarmupPolicy> = match warmup_policy {
             WarmupPolicy::Auto => vec![WarmupPolicy::A, WarmupPolicy::B, WarmupPolicy::Auto],
             fixed => vec![fixed],
@@ -483,7 +549,7 @@ impl Context<'_> {
                     .filter(|&r| r <= most && r != free)
                     .collect();
                 let mut options: Vec<StageGpus> = Vec::new();
-                for t in std::iter::once(1).chain(self.shapes.split_degrees.iter().copied()) {
+                for t in std::iter::once(1).chain(self.shapes.widths.iter().copied()) {
                     let mut last_slice = u32::MAX;
                     for &gpus in counts
                         .iter()
@@ -543,7 +609,7 @@ impl Context<'_> {
         max_replicas: u32,
     ) -> impl Iterator<Item = u32> + 's {
         std::iter::once(1)
-            .chain(self.shapes.split_degrees.iter().copied())
+            .chain(self.shapes.widths.iter().copied())
             .filter(move |&t| match degrees {
                 StageDegrees::Dividing => gpus.is_multiple_of(t) && gpus / t <= max_replicas,
                 StageDegrees::Listed(listed) => listed.contains(&t),
@@ -560,12 +626,21 @@ impl Context<'_> {
     /// ways (as `plan::check` requires): a layer with sharding patterns
     /// has one `t` splits; one without runs whole, on slices of at least
     /// the smallest.
-    pub(crate) fn layer_runs_at(&self, layer: usize, t: u32, gpus: u32, max_replicas: u32) -> bool {
-        if t == 1 {
+    pub(crate) fn layer_runs_at(
+        &self,
+        layer: usize,
+        (t, c): (u32, u32),
+        gpus: u32,
+        max_replicas: u32,
+    ) -> bool {
+        if t == 1 && c == 1 {
             return true;
         }
-        if self.layers.split_patterns(layer).is_empty() {
-            gpus <= max_replicas
+        if !self.layers.context_runs_at(layer, c) {
+            return false;
+        }
+        if t == 1 || self.layers.split_patterns(layer).is_empty() {
+            gpus / c <= max_replicas
         } else {
             self.layers.shard(layer, t, false).is_some()
         }
@@ -597,17 +672,18 @@ impl Context<'_> {
     /// with sums of its own).
     pub(crate) fn expert_options(
         &self,
-        (t, sequence_parallel): (u32, bool),
+        (t, sequence_parallel, c): (u32, bool, u32),
         gpus: u32,
         mixed: bool,
     ) -> impl Iterator<Item = (u32, Option<u32>)> + '_ {
         let replicas = gpus / t.max(1);
+        // Not beside context parallelism (not modelled together yet).
         let degrees = self
             .shapes
             .expert_degrees
             .iter()
             .copied()
-            .filter(move |_| !mixed);
+            .filter(move |_| !mixed && c == 1);
         let at_t = degrees
             .clone()
             .filter(move |&e| replicas.is_multiple_of(e))
@@ -655,7 +731,7 @@ impl Context<'_> {
     /// it applies. Stages on mixed GPUs stay plain (`plan::check`).
     pub(crate) fn shapes_at(
         &self,
-        (t, sequence_parallel, e, et): (u32, bool, u32, Option<u32>),
+        (t, sequence_parallel, e, et, c): (u32, bool, u32, Option<u32>, u32),
         gpus: u32,
         mixed: bool,
     ) -> ShapeList {
@@ -668,6 +744,7 @@ impl Context<'_> {
                     && shape.sequence_parallel == sequence_parallel
                     && shape.expert_parallel == e
                     && shape.expert_tensor_parallel == et
+                    && shape.context_parallel == c
                 {
                     list.push_unique(shape);
                 }
@@ -679,6 +756,7 @@ impl Context<'_> {
             sequence_parallel,
             expert_parallel: e,
             expert_tensor_parallel: et,
+            context_parallel: c,
             ..StageShape::PLAIN
         };
         if mixed {

@@ -1,0 +1,102 @@
+"""Context parallelism (issue 47): each sample's sequence cut over a stage's
+context ranks, in the profile, the search, the exports and the refusals
+(docs/cost-model.md, "Context parallelism")."""
+
+import json
+
+import pytest
+
+from conftest import assert_one_line_error, run_dapple
+from dapple import planner
+from dapple.planner.runtime.layout import Layout
+
+TOPOLOGY = "2x8-h100-80gb"
+
+
+@pytest.fixture(scope="module")
+def long_llama(tmp_path_factory):
+    """Llama-3-8B at 131,072 tokens on H100s: issue 47's long-sequence case."""
+    out = tmp_path_factory.mktemp("context") / "llama-3-8b-131k.json"
+    r = run_dapple("profile", "transformer", "--config", "llama-3-8b", "--gpu", "H100-80GB", "--seq-len", 131072,
+                   "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_a_transformer_profile_says_how_each_layer_cuts_its_sequence(long_llama):
+    layers = json.loads(long_llama.read_text())["layers"]
+    assert all(layer["context"]["sequence_length"] == 131072 for layer in layers)
+    # Keys and values of the 8 KV heads of 128 values, bf16, over the sequence;
+    # the embedding and the head pass none.
+    blocks = [layer for layer in layers if layer["name"].startswith("block")]
+    assert all(b["context"]["kv_bytes_per_sample"] == 2 * 131072 * 8 * 128 * 2 for b in blocks)
+    assert layers[0]["context"]["kv_bytes_per_sample"] == 0 == layers[-1]["context"]["kv_bytes_per_sample"]
+    # At 131k tokens attention's core is most of a block's time.
+    assert all(0.5 < b["context"]["attention_compute_fraction"] < 1 for b in blocks)
+
+
+@pytest.fixture(scope="module")
+def long_plans(long_llama):
+    """The free plan and the plan without context parallelism."""
+    return (planner.plan(long_llama, TOPOLOGY, 16),
+            planner.plan(long_llama, TOPOLOGY, 16, max_context_parallel=1))
+
+
+def test_the_search_cuts_long_sequences_and_is_faster_for_it(long_plans):
+    cut, whole = long_plans
+    assert any(s.context_parallel > 1 for s in cut.stage_shapes)
+    assert all(s.context_parallel == 1 for s in whole.stage_shapes)
+    assert cut.iteration_ms < whole.iteration_ms
+    assert cut.estimate["fits_memory"] and cut.estimate["mfu"] > whole.estimate["mfu"]
+    # Each stage's GPUs are its data replicas x t x c.
+    for s, stage in zip(cut.stage_shapes, cut.stages):
+        assert s.replicas * s.tensor_parallel * s.context_parallel == len(stage["devices"])
+
+
+def test_a_published_layout_with_context_parallelism_costs_less_memory_per_micro_batch(long_llama):
+    def layout(c):
+        return planner.megatron_plan(long_llama, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2,
+                                     micro_batch_size=1, sequence_parallel=True, context_parallel=c)
+
+    one, two = layout(1), layout(2)
+    assert [len(s["devices"]) for s in two.stages] == [8, 8]
+    assert two.stage_shapes[0].replicas == 1 and one.stage_shapes[0].replicas == 2
+    terms = [p.estimate["memory"][0]["per_micro_batch_bytes"] for p in (one, two)]
+    assert terms[1] == pytest.approx(terms[0] / 2, rel=0.01)
+    # A degree that does not cut 131,072 tokens into 2c equal chunks is refused, naming the field.
+    with pytest.raises(planner.InvalidInputError, match="context_parallel.*value 3"):
+        planner.megatron_plan(long_llama, "3x8-h100-80gb", 24, tensor_parallel=8, pipeline_parallel=1,
+                              micro_batch_size=1, context_parallel=3)
+
+
+def test_exports_write_the_context_degree_or_refuse_it(long_llama, long_plans, tmp_path):
+    plan_path = tmp_path / "cut.json"
+    plan = planner.megatron_plan(long_llama, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2,
+                                 micro_batch_size=1, sequence_parallel=True, context_parallel=2)
+    plan.save(plan_path)
+    out = tmp_path / "megatron.sh"
+    r = run_dapple("export", "--plan", plan_path, "--profile", long_llama, "--to", "megatron", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "--context-parallel-size 2" in out.read_text()
+    out = tmp_path / "titan.toml"
+    r = run_dapple("export", "--plan", plan_path, "--profile", long_llama, "--to", "torchtitan", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert "context_parallel_degree = 2" in out.read_text()
+    plain_sequence = planner.megatron_plan(long_llama, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2,
+                                           micro_batch_size=1, context_parallel=2)
+    plain_sequence.save(tmp_path / "cut-no-sp.json")
+    r = run_dapple("export", "--plan", tmp_path / "cut-no-sp.json", "--to", "deepspeed", "--out", tmp_path / "ds.json")
+    assert_one_line_error(r, 4, "context parallelism (degree 2)")
+    assert not (tmp_path / "ds.json").exists()
+    with pytest.raises(planner.IncompatibleInputsError, match="stages.0..context_parallel"):
+        Layout.of(plan)
+
+
+def test_targets_that_cut_no_sequence_get_plans_without(long_llama):
+    made = planner.plan_for("torch", long_llama, TOPOLOGY, 16)
+    assert all(s.context_parallel == 1 for s in made.plan.stage_shapes)
+
+
+def test_a_bad_context_bound_is_a_usage_error(dapple, long_llama):
+    r = dapple("plan", "--profile", long_llama, "--topology", TOPOLOGY, "--max-context-parallel", "0")
+    assert r.returncode == 2 and "max-context-parallel" in r.stderr and "Traceback" not in r.stderr
