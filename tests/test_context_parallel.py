@@ -71,17 +71,22 @@ def test_a_published_layout_with_context_parallelism_costs_less_memory_per_micro
 
 def test_exports_write_the_context_degree_or_refuse_it(long_llama, long_plans, tmp_path):
     plan_path = tmp_path / "cut.json"
+    # One data replica a stage, its optimizer state sharded over its 2 context ranks.
     plan = planner.megatron_plan(long_llama, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2,
-                                 micro_batch_size=1, sequence_parallel=True, context_parallel=2)
+                                 micro_batch_size=1, sequence_parallel=True, context_parallel=2, shard_level=1)
+    assert plan.stage_shapes[0].replicas == 1
     plan.save(plan_path)
     out = tmp_path / "megatron.sh"
     r = run_dapple("export", "--plan", plan_path, "--profile", long_llama, "--to", "megatron", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert "--context-parallel-size 2" in out.read_text()
+    text = out.read_text()
+    assert "--context-parallel-size 2" in text and "--use-distributed-optimizer" in text
     out = tmp_path / "titan.toml"
     r = run_dapple("export", "--plan", plan_path, "--profile", long_llama, "--to", "torchtitan", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert "context_parallel_degree = 2" in out.read_text()
+    text = out.read_text()
+    # torchtitan's FSDP shards over the data and context ranks (its dp_shard_cp mesh): level 1 beside a pipeline.
+    assert "context_parallel_degree = 2" in text and 'fsdp_reshard_after_forward = "never"' in text
     plain_sequence = planner.megatron_plan(long_llama, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2,
                                            micro_batch_size=1, context_parallel=2)
     plain_sequence.save(tmp_path / "cut-no-sp.json")

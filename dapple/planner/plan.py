@@ -188,7 +188,7 @@ def _checked_counts(**counts):
     """:func:`plan`'s optional counts (by name), each checked where given; a
     list element by element."""
     def checked(name, value):
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):
             return [check_count(f"{name}[{i}]", b) for i, b in enumerate(value)]
         return check_count(name, value)
     return [None if value is None else checked(name, value) for name, value in counts.items()]

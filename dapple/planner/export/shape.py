@@ -62,6 +62,12 @@ class RunShape:
     context_parallel: int = 1
 
     @property
+    def weight_replicas(self) -> int:
+        """The GPUs that hold the same weights: the data replicas' context
+        ranks, over which gradients are reduced and state is sharded."""
+        return self.replicas * self.context_parallel
+
+    @property
     def shard_optimizer(self) -> bool:
         """Sharded at level 1 or above: the optimizer state over the replicas."""
         return self.shard_level >= 1
@@ -168,7 +174,7 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     context = rounding.one([s.context_parallel for s in shapes], "context parallelism that differs by stage",
                            "context degrees")
     # "3 kept": level 3 keeping the weights from the forward to the backward.
-    level = rounding.one([_level_word(s) if s.replicas > 1 else "0" for s in shapes],
+    level = rounding.one([_level_word(s) if s.replicas * s.context_parallel > 1 else "0" for s in shapes],
                          "sharding levels that differ by stage", "sharding levels")
     shard = (int(level[0]), level == "3")
     recompute = rounding.one([s.recompute for s in shapes], "re-computation on some stages only, or of "
@@ -178,15 +184,16 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     offload = rounding.one([s.offload != "none" for s in shapes], "an optimizer offloaded on some stages only",
                            "offloading")
     per_replica = _samples_per_replica(plan, replicas, rounding)
+    sharded = replicas * context > 1
     return RunShape(stage_ranges=tuple((s["layer_start"], s["layer_end"]) for s in plan.stages),
                     tensor_parallel=tensor_parallel, replicas=replicas,
-                    shard_level=shard[0] if replicas > 1 else 0,
-                    reshard_after_forward=shard[1] and replicas > 1,
+                    shard_level=shard[0] if sharded else 0,
+                    reshard_after_forward=shard[1] and sharded,
                     recompute=recompute, micro_batch_per_replica=per_replica, micro_batches=plan.micro_batches,
                     changes=tuple(rounding.changes), sequence_parallel=sequence_parallel,
                     hides_grad_reduce=plan.core.hides_grad_reduce, expert_parallel=expert_parallel,
                     expert_tensor_parallel=expert_tensor[0] if expert_tensor else tensor_parallel,
-                    hides_param_gather=plan.core.hides_param_gather and shard[0] >= 1 and replicas > 1,
+                    hides_param_gather=plan.core.hides_param_gather and shard[0] >= 1 and sharded,
                     offload_optimizer=offload, context_parallel=context)
 
 
@@ -237,9 +244,9 @@ def refuse_offload_without_zero(shape: RunShape, rounding: Rounding) -> None:
     DeepSpeed's ``offload_optimizer`` offloads ZeRO's partitions, and
     Megatron-LM's ``--optimizer-cpu-offload`` needs its distributed
     optimizer, so each replica's host would step a share, not all."""
-    if shape.offload_optimizer and shape.replicas > 1 and not shape.shard_optimizer:
+    if shape.offload_optimizer and shape.weight_replicas > 1 and not shape.shard_optimizer:
         rounding.refuse("an offloaded optimizer without ZeRO-1", f"its offloaded optimizer is sharded over the "
-                        f"{shape.replicas} replicas", "ZeRO-1 with it (less host memory and a shorter step than "
+                        f"{shape.weight_replicas} replicas", "ZeRO-1 with it (less host memory and a shorter step than "
                         "planned)")
 
 

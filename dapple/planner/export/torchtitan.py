@@ -66,9 +66,12 @@ def _data_parallel(shape: RunShape, rounding: Rounding) -> dict:
     gradient is reduce-scattered as it is made, which is level 3, its
     weights freed after the forward ("always") or kept to the backward
     ("never"). Other levels are refused, or rounded to these."""
-    if shape.replicas == 1:
+    if shape.weight_replicas == 1:
         return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 1}
-    alone = shape.stages == 1 and shape.tensor_parallel == 1 and shape.expert_parallel == 1
+    # With context parallelism torchtitan's FSDP shards over the data and
+    # context ranks together (its dp_shard_cp mesh).
+    alone = shape.stages == 1 and shape.tensor_parallel == 1 and shape.expert_parallel == 1 \
+        and shape.context_parallel == 1
     if alone and shape.shard_level == 0:
         return {"data_parallel_replicate_degree": shape.replicas, "data_parallel_shard_degree": 1}
     fsdp = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": shape.replicas}

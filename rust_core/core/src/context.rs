@@ -54,6 +54,15 @@ impl RingTraffic {
     }
 }
 
+/// The shortest sequence whose context degrees the search weighs:
+/// Megatron Core's parallelism guide gives context parallelism for "long
+/// sequences (8K+ tokens)" (docs.nvidia.com/megatron-core/developer-guide,
+/// "Parallelism Strategies Guide"). Below it the cost model would misprice
+/// it: it divides each layer's passes by c without re-timing its operators
+/// at s / c tokens, so a GPU's few hundred tokens would run as fast as the
+/// whole sequence's. A plan may still ask for any degree.
+pub const MIN_SEARCHED_SEQUENCE_TOKENS: u64 = 8192;
+
 /// How many chunks of keys and values (each 1/c of the sequence's) a GPU
 /// holds at once beside its own while the ring runs: the one it attends to
 /// and the one arriving, and in the backward their gradients too.
@@ -106,6 +115,23 @@ mod tests {
         assert_eq!((four.fwd_bytes, four.bwd_bytes), (6e6, 12e6));
         // No ring at c = 1.
         assert_eq!(RingTraffic::of(8e6, 1).fwd_bytes, 0.0);
+    }
+
+    #[test]
+    fn the_search_weighs_context_degrees_from_8k_tokens_on() {
+        let degrees = |tokens: u64| {
+            let mut profile = crate::profile::profile_of_layers("s", &[(1.0, 2.0, 1000, 1000)], 1);
+            profile.layers[0].context = Some(ContextPattern {
+                sequence_length: tokens,
+                kv_bytes_per_sample: 1.0,
+                attention_compute_fraction: 0.5,
+            });
+            crate::profile::LayerCosts::new(&profile).context_degrees(8)
+        };
+        assert!(degrees(4096).is_empty());
+        assert_eq!(degrees(8192), vec![2, 4, 8]);
+        // 2c equal chunks: 12,288 tokens cut 2, 3, 4, 6 or 8 ways.
+        assert_eq!(degrees(12288), vec![2, 3, 4, 6, 8]);
     }
 
     #[test]

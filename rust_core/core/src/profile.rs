@@ -1636,12 +1636,16 @@ impl LayerCosts {
         c == 1 || self.context(layer).is_some_and(|p| p.allows(c))
     }
 
-    /// The context degrees (at least 2, at most `max`) at which some layer
-    /// with attention may run, ascending: a stage takes one where all its
-    /// layers may (`context_runs_at`). Empty where no layer has a pattern
-    /// with keys and values to pass.
+    /// The context degrees (at least 2, at most `max`) the search weighs,
+    /// ascending, where some layer with attention has a sequence of at
+    /// least `MIN_SEARCHED_SEQUENCE_TOKENS`: a stage takes one where all
+    /// its layers may (`context_runs_at`). Empty where no layer has a
+    /// pattern with keys and values to pass.
     pub fn context_degrees(&self, max: u32) -> Vec<u32> {
-        let attends = |p: &&ContextPattern| p.kv_bytes_per_sample > 0.0;
+        let attends = |p: &&ContextPattern| {
+            p.kv_bytes_per_sample > 0.0
+                && p.sequence_length >= crate::context::MIN_SEARCHED_SEQUENCE_TOKENS
+        };
         let Some(pattern) = self.context.iter().flatten().find(attends) else {
             return Vec::new();
         };

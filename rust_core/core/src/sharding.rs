@@ -68,12 +68,6 @@ impl ShardTraffic {
             + self.iteration_scatters
             + self.iteration_gathers
     }
-
-    /// Whether some collective runs with every micro-batch.
-    pub fn per_micro_batch(&self) -> bool {
-        self.gathers_before_forward + self.gathers_before_backward + self.scatters_after_backward
-            > 0
-    }
 }
 
 impl ShardLevel {
@@ -207,7 +201,6 @@ mod tests {
         assert_eq!(level(2, false).traffic().collectives(8), 9);
         assert_eq!(level(3, true).traffic().collectives(8), 24);
         assert_eq!(level(3, false).traffic().collectives(8), 16);
-        assert!(!level(1, false).traffic().per_micro_batch());
         assert_eq!(level(0, false).traffic().collectives(8), 0);
     }
 

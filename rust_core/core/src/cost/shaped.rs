@@ -304,7 +304,8 @@ impl StageCoster<'_> {
             end,
             gpus,
             weight_replicas: sums_shape.weight_replicas(gpus),
-            // Whole layers run on every context group's samples.
+            // Whole layers run data parallel over the stage's GPUs / c,
+            // each cutting its samples' sequence c ways.
             whole_slice: largest_slice(self.micro_batch, gpus / c),
             split_slice: largest_slice(self.micro_batch, replicas),
             groups: (t > 1).then(|| SplitGroups::new(self.cluster, &machines, t)),

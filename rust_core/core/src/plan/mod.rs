@@ -648,9 +648,12 @@ impl Plan {
             .any(|s| self.schedule.overlap.hides_param_gather(&s.shape()))
     }
 
-    /// The stages whose replicas reduce their gradients: more than one.
+    /// The stages whose GPUs reduce their gradients: more than one holds
+    /// the same weights (data replicas, or context ranks).
     fn reducing_stages(&self) -> impl Iterator<Item = &Stage> {
-        self.stages.iter().filter(|s| s.replicas() > 1)
+        self.stages
+            .iter()
+            .filter(|s| s.shape().weight_replicas(s.devices.len() as u32) > 1)
     }
 
     /// This plan, not yet costed, as a runtime that hides what `overlap`

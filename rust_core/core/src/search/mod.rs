@@ -1713,7 +1713,7 @@ mod tests {
     }
 
     /// Issue 47's acceptance test of context parallelism: on small random
-    /// profiles whose layers cut their sequence of 16 tokens (keys and
+    /// profiles whose layers cut their sequence of 16,384 tokens (keys and
     /// values of random size, a random share of attention to hide them
     /// behind; now and then a layer that cannot), up to 8 layers on 2
     /// GPUs, 3 on 4, 2 on 8, memory that binds in some, the search returns
@@ -1731,7 +1731,7 @@ mod tests {
                     continue;
                 }
                 layer.context = Some(crate::context::ContextPattern {
-                    sequence_length: 16,
+                    sequence_length: 16384,
                     kv_bytes_per_sample: rng.gen_range(0.0..8e6),
                     attention_compute_fraction: rng.gen_range(0.0..0.6),
                 });
