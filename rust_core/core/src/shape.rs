@@ -511,26 +511,21 @@ impl MemorySums {
     pub fn memory(&self, layers: &LayerCosts, shape: &StageShape, input_bytes: f64) -> StageMemory {
         let input_bytes = input_bytes + self.loss_kept_bytes;
         let level = shape.sharding();
-        let optimizer_state = if level.shards_optimizer() {
-            self.sharded_optimizer_state_bytes
-        } else {
-            self.optimizer_state_bytes
-        };
-        let gradients = if level.shards_gradients() {
-            self.sharded_gradient_bytes
-        } else {
-            self.gradient_bytes
-        };
-        let resident_weights = if level.shards_weights_in_flight() {
-            self.sharded_weight_bytes
-        } else {
-            self.weight_bytes
-        };
-        let stepped = if level.shards_optimizer() {
-            self.sharded_weight_bytes
-        } else {
-            self.weight_bytes
-        };
+        // A part's bytes as a GPU keeps them: its shard where the level shards it.
+        let kept = |sharded: bool, whole: f64, shard: f64| if sharded { shard } else { whole };
+        let weights = (self.weight_bytes, self.sharded_weight_bytes);
+        let optimizer_state = kept(
+            level.shards_optimizer(),
+            self.optimizer_state_bytes,
+            self.sharded_optimizer_state_bytes,
+        );
+        let gradients = kept(
+            level.shards_gradients(),
+            self.gradient_bytes,
+            self.sharded_gradient_bytes,
+        );
+        let resident_weights = kept(level.shards_weights_in_flight(), weights.0, weights.1);
+        let stepped = kept(level.shards_optimizer(), weights.0, weights.1);
         // Held whole for a moment on top (`ShardLevel::gathered_bytes`).
         let gathered =
             level.gathered_bytes(self.layer_weight_peak_bytes, self.layer_gradient_peak_bytes);
