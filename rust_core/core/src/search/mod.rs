@@ -109,8 +109,8 @@ pub const DEFAULT_MAX_SEARCH_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MAX_SEARCH_STEPS: u64 = 10_000_000;
 
 /// Default of `SearchOptions::max_context_parallel` (`dapple plan
-/// --max-context-parallel`): 16, Llama 3's degree at 131,072 tokens (the
-/// largest in `published-runs.json`). Every degree made Llama 3 405B at
+/// --max-context-parallel`): 16, the degree Llama 3 trained its 131,072-token
+/// stage at (arXiv 2407.21783, Table 4). Every degree made Llama 3 405B at
 /// 131,072 tokens on 16,384 H100s plan in 220 s against 32 s (each degree
 /// more multiplies the uniform candidates), for an iteration 9% shorter
 /// (8.72 s against 9.57).
