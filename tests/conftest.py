@@ -68,20 +68,22 @@ def write_hand_plan(data: dict, path: Path) -> Path:
     return path
 
 
-def hand_plan(mbs: int, stages: list, gbs: int, kind: str = "early-backward-1f1b"):
+def hand_plan(mbs: int, stages: list, gbs: int, kind: str = "early-backward-1f1b", chunks: int | None = None):
     """A checked hand-written plan on one 8-GPU machine; ``stages`` are
     (layer_start, layer_end, devices, shape fields: split degree, ZeRO-1,
-    experts, ...)."""
+    experts, ...); ``chunks``: each pipeline rank's stages under a chunked
+    ``kind``."""
     from dapple import planner
 
     m = gbs // mbs
+    schedule = {"kind": kind, "warmup_policy": "A", **({"chunks": chunks} if chunks else {})}
     return planner.Plan.from_dict({
         "planner_version": "test",
         "inputs": {"model": "tiny", "profile_sha256": "", "topology": planner.Topology.from_spec("1x8-pcie").data,
                    "global_batch_size": gbs, "options": {"min_micro_batch_size": 1}},
         "micro_batch_size": mbs,
         "micro_batches": m,
-        "schedule": {"kind": kind, "warmup_policy": "A"},
+        "schedule": schedule,
         "stages": [{"layer_start": a, "layer_end": b, "devices": devs,
                     "warmup_micro_batches": min(len(stages) - i, m), **shape}
                    for i, (a, b, devs, shape) in enumerate(stages)],

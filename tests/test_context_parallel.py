@@ -93,13 +93,20 @@ def test_exports_write_the_context_degree_or_refuse_it(long_llama, long_plans, t
     r = run_dapple("export", "--plan", tmp_path / "cut-no-sp.json", "--to", "deepspeed", "--out", tmp_path / "ds.json")
     assert_one_line_error(r, 4, "context parallelism (degree 2)")
     assert not (tmp_path / "ds.json").exists()
-    with pytest.raises(planner.IncompatibleInputsError, match="stages.0..context_parallel"):
-        Layout.of(plan)
+    # dapple's runtime lays the context ranks out: one replica of 4 shards at each of 2 context ranks.
+    stage = Layout.of(plain_sequence).stages[0]
+    assert (stage.context_parallel, len(stage.context_groups), len(stage.context_groups[0])) == (2, 4, 2)
 
 
-def test_targets_that_cut_no_sequence_get_plans_without(long_llama):
-    made = planner.plan_for("torch", long_llama, TOPOLOGY, 16)
+def test_each_target_gets_the_context_degrees_it_runs(long_llama):
+    # DeepSpeed's pipeline engine cuts no sequence.
+    made = planner.plan_for("deepspeed", long_llama, TOPOLOGY, 16)
     assert all(s.context_parallel == 1 for s in made.plan.stage_shapes)
+    # dapple's runtime cuts every stage's alike: the plan it gets cuts, and it lays it out.
+    made = planner.plan_for("torch", long_llama, TOPOLOGY, 16)
+    degrees = {s.context_parallel for s in made.plan.stage_shapes}
+    assert len(degrees) == 1 and degrees.pop() > 1, made.plan.stage_shapes
+    assert Layout.of(made.plan).stages[0].context_parallel > 1
 
 
 def test_a_bad_context_bound_is_a_usage_error(dapple, long_llama):

@@ -149,7 +149,7 @@ def _checked_model(config, lay, plan_path, model_spec):
     """The run's model, built once the options passed their checks against
     the plan (``config.check_run``, before the model is built), and checked
     to fit the plan."""
-    from dapple.planner.runtime.config import check_expert_layers, check_layer_count, check_run, check_split_layers
+    from dapple.planner.runtime.config import check_model, check_run
     from dapple.planner.runtime.evaluation import declares_validation
     from dapple.planner.runtime.launcher import visible_gpus
 
@@ -165,9 +165,7 @@ def _checked_model(config, lay, plan_path, model_spec):
     if config.eval_every and not declares_validation(spec):
         raise IncompatibleInputsError(f"--eval-every: model {model_spec} declares no validation split")
     try:
-        check_layer_count(lay, len(spec.layers), model_spec)
-        check_split_layers(lay, [layer for _, layer in spec.layers], model_spec)
-        check_expert_layers(lay, [layer for _, layer in spec.layers], model_spec)
+        check_model(lay, [layer for _, layer in spec.layers], spec.config.get("seq"), model_spec)
     except IncompatibleInputsError as e:
         raise IncompatibleInputsError(f"{plan_path}: {e}") from None
     return spec

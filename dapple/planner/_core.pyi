@@ -180,11 +180,13 @@ class Peer:
     end: int
 
 class ReplicaLayout:
-    """One rank of a stage: shard ``shard`` of replica ``replica``."""
+    """One rank of a stage: shard ``shard`` at context rank ``context`` of
+    replica ``replica``."""
 
     rank: int
     replica: int
     shard: int
+    context: int
     start: int
     end: int
     receives_from: list[Peer]
@@ -204,6 +206,8 @@ class StageLayout:
     recompute_per_layer: bool
     split_groups: list[list[int]]
     replica_groups: list[list[int]]
+    context_parallel: int
+    context_groups: list[list[int]]
     expert_parallel: int
     expert_groups: list[list[int]]
     expert_replica_groups: list[list[int]]

@@ -46,13 +46,14 @@ TARGETS: tuple[str, ...] = ("megatron", "deepspeed", "torchtitan", "torch")
 #: highest sharding level it runs beside a pipeline: ZeRO-1 (Megatron-LM's
 #: distributed optimizer, DeepSpeed's pipeline engine, torchtitan's FSDP
 #: under torch's pipeline stages, dapple's runtime; ``docs/export.md``);
-#: DeepSpeed's pipeline engine and dapple's runtime cut no sequence.
+#: DeepSpeed's pipeline engine cuts no sequence; dapple's runtime cuts
+#: every stage's alike (its layout refuses neighbours that differ).
 TARGET_SEARCH = {
     "megatron": {"schedule": "early-backward-1f1b", "warmup_policy": "A", "max_shard_level": 1},
     "deepspeed": {"schedule": "early-backward-1f1b", "warmup_policy": "A", "max_shard_level": 1,
                   "max_context_parallel": 1},
     "torchtitan": {"schedule": "early-backward-1f1b", "max_shard_level": 1},
-    "torch": {"schedule": "early-backward-1f1b", "max_shard_level": 1, "max_context_parallel": 1},
+    "torch": {"schedule": "early-backward-1f1b", "max_shard_level": 1},
 }
 
 

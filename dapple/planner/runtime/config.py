@@ -150,6 +150,16 @@ def check_dtype(config: RunConfig, layout: Layout) -> None:
             f"take together; use bf16, or one process", field="dtype")
 
 
+def check_model(layout: Layout, layers: list, seq: int | None, model: str = "the model") -> None:
+    """The model's ``layers`` (of sequences of ``seq`` tokens, where it
+    names a length) can run the plan: its layer count, and the layers of
+    each stage that splits, spreads experts or cuts sequences."""
+    check_layer_count(layout, len(layers), model)
+    check_split_layers(layout, layers, model)
+    check_expert_layers(layout, layers, model)
+    check_context_layers(layout, layers, seq, model)
+
+
 def check_layer_count(layout: Layout, n_layers: int, model: str = "the model") -> None:
     """The plan's stages must end at the model's last layer."""
     end = layout.layer_ranges[-1][1]
@@ -201,6 +211,25 @@ def check_expert_layers(layout: Layout, layers: list, model: str = "the model") 
                 raise IncompatibleInputsError(f"{field}: layer {index} of {model} cannot spread its experts (no spread)")
             if count % e:
                 raise IncompatibleInputsError(f"{field} does not divide the {count} experts of layer {index} of {model}")
+
+
+def check_context_layers(layout: Layout, layers: list, seq: int | None, model: str = "the model") -> None:
+    """Every layer of a stage that cuts its sequences over c > 1 ranks
+    declares a ``context``, and 2c divides the model's sequence length
+    ``seq`` (where the model names one); refused by the plan's field
+    otherwise."""
+    for i, stage in enumerate(layout.stages):
+        c = stage.context_parallel
+        if c > 1 and seq is not None and seq % (2 * c):
+            raise IncompatibleInputsError(
+                f"field stages[{i}].context_parallel: value {c} cannot cut the {seq}-token sequences of {model} "
+                f"into {2 * c} equal chunks")
+        for index in range(stage.layer_start, stage.layer_end) if c > 1 else ():
+            if not hasattr(layers[index], "context"):
+                raise IncompatibleInputsError(
+                    f"field stages[{i}].context_parallel: value {c}: layer {index} of {model} does not cut its "
+                    "sequence (it declares no context); dapple run cuts the sequences of the shipped GPT models' "
+                    "layers and BERT's embedding and blocks")
 
 
 @dataclass

@@ -133,18 +133,22 @@ class Executor:
         return self.batches[mini_batch]
 
     def _rows(self, p: _core.Pass, which: int) -> torch.Tensor:
-        """This replica's rows of the pass's micro-batch: inputs (0) or targets (1)."""
+        """This replica's rows of the pass's micro-batch: inputs (0) or
+        targets (1), at this rank's tokens where its stage cuts sequences."""
         base = (p.action.micro_batch % self.micro_batches) * self.micro_batch_size
-        return self._batch(p.mini_batch)[which][base + self.ctx.lo : base + self.ctx.hi].to(self.ctx.dev)
+        rows = self._batch(p.mini_batch)[which][base + self.ctx.lo : base + self.ctx.hi]
+        return (rows if self.ctx.context is None else self.ctx.context.cut(rows)).to(self.ctx.dev)
 
     def _loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
-        """The loss of the last stage's slice, scaled to the global batch
-        (under the run's autocast, like the forward)."""
-        c = self.config
+        """The loss of the last stage's slice (its tokens where it cuts
+        sequences), scaled to the global batch (under the run's autocast,
+        like the forward)."""
+        c, context = self.config, self.ctx.context
         n = self.ctx.hi - self.ctx.lo
         loss_fn = self.ctx.loss_fn or c.loss_fn
         with self.ctx.precision.autocast():
-            return scaled_loss(loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction)
+            return scaled_loss(loss_fn, out, self._rows(p, 1), n, self.global_batch_size, c.loss_reduction,
+                               parts=1 if context is None else context.size)
 
     def _backward_loss(self, out: torch.Tensor, p: _core.Pass) -> torch.Tensor:
         """What the last stage's backward starts from: the loss, times fp16's loss scale."""

@@ -37,6 +37,7 @@ from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 from torch.nn import functional as F
 
+from .context_parallel import ContextGroup, self_attention
 from .tensor_parallel import ShardedModule
 
 #: ``run_experts(inputs, counts)``: the routed inputs grouped by expert,
@@ -89,7 +90,7 @@ class MoEBlock(nn.Module):
     biases, as Mixtral's have none), ``per_token`` a token, no shared
     experts and no capacity limit (no token dropped)."""
 
-    def __init__(self, d_model: int, n_heads: int, seq: int, *, experts: int, per_token: int, expert_ffn: int):
+    def __init__(self, d_model: int, n_heads: int, *, experts: int, per_token: int, expert_ffn: int):
         super().__init__()
         self.experts_count, self.per_token = experts, per_token
         self.ln1 = nn.LayerNorm(d_model)
@@ -100,13 +101,12 @@ class MoEBlock(nn.Module):
             nn.Sequential(nn.Linear(d_model, expert_ffn, bias=False), nn.GELU(),
                           nn.Linear(expert_ffn, d_model, bias=False))
             for _ in range(experts))
-        self.register_buffer("causal_mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1),
-                             persistent=False)
+
+    #: The rank's context group where its stage cuts sequences (``context_parallel.py``).
+    context: ContextGroup | None = None
 
     def attend(self, h: torch.Tensor) -> torch.Tensor:
-        n = h.shape[1]
-        out, _ = self.attn(h, h, h, attn_mask=self.causal_mask[:n, :n], need_weights=False)
-        return out
+        return self_attention(self.attn, h, causal=True, context=self.context)
 
     def mix(self, h: torch.Tensor, run_experts: RunExperts) -> torch.Tensor:
         flat = h.reshape(-1, h.shape[-1])

@@ -7,7 +7,10 @@ device id in ascending order and holds one replica of one stage (of each
 of its pipeline rank's chunks, under a chunked kind), or one shard of a
 replica when the stage splits (``tensor_parallel`` t: each
 replica's t ranks are its split group, the ranks of one shard over all
-replicas a replica group). A micro-batch entering a stage of R replicas is
+replicas a replica group), at one context rank of the replica when the
+stage cuts its sequences (``context_parallel`` c: a replica is c split
+groups, the same shard of each a context group; context rank k of one
+stage feeds context rank k of the next). A micro-batch entering a stage of R replicas is
 split into R contiguous slices (the split the cost model prices), replica j
 taking the j-th; between two stages every sender sends each receiver
 exactly the samples their slices share, and gradients go back the same way
@@ -49,7 +52,7 @@ class Layout:
     def of(cls, plan: Plan) -> "Layout":
         """The layout of ``plan``; raises InvalidInputError naming the field
         when its stages cannot run, and IncompatibleInputsError where they
-        need what this runtime does not run (context and sequence parallelism, selective
+        need what this runtime does not run (sequence parallelism, selective
         re-computation: its shards split heads and columns, and it
         checkpoints whole layers or stages; experts spread over a split
         stage, or under a schedule whose backward splits into
@@ -62,8 +65,7 @@ class Layout:
                 else None)
         for i, shape in enumerate(shapes):
             spread = shape.expert_parallel > 1
-            refused = (("context_parallel", "context parallelism") if shape.context_parallel > 1 else
-                       ("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
+            refused = (("sequence_parallel", "sequence parallelism") if shape.sequence_parallel else
                        ("shard_level", f"sharding level {shape.shard_level} (FSDP) beside tensor parallelism, "
                         "experts, an offloaded optimizer, or a backward that splits or runs on other weights")
                        if shape.shard_level > 1 and (shape.tensor_parallel > 1 or shape.expert_parallel > 1

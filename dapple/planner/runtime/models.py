@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from .. import _core
 from ..errors import InvalidInputError
+from .context_parallel import ContextGroup, self_attention, token_positions
 from .experts import MoEBlock
 from .tensor_parallel import ShardedBlock, ShardedEmbedding, ShardedLMHead, SplitGroup
 
@@ -192,7 +193,7 @@ class TransformerBlock(nn.Module):
     ``causal``: mask future positions (GPT). ``pre_ln``: LayerNorm before
     each sublayer (GPT-2) instead of after the residual (BERT)."""
 
-    def __init__(self, d_model: int, n_heads: int, seq: int, *, causal: bool, pre_ln: bool, mlp_ratio: int = 4):
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool, pre_ln: bool, mlp_ratio: int = 4):
         super().__init__()
         self.pre_ln = pre_ln
         self.ln1 = nn.LayerNorm(d_model)
@@ -201,14 +202,13 @@ class TransformerBlock(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
         )
-        mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1) if causal else None
-        self.register_buffer("causal_mask", mask, persistent=False)
+        self.causal = causal
+
+    #: The rank's context group where its stage cuts sequences (``context_parallel.py``).
+    context: ContextGroup | None = None
 
     def _attend(self, h):
-        n = h.shape[1]
-        mask = None if self.causal_mask is None else self.causal_mask[:n, :n]
-        out, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
-        return out
+        return self_attention(self.attn, h, causal=self.causal, context=self.context)
 
     def forward(self, x):
         if self.pre_ln:
@@ -232,9 +232,11 @@ class _TokenEmbedding(nn.Module):
         self.pos = nn.Embedding(seq, d_model)
         self.norm = nn.LayerNorm(d_model) if norm else nn.Identity()
 
+    #: Where the stage cuts sequences: the positions of the rank's tokens are its chunks'.
+    context: ContextGroup | None = None
+
     def forward(self, ids):
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.norm(self.tok(ids) + self.pos(positions))
+        return self.norm(self.tok(ids) + self.pos(token_positions(ids.shape[1], self.context, ids.device)))
 
     def shard(self, split: SplitGroup) -> nn.Module:
         """The token embedding split over the vocabulary."""
@@ -246,6 +248,9 @@ class _LMHead(nn.Module):
         super().__init__()
         self.ln = nn.LayerNorm(d_model)
         self.proj = nn.Linear(d_model, vocab, bias=False)
+
+    #: Each token's logits alone: a cut sequence needs nothing of the other ranks.
+    context: ContextGroup | None = None
 
     def forward(self, x):
         return self.proj(self.ln(x))
@@ -315,7 +320,7 @@ def gpt(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 32, v
     _check_sizes(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab)
     with _seeded(seed):
         emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
-        blocks = [TransformerBlock(d_model, n_heads, seq, causal=True, pre_ln=True) for _ in range(n_layers)]
+        blocks = [TransformerBlock(d_model, n_heads, causal=True, pre_ln=True) for _ in range(n_layers)]
         head = _LMHead(d_model, vocab)
     # How each layer splits (the profile's ``split``), as the core works it
     # out for analytic transformer profiles, at this model's fp32 values and
@@ -346,7 +351,7 @@ def gpt_moe(n_layers: int = 4, d_model: int = 64, n_heads: int = 4, seq: int = 3
         raise InvalidInputError(f"experts_per_token {experts_per_token} is more than the {experts} experts")
     with _seeded(seed):
         emb = _TokenEmbedding(vocab, seq, d_model, norm=False)
-        blocks = [MoEBlock(d_model, n_heads, seq, experts=experts, per_token=experts_per_token, expert_ffn=expert_ffn)
+        blocks = [MoEBlock(d_model, n_heads, experts=experts, per_token=experts_per_token, expert_ffn=expert_ffn)
                   for _ in range(n_layers)]
         head = _LMHead(d_model, vocab)
     # The experts' pattern as the core works it out for analytic profiles
@@ -437,7 +442,7 @@ def bert(
     _check_sizes(n_layers=n_layers, d_model=d_model, n_heads=n_heads, seq=seq, vocab=vocab, n_classes=n_classes)
     with _seeded(seed):
         emb = _TokenEmbedding(vocab, seq, d_model, norm=True)
-        blocks = [TransformerBlock(d_model, n_heads, seq, causal=False, pre_ln=False) for _ in range(n_layers)]
+        blocks = [TransformerBlock(d_model, n_heads, causal=False, pre_ln=False) for _ in range(n_layers)]
         head = _ClassifierHead(d_model, n_classes)
     model = _Transformer(emb, blocks, head)
 

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import Job, check_expert_layers, check_layer_count, check_split_layers
+from .config import Job, check_model
+from .context_parallel import ContextGroup, cut_sequences
 from .data import SeededBatches
 from .experts import ExpertGroup, expert_parameters, spread_layers
 from .fully_sharded import fully_shard_stage
@@ -112,6 +113,8 @@ class RankSetup:
     group: Any
     #: The ranks this rank's layers are sharded over (None: not split).
     split: SplitGroup | None
+    #: The ranks its replica's sequences are cut over (None: not cut).
+    context: ContextGroup | None
     comm: PointToPoint
     links: StageLinks
     #: Samples [lo, hi) of every micro-batch this replica computes.
@@ -238,22 +241,23 @@ def optimizer_state(opt) -> dict | None:
 
 @dataclass(frozen=True)
 class RankGroups:
-    """A rank's process groups: its replica group and split group (the same
-    for a chunked plan's chunks of one rank), and by stage, where the stage
-    spreads its experts, its expert group and the group holding its
-    experts (None where that is the rank alone)."""
+    """A rank's process groups: its replica group, split group and context
+    group (the same for a chunked plan's chunks of one rank), and by stage,
+    where the stage spreads its experts, its expert group and the group
+    holding its experts (None where that is the rank alone)."""
 
     replica: Any
     split: SplitGroup | None
+    context: ContextGroup | None
     experts: dict[int, ExpertGroup]
     expert_replicas: dict[int, Any]
 
 
 def _process_groups(lay, rank: int) -> RankGroups:
-    """Every stage's replica groups, then its split groups, then its expert
-    groups and the groups holding the same experts, made by every rank in
-    that order (``new_group`` is collective)."""
-    replica_group = split = None
+    """Every stage's replica groups, then its split groups, its context
+    groups, its expert groups and the groups holding the same experts,
+    made by every rank in that order (``new_group`` is collective)."""
+    replica_group = split = context = None
     experts: dict[int, ExpertGroup] = {}
     expert_replicas: dict[int, Any] = {}
     for i, stage in enumerate(lay.stages):
@@ -265,6 +269,10 @@ def _process_groups(lay, rank: int) -> RankGroups:
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
             if rank in ranks and group is not None:
                 split = SplitGroup(group, list(ranks).index(rank), len(ranks))
+        for ranks in stage.context_groups if stage.context_parallel > 1 else ():
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                context = ContextGroup(group, list(ranks).index(rank), len(ranks))
         if stage.expert_parallel == 1:
             continue
         for ranks in stage.expert_groups:
@@ -275,36 +283,35 @@ def _process_groups(lay, rank: int) -> RankGroups:
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
             if rank in ranks and group is not None:
                 expert_replicas[i] = group
-    return RankGroups(replica_group, split, experts, expert_replicas)
+    return RankGroups(replica_group, split, context, experts, expert_replicas)
 
 
-def _stage_layers(job: Job, stage: int, split: SplitGroup | None,
-                  experts: ExpertGroup | None) -> tuple[list[nn.Module], Callable | None]:
+def _stage_layers(job: Job, stage: int, groups: RankGroups) -> tuple[list[nn.Module], Callable | None]:
     """This rank's layers of ``stage`` (its shards of them when the stage
-    splits, its part of the experts where it spreads them), and the loss
-    of a split last stage."""
+    splits, its part of the experts where it spreads them, computing its
+    tokens where it cuts sequences), and the loss of a split last stage."""
     lay, config = job.layout, job.config
     a, b = lay.layer_ranges[stage]
     made = config.layers_factory()
     all_layers = layers_of(made)
     if isinstance(config.batches, SeededBatches):
         config.batches.use_maker(getattr(made, "make_batch", None))
-    check_layer_count(lay, len(all_layers))
-    check_split_layers(lay, all_layers)
-    check_expert_layers(lay, all_layers)
+    check_model(lay, all_layers, (getattr(made, "config", None) or {}).get("seq"))
     layers = all_layers[a:b]
     del all_layers, made  # the other stages' layers are not this rank's to keep
-    if experts is not None:
-        layers = spread_layers(layers, experts)
-    if split is None:
+    if stage in groups.experts:
+        layers = spread_layers(layers, groups.experts[stage])
+    split = groups.split
+    if split is not None:
+        layers = shard_layers(layers, split)
+    if groups.context is not None:
+        cut_sequences(layers, groups.context)
+    if split is None or stage < len(lay.stages) - 1:
         return layers, None
-    layers = shard_layers(layers, split)
-    if stage == len(lay.stages) - 1:
-        loss = getattr(layers[-1], "parallel_loss", None)
-        if loss is None:
-            raise ValueError(f"stages[{stage}].tensor_parallel: the last layer's shard has no parallel_loss")
-        return layers, loss
-    return layers, None
+    loss = getattr(layers[-1], "parallel_loss", None)
+    if loss is None:
+        raise ValueError(f"stages[{stage}].tensor_parallel: the last layer's shard has no parallel_loss")
+    return layers, loss
 
 
 def open_rank(rank: int, job: Job) -> RankSetup:
@@ -337,7 +344,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
     me = stage_layout.replicas[position]
     a, b = lay.layer_ranges[stage]
     torch.manual_seed(config.seed)
-    layers, loss_fn = _stage_layers(job, stage, split, groups.experts.get(stage))
+    layers, loss_fn = _stage_layers(job, stage, groups)
     module = nn.Sequential(*layers).to(dev)
     # Levels 2 and 3: FSDP reduces the gradients and keeps the shards.
     fsdp = stage_layout.shard_level >= 2 and replica_group is not None
@@ -373,6 +380,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         opt=opt,
         group=None if fsdp else replica_group,
         split=split,
+        context=groups.context,
         expert_group=groups.expert_replicas.get(stage),
         comm=comm,
         links=StageLinks(comm, peers[0], peers[1], me.start, grads_to=peers[2], grads_from=peers[3], stage=stage),

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from .context_parallel import ContextGroup, attention, token_positions
 from .fully_sharded import whole
 
 
@@ -135,15 +136,18 @@ class ShardedBlock(ShardedModule):
         fc1, fc2 = block.mlp[0], block.mlp[2]
         self.fc1_weight, self.fc1_bias = _part(fc1.weight, split, 0), _part(fc1.bias, split, 0)
         self.fc2_weight, self.fc2_bias = _part(fc2.weight, split, 1), fc2.bias
-        self.register_buffer("causal_mask", block.causal_mask, persistent=False)
+        self.causal = block.causal
+
+    #: The rank's context group where its stage also cuts sequences: this
+    #: shard's heads' keys and values are gathered over the same shard of
+    #: every context rank.
+    context: ContextGroup | None = None
 
     def _attend(self, h):
         b, n, _ = h.shape
         q, k, v = F.linear(copy_to_split(h, self.split), self.qkv_weight, self.qkv_bias).chunk(3, -1)
         q, k, v = (m.reshape(b, n, self.heads, -1).transpose(1, 2) for m in (q, k, v))
-        # MultiheadAttention's mask marks what is hidden; SDPA's what is seen.
-        mask = None if self.causal_mask is None else ~self.causal_mask[:n, :n]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, -1)
+        out = attention(q, k, v, causal=self.causal, context=self.context).transpose(1, 2).reshape(b, n, -1)
         return reduce_from_split(F.linear(out, self.out_weight), self.split) + self.out_bias
 
     def _mlp(self, h):
@@ -188,11 +192,13 @@ class ShardedEmbedding(ShardedModule):
         self.tok_weight = _part(embedding.tok.weight, split, 0)
         self.pos, self.norm = embedding.pos, embedding.norm
 
+    context: ContextGroup | None = None
+
     def forward(self, ids):
         local = ids - self.split.index * self.rows
         mine = (local >= 0) & (local < self.rows)
         found = F.embedding(torch.where(mine, local, 0), self.tok_weight) * mine.unsqueeze(-1)
-        positions = torch.arange(ids.shape[1], device=ids.device)
+        positions = token_positions(ids.shape[1], self.context, ids.device)
         return self.norm(reduce_from_split(found, self.split) + self.pos(positions))
 
     def full_state(self) -> dict[str, torch.Tensor]:
@@ -214,6 +220,8 @@ class ShardedLMHead(ShardedModule):
         self.ln = head.ln
         self.rows = head.proj.out_features // split.size
         self.proj_weight = _part(head.proj.weight, split, 0)
+
+    context: ContextGroup | None = None
 
     def forward(self, x):
         return F.linear(copy_to_split(self.ln(x), self.split), self.proj_weight)

@@ -265,12 +265,15 @@ def _hyper(group: dict) -> dict:
     return {k: v for k, v in group.items() if k != "params"}
 
 
-def scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str):
+def scaled_loss(loss_fn, out, tgt, n: int, gbs: int, reduction: str, parts: int = 1):
     """The loss of a slice of ``n`` samples, scaled so that the slices'
-    gradients add up to the gradient of the mean loss over ``gbs`` samples."""
+    gradients add up to the gradient of the mean loss over ``gbs`` samples.
+    ``parts``: the slice's tokens are cut over that many context ranks, each
+    holding as many: a mean over one rank's tokens weighs 1/parts of the
+    slice's."""
     loss = loss_fn(out, tgt)
     if reduction == "mean":
-        return loss * (n / gbs)
+        return loss * (n / (gbs * parts))
     if reduction == "sum":
         return loss / gbs
     raise ValueError(f"unknown loss_reduction {reduction!r}; use mean or sum")

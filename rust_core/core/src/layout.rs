@@ -4,7 +4,9 @@
 //! One process (rank) per device the plan uses; rank r runs on the r-th
 //! used device id in ascending order and holds one replica of one stage, or
 //! at split degree t one shard of a replica of t ranks (t consecutive
-//! devices of the stage's list).
+//! devices of the stage's list); at context degree c a replica is c such
+//! groups (t c consecutive devices), context rank k holding chunks k and
+//! 2c-1-k of each sample's sequence cut in 2c (`context.rs`).
 //! A micro-batch entering a stage of R replicas is split by the stage's own
 //! `slices` (uneven, for mixed GPUs) or else evenly by `cost::slice_ranges`:
 //! the split the cost model prices; replica j takes the j-th range. Between two stages every sender sends each receiver
@@ -15,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cost::{ranges_of, slice_ranges};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::check_layout;
 use crate::plan::{plan_schedule_over, Plan};
 use crate::schedule::{rank_lists, Action};
@@ -29,14 +31,18 @@ pub struct Peer {
     pub end: u32,
 }
 
-/// One rank of a stage: shard `shard` of replica `replica` (shard 0 of
-/// its own replica when the stage does not split).
+/// One rank of a stage: shard `shard` at context rank `context` of replica
+/// `replica` (shard 0 and context rank 0 of its own replica when the stage
+/// neither splits nor cuts its sequence).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaLayout {
     pub rank: u32,
     /// The replica this rank computes a shard of, and which shard.
     pub replica: u32,
     pub shard: u32,
+    /// Which of the replica's c context ranks: it holds chunks `context`
+    /// and 2c-1-`context` of every sample's tokens cut in 2c equal chunks.
+    pub context: u32,
     /// Samples `[start, end)` of every micro-batch this replica computes.
     pub start: u32,
     pub end: u32,
@@ -75,11 +81,17 @@ pub struct StageLayout {
     /// forward re-run just before its backward (`Recompute::PerLayer`).
     pub recompute_per_layer: bool,
     /// Ranks of each replica's shards (t consecutive devices of the stage,
-    /// as `plan::check` checks them), by replica.
+    /// as `plan::check` checks them), by replica and context rank.
     pub split_groups: Vec<Vec<u32>>,
-    /// Ranks holding the same shard in every replica, by shard: the
-    /// gradient AllReduce and ZeRO-1 run over these.
+    /// Ranks holding the same shard in every replica and context rank, by
+    /// shard: the gradient AllReduce and the sharding run over these.
     pub replica_groups: Vec<Vec<u32>>,
+    /// Context degree c: the GPUs each replica's sequence is cut over.
+    pub context_parallel: u32,
+    /// Ranks cutting one replica's sequence: the same shard at each context
+    /// rank, by replica then shard (each rank alone when c = 1). The keys
+    /// and values of attention are gathered over these.
+    pub context_groups: Vec<Vec<u32>>,
     /// Expert degree e: each expert group spreads the routed experts of
     /// the stage's layers over e ranks (1: every rank holds them all).
     pub expert_parallel: u32,
@@ -105,12 +117,13 @@ pub struct RunLayout {
 }
 
 /// One rank of a stage while the layout is built: its rank, replica,
-/// shard and samples.
+/// shard, context rank and samples.
 #[derive(Clone, Copy)]
 struct Slot {
     rank: u32,
     replica: u32,
     shard: u32,
+    context: u32,
     range: (u32, u32),
 }
 
@@ -122,10 +135,10 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
         .iter()
         .map(|s| {
             let t = s.tensor_parallel.max(1);
-            // A data replica's t c devices take its samples (each context
-            // rank its share of their tokens, which the runtime does not
-            // run yet).
-            let width = (t * s.context_parallel.max(1)) as usize;
+            // A data replica's t c devices take its samples, each context
+            // rank its chunks of their tokens.
+            let c = s.context_parallel.max(1);
+            let width = (t * c) as usize;
             let ranges = match &s.slices {
                 Some(sizes) => ranges_of(sizes),
                 None => slice_ranges(plan.micro_batch_size, s.replicas()),
@@ -137,6 +150,7 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
                     rank: rank_of(d),
                     replica: (i / width) as u32,
                     shard: i as u32 % t,
+                    context: (i as u32 / t) % c,
                     range: ranges[i / width],
                 })
                 .collect()
@@ -144,12 +158,15 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
         .collect()
 }
 
-/// The samples `range` shares with each rank of `other` that `links` to
-/// (by that rank's shard), in the other stage's order.
-fn peers(other: &[Slot], (start, end): (u32, u32), links: impl Fn(u32) -> bool) -> Vec<Peer> {
+/// The samples `me` shares with each rank of `other` at its context rank
+/// that `links` to (by that rank's shard), in the other stage's order:
+/// neighbouring stages cut their sequences alike (`check_context_degrees`),
+/// so context rank k's tokens go to context rank k.
+fn peers(other: &[Slot], me: Slot, links: impl Fn(u32) -> bool) -> Vec<Peer> {
+    let (start, end) = me.range;
     other
         .iter()
-        .filter(|o| links(o.shard))
+        .filter(|o| o.context == me.context && links(o.shard))
         .filter_map(|o| {
             let (lo, hi) = (o.range.0.max(start), o.range.1.min(end));
             (lo < hi).then_some(Peer {
@@ -175,31 +192,62 @@ fn replica_layout(slots: &[Vec<Slot>], t: &[u32], i: usize, me: Slot) -> Replica
         rank: me.rank,
         replica: me.replica,
         shard: me.shard,
+        context: me.context,
         start: me.range.0,
         end: me.range.1,
-        receives_from: peers(prev, me.range, |a| a == me.shard % t_prev),
-        sends_to: peers(next, me.range, |b| b % t[i] == me.shard),
-        gradients_to: peers(prev, me.range, |a| a % t[i] == me.shard),
-        gradients_from: peers(next, me.range, |b| b == me.shard % t_next),
+        receives_from: peers(prev, me, |a| a == me.shard % t_prev),
+        sends_to: peers(next, me, |b| b % t[i] == me.shard),
+        gradients_to: peers(prev, me, |a| a % t[i] == me.shard),
+        gradients_from: peers(next, me, |b| b == me.shard % t_next),
     }
 }
 
-/// Stage `i`'s split groups (by replica) and replica groups (by shard).
-fn groups_of(stage: &[Slot], t: u32) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let split = stage
-        .chunks(t as usize)
-        .map(|g| g.iter().map(|s| s.rank).collect())
-        .collect();
-    let replica = (0..t)
-        .map(|k| {
-            stage
-                .iter()
-                .filter(|s| s.shard == k)
-                .map(|s| s.rank)
-                .collect()
-        })
-        .collect();
-    (split, replica)
+/// A stage's ranks in groups, in the stage's order.
+struct Groups {
+    /// t consecutive ranks, by replica and context rank.
+    split: Vec<Vec<u32>>,
+    /// Those of one shard, by shard.
+    replica: Vec<Vec<u32>>,
+    /// Those of one replica and shard, by replica then shard.
+    context: Vec<Vec<u32>>,
+}
+
+fn groups_of(stage: &[Slot], t: u32) -> Groups {
+    let ranks =
+        |keep: &dyn Fn(&Slot) -> bool| stage.iter().filter(|s| keep(s)).map(|s| s.rank).collect();
+    let replicas = stage.last().map_or(0, |s| s.replica + 1);
+    Groups {
+        split: stage
+            .chunks(t as usize)
+            .map(|g| g.iter().map(|s| s.rank).collect())
+            .collect(),
+        replica: (0..t).map(|k| ranks(&|s| s.shard == k)).collect(),
+        context: (0..replicas)
+            .flat_map(|j| (0..t).map(move |k| (j, k)))
+            .map(|(j, k)| ranks(&|s| s.replica == j && s.shard == k))
+            .collect(),
+    }
+}
+
+/// Neighbouring stages cut their sequences alike: the runtime passes each
+/// context rank's chunks of tokens to the same context rank of the next
+/// stage, and re-cutting a sequence between stages is not laid out.
+fn check_context_degrees(plan: &Plan) -> Result<()> {
+    let degree = |i: usize| plan.stages[i].context_parallel.max(1);
+    for i in 1..plan.stages.len() {
+        if degree(i) != degree(i - 1) {
+            let mut e = Error::incompatible(format!(
+                "value {}: stage {} cuts its sequence {} ways; dapple's runtime passes each context rank's \
+                 tokens to the same context rank of the next stage, so neighbouring stages need one context degree",
+                degree(i),
+                i - 1,
+                degree(i - 1)
+            ));
+            e.field = Some(format!("stages[{i}].context_parallel"));
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// Each stage's actions for one mini-batch (an asynchronous run's lists
@@ -226,6 +274,7 @@ impl RunLayout {
     /// model).
     pub fn of(plan: &Plan) -> Result<RunLayout> {
         check_layout(plan, None)?;
+        check_context_degrees(plan)?;
         let mut devices: Vec<u32> = plan.stages.iter().flat_map(|s| s.devices.clone()).collect();
         devices.sort_unstable();
         devices.dedup(); // a rank's chunks share its devices
@@ -248,7 +297,7 @@ impl RunLayout {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let (split_groups, replica_groups) = groups_of(&slots[i], t[i]);
+                let groups = groups_of(&slots[i], t[i]);
                 StageLayout {
                     layer_start: s.layer_start,
                     layer_end: s.layer_end,
@@ -262,8 +311,10 @@ impl RunLayout {
                     reshard_after_forward: s.reshard_after_forward,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
                     recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
-                    split_groups,
-                    replica_groups,
+                    split_groups: groups.split,
+                    replica_groups: groups.replica,
+                    context_parallel: s.context_parallel.max(1),
+                    context_groups: groups.context,
                     expert_parallel: s.expert_parallel.max(1),
                     expert_groups: ranks_of(s.expert_groups()),
                     expert_replica_groups: ranks_of(s.expert_replica_groups()),
@@ -414,6 +465,59 @@ mod tests {
             vec![vec![0], vec![1], vec![2], vec![3]]
         );
         assert_eq!(stage.expert_replica_groups, stage.replica_groups);
+    }
+
+    #[test]
+    fn context_ranks_pair_across_stages_and_reduce_with_the_replicas() {
+        // Stage 0 cuts its sequence over ranks 0 and 1; stage 1 splits over
+        // t = 2 and cuts over c = 2: context rank 0 is ranks 2, 3, context
+        // rank 1 ranks 4, 5.
+        let mut p = plan(2, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3, 4, 5])]);
+        p.stages[0].context_parallel = 2;
+        (p.stages[1].tensor_parallel, p.stages[1].context_parallel) = (2, 2);
+        let lay = RunLayout::of(&p).unwrap();
+        let (first, second) = (&lay.stages[0], &lay.stages[1]);
+        assert_eq!((first.context_parallel, second.context_parallel), (2, 2));
+        assert_eq!(first.context_groups, vec![vec![0, 1]]);
+        assert_eq!(second.context_groups, vec![vec![2, 4], vec![3, 5]]);
+        assert_eq!(second.split_groups, vec![vec![2, 3], vec![4, 5]]);
+        // Gradients are summed over the context ranks too.
+        assert_eq!(first.replica_groups, vec![vec![0, 1]]);
+        assert_eq!(second.replica_groups, vec![vec![2, 4], vec![3, 5]]);
+        let at = |r: &ReplicaLayout| (r.replica, r.shard, r.context, r.start, r.end);
+        let places: Vec<_> = second.replicas.iter().map(at).collect();
+        assert_eq!(
+            places,
+            [
+                (0, 0, 0, 0, 2),
+                (0, 1, 0, 0, 2),
+                (0, 0, 1, 0, 2),
+                (0, 1, 1, 0, 2)
+            ]
+        );
+        let peer = |rank, start, end| Peer { rank, start, end };
+        // Each context rank's tokens go to both shards of the same context rank.
+        assert_eq!(
+            first.replicas[0].sends_to,
+            vec![peer(2, 0, 2), peer(3, 0, 2)]
+        );
+        assert_eq!(
+            first.replicas[1].sends_to,
+            vec![peer(4, 0, 2), peer(5, 0, 2)]
+        );
+        assert_eq!(first.replicas[1].gradients_from, vec![peer(4, 0, 2)]);
+        assert_eq!(second.replicas[3].receives_from, vec![peer(1, 0, 2)]);
+        assert_eq!(second.replicas[2].gradients_to, vec![peer(1, 0, 2)]);
+        // Neighbours that cut their sequences differently are refused.
+        p.stages[0].context_parallel = 1;
+        let e = RunLayout::of(&p).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("stages[1].context_parallel"));
+        assert_eq!(e.kind, crate::error::ErrorKind::Incompatible);
+        assert!(
+            e.message.contains("stage 0 cuts its sequence 1 ways"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -27,10 +27,10 @@ impl From<&Peer> for PyPeer {
     }
 }
 
-/// One rank of a stage: shard `shard` of replica `replica`, its samples
-/// `[start, end)` of every micro-batch, the ranks it receives its input
-/// from and sends its output to, and those it sends its input's gradient
-/// to and receives its output's gradient from, in order.
+/// One rank of a stage: shard `shard` at context rank `context` of replica
+/// `replica`, its samples `[start, end)` of every micro-batch, the ranks it
+/// receives its input from and sends its output to, and those it sends its
+/// input's gradient to and receives its output's gradient from, in order.
 #[pyclass(
     frozen,
     get_all,
@@ -42,6 +42,7 @@ pub struct PyReplicaLayout {
     rank: u32,
     replica: u32,
     shard: u32,
+    context: u32,
     start: u32,
     end: u32,
     receives_from: Vec<PyPeer>,
@@ -57,6 +58,7 @@ impl From<&ReplicaLayout> for PyReplicaLayout {
             rank: r.rank,
             replica: r.replica,
             shard: r.shard,
+            context: r.context,
             start: r.start,
             end: r.end,
             receives_from: peers(&r.receives_from),
@@ -70,8 +72,9 @@ impl From<&ReplicaLayout> for PyReplicaLayout {
 /// One stage: its layers, its ranks (`replicas`, one entry per rank in the
 /// order of its devices), its action list (forwards and backwards, then
 /// "AR" and "OPT"), its shape (split degree, ZeRO-1, re-computation, expert
-/// degree, an offloaded optimizer) and the ranks of its split groups (by
-/// replica), replica groups (by shard), expert groups and the groups
+/// degree, an offloaded optimizer, context degree) and the ranks of its
+/// split groups (by replica and context rank), replica groups (by shard),
+/// context groups (by replica and shard), expert groups and the groups
 /// holding the same experts.
 #[pyclass(frozen, get_all, module = "dapple.planner._core", name = "StageLayout")]
 #[derive(Clone)]
@@ -87,6 +90,8 @@ pub struct PyStageLayout {
     recompute_per_layer: bool,
     split_groups: Vec<Vec<u32>>,
     replica_groups: Vec<Vec<u32>>,
+    context_parallel: u32,
+    context_groups: Vec<Vec<u32>>,
     expert_parallel: u32,
     expert_groups: Vec<Vec<u32>>,
     expert_replica_groups: Vec<Vec<u32>>,
@@ -107,6 +112,8 @@ impl From<&StageLayout> for PyStageLayout {
             recompute_per_layer: s.recompute_per_layer,
             split_groups: s.split_groups.clone(),
             replica_groups: s.replica_groups.clone(),
+            context_parallel: s.context_parallel,
+            context_groups: s.context_groups.clone(),
             expert_parallel: s.expert_parallel,
             expert_groups: s.expert_groups.clone(),
             expert_replica_groups: s.expert_replica_groups.clone(),
