@@ -112,3 +112,37 @@ def test_each_target_gets_the_context_degrees_it_runs(long_llama):
 def test_a_bad_context_bound_is_a_usage_error(dapple, long_llama):
     r = dapple("plan", "--profile", long_llama, "--topology", TOPOLOGY, "--max-context-parallel", "0")
     assert r.returncode == 2 and "max-context-parallel" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_megatron_core_and_torchtitan_read_the_context_degree_written(long_llama, tmp_path):
+    transformer = pytest.importorskip("megatron.core.transformer")
+    parallel_state = pytest.importorskip("megatron.core.parallel_state")
+    manager = pytest.importorskip("torchtitan.config.manager")
+    from dapple.planner.export.megatron import megatron_arguments
+
+    profile = planner.Profile.load(long_llama)
+    plan = planner.megatron_plan(profile, TOPOLOGY, 16, tensor_parallel=4, pipeline_parallel=2, micro_batch_size=1,
+                                 sequence_parallel=True, context_parallel=2, shard_level=1)
+    words = megatron_arguments(plan, profile).arguments
+    value = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+    t, p, c = (int(value[f"--{name}-parallel-size"]) for name in ("tensor-model", "pipeline-model", "context"))
+    # megatron-core validates the degrees as a run would build them (Llama-3-8B's attention) ...
+    transformer.TransformerConfig(
+        num_layers=int(value["--num-layers"]), hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+        tensor_model_parallel_size=t, pipeline_model_parallel_size=p, context_parallel_size=c,
+        sequence_parallel="--sequence-parallel" in words, pipeline_dtype=torch_dtype())
+    # ... and groups the ranks (its default order) into the context groups of dapple's layout.
+    groups = parallel_state.RankGenerator(tp=t, ep=1, dp=16 // (t * c * p), pp=p, cp=c, order="tp-cp-ep-dp-pp")
+    ours = sorted(group for stage in plan.core.layout().stages for group in stage.context_groups)
+    assert sorted(groups.get_ranks("cp")) == ours
+    plan.save(tmp_path / "cut.json")
+    out = tmp_path / "titan.toml"
+    r = run_dapple("export", "--plan", tmp_path / "cut.json", "--profile", long_llama, "--to", "torchtitan",
+                   "--out", out)
+    assert r.returncode == 0, r.stderr
+    config = manager.ConfigManager().parse_args(["--job.config_file", str(out)])
+    assert (config.parallelism.context_parallel_degree, config.parallelism.tensor_parallel_degree) == (2, 4)
+
+
+def torch_dtype():
+    return pytest.importorskip("torch").bfloat16
