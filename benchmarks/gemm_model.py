@@ -1,4 +1,4 @@
-"""The cost model's matrix products against measured ones (`kernels.rs`).
+"""The cost model's matrix products against measured ones (`model/kernels.rs`).
 
     python benchmarks/gemm_model.py [--measurements FILE] [--out benchmarks/results/gemm_model.json]
 

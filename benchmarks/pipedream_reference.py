@@ -65,7 +65,7 @@ numbers its nodes ("states") in a topological order; state i stands for the
 prefix of the model made of the antichain's nodes and all their
 predecessors, and a stage (s, e) holds the prefix of state e-1 minus the
 prefix of state s-1 (that is how it computes stage times). The removed Input
-nodes go to stage 0. dapple's importer (rust_core/core/src/artifact.rs)
+nodes go to stage 0. dapple's importer (rust_core/core/src/model/artifact.rs)
 orders the nodes with Kahn's algorithm, taking the ready node earliest in
 the file first; this script rebuilds that order by node id and checks it
 against the layer names of ``profiles/artifact/<name>.json``. Then, per
@@ -176,7 +176,7 @@ def tab_indented(text: str) -> str:
 
 def dapple_order(nodes, edges) -> list[str]:
     """Node ids in dapple's layer order: Kahn's algorithm, the ready node
-    earliest in the file first (rust_core/core/src/artifact.rs)."""
+    earliest in the file first (rust_core/core/src/model/artifact.rs)."""
     pos = {nid: i for i, (nid, _) in enumerate(nodes)}
     preds = [set() for _ in nodes]
     for a, b in edges:

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 100
 RUST_CRATES = {"dapple_core": ROOT / "rust_core" / "core" / "src", "dapple_py": ROOT / "rust_core" / "py" / "src"}
 PYTHON_PACKAGES = ("dapple",)  # planner/ and cli/ are links to its subpackages
+#: dapple-core's groups of modules by concept, each building only on those
+#: before it (docs/architecture.md's table follows this order).
+CORE_LAYERS = ("error", "formats", "cluster", "model", "cost", "schedule", "plan", "simulation", "baselines", "search")
 
 
 # ---- Rust -------------------------------------------------------------------
@@ -239,6 +242,17 @@ def with_submodules_in_parents(graph: nx.DiGraph) -> nx.DiGraph:
     return collapsed
 
 
+def imports_against_the_layers(graph: nx.DiGraph | None = None, layers=CORE_LAYERS) -> list[str]:
+    """Imports of dapple-core from a group into a later one of ``layers``,
+    and files in no group."""
+    graph = graph if graph is not None else rust_import_graph(RUST_CRATES["dapple_core"])
+    group = {name: name.split("::")[0] for name in graph.nodes if name}
+    found = [f"{name}: in no group" for name, g in group.items() if g not in layers]
+    found += [f"{a} -> {b}" for a, b in graph.edges if a and b and group[a] in layers and group[b] in layers
+              and layers.index(group[b]) > layers.index(group[a])]
+    return sorted(found)
+
+
 def import_circles() -> list[str]:
     graphs = {crate: rust_import_graph(src) for crate, src in RUST_CRATES.items()}
     for crate in RUST_CRATES:
@@ -283,6 +297,10 @@ def test_no_import_circles():
     assert import_circles() == []
 
 
+def test_each_core_group_builds_only_on_those_before_it():
+    assert imports_against_the_layers() == []
+
+
 def test_every_path_in_the_architecture_page_exists():
     assert missing_architecture_paths() == []
 
@@ -316,6 +334,7 @@ def test_the_checks_catch_what_they_claim(tmp_path):
     assert ("c::d", "e") in graph.edges and ("e", "c::f") in graph.edges
     assert not list(nx.simple_cycles(graph.subgraph(["c::d", "c::f", "e"])))
     assert set(with_submodules_in_parents(graph).edges) >= {("c", "e"), ("e", "c")}
+    assert imports_against_the_layers(graph, ("e", "c")) == ["a: in no group", "b: in no group", "e -> c::f"]
     page = "## Core (`rust_core/core/src/`)\n| a | `cost.rs`, `gone.rs` |\n## Python\n| b | `cost.rs` `planner/plan.py` |\n"
     assert missing_architecture_paths(page) == ["gone.rs", "cost.rs"]
 
@@ -324,9 +343,11 @@ if __name__ == "__main__":
     for title, findings in (
         ("functions over 100 lines", long_functions()),
         ("import circles", import_circles()),
+        ("core imports against CORE_LAYERS", imports_against_the_layers()),
         ("paths in docs/architecture.md that do not exist", missing_architecture_paths()),
     ):
         print(f"{title}: {len(findings)}")
         for finding in findings:
             print(f"  {finding}")
-    sys.exit(1 if any((long_functions(), import_circles(), missing_architecture_paths())) else 0)
+    sys.exit(1 if any((long_functions(), import_circles(), imports_against_the_layers(), missing_architecture_paths()))
+             else 0)

@@ -1,7 +1,7 @@
 """ZB-H1 and ZB-H2 (Zero Bubble, Qi et al., ICLR 2024) planned, simulated
 and run: each backward split into its input gradient (I), sent on at once,
 and its weight gradient (W), deferred. The orders themselves are tested as
-literal tables in the core (``rust_core/core/src/pipeline_order.rs``), ZB-H1
+literal tables in the core (``rust_core/core/src/schedule/pipeline_order.rs``), ZB-H1
 against torch's own class (``tests/test_pipeline_order.py``); torch has no
 ZB-H2 class."""
 

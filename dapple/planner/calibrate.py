@@ -1,7 +1,7 @@
 """Calibration (``dapple calibrate``): a profile corrected by what a run of
 one of its plans measured, per stage: compute time scales the stage's layer
 times, an allocator's peak memory its layers' stored activations. The rule
-is the core's (``rust_core/core/src/calibrate.rs``; docs/runtime.md)."""
+is the core's (``rust_core/core/src/simulation/calibrate.rs``; docs/runtime.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 What ``dapple plan --stages --micro-batches --pin-cut --replicate --split
 --from-layout`` and :func:`dapple.planner.plan`'s keywords of the same names
-say, read into the core's hints (``rust_core/core/src/hints.rs``, which
+say, read into the core's hints (``rust_core/core/src/plan/hints.rs``, which
 checks them against the model and the cluster and keeps the search to
 them). Here only the spelling is read: layers by index or by the
 profile's layer name, ranges as ``START..END`` (end excluded, as a plan's

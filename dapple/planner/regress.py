@@ -43,7 +43,7 @@ class Outcome:
 
 def load_suite(path: str | os.PathLike) -> dict:
     """The suite at ``path``, read and checked by the core
-    (``rust_core/core/src/regress.rs``), as plain data."""
+    (``rust_core/core/src/search/regress.rs``), as plain data."""
     return _core.RegressSuite.from_json(read_text(path), path_text(path)).to_dict()
 
 

@@ -29,7 +29,7 @@ class RunShape:
     tensor_parallel: int
     replicas: int
     #: ZeRO's level over the replicas (0 where there is one replica):
-    #: ``sharding.rs`` in the core, ``docs/cost-model.md`` "Sharding".
+    #: ``cost/sharding.rs`` in the core, ``docs/cost-model.md`` "Sharding".
     shard_level: int
     #: "none", "full" (one checkpoint a stage), "per-layer" (one a layer) or
     #: "selective" (the attention core re-run, the rest kept).

@@ -1,6 +1,6 @@
 """Context parallelism: a replica's sequences cut over the c ranks of its
 context group, as Llama 3 and Megatron-LM cut them (the cost model's
-``rust_core/core/src/context.rs``).
+``rust_core/core/src/model/context.rs``).
 
 Each sample's tokens are cut in 2c equal chunks and context rank k holds
 chunks k and 2c-1-k, so that under a causal mask every rank attends to as

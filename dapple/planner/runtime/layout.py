@@ -1,5 +1,5 @@
 """What each process of a run does, as the core lays it out from a plan
-(``rust_core/core/src/layout.rs``, crossing the binding as
+(``rust_core/core/src/plan/layout.rs``, crossing the binding as
 ``dapple.planner._core.RunLayout``): no torch here, and no rule of its own.
 
 One process (rank) per device the plan uses: rank r runs on the r-th used

@@ -6,10 +6,10 @@
 //!
 //! With `PLAN_ONCE_OUT=plan.json` in the environment it also writes the plan.
 
+use dapple_core::cluster::topology::Topology;
 use dapple_core::cost::WarmupPolicy;
-use dapple_core::profile::Profile;
+use dapple_core::model::profile::Profile;
 use dapple_core::search::{search, SearchOptions, SearchSpace};
-use dapple_core::topology::Topology;
 use dapple_core::FileObject;
 
 fn main() {

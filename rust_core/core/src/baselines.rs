@@ -11,25 +11,28 @@
 //!   replication allowed, section 3.1 of the PipeDream paper), then run
 //!   synchronously as DAPPLE's section VI-F does;
 //! - Whale's data parallelism and pipeline on mixed GPUs;
-//! - Megatron-LM's uniform (t, p, d) shape (`megatron.rs`).
+//! - Megatron-LM's uniform (t, p, d) shape (`baselines/megatron.rs`).
 //!
 //! Each layout gets the micro-batch size that makes it fastest and fits.
 
+pub mod megatron;
+pub mod pipedream;
+
 use rayon::prelude::*;
 
-use crate::block_partition::{block_partition, weighted_block_partition};
+use crate::baselines::megatron::megatron_plans;
+use crate::baselines::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
+use crate::cluster::topology::Topology;
+use crate::cost::block_partition::{block_partition, weighted_block_partition};
+use crate::cost::overlap::Overlap;
 use crate::cost::{micro_batch_sizes, Cluster, StageCoster, WarmupPolicy};
-use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate_costed;
-use crate::megatron::megatron_plans;
-use crate::overlap::Overlap;
-use crate::pipedream::{pipedream_plan, planning_steps, Level, PipeDreamPlan, States};
+use crate::model::profile::{LayerCosts, Profile};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
-use crate::profile::{LayerCosts, Profile};
 use crate::schedule::ScheduleKind;
-use crate::topology::Topology;
-use crate::warmup::plan_with_chosen_warmups_below;
+use crate::simulation::costing::ProfileCosts;
+use crate::simulation::evaluate::evaluate_costed;
+use crate::simulation::warmup::plan_with_chosen_warmups_below;
 
 crate::named_enum! {
     /// The strategies `dapple compare` runs beside the search.
@@ -40,10 +43,10 @@ crate::named_enum! {
         GPipe = "gpipe",
         /// Balanced blocks of layers, one GPU per stage, early backward.
         Straight = "straight",
-        /// PipeDream's own optimizer (`pipedream.rs`), run synchronously.
+        /// PipeDream's own optimizer (`baselines/pipedream.rs`), run synchronously.
         PipeDream = "pipedream-planner",
         /// Whale's hardware-aware data parallelism: every GPU runs the whole
-        /// model on a slice balanced by speed within memory (`balance.rs`).
+        /// model on a slice balanced by speed within memory (`cost/balance.rs`).
         WhaleDataParallel = "whale-data-parallel",
         /// Whale's hardware-aware pipeline (section 3.3.2): GPUs ordered by
         /// memory, largest first (earlier stages hold more micro-batches),
@@ -51,7 +54,7 @@ crate::named_enum! {
         /// over an equal share of the GPUs, layers split so that work over
         /// each stage's total speed is even, slices balanced within stages.
         WhalePipeline = "whale-pipeline",
-        /// Megatron-LM's shape (`megatron.rs`): the best uniform split
+        /// Megatron-LM's shape (`baselines/megatron.rs`): the best uniform split
         /// degree, pipeline depth and data parallelism, with 1F1B.
         Megatron = "megatron",
     }
@@ -245,7 +248,7 @@ impl PipeDreamProblem {
     }
 }
 
-/// PipeDream's planner (crate::pipedream) on dapple's profile and cluster.
+/// PipeDream's planner (crate::baselines::pipedream) on dapple's profile and cluster.
 fn pipedream_layout(
     profile: &Profile,
     layers: &LayerCosts,
@@ -377,7 +380,7 @@ pub(crate) fn baseline_layouts(
     Ok(plans)
 }
 
-/// Each stage's slices by Whale's Algorithm 1 (`balance.rs`): in proportion
+/// Each stage's slices by Whale's Algorithm 1 (`cost/balance.rs`): in proportion
 /// to its GPUs' speeds, then shifted within their memories, counting the
 /// stage's K_i micro-batches in flight. A stage that cannot be balanced
 /// keeps the even split (its estimate then says it does not fit); on GPUs
@@ -626,7 +629,7 @@ pub(crate) fn every_that_fits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::chain_profile;
+    use crate::model::profile::chain_profile;
 
     #[test]
     fn baselines_are_valid_plans_of_their_kind() {
@@ -655,8 +658,8 @@ mod tests {
 
     #[test]
     fn every_plan_that_fits_comes_fastest_first_and_the_baseline_is_the_first() {
-        let config = crate::transformer::TransformerConfig::named("llama-2-7b").unwrap();
-        let options = crate::transformer::TransformerOptions {
+        let config = crate::model::transformer::TransformerConfig::named("llama-2-7b").unwrap();
+        let options = crate::model::transformer::TransformerOptions {
             gpu: "a100".into(),
             seq_len: 1024,
             micro_batch_sizes: vec![1, 2],
@@ -664,7 +667,7 @@ mod tests {
             attention: None,
             expert_imbalance: 1.0,
         };
-        let p = crate::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
+        let p = crate::model::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();
         let all = baseline_plans(
             Baseline::Megatron,

@@ -9,17 +9,23 @@ use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
-use crate::balance::{balanced_slices, BalanceDevice};
+use crate::cluster::gpus::CollectiveFigures;
+use crate::cluster::topology::Topology;
+use crate::cost::balance::{balanced_slices, BalanceDevice};
+use crate::cost::overlap::{exposed_behind_backward, Overlap};
+use crate::cost::shape::StageShape;
 use crate::error::{Error, Input, Result};
-use crate::gpus::CollectiveFigures;
-use crate::overlap::{exposed_behind_backward, Overlap};
-use crate::profile::{LayerCosts, TimePrefix};
-use crate::shape::StageShape;
-use crate::topology::Topology;
+use crate::model::profile::{LayerCosts, TimePrefix};
 
 pub mod all_to_all;
+pub mod balance;
+pub mod block_partition;
 pub mod offload;
+pub mod overlap;
+pub mod shape;
 mod shaped;
+pub mod sharding;
+pub mod work_limit;
 pub use shaped::ShapedSums;
 
 /// The timed GPU types, quoted, for messages.
@@ -229,7 +235,9 @@ impl Cluster {
         let collectives: Vec<Option<CollectiveFigures>> = t
             .machine_groups
             .iter()
-            .map(|g| crate::gpus::find_gpu(&g.gpu.gpu_type).and_then(|gpu| gpu.collectives))
+            .map(|g| {
+                crate::cluster::gpus::find_gpu(&g.gpu.gpu_type).and_then(|gpu| gpu.collectives)
+            })
             .collect();
         let machines = t
             .machines()
@@ -620,7 +628,7 @@ pub fn smallest_memory(cluster: &Cluster, alloc: &[(usize, u32)]) -> f64 {
 /// How a micro-batch of `micro_batch` samples is split over `replicas`
 /// devices: contiguous `[start, end)` ranges, replica j taking the j-th;
 /// sizes differ by at most one sample, the larger first. The runtime splits
-/// exactly so (`layout.rs`); the cost model prices the largest slice.
+/// exactly so (`plan/layout.rs`); the cost model prices the largest slice.
 pub fn slice_ranges(micro_batch: u32, replicas: u32) -> Vec<(u32, u32)> {
     let (size, extra) = (micro_batch / replicas, micro_batch % replicas);
     let sizes: Vec<u32> = (0..replicas).map(|j| size + u32::from(j < extra)).collect();
@@ -674,7 +682,7 @@ pub(crate) fn micro_batch_sizes(
     divisors(global_batch_size)
         .into_iter()
         .filter(|&b| smallest_slice(b, widest_stage_gpus) >= min_slice)
-        .filter(|b| crate::work_limit::within_passes(stages, global_batch_size / b))
+        .filter(|b| crate::cost::work_limit::within_passes(stages, global_batch_size / b))
         .collect()
 }
 
@@ -983,7 +991,7 @@ pub struct StageCoster<'a> {
     uneven: RefCell<FxHashMap<(usize, u32), Rc<TimePrefix>>>,
     /// The distinct (timing, speed) pairs of the cluster's GPUs.
     cluster_paces: Vec<(usize, f64)>,
-    /// What the runtime hides behind computation (`overlap.rs`).
+    /// What the runtime hides behind computation (`cost/overlap.rs`).
     pub overlap: Overlap,
 }
 
@@ -1240,7 +1248,7 @@ impl<'a> StageCoster<'a> {
         self.balanced_slices(start, end, &devices.replica_machines(), 1, min_slice)
     }
 
-    /// Whale's Algorithm 1 (`balance.rs`) for layers `start..end` on the
+    /// Whale's Algorithm 1 (`cost/balance.rs`) for layers `start..end` on the
     /// GPUs of these machines (one entry per replica) with `warmup`
     /// micro-batches in flight. A GPU's speed is its rate on these layers
     /// at the even slice, relative to the profile's own device; None when
@@ -1506,20 +1514,21 @@ mod tests {
     /// Two machines of 2 GPUs: the second group's GPUs at `speed` and
     /// `memory` bytes.
     fn mixed(speed: f64, memory: u64) -> Topology {
-        let mut t = crate::topology::with_one_slow_machine("2x2-nvlink", speed);
+        let mut t = crate::cluster::topology::with_one_slow_machine("2x2-nvlink", speed);
         t.machine_groups[1].gpu.memory_bytes = memory;
         t
     }
 
     #[test]
     fn a_stage_hides_its_reduction_as_far_as_its_runtime_does() {
-        use crate::overlap::{GradReduceOverlap, Overlap};
-        use crate::shape::StageShape;
+        use crate::cost::overlap::{GradReduceOverlap, Overlap};
+        use crate::cost::shape::StageShape;
         // Four layers of 40 MiB of weights (a DDP bucket each), 1 ms
         // forward and 2 ms backward a sample; micro-batches of 4 on one GPU
         // of each of two machines: slices of 2, backward 4 ms a layer.
         let mib = 1u64 << 20;
-        let p = crate::profile::profile_of_layers("overlap", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
+        let p =
+            crate::model::profile::profile_of_layers("overlap", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
         let layers = LayerCosts::new(&p);
         let t = Topology::from_spec("2x2-nvlink").unwrap();
         let cluster = Cluster::new(&t);
@@ -1566,13 +1575,14 @@ mod tests {
 
     #[test]
     fn each_sharding_level_moves_its_collectives_when_its_rule_says() {
-        use crate::overlap::{GradReduceOverlap, Overlap};
-        use crate::shape::StageShape;
+        use crate::cost::overlap::{GradReduceOverlap, Overlap};
+        use crate::cost::shape::StageShape;
         // The four 40 MiB layers of the overlap test on one GPU of each of
         // two machines; fp32 gradients, so that a reduce-scatter and an
         // all-gather each take half the AllReduce's r.
         let mib = 1u64 << 20;
-        let p = crate::profile::profile_of_layers("sharded", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
+        let p =
+            crate::model::profile::profile_of_layers("sharded", &[(1.0, 2.0, 40 * mib, 100); 4], 1);
         let layers = LayerCosts::new(&p);
         let cluster = Cluster::new(&Topology::from_spec("2x2-nvlink").unwrap());
         let alloc = [(0, 1), (1, 1)];
@@ -1687,10 +1697,11 @@ mod tests {
 
     #[test]
     fn a_stage_memory_counts_each_term() {
-        use crate::profile::ParameterState;
-        let mut p = crate::profile::profile_with_memory_terms();
-        let memory =
-            |p: &crate::profile::Profile| stage_memory_bytes(&LayerCosts::new(p), 0, 2, 2, 3);
+        use crate::model::profile::ParameterState;
+        let mut p = crate::model::profile::profile_with_memory_terms();
+        let memory = |p: &crate::model::profile::Profile| {
+            stage_memory_bytes(&LayerCosts::new(p), 0, 2, 2, 3)
+        };
         // Adam under autocast: fp32 weights 4, gradients 4, moments 8 bytes
         // a parameter = 4 per parameter byte: 16,000. Each of 3 micro-batch
         // slices of 2 samples keeps (100 + 200) x 2 of activations and the
@@ -1719,7 +1730,7 @@ mod tests {
         assert_eq!(memory(&p), 32_000.0 + 6_300.0 + 40.0);
         // The allocator's reserve: a 16 GiB GPU hands out 16 GiB / 1.25.
         p.allocator_reserved_factor = Some(1.25);
-        let t = crate::topology::Topology::from_spec("1x1-v100").unwrap();
+        let t = crate::cluster::topology::Topology::from_spec("1x1-v100").unwrap();
         let cluster = Cluster::for_model(&t, &LayerCosts::new(&p)).unwrap();
         let gpu = t.machine_groups[0].gpu.memory_bytes as f64;
         assert_eq!(cluster.machines[0].memory_bytes, gpu / 1.25);
@@ -1732,7 +1743,7 @@ mod tests {
 
     #[test]
     fn even_slices_given_cost_what_the_even_split_costs() {
-        let p = crate::profile::chain_profile(&[(1.0, 2.0), (3.0, 4.0), (2.0, 2.0)], 1);
+        let p = crate::model::profile::chain_profile(&[(1.0, 2.0), (3.0, 4.0), (2.0, 2.0)], 1);
         let layers = LayerCosts::new(&p);
         let t = Topology::from_spec("1x4-nvlink").unwrap();
         let cluster = Cluster::new(&t);
@@ -1745,7 +1756,7 @@ mod tests {
     #[test]
     fn uneven_slices_follow_each_replica_speed_and_memory() {
         // Time linear in the batch: 1 ms forward and 2 ms backward per sample.
-        let p = crate::profile::chain_profile(&[(1.0, 2.0)], 1);
+        let p = crate::model::profile::chain_profile(&[(1.0, 2.0)], 1);
         let layers = LayerCosts::new(&p);
         let t = mixed(0.5, 16 << 30);
         let cluster = Cluster::new(&t);
@@ -1774,9 +1785,9 @@ mod tests {
     /// Two layers timed on the profile's own V100 (1 ms forward, 2 ms
     /// backward per sample each) and on a "P100" that is 3x slower on layer
     /// 0 and as fast on layer 1: per-layer ratios of its own.
-    fn two_types() -> (crate::profile::Profile, Topology) {
-        use crate::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
-        let mut p = crate::profile::chain_profile(&[(1.0, 2.0), (1.0, 2.0)], 1);
+    fn two_types() -> (crate::model::profile::Profile, Topology) {
+        use crate::model::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
+        let mut p = crate::model::profile::chain_profile(&[(1.0, 2.0), (1.0, 2.0)], 1);
         p.device = Some("V100".into());
         p.other_devices = vec![DeviceTimes {
             device: "P100".into(),
@@ -1848,7 +1859,7 @@ mod tests {
 
     #[test]
     fn forward_and_backward_wait_each_for_their_slowest_replica() {
-        use crate::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
+        use crate::model::profile::{DeviceTimes, LayerTimes, TimeMeasurement};
         // Per sample: the V100 runs forward 3, backward 1; the P100
         // forward 1, backward 3.5. Together the stage's forward waits for
         // the V100 and its backward for the P100.
@@ -1900,7 +1911,7 @@ mod tests {
         assert!(e.message.contains("\"P100\""), "{e}");
         // A profile of one type runs any group at its relative speed, 1
         // where absent, as before.
-        let one = crate::profile::chain_profile(&[(1.0, 2.0)], 1);
+        let one = crate::model::profile::chain_profile(&[(1.0, 2.0)], 1);
         t.machine_groups[1].gpu.relative_speed = None;
         let cluster = Cluster::for_model(&t, &LayerCosts::new(&one)).unwrap();
         assert!(cluster
@@ -1931,7 +1942,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::topology::Topology;
+    use crate::cluster::topology::Topology;
 
     fn st(f: f64, b: f64, ar: f64) -> PipeStage {
         PipeStage::compute(f, b, ar)

@@ -14,17 +14,19 @@
 //! mini-batch's last micro-batch. Which weights each pass computes with is
 //! read off the list (`Schedule::pass_weights`).
 
+pub mod pipeline_order;
+
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::WarmupPolicy;
-use crate::error::{Error, Result};
-use crate::pipeline_order::{stage_ranks, Computation, PipelineOrder, StageAction};
-pub use crate::work_limit::{
+pub use crate::cost::work_limit::{
     check_passes, max_passes, set_max_passes, within_passes, MAX_PASSES, MAX_PASSES_CEILING,
 };
+use crate::cost::WarmupPolicy;
+use crate::error::{Error, Result};
+use crate::schedule::pipeline_order::{stage_ranks, Computation, PipelineOrder, StageAction};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -292,7 +294,7 @@ impl ScheduleKind {
     }
 
     /// The pipeline order of chunked kind `self` over `ranks` ranks of `chunks`
-    /// stages each, as torch's schedule classes build it (`pipeline_order.rs`).
+    /// stages each, as torch's schedule classes build it (`schedule/pipeline_order.rs`).
     pub fn chunked_order(
         self,
         ranks: u32,
@@ -319,7 +321,9 @@ impl ScheduleKind {
                 "kind",
                 format!(
                     "value \"{other}\" runs one stage a rank; a chunked kind is {}",
-                    crate::names::one_of(&ScheduleKind::names_where(ScheduleKind::is_chunked))
+                    crate::formats::names::one_of(&ScheduleKind::names_where(
+                        ScheduleKind::is_chunked
+                    ))
                 ),
             )),
         }
@@ -365,7 +369,7 @@ impl ScheduleKind {
     }
 
     /// Kinds whose ranks may hold several stages (chunks), in a pipeline
-    /// order torch builds (`interleave.rs`).
+    /// order torch builds (`search/interleave.rs`).
     pub fn is_chunked(self) -> bool {
         matches!(
             self,
@@ -1274,7 +1278,7 @@ mod tests {
 
     #[test]
     fn zero_bubble_h1_as_a_table() {
-        // torch's ZB1P order for one chunk (pipeline_order.rs holds it to
+        // torch's ZB1P order for one chunk (schedule/pipeline_order.rs holds it to
         // torch's class), each stage's list closed by AR and OPT.
         let zb = Schedule::zero_bubble_h1(3, 4).unwrap();
         assert_eq!(

@@ -12,10 +12,10 @@
 
 use std::path::PathBuf;
 
+use dapple_core::baselines::pipedream::one_level_time;
 use dapple_core::baselines::{baseline_layout, Baseline, Layout, PipeDreamProblem};
-use dapple_core::pipedream::one_level_time;
-use dapple_core::profile::Profile;
-use dapple_core::topology::Topology;
+use dapple_core::cluster::topology::Topology;
+use dapple_core::model::profile::Profile;
 use dapple_core::FileObject;
 use serde_json::Value;
 

@@ -2,14 +2,14 @@
 //! block moves, SP1 against SP2 on Whale's classifier, the 1F1B bubble, and
 //! Megatron-LM's shape for Llama-2-70B written as a dapple plan.
 
+use dapple_core::cluster::topology::Topology;
+use dapple_core::cost::shape::{Offload, Recompute, StageShape};
 use dapple_core::cost::WarmupPolicy;
-use dapple_core::evaluate::evaluate;
+use dapple_core::model::profile::Profile;
+use dapple_core::model::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
 use dapple_core::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
-use dapple_core::profile::Profile;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::shape::{Offload, Recompute, StageShape};
-use dapple_core::topology::Topology;
-use dapple_core::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
+use dapple_core::simulation::evaluate::evaluate;
 
 fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
     let config = TransformerConfig::named(name).unwrap();
@@ -138,7 +138,7 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
     // (p - 1) / m = 9.4% of the work, interleaved (p - 1) / (v m). The
     // chunks cover the model in order, p x v of them, and interleaving
     // shortens the iteration by at most that share.
-    use dapple_core::interleave::chunked;
+    use dapple_core::search::interleave::chunked;
     let looped = ScheduleKind::Interleaved1F1B;
     let (profile, plan) = llama_2_70b_t8_p4_d16();
     let runs: Vec<Plan> = (1..=4)
@@ -174,7 +174,7 @@ fn interleaving_megatrons_llama_2_70b_cuts_its_bubble() {
 #[test]
 fn the_1f1b_bubble_is_p_minus_1_over_m() {
     use dapple_core::schedule::Schedule;
-    use dapple_core::simulate::{simulate_stages, SimStage};
+    use dapple_core::simulation::simulate::{simulate_stages, SimStage};
     for p in 1..=6usize {
         for m in [1u32, 4, 8, 16, 32] {
             let stage = SimStage {
@@ -216,7 +216,7 @@ fn the_1f1b_bubble_is_p_minus_1_over_m() {
 /// FC layer of `classes` outputs over 2048 fp32 features, splittable by
 /// classes with a distributed softmax (SP1) or by features (SP2).
 fn classifier(classes: u64, patterns: &[&str]) -> Profile {
-    use dapple_core::split::{Divisor, SplitPattern};
+    use dapple_core::model::split::{Divisor, SplitPattern};
     let features = 2048.0 * 4.0;
     let sp = |name: &str| -> SplitPattern {
         let (fwd, bwd, count) = match name {

@@ -1,4 +1,4 @@
-use dapple_core::artifact::{import_graph_txt, ImportOptions};
+use dapple_core::model::artifact::{import_graph_txt, ImportOptions};
 use pyo3::prelude::*;
 
 use crate::profile::PyProfile;

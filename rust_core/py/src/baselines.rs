@@ -1,10 +1,10 @@
 use dapple_core::baselines::{
     baseline_plans as every_baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout,
 };
+use dapple_core::cost::shape::{Offload, Recompute, StageShape};
 use dapple_core::cost::WarmupPolicy;
 use dapple_core::plan::Plan;
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::shape::{Offload, Recompute, StageShape};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;
@@ -86,7 +86,7 @@ fn layout_plan(
     Ok(made_from(plan, profile))
 }
 
-/// The plan for an asynchronous schedule (`asynchronous.rs`): the fastest
+/// The plan for an asynchronous schedule (`search/asynchronous.rs`): the fastest
 /// uniform pipeline in its steady state that fits.
 #[pyfunction]
 #[pyo3(signature = (schedule, profile, topology, global_batch_size, *, min_micro_batch_size=None))]
@@ -101,7 +101,7 @@ fn asynchronous_plan(
     let kind = ScheduleKind::parse(schedule).map_err(|e| to_py_err(e.under("schedule")))?;
     let plan = py
         .detach(|| {
-            dapple_core::asynchronous::asynchronous_plan(
+            dapple_core::search::asynchronous::asynchronous_plan(
                 kind,
                 &profile.inner,
                 &topology.inner,
@@ -164,7 +164,7 @@ fn megatron_plan(
         offload: Offload::parse(offload).map_err(|e| to_py_err(e.under("offload")))?,
         context_parallel,
     };
-    let plan = dapple_core::megatron::megatron_plan(
+    let plan = dapple_core::baselines::megatron::megatron_plan(
         &profile.inner,
         &topology.inner,
         global_batch_size,

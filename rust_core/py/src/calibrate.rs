@@ -1,7 +1,7 @@
 //! `calibrate`: a profile corrected by a run of one of its plans
-//! (`dapple_core::calibrate`).
+//! (`dapple_core::simulation::calibrate`).
 
-use dapple_core::calibrate::{calibrate, Measured};
+use dapple_core::simulation::calibrate::{calibrate, Measured};
 use pyo3::prelude::*;
 
 use crate::metrics::PyRunMetrics;
@@ -33,7 +33,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(calibrate_profile, m)?)?;
     m.add(
         "EXACT_MEMORY_SOURCE",
-        dapple_core::calibrate::EXACT_MEMORY_SOURCE,
+        dapple_core::simulation::calibrate::EXACT_MEMORY_SOURCE,
     )?;
     Ok(())
 }

@@ -1,5 +1,5 @@
-use dapple_core::gpus::gpu_type;
-use dapple_core::kernels::{memory_bound_ms, Gemm};
+use dapple_core::cluster::gpus::gpu_type;
+use dapple_core::model::kernels::{memory_bound_ms, Gemm};
 use pyo3::prelude::*;
 
 use crate::to_py_err;

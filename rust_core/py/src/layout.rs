@@ -1,7 +1,7 @@
-//! The core's run layout (`layout.rs`: what each process of a run does) as
+//! The core's run layout (`plan/layout.rs`: what each process of a run does) as
 //! frozen classes the runtime asks; it derives nothing of its own.
 
-use dapple_core::layout::{Peer, ReplicaLayout, RunLayout, StageLayout};
+use dapple_core::plan::layout::{Peer, ReplicaLayout, RunLayout, StageLayout};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -53,7 +53,8 @@ pub struct PyReplicaLayout {
 
 impl From<&ReplicaLayout> for PyReplicaLayout {
     fn from(r: &ReplicaLayout) -> Self {
-        let peers = |list: &[dapple_core::layout::Peer]| list.iter().map(PyPeer::from).collect();
+        let peers =
+            |list: &[dapple_core::plan::layout::Peer]| list.iter().map(PyPeer::from).collect();
         PyReplicaLayout {
             rank: r.rank,
             replica: r.replica,

@@ -168,8 +168,8 @@ pub(crate) fn names<'py>(
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use dapple_core::baselines::Baseline;
+    use dapple_core::cluster::placement::Policy;
     use dapple_core::cost::WarmupPolicy;
-    use dapple_core::placement::Policy;
     use dapple_core::schedule::ScheduleKind;
     use dapple_core::search::{SearchSpace, StageShapes};
 
@@ -181,11 +181,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STAGE_SHAPES", names(py, StageShapes::names())?)?;
     m.add(
         "GRAD_REDUCE_OVERLAPS",
-        names(py, dapple_core::overlap::GradReduceOverlap::names())?,
+        names(py, dapple_core::cost::overlap::GradReduceOverlap::names())?,
     )?;
     m.add(
         "ATTENTION_KERNELS",
-        names(py, dapple_core::kernels::AttentionKernel::names())?,
+        names(py, dapple_core::model::kernels::AttentionKernel::names())?,
     )?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     m.add(
@@ -214,7 +214,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("PLACEMENT_POLICIES", names(py, Policy::names())?)?;
     let presets = PyDict::new(py);
-    for (name, spec) in dapple_core::topology::PRESETS {
+    for (name, spec) in dapple_core::cluster::topology::PRESETS {
         presets.set_item(name, spec)?;
     }
     m.add("PRESETS", presets)?;
@@ -234,7 +234,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("ERROR_CODES", names(py, dapple_core::ErrorKind::names())?)?;
     let formats = PyDict::new(py);
-    for f in dapple_core::format::FORMATS {
+    for f in dapple_core::formats::format::FORMATS {
         formats.set_item(f.name, (f.version, f.reads.to_vec()))?;
     }
     m.add("FORMATS", formats)?;

@@ -1,4 +1,4 @@
-use dapple_core::metrics::RunMetrics;
+use dapple_core::simulation::metrics::RunMetrics;
 use pyo3::prelude::*;
 
 crate::file_object_class!(

@@ -1,7 +1,7 @@
-//! Pipeline orders over ranks holding several stages (`pipeline_order.rs`),
+//! Pipeline orders over ranks holding several stages (`schedule/pipeline_order.rs`),
 //! in torch's action notation (`0F0`, `1I3`, `2W1`), as typed objects.
 
-use dapple_core::pipeline_order::{PipelineOrder, StageAction};
+use dapple_core::schedule::pipeline_order::{PipelineOrder, StageAction};
 use pyo3::prelude::*;
 
 use crate::to_py_err;

@@ -1,9 +1,9 @@
-use dapple_core::evaluate::evaluate;
-use dapple_core::interleave::chunked;
-use dapple_core::layout::RunLayout;
+use dapple_core::plan::layout::RunLayout;
 use dapple_core::plan::{blocks_per_stage, Plan, Stage};
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::warmup::{fastest_valid_warmups, plan_with_chosen_warmups};
+use dapple_core::search::interleave::chunked;
+use dapple_core::simulation::evaluate::evaluate;
+use dapple_core::simulation::warmup::{fastest_valid_warmups, plan_with_chosen_warmups};
 use pyo3::prelude::*;
 
 use crate::layout::PyRunLayout;
@@ -12,7 +12,7 @@ use crate::schedule::{PyAction, PyPass};
 use crate::topology::PyTopology;
 use crate::{to_py_err, with_source};
 
-/// How one stage runs besides replicating its layers (`shape.rs`), with
+/// How one stage runs besides replicating its layers (`cost/shape.rs`), with
 /// what follows from its GPUs: asked by pictures and tables, never
 /// re-derived in Python.
 #[pyclass(frozen, get_all, module = "dapple.planner._core", name = "StageShape")]
@@ -287,7 +287,7 @@ crate::file_object_methods!(PyPlan {
         Ok(crate::schedule::passes_of(&self.schedule(schedule, mini_batches)?))
     }
 
-    /// What each process of a run does (`layout.rs`): used devices by
+    /// What each process of a run does (`plan/layout.rs`): used devices by
     /// rank, and per stage its layers, actions and replicas (rank, samples,
     /// who it receives from and sends to).
     fn layout(&self) -> PyResult<PyRunLayout> {

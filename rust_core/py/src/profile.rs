@@ -1,4 +1,4 @@
-use dapple_core::profile::{LayerCosts, ParameterState, Precision, Profile};
+use dapple_core::model::profile::{LayerCosts, ParameterState, Precision, Profile};
 use pyo3::prelude::*;
 
 use crate::to_py_err;

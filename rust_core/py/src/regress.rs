@@ -1,4 +1,4 @@
-use dapple_core::regress::RegressSuite;
+use dapple_core::search::regress::RegressSuite;
 use pyo3::prelude::*;
 
 crate::file_object_class!(

@@ -2,7 +2,7 @@
 //! core writes it, `F3`, `B2`, `AR`, `OPT`) and its weights per pass, as
 //! frozen classes, so Python never splits action text.
 
-use dapple_core::pipeline_order::PipelineOrder;
+use dapple_core::schedule::pipeline_order::PipelineOrder;
 use dapple_core::schedule::{
     rank_lists, Action, ActionKind, PassWeights, Schedule, ScheduleKind, StageSchedule,
 };

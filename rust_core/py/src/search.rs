@@ -1,5 +1,5 @@
+use dapple_core::cost::overlap::{GradReduceOverlap, Overlap};
 use dapple_core::cost::WarmupPolicy;
-use dapple_core::overlap::{GradReduceOverlap, Overlap};
 use dapple_core::schedule::ScheduleKind;
 use dapple_core::search::{
     search as search_plan, Hints, RangeHint, SearchOptions, SearchSpace, StageShapes,
@@ -20,7 +20,7 @@ type PyRangeHint = (usize, usize, u32, Option<u32>);
 
 /// Search the best plan. Returns (plan, stats). The profile's source is
 /// recorded as the plan's `inputs.profile_path`. The GIL is released while
-/// searching. The hints (`hints.rs`): a stage count, a micro-batch count,
+/// searching. The hints (`plan/hints.rs`): a stage count, a micro-batch count,
 /// layers stages must start at, and layer ranges that form one stage each.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -124,7 +124,7 @@ fn search(
     ))
 }
 
-/// What a runtime hides behind computation (`overlap.rs`), from its
+/// What a runtime hides behind computation (`cost/overlap.rs`), from its
 /// gradient reduction's name and whether it gathers weights behind the
 /// forward.
 pub(crate) fn overlap_of(grad_reduce: &str, param_gather: bool) -> PyResult<Overlap> {

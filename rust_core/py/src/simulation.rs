@@ -1,5 +1,5 @@
 use dapple_core::schedule::ScheduleKind;
-use dapple_core::simulate::{simulate as simulate_plan, Simulation, SimulationOptions};
+use dapple_core::simulation::simulate::{simulate as simulate_plan, Simulation, SimulationOptions};
 use pyo3::prelude::*;
 
 use crate::plan::PyPlan;

@@ -1,4 +1,4 @@
-use dapple_core::topology::Topology;
+use dapple_core::cluster::topology::Topology;
 use pyo3::prelude::*;
 
 use dapple_core::cost::{allreduce_ms, Cluster};

@@ -1,6 +1,6 @@
-use dapple_core::gpus::GPU_TYPES;
-use dapple_core::kernels::AttentionKernel;
-use dapple_core::transformer::{
+use dapple_core::cluster::gpus::GPU_TYPES;
+use dapple_core::model::kernels::AttentionKernel;
+use dapple_core::model::transformer::{
     transformer_profile as generate, transformer_splits as splits_of, MoeConfig, TransformerConfig,
     TransformerOptions, MODELS,
 };

@@ -1,4 +1,4 @@
-//! The token exchange of expert parallelism (`experts.rs`), priced on a
+//! The token exchange of expert parallelism (`model/experts.rs`), priced on a
 //! stage's links: every expert group of the stage runs its all-to-all at
 //! once, each GPU sending 1/e of its bytes to each of its e - 1 peers (and
 //! keeping 1/e). Peers on its own machine are reached over the GPU's
@@ -14,7 +14,7 @@
 //! 50 GB/s links), which this model does not correct for.
 
 use super::{Cluster, LinkShare};
-use crate::experts::expert_group;
+use crate::model::experts::expert_group;
 
 /// One link's part of an all-to-all: what share of a GPU's bytes cross it,
 /// at the stage's busiest GPU (intra-machine) or machine (the network).
@@ -113,7 +113,7 @@ impl AllToAll {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::Topology;
+    use crate::cluster::topology::Topology;
 
     fn two_machines_of_8() -> Cluster {
         Cluster::new(&Topology::from_spec("2x8-nvlink").unwrap())

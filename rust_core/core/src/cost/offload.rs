@@ -8,13 +8,13 @@
 //! this model: DeepSpeed overlaps the gradients' copy with the backward
 //! and may delay the update a step, which this leaves out.
 //!
-//! What a GPU holds and steps is `shape.rs`' (`MemorySums`); this prices
+//! What a GPU holds and steps is `cost/shape.rs`' (`MemorySums`); this prices
 //! the step. A stage's cost says what its host holds beside what it can
 //! (`StageCost::fits_host`).
 
 use super::{Cluster, StageDevices};
-use crate::gpus::find_gpu;
-use crate::profile::LayerCosts;
+use crate::cluster::gpus::find_gpu;
+use crate::model::profile::LayerCosts;
 
 /// Adam's parameters per second on one CPU core: torch 2.9's fused CPU Adam
 /// (`torch.optim.Adam(fused=True)`, fp32) on one thread of the machine
@@ -94,10 +94,10 @@ pub fn offloaded_step_ms(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::topology::Topology;
+    use crate::cost::shape::{Offload, StageShape};
     use crate::cost::StageCoster;
-    use crate::profile::{profile_of_layers, ParameterState};
-    use crate::shape::{Offload, StageShape};
-    use crate::topology::Topology;
+    use crate::model::profile::{profile_of_layers, ParameterState};
 
     #[test]
     fn an_offloaded_stage_keeps_its_optimizer_on_the_host_and_steps_it_there() {

@@ -1,4 +1,4 @@
-//! The cost of a stage of any shape (`shape.rs`): split layers, sharding,
+//! The cost of a stage of any shape (`cost/shape.rs`): split layers, sharding,
 //! re-computation. A plain stage costs what `StageCoster::stage_on` says;
 //! this adds, on alike GPUs with even slices:
 //! - split layers' compute divided by t and their AllReduces inside each
@@ -9,7 +9,7 @@
 //! - gradient AllReduces over all the stage's GPUs for whole layers, and
 //!   over each shard's replicas for split ones (the t shards' rings share
 //!   each machine's network);
-//! - sharding (`sharding.rs`): reduce-scatters of gradients and all-gathers
+//! - sharding (`cost/sharding.rs`): reduce-scatters of gradients and all-gathers
 //!   of weights in place of the AllReduce, once an iteration or with every
 //!   micro-batch as the level says, and what the level keeps sharded;
 //! - sequence parallelism: a split layer's replicated share and input
@@ -23,11 +23,11 @@
 use super::all_to_all::AllToAll;
 use super::offload::offloaded_step_ms;
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
-use crate::context::RingTraffic;
-use crate::experts::ALL_TO_ALLS_PER_PASS;
-use crate::overlap::{exposed_before_forward, exposed_behind_backward};
-use crate::shape::{MemorySums, Offload, StageMemory, StageShape};
-use crate::split::ShardCost;
+use crate::cost::overlap::{exposed_before_forward, exposed_behind_backward};
+use crate::cost::shape::{MemorySums, Offload, StageMemory, StageShape};
+use crate::model::context::RingTraffic;
+use crate::model::experts::ALL_TO_ALLS_PER_PASS;
+use crate::model::split::ShardCost;
 
 /// The collectives of a stage split `t` ways, its GPUs taken in device
 /// order: each replica's t shards are t consecutive GPUs, and each shard's
@@ -113,7 +113,7 @@ fn context_group(cluster: &Cluster, machines: &[usize], (t, c): (usize, usize)) 
     AllreduceCurve::for_group(cluster, &group, sharing)
 }
 
-/// The collectives of a stage's expert groups (`experts.rs`) of `e`
+/// The collectives of a stage's expert groups (`model/experts.rs`) of `e`
 /// expert replicas, for the layers that split `t` ways (expert replicas of
 /// `et` consecutive GPUs) and those that run whole (each GPU a replica):
 /// the token exchange, the gather of the exchanged copies over each
@@ -588,7 +588,7 @@ impl StageCoster<'_> {
                 );
         }
         // A sharded stage's collectives with every micro-batch, where its
-        // passes do not hide them (`sharding.rs`; a re-run forward
+        // passes do not hide them (`cost/sharding.rs`; a re-run forward
         // uses the weights the backward gathers).
         fwd_ms += reduction.fwd_exposed_ms;
         bwd_ms += reduction.bwd_exposed_ms;
@@ -737,7 +737,7 @@ impl Reduction {
     /// gather's before a forward and before a backward. `all_ms`: the
     /// collectives after the last backward.
     fn of(
-        traffic: &crate::sharding::ShardTraffic,
+        traffic: &crate::cost::sharding::ShardTraffic,
         (all_ms, sharded): (f64, bool),
         (scatter, gather_fwd, gather_bwd): (f64, f64, f64),
     ) -> Reduction {
@@ -760,9 +760,9 @@ impl Reduction {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experts::ExpertPattern;
-    use crate::profile::{profile_of_layers, LayerCosts};
-    use crate::topology::Topology;
+    use crate::cluster::topology::Topology;
+    use crate::model::experts::ExpertPattern;
+    use crate::model::profile::{profile_of_layers, LayerCosts};
 
     #[test]
     fn spread_experts_leave_a_gpu_its_share_and_exchange_its_tokens() {
@@ -850,7 +850,7 @@ mod tests {
             1,
         );
         for (layer, kv_bytes) in profile.layers.iter_mut().zip([0.0, 40e6]) {
-            layer.context = Some(crate::context::ContextPattern {
+            layer.context = Some(crate::model::context::ContextPattern {
                 sequence_length: 8,
                 kv_bytes_per_sample: kv_bytes,
                 attention_compute_fraction: 0.25,
@@ -916,7 +916,7 @@ mod tests {
         // them in 4 routed experts; 1 MB a sample each all-to-all, and
         // 0.25 MB of its two 1 MB collectives the gather into the mixture.
         let mut profile = profile_of_layers("moe", &[(1.0, 2.0, 4_000_000, 1000)], 1);
-        profile.layers[0].split = vec![crate::split::SplitPattern {
+        profile.layers[0].split = vec![crate::model::split::SplitPattern {
             name: "block".into(),
             divides: Vec::new(),
             fwd_allreduce_bytes_per_sample: 1e6,

@@ -1,14 +1,14 @@
 //! Whether a plan can run: its batching, its stages' layers, devices and
 //! slices on its own topology, and warm-up depths its schedule can run;
 //! with a profile, also that the plan was made from it and covers its
-//! layers. Nothing here costs a plan (that is `evaluate.rs`'s), so a plan
+//! layers. Nothing here costs a plan (that is `simulation/evaluate.rs`'s), so a plan
 //! file is checked on reading without the cost model.
 
+use crate::cost::shape::Recompute;
 use crate::cost::{smallest_slice, Alloc, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
-use crate::profile::Profile;
+use crate::model::profile::Profile;
 use crate::schedule::ScheduleKind;
-use crate::shape::Recompute;
 
 use super::{warmup_depth, Plan, ScheduleChoice, Stage};
 
@@ -341,7 +341,7 @@ fn check_stage_shape(
                  offload to; known types: {}",
                 s.offload,
                 first.gpu_type,
-                crate::gpus::known_gpu_types()
+                crate::cluster::gpus::known_gpu_types()
             ),
         ));
     }
@@ -360,7 +360,7 @@ fn check_stage_shape(
     check_expert_groups(s, profile)
 }
 
-/// A stage whose sequence is cut `c` ways (`context.rs`): its data
+/// A stage whose sequence is cut `c` ways (`model/context.rs`): its data
 /// replicas, t c consecutive devices each, are even over machines as
 /// split groups are; its experts are not spread (not modelled together
 /// yet); each of its layers' patterns cuts the sequence into 2c chunks.
@@ -392,7 +392,7 @@ fn check_context(s: &Stage, cluster: &Cluster, profile: Option<&Profile>) -> Res
         ));
     }
     let alloc = cluster.alloc_of(&s.devices).expect("checked devices");
-    if let Some((_, shape)) = crate::shape::uneven_split_group(&alloc, t * c) {
+    if let Some((_, shape)) = crate::cost::shape::uneven_split_group(&alloc, t * c) {
         return Err(Error::field(
             field,
             format!(
@@ -457,7 +457,7 @@ fn shaped_field(s: &Stage) -> &'static str {
 
 /// A sharding level that is one (`ShardLevel::from_fields`).
 fn check_shard_level(s: &Stage) -> Result<()> {
-    crate::sharding::ShardLevel::from_fields(s.shard_level, s.reshard_after_forward)
+    crate::cost::sharding::ShardLevel::from_fields(s.shard_level, s.reshard_after_forward)
         .map(|_| ())
         .map_err(|e| {
             let field = if s.shard_level > 3 {
@@ -554,7 +554,8 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
             // layer's shards hold different tokens (split along the
             // sequence), as they would otherwise send the same.
             if et < t
-                && crate::split::cheapest(&layer.split, t).is_some_and(|p| !p.sequence_parallel)
+                && crate::model::split::cheapest(&layer.split, t)
+                    .is_some_and(|p| !p.sequence_parallel)
             {
                 return Err(Error::field(
                     "expert_tensor_parallel",
@@ -631,7 +632,7 @@ fn check_split_groups(s: &Stage, t: u32, cluster: &Cluster) -> Result<()> {
         ));
     }
     let alloc = cluster.alloc_of(&s.devices).expect("checked devices");
-    if let Some((k, shape)) = crate::shape::uneven_split_group(&alloc, t) {
+    if let Some((k, shape)) = crate::cost::shape::uneven_split_group(&alloc, t) {
         let group = s.split_groups().nth(k).expect("the uneven group");
         return Err(Error::field(
             "tensor_parallel",

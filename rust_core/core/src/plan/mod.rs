@@ -1,25 +1,27 @@
 //! Plan files: which layers run on which GPUs, with what micro-batching and
 //! schedule, plus the estimate that chose it, and what a plan implies
 //! without costing (its shape, its action lists) and whether it can run
-//! (`check.rs`). Costing a plan is `evaluate.rs`'s.
+//! (`check.rs`). Costing a plan is `simulation/evaluate.rs`'s.
 
 use serde::{Deserialize, Serialize};
 
 mod check;
+pub mod hints;
+pub mod layout;
 pub(crate) use check::check_layout_hashed;
 pub use check::{check, check_layout};
 
+use crate::cluster::placement::Policy;
+use crate::cluster::topology::Topology;
+use crate::cost::overlap::Overlap;
+use crate::cost::shape::{Offload, Recompute, StageShape};
 use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
-use crate::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
-use crate::hints::Hints;
-use crate::overlap::Overlap;
-use crate::pipeline_order::PipelineOrder;
-use crate::placement::Policy;
-use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
+use crate::formats::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
+use crate::model::profile::{LayerCosts, Profile, BLOCK_KIND};
+use crate::plan::hints::Hints;
+use crate::schedule::pipeline_order::PipelineOrder;
 use crate::schedule::{steady_state_mini_batches, Schedule, ScheduleKind};
-use crate::shape::{Offload, Recompute, StageShape};
-use crate::topology::Topology;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,7 +151,7 @@ pub struct PlanOptions {
     /// baseline strategy that made the plan ("data-parallel", "gpipe", ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search_space: Option<String>,
-    /// The user's constraints the search kept to (`search::hints`); empty
+    /// The user's constraints the search kept to (`plan::hints`); empty
     /// (absent in the file): none.
     #[serde(default, skip_serializing_if = "Hints::is_empty")]
     pub hints: Hints,
@@ -172,7 +174,7 @@ pub struct ScheduleChoice {
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub chunks: u32,
     /// What communication the runtime hides behind computation
-    /// (`overlap.rs`); absent: DAPPLE's, a data-parallel plan's gradient
+    /// (`cost/overlap.rs`); absent: DAPPLE's, a data-parallel plan's gradient
     /// reduction only.
     #[serde(default, skip_serializing_if = "Overlap::is_default")]
     pub overlap: Overlap,
@@ -210,25 +212,25 @@ pub struct Stage {
     pub placement: Option<Policy>,
     /// Samples of each micro-batch each device takes, in `devices` order,
     /// summing to the micro-batch size: uneven slices for GPUs of unequal
-    /// speed or memory (Whale's balancing, `balance.rs`). Absent: the even
+    /// speed or memory (Whale's balancing, `cost/balance.rs`). Absent: the even
     /// split of `cost::slice_ranges`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slices: Option<Vec<u32>>,
     /// Whale's split degree: the GPUs each layer that can split is sharded
     /// over, in groups of consecutive devices, each taking as many GPUs of
-    /// each machine it uses as the others (`shape.rs`).
+    /// each machine it uses as the others (`cost/shape.rs`).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub tensor_parallel: u32,
     /// Sequence parallelism in the split layers (`StageShape`); t > 1 only.
     #[serde(default, skip_serializing_if = "is_false")]
     pub sequence_parallel: bool,
-    /// ZeRO's sharding level over the stage's replicas (`sharding.rs`):
+    /// ZeRO's sharding level over the stage's replicas (`cost/sharding.rs`):
     /// 0 none, 1 optimizer state, 2 and gradients, 3 and weights. Plans
     /// before version 12 wrote level 1 as `shard_optimizer: true`.
     #[serde(
         default,
         alias = "shard_optimizer",
-        deserialize_with = "crate::sharding::level_or_flag",
+        deserialize_with = "crate::cost::sharding::level_or_flag",
         skip_serializing_if = "is_zero"
     )]
     pub shard_level: u8,
@@ -240,7 +242,7 @@ pub struct Stage {
     #[serde(default, skip_serializing_if = "Recompute::is_none")]
     pub recompute: Recompute,
     /// Expert parallelism: the routed experts spread over groups of this
-    /// many consecutive replicas (`experts.rs`; 1: none).
+    /// many consecutive replicas (`model/experts.rs`; 1: none).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u32,
     /// The GPUs each routed expert's columns are split over, where not t
@@ -252,7 +254,7 @@ pub struct Stage {
     #[serde(default, skip_serializing_if = "Offload::is_none")]
     pub offload: Offload,
     /// Context parallelism: each sample's sequence cut over this many
-    /// consecutive split groups (`StageShape`, `context.rs`; 1: none).
+    /// consecutive split groups (`StageShape`, `model/context.rs`; 1: none).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub context_parallel: u32,
 }
@@ -319,7 +321,7 @@ impl Stage {
         (0..self.devices.len())
             .filter(|&p| (p / et).is_multiple_of(e))
             .map(|p| {
-                crate::experts::expert_group(p, et, e)
+                crate::model::experts::expert_group(p, et, e)
                     .filter_map(|q| self.devices.get(q).copied())
                     .collect()
             })
@@ -338,7 +340,7 @@ impl Stage {
         let gpus = self.devices.len();
         (0..gpus.min(et * e))
             .map(|p| {
-                crate::experts::expert_replicas(p, et, e, gpus)
+                crate::model::experts::expert_replicas(p, et, e, gpus)
                     .map(|q| self.devices[q])
                     .collect()
             })
@@ -392,7 +394,7 @@ fn is_false(x: &bool) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Estimate {
-    /// Simulated time of one iteration (`simulate.rs`): the plan's headline,
+    /// Simulated time of one iteration (`simulation/simulate.rs`): the plan's headline,
     /// and what the planner minimises. Absent only in version 1 plans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iteration_ms: Option<f64>,
@@ -413,7 +415,7 @@ pub struct Estimate {
     pub speedup: f64,
     pub samples_per_second: f64,
     /// Model FLOPs utilisation: the profile's model FLOPs of an iteration
-    /// over every GPU of the topology at its bf16 peak (`gpus.rs`) for the
+    /// over every GPU of the topology at its bf16 peak (`cluster/gpus.rs`) for the
     /// iteration's time. Absent where the profile gives no FLOPs or a GPU
     /// type is not in the catalog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -425,7 +427,7 @@ pub struct Estimate {
     pub transfers: Vec<TransferEstimate>,
     /// What each stage's simulated peak memory is made of.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub memory: Vec<crate::shape::MemoryTerms>,
+    pub memory: Vec<crate::cost::shape::MemoryTerms>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

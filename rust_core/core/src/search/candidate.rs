@@ -6,19 +6,21 @@
 
 use rayon::prelude::*;
 
+use crate::baselines::megatron::uniform_plans;
 use crate::baselines::{baseline_layouts, Baseline};
+use crate::cost::overlap::Overlap;
 use crate::cost::{Cluster, StageCoster, StageDevices, WarmupPolicy};
-use crate::costing::ProfileCosts;
 use crate::error::{ErrorKind, Result};
-use crate::evaluate::{bound_estimate, bound_estimate_stages, estimate_stages, evaluate_costed};
-use crate::megatron::uniform_plans;
-use crate::overlap::Overlap;
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::schedule::{within_passes, ScheduleKind};
+use crate::simulation::costing::ProfileCosts;
+use crate::simulation::evaluate::{
+    bound_estimate, bound_estimate_stages, estimate_stages, evaluate_costed,
+};
 
-use crate::hints::{Hints, NO_HINTS};
-use crate::topology::Topology;
-use crate::warmup::plan_with_chosen_warmups_below;
+use crate::cluster::topology::Topology;
+use crate::plan::hints::{Hints, NO_HINTS};
+use crate::simulation::warmup::plan_with_chosen_warmups_below;
 
 use super::dp::{concrete_allocs, Dp, Found, Objective, Step};
 use super::space::{hints_admit, layout_of, Context, SearchSpace, ShapeChoices, Space};
@@ -207,7 +209,7 @@ fn estimated(candidates: Vec<Candidate>, costs: &ProfileCosts) -> Result<Vec<Can
 }
 
 /// Megatron-LM's uniform shapes and Whale's collocated split
-/// (`megatron.rs`), as candidates, in every search: where the DP stops at
+/// (`baselines/megatron.rs`), as candidates, in every search: where the DP stops at
 /// its work limit before any plan is complete, a uniform pipeline is still
 /// a plan (issue 44: a 128-layer chain on 128x8 found none). Above 16 GPUs
 /// the DP splits stages only at the degree of the fastest of them
@@ -333,7 +335,7 @@ pub(crate) fn best_placement_of(
 }
 
 /// A candidate costed as the search ranks it: under warm-up policy auto
-/// with the depths that simulate fastest within memory (`warmup.rs`), else
+/// with the depths that simulate fastest within memory (`simulation/warmup.rs`), else
 /// at its fixed policy's depths (estimated now unless it was). None when
 /// it does not fit in memory. Also the work it took, in simulated tasks:
 /// the layout is simulated once to cost it (every stage's 2M tasks, F and

@@ -29,13 +29,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::rc::Rc;
 
+use crate::cluster::placement::{MachineUse, Placement, Policy, State, Take};
+use crate::cost::shape::{Offload, Recompute, StageMemory, StageShape};
 use crate::cost::{
     largest_slice, stage_memory_bytes, Alloc, Cluster, PipeStage, ShapedSums, StageCost,
     StageCoster, StageDevices, SuffixLatency, TransferShare, WarmupPolicy,
 };
-use crate::placement::{MachineUse, Placement, Policy, State, Take};
-use crate::profile::LayerCosts;
-use crate::shape::{Offload, Recompute, StageMemory, StageShape};
+use crate::model::profile::LayerCosts;
 
 use super::space::{Context, ShapeList, StageDegrees, StageGpus};
 
@@ -529,8 +529,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
         // The state is kept twice (in the index and the list), with its
         // machines on the heap, plus the index's slot.
-        let machines =
-            key.machines.0.len() * std::mem::size_of::<(crate::placement::MachineUse, u32)>();
+        let machines = key.machines.0.len()
+            * std::mem::size_of::<(crate::cluster::placement::MachineUse, u32)>();
         self.charge(
             (std::mem::size_of::<StateData>()
                 + 2 * (std::mem::size_of::<DpKey>() + machines)
@@ -1078,7 +1078,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             let predicted = predicted_times(shape, &passes, self.zero_saves_time);
             // No use: its counterpart was none (it is no faster), a shape
             // that fits every rule is no slower, or it shards above level 1
-            // where the level below it fits (`sharding.rs`: no faster).
+            // where the level below it fits (`cost/sharding.rs`: no faster).
             let no_use = matches!(predicted, Some(None))
                 || self.objective == Objective::Latency
                     && (lower_sharding_level(shape).is_some_and(|l| settled.contains(&l))
@@ -1827,9 +1827,9 @@ mod tests {
     //! formula (2) is M T_1 alone; for two stages, front to back,
     //! max(M T_1, T_1 + M T_2).
     use super::*;
-    use crate::profile::{chain_profile, LayerCosts, Measurement, Profile};
+    use crate::cluster::topology::Topology;
+    use crate::model::profile::{chain_profile, LayerCosts, Measurement, Profile};
     use crate::search::space::{SearchSpace, Space, StageShapes};
-    use crate::topology::Topology;
 
     /// Layers of (fwd_ms, bwd_ms, param_bytes), measured at batch sizes 1
     /// and 2 (twice the time), with no activations.
@@ -1902,10 +1902,10 @@ mod tests {
             &layers,
             &cluster,
             (SearchSpace::Full, (StageShapes::Plain, 0, 1), None),
-            (policy, crate::overlap::Overlap::default()),
+            (policy, crate::cost::overlap::Overlap::default()),
             1,
             (1, vec![1]),
-            &crate::hints::NO_HINTS,
+            &crate::plan::hints::NO_HINTS,
         );
         f(space.covering())
     }

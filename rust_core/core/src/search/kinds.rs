@@ -6,7 +6,7 @@
 //! DAPPLE's early backward. Here the chosen plan and each ranked candidate
 //! are also costed as ZB-H1 and ZB-H2 (their depths fixed by the kind; on
 //! its own cut and cut again by the ranks' speeds) and cut into chunks of
-//! each chunked kind (`interleave.rs`; not under layout hints), in order
+//! each chunked kind (`search/interleave.rs`; not under layout hints), in order
 //! of a bound (the busiest stage's passes and AllReduce, or for a kind
 //! that cuts the layers again the layers' work spread evenly over the
 //! ranks), until no candidate left
@@ -19,13 +19,13 @@
 //! and run as every kind without a bound: the choice is exact there.
 
 use crate::cost::WarmupPolicy;
-use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate_costed;
-use crate::interleave::{balanced_bound_ms, cut_by_rank_speeds, fastest_chunking};
 use crate::plan::{warmup_depth, Plan};
 use crate::schedule::ScheduleKind;
+use crate::search::interleave::{balanced_bound_ms, cut_by_rank_speeds, fastest_chunking};
 use crate::search::SearchOptions;
+use crate::simulation::costing::ProfileCosts;
+use crate::simulation::evaluate::evaluate_costed;
 
 /// The synchronous kinds the search chooses among; early backward is the
 /// search's own. (GPipe is never faster than early backward on one
@@ -58,7 +58,7 @@ pub(crate) fn asked_kinds(opts: &SearchOptions) -> Result<Vec<ScheduleKind>> {
                 "schedule {kind} cuts each rank's layers again into chunks, which the hints {} \
                  fix; plan it without the cuts and ranges, or with --schedule {}",
                 hints.describe(),
-                crate::names::one_of(&one_stage_a_rank)
+                crate::formats::names::one_of(&one_stage_a_rank)
             )))
         }
         Some(kind) => Ok(vec![kind]),
@@ -252,7 +252,7 @@ fn keep_faster(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hints::Hints;
+    use crate::plan::hints::Hints;
 
     #[test]
     fn layout_hints_keep_auto_to_one_stage_a_rank_and_a_named_chunked_kind_to_its_ranks() {

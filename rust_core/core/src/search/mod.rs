@@ -16,24 +16,27 @@
 //! Data flows one way: each phase imports only those above it in this
 //! list, and none imports this module.
 
+use crate::cluster::topology::Topology;
+use crate::cost::overlap::Overlap;
 use crate::cost::{Cluster, WarmupPolicy};
-use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::overlap::Overlap;
+use crate::model::profile::{LayerCosts, Profile};
 use crate::plan::{ChosenBy, Plan, PlanInputs, Selection};
-use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{within_passes, ScheduleKind};
-use crate::topology::Topology;
+use crate::simulation::costing::ProfileCosts;
 
+pub mod asynchronous;
 mod candidate;
 mod dp;
+pub mod interleave;
 pub mod kinds;
 mod passes;
 mod refine;
+pub mod regress;
 pub(crate) mod space;
 mod walk;
 
-pub use crate::hints::{Hints, RangeHint};
+pub use crate::plan::hints::{Hints, RangeHint};
 pub use space::{SearchSpace, StageShapes};
 
 use candidate::{
@@ -60,12 +63,12 @@ pub struct SearchOptions {
     pub search_space: SearchSpace,
     /// Which stage shapes (split, sharding, re-computation) stages may take.
     pub stage_shapes: StageShapes,
-    /// The highest sharding level a stage may take (`sharding.rs`). 1 by
+    /// The highest sharding level a stage may take (`cost/sharding.rs`). 1 by
     /// default: levels 2 and 3 made `benchmarks/published_runs.py`'s own
     /// plans search up to 6 times longer (Llama 3 405B on 16,384 GPUs:
     /// 171 s against 40), so they are asked for (`--max-shard-level 3`).
     pub max_shard_level: u8,
-    /// The highest context degree a stage may take (`context.rs`; 1:
+    /// The highest context degree a stage may take (`model/context.rs`; 1:
     /// none), where the profile's layers say how to cut their sequence.
     pub max_context_parallel: u32,
     /// Recorded in the plan.
@@ -88,9 +91,9 @@ pub struct SearchOptions {
     /// Chunks a rank under a chunked `schedule`; None: the fastest count
     /// (`interleave::MAX_SEARCHED_CHUNKS`).
     pub chunks: Option<u32>,
-    /// The user's constraints (`hints.rs`); empty: none.
+    /// The user's constraints (`plan/hints.rs`); empty: none.
     pub hints: Hints,
-    /// What the runtime hides behind computation (`overlap.rs`), as every
+    /// What the runtime hides behind computation (`cost/overlap.rs`), as every
     /// plan is costed and records it (`schedule.overlap`).
     pub overlap: Overlap,
 }
@@ -531,7 +534,7 @@ fn check_micro_batch_count(m: u32, gbs: u32, min_slice: u32) -> Result<()> {
         return Err(Error::limit(format!(
             "--micro-batches {m}: even one stage over {m} micro-batches is past the limit of {} \
              passes one simulation runs; raise it with --max-passes",
-            crate::work_limit::max_passes()
+            crate::cost::work_limit::max_passes()
         )));
     }
     Ok(())
@@ -741,15 +744,15 @@ fn recorded_plan(
 mod tests {
     use super::*;
     use crate::baselines::Baseline;
+    use crate::cluster::placement::State;
+    use crate::cost::shape::{Offload, Recompute, StageShape};
     use crate::cost::{largest_slice, smallest_slice, StageCoster, StageDevices};
-    use crate::evaluate::evaluate;
-    use crate::placement::State;
+    use crate::model::profile::Measurement;
     use crate::plan::check;
     use crate::plan::PlanOptions;
     use crate::plan::{ScheduleChoice, Stage};
-    use crate::profile::Measurement;
     use crate::schedule::ScheduleKind;
-    use crate::shape::{Offload, Recompute, StageShape};
+    use crate::simulation::evaluate::evaluate;
     use crate::FileObject;
     use candidate::{best_placement_of, plan_of_steps};
     use dp::{concrete_allocs, Step};
@@ -767,7 +770,7 @@ mod tests {
                 (fwd_ms, bwd_ms, param_bytes, rng.gen_range(0..200_000_000))
             })
             .collect();
-        crate::profile::profile_of_layers("random", &layers, 1)
+        crate::model::profile::profile_of_layers("random", &layers, 1)
     }
 
     /// Every non-increasing vector of warm-up depths with K_i <= caps[i].
@@ -793,13 +796,18 @@ mod tests {
     /// valid vector of warm-up depths that fits in memory (policy auto).
     fn best_over_warmups(plan: &Plan, profile: &Profile) -> Option<f64> {
         let (stages, transfers) =
-            crate::simulate::sim_inputs(plan, &ProfileCosts::new(profile)).unwrap();
-        let caps = crate::warmup::deepest_warmups(&stages, plan.micro_batches)?;
+            crate::simulation::simulate::sim_inputs(plan, &ProfileCosts::new(profile)).unwrap();
+        let caps = crate::simulation::warmup::deepest_warmups(&stages, plan.micro_batches)?;
         all_warmups(&caps)
             .iter()
             .map(|k| {
-                crate::early_backward::iteration_ms(&stages, &transfers, plan.micro_batches, k)
-                    .unwrap()
+                crate::simulation::early_backward::iteration_ms(
+                    &stages,
+                    &transfers,
+                    plan.micro_batches,
+                    k,
+                )
+                .unwrap()
             })
             .min_by(f64::total_cmp)
     }
@@ -1113,19 +1121,19 @@ mod tests {
         if case.is_multiple_of(2) {
             slow.gpu.relative_speed = Some(rng.gen_range(0.3..0.9));
         } else {
-            profile.device = Some(crate::topology::DEFAULT_GPU_TYPE.into());
-            profile.other_devices = vec![crate::profile::DeviceTimes {
+            profile.device = Some(crate::cluster::topology::DEFAULT_GPU_TYPE.into());
+            profile.other_devices = vec![crate::model::profile::DeviceTimes {
                 device: "slow".into(),
                 source: None,
                 layers: profile
                     .layers
                     .iter()
-                    .map(|l| crate::profile::LayerTimes {
+                    .map(|l| crate::model::profile::LayerTimes {
                         name: l.name.clone(),
                         measurements: l
                             .measurements
                             .iter()
-                            .map(|m| crate::profile::TimeMeasurement {
+                            .map(|m| crate::model::profile::TimeMeasurement {
                                 batch_size: m.batch_size,
                                 fwd_ms: m.fwd_ms * rng.gen_range(1.1..3.0),
                                 bwd_ms: m.bwd_ms * rng.gen_range(1.1..3.0),
@@ -1455,9 +1463,9 @@ mod tests {
             if case.is_multiple_of(4) || rng.gen_bool(0.3) {
                 continue;
             }
-            layer.split = vec![crate::split::SplitPattern {
+            layer.split = vec![crate::model::split::SplitPattern {
                 name: "random".into(),
-                divides: vec![crate::split::Divisor {
+                divides: vec![crate::model::split::Divisor {
                     what: "heads".into(),
                     count: [2, 4, 6, 8][rng.gen_range(0..4)],
                 }],
@@ -1500,7 +1508,7 @@ mod tests {
             }
         }
         if case % 2 == 1 {
-            profile.parameter_state = Some(crate::profile::ParameterState {
+            profile.parameter_state = Some(crate::model::profile::ParameterState {
                 weight_bytes: 2.0,
                 gradient_bytes: 4.0,
                 master_weight_bytes: 4.0,
@@ -1660,7 +1668,7 @@ mod tests {
             let experts = [4, 8][case % 2];
             for (l, layer) in profile.layers.iter_mut().enumerate() {
                 if l == 0 || rng.gen_bool(0.6) {
-                    layer.experts = Some(crate::experts::ExpertPattern {
+                    layer.experts = Some(crate::model::experts::ExpertPattern {
                         count: experts,
                         per_token: 2,
                         param_fraction: rng.gen_range(0.5..0.95),
@@ -1730,7 +1738,7 @@ mod tests {
                 if case % 5 == 4 && rng.gen_bool(0.3) {
                     continue;
                 }
-                layer.context = Some(crate::context::ContextPattern {
+                layer.context = Some(crate::model::context::ContextPattern {
                     sequence_length: 16384,
                     kv_bytes_per_sample: rng.gen_range(0.0..8e6),
                     attention_compute_fraction: rng.gen_range(0.0..0.6),
@@ -1955,7 +1963,7 @@ mod tests {
                 space: SearchSpace::Full,
                 layout: None,
                 shapes: ShapeChoices::PLAIN,
-                hints: &crate::hints::NO_HINTS,
+                hints: &crate::plan::hints::NO_HINTS,
             };
             // Every placement of the layout, back to front, by the policies,
             // at the formula value the search's own plans are built with.
@@ -2177,7 +2185,7 @@ mod tests {
         // Two layers, 2.5 times slower per sample at batch 32 than at 8:
         // any layout runs fastest in micro-batches of 8, so a baseline
         // offered at its own fastest size would be chosen over the 32 asked.
-        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 2], 8);
+        let mut p = crate::model::profile::chain_profile(&[(1.0, 2.0); 2], 8);
         for l in &mut p.layers {
             let mut at_32 = l.measurements[0].clone();
             (at_32.batch_size, at_32.fwd_ms, at_32.bwd_ms) = (32, 10.0, 20.0);
@@ -2199,7 +2207,7 @@ mod tests {
     #[test]
     fn data_parallel_and_straight_are_special_cases() {
         // Tiny parameters and fast links: data parallelism wins.
-        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 4], 1);
+        let mut p = crate::model::profile::chain_profile(&[(1.0, 2.0); 4], 1);
         for l in &mut p.layers {
             l.param_bytes = 10;
         }
@@ -2236,7 +2244,7 @@ mod tests {
             space: SearchSpace::MachineAligned,
             layout: None,
             shapes: ShapeChoices::PLAIN,
-            hints: &crate::hints::NO_HINTS,
+            hints: &crate::plan::hints::NO_HINTS,
         };
         let empty = State::empty(&cluster.group_and_gpus());
         // 200 samples: 1, 2 and 4 GPUs (slices 200, 100, 50), then whole
@@ -2275,7 +2283,7 @@ mod tests {
         // Large parameters over a slow network between machines: AllReduce
         // across all four machines costs more than it saves, so the fastest
         // plan leaves machines idle (the space used to forbid it).
-        let mut p = crate::profile::chain_profile(&[(1.0, 2.0); 2], 1);
+        let mut p = crate::model::profile::chain_profile(&[(1.0, 2.0); 2], 1);
         for l in &mut p.layers {
             l.param_bytes = 200_000_000;
         }

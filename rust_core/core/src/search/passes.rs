@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use rayon::prelude::*;
 
 use crate::error::Error;
-use crate::profile::LayerCosts;
+use crate::model::profile::LayerCosts;
 
 use super::dp::{Dp, Found, MemoryBudget, Objective};
 use super::space::{SearchSpace, Space, AUTO_FULL_MAX_DEVICES, FULL_SPACE_MAX_SHARED_GPUS};

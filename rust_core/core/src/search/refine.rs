@@ -33,13 +33,13 @@
 use rayon::prelude::*;
 
 use crate::cost::{Cluster, StageCoster, StageDevices};
-use crate::costing::ProfileCosts;
 use crate::error::Result;
 use crate::plan::{Plan, PlanInputs, Stage};
+use crate::simulation::costing::ProfileCosts;
 
 use super::candidate::{best_placement_of, cost_candidate_below};
 use super::space::hints_admit;
-use crate::hints::Hints;
+use crate::plan::hints::Hints;
 
 /// Who holds a GPU: a stage (by index) or nobody.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,13 +463,13 @@ fn replace(devices: &mut Vec<u32>, old: &[u32], new: &[u32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::topology::{with_one_slow_machine, Topology};
     use crate::cost::WarmupPolicy;
-    use crate::evaluate::evaluate;
-    use crate::hints::NO_HINTS;
+    use crate::model::profile::{LayerCosts, Profile};
+    use crate::plan::hints::NO_HINTS;
     use crate::plan::{PlanInputs, ScheduleChoice};
-    use crate::profile::{LayerCosts, Profile};
     use crate::schedule::ScheduleKind;
-    use crate::topology::{with_one_slow_machine, Topology};
+    use crate::simulation::evaluate::evaluate;
     use rand::rngs::StdRng;
     use rand::seq::SliceRandom;
     use rand::{Rng, SeedableRng};
@@ -477,7 +477,7 @@ mod tests {
     /// A profile of layers (fwd ms, bwd ms, parameter bytes, activation
     /// bytes) measured at batch size 1.
     fn profile(layers: &[(f64, f64, u64, u64)]) -> Profile {
-        crate::profile::profile_of_layers("refine-test", layers, 1)
+        crate::model::profile::profile_of_layers("refine-test", layers, 1)
     }
 
     /// A plan of stages (layer_start, layer_end, devices) with micro-batches

@@ -4,14 +4,14 @@
 //! stage may be; the baselines ask [`micro_batch_sizes`](crate::cost::micro_batch_sizes) which sizes a
 //! layout may run at.
 
+use crate::cluster::placement::{PlacedTakes, Placement, Policy, State, Take};
+use crate::cost::overlap::Overlap;
+use crate::cost::shape::{uneven_split_group, Offload, Recompute, StageShape};
 use crate::cost::{largest_slice, micro_batch_sizes, Cluster, StageDevices, WarmupPolicy};
 use crate::error::{Error, Result};
-use crate::overlap::Overlap;
-use crate::placement::{PlacedTakes, Placement, Policy, State, Take};
-use crate::profile::LayerCosts;
-use crate::shape::{uneven_split_group, Offload, Recompute, StageShape};
+use crate::model::profile::LayerCosts;
 
-use crate::hints::Hints;
+use crate::plan::hints::Hints;
 use crate::plan::Plan;
 
 crate::named_enum! {
@@ -34,7 +34,7 @@ crate::named_enum! {
 }
 
 crate::named_enum! {
-    /// Which stage shapes (`shape.rs`) the search gives stages besides
+    /// Which stage shapes (`cost/shape.rs`) the search gives stages besides
     /// DAPPLE's replicas.
     pub enum StageShapes("a set of stage shapes") {
         /// All, where the profile says how layers split or has experts (a transformer's);
@@ -75,7 +75,7 @@ pub(crate) struct ShapeChoices {
     /// Split degrees (at least 2) some layer allows and some machine holds,
     /// ascending; empty where nothing splits.
     pub(crate) split_degrees: Vec<u32>,
-    /// The sharding levels searched (`sharding.rs`), ascending from 0:
+    /// The sharding levels searched (`cost/sharding.rs`), ascending from 0:
     /// each that shrinks something (level 1 where the profile keeps
     /// optimizer state), up to the options' highest; level 3 re-sharded.
     pub(crate) shard_levels: Vec<u8>,
@@ -467,7 +467,7 @@ pub(crate) struct Context<'a> {
     /// shape), placed anew (`candidate::best_placement_of`).
     pub(crate) layout: Option<&'a [(usize, usize, u32, StageShape)]>,
     pub(crate) shapes: ShapeChoices,
-    /// The user's constraints (`hints.rs`): where stages may start, their
+    /// The user's constraints (`plan/hints.rs`): where stages may start, their
     /// split degrees and their count.
     pub(crate) hints: &'a Hints,
 }
@@ -777,7 +777,7 @@ impl Context<'_> {
         // the search weighs it against (`dp.rs`).
         // Sharding levels in order, each after the one it is weighed
         // against (`dp.rs`); level 3 keeping its weights after the forward
-        // is never faster than level 2 and holds as much (`sharding.rs`).
+        // is never faster than level 2 and holds as much (`cost/sharding.rs`).
         let levels: &[u8] = if gpus > 1 && !self.shapes.shard_levels.is_empty() {
             &self.shapes.shard_levels
         } else {

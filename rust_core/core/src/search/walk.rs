@@ -8,10 +8,10 @@
 
 use std::cell::Cell;
 
-use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
 use crate::plan::{Plan, PlanInputs};
 use crate::schedule::within_passes;
+use crate::simulation::costing::ProfileCosts;
 
 use super::candidate::{
     build_plan, cost_candidate_below, simulated_and_bound_ms, PLAN_OVERHEAD_TASKS,

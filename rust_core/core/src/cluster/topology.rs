@@ -8,9 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::gpus::{default_gpu, find_gpu, gpu_type, known_gpu_types, GpuType, GPU_TYPES};
 use crate::error::{Error, Result};
-use crate::format::{check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY};
-use crate::gpus::{default_gpu, find_gpu, gpu_type, known_gpu_types, GpuType, GPU_TYPES};
+use crate::formats::format::{
+    check_non_negative, check_positive, FileFormat, FileObject, TOPOLOGY,
+};
 
 /// The paper's clusters (Table III) by preset name, as specs; `from_spec`
 /// also reads `config-a` and lower case.

@@ -18,8 +18,8 @@
 //! `benchmarks/gemm_model.py` checks the rule against H100's measured
 //! products by shape (G8, G9); no product on A100 was measured by shape.
 
+use crate::cluster::gpus::GpuType;
 use crate::error::{Error, Result};
-use crate::gpus::GpuType;
 
 /// Threadblock tile of a matrix product (rows, columns).
 pub const GEMM_TILE: (u64, u64) = (128, 256);
@@ -197,7 +197,7 @@ fn flash_tflops(gpu: &GpuType, seq: u64) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpus::gpu_type;
+    use crate::cluster::gpus::gpu_type;
 
     #[test]
     fn a_large_product_in_full_waves_runs_at_the_measured_best() {

@@ -10,13 +10,13 @@
 
 use serde_json::Value;
 
-use crate::context::ContextPattern;
+use crate::cluster::gpus::{gpu_type, GpuType};
 use crate::error::{Error, Result};
-use crate::experts::ExpertPattern;
-use crate::gpus::{gpu_type, GpuType};
-use crate::kernels::{attention_ms, memory_bound_ms, AttentionKernel, Gemm};
-use crate::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
-use crate::split::{Divisor, SplitPattern};
+use crate::model::context::ContextPattern;
+use crate::model::experts::ExpertPattern;
+use crate::model::kernels::{attention_ms, memory_bound_ms, AttentionKernel, Gemm};
+use crate::model::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
+use crate::model::split::{Divisor, SplitPattern};
 
 /// Bytes of a bf16 value, of an fp32 one, and of a token id.
 const BF16: f64 = 2.0;
@@ -39,59 +39,59 @@ pub const MAX_BLOCKS: u64 = 100_000;
 pub const MODELS: [(&str, &str); 14] = [
     (
         "gpt3-175b",
-        include_str!("../../../profiles/models/gpt3-175b.json"),
+        include_str!("../../../../profiles/models/gpt3-175b.json"),
     ),
     (
         "llama-2-7b",
-        include_str!("../../../profiles/models/llama-2-7b.json"),
+        include_str!("../../../../profiles/models/llama-2-7b.json"),
     ),
     (
         "llama-2-13b",
-        include_str!("../../../profiles/models/llama-2-13b.json"),
+        include_str!("../../../../profiles/models/llama-2-13b.json"),
     ),
     (
         "llama-2-70b",
-        include_str!("../../../profiles/models/llama-2-70b.json"),
+        include_str!("../../../../profiles/models/llama-2-70b.json"),
     ),
     (
         "llama-3-8b",
-        include_str!("../../../profiles/models/llama-3-8b.json"),
+        include_str!("../../../../profiles/models/llama-3-8b.json"),
     ),
     (
         "llama-3-70b",
-        include_str!("../../../profiles/models/llama-3-70b.json"),
+        include_str!("../../../../profiles/models/llama-3-70b.json"),
     ),
     (
         "llama-3-405b",
-        include_str!("../../../profiles/models/llama-3-405b.json"),
+        include_str!("../../../../profiles/models/llama-3-405b.json"),
     ),
     (
         "mixtral-8x7b",
-        include_str!("../../../profiles/models/mixtral-8x7b.json"),
+        include_str!("../../../../profiles/models/mixtral-8x7b.json"),
     ),
     (
         "qwen3-30b-a3b",
-        include_str!("../../../profiles/models/qwen3-30b-a3b.json"),
+        include_str!("../../../../profiles/models/qwen3-30b-a3b.json"),
     ),
     (
         "qwen3-235b-a22b",
-        include_str!("../../../profiles/models/qwen3-235b-a22b.json"),
+        include_str!("../../../../profiles/models/qwen3-235b-a22b.json"),
     ),
     (
         "deepseek-v3",
-        include_str!("../../../profiles/models/deepseek-v3.json"),
+        include_str!("../../../../profiles/models/deepseek-v3.json"),
     ),
     (
         "m6-moe-100b",
-        include_str!("../../../profiles/models/m6-moe-100b.json"),
+        include_str!("../../../../profiles/models/m6-moe-100b.json"),
     ),
     (
         "m6-moe-1t",
-        include_str!("../../../profiles/models/m6-moe-1t.json"),
+        include_str!("../../../../profiles/models/m6-moe-1t.json"),
     ),
     (
         "m6-moe-10t",
-        include_str!("../../../profiles/models/m6-moe-10t.json"),
+        include_str!("../../../../profiles/models/m6-moe-10t.json"),
     ),
 ];
 
@@ -178,7 +178,7 @@ pub struct TransformerOptions {
     pub seq_len: u64,
     pub micro_batch_sizes: Vec<u32>,
     /// Share of the GPU's bf16 peak every layer reaches, where the user
-    /// gives one; None: each operator timed by its shape (`kernels.rs`).
+    /// gives one; None: each operator timed by its shape (`model/kernels.rs`).
     pub efficiency: Option<f64>,
     /// How the attention core runs (its time, and whether the s x s
     /// probabilities are kept); None: FlashAttention where the GPU type
@@ -364,7 +364,7 @@ impl TransformerConfig {
         self.moe.is_some_and(|m| block >= m.dense_blocks)
     }
 
-    /// The routed experts of a block that has them (`experts.rs`'s
+    /// The routed experts of a block that has them (`model/experts.rs`'s
     /// pattern), at `s` tokens a sample and activations of `value_bytes`,
     /// routing balanced; None for a dense model. One rule for the analytic
     /// profiles (bf16) and the runtime's mixture-of-experts model
@@ -724,7 +724,7 @@ fn first_given<T>(
     Ok(None)
 }
 
-/// Each layer's operators, timed on a GPU (`kernels.rs`); the list, and
+/// Each layer's operators, timed on a GPU (`model/kernels.rs`); the list, and
 /// what it leaves out, is in docs/cost-model.md ("Transformer profiles").
 impl TransformerConfig {
     pub fn head_dim(&self) -> u64 {
@@ -980,8 +980,8 @@ pub fn transformer_profile(
         optimizer_step_bytes: None,
         dtype: None,
         allocator_reserved_factor: None,
-        format: crate::format::PROFILE.name.into(),
-        schema_version: crate::format::PROFILE.version,
+        format: crate::formats::format::PROFILE.name.into(),
+        schema_version: crate::formats::format::PROFILE.version,
         model: model.into(),
         source: Some(source(model, gpu, options, attention)),
         device: Some(gpu.name.into()),
@@ -1071,7 +1071,7 @@ fn divisor(what: &str, count: u64) -> Divisor {
 enum Timing {
     /// FLOPs at one rate (the user's efficiency of the bf16 peak).
     Efficiency { flops_per_ms: f64 },
-    /// Operator by operator, each by its shape on the GPU (`kernels.rs`).
+    /// Operator by operator, each by its shape on the GPU (`model/kernels.rs`).
     Operators {
         gpu: &'static GpuType,
         attention: AttentionKernel,
@@ -1329,7 +1329,7 @@ impl LayerMaker<'_> {
         })
     }
 
-    /// How the layer's sequence is cut over GPUs (`context.rs`): every
+    /// How the layer's sequence is cut over GPUs (`model/context.rs`): every
     /// layer works token by token but a block's attention, which passes
     /// its keys and values (bf16, whole heads: MLA's up-projected ones)
     /// around the ring beside its core's share of the layer's time (at the
@@ -1566,9 +1566,9 @@ fn head_fwd_flops(config: &TransformerConfig, s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpus::gpu_type;
-    use crate::profile::LayerCosts;
-    use crate::shape::{MemorySums, Recompute, StageShape};
+    use crate::cluster::gpus::gpu_type;
+    use crate::cost::shape::{MemorySums, Recompute, StageShape};
+    use crate::model::profile::LayerCosts;
 
     fn options(gpu: &str) -> TransformerOptions {
         TransformerOptions {

@@ -7,7 +7,7 @@
 //! (`schedule::steady_state_mini_batches`), within memory counted the
 //! asynchronous way (activations kept, or only inputs where a stage
 //! re-computes; stashed or predicted weight copies, XPipe's own moments;
-//! `simulate.rs`).
+//! `simulation/simulate.rs`).
 //!
 //! Candidates: uniform pipelines, S stages of G / S consecutive GPUs for
 //! every S dividing the G GPUs (up to one layer a stage), layers split by
@@ -22,16 +22,16 @@
 //! flushed iteration.
 
 use crate::baselines::{fastest_that_fits, layout_at_every_size};
-use crate::block_partition::block_partition;
+use crate::cluster::topology::Topology;
+use crate::cost::block_partition::block_partition;
+use crate::cost::shape::Recompute;
 use crate::cost::{Cluster, WarmupPolicy};
-use crate::costing::ProfileCosts;
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate_costed;
+use crate::model::profile::Profile;
 use crate::plan::{Plan, PlanInputs};
-use crate::profile::Profile;
 use crate::schedule::{steady_state_mini_batches, ScheduleKind};
-use crate::shape::Recompute;
-use crate::topology::Topology;
+use crate::simulation::costing::ProfileCosts;
+use crate::simulation::evaluate::evaluate_costed;
 
 /// The fastest uniform pipeline that fits for asynchronous `kind`; its
 /// plan names `kind` and its estimate is the steady state
@@ -125,8 +125,8 @@ fn recomputing_where_needed(plan: &Plan, costs: &ProfileCosts) -> Option<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evaluate::evaluate;
-    use crate::profile::chain_profile;
+    use crate::model::profile::chain_profile;
+    use crate::simulation::evaluate::evaluate;
 
     #[test]
     fn the_plan_is_the_fastest_uniform_pipeline_in_its_steady_state() {
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn an_asynchronous_plan_before_version_4_re_computes_every_stage() {
-        use crate::format::FileObject;
+        use crate::formats::format::FileObject;
         let profile = chain_profile(&[(1.0, 2.0); 8], 1);
         let topology = Topology::from_spec("1x4-nvlink").unwrap();
         let plan =
@@ -229,7 +229,10 @@ mod tests {
         assert!(plan.stages.iter().all(|s| s.recompute.is_none()));
         let text = plan.to_json();
         assert_eq!(Plan::from_json(&text).unwrap().stages, plan.stages);
-        let now = format!("\"schema_version\": {}", crate::format::PLAN.version);
+        let now = format!(
+            "\"schema_version\": {}",
+            crate::formats::format::PLAN.version
+        );
         let old = text.replace(&now, "\"schema_version\": 3");
         assert_ne!(old, text);
         let read = Plan::from_json(&old).unwrap();
@@ -240,9 +243,10 @@ mod tests {
         let then = evaluate(&read, &profile).unwrap().iteration_ms.unwrap();
         let now = evaluate(&plan, &profile).unwrap().iteration_ms.unwrap();
         assert!(then > now, "{then} vs {now}");
-        let sim = crate::simulate::simulate(&read, &profile, Default::default()).unwrap();
+        let sim =
+            crate::simulation::simulate::simulate(&read, &profile, Default::default()).unwrap();
         assert!(sim.recompute && (sim.iteration_ms - then).abs() < 1e-9 * then);
-        let layout = crate::layout::RunLayout::of(&read).unwrap();
+        let layout = crate::plan::layout::RunLayout::of(&read).unwrap();
         assert!(layout.stages.iter().all(|s| s.recompute));
         // Written again and read, it means the same.
         assert!(Plan::from_json(&read.to_json())

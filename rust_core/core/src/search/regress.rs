@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::{check_non_negative, FileFormat, FileObject, REGRESS_SUITE};
+use crate::formats::format::{check_non_negative, FileFormat, FileObject, REGRESS_SUITE};
 
 /// How much slower than `expected_ms` a plan may simulate before its case
 /// fails, when neither the case nor the suite says.

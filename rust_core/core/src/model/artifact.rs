@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use regex::Regex;
 
 use crate::error::{Error, Result};
-use crate::profile::{Layer, Measurement, Profile, BLOCK_KIND};
+use crate::model::profile::{Layer, Measurement, Profile, BLOCK_KIND};
 
 #[derive(Debug, Clone)]
 pub struct ImportOptions {
@@ -128,8 +128,8 @@ pub fn import_graph_txt(text: &str, opts: &ImportOptions) -> Result<Profile> {
         optimizer_step_bytes: None,
         dtype: None,
         allocator_reserved_factor: None,
-        format: crate::format::PROFILE.name.to_string(),
-        schema_version: crate::format::PROFILE.version,
+        format: crate::formats::format::PROFILE.name.to_string(),
+        schema_version: crate::formats::format::PROFILE.version,
         model: opts.model.clone(),
         source: opts.source.clone(),
         device: opts.device.clone(),

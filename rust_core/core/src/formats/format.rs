@@ -67,10 +67,10 @@ pub const PLAN: FileFormat = FileFormat::new(
 /// kinds, whose `stages` are one timeline a rank and whose `stage_ranks`
 /// say which rank runs each task's stage.
 pub const SIMULATION: FileFormat = FileFormat::new("dapple.simulation", 4, &[1, 2, 3, 4]);
-/// `dapple regress` suites (`regress.rs`). Version 1 held formula (2)
+/// `dapple regress` suites (`search/regress.rs`). Version 1 held formula (2)
 /// estimates, which cannot be compared with simulated times.
 pub const REGRESS_SUITE: FileFormat = FileFormat::new("dapple.regress-suite", 2, &[2]);
-/// What `dapple run --metrics` writes (`metrics.rs`). Version 2 adds
+/// What `dapple run --metrics` writes (`simulation/metrics.rs`). Version 2 adds
 /// `optimizer`, `schedule` and `evaluations`; version 3
 /// `median_iteration_ms` and `first_steps_left_out`; version 4 `dtype`.
 pub const RUN_METRICS: FileFormat = FileFormat::new("dapple.run-metrics", 4, &[1, 2, 3, 4]);

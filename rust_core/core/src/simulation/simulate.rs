@@ -24,19 +24,19 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::overlap::GradReduceOverlap;
+use crate::cost::shape::{MemoryTerms, Recompute};
 use crate::cost::{Alloc, StageCost, StageCoster, StageDevices};
-use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
-use crate::format::{FileFormat, FileObject, SIMULATION};
-use crate::overlap::GradReduceOverlap;
-use crate::pipeline_order::PipelineOrder;
+use crate::formats::format::{FileFormat, FileObject, SIMULATION};
+use crate::model::profile::Profile;
 use crate::plan::{plan_schedule, Plan};
-use crate::profile::Profile;
+use crate::schedule::pipeline_order::PipelineOrder;
 use crate::schedule::{
     early_backward_actions, rank_lists, steady_state_window, Action, ActionKind, Predictor,
     Schedule, ScheduleKind, WeightRule,
 };
-use crate::shape::{MemoryTerms, Recompute};
+use crate::simulation::costing::{stage_costs, with_coster, ProfileCosts};
 
 /// One stage as the simulator sees it: times for one micro-batch slice and
 /// the bytes that come and go with each micro-batch.
@@ -1196,7 +1196,7 @@ fn optimizer_ms(
     coster: &StageCoster,
     s: &crate::plan::Stage,
     alloc: &Alloc,
-    (cost, memory): (&StageCost, Option<&crate::shape::StageMemory>),
+    (cost, memory): (&StageCost, Option<&crate::cost::shape::StageMemory>),
 ) -> f64 {
     let layers = coster.layers;
     let shape = s.shape();
@@ -1384,7 +1384,7 @@ fn simulate_chunked_plan(
 mod tests {
     use super::*;
     use crate::cost::WarmupPolicy;
-    use crate::pipeline_order::StageCosts;
+    use crate::schedule::pipeline_order::StageCosts;
 
     #[test]
     fn memory_events_come_out_as_a_stable_sort_of_both_lists_would_give() {
@@ -1888,7 +1888,8 @@ mod tests {
                 );
                 // The order's own dry run gives the same iteration.
                 let order = zb.pipeline_order().unwrap();
-                let costs = vec![crate::pipeline_order::StageCosts::equal_passes(1.0, 2.0); s];
+                let costs =
+                    vec![crate::schedule::pipeline_order::StageCosts::equal_passes(1.0, 2.0); s];
                 let run = order.run(&costs).unwrap();
                 assert!((run.iteration_ms - sim.iteration_ms).abs() < 1e-9);
                 // Its tasks: an I and a W per micro-batch on every stage.

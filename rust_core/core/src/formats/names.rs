@@ -52,7 +52,7 @@ macro_rules! named_enum {
                     other => Err($crate::error::Error::invalid(format!(
                         "value {other:?} is not {}; use {}",
                         $what,
-                        $crate::names::one_of(&Self::names())
+                        $crate::formats::names::one_of(&Self::names())
                     ))),
                 }
             }

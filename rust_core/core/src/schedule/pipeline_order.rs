@@ -242,12 +242,12 @@ fn check_shape(ranks: u32, micro_batches: u32, chunks: u32) -> Result<()> {
     // The work limit's unit: a stage's micro-batch (its F and its B, or
     // its I and W), as a schedule counts them.
     let passes = u64::from(ranks) * u64::from(chunks) * u64::from(micro_batches);
-    if passes > crate::work_limit::max_passes() {
+    if passes > crate::cost::work_limit::max_passes() {
         return Err(Error::limit(format!(
             "{ranks} ranks x {chunks} chunks x {micro_batches} micro-batches is over the limit \
              of {} passes one schedule holds; use fewer, larger micro-batches, or raise the \
              limit (--max-passes)",
-            crate::work_limit::max_passes()
+            crate::cost::work_limit::max_passes()
         )));
     }
     Ok(())

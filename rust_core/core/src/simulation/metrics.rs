@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::{FileFormat, FileObject, RUN_METRICS};
-use crate::profile::Precision;
+use crate::formats::format::{FileFormat, FileObject, RUN_METRICS};
+use crate::model::profile::Precision;
 use crate::schedule::ScheduleKind;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@
 //! 12,300 layers. This one gives the same blocks, bit for bit, in
 //! O(parts·n·log n), from two monotone quantities (see `best_last_block`).
 
-use crate::range_table::{Least, RangeTable};
+use crate::model::range_table::{Least, RangeTable};
 
 /// Contiguous split of `weights` into `parts` blocks minimising the largest
 /// block sum, as (start, end) ranges.

@@ -1,6 +1,6 @@
 //! Early-backward 1F1B's iteration time computed round by round, with its
 //! periodic steady state skipped over: the warm-up choice's objective
-//! (`warmup.rs`), which simulates thousands of depth vectors.
+//! (`simulation/warmup.rs`), which simulates thousands of depth vectors.
 //!
 //! Stage i runs F_0 .. F_{K_i-1}, then round r = 0 .. M-1 runs B_r and,
 //! while r + K_i < M, F_{r+K_i}; then AR and OPT. With K non-increasing,
@@ -24,7 +24,7 @@
 use std::collections::VecDeque;
 
 use crate::error::Result;
-use crate::simulate::{replay_early_backward_ms, SimStage};
+use crate::simulation::simulate::{replay_early_backward_ms, SimStage};
 
 /// States kept to find the period in: it is found where it divides the
 /// rounds between the state now and one of these.
@@ -286,7 +286,7 @@ mod tests {
 
     use super::*;
     use crate::schedule::Schedule;
-    use crate::simulate::simulate_stages;
+    use crate::simulation::simulate::simulate_stages;
 
     fn stage(rng: &mut StdRng) -> SimStage {
         // Times on a coarse grid make ties, and so periods, common; some

@@ -10,14 +10,14 @@
 //! forward and backward time on each rank (`weighted_block_partition`);
 //! the ranks run the order in the simulator (`simulate_order`).
 
-use crate::block_partition::weighted_block_partition;
+use crate::cost::block_partition::weighted_block_partition;
 use crate::cost::StageCost;
-use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate_costed;
+use crate::model::profile::Profile;
 use crate::plan::{Plan, ScheduleChoice, Stage};
-use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
+use crate::simulation::costing::{stage_costs, with_coster, ProfileCosts};
+use crate::simulation::evaluate::evaluate_costed;
 
 /// Most chunks a rank tried for the looped chunked kinds when none is
 /// asked: Megatron's usual virtual stages; more cut small layers smaller
@@ -135,7 +135,7 @@ pub(crate) fn chunked_plan(
     let chunk_layers = balanced_layers(plan, costs, &rank_of)?;
     let depths = order.forwards_before_first_backward();
     Ok(Plan {
-        schema_version: crate::format::PLAN.version,
+        schema_version: crate::formats::format::PLAN.version,
         schedule: ScheduleChoice {
             kind: if chunks == 1 {
                 kind.at_one_chunk()
@@ -270,12 +270,12 @@ pub(crate) fn balanced_bound_ms(plan: &Plan, costs: &ProfileCosts) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::topology::Topology;
     use crate::cost::WarmupPolicy;
-    use crate::format::FileObject;
+    use crate::formats::format::FileObject;
+    use crate::model::profile::chain_profile;
     use crate::plan::PlanInputs;
-    use crate::profile::chain_profile;
-    use crate::simulate::{sim_inputs, simulate_order};
-    use crate::topology::Topology;
+    use crate::simulation::simulate::{sim_inputs, simulate_order};
 
     /// A straight pipeline of `ranks` one-GPU stages over 16 unequal layers.
     fn straight(ranks: u32, micro_batches: u32) -> (Profile, Plan) {
@@ -303,7 +303,7 @@ mod tests {
     }
 
     fn refusal(plan: &Plan, profile: &Profile) -> String {
-        crate::evaluate::evaluate(plan, profile)
+        crate::simulation::evaluate::evaluate(plan, profile)
             .unwrap_err()
             .to_string()
     }
@@ -322,10 +322,13 @@ mod tests {
             assert_eq!(chunked.shape(), "1:1:1:1 (v=2)");
             let devices: Vec<u32> = chunked.stages.iter().map(|s| s.devices[0]).collect();
             assert_eq!(devices, ranks);
-            crate::evaluate::evaluate(&chunked, &profile).unwrap();
+            crate::simulation::evaluate::evaluate(&chunked, &profile).unwrap();
             // The file says it all: its version (5 added chunks), the kind and the chunks.
             let text = chunked.to_json();
-            let version = format!("\"schema_version\": {}", crate::format::PLAN.version);
+            let version = format!(
+                "\"schema_version\": {}",
+                crate::formats::format::PLAN.version
+            );
             assert!(text.contains("\"chunks\": 2") && text.contains(&version));
             assert_eq!(Plan::from_json(&text).unwrap(), chunked);
             // A chunk on another rank's GPU, or on one of its own rank's
@@ -368,7 +371,9 @@ mod tests {
             let order = kind.chunked_order(4, 8, chunks).unwrap();
             let run = simulate_order(&stages, &transfers, &order).unwrap();
             assert_eq!(estimate.iteration_ms, Some(run.iteration_ms));
-            let file = crate::simulate::simulate(&chunked, &profile, Default::default()).unwrap();
+            let file =
+                crate::simulation::simulate::simulate(&chunked, &profile, Default::default())
+                    .unwrap();
             assert_eq!(file.iteration_ms, run.iteration_ms);
             assert_eq!(file.stages, run.ranks);
             assert_eq!(file.stage_ranks, order.stage_ranks);
@@ -379,11 +384,11 @@ mod tests {
             // The bound no order beats: the busiest rank's passes.
             assert!(estimate.latency_ms <= run.iteration_ms, "{kind}");
             // Another kind is not run on a chunked plan.
-            let other = crate::simulate::SimulationOptions {
+            let other = crate::simulation::simulate::SimulationOptions {
                 schedule: Some(ScheduleKind::GPipe),
                 ..Default::default()
             };
-            assert!(crate::simulate::simulate(&chunked, &profile, other).is_err());
+            assert!(crate::simulation::simulate::simulate(&chunked, &profile, other).is_err());
         }
     }
 
@@ -451,7 +456,7 @@ mod tests {
         for (i, s) in own.stages.iter_mut().enumerate() {
             s.warmup_micro_batches = 4 - i as u32;
         }
-        let own = crate::evaluate::evaluate(&own, &profile).unwrap();
+        let own = crate::simulation::evaluate::evaluate(&own, &profile).unwrap();
         let recut =
             costed_chunked_plan(&plan, &costs, ScheduleKind::InterleavedZeroBubble, 1).unwrap();
         assert_eq!(recut.schedule.kind, kind);
@@ -478,7 +483,7 @@ mod tests {
             // (at one chunk a rank, the kind of one stage a rank it is)
             let one = found.schedule.chunks == 1 && found.schedule.kind == kind.at_one_chunk();
             assert!(found.schedule.kind == kind || one, "{kind}");
-            crate::evaluate::evaluate(&found, &profile).unwrap();
+            crate::simulation::evaluate::evaluate(&found, &profile).unwrap();
             if early.stages.len() > 1 {
                 let cut = chunked(&early, &profile, kind, None).unwrap();
                 assert!(found.iteration_ms() <= cut.iteration_ms(), "{kind}");

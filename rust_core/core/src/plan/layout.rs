@@ -6,7 +6,7 @@
 //! at split degree t one shard of a replica of t ranks (t consecutive
 //! devices of the stage's list); at context degree c a replica is c such
 //! groups (t c consecutive devices), context rank k holding chunks k and
-//! 2c-1-k of each sample's sequence cut in 2c (`context.rs`).
+//! 2c-1-k of each sample's sequence cut in 2c (`model/context.rs`).
 //! A micro-batch entering a stage of R replicas is split by the stage's own
 //! `slices` (uneven, for mixed GPUs) or else evenly by `cost::slice_ranges`:
 //! the split the cost model prices; replica j takes the j-th range. Between two stages every sender sends each receiver
@@ -71,7 +71,7 @@ pub struct StageLayout {
     pub actions: Vec<Action>,
     /// Split degree t: the GPUs each replica's layers are sharded over.
     pub tensor_parallel: u32,
-    /// The sharding level over each replica group (`sharding.rs`).
+    /// The sharding level over each replica group (`cost/sharding.rs`).
     pub shard_level: u8,
     /// Level 3: the weights freed after each forward.
     pub reshard_after_forward: bool,
@@ -310,7 +310,7 @@ impl RunLayout {
                     shard_level: s.shard_level,
                     reshard_after_forward: s.reshard_after_forward,
                     recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
-                    recompute_per_layer: s.recompute == crate::shape::Recompute::PerLayer,
+                    recompute_per_layer: s.recompute == crate::cost::shape::Recompute::PerLayer,
                     split_groups: groups.split,
                     replica_groups: groups.replica,
                     context_parallel: s.context_parallel.max(1),
@@ -363,11 +363,11 @@ impl RunLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::topology::Topology;
     use crate::cost::WarmupPolicy;
-    use crate::format::FileObject;
+    use crate::formats::format::FileObject;
     use crate::plan::{PlanInputs, PlanOptions, ScheduleChoice, Stage};
     use crate::schedule::ScheduleKind;
-    use crate::topology::Topology;
 
     fn plan(mbs: u32, m: u32, stages: &[(usize, usize, &[u32])]) -> Plan {
         let count = stages.len() as u32;
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn a_split_stage_lays_out_its_groups_and_each_shard_its_peers() {
-        use crate::shape::Recompute;
+        use crate::cost::shape::Recompute;
         // Stage 0 on device 0 feeds stage 1: two replicas of two shards.
         let mut p = plan(4, 2, &[(0, 2, &[0]), (2, 5, &[1, 2, 3, 4])]);
         p.stages[1].tensor_parallel = 2;
@@ -449,7 +449,7 @@ mod tests {
         // {2, 3} exchange tokens; ranks 0 and 2 hold the same experts.
         let mut p = plan(4, 1, &[(0, 5, &[0, 1, 2, 3])]);
         p.stages[0].expert_parallel = 2;
-        p.stages[0].offload = crate::shape::Offload::Optimizer;
+        p.stages[0].offload = crate::cost::shape::Offload::Optimizer;
         let stage = &RunLayout::of(&p).unwrap().stages[0];
         assert_eq!(stage.expert_parallel, 2);
         assert_eq!(stage.expert_groups, vec![vec![0, 1], vec![2, 3]]);
@@ -545,7 +545,7 @@ mod tests {
         p.stages[0].warmup_micro_batches = 2;
         p.stages[1].warmup_micro_batches = 1;
         assert!(RunLayout::of(&p).is_ok(), "{:?}", RunLayout::of(&p));
-        p.stages[0].recompute = crate::shape::Recompute::Full;
+        p.stages[0].recompute = crate::cost::shape::Recompute::Full;
         let lay = RunLayout::of(&p).unwrap();
         assert!(lay.stages[0].recompute && !lay.stages[1].recompute);
         p.stages[1].shard_level = 1;

@@ -17,14 +17,14 @@
 //! plain numbers. How close to exact this is: docs/simulation.md.
 
 use crate::cost::WarmupPolicy;
-use crate::costing::ProfileCosts;
-use crate::early_backward::iteration_ms_and_passes;
 use crate::error::Result;
-use crate::evaluate::evaluate_costed;
+use crate::model::profile::Profile;
 use crate::plan::Plan;
-use crate::profile::Profile;
 use crate::schedule::ScheduleKind;
-use crate::simulate::{sim_inputs, SimStage};
+use crate::simulation::costing::ProfileCosts;
+use crate::simulation::early_backward::iteration_ms_and_passes;
+use crate::simulation::evaluate::evaluate_costed;
+use crate::simulation::simulate::{sim_inputs, SimStage};
 
 /// Deepest K_i each stage's memory allows, at most M and never deeper than
 /// the stage before (so the vector itself is valid). None when some stage
@@ -460,9 +460,9 @@ fn valid_vector_count(caps: &[u32]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::early_backward::iteration_ms as early_backward_iteration_ms;
     use crate::schedule::Schedule;
-    use crate::simulate::simulate_stages;
+    use crate::simulation::early_backward::iteration_ms as early_backward_iteration_ms;
+    use crate::simulation::simulate::simulate_stages;
 
     fn stage(f: f64, b: f64, state: f64, stored: f64, limit: f64) -> SimStage {
         SimStage {

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::shape::StageShape;
+use crate::cost::shape::StageShape;
 
 /// PyTorch DDP's default gradient bucket (25 MiB): gradients are reduced,
 /// and weights gathered, a bucket at a time.
@@ -142,7 +142,7 @@ pub fn exposed_before_forward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shape::Recompute;
+    use crate::cost::shape::Recompute;
 
     const MB: f64 = DP_BUCKET_BYTES;
 

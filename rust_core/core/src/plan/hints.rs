@@ -14,8 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::shape::StageShape;
 use crate::error::{Error, ErrorKind, Result};
-use crate::shape::StageShape;
 
 /// The hints of one search; the default constrains nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

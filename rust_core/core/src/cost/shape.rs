@@ -1,6 +1,6 @@
 //! How a stage runs its layers on its GPUs besides replicating them: Whale's
 //! split degree t (tensor parallelism, with the sequence split too or not),
-//! sharding over the replicas (ZeRO's levels, `sharding.rs`), expert
+//! sharding over the replicas (ZeRO's levels, `cost/sharding.rs`), expert
 //! parallelism, offloading and re-computation
 //! (none, full, per layer or selective). A plain stage (t = 1, no sharding,
 //! no re-computation) is what DAPPLE plans.
@@ -16,8 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::profile::{recompute_backward_bytes, LayerCosts, TimePrefix};
-use crate::split::ShardCost;
+use crate::model::profile::{recompute_backward_bytes, LayerCosts, TimePrefix};
+use crate::model::split::ShardCost;
 
 crate::named_enum! {
     /// What a stage's forward keeps for its backward.
@@ -112,14 +112,14 @@ pub struct StageShape {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
     /// ZeRO's level of sharding over the stage's replicas
-    /// (`sharding.rs`): 0 none; 1 the master weights and optimizer
+    /// (`cost/sharding.rs`): 0 none; 1 the master weights and optimizer
     /// state (ZeRO-1); 2 the gradients too (ZeRO-2); 3 the weights too
     /// (ZeRO-3, FSDP). A plan older than version 12 says level 1 as
     /// `shard_optimizer: true`.
     #[serde(
         default,
         alias = "shard_optimizer",
-        deserialize_with = "crate::sharding::level_or_flag",
+        deserialize_with = "crate::cost::sharding::level_or_flag",
         skip_serializing_if = "is_zero"
     )]
     pub shard_level: u8,
@@ -131,7 +131,7 @@ pub struct StageShape {
     pub recompute: Recompute,
     /// Expert parallelism: the routed experts of the layers that have
     /// them spread over groups of this many consecutive replicas
-    /// (`experts.rs`; 1: every replica holds every expert).
+    /// (`model/experts.rs`; 1: every replica holds every expert).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub expert_parallel: u32,
     /// The GPUs each routed expert's columns are split over, where it
@@ -143,7 +143,7 @@ pub struct StageShape {
     #[serde(default, skip_serializing_if = "Offload::is_none")]
     pub offload: Offload,
     /// Context parallelism: each sample's sequence cut over this many
-    /// consecutive split groups (`context.rs`; 1: none). A replica is
+    /// consecutive split groups (`model/context.rs`; 1: none). A replica is
     /// t c GPUs: tensor innermost, then context, as Megatron-LM orders them.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub context_parallel: u32,
@@ -195,9 +195,9 @@ impl StageShape {
         self.sharding().shards_optimizer()
     }
 
-    /// The stage's sharding level, whose rules `sharding.rs` holds.
-    pub fn sharding(&self) -> crate::sharding::ShardLevel {
-        crate::sharding::ShardLevel::new(self.shard_level, self.reshard_after_forward)
+    /// The stage's sharding level, whose rules `cost/sharding.rs` holds.
+    pub fn sharding(&self) -> crate::cost::sharding::ShardLevel {
+        crate::cost::sharding::ShardLevel::new(self.shard_level, self.reshard_after_forward)
     }
 
     /// The expert tensor degree et: the GPUs each routed expert's columns
@@ -382,7 +382,7 @@ pub struct MemorySums {
     sharded_gradient_bytes: f64,
     /// The most weights and gradients of one layer a GPU holds whole: what
     /// a level-3 stage gathers before running a layer, and what a level-2
-    /// one holds before reducing a layer's gradients (`sharding.rs`).
+    /// one holds before reducing a layer's gradients (`cost/sharding.rs`).
     layer_weight_peak_bytes: f64,
     layer_gradient_peak_bytes: f64,
     stored_bytes: f64,
@@ -409,7 +409,7 @@ impl MemorySums {
     /// Add layer `layer`, split as `shard` says (None: whole), of which a
     /// GPU holds `held` of the parameters besides (expert parallelism's
     /// share, `ExpertPattern::param_factor`; 1: all). Its sequence is cut
-    /// `context` ways (`context.rs`): a GPU keeps 1/context of the slice's
+    /// `context` ways (`model/context.rs`): a GPU keeps 1/context of the slice's
     /// activations, and the ring's chunks of keys and values beside the
     /// running layer's working memory. Sharding divides whole layers' state
     /// over all `gpus` and split ones' over their `weight_replicas`.
@@ -467,7 +467,7 @@ impl MemorySums {
         // selective part is) beside the layer's backward.
         let ring_bytes = match layers.context(l) {
             Some(p) if context > 1 => {
-                crate::context::RING_BUFFER_CHUNKS
+                crate::model::context::RING_BUFFER_CHUNKS
                     * selective_factor
                     * slice
                     * p.kv_bytes_per_sample
@@ -595,7 +595,7 @@ mod tests {
     /// The two layers of `profile_with_memory_terms`, summed whole from
     /// the last, at slices of 2 on one GPU.
     fn two_layers_summed() -> (LayerCosts, MemorySums) {
-        let layers = LayerCosts::new(&crate::profile::profile_with_memory_terms());
+        let layers = LayerCosts::new(&crate::model::profile::profile_with_memory_terms());
         let mut sums = MemorySums::default();
         for l in (0..2).rev() {
             sums.add_layer(&layers, l, (None, 1.0), (2, 2, 1), (1, 1));
@@ -618,7 +618,7 @@ mod tests {
         // An optimizer step that needs 2 bytes per parameter byte over the
         // model state (8000 here) is the peak below 4 micro-batches in
         // flight: 16,000 + 8,000 against 16,040 + 3 x 2,100.
-        let mut stepped = crate::profile::profile_with_memory_terms();
+        let mut stepped = crate::model::profile::profile_with_memory_terms();
         stepped.optimizer_step_bytes = Some(8_000);
         let stepped_layers = LayerCosts::new(&stepped);
         let mut sums = MemorySums::default();
@@ -654,7 +654,7 @@ mod tests {
         // Re-computing, a micro-batch in flight keeps the stage's input (7
         // bytes here) and what the loss keeps outside the checkpoint: 200
         // bytes at batch 4, 2 x 50 for a slice of 2 (part of l1's stored 800).
-        let mut p = crate::profile::profile_with_memory_terms();
+        let mut p = crate::model::profile::profile_with_memory_terms();
         p.layers[1].measurements[0].loss_stored_bytes = Some(200);
         let layers = LayerCosts::new(&p);
         let mut sums = MemorySums::default();
@@ -689,8 +689,8 @@ mod tests {
         // 12 of master weights and moments a parameter (ZeRO, Fig. 1), over
         // 2,000 parameters (4,000 bytes of bf16 weights; the larger layer
         // 1,500 of them), sharded over 4 GPUs.
-        let mut p = crate::profile::profile_with_memory_terms();
-        p.parameter_state = Some(crate::profile::ParameterState {
+        let mut p = crate::model::profile::profile_with_memory_terms();
+        p.parameter_state = Some(crate::model::profile::ParameterState {
             weight_bytes: 2.0,
             gradient_bytes: 2.0,
             master_weight_bytes: 4.0,
@@ -787,14 +787,17 @@ mod tests {
             r#"{"tensor_parallel": 1, "shard_optimizer": true, "recompute": "none"}"#,
         )
         .unwrap();
-        assert_eq!(shape.sharding(), crate::sharding::ShardLevel::Optimizer);
+        assert_eq!(
+            shape.sharding(),
+            crate::cost::sharding::ShardLevel::Optimizer
+        );
         let shape: StageShape = serde_json::from_str(
             r#"{"tensor_parallel": 1, "shard_level": 3, "reshard_after_forward": true, "recompute": "none"}"#,
         )
         .unwrap();
         assert_eq!(
             shape.sharding(),
-            crate::sharding::ShardLevel::Weights {
+            crate::cost::sharding::ShardLevel::Weights {
                 reshard_after_forward: true
             }
         );

@@ -1,12 +1,12 @@
-//! The setup that estimating (`evaluate.rs`) and simulating
-//! (`simulate.rs`) a plan share: the plan checked against its profile, the
+//! The setup that estimating (`simulation/evaluate.rs`) and simulating
+//! (`simulation/simulate.rs`) a plan share: the plan checked against its profile, the
 //! stage coster of its topology and micro-batching, and the cost of each
 //! of its stages and of each transfer between them.
 
 use crate::cost::{Alloc, Cluster, StageCost, StageCoster, StageDevices, WarmupPolicy};
 use crate::error::Result;
+use crate::model::profile::{LayerCosts, Profile};
 use crate::plan::{check_layout_hashed, Plan};
-use crate::profile::{LayerCosts, Profile};
 use crate::schedule::{check_passes, steady_state_mini_batches};
 
 /// A profile with what costing any plan of it derives from the profile

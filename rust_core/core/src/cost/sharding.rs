@@ -1,7 +1,7 @@
 //! Sharding a stage's state over its replicas: ZeRO's three levels (Rajbhandari
 //! et al., arXiv 1910.02054, Fig. 1) as DeepSpeed, Megatron-LM and FSDP run
 //! them. What each level keeps on a GPU, and what it moves when, lives here
-//! (a stage's shape names its level: `StageShape::sharding`); `shape.rs`
+//! (a stage's shape names its level: `StageShape::sharding`); `cost/shape.rs`
 //! sums the bytes (`MemorySums`) and `cost/shaped.rs` prices the moves on
 //! the links the replica group spans.
 //!
@@ -25,7 +25,7 @@
 //! one layer's whole gradients before reducing them, and a re-sharded level
 //! 3 gathers one layer's weights while the one before runs
 //! (`gathered_bytes`). Whether a collective hides behind the passes is the
-//! plan's `schedule.overlap` (`overlap.rs`), for every level alike: the
+//! plan's `schedule.overlap` (`cost/overlap.rs`), for every level alike: the
 //! gathers under `param_gather`, the reduce-scatters under `grad_reduce`.
 
 use serde::Deserialize;

@@ -13,7 +13,7 @@
 //! already held (Megatron-LM's and torch's ring attention), so only what
 //! outlasts the attention core is exposed. Weights are whole on every GPU
 //! of a context group: their gradients are reduced over the data replicas
-//! and the context ranks together, and sharding (`sharding.rs`) shards over
+//! and the context ranks together, and sharding (`cost/sharding.rs`) shards over
 //! both (Megatron-LM's distributed optimizer over dp x cp).
 
 use serde::{Deserialize, Serialize};
@@ -120,13 +120,14 @@ mod tests {
     #[test]
     fn the_search_weighs_context_degrees_from_8k_tokens_on() {
         let degrees = |tokens: u64| {
-            let mut profile = crate::profile::profile_of_layers("s", &[(1.0, 2.0, 1000, 1000)], 1);
+            let mut profile =
+                crate::model::profile::profile_of_layers("s", &[(1.0, 2.0, 1000, 1000)], 1);
             profile.layers[0].context = Some(ContextPattern {
                 sequence_length: tokens,
                 kv_bytes_per_sample: 1.0,
                 attention_compute_fraction: 0.5,
             });
-            crate::profile::LayerCosts::new(&profile).context_degrees(8)
+            crate::model::profile::LayerCosts::new(&profile).context_degrees(8)
         };
         assert!(degrees(4096).is_empty());
         assert_eq!(degrees(8192), vec![2, 4, 8]);

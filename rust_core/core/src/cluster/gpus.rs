@@ -35,7 +35,7 @@ pub struct GpuType {
     /// The server the link figures are from.
     pub server: &'static str,
     pub source: &'static str,
-    /// What its kernels reach, for operator-level layer times (`kernels.rs`).
+    /// What its kernels reach, for operator-level layer times (`model/kernels.rs`).
     pub kernels: KernelFigures,
     /// What NCCL's collectives reach on the usual server, where measured.
     pub collectives: Option<CollectiveFigures>,
@@ -184,7 +184,7 @@ const H200_COLLECTIVES: CollectiveFigures = CollectiveFigures {
 
 /// What one GPU type's kernels reach, measured (each figure from a record of
 /// public measurements, named in `sources`), for timing a layer operator by
-/// operator (`kernels.rs`): none is derived from the training runs that
+/// operator (`model/kernels.rs`): none is derived from the training runs that
 /// dapple's estimates are checked against.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KernelFigures {

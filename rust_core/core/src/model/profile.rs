@@ -11,12 +11,12 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::context::ContextPattern;
 use crate::error::{Error, Result};
-use crate::experts::ExpertPattern;
-use crate::format::{check_non_negative, FileFormat, FileObject, PROFILE};
-use crate::range_table::{Greatest, RangeTable};
-use crate::split::SplitPattern;
+use crate::formats::format::{check_non_negative, FileFormat, FileObject, PROFILE};
+use crate::model::context::ContextPattern;
+use crate::model::experts::ExpertPattern;
+use crate::model::range_table::{Greatest, RangeTable};
+use crate::model::split::SplitPattern;
 
 /// Value of `Layer::kind` that marks the model's own repeated layers
 /// (BERT encoder layers, GNMT LSTM layers, AmoebaNet cells). Plans report
@@ -196,16 +196,16 @@ pub struct Layer {
     /// samples. Absent: none (fp32, or weights stored in the compute dtype).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_copy_bytes: Option<u64>,
-    /// The ways the layer can be sharded over several GPUs (`split.rs`);
+    /// The ways the layer can be sharded over several GPUs (`model/split.rs`);
     /// none: it is never split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub split: Vec<SplitPattern>,
     /// The layer's routed experts, when it is a mixture of experts that
-    /// expert parallelism may spread (`experts.rs`); none: it has none.
+    /// expert parallelism may spread (`model/experts.rs`); none: it has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertPattern>,
     /// How the layer's sequence may be cut over several GPUs (context
-    /// parallelism, `context.rs`); none: it never is.
+    /// parallelism, `model/context.rs`); none: it never is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextPattern>,
 }
@@ -264,7 +264,7 @@ pub struct Measurement {
     /// running the same tokens' copies through E experts takes over
     /// running them through one (reading E weights, not one, and in the
     /// backward writing E gradients). A GPU holding E/e of them takes
-    /// (E/e - 1) / (E - 1) of it (`experts.rs`). Absent: 0.
+    /// (E/e - 1) / (E - 1) of it (`model/experts.rs`). Absent: 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts_held_fwd_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1039,9 +1039,9 @@ pub struct LayerCosts {
     optimizer_per_param_byte: f64,
     /// Bytes of one parameter in `param_bytes` (4 in fp32, 2 in bf16).
     weight_bytes_per_param: f64,
-    /// Each layer's sharding patterns (`split.rs`).
+    /// Each layer's sharding patterns (`model/split.rs`).
     split: Vec<Vec<SplitPattern>>,
-    /// Each layer's routed experts (`experts.rs`).
+    /// Each layer's routed experts (`model/experts.rs`).
     experts: Vec<Option<ExpertPattern>>,
     context: Vec<Option<ContextPattern>>,
     /// expert_layer_prefix[p]: layers before p that have experts.
@@ -1595,8 +1595,8 @@ impl LayerCosts {
         layer: usize,
         t: u32,
         sequence_parallel: bool,
-    ) -> Option<crate::split::ShardCost> {
-        crate::split::cheapest(&self.split[layer], t).map(|p| p.shard(t, sequence_parallel))
+    ) -> Option<crate::model::split::ShardCost> {
+        crate::model::split::cheapest(&self.split[layer], t).map(|p| p.shard(t, sequence_parallel))
     }
 
     /// The routed experts of layer `layer`, if it has any.
@@ -1644,7 +1644,7 @@ impl LayerCosts {
     pub fn context_degrees(&self, max: u32) -> Vec<u32> {
         let attends = |p: &&ContextPattern| {
             p.kv_bytes_per_sample > 0.0
-                && p.sequence_length >= crate::context::MIN_SEARCHED_SEQUENCE_TOKENS
+                && p.sequence_length >= crate::model::context::MIN_SEARCHED_SEQUENCE_TOKENS
         };
         let Some(pattern) = self.context.iter().flatten().find(attends) else {
             return Vec::new();
@@ -1654,8 +1654,9 @@ impl LayerCosts {
 
     /// Some layer's pattern at degree `t` runs with sequence parallelism.
     pub fn sequence_parallel_at(&self, t: u32) -> bool {
-        (0..self.num_layers)
-            .any(|l| crate::split::cheapest(&self.split[l], t).is_some_and(|p| p.sequence_parallel))
+        (0..self.num_layers).any(|l| {
+            crate::model::split::cheapest(&self.split[l], t).is_some_and(|p| p.sequence_parallel)
+        })
     }
 
     /// The sharding patterns of layer `layer`.

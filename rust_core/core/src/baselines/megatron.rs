@@ -15,13 +15,13 @@
 //! the Whale paper): one stage on every GPU, the layers that split sharded
 //! over all of them, the others data parallel (`uniform_plans`).
 
+use crate::cluster::topology::Topology;
+use crate::cost::shape::{Recompute, StageShape};
 use crate::cost::{divisors, WarmupPolicy};
 use crate::error::{Error, Result};
+use crate::model::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::plan::{Plan, PlanInputs, ScheduleChoice, Stage};
-use crate::profile::{LayerCosts, Profile, BLOCK_KIND};
 use crate::schedule::ScheduleKind;
-use crate::shape::{Recompute, StageShape};
-use crate::topology::Topology;
 
 /// The split degrees the model allows on machines of `gpus_per_machine`:
 /// 1, and each divisor of a machine's GPUs that every splittable layer can
@@ -340,7 +340,7 @@ fn uniform_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
+    use crate::model::transformer::{transformer_profile, TransformerConfig, TransformerOptions};
 
     fn llama_2_7b(seq_len: u64) -> Profile {
         let config = TransformerConfig::named("llama-2-7b").unwrap();

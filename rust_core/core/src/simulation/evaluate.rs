@@ -2,17 +2,17 @@
 //! planner, with the same model the search uses, so plans can be compared
 //! on equal terms.
 
+use crate::cost::shape::MemoryTerms;
 use crate::cost::{
     pipeline_latency, zero_bubble_latency, Alloc, Latency, PipeStage, StageCost, StageCoster,
 };
-use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::Result;
+use crate::model::profile::Profile;
 use crate::plan::{
     plan_schedule, Estimate, PipelinePosition, Plan, PositionKind, TransferEstimate,
 };
-use crate::profile::Profile;
-use crate::shape::MemoryTerms;
-use crate::simulate::{
+use crate::simulation::costing::{stage_costs, with_coster, ProfileCosts};
+use crate::simulation::simulate::{
     rerun_as_scheduled, sim_stages, simulate_order, simulate_stages, OrderSimulation, SimStage,
     StageTimeline,
 };

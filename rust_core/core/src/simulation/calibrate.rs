@@ -28,14 +28,14 @@
 //! the stage is costed twice, once with stored activations at zero
 //! (`stage_costs`, no formula copied here).
 
+use crate::cost::shape::Recompute;
 use crate::cost::{Alloc, StageCost, StageCoster};
-use crate::costing::{stage_costs, with_coster, ProfileCosts};
 use crate::error::{Error, Result};
-use crate::layout::RunLayout;
-use crate::metrics::RunMetrics;
+use crate::model::profile::Profile;
+use crate::plan::layout::RunLayout;
 use crate::plan::Plan;
-use crate::profile::Profile;
-use crate::shape::Recompute;
+use crate::simulation::costing::{stage_costs, with_coster, ProfileCosts};
+use crate::simulation::metrics::RunMetrics;
 
 /// The only memory source whose peaks are the tensors' own.
 pub const EXACT_MEMORY_SOURCE: &str = "cuda-allocated";
@@ -459,11 +459,11 @@ fn source_note(profile: &Profile, measured: &Measured, stages: &[StageCalibratio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::topology::Topology;
     use crate::cost::WarmupPolicy;
-    use crate::format::FileObject;
+    use crate::formats::format::FileObject;
     use crate::plan::{PlanInputs, PlanOptions, ScheduleChoice, Stage};
     use crate::schedule::ScheduleKind;
-    use crate::topology::Topology;
 
     /// Four layers of 1000 parameter bytes each (250 fp32 parameters),
     /// trained with SGD: at batch b, forward b ms, backward 2b ms, outputs
