@@ -111,11 +111,6 @@ def check_run(config: RunConfig, layout: Layout, *, visible_gpus: int | None = N
     check_optimizer(config.schedule, config.optimizer)
     check_dtype(config, layout)
     check_chunked(config, layout)
-    sharded = [i for i, s in enumerate(layout.stages) if s.shard_level > 1]
-    if sharded and (config.checkpoint_every or config.start_step):
-        raise IncompatibleInputsError(
-            f"field stages[{sharded[0]}].shard_level: dapple's runtime does not checkpoint or resume a stage "
-            f"sharded at level {layout.stages[sharded[0]].shard_level} (FSDP) yet")
     if any(r >= layout.world_size for r in config.slowdown):
         raise InvalidInputError(f"rank {max(config.slowdown)} is not a rank of the plan (0..{layout.world_size - 1})",
                                 field="slowdown")

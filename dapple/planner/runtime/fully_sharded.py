@@ -14,6 +14,13 @@ dapple sums gradients over a stage's replicas (each loss is already a share
 of the global batch's mean), where FSDP averages them by default: every
 unit is told to sum, with a plain SUM reduction (gloo has no PREMUL_SUM,
 which a divide factor alone asks for).
+
+A checkpoint holds the stage's state whole (torch's
+``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``: the
+weights and the optimizer's state gathered over the group, keyed by name),
+in every rank's own file as an unsharded stage's is; resuming shards it
+again (:func:`whole_state`, :func:`load_whole_state`). The gathered copy is
+held for the moment of saving: the planner does not count it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,28 @@ def fully_shard_stage(module: nn.Sequential, group: Any, device: torch.device, *
         if isinstance(unit, FSDPModule):
             unit.set_force_sum_reduction_for_comms(True)
             unit.set_gradient_divide_factor(1.0)
+
+
+def whole_state(module: nn.Module, opt) -> tuple[dict, dict | None]:
+    """The sharded stage's weights and optimizer state (None without an
+    optimizer), whole (every rank of the group calls this together)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    model = get_model_state_dict(module, options=options)
+    return model, (get_optimizer_state_dict(module, opt, options=options) if opt is not None else None)
+
+
+def load_whole_state(module: nn.Module, opt, model: dict, optimizer: dict | None) -> None:
+    """Shard :func:`whole_state`'s result back into the stage."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, model, options=options)
+    if opt is not None:
+        set_optimizer_state_dict(module, opt, optimizer, options=options)
 
 
 def whole(value: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from .config import Job, check_model
 from .context_parallel import ContextGroup, cut_sequences
 from .data import SeededBatches
 from .experts import ExpertGroup, expert_parameters, spread_layers
-from .fully_sharded import fully_shard_stage
+from .fully_sharded import fully_shard_stage, load_whole_state, whole_state
 from .memory import PeakMemory
 from .tensor_parallel import SplitGroup, shard_layers
 from .training import Precision, layers_of, local_optimizer, stage_optimizer
@@ -142,6 +142,9 @@ class RankSetup:
     #: are summed instead of over the replica group.
     expert_params: list[nn.Parameter] = field(default_factory=list)
     expert_group: Any = None
+    #: The stage is under FSDP (sharding levels 2 and 3 over its replicas):
+    #: it saves and loads its state whole (``fully_sharded.whole_state``).
+    fully_sharded: bool = False
 
     def computed(self, work):
         """``work()``, made ``slow`` times longer when the experiment asks."""
@@ -177,9 +180,11 @@ class RankSetup:
             p.grad = None
 
     def saved(self) -> dict:
-        """This stage's part of its rank's checkpoint."""
-        return {"stage": self.stage, "layer_range": list(self.layer_range),
-                "model": self.module.state_dict(), "optimizer": optimizer_state(self.opt)}
+        """This stage's part of its rank's checkpoint (a sharded stage's
+        gathered whole: every rank of its group saves together)."""
+        model, optimizer = (whole_state(self.module, self.opt) if self.fully_sharded
+                            else (self.module.state_dict(), optimizer_state(self.opt)))
+        return {"stage": self.stage, "layer_range": list(self.layer_range), "model": model, "optimizer": optimizer}
 
 
 def step_optimizers(stages: Sequence[RankSetup]) -> None:
@@ -212,9 +217,11 @@ def save_checkpoint(stages: Sequence[RankSetup], checkpoint_dir: str, done: int,
         ckpt.write_latest(checkpoint_dir, done)
 
 
-def _resume(module: nn.Module, opt, job: Job, rank: int, stage: int, layer_range: tuple[int, int]) -> dict | None:
+def _resume(module: nn.Module, opt, job: Job, rank: int, stage: int, layer_range: tuple[int, int],
+            fully_sharded: bool) -> dict | None:
     """Load this rank's ``stage`` from the checkpoint the job resumes, if
-    any; the rank's whole saved file, or None."""
+    any (a sharded stage's whole state sharded again); the rank's whole
+    saved file, or None."""
     config = job.config
     if not config.start_step:
         return None
@@ -229,9 +236,12 @@ def _resume(module: nn.Module, opt, job: Job, rank: int, stage: int, layer_range
             f"checkpoint step {config.start_step} rank {rank} holds layers {held} at step {resumed['step']}, "
             f"this plan gives the rank layers {list(layer_range)} as stage {stage}"
         )
-    module.load_state_dict(entry["model"])
-    if opt is not None:
-        local_optimizer(opt).load_state_dict(entry["optimizer"])
+    if fully_sharded:
+        load_whole_state(module, opt, entry["model"], entry["optimizer"])
+    else:
+        module.load_state_dict(entry["model"])
+        if opt is not None:
+            local_optimizer(opt).load_state_dict(entry["optimizer"])
     return resumed
 
 
@@ -359,7 +369,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
              (expert_params, groups.expert_replicas.get(stage))]
     opt = stage_optimizer(parts, config.optimizer, config.lr, shard=stage_layout.shard_level == 1,
                           offload=stage_layout.offload_optimizer)
-    resumed = _resume(module, opt, job, rank, stage, (a, b))
+    resumed = _resume(module, opt, job, rank, stage, (a, b), fsdp)
     # fp16's loss scale resumes with the weights (a checkpoint of another dtype has none).
     precision.load_state_dict((resumed or {}).get("loss_scaler"))
     peers = [[(p.rank, (p.start, p.end)) for p in side]
@@ -379,6 +389,7 @@ def _open_stage(rank: int, job: Job, stage: int, position: int, shared) -> RankS
         expert_params=expert_params,
         opt=opt,
         group=None if fsdp else replica_group,
+        fully_sharded=fsdp,
         split=split,
         context=groups.context,
         expert_group=groups.expert_replicas.get(stage),
