@@ -111,6 +111,7 @@ class StageShape:
     tensor_parallel: int
     sequence_parallel: bool
     replicas: int
+    weight_replicas: int
     context_parallel: int
     shard_level: int
     reshard_after_forward: bool

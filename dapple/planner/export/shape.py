@@ -174,7 +174,7 @@ def run_shape(plan: Plan, target: str, approximate: bool = False, *, writes_expe
     context = rounding.one([s.context_parallel for s in shapes], "context parallelism that differs by stage",
                            "context degrees")
     # "3 kept": level 3 keeping the weights from the forward to the backward.
-    level = rounding.one([_level_word(s) if s.replicas * s.context_parallel > 1 else "0" for s in shapes],
+    level = rounding.one([_level_word(s) if s.weight_replicas > 1 else "0" for s in shapes],
                          "sharding levels that differ by stage", "sharding levels")
     shard = (int(level[0]), level == "3")
     recompute = rounding.one([s.recompute for s in shapes], "re-computation on some stages only, or of "

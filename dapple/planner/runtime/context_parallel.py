@@ -28,23 +28,21 @@ runs each backward later, pass by pass.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from .groups import GroupMember
+
 
 @dataclass(frozen=True)
-class ContextGroup:
+class ContextGroup(GroupMember):
     """The c ranks one replica's sequences are cut over: this rank is
     context rank ``index`` of ``size``; ``group`` is their process group."""
-
-    group: Any
-    index: int
-    size: int
 
     def positions(self, local_tokens: int, device: torch.device) -> torch.Tensor:
         """Positions in the whole sequence of this rank's ``local_tokens``
@@ -86,9 +84,9 @@ class _GatherTokens(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         context = ctx.context
         if dist.get_backend(context.group) == dist.Backend.NCCL:
-            mine = torch.empty_like(grad.chunk(context.size, dim=2)[context.index], memory_format=torch.contiguous_format)
-            dist.reduce_scatter(mine, [part.contiguous() for part in grad.chunk(context.size, dim=2)],
-                                group=context.group)
+            parts = [part.contiguous() for part in grad.chunk(context.size, dim=2)]
+            mine = torch.empty_like(parts[context.index])
+            dist.reduce_scatter(mine, parts, group=context.group)
             return mine, None
         whole = grad.contiguous()
         dist.all_reduce(whole, group=context.group)
@@ -122,13 +120,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     over the keys and values of the whole sequence: this rank's own, or
     every context rank's gathered; a query sees the keys at or before its
     position when ``causal``."""
-    n = q.shape[2]
-    queries_at = token_positions(n, context, q.device)
+    cut = None if context is None else (context.index, context.size)
     if context is not None:
         k, v = context.gather(k), context.gather(v)
-    keys_at = queries_at if context is None else context.key_positions(n, q.device)
-    seen = keys_at[None, :] <= queries_at[:, None] if causal else None
+    seen = _causal_mask(q.shape[2], cut, q.device) if causal else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_mask(n: int, cut: tuple[int, int] | None, device: torch.device) -> torch.Tensor:
+    """Which keys each of a rank's ``n`` queries sees under a causal mask:
+    those at or before its position. ``cut``: the rank's (index, size) of
+    its context group, whose keys are gathered. Made once a shape, as the
+    blocks' mask buffer was, not at every pass."""
+    context = None if cut is None else ContextGroup(None, *cut)
+    queries_at = token_positions(n, context, device)
+    keys_at = queries_at if context is None else context.key_positions(n, device)
+    return keys_at[None, :] <= queries_at[:, None]
 
 
 def cut_sequences(layers: list[nn.Module], context: ContextGroup) -> None:

@@ -29,7 +29,7 @@ holding the same experts in the other groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from torch.distributed.nn.functional import all_to_all_single
 from torch.nn import functional as F
 
 from .context_parallel import ContextGroup, self_attention
+from .groups import GroupMember
 from .tensor_parallel import ShardedModule
 
 #: ``run_experts(inputs, counts)``: the routed inputs grouped by expert,
@@ -47,13 +48,9 @@ RunExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class ExpertGroup:
+class ExpertGroup(GroupMember):
     """The e ranks a layer's routed experts are spread over: this rank is
     member ``index`` of ``size``; ``group`` is their process group."""
-
-    group: Any
-    index: int
-    size: int
 
 
 def route(h: torch.Tensor, router: nn.Linear, per_token: int) -> tuple[torch.Tensor, torch.Tensor]:

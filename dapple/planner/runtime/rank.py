@@ -263,6 +263,19 @@ class RankGroups:
     expert_replicas: dict[int, Any]
 
 
+def _member_of(lists, rank: int) -> tuple[Any, int, int] | None:
+    """A process group of each list of ranks with more than one (every rank
+    makes every one: ``new_group`` is collective) and, where ``rank`` is in a
+    list, its (group, index there, size), the group None where it is alone;
+    None where it is in none."""
+    mine = None
+    for ranks in map(list, lists):
+        group = dist.new_group(ranks) if len(ranks) > 1 else None
+        if rank in ranks:
+            mine = (group, ranks.index(rank), len(ranks))
+    return mine
+
+
 def _process_groups(lay, rank: int) -> RankGroups:
     """Every stage's replica groups, then its split groups, its context
     groups, its expert groups and the groups holding the same experts,
@@ -271,28 +284,18 @@ def _process_groups(lay, rank: int) -> RankGroups:
     experts: dict[int, ExpertGroup] = {}
     expert_replicas: dict[int, Any] = {}
     for i, stage in enumerate(lay.stages):
-        for ranks in stage.replica_groups:
-            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-            if rank in ranks:
-                replica_group = group
-        for ranks in stage.split_groups:
-            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-            if rank in ranks and group is not None:
-                split = SplitGroup(group, list(ranks).index(rank), len(ranks))
-        for ranks in stage.context_groups if stage.context_parallel > 1 else ():
-            group = dist.new_group(list(ranks))
-            if rank in ranks:
-                context = ContextGroup(group, list(ranks).index(rank), len(ranks))
+        if found := _member_of(stage.replica_groups, rank):
+            replica_group = found[0]
+        if (found := _member_of(stage.split_groups, rank)) and found[0] is not None:
+            split = SplitGroup(*found)
+        if stage.context_parallel > 1 and (found := _member_of(stage.context_groups, rank)):
+            context = ContextGroup(*found)
         if stage.expert_parallel == 1:
             continue
-        for ranks in stage.expert_groups:
-            group = dist.new_group(list(ranks))
-            if rank in ranks:
-                experts[i] = ExpertGroup(group, list(ranks).index(rank), len(ranks))
-        for ranks in stage.expert_replica_groups:
-            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-            if rank in ranks and group is not None:
-                expert_replicas[i] = group
+        if found := _member_of(stage.expert_groups, rank):
+            experts[i] = ExpertGroup(*found)
+        if (found := _member_of(stage.expert_replica_groups, rank)) and found[0] is not None:
+            expert_replicas[i] = found[0]
     return RankGroups(replica_group, split, context, experts, expert_replicas)
 
 

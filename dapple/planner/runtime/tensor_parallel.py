@@ -35,7 +35,6 @@ result compares with single-process training.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,16 +43,13 @@ from torch.nn import functional as F
 
 from .context_parallel import ContextGroup, attention, token_positions
 from .fully_sharded import whole
+from .groups import GroupMember
 
 
 @dataclass(frozen=True)
-class SplitGroup:
+class SplitGroup(GroupMember):
     """The t ranks a replica's layers are sharded over: this rank is shard
     ``index`` of ``size``; ``group`` is their process group."""
-
-    group: Any
-    index: int
-    size: int
 
 
 class _CopyToSplit(torch.autograd.Function):

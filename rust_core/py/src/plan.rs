@@ -24,6 +24,9 @@ pub struct PyStageShape {
     sequence_parallel: bool,
     /// Data replicas of the split layers: the stage's GPUs / (t c).
     replicas: u32,
+    /// The GPUs holding the same weights, over which gradients are reduced
+    /// and state sharded: the data replicas' context ranks, GPUs / t.
+    weight_replicas: u32,
     /// Context parallelism: each sample's sequence cut over this many
     /// consecutive split groups (1: none).
     context_parallel: u32,
@@ -61,6 +64,7 @@ impl From<&Stage> for PyStageShape {
             tensor_parallel: shape.tensor_parallel,
             sequence_parallel: shape.sequence_parallel,
             replicas: s.replicas(),
+            weight_replicas: shape.weight_replicas(s.devices.len() as u32),
             context_parallel: shape.context_parallel,
             shard_level: shape.shard_level,
             reshard_after_forward: shape.reshard_after_forward,

@@ -212,19 +212,20 @@ struct Groups {
     context: Vec<Vec<u32>>,
 }
 
-fn groups_of(stage: &[Slot], t: u32) -> Groups {
-    let ranks =
-        |keep: &dyn Fn(&Slot) -> bool| stage.iter().filter(|s| keep(s)).map(|s| s.rank).collect();
-    let replicas = stage.last().map_or(0, |s| s.replica + 1);
+/// Stage `i`'s groups from its slots, which run replica by replica, each
+/// replica's context ranks in turn, each context rank's t shards in turn:
+/// one pass over the slots apiece.
+fn groups_of(stage: &[Slot], t: usize, width: usize) -> Groups {
+    let ranks = |slots: &mut dyn Iterator<Item = &Slot>| slots.map(|s| s.rank).collect();
     Groups {
-        split: stage
-            .chunks(t as usize)
-            .map(|g| g.iter().map(|s| s.rank).collect())
+        split: stage.chunks(t).map(|g| ranks(&mut g.iter())).collect(),
+        replica: (0..t)
+            .map(|k| ranks(&mut stage.iter().skip(k).step_by(t)))
             .collect(),
-        replica: (0..t).map(|k| ranks(&|s| s.shard == k)).collect(),
-        context: (0..replicas)
-            .flat_map(|j| (0..t).map(move |k| (j, k)))
-            .map(|(j, k)| ranks(&|s| s.replica == j && s.shard == k))
+        context: stage
+            .chunks(width)
+            .flat_map(|replica| (0..t).map(move |k| replica.iter().skip(k).step_by(t)))
+            .map(|mut shard| ranks(&mut shard))
             .collect(),
     }
 }
@@ -297,7 +298,7 @@ impl RunLayout {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let groups = groups_of(&slots[i], t[i]);
+                let groups = groups_of(&slots[i], t[i] as usize, s.shape().replica_gpus() as usize);
                 StageLayout {
                     layer_start: s.layer_start,
                     layer_end: s.layer_end,

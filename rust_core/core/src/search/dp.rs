@@ -971,7 +971,8 @@ impl<'c, 'a> Dp<'c, 'a> {
             for (t, c) in self.ctx.shapes.pairs_of_width(width) {
                 if !self.ctx.hints.admits_degree(always.end, t, gpus)
                     || width > 1
-                        && !(self.ctx.splits_evenly(devices, t)
+                        // At t = t c, `splits_evenly(devices, width)` above said so.
+                        && !((t == width || self.ctx.splits_evenly(devices, t))
                             && always
                                 .clone()
                                 .all(|l| self.ctx.layer_runs_at(l, (t, c), gpus, max_replicas)))
