@@ -15,6 +15,15 @@ ratio is reported with its minimum and maximum. Both builds must choose the
 same plan in every pair: a difference is printed as a warning. The results
 record each build's planner (its path and when its core was built).
 
+With ``--instructions`` each build instead plans each case once under
+valgrind's callgrind on one thread (``RAYON_NUM_THREADS=1``), and the
+instructions one ``planner.plan`` call executes are reported (a run that
+imports and plans, less one that only imports): on a shared 2-core machine
+wall times of sub-second cases swing 0.5-2.5 times from pair to pair, the
+instruction counts by well under 1%. Counts say nothing of cache misses or
+of the two threads' balance; read them beside the timed pairs. Needs
+valgrind (``apt install valgrind``).
+
 How to make the "before" interpreter: ``git worktree add /tmp/before REV``,
 ``python -m venv /tmp/venv-before``, ``/tmp/venv-before/bin/pip install
 /tmp/before``.
@@ -51,6 +60,43 @@ def suite_cases(suite_path: Path) -> list[dict]:
         }
         for case in suite["cases"]
     ]
+
+
+#: Imports the planner of either layout (before the one `dapple` package it
+#: was `planner` at the top) and plans a case N times.
+PLAN_N_TIMES = (
+    "import sys\n"
+    "try:\n    from dapple import planner\nexcept ImportError:\n    import planner\n"
+    "for _ in range(int(sys.argv[4])):\n    planner.plan(sys.argv[1], sys.argv[2], int(sys.argv[3]))\n"
+)
+
+
+def instructions(case: dict, python: str) -> int:
+    """Instructions one ``planner.plan`` of ``case`` executes under ``python``,
+    on one thread (callgrind: a run that plans once, less one that plans
+    none)."""
+    def collected(times: int) -> int:
+        env = {**os.environ, "RAYON_NUM_THREADS": "1"}
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-c", PLAN_N_TIMES,
+             case["profile"], case["topology"], str(case["gbs"]), str(times)],
+            capture_output=True, text=True, check=True, env=env, cwd="/")
+        line = next(x for x in done.stderr.splitlines() if "Collected :" in x)
+        return int(line.split("Collected :")[1])
+    return collected(1) - collected(0)
+
+
+def counted(case: dict, before: str) -> dict:
+    now, then = instructions(case, sys.executable), instructions(case, before)
+    return {"case": case["name"], "instructions": now, "before_instructions": then, "ratio": now / then}
+
+
+def instructions_table(doc: dict) -> str:
+    lines = ["| case | instructions now | before | ratio now/before |", "|---|--:|--:|--:|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['case']} | {r['instructions'] / 1e6:,.1f} M | {r['before_instructions'] / 1e6:,.1f} M | "
+                     f"{r['ratio']:.3f} |")
+    return "\n".join(lines) + "\n"
 
 
 def plan_of(run: dict) -> tuple:
@@ -121,24 +167,41 @@ def main() -> None:
     ap.add_argument("--suite", default="profiles/regress/paper-table-v.json", help="regress suite whose cases to time (default: %(default)s)")
     ap.add_argument("--pairs", type=int, default=5, help="counted pairs per case (default %(default)s)")
     ap.add_argument("--out", default="benchmarks/results/plan_speed_paired.json", help="results JSON, relative to the repository root (default: %(default)s)")
+    ap.add_argument("--case", action="append", metavar="NAME",
+                    help="only the suite's case of this name (repeatable; default: every case)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count each build's instructions a plan (callgrind, one thread) instead of timing pairs")
     ap.add_argument("--table", metavar="RESULTS_JSON", help="print the markdown table of a results file and exit")
     args = ap.parse_args()
     if args.table:
-        print(markdown_table(json.loads(Path(args.table).read_text())), end="")
+        doc = json.loads(Path(args.table).read_text())
+        print((instructions_table if doc.get("what") == "instructions" else markdown_table)(doc), end="")
         return
     if not args.before:
         ap.error("--before PYTHON is required")
     load_start = os.getloadavg()
     rows = []
-    for case in suite_cases(Path(ROOT) / args.suite):
-        row = paired(case, args.before, args.pairs)
+    cases = suite_cases(Path(ROOT) / args.suite)
+    unknown = set(args.case or ()) - {c["name"] for c in cases}
+    if unknown:
+        ap.error(f"--case {sorted(unknown)[0]!r}: no such case in {args.suite}")
+    for case in cases:
+        if args.case and case["name"] not in args.case:
+            continue
+        if args.instructions:
+            row = counted(case, args.before)
+            print(f"{row['case']}: {row['instructions']:,} instructions against {row['before_instructions']:,}, "
+                  f"ratio {row['ratio']:.3f}", flush=True)
+        else:
+            row = paired(case, args.before, args.pairs)
+            print(
+                f"{row['case']}: {row['plan_s_median'] * 1000:.1f} ms against {row['before_plan_s_median'] * 1000:.1f} ms, "
+                f"ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})",
+                flush=True,
+            )
         rows.append(row)
-        print(
-            f"{row['case']}: {row['plan_s_median'] * 1000:.1f} ms against {row['before_plan_s_median'] * 1000:.1f} ms, "
-            f"ratio {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})",
-            flush=True,
-        )
     doc = {
+        "what": "instructions" if args.instructions else "wall time",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "build": build_info(),
@@ -153,7 +216,7 @@ def main() -> None:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(out)  # whole or not at all
-    print(markdown_table(doc), end="")
+    print((instructions_table if args.instructions else markdown_table)(doc), end="")
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ fn interpolate_log2(points: &[(u64, f64)], x: f64) -> f64 {
     let i = points.partition_point(|&(size, _)| (size as f64) <= x);
     match (i.checked_sub(1).map(|k| points[k]), points.get(i)) {
         (Some((s0, v0)), Some(&(s1, v1))) => {
-            let (x0, x1) = ((s0 as f64).log2(), (s1 as f64).log2());
+            let (x0, x1) = (log2_of(s0), log2_of(s1));
             v0 + (v1 - v0) * (x.log2() - x0) / (x1 - x0)
         }
         (Some((_, v)), None) | (None, Some(&(_, v))) => v,
@@ -366,6 +366,17 @@ pub type Alloc = Vec<(usize, u32)>;
 
 pub fn alloc_size(alloc: &[(usize, u32)]) -> u32 {
     alloc.iter().map(|&(_, n)| n).sum()
+}
+
+/// log2 of a measured size: exact and without a libm call for the powers of
+/// two the curves are measured at (the search prices collectives millions
+/// of times).
+fn log2_of(size: u64) -> f64 {
+    if size.is_power_of_two() {
+        f64::from(size.trailing_zeros())
+    } else {
+        (size as f64).log2()
+    }
 }
 
 /// Ring AllReduce of `bytes` over the GPUs of `alloc`, or hierarchical

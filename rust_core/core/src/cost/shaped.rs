@@ -20,11 +20,13 @@
 //! - an offloaded optimizer: its state in host memory, its step on the
 //!   host after the last backward (`offload.rs`).
 
+use std::cell::Cell;
+
 use super::all_to_all::AllToAll;
 use super::offload::offloaded_step_ms;
 use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
 use crate::cost::overlap::{exposed_before_forward, exposed_behind_backward};
-use crate::cost::shape::{MemorySums, Offload, StageMemory, StageShape};
+use crate::cost::shape::{MemorySums, Offload, Recompute, StageMemory, StageShape};
 use crate::model::context::RingTraffic;
 use crate::model::experts::ALL_TO_ALLS_PER_PASS;
 use crate::model::split::ShardCost;
@@ -36,6 +38,10 @@ use crate::model::split::ShardCost;
 struct SplitGroups {
     shards: AllreduceCurve,
     replicas: AllreduceCurve,
+    /// The shards' last AllReduces priced, (bytes, ms): a stage's layers
+    /// are mostly alike, so a stage grown a layer at a time asks for the
+    /// same few sizes again and again.
+    shards_priced: Cell<[(f64, f64); 2]>,
 }
 
 impl SplitGroups {
@@ -43,7 +49,19 @@ impl SplitGroups {
         SplitGroups {
             shards: consecutive_group(cluster, machines, t as usize),
             replicas: strided_group(cluster, machines, t as usize),
+            shards_priced: Cell::new([(f64::NAN, 0.0); 2]),
         }
+    }
+
+    /// An AllReduce of `bytes` inside a replica's t shards.
+    fn shards_ms(&self, bytes: f64) -> f64 {
+        let [last, before] = self.shards_priced.get();
+        if let Some(&(_, ms)) = [last, before].iter().find(|&&(b, _)| b == bytes) {
+            return ms;
+        }
+        let ms = self.shards.ms(bytes);
+        self.shards_priced.set([(bytes, ms), last]);
+        ms
     }
 }
 
@@ -189,7 +207,26 @@ pub struct ShapedSums {
     /// hold the same experts.
     split_expert_gradient_bytes: f64,
     whole_expert_gradient_bytes: f64,
+    /// The forward selective re-computation runs again, on the profile's
+    /// own times at the whole layers' slice (`LayerCosts::selective_ratio`'s
+    /// numerator, summed as the stage grows).
+    selective_rerun_fwd_ms: f64,
     memory: MemorySums,
+    /// What every shape priced from these sums shares (`CommonCost`), kept
+    /// until a layer is added: several shapes are priced at each length.
+    common: Cell<Option<CommonCost>>,
+}
+
+/// The part of a summed stage's cost that no shape changes: one
+/// micro-batch's passes (before re-computation and sharding's collectives),
+/// the gradient reduction as AllReduces, and the bytes of the stage's input
+/// a GPU keeps per micro-batch.
+#[derive(Debug, Clone, Copy)]
+struct CommonCost {
+    fwd_ms: f64,
+    bwd_ms: f64,
+    reduce_ms: f64,
+    input_bytes: f64,
 }
 
 impl ShapedSums {
@@ -318,7 +355,9 @@ impl StageCoster<'_> {
             whole_gradient_bytes: 0.0,
             split_expert_gradient_bytes: 0.0,
             whole_expert_gradient_bytes: 0.0,
+            selective_rerun_fwd_ms: 0.0,
             memory: MemorySums::default(),
+            common: Cell::new(None),
         }
     }
 
@@ -330,6 +369,7 @@ impl StageCoster<'_> {
     /// gradients and its memory.
     pub fn prepend_layer(&self, sums: &mut ShapedSums, devices: &StageDevices) {
         let l = sums.start - 1;
+        sums.common.set(None);
         let shard = if sums.t > 1 {
             self.layers.shard(l, sums.t, sums.sequence_parallel)
         } else {
@@ -337,7 +377,7 @@ impl StageCoster<'_> {
         };
         let (timing, speed) = devices.paces[0];
         let shard_group = |groups: &Option<SplitGroups>, bytes: f64| {
-            groups.as_ref().map_or(0.0, |g| g.shards.ms(bytes))
+            groups.as_ref().map_or(0.0, |g| g.shards_ms(bytes))
         };
         // Expert parallelism: the layer's routed experts spread, their
         // share of its gradients reduced apart, its tokens exchanged.
@@ -382,6 +422,11 @@ impl StageCoster<'_> {
             }
         }
         self.prepend_ring(sums, l, shard.is_some(), devices);
+        sums.selective_rerun_fwd_ms += self.layers.selective_rerun_fwd_ms(
+            self.times(0, sums.whole_slice),
+            l,
+            sums.whole_slice,
+        );
         if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
             let cut_bytes =
                 self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice) * tokens;
@@ -538,26 +583,9 @@ impl StageCoster<'_> {
         only_stage: bool,
     ) -> (StageCost, StageMemory) {
         debug_assert!(sums.prices(shape));
-        let (split_ms, whole_gradient_bytes) = match &sums.groups {
-            Some(g) if sums.any_split => (
-                g.replicas.ms(sums.split_gradient_bytes),
-                sums.whole_gradient_bytes,
-            ),
-            _ if sums.experts.is_some() => (0.0, sums.whole_gradient_bytes),
-            _ => (0.0, self.layers.gradient_bytes(sums.start, sums.end)),
-        };
-        let expert_ms = sums.experts.as_ref().map_or(0.0, |g| {
-            g.split_reduce.ms(sums.split_expert_gradient_bytes)
-                + g.whole_reduce.ms(sums.whole_expert_gradient_bytes)
-        });
-        let (timing, speed) = devices.paces[0];
-        let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
-        if let Some(end) = sums.whole_run_end {
-            let whole = self.times(timing, sums.whole_slice);
-            fwd_ms += whole.fwd(sums.start, end) / speed * sums.context_share();
-            bwd_ms += whole.bwd(sums.start, end) / speed * sums.context_share();
-        }
-        let reduce_ms = devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms;
+        let common = self.common_cost(sums, devices);
+        let (mut fwd_ms, mut bwd_ms) = (common.fwd_ms, common.bwd_ms);
+        let reduce_ms = common.reduce_ms;
         let reduction = self.exposed_reduction(
             sums,
             devices,
@@ -567,25 +595,30 @@ impl StageCoster<'_> {
             (fwd_ms, bwd_ms),
         );
         let (exposed, allreduce_ms) = (reduction.exposed_ms, reduction.all_ms);
-        let first_slice = match &sums.first_shard {
-            Some(s) => f64::from(sums.split_slice) * s.input_factor,
-            None => f64::from(sums.whole_slice),
-        };
-        let input_bytes =
-            first_slice * sums.context_share() * self.layers.cut_bytes_per_sample(sums.start);
-        let memory = sums.memory.memory(self.layers, shape, input_bytes);
+        let memory = sums.memory.memory(self.layers, shape, common.input_bytes);
         if !shape.recompute.is_none() {
             // The forward again, but what torch's checkpoint does not re-run
             // of the last layer, or the selective parts alone (shares from
             // the profile's own times).
             let own = self.times(0, sums.whole_slice);
-            bwd_ms += fwd_ms
-                * shape.recompute.rerun_ratio(
+            let ratio = match shape.recompute {
+                // The sums hold its numerator: O(1), not a pass over the layers.
+                Recompute::Selective => {
+                    let whole = own.fwd(sums.start, sums.end);
+                    if whole > 0.0 {
+                        sums.selective_rerun_fwd_ms / whole
+                    } else {
+                        0.0
+                    }
+                }
+                recompute => recompute.rerun_ratio(
                     self.layers,
                     own,
                     (sums.start, sums.end),
                     sums.whole_slice,
-                );
+                ),
+            };
+            bwd_ms += fwd_ms * ratio;
         }
         // A sharded stage's collectives with every micro-batch, where its
         // passes do not hide them (`cost/sharding.rs`; a re-run forward
@@ -618,6 +651,47 @@ impl StageCoster<'_> {
             bubble_ms: None,
         };
         (cost, memory)
+    }
+
+    /// What every shape of `sums` shares (`CommonCost`), worked out at the
+    /// first shape priced at its length.
+    fn common_cost(&self, sums: &ShapedSums, devices: &StageDevices) -> CommonCost {
+        if let Some(common) = sums.common.get() {
+            return common;
+        }
+        let (split_ms, whole_gradient_bytes) = match &sums.groups {
+            Some(g) if sums.any_split => (
+                g.replicas.ms(sums.split_gradient_bytes),
+                sums.whole_gradient_bytes,
+            ),
+            _ if sums.experts.is_some() => (0.0, sums.whole_gradient_bytes),
+            _ => (0.0, self.layers.gradient_bytes(sums.start, sums.end)),
+        };
+        let expert_ms = sums.experts.as_ref().map_or(0.0, |g| {
+            g.split_reduce.ms(sums.split_expert_gradient_bytes)
+                + g.whole_reduce.ms(sums.whole_expert_gradient_bytes)
+        });
+        let (timing, speed) = devices.paces[0];
+        let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
+        if let Some(end) = sums.whole_run_end {
+            let whole = self.times(timing, sums.whole_slice);
+            fwd_ms += whole.fwd(sums.start, end) / speed * sums.context_share();
+            bwd_ms += whole.bwd(sums.start, end) / speed * sums.context_share();
+        }
+        let first_slice = match &sums.first_shard {
+            Some(s) => f64::from(sums.split_slice) * s.input_factor,
+            None => f64::from(sums.whole_slice),
+        };
+        let common = CommonCost {
+            fwd_ms,
+            bwd_ms,
+            reduce_ms: devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms,
+            input_bytes: first_slice
+                * sums.context_share()
+                * self.layers.cut_bytes_per_sample(sums.start),
+        };
+        sums.common.set(Some(common));
+        common
     }
 
     /// The gradient reduction of the summed stage (`reduce_ms`: its
@@ -763,6 +837,79 @@ mod tests {
     use crate::cluster::topology::Topology;
     use crate::model::experts::ExpertPattern;
     use crate::model::profile::{profile_of_layers, LayerCosts};
+
+    #[test]
+    fn sums_grown_a_layer_at_a_time_price_every_shape_as_fresh_ones() {
+        // The search grows one sum a layer at a time and prices several
+        // shapes at each length (the shared part kept between them, the
+        // selective share summed as it grows); pricing each length afresh,
+        // one shape at a time, must give the same costs and memory.
+        use crate::model::transformer::{
+            transformer_profile, TransformerConfig, TransformerOptions,
+        };
+        let config = TransformerConfig::named("llama-2-7b").unwrap();
+        let options = TransformerOptions {
+            gpu: "a100-80gb".into(),
+            seq_len: 2048,
+            micro_batch_sizes: vec![1, 4],
+            efficiency: None,
+            // Unfused: the attention core is what selective re-computation re-runs.
+            attention: Some(crate::model::kernels::AttentionKernel::Unfused),
+            expert_imbalance: 1.0,
+        };
+        let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
+        let layers = LayerCosts::new(&profile);
+        let cluster = Cluster::new(&Topology::from_spec("2x8-a100-80gb").unwrap());
+        let coster = StageCoster::new(&layers, &cluster, 8, 1);
+        let devices = StageDevices::new(&cluster, vec![(0, 8), (1, 8)]);
+        let n = layers.num_layers;
+        let split = StageShape {
+            tensor_parallel: 4,
+            sequence_parallel: true,
+            ..StageShape::PLAIN
+        };
+        let shapes: Vec<StageShape> = [
+            Recompute::None,
+            Recompute::Selective,
+            Recompute::PerLayer,
+            Recompute::Full,
+        ]
+        .into_iter()
+        .flat_map(|recompute| {
+            [0, 1, 2].map(|shard_level| StageShape {
+                recompute,
+                shard_level,
+                ..split
+            })
+        })
+        .collect();
+        let mut sums = coster.empty_shaped_sums(n, &devices, &split);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+        for start in (0..n).rev() {
+            coster.prepend_layer(&mut sums, &devices);
+            for shape in &shapes {
+                let (grown, grown_memory) = coster.shaped_cost(&sums, &devices, shape, false);
+                let fresh_sums = coster.shaped_sums(start, n, &devices, shape);
+                let (fresh, fresh_memory) = coster.shaped_cost(&fresh_sums, &devices, shape, false);
+                assert!(close(grown.fwd_ms, fresh.fwd_ms), "{start} {shape:?}");
+                assert!(close(grown.bwd_ms, fresh.bwd_ms), "{start} {shape:?}");
+                assert_eq!(grown.allreduce_ms, fresh.allreduce_ms, "{start} {shape:?}");
+                assert_eq!(grown.memory_bytes, fresh.memory_bytes, "{start} {shape:?}");
+                assert_eq!(
+                    grown_memory.per_micro_batch_bytes, fresh_memory.per_micro_batch_bytes,
+                    "{start} {shape:?}"
+                );
+            }
+        }
+        // The selective share is neither nothing nor the whole forward.
+        let selective = &shapes[3];
+        let keeps = &shapes[0];
+        let (a, b) = (
+            coster.shaped_cost(&sums, &devices, selective, false).0,
+            coster.shaped_cost(&sums, &devices, keeps, false).0,
+        );
+        assert!(a.bwd_ms > b.bwd_ms && a.bwd_ms < b.bwd_ms + b.fwd_ms);
+    }
 
     #[test]
     fn spread_experts_leave_a_gpu_its_share_and_exchange_its_tokens() {

@@ -1131,32 +1131,68 @@ impl Timing {
     /// [`LayerCosts::times_at`]).
     fn prefix_at(&self, batch: u32) -> TimePrefix {
         let n = self.fwd.first().map_or(0, Vec::len);
+        let spot = self.spot(batch);
         let mut f = vec![0.0; n + 1];
         let mut b = vec![0.0; n + 1];
         for i in 0..n {
-            f[i + 1] = f[i] + self.interpolate(&self.fwd, i, batch);
-            b[i + 1] = b[i] + self.interpolate(&self.bwd, i, batch);
+            f[i + 1] = f[i] + spot.interpolate(&self.fwd, i);
+            b[i + 1] = b[i] + spot.interpolate(&self.bwd, i);
         }
         TimePrefix { fwd: f, bwd: b }
     }
 
-    fn interpolate(&self, table: &[Vec<f64>], layer: usize, batch: u32) -> f64 {
+    /// Where `batch` lies among the measured sizes (the same for every
+    /// layer: found once a batch, not once a layer).
+    fn spot(&self, batch: u32) -> Spot {
         let sizes = &self.batch_sizes;
         let x = f64::from(batch);
         let last = sizes.len() - 1;
         if batch <= sizes[0] {
-            return table[0][layer] * x / f64::from(sizes[0]);
+            return Spot::Scaled {
+                k: 0,
+                x,
+                at: f64::from(sizes[0]),
+            };
         }
         if batch >= sizes[last] {
-            return table[last][layer] * x / f64::from(sizes[last]);
+            return Spot::Scaled {
+                k: last,
+                x,
+                at: f64::from(sizes[last]),
+            };
         }
         let k = sizes
             .iter()
             .position(|&s| s >= batch)
             .expect("inside the measured range");
-        let (x0, x1) = (f64::from(sizes[k - 1]), f64::from(sizes[k]));
-        let (y0, y1) = (table[k - 1][layer], table[k][layer]);
-        y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        Spot::Between {
+            k,
+            x,
+            x0: f64::from(sizes[k - 1]),
+            x1: f64::from(sizes[k]),
+        }
+    }
+}
+
+/// A batch size among a timing's measured ones: outside them a layer's time
+/// is proportional to the batch (scaled from measured size `k`, `at`
+/// samples), between two linear.
+#[derive(Debug, Clone, Copy)]
+enum Spot {
+    Scaled { k: usize, x: f64, at: f64 },
+    Between { k: usize, x: f64, x0: f64, x1: f64 },
+}
+
+impl Spot {
+    /// `table[k][layer]` (a time of each measured size) at this batch.
+    fn interpolate(&self, table: &[Vec<f64>], layer: usize) -> f64 {
+        match *self {
+            Spot::Scaled { k, x, at } => table[k][layer] * x / at,
+            Spot::Between { k, x, x0, x1 } => {
+                let (y0, y1) = (table[k - 1][layer], table[k][layer]);
+                y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+            }
+        }
     }
 }
 
@@ -1415,6 +1451,18 @@ impl LayerCosts {
             (start, end),
             batch,
         )
+    }
+
+    /// Of layer `l`'s forward on `times` (at slices of `batch`), the ms
+    /// selective re-computation runs again: a term of
+    /// [`LayerCosts::selective_ratio`]'s sum, for callers that sum a stage
+    /// a layer at a time.
+    pub fn selective_rerun_fwd_ms(&self, times: &TimePrefix, l: usize, batch: u32) -> f64 {
+        let fractions = &self.selective_fractions[l];
+        if fractions.is_empty() {
+            return 0.0;
+        }
+        times.fwd(l, l + 1) * fraction_at(fractions, batch, 0.0)
     }
 
     /// The shares of layer `l`'s forward and backward at slices of `batch`

@@ -208,6 +208,9 @@ pub(crate) struct Dp<'c, 'a> {
     /// ZeRO-1 moves less than an AllReduce (weights smaller than
     /// gradients): worth trying where memory does not bind.
     zero_saves_time: bool,
+    /// The space's highest sharding level (`prepend_shapes` weighs a shape
+    /// above level 1 against the level below it).
+    max_shard_level: u8,
     /// `prepend_shapes`' lists, kept between calls: it runs for each
     /// degree at each layer a stage grows by, too often to allocate them.
     shape_scratch: ShapeScratch,
@@ -330,6 +333,7 @@ impl<'c, 'a> Dp<'c, 'a> {
             abandoned: false,
             zero_saves_time: ctx.shapes.shard_levels.contains(&1)
                 && ctx.layers.weights_per_gradient_byte() < 1.0,
+            max_shard_level: ctx.shapes.shard_levels.iter().copied().max().unwrap_or(0),
             shape_scratch: ShapeScratch::default(),
             spare_degrees: Vec::new(),
         }
@@ -992,7 +996,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                             gpus,
                             devices.mixed,
                         );
-                        if !shapes.as_slice().is_empty() {
+                        if !shapes.is_empty() {
                             list.push(Degree {
                                 t,
                                 c,
@@ -1033,14 +1037,14 @@ impl<'c, 'a> Dp<'c, 'a> {
         suffixes: &Suffixes,
     ) -> bool {
         let j = suffixes.start;
-        let (shapes, sums) = (degree.shapes.as_slice(), &mut degree.sums);
-        if self.ctx.spreads_no_experts(&shapes[0], (i, j)) {
+        let (shapes, sums) = (&degree.shapes, &mut degree.sums);
+        if self.ctx.spreads_no_experts(&shapes.get(0), (i, j)) {
             // A longer stage may have some.
             return true;
         }
         if self
             .ctx
-            .splits_experts_of_a_whole_sequence(&shapes[0], (i, j))
+            .splits_experts_of_a_whole_sequence(&shapes.get(0), (i, j))
         {
             return false;
         }
@@ -1048,7 +1052,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         // fewest stages allows (`fitting_class`).
         let first = &suffixes.entries[0].1;
         let warmup = self.rule_warmup(usize::from(first.class), first.stages + 1);
-        if let [only] = shapes {
+        if shapes.len() == 1 {
+            let only = &shapes.get(0);
             // Nothing to weigh it against (DAPPLE's space, mixed GPUs).
             let priced = self.price((i, j), &option.devices, (only, warmup), only_stage, sums);
             self.stages_costed += 1;
@@ -1069,7 +1074,8 @@ impl<'c, 'a> Dp<'c, 'a> {
         // Whether an offloaded shape's twin (the one before it, stepping on
         // its GPUs) leaves it no room to fit.
         let mut twin_rules_out = false;
-        for shape in shapes {
+        for shape in shapes.iter() {
+            let shape = &shape;
             if shape.offload.is_none() {
                 twin_rules_out = false;
             } else if twin_rules_out {
@@ -1088,7 +1094,7 @@ impl<'c, 'a> Dp<'c, 'a> {
                             .is_some_and(|v| fitting.iter().any(|u| no_faster(&v, u))));
             if no_use {
                 passes.push((*shape, None));
-                settled.push(*shape);
+                settle(&mut settled, shape, self.max_shard_level);
                 continue;
             }
             let priced = self.price((i, j), &option.devices, (shape, warmup), only_stage, sums);
@@ -1101,14 +1107,14 @@ impl<'c, 'a> Dp<'c, 'a> {
             if self.objective == Objective::Latency && fitting.iter().any(|u| no_faster(&times, u))
             {
                 passes.push((*shape, None));
-                settled.push(*shape);
+                settle(&mut settled, shape, self.max_shard_level);
                 continue;
             }
             let prepended = self.prepend_stage(option, i, &priced, suffixes);
             longer_may_help |= prepended.longer_may_help;
             if prepended.fits_every_rule {
                 fitting.push(times);
-                settled.push(*shape);
+                settle(&mut settled, shape, self.max_shard_level);
             }
             passes.push((*shape, Some(times)));
         }
@@ -1539,16 +1545,13 @@ impl Dp<'_, '_> {
             .ctx
             .memory_warmup(suffix.stages + 1, self.micro_batches);
         let only_stage = i == 0 && suffix.stages == 0;
-        if self
-            .ctx
-            .spreads_no_experts(&degree.shapes.as_slice()[0], (i, j))
-        {
+        if self.ctx.spreads_no_experts(&degree.shapes.get(0), (i, j)) {
             // A longer stage may have some.
             return true;
         }
         if self
             .ctx
-            .splits_experts_of_a_whole_sequence(&degree.shapes.as_slice()[0], (i, j))
+            .splits_experts_of_a_whole_sequence(&degree.shapes.get(0), (i, j))
         {
             return false;
         }
@@ -1557,7 +1560,8 @@ impl Dp<'_, '_> {
         // Whether an offloaded shape's twin (the one before it, stepping on
         // its GPUs) fits, and is faster, or leaves it no room to fit.
         let mut twin_decides = false;
-        for (k, shape) in degree.shapes.as_slice().iter().enumerate() {
+        for (k, shape) in degree.shapes.iter().enumerate() {
+            let shape = &shape;
             if shape.offload.is_none() {
                 twin_decides = false;
             } else if twin_decides {
@@ -1577,7 +1581,7 @@ impl Dp<'_, '_> {
             );
             self.stages_costed += 1;
             let limit = priced.cost.memory_limit_bytes;
-            if k == 0 && degree.shapes.as_slice().len() > 1 {
+            if k == 0 && degree.shapes.len() > 1 {
                 base_fits_deepest =
                     priced.bytes_at(self.ctx.layers, i, j, self.micro_batches) <= limit;
             }
@@ -1627,6 +1631,14 @@ impl Dp<'_, '_> {
 
 /// The shape one sharding level below `shape`'s, for levels 2 and 3
 /// (level 3 is weighed against level 2 whether or not it re-shards).
+/// Keep `shape` among the shapes a higher sharding level is weighed against
+/// (`prepend_shapes`), where the space has a level above it.
+fn settle(settled: &mut Vec<StageShape>, shape: &StageShape, max_shard_level: u8) {
+    if shape.shard_level >= 1 && shape.shard_level < max_shard_level {
+        settled.push(*shape);
+    }
+}
+
 fn lower_sharding_level(shape: &StageShape) -> Option<StageShape> {
     (shape.shard_level >= 2).then(|| StageShape {
         shard_level: shape.shard_level - 1,

@@ -735,7 +735,15 @@ impl Context<'_> {
         gpus: u32,
         mixed: bool,
     ) -> ShapeList {
-        let mut list = ShapeList::default();
+        let base = StageShape {
+            tensor_parallel: t,
+            sequence_parallel,
+            expert_parallel: e,
+            expert_tensor_parallel: et,
+            context_parallel: c,
+            ..StageShape::PLAIN
+        };
+        let mut list = ShapeList::at(base);
         if let Some(layout) = self.layout {
             // The layout's own shapes, for its stages of that many GPUs.
             for &(_, _, g, shape) in layout {
@@ -751,14 +759,6 @@ impl Context<'_> {
             }
             return list;
         }
-        let base = StageShape {
-            tensor_parallel: t,
-            sequence_parallel,
-            expert_parallel: e,
-            expert_tensor_parallel: et,
-            context_parallel: c,
-            ..StageShape::PLAIN
-        };
         if mixed {
             list.push_unique(base);
             return list;
@@ -841,41 +841,92 @@ impl Context<'_> {
 }
 
 /// The shapes a stage may take at one split degree, in the order they are
-/// priced. There is at most one per combination of sharding level (five,
-/// counting level 3 both ways), re-computation and offloading, so they fit
-/// a fixed array: the DP lists them once per stage option, too often to
-/// allocate each time.
+/// priced. They share the degree's split, sequence, expert and context
+/// fields (`base`) and differ in sharding level (five, counting level 3
+/// both ways), re-computation and offloading, so each is kept as those
+/// four bytes in a fixed array: the DP lists them once per stage option,
+/// too often to allocate each time, and copies the list as it goes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ShapeList {
-    shapes: [StageShape; ShapeList::CAPACITY],
+    base: StageShape,
+    variants: [Variant; ShapeList::CAPACITY],
     len: usize,
+}
+
+/// What tells apart the shapes of one degree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Variant {
+    shard_level: u8,
+    reshard_after_forward: bool,
+    recompute: Recompute,
+    offload: Offload,
+}
+
+impl Variant {
+    const OF_PLAIN: Variant = Variant {
+        shard_level: 0,
+        reshard_after_forward: false,
+        recompute: Recompute::None,
+        offload: Offload::None,
+    };
 }
 
 impl ShapeList {
     const CAPACITY: usize = 5 * Recompute::ALL.len() * Offload::ALL.len();
 
-    /// Adds `shape` unless it is listed already.
+    /// An empty list of shapes at `base`'s degree.
+    fn at(base: StageShape) -> ShapeList {
+        ShapeList {
+            base,
+            variants: [Variant::OF_PLAIN; ShapeList::CAPACITY],
+            len: 0,
+        }
+    }
+
+    /// Adds `shape` (at the list's degree) unless it is listed already.
     fn push_unique(&mut self, shape: StageShape) {
-        if !self.as_slice().contains(&shape) {
-            // Distinct shapes at one degree differ in sharding,
-            // re-computation or offloading.
+        let variant = Variant {
+            shard_level: shape.shard_level,
+            reshard_after_forward: shape.reshard_after_forward,
+            recompute: shape.recompute,
+            offload: shape.offload,
+        };
+        debug_assert!(
+            self.with(variant) == shape,
+            "a stage shape of another degree"
+        );
+        if !self.variants[..self.len].contains(&variant) {
             debug_assert!(self.len < Self::CAPACITY, "a stage shape of another kind");
-            self.shapes[self.len] = shape;
+            self.variants[self.len] = variant;
             self.len += 1;
         }
     }
 
-    pub(crate) fn as_slice(&self) -> &[StageShape] {
-        &self.shapes[..self.len]
-    }
-}
-
-impl Default for ShapeList {
-    fn default() -> Self {
-        ShapeList {
-            shapes: [StageShape::PLAIN; ShapeList::CAPACITY],
-            len: 0,
+    fn with(&self, v: Variant) -> StageShape {
+        StageShape {
+            shard_level: v.shard_level,
+            reshard_after_forward: v.reshard_after_forward,
+            recompute: v.recompute,
+            offload: v.offload,
+            ..self.base
         }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Shape `k`, in pricing order.
+    pub(crate) fn get(&self, k: usize) -> StageShape {
+        self.with(self.variants[..self.len][k])
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = StageShape> + '_ {
+        self.variants[..self.len].iter().map(|&v| self.with(v))
     }
 }
 
