@@ -1629,8 +1629,6 @@ impl Dp<'_, '_> {
     }
 }
 
-/// The shape one sharding level below `shape`'s, for levels 2 and 3
-/// (level 3 is weighed against level 2 whether or not it re-shards).
 /// Keep `shape` among the shapes a higher sharding level is weighed against
 /// (`prepend_shapes`), where the space has a level above it.
 fn settle(settled: &mut Vec<StageShape>, shape: &StageShape, max_shard_level: u8) {
@@ -1639,6 +1637,8 @@ fn settle(settled: &mut Vec<StageShape>, shape: &StageShape, max_shard_level: u8
     }
 }
 
+/// The shape one sharding level below `shape`'s, for levels 2 and 3
+/// (level 3 is weighed against level 2 whether or not it re-shards).
 fn lower_sharding_level(shape: &StageShape) -> Option<StageShape> {
     (shape.shard_level >= 2).then(|| StageShape {
         shard_level: shape.shard_level - 1,
