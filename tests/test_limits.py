@@ -291,9 +291,12 @@ def test_a_search_stopped_at_every_size_before_any_plan_is_complete_still_answer
     assert plan.data["selection"]["source"] == "megatron"
     sim = planner.simulate(plan, profile)
     assert sim.fits_memory and sim.iteration_ms == pytest.approx(plan.iteration_ms)
-    # Every size reached the limit.
+    # Every size reached the limit but 1, whose every stage alone (2048
+    # micro-batches of a layer of at least 9 ms) is slower than the seeds'
+    # bound: its run proves that in its first step.
     again = planner.plan(profile, "128x8-nvlink", 2048, max_search_steps=1)
-    assert again.search_stats.abandoned_micro_batch_sizes == again.search_stats.micro_batch_sizes
+    sizes = again.search_stats.micro_batch_sizes
+    assert again.search_stats.abandoned_micro_batch_sizes == [b for b in sizes if b != 1]
 
 
 def test_a_slow_baseline_or_a_limit_in_one_row_leaves_the_comparison(dapple, small_profile):

@@ -77,6 +77,10 @@ pub(crate) enum Objective {
 
 pub(crate) const NO_PARENT: u32 = u32::MAX;
 
+/// Most bisections of a seed's cap on a stage's work (`Dp::seed_rule`):
+/// each halves the gap between a cap that fits and one that does not.
+const SEED_BISECTIONS: u32 = 8;
+
 /// A suffix plan: what the DP compares. Its first stage is kept apart
 /// (`EntryStage`, at the same index), read only to rebuild a plan: the
 /// entries are copied and compared in the innermost loops.
@@ -149,6 +153,7 @@ pub(crate) struct StateData {
 
 /// A complete plan found by one DP run, as placement steps from the last
 /// stage to the first.
+#[derive(Clone)]
 pub(crate) struct Found {
     pub(crate) value: f64,
     /// Placement steps, last stage first.
@@ -617,15 +622,6 @@ impl<'c, 'a> Dp<'c, 'a> {
         });
         self.states[root_state as usize].front.push(0);
         let max_replicas = self.max_replicas();
-        // The seeds are plans of the whole space, not of a fixed layout
-        // (and a layout's run has no shared bound to seed) nor of the
-        // space the hints leave: skip them.
-        if self.objective == Objective::Latency
-            && self.ctx.layout.is_none()
-            && self.ctx.hints.is_empty()
-        {
-            self.seed_incumbent(&machines, max_replicas);
-        }
         'layers: for j in (1..=n).rev() {
             for sid in self.states_starting_at(j) {
                 if self.stopped {
@@ -723,12 +719,24 @@ impl<'c, 'a> Dp<'c, 'a> {
         }
     }
 
-    /// Cost a few simple plans (k equal-work stages of G/k GPUs each,
-    /// fresh-first) so that pruning has a bound from the start.
-    fn seed_incumbent(&mut self, machines: &[(usize, u32)], max_replicas: u32) {
+    /// Cost a few simple plans so that pruning has a bound from the start:
+    /// for each k, k stages of G/k GPUs each (fresh-first), cut under each
+    /// memory rule (`seed_plan`). Only plans of the search space: a bound
+    /// from outside it could prune every plan inside it.
+    pub(crate) fn seed_bounds(&mut self) {
+        if self.objective != Objective::Latency
+            || self.ctx.layout.is_some()
+            || !self.ctx.hints.is_empty()
+            || self.incumbents.is_none()
+        {
+            // The seeds are plans of the whole space, not of a fixed
+            // layout nor of the space the hints leave.
+            return;
+        }
         let n = self.ctx.layers.num_layers;
         let g = self.ctx.cluster.num_devices();
-        let empty = State::empty(machines);
+        let max_replicas = self.max_replicas();
+        let empty = State::empty(&self.ctx.cluster.group_and_gpus());
         let counts = self
             .ctx
             .replica_counts(&empty, max_replicas, self.micro_batch);
@@ -739,61 +747,128 @@ impl<'c, 'a> Dp<'c, 'a> {
             if r > max_replicas || (k > 1 && !counts.contains(&r)) {
                 continue;
             }
-            // Cut where the running work passes each k-th of the total.
-            let slice = largest_slice(self.micro_batch, r);
-            let work = |a: usize, b: usize| self.coster.fastest_ms(a, b, slice).1;
-            let total = work(0, n);
-            let mut bounds = vec![0usize];
-            for s in 1..k as usize {
-                let target = total * s as f64 / f64::from(k);
-                let prev = *bounds.last().unwrap();
-                let mut cut = prev + 1;
-                while cut < n - (k as usize - s) && work(0, cut) < target {
-                    cut += 1;
-                }
-                bounds.push(cut);
-            }
-            bounds.push(n);
-            let mut state = empty.clone();
-            let mut latency = SuffixLatency::EMPTY;
-            let mut class = Some((self.rules.len() - 1) as u8);
-            for (idx, w) in bounds.windows(2).enumerate().rev() {
-                // Only plans of the search space: a bound from outside it
-                // could prune every plan inside it.
-                let Some((_, takes)) = self.ctx.placements(&state, r).into_iter().next() else {
-                    class = None;
-                    break;
-                };
-                let stages_from_here = k - idx as u32;
-                let devices = self.devices(&state, &takes);
-                let priced = self.price(
-                    (w[0], w[1]),
-                    &devices,
-                    (&StageShape::PLAIN, 1),
-                    k == 1,
-                    &mut None,
-                );
-                class = class.and_then(|c| {
-                    self.fitting_class(&priced, w[0], w[1], stages_from_here, c)
-                        .map(|(fits, _)| fits)
-                });
-                let cost = priced.cost;
-                if class.is_none() {
+            let seed = (&empty, k, r);
+            // A stricter rule fits no plan where a looser one fits none.
+            for class in 0..self.rules.len() as u8 {
+                if !self.seed_rule(seed, class) {
                     break;
                 }
-                if stages_from_here > 1 {
-                    // Not the last stage: it sends to the one placed before.
-                    let shares = transfer_shares(&self.group_first, &state, &takes);
-                    let t = self.coster.transfer_over(w[1], &shares);
-                    latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
-                }
-                latency = latency.prepend(cost.as_pipe_stage(), self.micro_batches);
-                state = state.taken(&takes);
-            }
-            if let Some(class) = class {
-                self.offer_incumbent(latency.best, class);
             }
         }
+    }
+
+    /// Offer a few plans of up to `k` stages of `r` GPUs under rule
+    /// `class`: each stage its share of the work (`seed_plan` without a
+    /// cap), then, where memory made some stage longer than its share, the
+    /// smallest cap on a stage's work that a cut fits under, found by
+    /// bisection. False where no such plan fits the rule (the cut that
+    /// fills each stage as far as memory allows, the loosest cap, does not).
+    fn seed_rule(&mut self, (empty, k, r): (&State, u32, u32), class: u8) -> bool {
+        let seed = (empty, k, r);
+        let slice = largest_slice(self.micro_batch, r);
+        let total = self
+            .coster
+            .fastest_ms(0, self.ctx.layers.num_layers, slice)
+            .1;
+        let shared = self.seed_plan(seed, class, None);
+        let Some((value, longest)) = shared.or_else(|| self.seed_plan(seed, class, Some(total)))
+        else {
+            return false;
+        };
+        self.offer_incumbent(value, class);
+        let (mut fits, mut fails) = (longest, total / f64::from(k));
+        for _ in 0..SEED_BISECTIONS {
+            // Within 1% of an even cut: close enough to the best bound.
+            if fits <= 1.01 * fails {
+                break;
+            }
+            let cap = 0.5 * (fits + fails);
+            match self.seed_plan(seed, class, Some(cap)) {
+                Some((value, most)) => {
+                    self.offer_incumbent(value, class);
+                    fits = most;
+                }
+                None => fails = cap,
+            }
+        }
+        true
+    }
+
+    /// The formula value of up to `k` stages of `r` GPUs each that fit under
+    /// rule `class`, and their largest work, cut from the last stage back:
+    /// each stage takes layers while one more fits at its depth and keeps
+    /// its work within `cap`, or, without one, until it has its share of
+    /// the work left (that work over the stages left). None where the
+    /// layers do not fit in `k` such stages.
+    fn seed_plan(
+        &mut self,
+        (empty, k, r): (&State, u32, u32),
+        class: u8,
+        cap: Option<f64>,
+    ) -> Option<(f64, f64)> {
+        let slice = largest_slice(self.micro_batch, r);
+        let work = |dp: &Self, a: usize, b: usize| dp.coster.fastest_ms(a, b, slice).1;
+        let mut state = empty.clone();
+        let mut latency = SuffixLatency::EMPTY;
+        let mut most = 0.0f64;
+        let mut end = self.ctx.layers.num_layers;
+        for stages_from_here in 1..=k {
+            if end == 0 {
+                break;
+            }
+            let (_, takes) = self.ctx.placements(&state, r).into_iter().next()?;
+            let devices = self.devices(&state, &takes);
+            let stages_left = k - stages_from_here + 1;
+            let longer = |dp: &Self, start: usize| match cap {
+                Some(cap) => work(dp, start - 1, end) <= cap,
+                // Without a cap the first stage takes every layer left.
+                None => {
+                    stages_left == 1
+                        || work(dp, start, end) < work(dp, 0, end) / f64::from(stages_left)
+                }
+            };
+            let mut start = end - 1;
+            let mut fitting = self.seed_stage((start, end), &devices, stages_from_here, class)?;
+            while start > 0 && longer(self, start) {
+                match self.seed_stage((start - 1, end), &devices, stages_from_here, class) {
+                    Some(cost) => (start, fitting) = (start - 1, cost),
+                    None => break,
+                }
+            }
+            if stages_from_here > 1 {
+                // Not the last stage: it sends to the one placed before.
+                let shares = transfer_shares(&self.group_first, &state, &takes);
+                let t = self.coster.transfer_over(end, &shares);
+                latency = latency.prepend(PipeStage::transfer(t), self.micro_batches);
+            }
+            latency = latency.prepend(fitting.as_pipe_stage(), self.micro_batches);
+            most = most.max(work(self, start, end));
+            state = state.taken(&takes);
+            end = start;
+        }
+        (end == 0).then_some((latency.best, most))
+    }
+
+    /// Layers `i..j` as a plain stage on `devices`, where they fit under
+    /// rule `class` with `stages_from_here` stages from it on.
+    fn seed_stage(
+        &self,
+        (i, j): (usize, usize),
+        devices: &StageDevices,
+        stages_from_here: u32,
+        class: u8,
+    ) -> Option<StageCost> {
+        let only_stage = i == 0 && j == self.ctx.layers.num_layers;
+        let warmup = self.rule_warmup(usize::from(class), stages_from_here);
+        let priced = self.price(
+            (i, j),
+            devices,
+            (&StageShape::PLAIN, warmup),
+            only_stage,
+            &mut None,
+        );
+        let fits = self.fitting_class(&priced, i, j, stages_from_here, class);
+        fits.is_some_and(|(c, _)| c == class).then_some(priced.cost)
     }
 
     /// Prepend every possible stage to every suffix of state `sid` (which

@@ -210,7 +210,12 @@ pub(crate) fn search_offering(
     let kinds = kinds::asked_kinds(opts)?;
     let topology = &topology.with_alike_groups_merged();
     let costs = ProfileCosts::new(profile);
-    let (chosen, mut ranked, mut stats) = search_layouts(&costs, topology, opts, offered, &[])?;
+    let Searched {
+        chosen,
+        mut ranked,
+        mut stats,
+        passes,
+    } = search_layouts(&costs, topology, opts, offered, None)?;
     let fixed_depths = kinds.iter().any(|k| k.defers_weight_gradients());
     // (A small space's layouts are all ranked already.)
     if fixed_depths && opts.warmup_policy != WarmupPolicy::A && !stats.every_layout_ranked {
@@ -222,9 +227,14 @@ pub(crate) fn search_offering(
             warmup_policy: WarmupPolicy::A,
             ..opts.clone()
         };
-        // A size past its step limit is not searched again.
-        let passed_at = stats.abandoned_micro_batch_sizes.clone();
-        if let Ok((plan, more, also)) = search_layouts(&costs, topology, &at_a, offered, &passed_at)
+        // Policy A was one of the first search's rules: its DP results
+        // stand, and a size past its step limit is not searched again.
+        if let Ok(Searched {
+            chosen: plan,
+            ranked: more,
+            stats: also,
+            ..
+        }) = search_layouts(&costs, topology, &at_a, offered, Some(&passes))
         {
             ranked.push(plan);
             ranked.extend(more);
@@ -294,16 +304,27 @@ fn refuse_before_searching(
     full_space_limit_error(cluster, opts.search_space, table_limits).map_or(Ok(()), Err)
 }
 
-/// Phases 1-5: the chosen early-backward plan, every candidate ranked on
-/// the way, and the search's counts. `passed_at`: the micro-batch sizes
-/// whose DP runs passed the step limit earlier in this search (`StepLimit`).
+/// What phases 1-5 give: the chosen early-backward plan, every candidate
+/// ranked on the way, the search's counts, and the DP passes' results.
+struct Searched {
+    chosen: Plan,
+    ranked: Vec<Plan>,
+    stats: SearchStats,
+    passes: PassResults,
+}
+
+/// Phases 1-5. `earlier`: the DP passes of an earlier search of this one's
+/// inputs under other warm-up options. Where they served this search's
+/// memory rules, their results are this search's (`PassResults::
+/// for_space`); either way, the micro-batch sizes whose runs passed the
+/// step limit there are not searched again (`StepLimit`).
 fn search_layouts(
     costs: &ProfileCosts,
     topology: &Topology,
     opts: &SearchOptions,
     offered: Offered,
-    passed_at: &[u32],
-) -> Result<(Plan, Vec<Plan>, SearchStats)> {
+    earlier: Option<&PassResults>,
+) -> Result<Searched> {
     let profile = costs.profile;
     debug_assert!(profile.validate().is_ok() && topology.validate().is_ok());
     let (min_slice, sizes) = micro_batch_split(profile, topology, opts)?;
@@ -311,36 +332,16 @@ fn search_layouts(
     let cluster = Cluster::for_model(topology, layers)?;
     let hints = &opts.hints;
     refuse_before_searching(layers, &cluster, &sizes, opts)?;
-    // Only the machine-aligned space asks which uniform degree is fastest.
-    let machine_aligned = opts.search_space.resolve(&cluster) == SearchSpace::MachineAligned;
-    let plain_only = opts.stage_shapes.plain_only(layers);
-    let mut uniform = megatron_candidates(
-        costs,
-        topology,
-        (opts.global_batch_size, min_slice),
-        (plain_only, opts.max_context_parallel),
-        opts.overlap,
-    );
     // 1. The space: micro-batch sizes, stage GPUs and placements, memory rules.
-    let shapes = (
-        opts.stage_shapes,
-        opts.max_shard_level,
-        opts.max_context_parallel,
-    );
-    let fastest_uniform = machine_aligned.then(|| uniform_degree(&mut uniform, costs));
-    let space = Space::new(
-        layers,
-        &cluster,
-        (opts.search_space, shapes, fastest_uniform.flatten()),
-        (opts.warmup_policy, opts.overlap),
-        min_slice,
-        (opts.global_batch_size, sizes),
-        hints,
-    );
+    let (space, uniform) = space_and_uniform(costs, topology, &cluster, opts, (min_slice, sizes));
     // 2. The DP passes: each rule's best plans, and the space's bound.
     let budget = MemoryBudget::new(opts.max_search_bytes);
-    let steps = StepLimit::new(opts.max_search_steps, passed_at);
-    let passes = run_passes(&space, &budget, steps)?;
+    let passed_at = earlier.map_or_else(Vec::new, PassResults::abandoned_sizes);
+    let steps = StepLimit::new(opts.max_search_steps, &passed_at);
+    let passes = match earlier.and_then(|e| e.for_space(&space)) {
+        Some(passes) => passes,
+        None => run_passes(&space, &budget, steps)?,
+    };
     let mut stats = SearchStats {
         micro_batch_sizes: space.sizes.clone(),
         states: passes.states,
@@ -395,7 +396,50 @@ fn search_layouts(
     let plan = recorded_plan(&ranking.ranked, refined.as_ref(), inputs, record);
     let ranked = ranking.ranked.into_iter().map(|c| c.plan);
     let ranked = ranked.chain(every_layout.into_iter().flatten());
-    Ok((plan, ranked.collect(), stats))
+    Ok(Searched {
+        chosen: plan,
+        ranked: ranked.collect(),
+        stats,
+        passes,
+    })
+}
+
+/// Phase 1, the space (micro-batch sizes, stage GPUs and placements,
+/// memory rules), and the uniform Megatron-LM layouts, whose fastest split
+/// degree is the one the machine-aligned space searches.
+fn space_and_uniform<'a>(
+    costs: &'a ProfileCosts,
+    topology: &Topology,
+    cluster: &'a Cluster,
+    opts: &'a SearchOptions,
+    (min_slice, sizes): (u32, Vec<u32>),
+) -> (Space<'a>, Vec<Candidate>) {
+    let layers = &costs.layers;
+    let machine_aligned = opts.search_space.resolve(cluster) == SearchSpace::MachineAligned;
+    let plain_only = opts.stage_shapes.plain_only(layers);
+    let mut uniform = megatron_candidates(
+        costs,
+        topology,
+        (opts.global_batch_size, min_slice),
+        (plain_only, opts.max_context_parallel),
+        opts.overlap,
+    );
+    let shapes = (
+        opts.stage_shapes,
+        opts.max_shard_level,
+        opts.max_context_parallel,
+    );
+    let fastest_uniform = machine_aligned.then(|| uniform_degree(&mut uniform, costs));
+    let space = Space::new(
+        layers,
+        cluster,
+        (opts.search_space, shapes, fastest_uniform.flatten()),
+        (opts.warmup_policy, opts.overlap),
+        min_slice,
+        (opts.global_batch_size, sizes),
+        &opts.hints,
+    );
+    (space, uniform)
 }
 
 /// The space's bound (formula (2) over its best plans), or why no plan of
@@ -2346,5 +2390,90 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn one_dp_run_gives_policy_as_results_as_a_run_of_policy_a_alone() {
+        // The search at policy A that `--schedule auto` adds for ZB-H1
+        // takes the first search's DP results for policy A, one of the
+        // rules its DP served (`PassResults::for_space`): they must be the
+        // ones a DP of policy A alone finds, on every size, with memory
+        // that binds (small GPUs) or does not, sizes alone (up to 16 GPUs)
+        // or sharing a bound (32).
+        let mut rng = StdRng::seed_from_u64(44);
+        let specs = ["2x4-nvlink", "1x8-nvlink", "4x2-nvlink", "4x8-nvlink"];
+        let (mut compared, mut bound_by_memory) = (0, 0);
+        for case in 0..12 {
+            let profile = random_profile(&mut rng, 8);
+            let layers = LayerCosts::new(&profile);
+            let mut topology = Topology::from_spec(specs[case % specs.len()]).unwrap();
+            if case % 2 == 1 {
+                topology.machine_groups[0].gpu.memory_bytes = 3 << 30;
+            }
+            let Ok(cluster) = Cluster::for_model(&topology, &layers) else {
+                continue;
+            };
+            let space_at = |policy| {
+                Space::new(
+                    &layers,
+                    &cluster,
+                    (SearchSpace::Full, (StageShapes::Plain, 0, 1), None),
+                    (policy, Overlap::default()),
+                    1,
+                    (64, vec![1, 2, 4, 8]),
+                    &crate::plan::hints::NO_HINTS,
+                )
+            };
+            let run = |space: &Space| {
+                let budget = dp::MemoryBudget::new(u64::MAX);
+                run_passes(space, &budget, StepLimit::new(u64::MAX, &[])).unwrap()
+            };
+            let at_a = space_at(WarmupPolicy::A);
+            let alone = run(&at_a);
+            let taken = run(&space_at(WarmupPolicy::Auto)).for_space(&at_a).unwrap();
+            // Each size's best plan: its value and steps, where one fits.
+            type Best = Option<(f64, Vec<Step>)>;
+            let plans = |r: &PassResults| -> Vec<(u32, Best)> {
+                r.bests
+                    .iter()
+                    .map(|b| {
+                        (
+                            b.micro_batch_size,
+                            b.found.as_ref().map(|f| (f.value, f.stages.clone())),
+                        )
+                    })
+                    .collect()
+            };
+            assert_eq!(plans(&taken), plans(&alone), "case {case}");
+            // Each stage count's best plan of each size that the run of
+            // policy A alone offers, no slower: the run serving every rule
+            // prunes policy A's suffixes at no lower a bound, so it may
+            // offer more.
+            let other = |r: &PassResults, b: u32, stages: usize| {
+                r.other_stage_counts
+                    .iter()
+                    .filter(|o| o.micro_batch_size == b && o.found.stages.len() == stages)
+                    .map(|o| o.found.value)
+                    .fold(f64::INFINITY, f64::min)
+            };
+            for o in &alone.other_stage_counts {
+                let (b, stages) = (o.micro_batch_size, o.found.stages.len());
+                assert!(
+                    other(&taken, b, stages) <= o.found.value,
+                    "case {case}: {b} x {stages}"
+                );
+            }
+            assert_eq!(
+                taken.lower_bound_ms(&at_a),
+                alone.lower_bound_ms(&at_a),
+                "case {case}"
+            );
+            compared += 1;
+            bound_by_memory += usize::from(plans(&alone).iter().any(|(_, f)| f.is_none()));
+        }
+        assert!(
+            compared >= 10 && bound_by_memory >= 2,
+            "{compared} compared, {bound_by_memory} bound by memory"
+        );
     }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 
 use rayon::prelude::*;
 
+use crate::cost::WarmupPolicy;
 use crate::error::Error;
 use crate::model::profile::LayerCosts;
 
@@ -57,6 +58,7 @@ impl<'a> StepLimit<'a> {
 }
 
 /// One pass's best plan at one micro-batch size.
+#[derive(Clone)]
 pub(crate) struct PassBest {
     /// Index into `Space::contexts`.
     pub(crate) pass: usize,
@@ -72,6 +74,7 @@ pub(crate) struct PassBest {
 }
 
 /// A pass's best plan of another stage count at one micro-batch size.
+#[derive(Clone)]
 pub(crate) struct OtherStageCount {
     pub(crate) pass: usize,
     pub(crate) micro_batch_size: u32,
@@ -80,6 +83,8 @@ pub(crate) struct OtherStageCount {
 
 /// What the DP passes found, and the work they took.
 pub(crate) struct PassResults {
+    /// The memory rule of each pass (of `Space::contexts`, by index).
+    pub(crate) rules: Vec<WarmupPolicy>,
     /// Every pass at every micro-batch size, size by size.
     pub(crate) bests: Vec<PassBest>,
     /// Up to 16 GPUs, every pass's best plan of each other stage count.
@@ -112,19 +117,27 @@ pub(crate) fn run_passes(
     let incumbents: Vec<AtomicU64> = (0..bound_sets * rules)
         .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
         .collect();
+    if !alone {
+        // Every size's seeds before any run: a run that started first
+        // would prune against none of the others'.
+        space.sizes.par_iter().for_each(|&b| {
+            size_dp(space, b, &incumbents).seed_bounds();
+        });
+    }
     let runs: Vec<SizeRun> = (0..space.sizes.len())
         .into_par_iter()
         .map(|k| {
             let set = if alone { k } else { 0 };
             let bounds = &incumbents[set * rules..(set + 1) * rules];
             let b = space.sizes[k];
-            run_size(space, b, bounds, (budget, steps.at(b)), alone)
+            run_size(space, b, bounds, (budget, steps.at(b)), (alone, !alone))
         })
         .collect();
     if let Some(e) = search_memory_limit(budget, space.cluster(), space.space()) {
         return Err(e);
     }
     let mut results = PassResults {
+        rules: space.contexts.iter().map(|c| c.policy).collect(),
         bests: Vec::new(),
         other_stage_counts: Vec::new(),
         states: 0,
@@ -155,18 +168,14 @@ fn run_size(
     b: u32,
     bounds: &[AtomicU64],
     (budget, work_limit): (&MemoryBudget, u64),
-    alone: bool,
+    (alone, seeded): (bool, bool),
 ) -> SizeRun {
-    let mut dp = Dp::new(
-        space.covering(),
-        b,
-        space.micro_batches(b),
-        Objective::Latency,
-        space.rules.clone(),
-        Some(bounds),
-    )
-    .with_budget(budget)
-    .with_work_limit(work_limit);
+    let mut dp = size_dp(space, b, bounds)
+        .with_budget(budget)
+        .with_work_limit(work_limit);
+    if !seeded {
+        dp.seed_bounds();
+    }
     let found = dp.run();
     let abandoned_floor_ms = dp.abandoned.then(|| dp.floor_ms());
     // Up to 16 GPUs, each rule's best plan of every other stage count is a
@@ -208,6 +217,18 @@ fn run_size(
     }
 }
 
+/// Micro-batch size `b`'s DP run, serving every pass and pruning at `bounds`.
+fn size_dp<'c, 'a>(space: &'c Space<'a>, b: u32, bounds: &'c [AtomicU64]) -> Dp<'c, 'a> {
+    Dp::new(
+        space.covering(),
+        b,
+        space.micro_batches(b),
+        Objective::Latency,
+        space.rules.clone(),
+        Some(bounds),
+    )
+}
+
 /// Under a shared bound, which sizes survive depends on thread timing;
 /// each pass's best does not (the DP is exact, ties broken by fewer
 /// stages, then larger micro-batches). Keep only that one.
@@ -234,6 +255,41 @@ fn keep_only_each_pass_best(bests: &mut [PassBest], passes: usize) {
 }
 
 impl PassResults {
+    /// These results as `space`'s passes, where every rule of `space` was
+    /// one of these passes' (one DP run gives each of its rules' best plans
+    /// as a run of that rule alone would: `Dp::rules`), over the same
+    /// layers, cluster, shapes and micro-batch sizes. The work is not
+    /// counted again. None where a rule is missing.
+    pub(crate) fn for_space(&self, space: &Space) -> Option<PassResults> {
+        let pass_of: Vec<usize> = space
+            .contexts
+            .iter()
+            .map(|c| self.rules.iter().position(|&r| r == c.policy))
+            .collect::<Option<_>>()?;
+        let now = |pass: usize| pass_of.iter().position(|&p| p == pass);
+        Some(PassResults {
+            rules: space.contexts.iter().map(|c| c.policy).collect(),
+            bests: (self.bests.iter())
+                .filter_map(|r| {
+                    Some(PassBest {
+                        pass: now(r.pass)?,
+                        ..r.clone()
+                    })
+                })
+                .collect(),
+            other_stage_counts: (self.other_stage_counts.iter())
+                .filter_map(|o| {
+                    Some(OtherStageCount {
+                        pass: now(o.pass)?,
+                        ..o.clone()
+                    })
+                })
+                .collect(),
+            states: 0,
+            stages_costed: 0,
+        })
+    }
+
     /// The smallest formula (2) value over the space: no plan of it
     /// simulates faster. Infinite when no plan fits. A size whose run was
     /// abandoned counts with its floor.
@@ -293,7 +349,7 @@ pub(crate) fn second_pass(
                 .iter()
                 .map(|_| AtomicU64::new(fastest_ms.to_bits()))
                 .collect();
-            let mut run = run_size(space, b, &bounds, (&budget, steps.at(b)), false);
+            let mut run = run_size(space, b, &bounds, (&budget, steps.at(b)), (false, false));
             run.bests.retain(|r| r.found.is_some());
             run
         })
