@@ -14,7 +14,9 @@ virtual stages (``planner.chunked``). What the run had that dapple cannot
 express is listed per row (``not_modelled``), with what the simulated time
 would be without the token exchange (``no_exchange_s``: the same plan on a
 profile whose all-to-all bytes are 0), which shows how much of the gap the
-exchange's pricing holds. Nothing here sets a constant of dapple's.
+exchange's pricing holds, and with NCCL's all-to-all in place of the run's
+deduplicating dispatcher (``all_to_all_s``). Nothing here sets a constant
+of dapple's.
 
 With ``--own-plans`` each row also gets ``dapple plan``'s own plan for the
 same model, cluster and global batch.
@@ -75,13 +77,21 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     ]
     dispatcher = lay.get("dispatcher", "")
     if dispatcher:
-        missing.append(f"{dispatcher}'s node-deduplicated dispatch (a token crosses the network once per "
-                       "machine that holds some of its experts; dapple sends each of its k copies)")
+        assumptions.append(f"the row's dispatcher, {dispatcher}, as dapple's deepep (a token crosses the network "
+                           "once to each machine holding some of its experts)")
     else:
-        missing.append("the run's dispatcher (the row does not say; DeepEP's node-deduplicated dispatch would "
-                       "cross the network less than dapple's k copies a token) and whether it hid the exchange "
-                       "behind computation (--overlap-moe-expert-parallel-comm, which Megatron-MoE-ModelZoo's "
-                       "DeepSeek-V3 H100 recipe sets)")
+        dispatcher = "DeepEP"
+        assumptions.append(
+            "dispatcher DeepEP (the row does not say; it says dropless and force-balanced, which in "
+            "NVIDIA-NeMo/Megatron-Bridge@27dfb3d scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.py "
+            "is deepseek_v3_h100_bf16_config: enable_deepep=True, moe_router_force_load_balancing; its FP8 config "
+            "drops tokens over the all-to-all dispatcher instead. That file's version may not be the 25.09 one)")
+        missing.append("the exchange hidden behind the other micro-batch's computation (that config's "
+                       "a2a_1f1b, --overlap-moe-expert-parallel-comm), and its re-computation of MLA's up "
+                       "projection and the MLP (recompute_modules, which lowers the memory dapple counts)")
+    if config_name(run) == "deepseek-v3":
+        assumptions.append("group-limited routing from the shipped config (n_group 8, topk_group 4: a token's "
+                           "experts from 4 groups of 32; with 64 GPUs on 8 machines, a group a machine)")
     precision = str(lay.get("precision", "BF16"))
     if precision.startswith("FP8"):
         missing.append(f"FP8 matrix products ({precision}); dapple prices them in BF16")
@@ -96,7 +106,8 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     gbs = lay["gbs_seq"]
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": lay.get("mbs", 1),
              "expert_parallel": lay["ep"], "expert_tensor_parallel": etp,
-             "chunks": lay.get("vpp") or lay.get("vp"), "global_batch": gbs, "seq_len": lay["seq_len"]},
+             "chunks": lay.get("vpp") or lay.get("vp"), "global_batch": gbs, "seq_len": lay["seq_len"],
+             "dispatcher": "deepep" if dispatcher.lower() == "deepep" else "all-to-all"},
             assumptions, missing)
 
 
@@ -144,26 +155,33 @@ def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
     name = config_name(run)
     shape, assumptions, missing = layout(run)
     profile = planner.transformer_profile(MODELS / f"{name}.json", gpu=gpu, seq_len=shape["seq_len"],
-                                          micro_batch_sizes=[shape["micro_batch_size"]], attention="flash")
+                                          micro_batch_sizes=[shape["micro_batch_size"]], attention="flash",
+                                          dispatcher=shape["dispatcher"])
     path = folder / f"{run['id']}.json"
     path.write_text(json.dumps(profile.data))
     started = time.perf_counter()
     plan, dapple_s = simulate(path, topology, shape)
     simulate_s = time.perf_counter() - started
-    silent = json.loads(json.dumps(profile.data))
-    for layer in silent["layers"]:
-        if layer.get("experts"):
-            layer["experts"]["all_to_all_bytes_per_sample"] = 0.0
-    silent_path = folder / f"{run['id']}-no-exchange.json"
-    silent_path.write_text(json.dumps(silent))
-    _, no_exchange_s = simulate(silent_path, topology, shape)
+
+    def variant(suffix: str, change) -> float:
+        """The same plan on the profile with each block's experts changed."""
+        data = json.loads(json.dumps(profile.data))
+        for layer in data["layers"]:
+            if layer.get("experts"):
+                change(layer["experts"])
+        changed = folder / f"{run['id']}-{suffix}.json"
+        changed.write_text(json.dumps(data))
+        return simulate(changed, topology, shape)[1]
+
+    no_exchange_s = variant("no-exchange", lambda e: e.update(all_to_all_bytes_per_sample=0.0))
+    all_to_all_s = variant("all-to-all", lambda e: e.pop("dispatcher", None))
     seconds, published_from = published_seconds(run, shape)
     tflops = published_tflops(run)
     row = {
         "id": run["id"], "source": " ".join(str(v) for v in run["source"].values()), "model": name, "gpu": gpu,
         "gpus": count, "topology": topology, "layout": shape, "schedule": plan.data["schedule"]["kind"],
         "dapple_s": dapple_s, "published_s": seconds, "published_from": published_from,
-        "ratio": dapple_s / seconds, "no_exchange_s": no_exchange_s,
+        "ratio": dapple_s / seconds, "no_exchange_s": no_exchange_s, "all_to_all_s": all_to_all_s,
         "published_tflops_per_gpu": tflops,
         # The run's own FLOP count, at dapple's time.
         "dapple_tflops_per_gpu": tflops * seconds / dapple_s if tflops else None,
@@ -184,11 +202,12 @@ def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| run | GPUs | layout | dapple s | published s | ratio | dapple TFLOP/s (published) | without the "
-             "exchange, s | memory GiB |", "|---|--:|---|--:|--:|--:|--:|--:|--:|"]
+    lines = ["| run | GPUs | layout | dispatcher | dapple s | published s | ratio | dapple TFLOP/s (published) | "
+             "with NCCL's all-to-all, s | without the exchange, s | memory GiB |",
+             "|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     for r in results["rows"]:
         if "error" in r:
-            lines.append(f"| {r['id']} | | {r['error']} | | | | | | |")
+            lines.append(f"| {r['id']} | | {r['error']} | | | | | | | | |")
             continue
         lay = r["layout"]
         d = r["gpus"] // (lay["tensor_parallel"] * lay["pipeline_parallel"])
@@ -197,8 +216,9 @@ def table(results: dict) -> str:
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']} p{lay['pipeline_parallel']} v{lay['chunks']} "
             f"d{d} e{lay['expert_parallel']} et{lay['expert_tensor_parallel']} b{lay['micro_batch_size']} sp zero | "
-            f"{r['dapple_s']:.2f} | {r['published_s']:.2f} | {r['ratio']:.2f} | {tflops} | "
-            f"{r['no_exchange_s']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
+            f"{lay['dispatcher']} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | {r['ratio']:.2f} | {tflops} | "
+            f"{r['all_to_all_s']:.2f} | {r['no_exchange_s']:.2f} | "
+            f"{r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
     own = [r for r in results["rows"] if "own_plan" in r]
     if own:
         lines += ["", "| run | published layout, dapple s | dapple's own plan, s | faster by | its stages (GPUs, "

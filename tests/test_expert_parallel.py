@@ -350,3 +350,107 @@ def test_a_router_more_balanced_than_balanced_is_one_line(tmp_path, dapple):
                "--seq-len", 128, "--expert-imbalance", 0.5, "--out", tmp_path / "p.json")
     assert_one_line_error(r, 3, "expert_imbalance: value 0.5 must be a finite number >= 1")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_deepep_sends_a_token_across_machines_once_each(tmp_path, dapple):
+    # 16 experts, 2 a token, spread over the 16 GPUs of two machines: NCCL's
+    # all-to-all sends both copies, half of them to the other machine;
+    # DeepEP sends a token there once, where one of its experts is (at
+    # 1024 tokens a sample: at 128 the exchange is bound by each call's
+    # latency, and DeepEP's forwarding inside the machine decides).
+    config = _moe_config(tmp_path / "moe.json", experts=16)
+    profiles = {}
+    for dispatcher in planner.TOKEN_DISPATCHERS:
+        out = tmp_path / f"moe-{dispatcher}.json"
+        r = dapple("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 1024,
+                   "--token-dispatcher", dispatcher, "--out", out)
+        assert r.returncode == 0, r.stderr
+        profiles[dispatcher] = out
+    assert set(profiles) == {"all-to-all", "deepep"}
+    blocks = [layer["experts"] for layer in json.loads(profiles["deepep"].read_text())["layers"] if layer.get("experts")]
+    assert {e["dispatcher"] for e in blocks} == {"deepep"}
+    assert all("dispatcher" not in layer.get("experts", {})
+               for layer in json.loads(profiles["all-to-all"].read_text())["layers"])
+
+    def stage(profile, **shape):
+        data = planner.layout_plan(str(profile), "2x8-a100-80gb", 64, [(0, 6, list(range(16)))]).data
+        data["stages"][0].update(shape)
+        plan = planner.evaluate(write_hand_plan(data, tmp_path / "plan.json"), profile)
+        return plan.estimate["stages"][0]
+
+    whole = [stage(profiles[d]) for d in ("all-to-all", "deepep")]
+    assert whole[0] == whole[1]  # nothing exchanged, nothing changes
+    spread = [stage(profiles[d], expert_parallel=16) for d in ("all-to-all", "deepep")]
+    assert spread[1]["fwd_ms"] < spread[0]["fwd_ms"] and spread[1]["bwd_ms"] < spread[0]["bwd_ms"]
+    assert spread[1]["fwd_ms"] > whole[1]["fwd_ms"]
+
+
+def test_a_bad_token_dispatcher_is_one_line(tmp_path, dapple):
+    r = dapple("profile", "transformer", "--config", _moe_config(tmp_path / "moe.json"), "--gpu", "a100",
+               "--seq-len", 128, "--token-dispatcher", "pigeon", "--out", tmp_path / "p.json")
+    assert r.returncode != 0 and "--token-dispatcher" in r.stderr and "Traceback" not in r.stderr
+    profile = json.loads(json.dumps(planner.transformer_profile(_moe_config(tmp_path / "moe.json"), gpu="a100",
+                                                                seq_len=128, micro_batch_sizes=[1]).data))
+    block = next(layer for layer in profile["layers"] if layer.get("experts"))
+    block["experts"]["routing_groups"] = {"groups": 3, "per_token": 1}
+    (tmp_path / "bad.json").write_text(json.dumps(profile))
+    r = dapple("plan", "--profile", tmp_path / "bad.json", "--topology", "1x8-a100-80gb", "--global-batch-size", 64)
+    assert_one_line_error(r, 3, "bad.json", "layers[1].experts.routing_groups.groups: value 3 must divide the 8 "
+                                "experts")
+
+
+def test_megatron_gets_the_dispatcher_and_routing_groups_priced(tmp_path):
+    transformer = pytest.importorskip("megatron.core.transformer")
+    from dapple.planner.export.megatron import megatron_arguments
+
+    config = tmp_path / "grouped.json"
+    config.write_text(json.dumps({
+        "model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 256, "intermediate_size": 512,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 1000,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "n_group": 4,
+        "topk_group": 2,
+    }))
+    for dispatcher, expected in (("all-to-all", ["alltoall"]), ("deepep", ["flex", "deepep"])):
+        profile = planner.transformer_profile(config, gpu="a100", seq_len=128, micro_batch_sizes=[1, 2],
+                                              dispatcher=dispatcher)
+        words = megatron_arguments(_megatron_moe_plan(profile, 2), profile).arguments
+        value = {words[i]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+        assert [value[k] for k in ("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend")
+                if k in value] == expected
+        assert (value["--moe-router-num-groups"], value["--moe-router-group-topk"]) == ("4", "2")
+        # megatron-core's config takes them as written.
+        made = transformer.TransformerConfig(
+            num_layers=4, hidden_size=256, num_attention_heads=8, add_bias_linear=False, num_moe_experts=8,
+            moe_router_topk=2,
+            moe_ffn_hidden_size=128, tensor_model_parallel_size=2, sequence_parallel=True,
+            expert_model_parallel_size=2, moe_token_dispatcher_type=value["--moe-token-dispatcher-type"],
+            moe_router_num_groups=4, moe_router_group_topk=2,
+            **({"moe_flex_dispatcher_backend": value["--moe-flex-dispatcher-backend"]}
+               if dispatcher == "deepep" else {}))
+        assert made.moe_router_num_groups == 4
+    # Held whole (e = 1), the dispatcher is not written.
+    words = megatron_arguments(_megatron_moe_plan(profile, 1), profile).arguments
+    assert "--moe-token-dispatcher-type" not in words
+
+
+@pytest.mark.parametrize("target", ["torchtitan", "deepspeed"])
+def test_targets_that_send_a_copy_an_expert_refuse_deepeps_exchange(dense_first_moe, tmp_path, dapple, target):
+    data = json.loads(json.dumps(dense_first_moe.data))
+    for layer in data["layers"]:
+        if layer.get("experts"):
+            layer["experts"]["dispatcher"] = "deepep"
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    # DeepSpeed's pipeline engine cuts no sequence: its stages whole.
+    t = 2 if target == "torchtitan" else 1
+    plan = planner.megatron_plan(str(profile), "1x8-a100-80gb", 64, tensor_parallel=t, pipeline_parallel=2,
+                                 micro_batch_size=1, sequence_parallel=t > 1, expert_parallel=2, shard_level=1)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    out = tmp_path / ("job.toml" if target == "torchtitan" else "ds.json")
+    r = dapple("export", "--plan", path, "--profile", profile, "--to", target, "--out", out)
+    assert_one_line_error(r, 4, "cannot express DeepEP's deduplicated token exchange",
+                          "--approximate writes NCCL's all-to-all")
+    assert not out.exists()
+    r = dapple("export", "--plan", path, "--profile", profile, "--to", target, "--out", out, "--approximate")
+    assert r.returncode == 0 and "NCCL's all-to-all" in r.stderr, r.stderr

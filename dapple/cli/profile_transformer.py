@@ -27,11 +27,16 @@ from .options import FILE_PATH, PositiveIntList, count_option_type, reports_erro
 @click.option("--expert-imbalance", type=float, default=1.0, show_default=True,
               help="Mixtures of experts: the busiest GPU's routed tokens over the mean where a plan spreads the "
                    "experts, >= 1 (1: balanced, as force-balanced benchmarks run; a capacity factor C bounds it at C).")
+@click.option("--token-dispatcher", "dispatcher", type=click.Choice(planner.TOKEN_DISPATCHERS), default="all-to-all",
+              show_default=True,
+              help="Mixtures of experts: how the runtime sends tokens to their experts. all-to-all: a copy an expert "
+                   "(NCCL's all-to-all, Megatron-LM's alltoall dispatcher, dapple's runtime); deepep: a token once to "
+                   "each machine and each GPU holding some of its experts (DeepEP, Megatron-LM's flex dispatcher).")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the config's name.")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
 def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, expert_imbalance,
-                                model_name, out_path):
+                                dispatcher, model_name, out_path):
     """Write the analytic profile of a decoder-only transformer (Llama, GPT).
 
     Each layer's FLOPs, parameters and stored activations follow from the
@@ -47,7 +52,7 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     check_writable(out_path)
     profile = planner.transformer_profile(
         config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency,
-        attention=attention, expert_imbalance=expert_imbalance, model=model_name,
+        attention=attention, expert_imbalance=expert_imbalance, dispatcher=dispatcher, model=model_name,
     )
     profile.save(out_path)
     params = sum(layer["param_bytes"] for layer in profile.layers) / profile.data["parameter_state"]["weight_bytes"]

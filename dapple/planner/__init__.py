@@ -32,6 +32,7 @@ from .plan import GRAD_REDUCE_OVERLAPS, SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLI
 from .profile import (
     ATTENTION_KERNELS,
     MODEL_CONFIGS,
+    TOKEN_DISPATCHERS,
     Profile,
     calibrate_stored_activations,
     import_artifact_profile,
@@ -79,6 +80,7 @@ __all__ = [
     "transformer_profile",
     "MODEL_CONFIGS",
     "ATTENTION_KERNELS",
+    "TOKEN_DISPATCHERS",
     "merge_profiles",
     "layout_plan",
     "megatron_plan",

@@ -10,6 +10,7 @@ SEARCH_SPACES: tuple[str, ...]
 STAGE_SHAPES: tuple[str, ...]
 GRAD_REDUCE_OVERLAPS: tuple[str, ...]
 ATTENTION_KERNELS: tuple[str, ...]
+TOKEN_DISPATCHERS: tuple[str, ...]
 CHUNKED_SCHEDULES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
@@ -287,6 +288,7 @@ def transformer_profile(
     efficiency: float | None = None,
     attention: str | None = None,
     expert_imbalance: float = 1.0,
+    dispatcher: str = "all-to-all",
     name: str | None = None,
     text: str | None = None,
     source: str | None = None,

@@ -95,6 +95,9 @@ MODEL_CONFIGS: tuple[str, ...] = _core.MODEL_CONFIGS
 #: How a generated profile's attention core runs (the core's table).
 ATTENTION_KERNELS: tuple[str, ...] = _core.ATTENTION_KERNELS
 
+#: How a generated profile's mixtures of experts exchange their tokens (the core's table).
+TOKEN_DISPATCHERS: tuple[str, ...] = _core.TOKEN_DISPATCHERS
+
 
 def transformer_profile(
     config: str | os.PathLike,
@@ -105,6 +108,7 @@ def transformer_profile(
     efficiency: float | None = None,
     attention: str | None = None,
     expert_imbalance: float = 1.0,
+    dispatcher: str = "all-to-all",
     model: str | None = None,
 ) -> Profile:
     """A profile of a decoder-only transformer without a GPU: ``config`` is a
@@ -116,10 +120,13 @@ def transformer_profile(
     ``efficiency`` is given, as its FLOPs over the bf16 peak times it
     (docs/cost-model.md, "Transformer profiles"). ``expert_imbalance`` is
     the router's imbalance its blocks with experts record (>= 1; 1:
-    balanced)."""
+    balanced), and ``dispatcher`` how they exchange tokens with their
+    experts: ``"all-to-all"`` (a copy an expert) or ``"deepep"`` (a token
+    once to each machine and GPU it reaches; docs/cost-model.md, "Expert
+    parallelism")."""
     sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
     common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency,
-                  attention=attention, expert_imbalance=float(expert_imbalance))
+                  attention=attention, expert_imbalance=float(expert_imbalance), dispatcher=dispatcher)
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:

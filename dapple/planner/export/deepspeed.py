@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from ..plan import Plan
 from ..profile import Profile
-from .shape import (Rounding, RunShape, expert_kind, one_f_one_b, refuse_experts_spread_on_some_stages,
-                    refuse_offload_without_zero, run_shape)
+from .shape import (Rounding, RunShape, expert_kind, one_f_one_b, refuse_deduplicated_dispatch,
+                    refuse_experts_spread_on_some_stages, refuse_offload_without_zero, run_shape)
 
 TARGET = "DeepSpeed"
 
@@ -136,6 +136,7 @@ def _moe_arguments(plan: Plan, profile: Profile, shape: RunShape, rounding: Roun
     if kind is None:
         return None
     refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
+    refuse_deduplicated_dispatch(profile, shape, rounding)
     count, per_token = kind
     return {
         "layers": [i for i, layer in enumerate(profile.data["layers"]) if layer.get("experts")],

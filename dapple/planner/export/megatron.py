@@ -104,9 +104,11 @@ def _sharding_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ..
 def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
     """Megatron-LM's mixture-of-experts arguments where the profile's
     blocks have experts: their count and experts per token, which blocks
-    have them (``--moe-layer-freq`` where some do not), the expert degree
-    and the experts' tensor degree (the GPUs each expert's columns are
-    split over). Every stage with experts spreads them alike."""
+    have them (``--moe-layer-freq`` where some do not), their routing
+    groups, the dispatcher the profile priced where the experts are spread,
+    the expert degree and the experts' tensor degree (the GPUs each
+    expert's columns are split over). Every stage with experts spreads them
+    alike."""
     kind = expert_kind(profile, rounding)
     if kind is None:
         return []
@@ -125,6 +127,15 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
         # Megatron-LM's list form, e.g. DeepSeek-V3's three dense first blocks: ([0]*3+[1]*58).
         runs = [(flag, len(list(group))) for flag, group in itertools.groupby(blocks)]
         options.append(("--moe-layer-freq", "(" + "+".join(f"[{flag}]*{n}" for flag, n in runs) + ")"))
+    pattern = next(e for e in experts if e)
+    if "routing_groups" in pattern:
+        groups = pattern["routing_groups"]
+        options += [("--moe-router-num-groups", str(groups["groups"])),
+                    ("--moe-router-group-topk", str(groups["per_token"]))]
+    if shape.expert_parallel > 1:
+        # The exchange the profile priced (its default is the allgather dispatcher).
+        options += ([("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+                    if pattern.get("dispatcher") == "deepep" else [("--moe-token-dispatcher-type", "alltoall")])
     return options + [("--expert-model-parallel-size", str(shape.expert_parallel)),
                       ("--expert-tensor-parallel-size", str(shape.expert_tensor_parallel))]
 

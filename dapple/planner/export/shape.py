@@ -262,6 +262,18 @@ def expert_kind(profile, rounding: Rounding) -> tuple[int, int] | None:
     return kinds.pop() if kinds else None
 
 
+def refuse_deduplicated_dispatch(profile, shape: RunShape, rounding: Rounding) -> None:
+    """Refuse spread experts whose profile priced DeepEP's deduplicated
+    exchange (``layers[i].experts.dispatcher``) for a target that exchanges
+    a copy an expert (NCCL's all-to-all)."""
+    dispatchers = {e.get("dispatcher", "all-to-all") for e in (layer.get("experts") for layer in
+                                                                 profile.data["layers"]) if e}
+    if shape.expert_parallel > 1 and "deepep" in dispatchers:
+        rounding.refuse("DeepEP's deduplicated token exchange (the profile's layers[i].experts.dispatcher "
+                        "deepep)", "its experts exchange a copy an expert with NCCL's all-to-all",
+                        "NCCL's all-to-all (more bytes across machines than planned)")
+
+
 def refuse_experts_spread_on_some_stages(plan: Plan, profile, shape: RunShape, rounding: Rounding) -> None:
     """Refuse a plan whose stages with experts (the profile's
     ``layers[i].experts``) do not all spread them at the run's degree:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..plan import Plan
 from ..profile import Profile
 from .module_map import modules_per_stage
-from .shape import Rounding, RunShape, refuse_experts_spread_on_some_stages, run_shape
+from .shape import (Rounding, RunShape, refuse_deduplicated_dispatch, refuse_experts_spread_on_some_stages,
+                    run_shape)
 
 TARGET = "torchtitan"
 
@@ -98,6 +99,7 @@ def _expert_degrees(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
     if shape.expert_parallel == 1:
         return {}
     refuse_experts_spread_on_some_stages(plan, profile, shape, rounding)
+    refuse_deduplicated_dispatch(profile, shape, rounding)
     e, et, t = shape.expert_parallel, shape.expert_tensor_parallel, shape.tensor_parallel
     if et not in (1, t):
         rounding.refuse(f"an expert tensor degree {et} between 1 and the tensor degree {t}",

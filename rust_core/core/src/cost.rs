@@ -510,6 +510,8 @@ pub struct StageDevices {
     pub mixed: bool,
     /// Its GPUs' host, where an offloaded optimizer steps (`offload.rs`).
     pub host: Option<offload::HostCost>,
+    /// Its expert groups, built once for each expert degree priced on it.
+    pub(crate) expert_groups: shaped::ExpertGroupsMemo,
 }
 
 impl StageDevices {
@@ -526,6 +528,7 @@ impl StageDevices {
                 .any(|&(m, _)| first.is_some_and(|f| !f.same_gpus(&cluster.machines[m]))),
             host: offload::HostCost::of_stage(cluster, &alloc),
             alloc,
+            expert_groups: shaped::ExpertGroupsMemo::default(),
         }
     }
 

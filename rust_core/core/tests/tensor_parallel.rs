@@ -20,6 +20,7 @@ fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
         efficiency: Some(0.5),
         attention: None,
         expert_imbalance: 1.0,
+        dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
     };
     transformer_profile(name, &config, &options).unwrap()
 }
@@ -315,6 +316,7 @@ fn tiny_llama() -> Profile {
         efficiency: Some(0.5),
         attention: None,
         expert_imbalance: 1.0,
+        dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
     };
     transformer_profile("tiny", &config, &options).unwrap()
 }

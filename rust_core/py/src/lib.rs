@@ -187,6 +187,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "ATTENTION_KERNELS",
         names(py, dapple_core::model::kernels::AttentionKernel::names())?,
     )?;
+    m.add(
+        "TOKEN_DISPATCHERS",
+        names(py, dapple_core::model::experts::TokenDispatcher::names())?,
+    )?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     m.add(
         "CHUNKED_SCHEDULES",

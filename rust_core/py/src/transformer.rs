@@ -1,4 +1,5 @@
 use dapple_core::cluster::gpus::GPU_TYPES;
+use dapple_core::model::experts::TokenDispatcher;
 use dapple_core::model::kernels::AttentionKernel;
 use dapple_core::model::transformer::{
     transformer_profile as generate, transformer_splits as splits_of, MoeConfig, TransformerConfig,
@@ -14,7 +15,7 @@ use crate::{to_py_err, with_source};
 /// or from a Hugging Face `config.json`'s `text` (`source` names its file
 /// in errors); `model` is the name it records.
 #[pyfunction]
-#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, name=None, text=None, source=None))]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, dispatcher="all-to-all", name=None, text=None, source=None))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_profile(
     model: &str,
@@ -24,6 +25,7 @@ fn transformer_profile(
     efficiency: Option<f64>,
     attention: Option<&str>,
     expert_imbalance: f64,
+    dispatcher: &str,
     name: Option<&str>,
     text: Option<&str>,
     source: Option<&str>,
@@ -46,6 +48,8 @@ fn transformer_profile(
             .transpose()
             .map_err(|e| to_py_err(e.under("attention")))?,
         expert_imbalance,
+        dispatcher: TokenDispatcher::parse(dispatcher)
+            .map_err(|e| to_py_err(e.under("dispatcher")))?,
     };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))
@@ -95,6 +99,7 @@ fn transformer_splits<'py>(
             expert_ffn,
             shared_ffn: 0,
             dense_blocks: 0,
+            routing_groups: None,
         }),
         mla: None,
     };

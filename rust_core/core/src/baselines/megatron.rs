@@ -351,6 +351,7 @@ mod tests {
             efficiency: Some(0.5),
             attention: None,
             expert_imbalance: 1.0,
+            dispatcher: crate::model::experts::TokenDispatcher::AllToAll,
         };
         transformer_profile("llama-2-7b", &config, &options).unwrap()
     }

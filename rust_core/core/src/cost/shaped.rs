@@ -20,7 +20,8 @@
 //! - an offloaded optimizer: its state in host memory, its step on the
 //!   host after the last backward (`offload.rs`).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use super::all_to_all::AllToAll;
 use super::offload::offloaded_step_ms;
@@ -137,7 +138,8 @@ fn context_group(cluster: &Cluster, machines: &[usize], (t, c): (usize, usize)) 
 /// the token exchange, the gather of the exchanged copies over each
 /// expert's et shards (et > 1), and the gradient AllReduce of the routed
 /// experts over the GPUs that hold the same ones.
-struct ExpertGroups {
+#[derive(Debug, PartialEq)]
+pub(crate) struct ExpertGroups {
     split_exchange: AllToAll,
     whole_exchange: AllToAll,
     /// An expert's et shards, where et > 1.
@@ -146,12 +148,63 @@ struct ExpertGroups {
     whole_reduce: AllreduceCurve,
 }
 
+/// The expert groups of one allocation at each (e, et) priced on it, built
+/// once: many stages of a search share an allocation. A memo of values
+/// derived from the allocation, so two are equal whatever they hold.
+#[derive(Default, Clone)]
+pub(crate) struct ExpertGroupsMemo(RefCell<Vec<(ExpertDegrees, Rc<ExpertGroups>)>>);
+
+/// An expert degree and expert tensor degree.
+type ExpertDegrees = (u32, u32);
+
+impl ExpertGroupsMemo {
+    /// The groups at (e, et) of the allocation whose GPUs sit on
+    /// `machines` (in device order; the memo's own allocation).
+    fn get(
+        &self,
+        coster: &StageCoster,
+        machines: &[usize],
+        (e, et): (u32, u32),
+    ) -> Rc<ExpertGroups> {
+        if let Some((_, groups)) = self.0.borrow().iter().find(|(key, _)| *key == (e, et)) {
+            return Rc::clone(groups);
+        }
+        let deduplicated = coster.layers.deduplicates_tokens();
+        let groups = Rc::new(ExpertGroups::new(
+            coster.cluster,
+            machines,
+            (e, et),
+            deduplicated,
+        ));
+        self.0.borrow_mut().push(((e, et), Rc::clone(&groups)));
+        groups
+    }
+}
+
+impl std::fmt::Debug for ExpertGroupsMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExpertGroupsMemo({} built)", self.0.borrow().len())
+    }
+}
+
+impl PartialEq for ExpertGroupsMemo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 impl ExpertGroups {
-    fn new(cluster: &Cluster, machines: &[usize], e: u32, et: u32) -> ExpertGroups {
+    /// `deduplicated`: some layer exchanges its tokens as DeepEP does.
+    fn new(
+        cluster: &Cluster,
+        machines: &[usize],
+        (e, et): (u32, u32),
+        deduplicated: bool,
+    ) -> ExpertGroups {
         let (e, et) = (e as usize, et as usize);
         ExpertGroups {
-            split_exchange: AllToAll::new(cluster, machines, et, e),
-            whole_exchange: AllToAll::new(cluster, machines, 1, e),
+            split_exchange: AllToAll::new(cluster, machines, (et, e), deduplicated),
+            whole_exchange: AllToAll::new(cluster, machines, (1, e), deduplicated),
             expert_shards: (et > 1).then(|| consecutive_group(cluster, machines, et)),
             split_reduce: strided_group(cluster, machines, et * e),
             whole_reduce: strided_group(cluster, machines, e),
@@ -176,7 +229,7 @@ pub struct ShapedSums {
     /// expert groups where e > 1.
     e: u32,
     et: u32,
-    experts: Option<ExpertGroups>,
+    experts: Option<Rc<ExpertGroups>>,
     start: usize,
     end: usize,
     gpus: u32,
@@ -336,7 +389,7 @@ impl StageCoster<'_> {
                 .then(|| context_group(self.cluster, &machines, (t as usize, c as usize))),
             e,
             et,
-            experts: (e > 1).then(|| ExpertGroups::new(self.cluster, &machines, e, et)),
+            experts: (e > 1).then(|| devices.expert_groups.get(self, &machines, (e, et))),
             start: end,
             end,
             gpus,
@@ -529,7 +582,7 @@ impl StageCoster<'_> {
         let held = pattern.param_factor(sharers);
         // The busiest GPU receives `imbalance` times the mean's copies.
         let received_bytes = sent_bytes * pattern.imbalance;
-        let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(received_bytes);
+        let mut pass_ms = ALL_TO_ALLS_PER_PASS * exchange.ms(pattern, received_bytes);
         // Of a split layer's collectives, the gather into the mixture that
         // the exchange replaces where the shards hold different tokens
         // (under sequence parallelism); then each expert's et shards
@@ -835,7 +888,7 @@ impl Reduction {
 mod tests {
     use super::*;
     use crate::cluster::topology::Topology;
-    use crate::model::experts::ExpertPattern;
+    use crate::model::experts::{ExpertPattern, TokenDispatcher};
     use crate::model::profile::{profile_of_layers, LayerCosts};
 
     #[test]
@@ -856,6 +909,7 @@ mod tests {
             // Unfused: the attention core is what selective re-computation re-runs.
             attention: Some(crate::model::kernels::AttentionKernel::Unfused),
             expert_imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
         };
         let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
         let layers = LayerCosts::new(&profile);
@@ -928,6 +982,8 @@ mod tests {
             split_gather_bytes_per_sample: 0.0,
             compute_fraction: 0.0,
             imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
+            routing_groups: None,
         });
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
@@ -968,8 +1024,8 @@ mod tests {
         assert!((zero(StageShape::PLAIN) - zero(spread) - saved).abs() < 1e-6);
         assert!(saved > 0.0 && second_optimizer > 0.0);
         // Each pass exchanges twice (dispatch, combine) one sample's 1 MB.
-        let exchange = AllToAll::new(&cluster, &[0; 8], 1, 4);
-        let pass_ms = 2.0 * exchange.ms(1e6);
+        let exchange = AllToAll::new(&cluster, &[0; 8], (1, 4), false);
+        let pass_ms = 2.0 * exchange.ms(profile.layers[1].experts.as_ref().unwrap(), 1e6);
         assert!(pass_ms > 0.0);
         assert!((cost.fwd_ms - plain.fwd_ms - pass_ms).abs() < 1e-9);
         assert!((cost.bwd_ms - plain.bwd_ms - pass_ms).abs() < 1e-9);
@@ -1082,6 +1138,8 @@ mod tests {
             split_gather_bytes_per_sample: 0.25e6,
             compute_fraction: 0.6,
             imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
+            routing_groups: None,
         });
         let layers = LayerCosts::new(&profile);
         let cluster = Cluster::new(&Topology::from_spec("1x8-nvlink").unwrap());
@@ -1104,14 +1162,17 @@ mod tests {
         // Spread 4 ways at et = t = 2: the exchange between the same shard
         // of 4 replicas, the gather's call gone (one call of 0.75 MB left),
         // and each expert's 2 shards gathering the copies both received.
-        let at_t = AllToAll::new(&cluster, &[0; 8], 2, 4);
-        let expected =
-            dense - collectives + 2.0 * at_t.ms(0.5e6) + shards.ms(0.75e6) + shards.ms(2.0 * 0.5e6);
+        let pattern = profile.layers[0].experts.clone().unwrap();
+        let at_t = AllToAll::new(&cluster, &[0; 8], (2, 4), false);
+        let expected = dense - collectives
+            + 2.0 * at_t.ms(&pattern, 0.5e6)
+            + shards.ms(0.75e6)
+            + shards.ms(2.0 * 0.5e6);
         assert!((fwd(&shape(4, None)) - expected).abs() < 1e-9);
         // Spread 4 ways whole (et = 1): 4 consecutive GPUs exchange, and
         // nothing is gathered.
-        let whole = AllToAll::new(&cluster, &[0; 8], 1, 4);
-        let expected = dense - collectives + 2.0 * whole.ms(0.5e6) + shards.ms(0.75e6);
+        let whole = AllToAll::new(&cluster, &[0; 8], (1, 4), false);
+        let expected = dense - collectives + 2.0 * whole.ms(&pattern, 0.5e6) + shards.ms(0.75e6);
         assert!((fwd(&shape(4, Some(1))) - expected).abs() < 1e-9);
         // A GPU holds a quarter of the experts whole at et = 1, a quarter
         // of them halved at et = 2: 3/16 of the layer's state apart.
@@ -1130,7 +1191,7 @@ mod tests {
         let compute = |pass: f64| 0.5 * 0.6 * shard.compute_factor * pass;
         let times = coster.times(0, 1);
         let expected = dense - collectives
-            + 2.0 * whole.ms(1.5 * 0.5e6)
+            + 2.0 * whole.ms(&pattern, 1.5 * 0.5e6)
             + shards.ms(0.75e6)
             + compute(times.fwd(0, 1));
         assert!(
@@ -1152,12 +1213,14 @@ mod tests {
         let coster = StageCoster::new(&layers, &cluster, 4, 1);
         let fwd = |s: &StageShape| coster.stage_shaped(0, 1, &devices, s, 1, false).fwd_ms;
         let part = 0.4 * shard.compute_factor * coster.times(0, 1).fwd(0, 1);
-        let expected =
-            dense - collectives + 2.0 * at_t.ms(0.5e6) + shards.ms(0.75e6) + shards.ms(2.0 * 0.5e6)
-                - part;
+        let expected = dense - collectives
+            + 2.0 * at_t.ms(&pattern, 0.5e6)
+            + shards.ms(0.75e6)
+            + shards.ms(2.0 * 0.5e6)
+            - part;
         assert!((fwd(&shape(4, None)) - expected).abs() < 1e-9);
-        let expected =
-            dense - collectives + 2.0 * whole.ms(0.5e6) + shards.ms(0.75e6) - 2.0 / 3.0 * part;
+        let expected = dense - collectives + 2.0 * whole.ms(&pattern, 0.5e6) + shards.ms(0.75e6)
+            - 2.0 / 3.0 * part;
         assert!((fwd(&shape(4, Some(1))) - expected).abs() < 1e-9);
         // Spread 2 ways, 2 of 4 experts held: (4 - 2) / (4 - 1) of it gone.
         let pattern = held.layers[0].experts.as_ref().unwrap();

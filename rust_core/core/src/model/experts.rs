@@ -66,6 +66,49 @@ pub struct ExpertPattern {
     /// and the copies it receives, which every GPU of the layer waits for.
     #[serde(default = "balanced", skip_serializing_if = "is_balanced")]
     pub imbalance: f64,
+    /// How the exchange moves a token's copies (absent: one copy an
+    /// expert, NCCL's all-to-all).
+    #[serde(default, skip_serializing_if = "TokenDispatcher::is_all_to_all")]
+    pub dispatcher: TokenDispatcher,
+    /// Group-limited routing (absent: a token may reach every expert).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_groups: Option<RoutingGroups>,
+}
+
+crate::named_enum! {
+    /// How a layer's token exchange carries each token to its k experts.
+    #[derive(Default)]
+    pub enum TokenDispatcher("a token dispatcher") {
+        /// One copy an expert, each sent to the GPU that holds it: NCCL's
+        /// all-to-all, as Megatron-LM's `alltoall` dispatcher
+        /// (`MoEAlltoAllTokenDispatcher`) and torch's `all_to_all_single`
+        /// send them.
+        #[default]
+        AllToAll = "all-to-all",
+        /// Deduplicated: one copy to each GPU that holds some of the
+        /// token's experts, and across the network one to each machine that
+        /// does, forwarded inside it over its intra-machine link (DeepEP's
+        /// normal kernels, deepseek-ai/DeepEP; Megatron-LM's `flex`
+        /// dispatcher with the DeepEP backend).
+        DeepEp = "deepep",
+    }
+}
+
+impl TokenDispatcher {
+    fn is_all_to_all(&self) -> bool {
+        *self == TokenDispatcher::AllToAll
+    }
+}
+
+/// Group-limited routing (DeepSeek-V3's `n_group` and `topk_group`,
+/// Megatron-LM's `--moe-router-num-groups` and `--moe-router-group-topk`):
+/// the routed experts fall in `groups` equal groups of consecutive
+/// experts, and each token's experts come from `per_token` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingGroups {
+    pub groups: u32,
+    pub per_token: u32,
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -112,6 +155,58 @@ pub fn expert_replicas(
 }
 
 impl ExpertPattern {
+    /// The probability that a token's k experts include some of experts
+    /// `first..first + len` (consecutive ones, as an expert-parallel GPU or
+    /// a machine holds them), routing balanced as the force-balanced runs
+    /// route (the profile's `imbalance` aside): the k experts drawn evenly
+    /// from those the token may reach, every expert or, under group-limited
+    /// routing, those of `per_token` groups drawn evenly. Exact: a sum over
+    /// how many of the block's experts the chosen groups hold.
+    pub fn reaches(&self, first: u32, len: u32) -> f64 {
+        let k = u64::from(self.per_token);
+        let RoutingGroups { groups, per_token } = self.routing_groups.unwrap_or(RoutingGroups {
+            groups: 1,
+            per_token: 1,
+        });
+        let size = self.count / groups.max(1);
+        let reachable = u64::from(per_token) * u64::from(size);
+        let block = first..first.saturating_add(len).min(self.count);
+        let overlaps: Vec<usize> = (0..groups)
+            .map(|g| {
+                let (start, end) = (g * size, (g + 1) * size);
+                end.min(block.end).saturating_sub(start.max(block.start)) as usize
+            })
+            .filter(|&o| o > 0)
+            .collect();
+        let held = block.len();
+        let (chosen, apart) = (per_token as usize, groups as usize - overlaps.len());
+        // ways[j][x]: the ways to choose j of the overlapping groups that
+        // hold x of the block's experts together.
+        let mut ways = vec![vec![0.0f64; held + 1]; chosen + 1];
+        ways[0][0] = 1.0;
+        for &o in &overlaps {
+            for j in (0..chosen).rev() {
+                for x in (0..=held - o).rev() {
+                    let w = ways[j][x];
+                    if w > 0.0 {
+                        ways[j + 1][x + o] += w;
+                    }
+                }
+            }
+        }
+        let mut missed = 0.0;
+        for (j, row) in ways.iter().enumerate() {
+            if chosen - j > apart {
+                continue;
+            }
+            let rest = binomial(apart as u64, (chosen - j) as u64);
+            for (x, &w) in row.iter().enumerate().filter(|(_, &w)| w > 0.0) {
+                missed += w * rest * none_drawn(reachable, x as u64, k);
+            }
+        }
+        1.0 - missed / binomial(u64::from(groups), u64::from(per_token))
+    }
+
     /// What one GPU holds of the layer's parameters where `spread` GPUs
     /// share what it would hold of the routed experts alone (the expert
     /// degree e; for a shard of a layer split t ways, e et / t): its share
@@ -136,6 +231,27 @@ impl ExpertPattern {
     pub fn validate(&self) -> Result<()> {
         if self.count == 0 {
             return Err(Error::field("count", "value 0 must be >= 1"));
+        }
+        if let Some(RoutingGroups { groups, per_token }) = self.routing_groups {
+            if groups == 0 || !self.count.is_multiple_of(groups) {
+                return Err(Error::field(
+                    "routing_groups.groups",
+                    format!(
+                        "value {groups} must divide the {} experts into equal groups",
+                        self.count
+                    ),
+                ));
+            }
+            let reachable = u64::from(per_token) * u64::from(self.count / groups);
+            if per_token == 0 || per_token > groups || reachable < u64::from(self.per_token) {
+                return Err(Error::field(
+                    "routing_groups.per_token",
+                    format!(
+                        "value {per_token} must be between 1 and the {groups} groups, and its groups must hold the {} experts a token takes",
+                        self.per_token
+                    ),
+                ));
+            }
         }
         if self.per_token == 0 || self.per_token > self.count {
             return Err(Error::field(
@@ -187,6 +303,26 @@ impl ExpertPattern {
     }
 }
 
+/// n choose r, as a float (exact up to 2^53).
+fn binomial(n: u64, r: u64) -> f64 {
+    if r > n {
+        return 0.0;
+    }
+    let r = r.min(n - r);
+    (0..r).fold(1.0, |c, i| c * (n - i) as f64 / (i + 1) as f64)
+}
+
+/// The probability that `k` experts drawn evenly from `reachable` include
+/// none of `held` given ones.
+fn none_drawn(reachable: u64, held: u64, k: u64) -> f64 {
+    if reachable < held + k {
+        return 0.0;
+    }
+    (0..k).fold(1.0, |p, i| {
+        p * (reachable - held - i) as f64 / (reachable - i) as f64
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +336,93 @@ mod tests {
             split_gather_bytes_per_sample: 0.0,
             compute_fraction: 0.9,
             imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
+            routing_groups: None,
         }
+    }
+
+    /// The probability by enumerating every way to route a token: each
+    /// choice of groups, then each choice of k of their experts, evenly.
+    fn reaches_by_enumeration(p: &ExpertPattern, block: std::ops::Range<u32>) -> f64 {
+        fn subsets(n: u32, r: u32) -> Vec<Vec<u32>> {
+            if r == 0 {
+                return vec![vec![]];
+            }
+            (r - 1..n)
+                .flat_map(|last| {
+                    subsets(last, r - 1).into_iter().map(move |mut s| {
+                        s.push(last);
+                        s
+                    })
+                })
+                .collect()
+        }
+        let g = p.routing_groups.unwrap_or(RoutingGroups {
+            groups: 1,
+            per_token: 1,
+        });
+        let size = p.count / g.groups;
+        let (mut hit, mut all) = (0.0, 0.0);
+        for chosen in subsets(g.groups, g.per_token) {
+            let experts: Vec<u32> = chosen
+                .iter()
+                .flat_map(|c| c * size..(c + 1) * size)
+                .collect();
+            let picks = subsets(experts.len() as u32, p.per_token);
+            for pick in &picks {
+                let reached = pick.iter().any(|&i| block.contains(&experts[i as usize]));
+                hit += f64::from(u8::from(reached)) / picks.len() as f64;
+            }
+            all += 1.0;
+        }
+        hit / all
+    }
+
+    #[test]
+    fn a_token_reaches_a_block_of_experts_as_enumerating_its_routes_says() {
+        // Two of 8 experts, no groups: it misses 2 given ones with
+        // probability C(6, 2) / C(8, 2) = 15 / 28.
+        let p = mixtral_like();
+        assert!((p.reaches(0, 2) - 13.0 / 28.0).abs() < 1e-12);
+        assert!((p.reaches(6, 2) - 13.0 / 28.0).abs() < 1e-12);
+        assert_eq!(p.reaches(0, 8), 1.0);
+        let grouped = |groups, per_token, count, k| ExpertPattern {
+            count,
+            per_token: k,
+            routing_groups: Some(RoutingGroups { groups, per_token }),
+            ..mixtral_like()
+        };
+        let cases = [
+            (
+                grouped(4, 2, 8, 2),
+                vec![(0, 2), (0, 4), (1, 2), (3, 3), (0, 1)],
+            ),
+            (
+                grouped(4, 2, 12, 3),
+                vec![(0, 3), (0, 6), (2, 4), (5, 7), (11, 1)],
+            ),
+            (grouped(2, 1, 8, 2), vec![(0, 4), (2, 4), (0, 8)]),
+            (grouped(6, 3, 12, 2), vec![(0, 2), (1, 3), (4, 6)]),
+        ];
+        for (pattern, blocks) in cases {
+            pattern.validate().unwrap();
+            for (first, len) in blocks {
+                let exact = reaches_by_enumeration(&pattern, first..first + len);
+                let got = pattern.reaches(first, len);
+                assert!(
+                    (got - exact).abs() < 1e-12,
+                    "{pattern:?} {first}+{len}: {got} against {exact}"
+                );
+            }
+        }
+        // DeepSeek-V3: 8 of 256 experts from 4 of 8 groups. A machine of 32
+        // (one group) is reached by half the tokens, less those whose 8
+        // experts all fall in the other 3 chosen groups.
+        let v3 = grouped(8, 4, 256, 8);
+        let missed_in_chosen = (0..8)
+            .map(|i| (96.0 - i as f64) / (128.0 - i as f64))
+            .product::<f64>();
+        assert!((v3.reaches(0, 32) - 0.5 * (1.0 - missed_in_chosen)).abs() < 1e-12);
     }
 
     #[test]
@@ -270,6 +492,28 @@ mod tests {
                     ..mixtral_like()
                 },
                 "all_to_all_bytes_per_sample: value NaN",
+            ),
+            (
+                ExpertPattern {
+                    routing_groups: Some(RoutingGroups { groups: 3, per_token: 1 }),
+                    ..mixtral_like()
+                },
+                "routing_groups.groups: value 3 must divide the 8 experts",
+            ),
+            (
+                ExpertPattern {
+                    routing_groups: Some(RoutingGroups { groups: 4, per_token: 5 }),
+                    ..mixtral_like()
+                },
+                "routing_groups.per_token: value 5 must be between 1 and the 4 groups",
+            ),
+            (
+                ExpertPattern {
+                    per_token: 3,
+                    routing_groups: Some(RoutingGroups { groups: 8, per_token: 1 }),
+                    ..mixtral_like()
+                },
+                "routing_groups.per_token: value 1 must be between 1 and the 8 groups, and its groups must hold the 3 experts",
             ),
         ];
         for (pattern, message) in bad {

@@ -1652,6 +1652,15 @@ impl LayerCosts {
         self.experts[layer].as_ref()
     }
 
+    /// Whether some layer's experts exchange their tokens deduplicated
+    /// (`TokenDispatcher::DeepEp`), which prices where expert groups sit.
+    pub fn deduplicates_tokens(&self) -> bool {
+        self.experts
+            .iter()
+            .flatten()
+            .any(|p| p.dispatcher == crate::model::experts::TokenDispatcher::DeepEp)
+    }
+
     /// Whether some layer of `start..end` has routed experts.
     pub fn has_experts(&self, start: usize, end: usize) -> bool {
         self.expert_layer_prefix[end] > self.expert_layer_prefix[start]

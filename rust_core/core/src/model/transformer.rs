@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::cluster::gpus::{gpu_type, GpuType};
 use crate::error::{Error, Result};
 use crate::model::context::ContextPattern;
-use crate::model::experts::ExpertPattern;
+use crate::model::experts::{ExpertPattern, RoutingGroups, TokenDispatcher};
 use crate::model::kernels::{attention_ms, memory_bound_ms, AttentionKernel, Gemm};
 use crate::model::profile::{Layer, Measurement, ParameterState, Profile, BLOCK_KIND};
 use crate::model::split::{Divisor, SplitPattern};
@@ -169,6 +169,9 @@ pub struct MoeConfig {
     pub shared_ffn: u64,
     /// The first blocks keep a dense MLP (DeepSeek's `first_k_dense_replace`).
     pub dense_blocks: u64,
+    /// Group-limited routing (DeepSeek's `n_group` and `topk_group`; None:
+    /// absent, or one group).
+    pub routing_groups: Option<RoutingGroups>,
 }
 
 /// What the generator is asked for besides the model.
@@ -187,6 +190,9 @@ pub struct TransformerOptions {
     /// The router's imbalance a block with experts records
     /// (`ExpertPattern::imbalance`): 1 balanced.
     pub expert_imbalance: f64,
+    /// How the runtime exchanges a block's tokens with its experts
+    /// (`ExpertPattern::dispatcher`).
+    pub dispatcher: TokenDispatcher,
 }
 
 impl TransformerConfig {
@@ -395,6 +401,8 @@ impl TransformerConfig {
                 * (moe.experts_per_token as f64 * self.mlp_matrix_params(moe.expert_ffn))
                 / self.block_fwd_flops(s, true),
             imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
+            routing_groups: moe.routing_groups,
         })
     }
 
@@ -657,6 +665,7 @@ impl MoeConfig {
             _ => Ok(()),
         }
         };
+        let routing_groups = routing_groups(obj, experts, experts_per_token)?;
         every_block("decoder_sparse_step", &|v| v.as_u64() == Some(1))?;
         every_block("moe_layer_freq", &|v| v.as_u64() == Some(1))?;
         every_block("mlp_only_layers", &|v| {
@@ -668,8 +677,46 @@ impl MoeConfig {
             expert_ffn,
             shared_ffn,
             dense_blocks,
+            routing_groups,
         }))
     }
+}
+
+/// Group-limited routing of a Hugging Face config (DeepSeek's `n_group`
+/// and `topk_group`): None where it names none or one group.
+fn routing_groups(
+    obj: &serde_json::Map<String, Value>,
+    experts: u64,
+    experts_per_token: u64,
+) -> Result<Option<RoutingGroups>> {
+    let number = |keys: &[&str], what: &str| whole_number(obj, keys, what);
+    Ok(match number(&["n_group"], "the routing groups")? {
+        None | Some(1) => None,
+        Some(groups) => {
+            let per_token = number(&["topk_group"], "the groups a token's experts come from")?
+                .unwrap_or(groups);
+            if groups > experts || !experts.is_multiple_of(groups) {
+                return Err(Error::field(
+                    "n_group",
+                    format!(
+                        "value {groups} must divide the {experts} routed experts into equal groups"
+                    ),
+                ));
+            }
+            if per_token > groups || per_token * (experts / groups) < experts_per_token {
+                return Err(Error::field(
+                    "topk_group",
+                    format!(
+                        "value {per_token} must be at most the {groups} groups, and its groups must hold the {experts_per_token} experts a token takes"
+                    ),
+                ));
+            }
+            Some(RoutingGroups {
+                groups: groups as u32,
+                per_token: per_token as u32,
+            })
+        }
+    })
 }
 
 /// The whole number >= 1 the first of `keys` gives (`first_given`).
@@ -951,6 +998,7 @@ pub fn transformer_profile(
         attention,
         micro_batch_sizes: &options.micro_batch_sizes,
         expert_imbalance: options.expert_imbalance,
+        dispatcher: options.dispatcher,
     };
     // The blocks of a kind are alike: one is timed, the others are its
     // copies (a mixture-of-experts model's dense first blocks are the other kind).
@@ -1186,6 +1234,7 @@ struct LayerMaker<'a> {
     attention: AttentionKernel,
     micro_batch_sizes: &'a [u32],
     expert_imbalance: f64,
+    dispatcher: TokenDispatcher,
 }
 
 impl LayerMaker<'_> {
@@ -1396,6 +1445,7 @@ impl LayerMaker<'_> {
             .filter(|_| experts)
             .map(|pattern| ExpertPattern {
                 imbalance: self.expert_imbalance,
+                dispatcher: self.dispatcher,
                 ..pattern
             });
         Ok(layer)
@@ -1578,6 +1628,7 @@ mod tests {
             efficiency: Some(0.5),
             attention: None,
             expert_imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
         }
     }
 
@@ -1752,12 +1803,14 @@ mod tests {
         assert_eq!(experts.imbalance, 1.0);
         let skewed = TransformerOptions {
             expert_imbalance: 1.3,
+            dispatcher: TokenDispatcher::AllToAll,
             ..options("h100")
         };
         let skewed = transformer_profile("mixtral-8x7b", &c, &skewed).unwrap();
         assert_eq!(skewed.layers[1].experts.as_ref().unwrap().imbalance, 1.3);
         let bad = TransformerOptions {
             expert_imbalance: 0.9,
+            dispatcher: TokenDispatcher::AllToAll,
             ..options("h100")
         };
         let error = transformer_profile("mixtral-8x7b", &c, &bad).unwrap_err();
@@ -1772,6 +1825,25 @@ mod tests {
             .find_map(|l| l.experts.as_ref())
             .unwrap();
         assert_eq!(shared.split_gather_bytes_per_sample, 0.0);
+        // DeepSeek-V3 routes a token to 4 of 8 groups of 32 experts
+        // (`n_group`, `topk_group`); the dispatcher is the options'.
+        assert_eq!(
+            shared.routing_groups,
+            Some(RoutingGroups {
+                groups: 8,
+                per_token: 4
+            })
+        );
+        assert_eq!(shared.dispatcher, TokenDispatcher::AllToAll);
+        let deepep = TransformerOptions {
+            dispatcher: TokenDispatcher::DeepEp,
+            ..options("h100")
+        };
+        let deepep = transformer_profile("mixtral-8x7b", &c, &deepep).unwrap();
+        assert_eq!(
+            deepep.layers[1].experts.as_ref().unwrap().dispatcher,
+            TokenDispatcher::DeepEp
+        );
         // Neither the embedding, nor the head, nor a dense model's blocks.
         assert!(p.layers[0].experts.is_none() && p.layers.last().unwrap().experts.is_none());
         let dense = TransformerConfig::named("llama-2-7b").unwrap();
@@ -1848,6 +1920,14 @@ mod tests {
             r#", "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 3"#
         )
         .contains("first_k_dense_replace: value 3 is more than the 2 blocks"));
+        assert!(
+            error(r#", "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 3"#)
+                .contains("n_group: value 3 must divide the 8 routed experts into equal groups")
+        );
+        assert!(error(
+            r#", "n_routed_experts": 8, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 1"#
+        )
+        .contains("topk_group: value 1 must be at most the 4 groups, and its groups must hold the 4 experts"));
         // DeepSeek's keys: shared experts of the routed ones' width, dense first blocks.
         let c = TransformerConfig::from_json(&base(
             r#", "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1"#,
@@ -1860,7 +1940,8 @@ mod tests {
                 experts_per_token: 2,
                 expert_ffn: 32,
                 shared_ffn: 32,
-                dense_blocks: 1
+                dense_blocks: 1,
+                routing_groups: None,
             })
         );
         assert!(!c.has_experts(0) && c.has_experts(1));
@@ -1907,6 +1988,7 @@ mod tests {
             efficiency: None,
             attention,
             expert_imbalance: 1.0,
+            dispatcher: TokenDispatcher::AllToAll,
         }
     }
 

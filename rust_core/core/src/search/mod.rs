@@ -1712,7 +1712,8 @@ mod tests {
             let experts = [4, 8][case % 2];
             for (l, layer) in profile.layers.iter_mut().enumerate() {
                 if l == 0 || rng.gen_bool(0.6) {
-                    layer.experts = Some(crate::model::experts::ExpertPattern {
+                    use crate::model::experts::{ExpertPattern, RoutingGroups, TokenDispatcher};
+                    layer.experts = Some(ExpertPattern {
                         count: experts,
                         per_token: 2,
                         param_fraction: rng.gen_range(0.5..0.95),
@@ -1720,6 +1721,12 @@ mod tests {
                         split_gather_bytes_per_sample: rng.gen_range(0.0..1e6),
                         compute_fraction: rng.gen_range(0.3..0.9),
                         imbalance: [1.0, 1.4][case % 2],
+                        dispatcher: [TokenDispatcher::AllToAll, TokenDispatcher::DeepEp]
+                            [case / 2 % 2],
+                        routing_groups: (case % 3 == 0).then_some(RoutingGroups {
+                            groups: 4,
+                            per_token: 2,
+                        }),
                     });
                     // A part of its passes grows with the experts a GPU
                     // holds, which spreading them shortens.
