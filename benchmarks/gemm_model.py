@@ -7,7 +7,9 @@ product on H100 by its shape (G8-*: square, G9-*: few tokens or a short
 reduction, b = 1; XLA's table, median CUPTI kernel time) is compared with
 ``_core.gemm_ms`` of the same shape on H100-80GB. None of these records set
 a constant of the rule: its ceiling is G3 (the maximum achievable matmul
-FLOPS, another method and source), its tile CUTLASS's default, its floor
+FLOPS, another method and source) times the share the published runs'
+products reached on a lent H200 (``SUSTAINED_SHARE``,
+``results/gpu_kernels-h200.json``), its tile CUTLASS's default, its floor
 G8-floor (derived from G8-256 alone, so that row checks nothing). No
 product on A100 was measured by shape (the file's ``not_found``), so the
 rule is not checked there.

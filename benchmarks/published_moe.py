@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from published_runs import cli  # noqa: E402
+from published_runs import cli, topology_of  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "published_moe.json"
 MODELS = HERE.parent / "profiles" / "models"
@@ -151,9 +151,10 @@ def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
 
     gpu = GPU_OF[run["hardware"]["gpu"]]
     count = run["hardware"]["count"]
-    topology = f"{count // 8}x8-{gpu.lower()}"
+    topology, network_assumed = topology_of(run, gpu)
     name = config_name(run)
     shape, assumptions, missing = layout(run)
+    assumptions = network_assumed + assumptions
     profile = planner.transformer_profile(MODELS / f"{name}.json", gpu=gpu, seq_len=shape["seq_len"],
                                           micro_batch_sizes=[shape["micro_batch_size"]], attention="flash",
                                           dispatcher=shape["dispatcher"])

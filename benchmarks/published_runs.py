@@ -26,6 +26,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -42,6 +43,40 @@ DEFAULT_OUT = HERE / "results" / "published_runs.json"
 
 #: The catalog's type of each run's GPU, as the shared file names it.
 GPU_OF = {"A100-SXM4-80GB": "A100-80GB", "A100 80GB": "A100-80GB", "H100-SXM 80GB HBM3, 700W": "H100-80GB"}
+
+
+#: Gbit/s of one unit the shared file writes a network's bandwidth in.
+GBITS_PER = {"Gb/s": 1.0, "GB/s": 8.0}
+
+
+def machine_network_gbps(node: str) -> float | None:
+    """A machine's network, Gbit/s, as the shared file's ``hardware.node``
+    writes it ("8x200Gb/s HDR IB per node", "4x Omni-Path 100Gb/s per node",
+    "RoCE 400Gb/s per GPU", "IB 50 GB/s per GPU", "IB 8x50 GB/s"), for
+    machines of 8 GPUs; None where it names none."""
+    links = re.search(r"(\d+)\s*x\s*(?:[A-Za-z-]+\s+)?(\d+(?:\.\d+)?)\s*(Gb/s|GB/s)", node)
+    if links:
+        return int(links[1]) * float(links[2]) * GBITS_PER[links[3]]
+    per_gpu = re.search(r"(\d+(?:\.\d+)?)\s*(Gb/s|GB/s) per GPU", node)
+    if per_gpu:
+        return 8 * float(per_gpu[1]) * GBITS_PER[per_gpu[2]]
+    return None
+
+
+def topology_of(run: dict, gpu: str) -> tuple[str, list[str]]:
+    """The run's cluster as a topology spec: machines of 8 GPUs of the
+    catalog's type, with its usual server's links unless the run's
+    machines had another network, and what that assumes."""
+    from dapple import planner
+
+    spec = f"{run['hardware']['count'] // 8}x8-{gpu.lower()}"
+    network = machine_network_gbps(run["hardware"].get("node") or "")
+    usual = planner.Topology.from_spec(spec).data["inter_machine"]["bandwidth_gbps"]
+    if network is None or network == usual:
+        return spec, []
+    return f"{spec}-nvlink-{network:g}gbps", [
+        f"network {network:g} Gbit/s a machine, as hardware.node writes it ({run['hardware']['node']}), "
+        f"where the type's usual server has {usual:g}; collectives at NCCL's measured share of InfiniBand"]
 
 
 def model_config(run: dict) -> tuple[dict, list[str]]:
@@ -193,8 +228,9 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
     row = {"id": run["id"] + suffix, "source": f"{run['source']['paper']}, {run['source']['location']}"}
     gpu = GPU_OF[run["hardware"]["gpu"]]
     count = run["hardware"]["count"]
-    topology = f"{count // 8}x8-{gpu.lower()}"
-    config, assumptions = model_config(run)
+    topology, assumptions = topology_of(run, gpu)
+    config, more = model_config(run)
+    assumptions += more
     shape, more, missing = layout(run, variant)
     assumptions += more
     # FlashAttention arrived in 2022 (arXiv 2205.14135); the Megatron-LM,

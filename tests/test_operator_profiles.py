@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import SHARED, assert_one_line_error
+from conftest import ROOT, SHARED, assert_one_line_error
 from dapple import planner
 from dapple.planner.export.deepspeed import deepspeed_partition
 from dapple.planner.export.megatron import megatron_arguments
@@ -57,6 +57,23 @@ def test_the_cited_records_hold_the_catalogs_figures():
     assert [t for _, t in a100["flash_attention_tflops"]] == [fa2[k] for k in ("512", "1k", "2k", "4k", "8k", "16k")]
     assert h100["flash_attention_tflops"] == [(8192, records["A8"]["value"])]
     assert planner.GPU_TYPES["V100-16GB"]["kernels"]["gemm_tflops"] == records["G6c"]["value"]
+
+
+def test_the_products_sustained_share_is_the_median_measured_on_the_lent_h200():
+    # The rule's share of the type's best (kernels.rs, SUSTAINED_SHARE) is
+    # measured, not fit: on the H200 sweep's products of 0.1 TFLOP and more
+    # (compute-bound, each over 0.13 ms), the rule's time over the measured
+    # time has a median of 1, where before the share it read 0.90.
+    from dapple.planner import _core
+
+    sweep = json.loads((ROOT / "benchmarks" / "results" / "gpu_kernels-h200.json").read_text())
+    assert sweep["device"] == "NVIDIA H200" and sweep["catalog_gpu"] == "H200"
+    big = [g for g in sweep["gemm"] if 2 * g["m"] * g["n"] * g["k"] >= 1e11]
+    assert len(big) == 151
+    ratios = sorted(_core.gemm_ms("H200", g["m"], g["n"], g["k"]) / g["measured_ms"] for g in big)
+    assert abs(ratios[len(ratios) // 2] - 1) < 0.005, ratios[len(ratios) // 2]
+    # Before the share (the sweep's own model column), the rule read fast.
+    assert sorted(g["model_over_measured"] for g in big)[len(big) // 2] < 0.91
 
 
 def test_every_host_figure_cites_its_measurement_or_says_what_it_assumed():

@@ -41,11 +41,12 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
 
     Each layer's FLOPs, parameters and stored activations follow from the
     config. Its time is the sum of its operators' on the GPU type: matrix
-    products by their shapes (tiles and waves over the GPU's SMs, at its
-    measured best), memory-bound operators at its measured memory
-    bandwidth, the attention core as the kernel runs it (docs/cost-model.md,
-    "Transformer profiles"); or, with --efficiency, its FLOPs over that
-    share of the bf16 peak. Layers record how they split (Megatron's
+    products by their shapes (tiles and waves over the GPU's SMs, at the
+    share of its measured best that a transformer's products reach),
+    memory-bound operators at its measured memory bandwidth, the attention
+    core as the kernel runs it, and Adam's step as a memory-bound pass
+    (docs/cost-model.md, "Transformer profiles"); or, with --efficiency,
+    its FLOPs over that share of the bf16 peak, and no optimizer step. Layers record how they split (Megatron's
     blocks, the vocabulary for the embedding and LM head), so `dapple plan`
     can shard them.
     """

@@ -139,6 +139,28 @@ impl ParameterState {
             optimizer_bytes: f64::from(slots) * FP32,
         })
     }
+
+    /// Bytes one optimizer step moves per parameter, as one fused pass runs
+    /// it (apex's `multi_tensor_adam`, torch's fused Adam): it reads the
+    /// gradient, the weights it updates (the master copy where there is
+    /// one) and its state, writes the weights and the state back, and, with
+    /// a master copy, writes the weights the model computes with
+    /// (Megatron-LM's copy of the main parameters to the model's). Mixed
+    /// precision with Adam: 2 + 2 x (4 + 8) + 2 = 28. Left out: the
+    /// gradient's unscaling and norm, another read or two of it.
+    pub fn step_bytes(&self) -> f64 {
+        let updated = if self.master_weight_bytes > 0.0 {
+            self.master_weight_bytes
+        } else {
+            self.weight_bytes
+        };
+        let copied = if self.master_weight_bytes > 0.0 {
+            self.weight_bytes
+        } else {
+            0.0
+        };
+        self.gradient_bytes + 2.0 * (updated + self.optimizer_bytes) + copied
+    }
 }
 
 /// The model's layer times measured on one more GPU type.
@@ -1738,6 +1760,28 @@ pub(crate) use tests::{chain_profile, profile_of_layers, profile_with_memory_ter
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_optimizer_step_moves_its_state_twice_and_the_gradient_once() {
+        // Mixed precision: the bf16 gradient read, the fp32 master weights
+        // and two moments read and written, the bf16 weights written.
+        let mixed = ParameterState {
+            weight_bytes: 2.0,
+            gradient_bytes: 2.0,
+            master_weight_bytes: 4.0,
+            optimizer_bytes: 8.0,
+        };
+        assert_eq!(mixed.step_bytes(), 2.0 + 2.0 * 12.0 + 2.0);
+        // Under autocast the fp32 weights are the ones updated: no copy.
+        assert_eq!(
+            ParameterState::autocast("adam").unwrap().step_bytes(),
+            4.0 + 2.0 * 12.0
+        );
+        assert_eq!(
+            ParameterState::autocast("sgd").unwrap().step_bytes(),
+            4.0 + 2.0 * 4.0
+        );
+    }
 
     #[test]
     fn a_gpu_steps_its_share_of_the_optimizer() {
