@@ -274,9 +274,10 @@ impl<'c, 'a> Dp<'c, 'a> {
         let mut fwd_bwd_floor = vec![0.0; n + 1];
         let mut work_floor = vec![0.0; n + 1];
         for l in 0..n {
+            let lightest = |s| lightest_ms(&coster, l, s);
             let uneven_floor = uneven
                 .iter()
-                .map(|&s| coster.fastest_ms(l, l + 1, s))
+                .map(|&s| lightest(s))
                 .fold((f64::INFINITY, f64::INFINITY), |a, b| {
                     (a.0.min(b.0), a.1.min(b.1))
                 });
@@ -287,18 +288,16 @@ impl<'c, 'a> Dp<'c, 'a> {
             // is at one of `uneven`).
             let uneven_work = uneven
                 .iter()
-                .map(|&s| coster.fastest_ms(l, l + 1, s).1 / f64::from(s))
+                .map(|&s| lightest(s).1 / f64::from(s))
                 .fold(f64::INFINITY, f64::min)
                 * f64::from(micro_batch);
             let w = (1..=max_replicas.max(1))
-                .map(|r| {
-                    f64::from(r) * coster.fastest_ms(l, l + 1, largest_slice(micro_batch, r)).1
-                })
+                .map(|r| f64::from(r) * lightest(largest_slice(micro_batch, r)).1)
                 .fold(uneven_work, f64::min);
             work_floor[l + 1] = work_floor[l] + w;
             let (f, fb) = slices
                 .iter()
-                .map(|&s| coster.fastest_ms(l, l + 1, s))
+                .map(|&s| lightest(s))
                 .fold(uneven_floor, |a, b| (a.0.min(b.0), a.1.min(b.1)));
             // A split layer's shard computes a part of it (its
             // collectives only add); its replicas take the same slices.
@@ -1763,6 +1762,22 @@ fn predicted_times(
     }))
 }
 
+/// The least forward, and forward and backward, that layer `l` takes at
+/// slices of `slice` on any GPU type and in any shape: its fastest times
+/// less the part that grows with the routed experts a GPU holds, which
+/// spreading them shrinks towards nothing (`cost/shaped.rs`). Bounds
+/// built on the times alone were no bounds where holding experts weighs:
+/// they pruned the plans that spread them.
+fn lightest_ms(coster: &StageCoster, l: usize, slice: u32) -> (f64, f64) {
+    let (f, fb) = coster.fastest_ms(l, l + 1, slice);
+    let (held_fwd, held_bwd) = coster.layers.experts_held_shares(l, slice);
+    if held_fwd == 0.0 && held_bwd == 0.0 {
+        return (f, fb); // bit for bit the layer's times, as before
+    }
+    let fwd = f * (1.0 - held_fwd);
+    (fwd, fwd + (fb - f) * (1.0 - held_bwd))
+}
+
 /// GPUs left in front of `stage` once it is placed before `suffix`.
 fn stage_free(suffix: &WalkSuffix, stage: &WalkStage) -> u32 {
     suffix.state.free() - stage.gpus
@@ -2012,6 +2027,59 @@ mod tests {
                 states: dp.states.len(),
             }
         })
+    }
+
+    #[test]
+    fn the_floors_count_the_experts_a_stage_may_spread() {
+        // Two layers whose passes are 90% holding their 8 experts (as
+        // Whale's M6-MoE stand-ins' blocks are), 8 samples on 8 GPUs. Held
+        // whole, each GPU's pass is 10 times what it is with the experts
+        // spread one a GPU, which the best plan does; no plan of the size
+        // may be below its floor, so the floor must count them spread.
+        use crate::model::experts::{ExpertPattern, TokenDispatcher};
+        let mut profile = chain(&[(1.0, 2.0, 1000), (1.0, 2.0, 1000)]);
+        for layer in &mut profile.layers {
+            layer.experts = Some(ExpertPattern {
+                count: 8,
+                per_token: 2,
+                param_fraction: 0.9,
+                all_to_all_bytes_per_sample: 0.0,
+                split_gather_bytes_per_sample: 0.0,
+                compute_fraction: 0.9,
+                imbalance: 1.0,
+                dispatcher: TokenDispatcher::AllToAll,
+                routing_groups: None,
+            });
+            for m in &mut layer.measurements {
+                m.experts_held_fwd_ms = Some(0.9 * m.fwd_ms);
+                m.experts_held_bwd_ms = Some(0.9 * m.bwd_ms);
+            }
+        }
+        let layers = LayerCosts::new(&profile);
+        let topology = Topology::from_spec("1x8-nvlink").unwrap();
+        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let space = Space::new(
+            &layers,
+            &cluster,
+            (SearchSpace::Full, (StageShapes::All, 0, 1), None),
+            (WarmupPolicy::A, crate::cost::overlap::Overlap::default()),
+            1,
+            (8, vec![8]),
+            &crate::plan::hints::NO_HINTS,
+        );
+        let ctx = space.covering();
+        let mut dp = Dp::new(ctx, 8, 1, Objective::Latency, vec![ctx.policy], None);
+        let best = dp.run().pop().flatten().unwrap();
+        let spread = best.stages.iter().all(|s| s.shape.expert_parallel == 8);
+        assert!(spread, "{:?}", best.stages);
+        assert!(
+            dp.floor_ms() <= best.value,
+            "{} {}",
+            dp.floor_ms(),
+            best.value
+        );
+        // Each layer's pass, held whole: 3 ms a sample; spread: 10% of it.
+        assert!(best.value < 0.5 * 2.0 * 3.0, "{}", best.value);
     }
 
     #[test]
