@@ -46,9 +46,9 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     memory-bound operators at its measured memory bandwidth, the attention
     core as the kernel runs it, and Adam's step as a memory-bound pass
     (docs/cost-model.md, "Transformer profiles"); or, with --efficiency,
-    its FLOPs over that share of the bf16 peak, and no optimizer step. Layers record how they split (Megatron's
-    blocks, the vocabulary for the embedding and LM head), so `dapple plan`
-    can shard them.
+    its FLOPs over that share of the bf16 peak, and no optimizer step.
+    Layers record how they split (Megatron's blocks, the vocabulary for the
+    embedding and LM head), so `dapple plan` can shard them.
     """
     check_writable(out_path)
     profile = planner.transformer_profile(

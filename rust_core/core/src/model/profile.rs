@@ -149,15 +149,10 @@ impl ParameterState {
     /// precision with Adam: 2 + 2 x (4 + 8) + 2 = 28. Left out: the
     /// gradient's unscaling and norm, another read or two of it.
     pub fn step_bytes(&self) -> f64 {
-        let updated = if self.master_weight_bytes > 0.0 {
-            self.master_weight_bytes
+        let (updated, copied) = if self.master_weight_bytes > 0.0 {
+            (self.master_weight_bytes, self.weight_bytes)
         } else {
-            self.weight_bytes
-        };
-        let copied = if self.master_weight_bytes > 0.0 {
-            self.weight_bytes
-        } else {
-            0.0
+            (self.weight_bytes, 0.0)
         };
         self.gradient_bytes + 2.0 * (updated + self.optimizer_bytes) + copied
     }
