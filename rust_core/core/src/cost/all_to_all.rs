@@ -62,27 +62,13 @@ struct GroupLayout {
 }
 
 impl GroupLayout {
-    /// The layout of the groups of e consecutive replicas of t GPUs on a
-    /// stage whose GPUs sit on `machines`.
-    fn of(machines: &[usize], (t, e): (usize, usize)) -> GroupLayout {
-        let mut layout = GroupLayout {
-            e: e as u32,
-            ..GroupLayout::default()
-        };
-        // (sending machine, a run of its groups' positions on another
-        // machine, how many of its GPUs send to it).
-        let mut away: Vec<(usize, (u32, u32), u32)> = Vec::new();
-        for_each_group(machines, (t, e), |runs, _| {
-            for &(m, start, n) in runs {
-                let beside = runs.iter().filter(|r| r.0 == m).map(|r| r.2).sum();
-                if !layout.beside.contains(&(start, beside)) {
-                    layout.beside.push((start, beside));
-                }
-                away.extend(runs.iter().filter(|r| r.0 != m).map(|r| (m, (r.1, r.2), n)));
-            }
-        });
+    /// The layout, its `beside` runs collected by `AllToAll::new`'s walk
+    /// of the groups, with `away` grouped per machine: (sending machine, a
+    /// run of its groups' positions on another machine, how many of its
+    /// GPUs send to it).
+    fn with_away(mut self, mut away: Vec<(usize, (u32, u32), u32)>) -> GroupLayout {
         away.sort_unstable();
-        layout.away = away
+        self.away = away
             .chunk_by(|a, b| a.0 == b.0)
             .map(|machine| {
                 machine
@@ -91,7 +77,7 @@ impl GroupLayout {
                     .collect()
             })
             .collect();
-        layout
+        self
     }
 
     /// Per token, the sends over the busiest GPU's intra-machine link and
@@ -210,14 +196,27 @@ impl AllToAll {
         let mut most_intra = 0usize;
         // Peers across machines, summed over each machine's GPUs.
         let mut leaving: Vec<(usize, usize)> = Vec::new();
+        // For a deduplicating dispatcher, where the groups sit, from the
+        // same walk.
+        let mut layout = deduplicated.then(|| GroupLayout {
+            e: e as u32,
+            ..GroupLayout::default()
+        });
+        let mut away: Vec<(usize, (u32, u32), u32)> = Vec::new();
         for_each_group(machines, (t, e), |runs, members| {
-            for &(m, _, n) in runs {
-                let beside: usize = runs.iter().filter(|r| r.0 == m).map(|r| r.2 as usize).sum();
-                most_intra = most_intra.max(beside - 1);
-                let across = (members - beside) * n as usize;
+            for &(m, start, n) in runs {
+                let beside: u32 = runs.iter().filter(|r| r.0 == m).map(|r| r.2).sum();
+                most_intra = most_intra.max(beside as usize - 1);
+                let across = (members - beside as usize) * n as usize;
                 match leaving.iter_mut().find(|(machine, _)| *machine == m) {
                     Some((_, sum)) => *sum += across,
                     None => leaving.push((m, across)),
+                }
+                if let Some(layout) = layout.as_mut() {
+                    if !layout.beside.contains(&(start, beside)) {
+                        layout.beside.push((start, beside));
+                    }
+                    away.extend(runs.iter().filter(|r| r.0 != m).map(|r| (m, (r.1, r.2), n)));
                 }
             }
         });
@@ -241,7 +240,7 @@ impl AllToAll {
                 most_intra as f64 * peer_share,
                 most_leaving as f64 * peer_share,
             ),
-            layout: deduplicated.then(|| GroupLayout::of(machines, (t, e))),
+            layout: layout.map(|l| l.with_away(away)),
             deduplicated: Cell::new(None),
         }
     }
