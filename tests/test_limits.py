@@ -174,6 +174,19 @@ def test_requests_no_layout_can_fit_fail_before_any_search(dapple, command, topo
     assert_one_line_error(r, 5, "no plan fits in GPU memory: every plan keeps at least", "lower the global batch size")
 
 
+def test_a_model_state_no_cluster_holds_fails_before_any_search(dapple, tmp_path):
+    # Llama-2-70B on 16 V100-16GB: its weights and gradients alone, spread
+    # over every GPU, pass 16 GiB (its optimizer could go to the hosts).
+    # The search ran out of steps (exit 9) before saying so.
+    profile = tmp_path / "llama.json"
+    made = dapple("profile", "transformer", "--config", "llama-2-70b", "--gpu", "A100-80GB", "--seq-len", "4096",
+                  "--out", profile)
+    assert made.returncode == 0, made.stderr
+    r = dapple("plan", "--profile", profile, "--topology", "2x8-nvlink", "--global-batch-size", "64", timeout=60)
+    assert_one_line_error(r, 5, "every plan keeps at least", "the model's weights and gradients",
+                          "the state alone needs more GPUs or larger ones")
+
+
 def test_the_full_space_past_its_size_is_refused_before_searching(dapple, small_profile):
     # Issue 29: the full space on 32x8 ran about a minute to reach its table
     # limit (GNMT-32 on 4x8 runs minutes). Past 32 GPUs of multi-GPU

@@ -2219,6 +2219,37 @@ mod tests {
     }
 
     #[test]
+    fn the_models_state_over_every_gpu_is_a_floor_before_searching() {
+        // Two GPUs holding a little less than half the weights and
+        // gradients each cannot hold them, however a plan splits, shards,
+        // spreads or replicates them (the optimizer's state may go to the
+        // machine's host): refused before searching, naming the state.
+        let mut rng = StdRng::seed_from_u64(7);
+        let profile = random_profile(&mut rng, 3);
+        let layers = LayerCosts::new(&profile);
+        let n = layers.num_layers;
+        let on_gpus =
+            layers.model_state_bytes(0, n) - layers.held_optimizer_state_bytes(0, n, 1, 1.0);
+        let mut topology = Topology::from_spec("1x2-nvlink").unwrap();
+        topology.machine_groups[0].gpu.memory_bytes = (on_gpus / 2.0 * 0.99) as u64;
+        let e = search(&profile, &topology, &SearchOptions::new(4)).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Infeasible);
+        assert!(
+            e.message.contains("weights and gradients")
+                && e.message.contains("the state alone needs"),
+            "{e}"
+        );
+        // With a little over half, the state is no floor of its own.
+        topology.machine_groups[0].gpu.memory_bytes = (on_gpus / 2.0 * 1.01) as u64;
+        let cluster = Cluster::for_model(&topology, &layers).unwrap();
+        let floor = passes::memory_floor_error(&layers, &cluster, &[1]);
+        assert!(
+            floor.is_none_or(|e| !e.message.contains("the state alone")),
+            "the weights and gradients fit over both GPUs"
+        );
+    }
+
+    #[test]
     fn batch_too_small_for_the_slices_is_incompatible() {
         let mut rng = StdRng::seed_from_u64(8);
         let mut profile = random_profile(&mut rng, 3);

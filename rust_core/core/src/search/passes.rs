@@ -415,13 +415,17 @@ pub(crate) fn full_space_limit_error(
     })
 }
 
-/// An error when no plan can fit, shown before any search: every plan
-/// holds, at each stage's first backward, one micro-batch's activations of
-/// every layer of the stage (re-computing, the re-run's; what the loss
-/// keeps left out) spread over at most the stage's GPUs, so some GPU holds
-/// at least the whole model's activations of the smallest micro-batch
-/// over all the GPUs (the largest of the stages' shares is at least their
-/// sum over their GPUs). None where that fits the largest GPU.
+/// An error when no plan can fit, shown before any search. Every GPU's
+/// peak holds its share of the model's state and, at its stage's first
+/// backward, its share of one micro-batch's activations of every layer of
+/// the stage (re-computing, the re-run's; what the loss keeps left out).
+/// However the layers are split, sharded, spread or replicated, the shares
+/// cover the whole: every weight and gradient is on some GPU, and so is
+/// the master weights' and optimizer's state unless some machine has a
+/// host to offload it to (`cost/offload.rs`), and the stages' shares of the
+/// activations sum to at least the whole model's of the smallest
+/// micro-batch. So the largest GPU's peak is at least their sum over all
+/// the GPUs. None where that fits the largest GPU.
 pub(crate) fn memory_floor_error(
     layers: &LayerCosts,
     cluster: &crate::cost::Cluster,
@@ -433,15 +437,36 @@ pub(crate) fn memory_floor_error(
         - (0..n)
             .map(|l| layers.loss_stored_bytes_per_sample_of_layer(l))
             .sum::<f64>();
+    let offloadable = cluster.machines.iter().any(|m| m.host.is_some());
+    let state = layers.model_state_bytes(0, n)
+        - if offloadable {
+            layers.held_optimizer_state_bytes(0, n, 1, 1.0)
+        } else {
+            0.0
+        };
     let gpus = f64::from(cluster.num_devices());
-    let floor = per_sample * smallest / gpus;
+    let (state_floor, activation_floor) = (state / gpus, per_sample * smallest / gpus);
     let largest = gpu_memory_range(cluster).1;
-    (floor > largest).then(|| {
+    (state_floor + activation_floor > largest).then(|| {
+        let (held, advice) = if offloadable {
+            ("weights and gradients", "more GPUs or larger ones")
+        } else {
+            (
+                "weights, gradients and optimizer state",
+                "more GPUs or larger ones, or machines with hosts to offload the optimizer to",
+            )
+        };
+        let advice = if state_floor > largest {
+            format!("the state alone needs {advice}")
+        } else {
+            "lower the global batch size".to_string()
+        };
         Error::infeasible(format!(
-            "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's \
-             activations, {:.2} MiB a sample, of a micro-batch of at least {smallest} samples over {gpus} GPUs), \
-             but the largest GPU has {:.2} GiB; lower the global batch size",
-            gib(floor),
+            "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's {held}, \
+             {:.2} GiB, and its activations, {:.2} MiB a sample, of a micro-batch of at least {smallest} samples, \
+             over {gpus} GPUs), but the largest GPU has {:.2} GiB; {advice}",
+            gib(state_floor + activation_floor),
+            gib(state),
             per_sample / f64::from(1u32 << 20),
             gib(largest),
         ))
