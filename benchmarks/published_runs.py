@@ -149,15 +149,23 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     shard_level, reshard_after_forward = (1 if zero.startswith("ZeRO-1") else 0), False
     if "FSDP" in str(lay.get("dp_kind", "")):
         # "shards optimizer states and grads; params not resharded after
-        # forward": the optimizer state and gradients sharded, the weights
-        # whole through the passes, which is sharding level 2 (each
-        # micro-batch's gradients reduce-scattered, the weights gathered
-        # once a step; docs/cost-model.md, "Sharding"). Level 3 keeping the
-        # weights would gather them again with every micro-batch.
-        shard_level = 2
-        assumptions.append("FSDP sharding optimizer state and gradients, the weights not re-sharded, as sharding "
-                           "level 2: each micro-batch's gradients reduce-scattered after its backward, the weights "
-                           "gathered once a step")
+        # forward", under a pipeline of 16 stages with "FP32 grad
+        # accumulation" (the file's precision): the gradients accumulate
+        # whole over the micro-batches and are reduce-scattered once, after
+        # the last backward, as torch's pipeline stages run FSDP
+        # (torch/distributed/pipelining/stage.py, backward_maybe_with_nosync:
+        # gradient sync on the last backward only). That is sharding level 1
+        # (docs/cost-model.md, "Sharding": one reduce-scatter and one weight
+        # gather an iteration); level 2 would reduce-scatter every
+        # micro-batch's gradients.
+        shard_level = 1
+        assumptions.append("FSDP under a pipeline as sharding level 1: the gradients accumulated whole over the "
+                           "micro-batches and reduce-scattered once after the last backward, the weights gathered "
+                           "once a step and kept (torch's pipeline stages defer FSDP's gradient sync to the last "
+                           "backward; the paper accumulates gradients in FP32 over micro-batches)")
+    if "FP32 grad" in str(lay.get("precision", "")):
+        missing.append("FP32 gradients: accumulated and reduce-scattered at 4 bytes a parameter, costed at the "
+                       "profile's 2 (about 6 GiB a GPU more, and a once-an-iteration reduce-scatter twice as long)")
     gbs = lay.get("gbs_seq")
     if gbs is None:
         gbs = lay["batch_per_dp"] * lay["dp"]
@@ -165,8 +173,10 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
                            f"{lay['dp']} replicas ({lay.get('tokens_per_batch', '?')} tokens)")
     vpp = lay.get("vpp")
     schedule = str(lay.get("schedule", ""))
-    if vpp is None and schedule.startswith("interleaved"):
-        missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B)")
+    interleaving_unstated = vpp is None and schedule.startswith("interleaved") and lay["pp"] > 1
+    if interleaving_unstated:
+        missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B, and beside it at one "
+                       "layer a virtual stage: finest_interleaving)")
     sequence_parallel = bool(lay.get("sequence_parallel"))
     if "sequence_parallel" not in lay and run["id"].startswith("llama3") and lay["tp"] > 1:
         sequence_parallel = True
@@ -186,7 +196,7 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
              "sequence_parallel": sequence_parallel, "shard_level": shard_level,
              "reshard_after_forward": reshard_after_forward, "global_batch": gbs,
              "context_parallel": context_parallel,
-             "chunks": vpp, **overlap}, assumptions, missing)
+             "chunks": vpp, "interleaving_unstated": interleaving_unstated, **overlap}, assumptions, missing)
 
 
 def runtime_overlap(run: dict, lay: dict) -> dict:
@@ -256,13 +266,16 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
                                                  variant)
     row.update(
         model=run["model"]["name"], gpu=gpu, gpus=count, topology=topology,
-        layout={k: v for k, v in shape.items() if k != "global_batch"}, global_batch=shape["global_batch"],
+        layout={k: v for k, v in shape.items() if k not in ("global_batch", "interleaving_unstated")},
+        global_batch=shape["global_batch"],
         schedule=plan.data["schedule"]["kind"], dapple_s=simulated_ms / 1e3, published_s=seconds,
         published_from=published_from, ratio=simulated_ms / 1e3 / seconds,
         mfu=plan.estimate.get("mfu"), peak_memory_gib=plan.estimate["peak_memory_bytes"] / 2**30,
         fits_memory=plan.estimate["fits_memory"], assumptions=assumptions, not_modelled=missing,
         simulate_s=time.perf_counter() - started,
     )
+    if shape["interleaving_unstated"]:
+        row["finest_interleaving"] = finest_interleaving(plan, profile, shape["pipeline_parallel"], seconds)
     if own_plans:
         started = time.perf_counter()
         # The same runtime: what it hides behind computation, as the row's.
@@ -272,6 +285,22 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
                            "shape": own.shape, "stages": len(own.stages), "schedule": own.data["schedule"]["kind"],
                            "micro_batch_size": own.micro_batch_size, "plan_s": time.perf_counter() - started}
     return row
+
+
+def finest_interleaving(plan, profile, ranks: int, published_s: float) -> dict:
+    """``plan`` (1F1B over ``ranks`` ranks) interleaved at one layer a
+    virtual stage, the most any count can: with 1F1B, the two ends of the
+    schedules a run whose paper gives no virtual-stage count may have run.
+    Costed and simulated as the row is."""
+    from dapple import planner
+
+    chunks = len(profile.data["layers"]) // ranks
+    interleaved = planner.chunked(plan, profile, "interleaved-1f1b", chunks)
+    simulated = planner.simulate(interleaved, profile)
+    return {"chunks": chunks, "dapple_s": simulated.iteration_ms / 1e3,
+            "ratio": simulated.iteration_ms / 1e3 / published_s,
+            "peak_memory_gib": interleaved.estimate["peak_memory_bytes"] / 2**30,
+            "fits_memory": interleaved.estimate["fits_memory"]}
 
 
 def table(results: dict) -> str:
@@ -295,6 +324,14 @@ def table(results: dict) -> str:
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']}{c} p{lay['pipeline_parallel']}{v} d{d} "
             f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
             f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
+    bracketed = [r for r in rows if "finest_interleaving" in r]
+    if bracketed:
+        lines += ["", "| run (interleaved, virtual stages not given) | as 1F1B: s, ratio | at one layer a virtual stage: "
+                  "v, s, ratio, memory GiB |", "|---|--:|--:|"]
+        for r in bracketed:
+            f = r["finest_interleaving"]
+            lines.append(f"| {r['id']} | {r['dapple_s']:.2f}, {r['ratio']:.2f} | v{f['chunks']}, {f['dapple_s']:.2f}, "
+                         f"{f['ratio']:.2f}, {f['peak_memory_gib']:.1f}{'' if f['fits_memory'] else ' (over)'} |")
     own = [r for r in rows if "own_plan" in r]
     if own:
         lines += ["", "| run | published layout, dapple s | dapple's own plan, s | faster by | its GPUs a stage, kind, micro-batch "
