@@ -827,9 +827,18 @@ impl<'c, 'a> Dp<'c, 'a> {
                 }
             };
             let mut start = end - 1;
-            let mut fitting = self.seed_stage((start, end), &devices, stages_from_here, class)?;
+            // The stage's sums at its expert degree, grown as it takes layers.
+            let mut sums = None;
+            let mut fitting =
+                self.seed_stage((start, end), &devices, stages_from_here, class, &mut sums)?;
             while start > 0 && longer(self, start) {
-                match self.seed_stage((start - 1, end), &devices, stages_from_here, class) {
+                match self.seed_stage(
+                    (start - 1, end),
+                    &devices,
+                    stages_from_here,
+                    class,
+                    &mut sums,
+                ) {
                     Some(cost) => (start, fitting) = (start - 1, cost),
                     None => break,
                 }
@@ -848,26 +857,60 @@ impl<'c, 'a> Dp<'c, 'a> {
         (end == 0).then_some((latency.best, most))
     }
 
-    /// Layers `i..j` as a plain stage on `devices`, where they fit under
-    /// rule `class` with `stages_from_here` stages from it on.
+    /// Layers `i..j` on `devices`, where they fit under rule `class` with
+    /// `stages_from_here` stages from it on: as a plain stage, or, where
+    /// they hold experts, with them spread over the most of the stage's
+    /// replicas the space allows, in whichever of that degree's shapes
+    /// (sharding, re-computation, offloading) fits and runs its micro-batches
+    /// soonest. Spreading can shrink a block of many experts fiftyfold
+    /// (`lightest_ms`), so plain seeds alone bound such a search so loosely
+    /// that it stops at its step limit before finding the plans that do.
+    /// `sums`: the stage's at that degree, kept while it grows to the front.
     fn seed_stage(
         &self,
         (i, j): (usize, usize),
         devices: &StageDevices,
         stages_from_here: u32,
         class: u8,
+        sums: &mut Option<Box<ShapedSums>>,
     ) -> Option<StageCost> {
         let only_stage = i == 0 && j == self.ctx.layers.num_layers;
         let warmup = self.rule_warmup(usize::from(class), stages_from_here);
-        let priced = self.price(
+        let fitting = |priced: Priced| {
+            let fits = self.fitting_class(&priced, i, j, stages_from_here, class);
+            fits.is_some_and(|(c, _)| c == class).then_some(priced.cost)
+        };
+        let plain = self.price(
             (i, j),
             devices,
             (&StageShape::PLAIN, warmup),
             only_stage,
             &mut None,
         );
-        let fits = self.fitting_class(&priced, i, j, stages_from_here, class);
-        fits.is_some_and(|(c, _)| c == class).then_some(priced.cost)
+        let mut best = fitting(plain);
+        let gpus = devices.replicas;
+        let spread = self
+            .ctx
+            .expert_options((1, false, 1), gpus, devices.mixed)
+            .filter(|&(e, et)| e > 1 && et.is_none())
+            .map(|(e, _)| e)
+            .max()
+            .filter(|_| self.ctx.layers.has_experts(i, j));
+        if let Some(e) = spread {
+            let micro_batches = f64::from(self.micro_batches);
+            let soonest =
+                |cost: &StageCost| micro_batches * (cost.fwd_ms + cost.bwd_ms) + cost.tail_ms();
+            let shapes = self.ctx.shapes_at((1, false, e, None, 1), gpus, false);
+            for shape in shapes.iter() {
+                let priced = self.price((i, j), devices, (&shape, warmup), only_stage, sums);
+                if let Some(cost) = fitting(priced) {
+                    if best.as_ref().is_none_or(|b| soonest(&cost) < soonest(b)) {
+                        best = Some(cost);
+                    }
+                }
+            }
+        }
+        best
     }
 
     /// Prepend every possible stage to every suffix of state `sid` (which
@@ -2029,13 +2072,10 @@ mod tests {
         })
     }
 
-    #[test]
-    fn the_floors_count_the_experts_a_stage_may_spread() {
-        // Two layers whose passes are 90% holding their 8 experts (as
-        // Whale's M6-MoE stand-ins' blocks are), 8 samples on 8 GPUs. Held
-        // whole, each GPU's pass is 10 times what it is with the experts
-        // spread one a GPU, which the best plan does; no plan of the size
-        // may be below its floor, so the floor must count them spread.
+    /// Two layers whose passes are 90% holding their 8 experts (as Whale's
+    /// M6-MoE stand-ins' blocks are): held whole, each GPU's pass is 10
+    /// times what it is with the experts spread one a GPU.
+    fn mostly_holding_experts() -> Profile {
         use crate::model::experts::{ExpertPattern, TokenDispatcher};
         let mut profile = chain(&[(1.0, 2.0, 1000), (1.0, 2.0, 1000)]);
         for layer in &mut profile.layers {
@@ -2055,7 +2095,12 @@ mod tests {
                 m.experts_held_bwd_ms = Some(0.9 * m.bwd_ms);
             }
         }
-        let layers = LayerCosts::new(&profile);
+        profile
+    }
+
+    /// `mostly_holding_experts`, 8 samples on one machine of 8 GPUs.
+    fn on_eight_gpus<T>(profile: &Profile, run: impl FnOnce(&Context) -> T) -> T {
+        let layers = LayerCosts::new(profile);
         let topology = Topology::from_spec("1x8-nvlink").unwrap();
         let cluster = Cluster::for_model(&topology, &layers).unwrap();
         let space = Space::new(
@@ -2067,19 +2112,62 @@ mod tests {
             (8, vec![8]),
             &crate::plan::hints::NO_HINTS,
         );
-        let ctx = space.covering();
-        let mut dp = Dp::new(ctx, 8, 1, Objective::Latency, vec![ctx.policy], None);
-        let best = dp.run().pop().flatten().unwrap();
-        let spread = best.stages.iter().all(|s| s.shape.expert_parallel == 8);
-        assert!(spread, "{:?}", best.stages);
-        assert!(
-            dp.floor_ms() <= best.value,
-            "{} {}",
-            dp.floor_ms(),
-            best.value
-        );
-        // Each layer's pass, held whole: 3 ms a sample; spread: 10% of it.
-        assert!(best.value < 0.5 * 2.0 * 3.0, "{}", best.value);
+        run(space.covering())
+    }
+
+    #[test]
+    fn the_floors_count_the_experts_a_stage_may_spread() {
+        // The best plan spreads the experts; no plan of the size may be
+        // below its floor, so the floor must count them spread.
+        on_eight_gpus(&mostly_holding_experts(), |ctx| {
+            let mut dp = Dp::new(ctx, 8, 1, Objective::Latency, vec![ctx.policy], None);
+            let best = dp.run().pop().flatten().unwrap();
+            let spread = best.stages.iter().all(|s| s.shape.expert_parallel == 8);
+            assert!(spread, "{:?}", best.stages);
+            assert!(
+                dp.floor_ms() <= best.value,
+                "{} {}",
+                dp.floor_ms(),
+                best.value
+            );
+            // Each layer's pass, held whole: 3 ms a sample; spread: 10% of it.
+            assert!(best.value < 0.5 * 2.0 * 3.0, "{}", best.value);
+        });
+    }
+
+    #[test]
+    fn the_seeds_spread_the_experts_a_stage_holds() {
+        // The plans costed before the search bound it: with the experts
+        // held whole they are ten times the best plan, which spreads them,
+        // and prune nothing; spread, the seed is the best plan itself.
+        on_eight_gpus(&mostly_holding_experts(), |ctx| {
+            let best = Dp::new(ctx, 8, 1, Objective::Latency, vec![ctx.policy], None)
+                .run()
+                .pop()
+                .flatten()
+                .unwrap();
+            let bound = [AtomicU64::new(f64::INFINITY.to_bits())];
+            let mut dp = Dp::new(
+                ctx,
+                8,
+                1,
+                Objective::Latency,
+                vec![ctx.policy],
+                Some(&bound),
+            );
+            dp.seed_bounds();
+            let seeded = dp.incumbent(0);
+            assert!(
+                seeded >= best.value * (1.0 - 1e-12),
+                "{seeded} {}",
+                best.value
+            );
+            assert!(
+                seeded <= best.value * (1.0 + 1e-9),
+                "{seeded} {}",
+                best.value
+            );
+        });
     }
 
     #[test]
