@@ -687,7 +687,7 @@ mod tests {
         assert_eq!(best.stages, all[0].stages);
         assert_eq!(best.iteration_ms(), all[0].iteration_ms());
         // Shapes differ among them: with and without re-computation.
-        assert!(all.iter().any(|plan| plan.stages[0].recompute.is_none()));
+        assert!(all.iter().any(|plan| plan.stages[0].shape.recompute.is_none()));
     }
 
     #[test]

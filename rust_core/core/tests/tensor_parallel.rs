@@ -50,19 +50,18 @@ fn megatron_plan(
     let stages: Vec<Stage> = (0..p as usize)
         .map(|k| {
             let first = k as u32 * per_stage;
-            let stage = Stage {
+            Stage {
                 layer_start: bounds[k],
                 layer_end: bounds[k + 1],
                 devices: (first..first + per_stage).collect(),
                 warmup_micro_batches: (p - k as u32).min(gbs / micro_batch),
                 placement: None,
                 slices: None,
-                ..Default::default()
-            };
-            stage.with_shape(&StageShape {
-                tensor_parallel: t,
-                ..shape
-            })
+                shape: StageShape {
+                    tensor_parallel: t,
+                    ..shape
+                },
+            }
         })
         .collect();
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "megatron", None);
@@ -265,15 +264,10 @@ fn one_stage_plan(profile: &Profile, topology: &Topology, gbs: u32, t: u32) -> P
         warmup_micro_batches: 1,
         placement: None,
         slices: None,
-        tensor_parallel: t,
-        sequence_parallel: false,
-        shard_level: 0,
-        reshard_after_forward: false,
-        recompute: Recompute::None,
-        expert_parallel: 1,
-        expert_tensor_parallel: None,
-        offload: Offload::None,
-        context_parallel: 1,
+        shape: StageShape {
+            tensor_parallel: t,
+            ..StageShape::PLAIN
+        },
     };
     let inputs = PlanInputs::new(profile, topology, gbs, 1, "hand", None);
     let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);
@@ -336,7 +330,7 @@ fn a_split_profile_plans_on_mixed_machines_without_offering_plans_it_cannot_cost
         .unwrap()
         .plan;
     assert!(
-        plan.stages.iter().all(|s| s.shape().is_plain()),
+        plan.stages.iter().all(|s| s.shape.is_plain()),
         "{:?}",
         plan.stages
     );
@@ -379,7 +373,7 @@ fn plain_and_re_computed_stages_reduce_the_same_gradient_bytes() {
     let topology = Topology::from_spec("1x8-a100-80gb").unwrap();
     let plain = one_stage_plan(&profile, &topology, 64, 1);
     let mut recomputed = plain.clone();
-    recomputed.stages[0].recompute = Recompute::Full;
+    recomputed.stages[0].shape.recompute = Recompute::Full;
     let (a, b) = (
         evaluate(&plain, &profile).unwrap(),
         evaluate(&recomputed, &profile).unwrap(),

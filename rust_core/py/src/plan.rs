@@ -59,7 +59,7 @@ pub struct PyStageShape {
 
 impl From<&Stage> for PyStageShape {
     fn from(s: &Stage) -> Self {
-        let shape = s.shape();
+        let shape = &s.shape;
         PyStageShape {
             tensor_parallel: shape.tensor_parallel,
             sequence_parallel: shape.sequence_parallel,

@@ -328,9 +328,8 @@ fn uniform_plan(
                 warmup_micro_batches: WarmupPolicy::A.warmup(p - k as u32, m).unwrap_or(1),
                 placement: None,
                 slices: None,
-                ..Default::default()
+                shape: *shape,
             }
-            .with_shape(shape)
         })
         .collect();
     let schedule = ScheduleChoice::new(ScheduleKind::EarlyBackward1F1B, WarmupPolicy::A);
@@ -365,7 +364,7 @@ mod tests {
             .iter()
             .map(|p| {
                 (
-                    p.stages[0].tensor_parallel,
+                    p.stages[0].shape.tensor_parallel,
                     p.stages.len(),
                     p.micro_batch_size,
                 )

@@ -4,7 +4,7 @@
 //! layers. Nothing here costs a plan (that is `simulation/evaluate.rs`'s), so a plan
 //! file is checked on reading without the cost model.
 
-use crate::cost::shape::Recompute;
+use crate::cost::shape::{Recompute, StageShape};
 use crate::cost::{smallest_slice, Alloc, Cluster, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::model::profile::Profile;
@@ -150,13 +150,13 @@ fn check_same_rank(s: &Stage, first: &Stage, j: usize) -> Result<()> {
     if s.slices != first.slices {
         return differs("slices");
     }
-    if s.tensor_parallel != first.tensor_parallel {
+    if s.shape.tensor_parallel != first.shape.tensor_parallel {
         return differs("tensor_parallel");
     }
-    if s.shard_level != first.shard_level {
+    if s.shape.shard_level != first.shape.shard_level {
         return differs("shard_level");
     }
-    if s.reshard_after_forward != first.reshard_after_forward {
+    if s.shape.reshard_after_forward != first.shape.reshard_after_forward {
         return differs("reshard_after_forward");
     }
     // The expert degree and expert tensor degree may differ: they group
@@ -274,29 +274,29 @@ fn check_stage_shape(
     alloc: &Alloc,
     profile: Option<&Profile>,
 ) -> Result<()> {
-    let t = s.tensor_parallel;
+    let shape = &s.shape;
+    let t = shape.tensor_parallel;
     if t == 0 {
         return Err(Error::field("tensor_parallel", "value 0 must be >= 1"));
     }
-    if s.expert_parallel == 0 {
+    if shape.expert_parallel == 0 {
         return Err(Error::field("expert_parallel", "value 0 must be >= 1"));
     }
-    if s.context_parallel == 0 {
+    if shape.context_parallel == 0 {
         return Err(Error::field("context_parallel", "value 0 must be >= 1"));
     }
-    let shape = s.shape();
     if shape.is_plain() {
         return Ok(());
     }
-    check_shard_level(s)?;
-    let field = shaped_field(s);
+    check_shard_level(shape)?;
+    let field = shaped_field(shape);
     if s.slices.is_some() {
         return Err(Error::field(
             field,
             "a stage that splits, shards or re-computes takes even slices: drop its slices",
         ));
     }
-    if s.sequence_parallel && t == 1 {
+    if shape.sequence_parallel && t == 1 {
         return Err(Error::field(
             "sequence_parallel",
             "value true: sequence parallelism splits the sequence over a stage's tensor-parallel shards; \
@@ -304,13 +304,13 @@ fn check_stage_shape(
         ));
     }
     if plan.schedule.kind.is_asynchronous()
-        && matches!(s.recompute, Recompute::PerLayer | Recompute::Selective)
+        && matches!(shape.recompute, Recompute::PerLayer | Recompute::Selective)
     {
         return Err(Error::field(
             "recompute",
             format!(
                 "value \"{}\": {} plans re-run a stage's forward whole on the backward's weights (\"full\")",
-                s.recompute, plan.schedule.kind
+                shape.recompute, plan.schedule.kind
             ),
         ));
     }
@@ -333,13 +333,13 @@ fn check_stage_shape(
             "a stage that splits, shards or re-computes runs on GPUs alike",
         ));
     }
-    if !s.offload.is_none() && cluster.machines[alloc[0].0].host.is_none() {
+    if !shape.offload.is_none() && cluster.machines[alloc[0].0].host.is_none() {
         return Err(Error::field(
             "offload",
             format!(
                 "value \"{}\": GPU type {:?} has no host figures (memory, copy rate, CPU cores) to \
                  offload to; known types: {}",
-                s.offload,
+                shape.offload,
                 first.gpu_type,
                 crate::cluster::gpus::known_gpu_types()
             ),
@@ -348,10 +348,10 @@ fn check_stage_shape(
     if t > 1 {
         check_split_groups(s, t, cluster)?;
     }
-    if s.context_parallel > 1 {
+    if shape.context_parallel > 1 {
         check_context(s, cluster, profile)?;
     }
-    if t > 1 || s.context_parallel > 1 {
+    if t > 1 || shape.context_parallel > 1 {
         if let Some(p) = profile {
             check_layers_split(p, s, t)?;
             check_whole_layer_slices(plan, p, s, t)?;
@@ -365,14 +365,14 @@ fn check_stage_shape(
 /// split groups are; its experts are not spread (not modelled together
 /// yet); each of its layers' patterns cuts the sequence into 2c chunks.
 fn check_context(s: &Stage, cluster: &Cluster, profile: Option<&Profile>) -> Result<()> {
-    let (c, t) = (s.context_parallel, s.tensor_parallel.max(1));
+    let (c, t) = (s.shape.context_parallel, s.shape.tensor_parallel.max(1));
     let field = "context_parallel";
-    if s.expert_parallel > 1 {
+    if s.shape.expert_parallel > 1 {
         return Err(Error::field(
             field,
             format!(
                 "value {c}: context parallelism beside spread experts (expert_parallel {}) is not modelled yet",
-                s.expert_parallel
+                s.shape.expert_parallel
             ),
         ));
     }
@@ -437,18 +437,18 @@ fn check_context(s: &Stage, cluster: &Cluster, profile: Option<&Profile>) -> Res
 /// The field that makes a stage other than plain, for its errors: its
 /// first of split, context, expert degrees, sharding, offloading and
 /// re-computation.
-fn shaped_field(s: &Stage) -> &'static str {
-    if s.tensor_parallel > 1 {
+fn shaped_field(shape: &StageShape) -> &'static str {
+    if shape.tensor_parallel > 1 {
         "tensor_parallel"
-    } else if s.context_parallel > 1 {
+    } else if shape.context_parallel > 1 {
         "context_parallel"
-    } else if s.expert_parallel > 1 {
+    } else if shape.expert_parallel > 1 {
         "expert_parallel"
-    } else if s.expert_tensor_parallel.is_some() {
+    } else if shape.expert_tensor_parallel.is_some() {
         "expert_tensor_parallel"
-    } else if s.shard_level > 0 {
+    } else if shape.shard_level > 0 {
         "shard_level"
-    } else if !s.offload.is_none() {
+    } else if !shape.offload.is_none() {
         "offload"
     } else {
         "recompute"
@@ -456,11 +456,11 @@ fn shaped_field(s: &Stage) -> &'static str {
 }
 
 /// A sharding level that is one (`ShardLevel::from_fields`).
-fn check_shard_level(s: &Stage) -> Result<()> {
-    crate::cost::sharding::ShardLevel::from_fields(s.shard_level, s.reshard_after_forward)
+fn check_shard_level(shape: &StageShape) -> Result<()> {
+    crate::cost::sharding::ShardLevel::from_fields(shape.shard_level, shape.reshard_after_forward)
         .map(|_| ())
         .map_err(|e| {
-            let field = if s.shard_level > 3 {
+            let field = if shape.shard_level > 3 {
                 "shard_level"
             } else {
                 "reshard_after_forward"
@@ -471,9 +471,9 @@ fn check_shard_level(s: &Stage) -> Result<()> {
 
 /// An expert tensor degree of the stage's own: at least 1, only where the
 /// experts spread, a divisor of t, below t only under sequence parallelism.
-fn check_expert_tensor_degree(s: &Stage) -> Result<()> {
-    let (e, t) = (s.expert_parallel, s.tensor_parallel.max(1));
-    let Some(et) = s.expert_tensor_parallel else {
+fn check_expert_tensor_degree(shape: &StageShape) -> Result<()> {
+    let (e, t) = (shape.expert_parallel, shape.tensor_parallel.max(1));
+    let Some(et) = shape.expert_tensor_parallel else {
         return Ok(());
     };
     let field = "expert_tensor_parallel";
@@ -492,7 +492,7 @@ fn check_expert_tensor_degree(s: &Stage) -> Result<()> {
             format!("value {et} does not divide the stage's tensor_parallel {t}"),
         ));
     }
-    if et < t && !s.sequence_parallel {
+    if et < t && !shape.sequence_parallel {
         return Err(Error::field(
             field,
             format!(
@@ -510,9 +510,9 @@ fn check_expert_tensor_degree(s: &Stage) -> Result<()> {
 /// least), on layers that split their sequence where each expert splits
 /// fewer ways than t.
 fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
-    let e = s.expert_parallel;
-    let t = s.tensor_parallel.max(1);
-    check_expert_tensor_degree(s)?;
+    let e = s.shape.expert_parallel;
+    let t = s.shape.tensor_parallel.max(1);
+    check_expert_tensor_degree(&s.shape)?;
     if e == 1 {
         return Ok(());
     }
@@ -525,7 +525,7 @@ fn check_expert_groups(s: &Stage, profile: Option<&Profile>) -> Result<()> {
             ),
         ));
     }
-    let et = s.shape().expert_tensor_degree();
+    let et = s.shape.expert_tensor_degree();
     let gpus = s.devices.len() as u32;
     if et == t {
         let replicas = s.replicas();
@@ -596,7 +596,7 @@ fn check_whole_layer_slices(plan: &Plan, profile: &Profile, s: &Stage, t: u32) -
     let whole =
         (s.layer_start..s.layer_end).any(|l| !profile.layers[l].split.iter().any(|p| p.allows(t)));
     // Whole layers run data parallel over the stage's context groups.
-    let groups = s.devices.len() as u32 / s.context_parallel.max(1);
+    let groups = s.devices.len() as u32 / s.shape.context_parallel.max(1);
     let smallest = smallest_slice(plan.micro_batch_size, groups);
     let min_slice = plan.inputs.options.min_micro_batch_size.max(1);
     if whole && smallest < min_slice {

@@ -134,10 +134,10 @@ fn slots_of(plan: &Plan, rank_of: impl Fn(u32) -> u32) -> Vec<Vec<Slot>> {
     plan.stages
         .iter()
         .map(|s| {
-            let t = s.tensor_parallel.max(1);
+            let t = s.shape.tensor_parallel.max(1);
             // A data replica's t c devices take its samples, each context
             // rank its chunks of their tokens.
-            let c = s.context_parallel.max(1);
+            let c = s.shape.context_parallel.max(1);
             let width = (t * c) as usize;
             let ranges = match &s.slices {
                 Some(sizes) => ranges_of(sizes),
@@ -234,7 +234,7 @@ fn groups_of(stage: &[Slot], t: usize, width: usize) -> Groups {
 /// context rank's chunks of tokens to the same context rank of the next
 /// stage, and re-cutting a sequence between stages is not laid out.
 fn check_context_degrees(plan: &Plan) -> Result<()> {
-    let degree = |i: usize| plan.stages[i].context_parallel.max(1);
+    let degree = |i: usize| plan.stages[i].shape.context_parallel.max(1);
     for i in 1..plan.stages.len() {
         if degree(i) != degree(i - 1) {
             let mut e = Error::incompatible(format!(
@@ -284,7 +284,7 @@ impl RunLayout {
         let t: Vec<u32> = plan
             .stages
             .iter()
-            .map(|s| s.tensor_parallel.max(1))
+            .map(|s| s.shape.tensor_parallel.max(1))
             .collect();
         let actions = stage_actions(plan)?;
         let ranks_of = |groups: Vec<Vec<u32>>| -> Vec<Vec<u32>> {
@@ -298,7 +298,8 @@ impl RunLayout {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let groups = groups_of(&slots[i], t[i] as usize, s.shape().replica_gpus() as usize);
+                let shape = &s.shape;
+                let groups = groups_of(&slots[i], t[i] as usize, shape.replica_gpus() as usize);
                 StageLayout {
                     layer_start: s.layer_start,
                     layer_end: s.layer_end,
@@ -308,18 +309,18 @@ impl RunLayout {
                         .collect(),
                     actions: actions[i].clone(),
                     tensor_parallel: t[i],
-                    shard_level: s.shard_level,
-                    reshard_after_forward: s.reshard_after_forward,
-                    recompute: !s.recompute.is_none() || plan.recomputes_every_stage(),
-                    recompute_per_layer: s.recompute == crate::cost::shape::Recompute::PerLayer,
+                    shard_level: shape.shard_level,
+                    reshard_after_forward: shape.reshard_after_forward,
+                    recompute: !shape.recompute.is_none() || plan.recomputes_every_stage(),
+                    recompute_per_layer: shape.recompute == crate::cost::shape::Recompute::PerLayer,
                     split_groups: groups.split,
                     replica_groups: groups.replica,
-                    context_parallel: s.context_parallel.max(1),
+                    context_parallel: shape.context_parallel.max(1),
                     context_groups: groups.context,
-                    expert_parallel: s.expert_parallel.max(1),
+                    expert_parallel: shape.expert_parallel.max(1),
                     expert_groups: ranks_of(s.expert_groups()),
                     expert_replica_groups: ranks_of(s.expert_replica_groups()),
-                    offload_optimizer: !s.offload.is_none(),
+                    offload_optimizer: !shape.offload.is_none(),
                 }
             })
             .collect();
@@ -409,9 +410,9 @@ mod tests {
         use crate::cost::shape::Recompute;
         // Stage 0 on device 0 feeds stage 1: two replicas of two shards.
         let mut p = plan(4, 2, &[(0, 2, &[0]), (2, 5, &[1, 2, 3, 4])]);
-        p.stages[1].tensor_parallel = 2;
-        p.stages[1].shard_level = 1;
-        p.stages[0].recompute = Recompute::Full;
+        p.stages[1].shape.tensor_parallel = 2;
+        p.stages[1].shape.shard_level = 1;
+        p.stages[0].shape.recompute = Recompute::Full;
         let lay = RunLayout::of(&p).unwrap();
         let (first, second) = (&lay.stages[0], &lay.stages[1]);
         assert_eq!(
@@ -449,8 +450,8 @@ mod tests {
         // One stage of 4 replicas, experts over e = 2: groups {0, 1} and
         // {2, 3} exchange tokens; ranks 0 and 2 hold the same experts.
         let mut p = plan(4, 1, &[(0, 5, &[0, 1, 2, 3])]);
-        p.stages[0].expert_parallel = 2;
-        p.stages[0].offload = crate::cost::shape::Offload::Optimizer;
+        p.stages[0].shape.expert_parallel = 2;
+        p.stages[0].shape.offload = crate::cost::shape::Offload::Optimizer;
         let stage = &RunLayout::of(&p).unwrap().stages[0];
         assert_eq!(stage.expert_parallel, 2);
         assert_eq!(stage.expert_groups, vec![vec![0, 1], vec![2, 3]]);
@@ -459,7 +460,7 @@ mod tests {
         assert!(stage.offload_optimizer);
         // Not spread: each rank alone exchanges nothing, and its experts
         // reduce over its replica group.
-        p.stages[0].expert_parallel = 1;
+        p.stages[0].shape.expert_parallel = 1;
         let stage = &RunLayout::of(&p).unwrap().stages[0];
         assert_eq!(
             stage.expert_groups,
@@ -474,8 +475,11 @@ mod tests {
         // t = 2 and cuts over c = 2: context rank 0 is ranks 2, 3, context
         // rank 1 ranks 4, 5.
         let mut p = plan(2, 2, &[(0, 2, &[0, 1]), (2, 5, &[2, 3, 4, 5])]);
-        p.stages[0].context_parallel = 2;
-        (p.stages[1].tensor_parallel, p.stages[1].context_parallel) = (2, 2);
+        p.stages[0].shape.context_parallel = 2;
+        (
+            p.stages[1].shape.tensor_parallel,
+            p.stages[1].shape.context_parallel,
+        ) = (2, 2);
         let lay = RunLayout::of(&p).unwrap();
         let (first, second) = (&lay.stages[0], &lay.stages[1]);
         assert_eq!((first.context_parallel, second.context_parallel), (2, 2));
@@ -510,7 +514,7 @@ mod tests {
         assert_eq!(second.replicas[3].receives_from, vec![peer(1, 0, 2)]);
         assert_eq!(second.replicas[2].gradients_to, vec![peer(1, 0, 2)]);
         // Neighbours that cut their sequences differently are refused.
-        p.stages[0].context_parallel = 1;
+        p.stages[0].shape.context_parallel = 1;
         let e = RunLayout::of(&p).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("stages[1].context_parallel"));
         assert_eq!(e.kind, crate::error::ErrorKind::Incompatible);
@@ -524,7 +528,7 @@ mod tests {
     #[test]
     fn every_shard_of_a_split_sender_gets_its_outputs_gradient() {
         let mut p = plan(2, 2, &[(0, 2, &[0, 1]), (2, 5, &[2])]);
-        p.stages[0].tensor_parallel = 2;
+        p.stages[0].shape.tensor_parallel = 2;
         let lay = RunLayout::of(&p).unwrap();
         let peer = |rank, start, end| Peer { rank, start, end };
         let (shard0, shard1) = (&lay.stages[0].replicas[0], &lay.stages[0].replicas[1]);
@@ -546,10 +550,10 @@ mod tests {
         p.stages[0].warmup_micro_batches = 2;
         p.stages[1].warmup_micro_batches = 1;
         assert!(RunLayout::of(&p).is_ok(), "{:?}", RunLayout::of(&p));
-        p.stages[0].recompute = crate::cost::shape::Recompute::Full;
+        p.stages[0].shape.recompute = crate::cost::shape::Recompute::Full;
         let lay = RunLayout::of(&p).unwrap();
         assert!(lay.stages[0].recompute && !lay.stages[1].recompute);
-        p.stages[1].shard_level = 1;
+        p.stages[1].shape.shard_level = 1;
         let e = RunLayout::of(&p).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("stages[1].shard_level"));
     }

@@ -14,7 +14,7 @@ pub use check::{check, check_layout};
 use crate::cluster::placement::Policy;
 use crate::cluster::topology::Topology;
 use crate::cost::overlap::Overlap;
-use crate::cost::shape::{Offload, Recompute, StageShape};
+use crate::cost::shape::StageShape;
 use crate::cost::{StageCost, WarmupPolicy};
 use crate::error::{Error, Result};
 use crate::formats::format::{check_envelope, FileFormat, FileObject, PLAN, TOPOLOGY};
@@ -198,7 +198,7 @@ impl ScheduleChoice {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "file::Stage", into = "file::Stage")]
 pub struct Stage {
     /// Layers `layer_start .. layer_end` (end exclusive) of the profile.
     pub layer_start: usize,
@@ -208,55 +208,17 @@ pub struct Stage {
     /// Micro-batches this stage runs forward before its first backward (K_i).
     pub warmup_micro_batches: u32,
     /// Placement policy that put the stage on its devices, when the planner did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Policy>,
     /// Samples of each micro-batch each device takes, in `devices` order,
     /// summing to the micro-batch size: uneven slices for GPUs of unequal
     /// speed or memory (Whale's balancing, `cost/balance.rs`). Absent: the even
     /// split of `cost::slice_ranges`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slices: Option<Vec<u32>>,
-    /// Whale's split degree: the GPUs each layer that can split is sharded
-    /// over, in groups of consecutive devices, each taking as many GPUs of
-    /// each machine it uses as the others (`cost/shape.rs`).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    pub tensor_parallel: u32,
-    /// Sequence parallelism in the split layers (`StageShape`); t > 1 only.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub sequence_parallel: bool,
-    /// ZeRO's sharding level over the stage's replicas (`cost/sharding.rs`):
-    /// 0 none, 1 optimizer state, 2 and gradients, 3 and weights. Plans
-    /// before version 12 wrote level 1 as `shard_optimizer: true`.
-    #[serde(
-        default,
-        alias = "shard_optimizer",
-        deserialize_with = "crate::cost::sharding::level_or_flag",
-        skip_serializing_if = "is_zero"
-    )]
-    pub shard_level: u8,
-    /// Level 3: each micro-batch's forward frees the weights it gathered
-    /// (FSDP's `reshard_after_forward`).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub reshard_after_forward: bool,
-    /// What the forward keeps for the backward: "none" re-computes nothing.
-    #[serde(default, skip_serializing_if = "Recompute::is_none")]
-    pub recompute: Recompute,
-    /// Expert parallelism: the routed experts spread over groups of this
-    /// many consecutive replicas (`model/experts.rs`; 1: none).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    pub expert_parallel: u32,
-    /// The GPUs each routed expert's columns are split over, where not t
-    /// (`StageShape::expert_tensor_degree`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expert_tensor_parallel: Option<u32>,
-    /// Where the master weights and optimizer state live: "optimizer"
-    /// keeps them in host memory and steps them there (`cost/offload.rs`).
-    #[serde(default, skip_serializing_if = "Offload::is_none")]
-    pub offload: Offload,
-    /// Context parallelism: each sample's sequence cut over this many
-    /// consecutive split groups (`StageShape`, `model/context.rs`; 1: none).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
-    pub context_parallel: u32,
+    /// How the stage runs its layers besides replicating them
+    /// (`cost/shape.rs`), the one type the search, the costs, the checks
+    /// and the runtime's layout read. A plan file writes its fields beside
+    /// the stage's own (`file::Stage`).
+    pub shape: StageShape,
 }
 
 /// An empty, plain stage: what struct literals fill in (`..Default::default()`)
@@ -270,53 +232,29 @@ impl Default for Stage {
             warmup_micro_batches: 1,
             placement: None,
             slices: None,
-            tensor_parallel: 1,
-            sequence_parallel: false,
-            shard_level: 0,
-            reshard_after_forward: false,
-            recompute: Recompute::None,
-            expert_parallel: 1,
-            expert_tensor_parallel: None,
-            offload: Offload::None,
-            context_parallel: 1,
+            shape: StageShape::PLAIN,
         }
     }
 }
 
 impl Stage {
-    /// How the stage runs its layers besides replicating them.
-    pub fn shape(&self) -> StageShape {
-        StageShape {
-            tensor_parallel: self.tensor_parallel,
-            sequence_parallel: self.sequence_parallel,
-            shard_level: self.shard_level,
-            reshard_after_forward: self.reshard_after_forward,
-            recompute: self.recompute,
-            expert_parallel: self.expert_parallel,
-            expert_tensor_parallel: self.expert_tensor_parallel,
-            offload: self.offload,
-            context_parallel: self.context_parallel,
-        }
-    }
-
     /// Replicas of the stage's split layers (`StageShape::replicas`).
     pub fn replicas(&self) -> u32 {
-        self.shape().replicas(self.devices.len() as u32)
+        self.shape.replicas(self.devices.len() as u32)
     }
 
     /// Each replica's devices (`StageShape::split_groups`).
     pub fn split_groups(&self) -> std::slice::Chunks<'_, u32> {
-        self.shape().split_groups(&self.devices)
+        self.shape.split_groups(&self.devices)
     }
 
     /// The devices of each of the stage's expert groups
     /// (`experts::expert_group`), in order of their first device; where
     /// the experts are not spread, each of the stage's devices alone.
     pub fn expert_groups(&self) -> Vec<Vec<u32>> {
-        let shape = self.shape();
         let (et, e) = (
-            shape.expert_tensor_degree() as usize,
-            self.expert_parallel.max(1) as usize,
+            self.shape.expert_tensor_degree() as usize,
+            self.shape.expert_parallel.max(1) as usize,
         );
         (0..self.devices.len())
             .filter(|&p| (p / et).is_multiple_of(e))
@@ -332,10 +270,9 @@ impl Stage {
     /// one group for each place in an expert group, in order of their
     /// first device.
     pub fn expert_replica_groups(&self) -> Vec<Vec<u32>> {
-        let shape = self.shape();
         let (et, e) = (
-            shape.expert_tensor_degree() as usize,
-            self.expert_parallel.max(1) as usize,
+            self.shape.expert_tensor_degree() as usize,
+            self.shape.expert_parallel.max(1) as usize,
         );
         let gpus = self.devices.len();
         (0..gpus.min(et * e))
@@ -350,28 +287,145 @@ impl Stage {
     /// The stage over layers `start..end` instead: its devices and shape
     /// kept, but experts spread only where the new layers have some.
     pub fn over_layers(self, (start, end): (usize, usize), layers: &LayerCosts) -> Stage {
-        let experts = layers.has_experts(start, end);
+        let shape = if layers.has_experts(start, end) {
+            self.shape
+        } else {
+            StageShape {
+                expert_parallel: 1,
+                expert_tensor_parallel: None,
+                ..self.shape
+            }
+        };
         Stage {
             layer_start: start,
             layer_end: end,
-            expert_parallel: if experts { self.expert_parallel } else { 1 },
-            expert_tensor_parallel: self.expert_tensor_parallel.filter(|_| experts),
+            shape,
             ..self
         }
     }
+}
 
-    /// The stage run as `shape` says.
-    pub fn with_shape(mut self, shape: &StageShape) -> Stage {
-        self.tensor_parallel = shape.tensor_parallel;
-        self.sequence_parallel = shape.sequence_parallel;
-        self.shard_level = shape.shard_level;
-        self.reshard_after_forward = shape.reshard_after_forward;
-        self.recompute = shape.recompute;
-        self.expert_parallel = shape.expert_parallel;
-        self.expert_tensor_parallel = shape.expert_tensor_parallel;
-        self.offload = shape.offload;
-        self.context_parallel = shape.context_parallel;
-        self
+/// A stage as plan files write it: the shape's fields at the same level as
+/// the stage's own, as every plan version has had them. `Stage` reads and
+/// writes itself through `file::Stage` (`#[serde(flatten)]` would keep the
+/// layout, but not `deny_unknown_fields`); the conversions name every
+/// field, so a field added to `StageShape` must be given its key here. The
+/// mirror is named `Stage` too: serde's errors name the type they expected
+/// ("expected struct Stage").
+mod file {
+    use serde::{Deserialize, Serialize};
+
+    use super::{is_one, one};
+    use crate::cluster::placement::Policy;
+    use crate::cost::shape::{Offload, Recompute, StageShape};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Stage {
+        layer_start: usize,
+        layer_end: usize,
+        devices: Vec<u32>,
+        warmup_micro_batches: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placement: Option<Policy>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slices: Option<Vec<u32>>,
+        /// Whale's split degree: the GPUs each layer that can split is sharded
+        /// over, in groups of consecutive devices, each taking as many GPUs of
+        /// each machine it uses as the others (`cost/shape.rs`).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        tensor_parallel: u32,
+        /// Sequence parallelism in the split layers (`StageShape`); t > 1 only.
+        #[serde(default, skip_serializing_if = "is_false")]
+        sequence_parallel: bool,
+        /// ZeRO's sharding level over the stage's replicas (`cost/sharding.rs`):
+        /// 0 none, 1 optimizer state, 2 and gradients, 3 and weights. Plans
+        /// before version 12 wrote level 1 as `shard_optimizer: true`.
+        #[serde(
+            default,
+            alias = "shard_optimizer",
+            deserialize_with = "crate::cost::sharding::level_or_flag",
+            skip_serializing_if = "is_zero"
+        )]
+        shard_level: u8,
+        /// Level 3: each micro-batch's forward frees the weights it gathered
+        /// (FSDP's `reshard_after_forward`).
+        #[serde(default, skip_serializing_if = "is_false")]
+        reshard_after_forward: bool,
+        /// What the forward keeps for the backward: "none" re-computes nothing.
+        #[serde(default, skip_serializing_if = "Recompute::is_none")]
+        recompute: Recompute,
+        /// Expert parallelism: the routed experts spread over groups of this
+        /// many consecutive replicas (`model/experts.rs`; 1: none).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        expert_parallel: u32,
+        /// The GPUs each routed expert's columns are split over, where not t
+        /// (`StageShape::expert_tensor_degree`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expert_tensor_parallel: Option<u32>,
+        /// Where the master weights and optimizer state live: "optimizer"
+        /// keeps them in host memory and steps them there (`cost/offload.rs`).
+        #[serde(default, skip_serializing_if = "Offload::is_none")]
+        offload: Offload,
+        /// Context parallelism: each sample's sequence cut over this many
+        /// consecutive split groups (`StageShape`, `model/context.rs`; 1: none).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        context_parallel: u32,
+    }
+
+    impl From<Stage> for super::Stage {
+        fn from(file: Stage) -> super::Stage {
+            super::Stage {
+                layer_start: file.layer_start,
+                layer_end: file.layer_end,
+                devices: file.devices,
+                warmup_micro_batches: file.warmup_micro_batches,
+                placement: file.placement,
+                slices: file.slices,
+                shape: StageShape {
+                    tensor_parallel: file.tensor_parallel,
+                    sequence_parallel: file.sequence_parallel,
+                    shard_level: file.shard_level,
+                    reshard_after_forward: file.reshard_after_forward,
+                    recompute: file.recompute,
+                    expert_parallel: file.expert_parallel,
+                    expert_tensor_parallel: file.expert_tensor_parallel,
+                    offload: file.offload,
+                    context_parallel: file.context_parallel,
+                },
+            }
+        }
+    }
+
+    impl From<super::Stage> for Stage {
+        fn from(stage: super::Stage) -> Stage {
+            let shape = stage.shape;
+            Stage {
+                layer_start: stage.layer_start,
+                layer_end: stage.layer_end,
+                devices: stage.devices,
+                warmup_micro_batches: stage.warmup_micro_batches,
+                placement: stage.placement,
+                slices: stage.slices,
+                tensor_parallel: shape.tensor_parallel,
+                sequence_parallel: shape.sequence_parallel,
+                shard_level: shape.shard_level,
+                reshard_after_forward: shape.reshard_after_forward,
+                recompute: shape.recompute,
+                expert_parallel: shape.expert_parallel,
+                expert_tensor_parallel: shape.expert_tensor_parallel,
+                offload: shape.offload,
+                context_parallel: shape.context_parallel,
+            }
+        }
+    }
+
+    fn is_zero(x: &u8) -> bool {
+        *x == 0
+    }
+
+    fn is_false(x: &bool) -> bool {
+        !*x
     }
 }
 
@@ -381,14 +435,6 @@ fn one() -> u32 {
 
 fn is_one(x: &u32) -> bool {
     *x == 1
-}
-
-fn is_zero(x: &u8) -> bool {
-    *x == 0
-}
-
-fn is_false(x: &bool) -> bool {
-    !*x
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -586,7 +632,7 @@ impl Plan {
                 list.join(", ")
             )))
         };
-        let split = |s: &crate::plan::Stage| s.tensor_parallel.max(1);
+        let split = |s: &crate::plan::Stage| s.shape.tensor_parallel.max(1);
         degrees(
             "replicated",
             plan.stages
@@ -640,14 +686,14 @@ impl Plan {
         self.reducing_stages().any(|s| {
             self.schedule
                 .overlap
-                .hides_grad_reduce(only_stage, &s.shape())
+                .hides_grad_reduce(only_stage, &s.shape)
         })
     }
 
     /// Whether some ZeRO-1 stage gathers its weights behind the next forward.
     pub fn hides_param_gather(&self) -> bool {
         self.reducing_stages()
-            .any(|s| self.schedule.overlap.hides_param_gather(&s.shape()))
+            .any(|s| self.schedule.overlap.hides_param_gather(&s.shape))
     }
 
     /// The stages whose GPUs reduce their gradients: more than one holds
@@ -655,7 +701,7 @@ impl Plan {
     fn reducing_stages(&self) -> impl Iterator<Item = &Stage> {
         self.stages
             .iter()
-            .filter(|s| s.shape().weight_replicas(s.devices.len() as u32) > 1)
+            .filter(|s| s.shape.weight_replicas(s.devices.len() as u32) > 1)
     }
 
     /// This plan, not yet costed, as a runtime that hides what `overlap`
@@ -794,5 +840,45 @@ pub fn plan_schedule_over(
             };
             Schedule::early_backward_with_policy(s_count, plan.micro_batches, policy)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stage's file keeps its shape's fields at the stage's level, writes
+    /// only those that differ from a plain stage's, reads the
+    /// `shard_optimizer` of plans before version 12, and has no `shape`
+    /// key; its errors name the struct `Stage`.
+    #[test]
+    fn a_stage_file_holds_its_shape_fields_beside_its_own() {
+        let stage = Stage {
+            layer_end: 2,
+            devices: vec![0, 1, 2, 3],
+            shape: StageShape {
+                tensor_parallel: 2,
+                shard_level: 1,
+                ..StageShape::PLAIN
+            },
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&stage).unwrap();
+        assert_eq!(
+            text,
+            r#"{"layer_start":0,"layer_end":2,"devices":[0,1,2,3],"warmup_micro_batches":1,"tensor_parallel":2,"shard_level":1}"#
+        );
+        assert_eq!(serde_json::from_str::<Stage>(&text).unwrap(), stage);
+        let before_12 = text.replace(r#""shard_level":1"#, r#""shard_optimizer":true"#);
+        assert_eq!(serde_json::from_str::<Stage>(&before_12).unwrap(), stage);
+        let nested = text.replace(r#""tensor_parallel":2,"shard_level":1"#, r#""shape":{}"#);
+        let error = |text: &str| serde_json::from_str::<Stage>(text).unwrap_err().to_string();
+        let e = error(&nested);
+        assert!(
+            e.starts_with("unknown field `shape`, expected one of"),
+            "{e}"
+        );
+        let e = error("5");
+        assert!(e.contains("expected struct Stage at"), "{e}");
     }
 }

@@ -113,7 +113,7 @@ fn recomputing_where_needed(plan: &Plan, costs: &ProfileCosts) -> Option<Plan> {
     let mut recomputing = plan.clone();
     for (stage, cost) in recomputing.stages.iter_mut().zip(&estimate.stages) {
         if cost.memory_bytes > cost.memory_limit_bytes {
-            stage.recompute = Recompute::Full;
+            stage.shape.recompute = Recompute::Full;
         }
     }
     // A stage may not re-compute everywhere (on unlike GPUs): then there is
@@ -199,16 +199,16 @@ mod tests {
                 break;
             };
             assert!(plan.estimate.as_ref().unwrap().fits_memory);
-            seen_mixed |= plan.stages.iter().any(|s| s.recompute.is_none())
-                && plan.stages.iter().any(|s| !s.recompute.is_none());
+            seen_mixed |= plan.stages.iter().any(|s| s.shape.recompute.is_none())
+                && plan.stages.iter().any(|s| !s.shape.recompute.is_none());
             for i in 0..plan.stages.len() {
-                if plan.stages[i].recompute.is_none() {
+                if plan.stages[i].shape.recompute.is_none() {
                     continue;
                 }
                 seen_recompute = true;
                 // Keeping its activations, that stage would not fit.
                 let mut kept = plan.clone();
-                kept.stages[i].recompute = Recompute::None;
+                kept.stages[i].shape.recompute = Recompute::None;
                 let cost = &evaluate(&kept, &profile).unwrap().stages[i];
                 assert!(
                     cost.memory_bytes > cost.memory_limit_bytes,
@@ -226,7 +226,7 @@ mod tests {
         let topology = Topology::from_spec("1x4-nvlink").unwrap();
         let plan =
             asynchronous_plan(ScheduleKind::XPipe, &profile, &topology, 32, Some(1)).unwrap();
-        assert!(plan.stages.iter().all(|s| s.recompute.is_none()));
+        assert!(plan.stages.iter().all(|s| s.shape.recompute.is_none()));
         let text = plan.to_json();
         assert_eq!(Plan::from_json(&text).unwrap().stages, plan.stages);
         let now = format!(

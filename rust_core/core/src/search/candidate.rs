@@ -227,11 +227,11 @@ pub(crate) fn megatron_candidates(
     uniform_plans(costs.profile, topology, global_batch_size, min_slice)
         .into_iter()
         .map(|(plan, source)| (plan.overlapping(overlap), source))
-        .filter(|(plan, _)| !plain_only || plan.stages.iter().all(|s| s.shape().is_plain()))
+        .filter(|(plan, _)| !plain_only || plan.stages.iter().all(|s| s.shape.is_plain()))
         .filter(|(plan, _)| {
             plan.stages
                 .iter()
-                .all(|s| s.context_parallel <= max_context_parallel)
+                .all(|s| s.shape.context_parallel <= max_context_parallel)
         })
         .filter(|(plan, _)| within_passes(plan.stages.len(), plan.micro_batches))
         // Every offered plan must be one `evaluate` accepts.
@@ -254,9 +254,9 @@ pub(crate) fn uniform_degree(
             let estimate = c.plan.estimate.insert(bound_estimate(&c.plan, costs).ok()?);
             let first = &c.plan.stages[0];
             let shape = (
-                first.tensor_parallel,
-                first.sequence_parallel,
-                first.context_parallel,
+                first.shape.tensor_parallel,
+                first.shape.sequence_parallel,
+                first.shape.context_parallel,
             );
             estimate.fits_memory.then_some((estimate.latency_ms, shape))
         })
@@ -406,23 +406,20 @@ pub(crate) fn plan_of_steps(
         .zip(ctx.cluster.number_devices(&allocs))
         .zip(&allocs)
         .enumerate()
-        .map(|(i, ((step, devices), alloc))| {
-            let stage = Stage {
-                layer_start: step.layer_start,
-                layer_end: step.layer_end,
-                devices,
-                warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
-                placement: Some(step.placement.policy),
-                // Replicas are numbered machine by machine, as the alloc lists them.
-                slices: coster.searched_slices(
-                    step.layer_start,
-                    step.layer_end,
-                    &StageDevices::new(ctx.cluster, alloc.clone()),
-                    ctx.min_slice,
-                ),
-                ..Default::default()
-            };
-            stage.with_shape(&step.shape)
+        .map(|(i, ((step, devices), alloc))| Stage {
+            layer_start: step.layer_start,
+            layer_end: step.layer_end,
+            devices,
+            warmup_micro_batches: ctx.memory_warmup(count - i as u32, m),
+            placement: Some(step.placement.policy),
+            // Replicas are numbered machine by machine, as the alloc lists them.
+            slices: coster.searched_slices(
+                step.layer_start,
+                step.layer_end,
+                &StageDevices::new(ctx.cluster, alloc.clone()),
+                ctx.min_slice,
+            ),
+            shape: step.shape,
         })
         .collect();
     let schedule =

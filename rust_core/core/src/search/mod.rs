@@ -957,7 +957,7 @@ mod tests {
             .zip(&allocs)
             .enumerate()
         {
-            let stage = Stage {
+            plan_stages.push(Stage {
                 layer_start: step.layer_start,
                 layer_end: step.layer_end,
                 devices,
@@ -970,9 +970,8 @@ mod tests {
                     &StageDevices::new(cluster, alloc.clone()),
                     min_slice,
                 ),
-                ..Default::default()
-            };
-            plan_stages.push(stage.with_shape(&step.shape));
+                shape: step.shape,
+            });
         }
         Plan::new(
             PlanInputs {
@@ -1605,12 +1604,14 @@ mod tests {
             let what = format!("case {case} ({spec}, {layers} layers, gbs {gbs})");
             if let Some(plan) = assert_exact_over_every_shape(&profile, &topology, (gbs, 3), &what)
             {
-                let stages = &plan.stages;
-                split += stages.iter().filter(|s| s.tensor_parallel > 1).count();
-                zero += stages.iter().filter(|s| s.shard_level > 0).count();
-                zero_above_one += stages.iter().filter(|s| s.shard_level > 1).count();
-                recomputed += stages.iter().filter(|s| !s.recompute.is_none()).count();
-                offloaded += stages.iter().filter(|s| !s.offload.is_none()).count();
+                let stages = |shaped: fn(&StageShape) -> bool| {
+                    plan.stages.iter().filter(|s| shaped(&s.shape)).count()
+                };
+                split += stages(|s| s.tensor_parallel > 1);
+                zero += stages(|s| s.shard_level > 0);
+                zero_above_one += stages(|s| s.shard_level > 1);
+                recomputed += stages(|s| !s.recompute.is_none());
+                offloaded += stages(|s| !s.offload.is_none());
             }
         }
         eprintln!(
@@ -1754,11 +1755,15 @@ mod tests {
                 (gbs, MAX_SHARD_LEVEL_BESIDE),
                 &what,
             ) {
-                spread += plan.stages.iter().filter(|s| s.expert_parallel > 1).count();
+                spread += plan
+                    .stages
+                    .iter()
+                    .filter(|s| s.shape.expert_parallel > 1)
+                    .count();
                 apart += plan
                     .stages
                     .iter()
-                    .filter(|s| s.expert_tensor_parallel.is_some())
+                    .filter(|s| s.shape.expert_tensor_parallel.is_some())
                     .count();
             }
         }
@@ -1812,7 +1817,7 @@ mod tests {
                 cut += plan
                     .stages
                     .iter()
-                    .filter(|s| s.context_parallel > 1)
+                    .filter(|s| s.shape.context_parallel > 1)
                     .count();
             }
         }

@@ -935,14 +935,7 @@ impl ShapeList {
 pub(crate) fn layout_of(plan: &Plan) -> Vec<(usize, usize, u32, StageShape)> {
     plan.stages
         .iter()
-        .map(|s| {
-            (
-                s.layer_start,
-                s.layer_end,
-                s.devices.len() as u32,
-                s.shape(),
-            )
-        })
+        .map(|s| (s.layer_start, s.layer_end, s.devices.len() as u32, s.shape))
         .collect()
 }
 

@@ -267,7 +267,7 @@ fn run_costs(
     let mut ran = plan.clone();
     if recompute {
         for s in &mut ran.stages {
-            s.recompute = Recompute::Full;
+            s.shape.recompute = Recompute::Full;
         }
     }
     // The profile may be a variant of the plan's own (the run's optimizer,

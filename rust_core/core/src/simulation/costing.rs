@@ -76,14 +76,14 @@ pub(crate) fn stage_costs(
         if i > 0 {
             transfers_ms.push(coster.transfer(s.layer_start, &allocs[i - 1], alloc));
         }
-        let shape = s.shape();
+        let shape = &s.shape;
         if !shape.is_plain() {
             let devices = StageDevices::new(coster.cluster, alloc.clone());
             stages.push(coster.stage_shaped(
                 s.layer_start,
                 s.layer_end,
                 &devices,
-                &shape,
+                shape,
                 s.warmup_micro_batches,
                 only_stage,
             ));

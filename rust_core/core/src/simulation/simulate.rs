@@ -1199,7 +1199,7 @@ fn optimizer_ms(
     (cost, memory): (&StageCost, Option<&crate::cost::shape::StageMemory>),
 ) -> f64 {
     let layers = coster.layers;
-    let shape = s.shape();
+    let shape = &s.shape;
     if !shape.offload.is_none() {
         return cost.offloaded_step_ms;
     }
@@ -1233,13 +1233,13 @@ pub(crate) fn sim_stages(
         .zip(allocs)
         .map(|((s, c), alloc)| {
             let (start, end) = (s.layer_start, s.layer_end);
-            let shape = s.shape();
+            let shape = &s.shape;
             let memory = (!shape.is_plain()).then(|| {
                 coster.stage_memory(
                     start,
                     end,
                     &StageDevices::new(coster.cluster, alloc.clone()),
-                    &shape,
+                    shape,
                 )
             });
             let slice = f64::from(c.slice_size);
@@ -1370,7 +1370,7 @@ fn simulate_chunked_plan(
         format: SIMULATION.name.into(),
         schema_version: SIMULATION.version,
         schedule: own,
-        recompute: plan.stages.iter().all(|s| !s.recompute.is_none()),
+        recompute: plan.stages.iter().all(|s| !s.shape.recompute.is_none()),
         iteration_ms: sim.iteration_ms,
         mini_batches: 1,
         span_ms: Some(sim.iteration_ms),
