@@ -303,6 +303,19 @@ def finest_interleaving(plan, profile, ranks: int, published_s: float) -> dict:
             "fits_memory": interleaved.estimate["fits_memory"]}
 
 
+def memory_cell(gib: float, fits: bool) -> str:
+    return f"{gib:.1f}{'' if fits else ' (over)'}"
+
+
+def subtable(rows: list[dict], key: str, header: str, alignment: str, cells) -> list[str]:
+    """A table of the rows that have ``key``, after a blank line: the run's
+    id, then ``cells(row, row[key])``; none where no row has it."""
+    having = [r for r in rows if key in r]
+    if not having:
+        return []
+    return ["", f"| {header} |", f"|---|{alignment}|"] + [f"| {r['id']} | {cells(r, r[key])} |" for r in having]
+
+
 def table(results: dict) -> str:
     rows = results["rows"]
     lines = ["| run | GPUs | layout (t, c, p, d, b, rc) | dapple s | published s | ratio | memory GiB |",
@@ -323,24 +336,19 @@ def table(results: dict) -> str:
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']}{c} p{lay['pipeline_parallel']}{v} d{d} "
             f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
-            f"{r['ratio']:.2f} | {r['peak_memory_gib']:.1f}{'' if r['fits_memory'] else ' (over)'} |")
-    bracketed = [r for r in rows if "finest_interleaving" in r]
-    if bracketed:
-        lines += ["", "| run (interleaved, virtual stages not given) | as 1F1B: s, ratio | at one layer a virtual stage: "
-                  "v, s, ratio, memory GiB |", "|---|--:|--:|"]
-        for r in bracketed:
-            f = r["finest_interleaving"]
-            lines.append(f"| {r['id']} | {r['dapple_s']:.2f}, {r['ratio']:.2f} | v{f['chunks']}, {f['dapple_s']:.2f}, "
-                         f"{f['ratio']:.2f}, {f['peak_memory_gib']:.1f}{'' if f['fits_memory'] else ' (over)'} |")
-    own = [r for r in rows if "own_plan" in r]
-    if own:
-        lines += ["", "| run | published layout, dapple s | dapple's own plan, s | faster by | its GPUs a stage, kind, micro-batch "
-                  "| planned in s |", "|---|--:|--:|--:|---|--:|"]
-        for r in own:
-            o = r["own_plan"]
-            lines.append(f"| {r['id']} | {r['dapple_s']:.2f} | {o['simulated_s']:.2f} | "
-                         f"{r['dapple_s'] / o['simulated_s']:.2f} | {o['shape']}, {o['schedule']}, "
-                         f"{o['micro_batch_size']} | {o['plan_s']:.0f} |")
+            f"{r['ratio']:.2f} | {memory_cell(r['peak_memory_gib'], r['fits_memory'])} |")
+    lines += subtable(
+        rows, "finest_interleaving",
+        "run (interleaved, virtual stages not given) | as 1F1B: s, ratio | at one layer a virtual stage: v, s, "
+        "ratio, memory GiB", "--:|--:",
+        lambda r, f: f"{r['dapple_s']:.2f}, {r['ratio']:.2f} | v{f['chunks']}, {f['dapple_s']:.2f}, {f['ratio']:.2f}, "
+                     f"{memory_cell(f['peak_memory_gib'], f['fits_memory'])}")
+    lines += subtable(
+        rows, "own_plan",
+        "run | published layout, dapple s | dapple's own plan, s | faster by | its GPUs a stage, kind, micro-batch "
+        "| planned in s", "--:|--:|--:|---|--:",
+        lambda r, o: f"{r['dapple_s']:.2f} | {o['simulated_s']:.2f} | {r['dapple_s'] / o['simulated_s']:.2f} | "
+                     f"{o['shape']}, {o['schedule']}, {o['micro_batch_size']} | {o['plan_s']:.0f}")
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     lines.append("")
     lines.append(f"{len(ratios)} runs: ratios {min(ratios):.2f} to {max(ratios):.2f}, median "
