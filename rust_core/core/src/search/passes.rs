@@ -464,11 +464,11 @@ pub(crate) fn memory_floor_error(
         Error::infeasible(format!(
             "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's {held}, \
              {:.2} GiB, and its activations, {:.2} MiB a sample, of a micro-batch of at least {smallest} samples, \
-             over {gpus} GPUs), but the largest GPU has {:.2} GiB; {advice}",
+             over {gpus} GPUs), but {}; {advice}",
             gib(state_floor + activation_floor),
             gib(state),
             per_sample / f64::from(1u32 << 20),
-            gib(largest),
+            gpu_memories(cluster),
         ))
     })
 }
@@ -530,20 +530,7 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget, work_limi
             ctx.min_slice,
         )),
         Some((b, f)) => {
-            let (smallest, largest) = gpu_memory_range(ctx.cluster);
-            // Small memories read in bytes, not as 0.00 GiB.
-            let size = |x: f64| {
-                if x < f64::from(1u32 << 20) {
-                    format!("{x:.0} bytes")
-                } else {
-                    format!("{:.2} GiB", gib(x))
-                }
-            };
-            let has = if smallest == largest {
-                format!("a GPU has {}", size(largest))
-            } else {
-                format!("the GPUs have {} to {}", size(smallest), size(largest))
-            };
+            let has = gpu_memories(ctx.cluster);
             // Offloaded stages count where their hosts hold what they offload.
             let hosts = ctx.cluster.machines.iter().filter_map(|m| m.host);
             let offloading = match hosts.map(|h| h.memory_bytes).reduce(f64::min) {
@@ -566,6 +553,26 @@ pub(crate) fn explain_infeasible(space: &Space, budget: &MemoryBudget, work_limi
 /// Bytes as GiB, for messages.
 fn gib(bytes: f64) -> f64 {
     bytes / f64::from(1u32 << 30)
+}
+
+/// Bytes for a message: small memories in bytes, not as 0.00 GiB.
+fn size(bytes: f64) -> String {
+    if bytes < f64::from(1u32 << 20) {
+        format!("{bytes:.0} bytes")
+    } else {
+        format!("{:.2} GiB", gib(bytes))
+    }
+}
+
+/// What the cluster's GPUs hold, for a message: "a GPU has ..." or, on
+/// GPUs of several memories, their range.
+fn gpu_memories(cluster: &crate::cost::Cluster) -> String {
+    let (smallest, largest) = gpu_memory_range(cluster);
+    if smallest == largest {
+        format!("a GPU has {}", size(largest))
+    } else {
+        format!("the GPUs have {} to {}", size(smallest), size(largest))
+    }
 }
 
 /// The smallest and the largest memory of the cluster's GPUs (as the
