@@ -24,7 +24,10 @@ docs/paper-comparison.md quotes.
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,6 +37,10 @@ from dapple.planner.errors import DappleError
 from dapple.planner.plan import shape_label
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from plan_speed import build_info, machine_info  # noqa: E402
+
 OUT = HERE / "results" / "whale_moe.json"
 SEQ_LEN = 512
 GPU = "V100-32GB"
@@ -134,14 +141,23 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    if argv[1:] == ["--table"]:
-        print(table(json.loads(OUT.read_text())["rows"]))
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--table", action="store_true", help="print the table of the results file and stop")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())["rows"]))
         return
     rows = [row(*r) for r in ROWS]
-    OUT.write_text(json.dumps({"seq_len": SEQ_LEN, "gpu": GPU, "rows": rows}, indent=2) + "\n")
+    results = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine_info(), "build": build_info(), "seq_len": SEQ_LEN, "gpu": GPU, "rows": rows}
+    # Whole or not at all.
+    tmp_out = args.out.with_suffix(".tmp")
+    tmp_out.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp_out, args.out)
     print(table(rows))
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main()

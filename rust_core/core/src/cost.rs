@@ -300,6 +300,12 @@ impl Cluster {
         self.machines.windows(2).any(|w| !w[0].same_gpus(&w[1]))
     }
 
+    /// Whether some machine's host is known: the optimizer state can be
+    /// offloaded somewhere (`cost/offload.rs`).
+    pub fn has_a_host(&self) -> bool {
+        self.machines.iter().any(|m| m.host.is_some())
+    }
+
     /// Index of the machine that holds GPU `device`.
     pub fn machine_of(&self, device: u32) -> Option<usize> {
         // Machines number their GPUs in order, each from the next free id.

@@ -23,6 +23,7 @@
 //! of it; C11a, DeepEP's kernels across machines: 43-58 GB/s a GPU over
 //! 50 GB/s links), which this model does not correct for.
 
+use rustc_hash::FxHashMap;
 use std::cell::Cell;
 
 use super::{Cluster, LinkShare};
@@ -195,7 +196,7 @@ impl AllToAll {
         let peer_share = 1.0 / e as f64;
         let mut most_intra = 0usize;
         // Peers across machines, summed over each machine's GPUs.
-        let mut leaving: Vec<(usize, usize)> = Vec::new();
+        let mut leaving: FxHashMap<usize, usize> = FxHashMap::default();
         // For a deduplicating dispatcher, where the groups sit, from the
         // same walk.
         let mut layout = deduplicated.then(|| GroupLayout {
@@ -208,10 +209,7 @@ impl AllToAll {
                 let beside: u32 = runs.iter().filter(|r| r.0 == m).map(|r| r.2).sum();
                 most_intra = most_intra.max(beside as usize - 1);
                 let across = (members - beside as usize) * n as usize;
-                match leaving.iter_mut().find(|(machine, _)| *machine == m) {
-                    Some((_, sum)) => *sum += across,
-                    None => leaving.push((m, across)),
-                }
+                *leaving.entry(m).or_default() += across;
                 if let Some(layout) = layout.as_mut() {
                     if !layout.beside.contains(&(start, beside)) {
                         layout.beside.push((start, beside));
@@ -220,7 +218,7 @@ impl AllToAll {
                 }
             }
         });
-        let most_leaving = leaving.iter().map(|&(_, n)| n).max().unwrap_or(0);
+        let most_leaving = leaving.values().copied().max().unwrap_or(0);
         let slowest = machines
             .iter()
             .map(|&m| &cluster.machines[m])

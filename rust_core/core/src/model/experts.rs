@@ -155,6 +155,12 @@ pub fn expert_replicas(
 }
 
 impl ExpertPattern {
+    /// Whether the layer's tokens go once to each machine and GPU their
+    /// experts sit on (`TokenDispatcher::DeepEp`), not a copy an expert.
+    pub fn deduplicates_tokens(&self) -> bool {
+        self.dispatcher == TokenDispatcher::DeepEp
+    }
+
     /// The probability that a token's k experts include some of experts
     /// `first..first + len` (consecutive ones, as an expert-parallel GPU or
     /// a machine holds them), routing balanced as the force-balanced runs

@@ -1063,6 +1063,9 @@ pub struct LayerCosts {
     context: Vec<Option<ContextPattern>>,
     /// expert_layer_prefix[p]: layers before p that have experts.
     expert_layer_prefix: Vec<u32>,
+    /// Some layer's experts exchange their tokens deduplicated
+    /// (`TokenDispatcher::DeepEp`).
+    deduplicates_tokens: bool,
     /// The profile's model FLOPs of one sample (forward and backward).
     pub model_flops_per_sample: Option<f64>,
     /// Whether the optimizer keeps Adam's two moments, which XPipe's
@@ -1360,6 +1363,8 @@ impl LayerCosts {
                     Some(*n)
                 }))
                 .collect(),
+            deduplicates_tokens: (profile.layers.iter().flat_map(|l| &l.experts))
+                .any(ExpertPattern::deduplicates_tokens),
             model_flops_per_sample: profile.model_flops_per_sample,
             optimizer_ms_per_param_byte,
             optimizer_step_bytes_per_param_byte,
@@ -1672,10 +1677,7 @@ impl LayerCosts {
     /// Whether some layer's experts exchange their tokens deduplicated
     /// (`TokenDispatcher::DeepEp`), which prices where expert groups sit.
     pub fn deduplicates_tokens(&self) -> bool {
-        self.experts
-            .iter()
-            .flatten()
-            .any(|p| p.dispatcher == crate::model::experts::TokenDispatcher::DeepEp)
+        self.deduplicates_tokens
     }
 
     /// Whether some layer of `start..end` has routed experts.

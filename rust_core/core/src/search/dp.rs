@@ -818,23 +818,29 @@ impl<'c, 'a> Dp<'c, 'a> {
             let (_, takes) = self.ctx.placements(&state, r).into_iter().next()?;
             let devices = self.devices(&state, &takes);
             let stages_left = k - stages_from_here + 1;
+            // Without a cap, a stage grows to an even share of the work
+            // left; the first stage takes all of it.
+            let share = work(self, 0, end) / f64::from(stages_left);
             let longer = |dp: &Self, start: usize| match cap {
                 Some(cap) => work(dp, start - 1, end) <= cap,
-                // Without a cap the first stage takes every layer left.
-                None => {
-                    stages_left == 1
-                        || work(dp, start, end) < work(dp, 0, end) / f64::from(stages_left)
-                }
+                None => stages_left == 1 || work(dp, start, end) < share,
             };
             let mut start = end - 1;
-            // The stage's sums at its expert degree, grown as it takes layers.
+            // The stage's spread shapes and its sums at their expert degree,
+            // the sums grown as it takes layers.
+            let spread = self.spread_shapes(&devices);
             let mut sums = None;
-            let mut fitting =
-                self.seed_stage((start, end), &devices, stages_from_here, class, &mut sums)?;
+            let mut fitting = self.seed_stage(
+                (start, end),
+                (&devices, spread.as_ref()),
+                stages_from_here,
+                class,
+                &mut sums,
+            )?;
             while start > 0 && longer(self, start) {
                 match self.seed_stage(
                     (start - 1, end),
-                    &devices,
+                    (&devices, spread.as_ref()),
                     stages_from_here,
                     class,
                     &mut sums,
@@ -857,19 +863,34 @@ impl<'c, 'a> Dp<'c, 'a> {
         (end == 0).then_some((latency.best, most))
     }
 
+    /// The shapes a seed stage on `devices` tries its experts in: spread
+    /// over the most of its replicas the space allows (sharding,
+    /// re-computation and offloading varied at that degree). None where the
+    /// space spreads no experts there (every dense profile).
+    fn spread_shapes(&self, devices: &StageDevices) -> Option<ShapeList> {
+        let gpus = devices.replicas;
+        let e = self
+            .ctx
+            .expert_options((1, false, 1), gpus, devices.mixed)
+            .filter(|&(e, et)| e > 1 && et.is_none())
+            .map(|(e, _)| e)
+            .max()?;
+        Some(self.ctx.shapes_at((1, false, e, None, 1), gpus, false))
+    }
+
     /// Layers `i..j` on `devices`, where they fit under rule `class` with
     /// `stages_from_here` stages from it on: as a plain stage, or, where
-    /// they hold experts, with them spread over the most of the stage's
-    /// replicas the space allows, in whichever of that degree's shapes
-    /// (sharding, re-computation, offloading) fits and runs its micro-batches
-    /// soonest. Spreading can shrink a block of many experts fiftyfold
+    /// they hold experts, in whichever of the `spread` shapes
+    /// (`spread_shapes`) fits and runs its micro-batches soonest.
+    /// Spreading can shrink a block of many experts fiftyfold
     /// (`lightest_ms`), so plain seeds alone bound such a search so loosely
     /// that it stops at its step limit before finding the plans that do.
-    /// `sums`: the stage's at that degree, kept while it grows to the front.
+    /// `sums`: the stage's at the spread degree, kept while it grows to the
+    /// front.
     fn seed_stage(
         &self,
         (i, j): (usize, usize),
-        devices: &StageDevices,
+        (devices, spread): (&StageDevices, Option<&ShapeList>),
         stages_from_here: u32,
         class: u8,
         sums: &mut Option<Box<ShapedSums>>,
@@ -888,19 +909,10 @@ impl<'c, 'a> Dp<'c, 'a> {
             &mut None,
         );
         let mut best = fitting(plain);
-        let gpus = devices.replicas;
-        let spread = self
-            .ctx
-            .expert_options((1, false, 1), gpus, devices.mixed)
-            .filter(|&(e, et)| e > 1 && et.is_none())
-            .map(|(e, _)| e)
-            .max()
-            .filter(|_| self.ctx.layers.has_experts(i, j));
-        if let Some(e) = spread {
+        if let Some(shapes) = spread.filter(|_| self.ctx.layers.has_experts(i, j)) {
             let micro_batches = f64::from(self.micro_batches);
             let soonest =
                 |cost: &StageCost| micro_batches * (cost.fwd_ms + cost.bwd_ms) + cost.tail_ms();
-            let shapes = self.ctx.shapes_at((1, false, e, None, 1), gpus, false);
             for shape in shapes.iter() {
                 let priced = self.price((i, j), devices, (&shape, warmup), only_stage, sums);
                 if let Some(cost) = fitting(priced) {

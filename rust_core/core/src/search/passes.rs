@@ -437,7 +437,7 @@ pub(crate) fn memory_floor_error(
         - (0..n)
             .map(|l| layers.loss_stored_bytes_per_sample_of_layer(l))
             .sum::<f64>();
-    let offloadable = cluster.machines.iter().any(|m| m.host.is_some());
+    let offloadable = cluster.has_a_host();
     let state = layers.model_state_bytes(0, n)
         - if offloadable {
             layers.held_optimizer_state_bytes(0, n, 1, 1.0)

@@ -161,7 +161,7 @@ impl ShapeChoices {
                 })
                 .collect(),
             offload: layers.held_optimizer_state_bytes(0, layers.num_layers, 1, 1.0) > 0.0
-                && cluster.machines.iter().any(|m| m.host.is_some()),
+                && cluster.has_a_host(),
             recompute: true,
             selective: layers.recomputes_selectively(),
             // The machine-aligned space, as with degrees, only the fastest
