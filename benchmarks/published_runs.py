@@ -163,9 +163,22 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
                            "micro-batches and reduce-scattered once after the last backward, the weights gathered "
                            "once a step and kept (torch's pipeline stages defer FSDP's gradient sync to the last "
                            "backward; the paper accumulates gradients in FP32 over micro-batches)")
+    # The precision the runtime accumulates and reduces gradients in (the
+    # profile's --gradients): their memory and their reduction's bytes.
     if "FP32 grad" in str(lay.get("precision", "")):
-        missing.append("FP32 gradients: accumulated and reduce-scattered at 4 bytes a parameter, costed at the "
-                       "profile's 2 (about 6 GiB a GPU more, and a once-an-iteration reduce-scatter twice as long)")
+        gradients = "fp32"
+        assumptions.append("gradients accumulated over the micro-batches and reduce-scattered in FP32, 4 bytes a "
+                           "parameter (the file's precision)")
+    elif "BF16Optimizer" in zero:
+        gradients = "fp32"
+        assumptions.append("gradients accumulated and all-reduced in FP32, 4 bytes a parameter, whole on every "
+                           "GPU: DeepSpeed's BF16_Optimizer keeps fp32 gradient buffers and reduces them "
+                           "(deepspeed/runtime/bf16_optimizer.py, get_grads_for_reduction, as added for bf16 "
+                           "pipelines in 56c5223, 2022-04-19, during BLOOM's training)")
+    else:
+        gradients = "bf16"
+        assumptions.append(f"gradients in the weights' 2 bytes (the file's precision: "
+                           f"{lay.get('precision', 'not given')}; nothing of the gradients)")
     gbs = lay.get("gbs_seq")
     if gbs is None:
         gbs = lay["batch_per_dp"] * lay["dp"]
@@ -175,13 +188,13 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     schedule = str(lay.get("schedule", ""))
     interleaving_unstated = vpp is None and schedule.startswith("interleaved") and lay["pp"] > 1
     if interleaving_unstated:
-        missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B, and beside it at one "
-                       "layer a virtual stage: finest_interleaving)")
+        missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B, and beside it at "
+                       "every count that divides a rank's layers, up to one layer a virtual stage: interleavings)")
     sequence_parallel = bool(lay.get("sequence_parallel"))
-    if "sequence_parallel" not in lay and run["id"].startswith("llama3") and lay["tp"] > 1:
-        sequence_parallel = True
-        assumptions.append("sequence parallelism with its tensor parallelism (the file does not say; without it "
-                           "the layout would need 177 GiB a GPU)")
+    # Llama 3's file does not say; the estimate says what the layout
+    # would need without it (`estimate_run`).
+    sequence_parallel_assumed = "sequence_parallel" not in lay and run["id"].startswith("llama3") and lay["tp"] > 1
+    sequence_parallel |= sequence_parallel_assumed
     context_parallel = lay.get("cp", 1)
     if context_parallel > 1:
         assumptions.append(f"context parallelism {context_parallel} as a ring of keys and values beside the "
@@ -194,9 +207,10 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": mbs,
              "recompute": "per-layer" if full else "selective" if selective else "none",
              "sequence_parallel": sequence_parallel, "shard_level": shard_level,
-             "reshard_after_forward": reshard_after_forward, "global_batch": gbs,
+             "reshard_after_forward": reshard_after_forward, "global_batch": gbs, "gradients": gradients,
              "context_parallel": context_parallel,
-             "chunks": vpp, "interleaving_unstated": interleaving_unstated, **overlap}, assumptions, missing)
+             "chunks": vpp, "interleaving_unstated": interleaving_unstated,
+             "sequence_parallel_assumed": sequence_parallel_assumed, **overlap}, assumptions, missing)
 
 
 def runtime_overlap(run: dict, lay: dict) -> dict:
@@ -250,14 +264,23 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
     path = folder / f"{run['id']}.json"
     path.write_text(json.dumps(config))
     profile = planner.transformer_profile(path, gpu=gpu, seq_len=run["model"]["seq_len"],
-                                          micro_batch_sizes=[shape["micro_batch_size"]], attention=attention)
-    plan = planner.megatron_plan(
-        profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
-        pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
-        shard_level=shape["shard_level"], reshard_after_forward=shape["reshard_after_forward"],
-        sequence_parallel=shape["sequence_parallel"], context_parallel=shape["context_parallel"],
-        recompute=shape["recompute"], overlap_grad_reduce=shape["overlap_grad_reduce"],
-        overlap_param_gather=shape["overlap_param_gather"])
+                                          micro_batch_sizes=[shape["micro_batch_size"]], attention=attention,
+                                          gradients=shape["gradients"])
+
+    def as_published(sequence_parallel: bool):
+        return planner.megatron_plan(
+            profile, topology, shape["global_batch"], tensor_parallel=shape["tensor_parallel"],
+            pipeline_parallel=shape["pipeline_parallel"], micro_batch_size=shape["micro_batch_size"],
+            shard_level=shape["shard_level"], reshard_after_forward=shape["reshard_after_forward"],
+            sequence_parallel=sequence_parallel, context_parallel=shape["context_parallel"],
+            recompute=shape["recompute"], overlap_grad_reduce=shape["overlap_grad_reduce"],
+            overlap_param_gather=shape["overlap_param_gather"])
+
+    plan = as_published(shape["sequence_parallel"])
+    if shape["sequence_parallel_assumed"]:
+        whole = as_published(False).estimate["peak_memory_bytes"] / 2**30
+        assumptions.append(f"sequence parallelism with its tensor parallelism (the file does not say; without it "
+                           f"the layout would need {whole:.0f} GiB a GPU)")
     if shape["chunks"]:
         plan = planner.chunked(plan, profile, "interleaved-1f1b", shape["chunks"])
     started = time.perf_counter()
@@ -266,7 +289,8 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
                                                  variant)
     row.update(
         model=run["model"]["name"], gpu=gpu, gpus=count, topology=topology,
-        layout={k: v for k, v in shape.items() if k not in ("global_batch", "interleaving_unstated")},
+        layout={k: v for k, v in shape.items()
+                if k not in ("global_batch", "interleaving_unstated", "sequence_parallel_assumed")},
         global_batch=shape["global_batch"],
         schedule=plan.data["schedule"]["kind"], dapple_s=simulated_ms / 1e3, published_s=seconds,
         published_from=published_from, ratio=simulated_ms / 1e3 / seconds,
@@ -275,7 +299,7 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
         simulate_s=time.perf_counter() - started,
     )
     if shape["interleaving_unstated"]:
-        row["finest_interleaving"] = finest_interleaving(plan, profile, shape["pipeline_parallel"], seconds)
+        row["interleavings"] = interleavings(plan, profile, shape["pipeline_parallel"], seconds)
     if own_plans:
         started = time.perf_counter()
         # The same runtime: what it hides behind computation, as the row's.
@@ -287,20 +311,25 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
     return row
 
 
-def finest_interleaving(plan, profile, ranks: int, published_s: float) -> dict:
-    """``plan`` (1F1B over ``ranks`` ranks) interleaved at one layer a
-    virtual stage, the most any count can: with 1F1B, the two ends of the
-    schedules a run whose paper gives no virtual-stage count may have run.
+def interleavings(plan, profile, ranks: int, published_s: float) -> list[dict]:
+    """``plan`` (1F1B over ``ranks`` ranks) interleaved at every count of
+    virtual stages that divides a rank's share of the profile's layers
+    evenly (Megatron-LM requires a rank's layers to divide into its virtual
+    stages), up to one layer a virtual stage, the most any count can: with
+    1F1B, what a run whose paper gives no virtual-stage count may have run.
     Costed and simulated as the row is."""
     from dapple import planner
 
-    chunks = len(profile.data["layers"]) // ranks
-    interleaved = planner.chunked(plan, profile, "interleaved-1f1b", chunks)
-    simulated = planner.simulate(interleaved, profile)
-    return {"chunks": chunks, "dapple_s": simulated.iteration_ms / 1e3,
-            "ratio": simulated.iteration_ms / 1e3 / published_s,
-            "peak_memory_gib": interleaved.estimate["peak_memory_bytes"] / 2**30,
-            "fits_memory": interleaved.estimate["fits_memory"]}
+    finest = len(profile.data["layers"]) // ranks
+    costed = []
+    for chunks in (c for c in range(2, finest + 1) if finest % c == 0):
+        interleaved = planner.chunked(plan, profile, "interleaved-1f1b", chunks)
+        simulated = planner.simulate(interleaved, profile)
+        costed.append({"chunks": chunks, "dapple_s": simulated.iteration_ms / 1e3,
+                       "ratio": simulated.iteration_ms / 1e3 / published_s,
+                       "peak_memory_gib": interleaved.estimate["peak_memory_bytes"] / 2**30,
+                       "fits_memory": interleaved.estimate["fits_memory"]})
+    return costed
 
 
 def memory_cell(gib: float, fits: bool) -> str:
@@ -333,16 +362,18 @@ def table(results: dict) -> str:
         zero = "" if not level else " zero" if level == 1 else f" zero{level}" + (
             "" if level < 3 or lay["reshard_after_forward"] else " kept")
         sp = " sp" if lay.get("sequence_parallel") else ""
+        fp32_gradients = " fp32-grad" if lay.get("gradients") == "fp32" else ""
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']}{c} p{lay['pipeline_parallel']}{v} d{d} "
-            f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
+            f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero}{fp32_gradients} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
             f"{r['ratio']:.2f} | {memory_cell(r['peak_memory_gib'], r['fits_memory'])} |")
+    # One line a count, 1F1B (v1) first.
     lines += subtable(
-        rows, "finest_interleaving",
-        "run (interleaved, virtual stages not given) | as 1F1B: s, ratio | at one layer a virtual stage: v, s, "
-        "ratio, memory GiB", "--:|--:",
-        lambda r, f: f"{r['dapple_s']:.2f}, {r['ratio']:.2f} | v{f['chunks']}, {f['dapple_s']:.2f}, {f['ratio']:.2f}, "
-                     f"{memory_cell(f['peak_memory_gib'], f['fits_memory'])}")
+        [{"id": f"{r['id']} | v{c['chunks']}", "costed": c} for r in rows if "interleavings" in r
+         for c in [{**r, "chunks": 1}, *r["interleavings"]]],
+        "costed", "run (interleaved, virtual stages not given) | virtual stages a rank | dapple s | ratio | memory GiB",
+        "--:|--:|--:|--:",
+        lambda _, c: f"{c['dapple_s']:.2f} | {c['ratio']:.2f} | {memory_cell(c['peak_memory_gib'], c['fits_memory'])}")
     lines += subtable(
         rows, "own_plan",
         "run | published layout, dapple s | dapple's own plan, s | faster by | its GPUs a stage, kind, micro-batch "

@@ -146,3 +146,24 @@ def test_megatron_core_and_torchtitan_read_the_context_degree_written(long_llama
 
 def torch_dtype():
     return pytest.importorskip("torch").bfloat16
+
+
+def test_above_1024_gpus_a_sequence_that_fits_only_cut_still_plans(tmp_path):
+    # Above 1,024 GPUs the search's own space cuts no sequence; the uniform
+    # layouts that do are its candidates. Where nothing of the space fits,
+    # they must still be ranked (Llama 3 405B at 131,072 tokens on 16,384
+    # H100s with fp32 gradients answered "no plan fits" before).
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 8,
+        "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 32000,
+        "max_position_embeddings": 4194304}))
+    profile = planner.transformer_profile(config, gpu="H100-80GB", seq_len=4194304, micro_batch_sizes=[1])
+    topology = "130x8-h100-80gb"
+    with pytest.raises(planner.InfeasibleError, match="no plan fits in GPU memory"):
+        planner.plan(profile, topology, 130, max_context_parallel=1)
+    plan = planner.plan(profile, topology, 130)
+    assert plan.estimate["fits_memory"]
+    assert all(s.context_parallel > 1 for s in plan.stage_shapes)
+    # No plan of the space fits, so it records no bound of its own.
+    assert "lower_bound_ms" not in plan.data["selection"]

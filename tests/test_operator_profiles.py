@@ -131,6 +131,32 @@ def test_operator_timing_is_the_default_and_efficiency_the_override(tmp_path, da
     assert block_half["split"][0]["replicated_compute_fraction"] == 0
 
 
+def test_fp32_gradients_hold_two_bytes_a_parameter_more_and_reduce_longer(tmp_path, dapple):
+    # Llama 3's and BLOOM's runtimes accumulated and reduced gradients in
+    # fp32 under bf16 weights (benchmarks/published_runs.py's rows).
+    paths = {g: tmp_path / f"{g}.json" for g in planner.GRADIENT_PRECISIONS}
+    for gradients, path in paths.items():
+        r = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "a100", "--seq-len", 1024,
+                   "--micro-batch-sizes", "1", "--gradients", gradients, "--out", path)
+        assert r.returncode == 0, r.stderr
+    bf16, fp32 = (planner.Profile.load(paths[g]) for g in ("bf16", "fp32"))
+    assert (bf16.data["parameter_state"]["gradient_bytes"], fp32.data["parameter_state"]["gradient_bytes"]) == (2, 4)
+    params = sum(layer["param_bytes"] for layer in bf16.layers) / 2
+
+    def data_parallel(profile):
+        plan = planner.megatron_plan(profile, "2x8-a100-80gb", 32, tensor_parallel=1, pipeline_parallel=1,
+                                     micro_batch_size=1, shard_level=1)
+        return plan.estimate["peak_memory_bytes"], planner.simulate(plan, profile).iteration_ms
+
+    (bf16_bytes, bf16_ms), (fp32_bytes, fp32_ms) = data_parallel(bf16), data_parallel(fp32)
+    # Each replica holds its whole gradients (ZeRO-1 shards the optimizer only).
+    assert fp32_bytes - bf16_bytes == pytest.approx(2 * params, rel=1e-9)
+    # Twice the bytes reduce-scattered across the two machines.
+    assert fp32_ms > bf16_ms
+    with pytest.raises(planner.InvalidInputError, match='field gradients: value "fp16" is not a gradient precision'):
+        planner.transformer_profile("llama-2-7b", gpu="a100", seq_len=1024, gradients="fp16")
+
+
 def test_flash_attention_on_a_gpu_without_it_is_a_one_line_error(tmp_path, dapple):
     out = tmp_path / "p.json"
     result = dapple("profile", "transformer", "--config", "llama-2-7b", "--gpu", "v100", "--seq-len", 1024,

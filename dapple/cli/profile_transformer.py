@@ -32,11 +32,15 @@ from .options import FILE_PATH, PositiveIntList, count_option_type, reports_erro
               help="Mixtures of experts: how the runtime sends tokens to their experts. all-to-all: a copy an expert "
                    "(NCCL's all-to-all, Megatron-LM's alltoall dispatcher, dapple's runtime); deepep: a token once to "
                    "each machine and each GPU holding some of its experts (DeepEP, Megatron-LM's flex dispatcher).")
+@click.option("--gradients", type=click.Choice(planner.GRADIENT_PRECISIONS), default="bf16", show_default=True,
+              help="The precision the runtime accumulates gradients in over micro-batches and reduces them in: "
+                   "bf16, as the weights, or fp32 (Megatron-LM under bf16, DeepSpeed's bf16 optimizer, Llama 3's "
+                   "FSDP). Their memory, their reduction's bytes and Adam's read of them follow.")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the config's name.")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
 def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, expert_imbalance,
-                                dispatcher, model_name, out_path):
+                                dispatcher, gradients, model_name, out_path):
     """Write the analytic profile of a decoder-only transformer (Llama, GPT).
 
     Each layer's FLOPs, parameters and stored activations follow from the
@@ -53,7 +57,8 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     check_writable(out_path)
     profile = planner.transformer_profile(
         config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency,
-        attention=attention, expert_imbalance=expert_imbalance, dispatcher=dispatcher, model=model_name,
+        attention=attention, expert_imbalance=expert_imbalance, dispatcher=dispatcher, gradients=gradients,
+        model=model_name,
     )
     profile.save(out_path)
     params = sum(layer["param_bytes"] for layer in profile.layers) / profile.data["parameter_state"]["weight_bytes"]

@@ -31,6 +31,7 @@ from .errors import (
 from .plan import GRAD_REDUCE_OVERLAPS, SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
 from .profile import (
     ATTENTION_KERNELS,
+    GRADIENT_PRECISIONS,
     MODEL_CONFIGS,
     TOKEN_DISPATCHERS,
     Profile,
@@ -81,6 +82,7 @@ __all__ = [
     "MODEL_CONFIGS",
     "ATTENTION_KERNELS",
     "TOKEN_DISPATCHERS",
+    "GRADIENT_PRECISIONS",
     "merge_profiles",
     "layout_plan",
     "megatron_plan",

@@ -11,6 +11,7 @@ STAGE_SHAPES: tuple[str, ...]
 GRAD_REDUCE_OVERLAPS: tuple[str, ...]
 ATTENTION_KERNELS: tuple[str, ...]
 TOKEN_DISPATCHERS: tuple[str, ...]
+GRADIENT_PRECISIONS: tuple[str, ...]
 CHUNKED_SCHEDULES: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 PRECISIONS: tuple[str, ...]
@@ -289,6 +290,7 @@ def transformer_profile(
     attention: str | None = None,
     expert_imbalance: float = 1.0,
     dispatcher: str = "all-to-all",
+    gradients: str = "bf16",
     name: str | None = None,
     text: str | None = None,
     source: str | None = None,

@@ -98,6 +98,9 @@ ATTENTION_KERNELS: tuple[str, ...] = _core.ATTENTION_KERNELS
 #: How a generated profile's mixtures of experts exchange their tokens (the core's table).
 TOKEN_DISPATCHERS: tuple[str, ...] = _core.TOKEN_DISPATCHERS
 
+#: The precisions a generated profile's runtime may keep gradients in (the core's table).
+GRADIENT_PRECISIONS: tuple[str, ...] = _core.GRADIENT_PRECISIONS
+
 
 def transformer_profile(
     config: str | os.PathLike,
@@ -109,6 +112,7 @@ def transformer_profile(
     attention: str | None = None,
     expert_imbalance: float = 1.0,
     dispatcher: str = "all-to-all",
+    gradients: str = "bf16",
     model: str | None = None,
 ) -> Profile:
     """A profile of a decoder-only transformer without a GPU: ``config`` is a
@@ -123,10 +127,14 @@ def transformer_profile(
     balanced), and ``dispatcher`` how they exchange tokens with their
     experts: ``"all-to-all"`` (a copy an expert) or ``"deepep"`` (a token
     once to each machine and GPU it reaches; docs/cost-model.md, "Expert
-    parallelism")."""
+    parallelism"). ``gradients`` is the precision the runtime accumulates
+    and reduces gradients in: ``"bf16"``, as the weights, or ``"fp32"``
+    (Megatron-LM under bf16, DeepSpeed's bf16 optimizer, Llama 3): their
+    memory, their reduction's bytes and Adam's read of them."""
     sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
     common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency,
-                  attention=attention, expert_imbalance=float(expert_imbalance), dispatcher=dispatcher)
+                  attention=attention, expert_imbalance=float(expert_imbalance), dispatcher=dispatcher,
+                  gradients=gradients)
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:

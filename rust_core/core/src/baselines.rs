@@ -667,6 +667,7 @@ mod tests {
             attention: None,
             expert_imbalance: 1.0,
             dispatcher: crate::model::experts::TokenDispatcher::AllToAll,
+            gradients: crate::model::transformer::GradientPrecision::Bf16,
         };
         let p = crate::model::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();

@@ -21,6 +21,7 @@ fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
         attention: None,
         expert_imbalance: 1.0,
         dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
+        gradients: dapple_core::model::transformer::GradientPrecision::Bf16,
     };
     transformer_profile(name, &config, &options).unwrap()
 }
@@ -311,6 +312,7 @@ fn tiny_llama() -> Profile {
         attention: None,
         expert_imbalance: 1.0,
         dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
+        gradients: dapple_core::model::transformer::GradientPrecision::Bf16,
     };
     transformer_profile("tiny", &config, &options).unwrap()
 }

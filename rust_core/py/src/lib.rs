@@ -191,6 +191,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "TOKEN_DISPATCHERS",
         names(py, dapple_core::model::experts::TokenDispatcher::names())?,
     )?;
+    m.add(
+        "GRADIENT_PRECISIONS",
+        names(py, dapple_core::model::transformer::GradientPrecision::names())?,
+    )?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     m.add(
         "CHUNKED_SCHEDULES",

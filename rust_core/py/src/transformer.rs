@@ -2,8 +2,8 @@ use dapple_core::cluster::gpus::GPU_TYPES;
 use dapple_core::model::experts::TokenDispatcher;
 use dapple_core::model::kernels::AttentionKernel;
 use dapple_core::model::transformer::{
-    transformer_profile as generate, transformer_splits as splits_of, MoeConfig, TransformerConfig,
-    TransformerOptions, MODELS,
+    transformer_profile as generate, transformer_splits as splits_of, GradientPrecision, MoeConfig,
+    TransformerConfig, TransformerOptions, MODELS,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,7 +15,7 @@ use crate::{to_py_err, with_source};
 /// or from a Hugging Face `config.json`'s `text` (`source` names its file
 /// in errors); `model` is the name it records.
 #[pyfunction]
-#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, dispatcher="all-to-all", name=None, text=None, source=None))]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, dispatcher="all-to-all", gradients="bf16", name=None, text=None, source=None))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_profile(
     model: &str,
@@ -26,6 +26,7 @@ fn transformer_profile(
     attention: Option<&str>,
     expert_imbalance: f64,
     dispatcher: &str,
+    gradients: &str,
     name: Option<&str>,
     text: Option<&str>,
     source: Option<&str>,
@@ -50,6 +51,8 @@ fn transformer_profile(
         expert_imbalance,
         dispatcher: TokenDispatcher::parse(dispatcher)
             .map_err(|e| to_py_err(e.under("dispatcher")))?,
+        gradients: GradientPrecision::parse(gradients)
+            .map_err(|e| to_py_err(e.under("gradients")))?,
     };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))

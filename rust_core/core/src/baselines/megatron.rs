@@ -351,6 +351,7 @@ mod tests {
             attention: None,
             expert_imbalance: 1.0,
             dispatcher: crate::model::experts::TokenDispatcher::AllToAll,
+            gradients: crate::model::transformer::GradientPrecision::Bf16,
         };
         transformer_profile("llama-2-7b", &config, &options).unwrap()
     }

@@ -910,6 +910,7 @@ mod tests {
             attention: Some(crate::model::kernels::AttentionKernel::Unfused),
             expert_imbalance: 1.0,
             dispatcher: TokenDispatcher::AllToAll,
+            gradients: crate::model::transformer::GradientPrecision::Bf16,
         };
         let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
         let layers = LayerCosts::new(&profile);

@@ -195,6 +195,37 @@ pub struct TransformerOptions {
     /// How the runtime exchanges a block's tokens with its experts
     /// (`ExpertPattern::dispatcher`).
     pub dispatcher: TokenDispatcher,
+    /// The precision the runtime accumulates and reduces gradients in.
+    pub gradients: GradientPrecision,
+}
+
+crate::named_enum! {
+    /// The precision a runtime keeps gradients in while it accumulates them
+    /// over micro-batches and reduces them between replicas: what the
+    /// profile's `parameter_state.gradient_bytes` records (their memory,
+    /// their reduction's bytes, Adam's read of them).
+    #[derive(Default)]
+    pub enum GradientPrecision("a gradient precision") {
+        /// As the weights (bf16).
+        #[default]
+        Bf16 = "bf16",
+        /// fp32 under bf16 weights: Megatron-LM's
+        /// `--accumulate-allreduce-grads-in-fp32` (which it sets for bf16),
+        /// DeepSpeed's `BF16_Optimizer` (its fp32 gradient buffers,
+        /// reduced as they are), Llama 3's FSDP ("FP32 grad accumulation and
+        /// FP32 reduce-scatter").
+        Fp32 = "fp32",
+    }
+}
+
+impl GradientPrecision {
+    /// Bytes of one parameter's gradient.
+    pub fn bytes(self) -> f64 {
+        match self {
+            GradientPrecision::Bf16 => BF16,
+            GradientPrecision::Fp32 => FP32,
+        }
+    }
 }
 
 impl TransformerConfig {
@@ -1027,7 +1058,7 @@ pub fn transformer_profile(
         + head_fwd_flops(config, s);
     let parameter_state = ParameterState {
         weight_bytes: BF16,
-        gradient_bytes: BF16,
+        gradient_bytes: options.gradients.bytes(),
         master_weight_bytes: FP32,
         optimizer_bytes: 2.0 * FP32,
     };
@@ -1110,8 +1141,12 @@ fn source(
             gpu.kernels.hbm_gb_per_s
         ),
     };
+    let gradients = match options.gradients {
+        GradientPrecision::Bf16 => "",
+        GradientPrecision::Fp32 => "; gradients accumulated and reduced in fp32",
+    };
     format!(
-        "analytic, not measured: {model} at sequence length {}, {times}; \
+        "analytic, not measured: {model} at sequence length {}, {times}{gradients}; \
          bytes, FLOPs and operators as docs/cost-model.md (Transformer profiles) says",
         options.seq_len
     )
@@ -1639,6 +1674,7 @@ mod tests {
             attention: None,
             expert_imbalance: 1.0,
             dispatcher: TokenDispatcher::AllToAll,
+            gradients: GradientPrecision::Bf16,
         }
     }
 
@@ -1668,6 +1704,38 @@ mod tests {
             "{step_ms}"
         );
         assert!((step_ms - 1098.0).abs() < 1.0, "{step_ms}");
+    }
+
+    #[test]
+    fn fp32_gradients_are_twice_the_bytes_held_reduced_and_read_by_adam() {
+        let c = TransformerConfig::named("llama-2-70b").unwrap();
+        let at = |gradients| {
+            let options = TransformerOptions {
+                gradients,
+                ..by_operator("a100-80gb", 4096, None)
+            };
+            transformer_profile("llama-2-70b", &c, &options).unwrap()
+        };
+        let (bf16, fp32) = (at(GradientPrecision::Bf16), at(GradientPrecision::Fp32));
+        let state = |p: &Profile| p.parameter_state.unwrap();
+        assert_eq!(state(&bf16).gradient_bytes, 2.0);
+        assert_eq!(state(&fp32).gradient_bytes, 4.0);
+        // The weights, their master copy and Adam's moments as before.
+        assert_eq!(state(&fp32).weight_bytes, state(&bf16).weight_bytes);
+        assert_eq!(state(&fp32).optimizer_bytes, state(&bf16).optimizer_bytes);
+        // What replicas reduce, layer by layer: twice the bytes.
+        let (b, f) = (LayerCosts::new(&bf16), LayerCosts::new(&fp32));
+        let n = bf16.layers.len();
+        assert_eq!(f.gradient_bytes(0, n), 2.0 * b.gradient_bytes(0, n));
+        // Adam reads 2 bytes a parameter more: 30 where it read 28.
+        let step = |p: &Profile| p.optimizer_step_ms.unwrap();
+        assert!((step(&fp32) / step(&bf16) - 30.0 / 28.0).abs() < 1e-12);
+        assert!(fp32
+            .source
+            .as_deref()
+            .unwrap()
+            .contains("gradients accumulated and reduced in fp32"));
+        assert!(!bf16.source.as_deref().unwrap().contains("fp32"));
     }
 
     /// (all, active) parameters of a generated profile: every layer's, and
@@ -2012,6 +2080,7 @@ mod tests {
             attention,
             expert_imbalance: 1.0,
             dispatcher: TokenDispatcher::AllToAll,
+            gradients: GradientPrecision::Bf16,
         }
     }
 

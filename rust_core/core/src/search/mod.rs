@@ -188,7 +188,9 @@ pub(crate) enum Offered {
 /// the warm-up depths that simulate fastest within memory, and the
 /// candidate with the shortest simulated iteration is returned. The
 /// smallest bound over the space is recorded beside it
-/// (`selection.lower_bound_ms`): no plan of the space simulates faster.
+/// (`selection.lower_bound_ms`): no plan of the space simulates faster;
+/// none where no plan of the space fits and a candidate from outside it
+/// (a uniform layout the space does not hold) does.
 ///
 /// `profile` and `topology` are taken as read (`FileObject`), which checks
 /// them; one built by hand must pass its `validate` first.
@@ -349,7 +351,10 @@ fn search_layouts(
         abandoned_micro_batch_sizes: passes.abandoned_sizes(),
         ..SearchStats::default()
     };
-    let lower_bound_ms = finite_bound(&passes, &space, &budget, opts)?;
+    // Infinite where no plan of the space fits: a candidate from outside
+    // it (a uniform layout cutting the sequence, above the GPUs where the
+    // space does) may still, and where none does the ranking says why.
+    let lower_bound_ms = passes.lower_bound_ms(&space);
     let inputs = plan_inputs(profile, topology, &space, opts);
     // 3. Candidates, costed and ranked by simulation.
     let mut ranking = Ranking::new(costs, opts.warmup_policy, hints);
@@ -440,22 +445,6 @@ fn space_and_uniform<'a>(
         &opts.hints,
     );
     (space, uniform)
-}
-
-/// The space's bound (formula (2) over its best plans), or why no plan of
-/// it fits where it is infinite.
-fn finite_bound(
-    passes: &PassResults,
-    space: &Space,
-    budget: &MemoryBudget,
-    opts: &SearchOptions,
-) -> Result<f64> {
-    let lower_bound_ms = passes.lower_bound_ms(space);
-    if !lower_bound_ms.is_finite() {
-        let why = explain_infeasible(space, budget, opts.max_search_steps);
-        return Err(opts.hints.named_in(why));
-    }
-    Ok(lower_bound_ms)
 }
 
 /// On a small space, every layout that fits, for the kind phase to run as
@@ -748,6 +737,8 @@ fn refine_chosen(
 struct Record {
     /// Candidates offered to simulation (the walk's plans not counted).
     candidates: u32,
+    /// Infinite where no plan of the space fits (the chosen one is from
+    /// outside it): recorded as none.
     lower_bound_ms: f64,
     /// The walk finished: no plan of the space simulates faster.
     optimal: bool,
@@ -776,7 +767,7 @@ fn recorded_plan(
         candidates: record.candidates,
         simulated_ms: Some(chosen_ms),
         estimate_rank,
-        lower_bound_ms: Some(record.lower_bound_ms),
+        lower_bound_ms: Some(record.lower_bound_ms).filter(|ms| ms.is_finite()),
         source: Some(fastest.source.into()),
         optimal: Some(record.optimal),
         refined_from_ms: refined.map(|r| r.from_ms),
