@@ -92,6 +92,18 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     if config_name(run) == "deepseek-v3":
         assumptions.append("group-limited routing from the shipped config (n_group 8, topk_group 4: a token's "
                            "experts from 4 groups of 32; with 64 GPUs on 8 machines, a group a machine)")
+    # The precision the runtime reduces gradients in (the profile's --gradients).
+    if run["source"].get("repo", "").startswith("NVIDIA-NeMo/Megatron-Bridge"):
+        gradients = "bf16"
+        assumptions.append("gradients reduced in bf16 (NVIDIA-NeMo/Megatron-Bridge@27dfb3d "
+                           "scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.py sets "
+                           "grad_reduce_in_fp32 = False in every DeepSeek-V3 config)")
+    else:
+        gradients = "fp32"
+        assumptions.append("gradients accumulated and reduced in fp32: the recipe gives --bf16 without "
+                           "--grad-reduce-in-bf16, and Megatron-LM then sets --accumulate-allreduce-grads-in-fp32 "
+                           "(megatron/training/arguments.py: \"bfloat16 requires gradient accumulation and "
+                           "all-reduce to be done in fp32\")")
     precision = str(lay.get("precision", "BF16"))
     if precision.startswith("FP8"):
         missing.append(f"FP8 matrix products ({precision}); dapple prices them in BF16")
@@ -107,7 +119,7 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     return ({"tensor_parallel": lay["tp"], "pipeline_parallel": lay["pp"], "micro_batch_size": lay.get("mbs", 1),
              "expert_parallel": lay["ep"], "expert_tensor_parallel": etp,
              "chunks": lay.get("vpp") or lay.get("vp"), "global_batch": gbs, "seq_len": lay["seq_len"],
-             "dispatcher": "deepep" if dispatcher.lower() == "deepep" else "all-to-all"},
+             "dispatcher": "deepep" if dispatcher.lower() == "deepep" else "all-to-all", "gradients": gradients},
             assumptions, missing)
 
 
@@ -157,7 +169,7 @@ def estimate_run(run: dict, folder: Path, own_plans: bool) -> dict:
     assumptions = network_assumed + assumptions
     profile = planner.transformer_profile(MODELS / f"{name}.json", gpu=gpu, seq_len=shape["seq_len"],
                                           micro_batch_sizes=[shape["micro_batch_size"]], attention="flash",
-                                          dispatcher=shape["dispatcher"])
+                                          dispatcher=shape["dispatcher"], gradients=shape["gradients"])
     path = folder / f"{run['id']}.json"
     path.write_text(json.dumps(profile.data))
     started = time.perf_counter()
