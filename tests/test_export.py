@@ -312,7 +312,8 @@ def test_megatron_gets_the_layout_degrees_batches_and_distributed_optimizer(tmp_
     assert source_array(out) == [
         "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
         "--pipeline-model-parallel-layout", "Ett|ttL", "--num-layers", "4",
-        "--micro-batch-size", "4", "--global-batch-size", "32", "--use-distributed-optimizer"]
+        "--micro-batch-size", "4", "--global-batch-size", "32", "--use-distributed-optimizer",
+        "--grad-reduce-in-bf16"]
     assert "launch 8 processes" in out.read_text()
 
 

@@ -131,7 +131,7 @@ def test_operator_timing_is_the_default_and_efficiency_the_override(tmp_path, da
     assert block_half["split"][0]["replicated_compute_fraction"] == 0
 
 
-def test_fp32_gradients_hold_two_bytes_a_parameter_more_and_reduce_longer(tmp_path, dapple):
+def test_gradient_precision_sets_the_memory_the_reduction_and_megatrons_flag(tmp_path, dapple):
     # Llama 3's and BLOOM's runtimes accumulated and reduced gradients in
     # fp32 under bf16 weights (benchmarks/published_runs.py's rows).
     paths = {g: tmp_path / f"{g}.json" for g in planner.GRADIENT_PRECISIONS}
@@ -155,6 +155,12 @@ def test_fp32_gradients_hold_two_bytes_a_parameter_more_and_reduce_longer(tmp_pa
     assert fp32_ms > bf16_ms
     with pytest.raises(planner.InvalidInputError, match='field gradients: value "fp16" is not a gradient precision'):
         planner.transformer_profile("llama-2-7b", gpu="a100", seq_len=1024, gradients="fp16")
+    # Megatron-LM runs what was priced: under --bf16 it keeps fp32 gradients
+    # unless told to reduce them in bf16.
+    for profile, flag in ((bf16, True), (fp32, False)):
+        plan = planner.megatron_plan(profile, "2x8-a100-80gb", 32, tensor_parallel=1, pipeline_parallel=1,
+                                     micro_batch_size=1, shard_level=1)
+        assert ("--grad-reduce-in-bf16" in megatron_arguments(plan, profile).arguments) is flag
 
 
 def test_flash_attention_on_a_gpu_without_it_is_a_one_line_error(tmp_path, dapple):

@@ -78,6 +78,17 @@ def _overlap_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...
         [("--overlap-param-gather",)] if shape.hides_param_gather else [])
 
 
+def _gradient_options(profile: Profile) -> list[tuple[str, ...]]:
+    """``--grad-reduce-in-bf16`` where the profile priced bf16 gradients
+    beside bf16 weights (``dapple profile transformer``'s default): under
+    ``--bf16`` Megatron-LM otherwise accumulates and reduces them in fp32
+    (its ``validate_args``), 2 bytes a parameter more than planned. fp32
+    gradients (``--gradients fp32``) are its default, and need nothing."""
+    state = profile.data.get("parameter_state") or {}
+    bf16 = state.get("weight_bytes") == 2 and state.get("gradient_bytes") == 2
+    return [("--grad-reduce-in-bf16",)] if bf16 else []
+
+
 def _sharding_options(shape: RunShape, rounding: Rounding) -> list[tuple[str, ...]]:
     """Megatron-LM's switches for the plan's sharding level. Its distributed
     optimizer shards the optimizer state and the fp32 master weights over
@@ -174,6 +185,7 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
     sharding_rounding = Rounding(TARGET, approximate)
     options += _sharding_options(shape, sharding_rounding)
     changes += tuple(sharding_rounding.changes)
+    options += _gradient_options(profile)
     if shape.offload_optimizer:
         # All of it on the host, stepped by torch's fused CPU Adam (its
         # HybridDeviceOptimizer), which validate_args allows only beside
