@@ -365,8 +365,8 @@ def table(results: dict) -> str:
         fp32_gradients = " fp32-grad" if lay.get("gradients") == "fp32" else ""
         lines.append(
             f"| {r['id']} | {r['gpus']} | t{lay['tensor_parallel']}{c} p{lay['pipeline_parallel']}{v} d{d} "
-            f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero}{fp32_gradients} | {r['dapple_s']:.2f} | {r['published_s']:.2f} | "
-            f"{r['ratio']:.2f} | {memory_cell(r['peak_memory_gib'], r['fits_memory'])} |")
+            f"b{lay['micro_batch_size']}{sp} {lay['recompute']}{zero}{fp32_gradients} | {r['dapple_s']:.2f} | "
+            f"{r['published_s']:.2f} | {r['ratio']:.2f} | {memory_cell(r['peak_memory_gib'], r['fits_memory'])} |")
     # One line a count, 1F1B (v1) first.
     lines += subtable(
         [{"id": f"{r['id']} | v{c['chunks']}", "costed": c} for r in rows if "interleavings" in r
