@@ -165,5 +165,11 @@ def test_above_1024_gpus_a_sequence_that_fits_only_cut_still_plans(tmp_path):
     plan = planner.plan(profile, topology, 130)
     assert plan.estimate["fits_memory"]
     assert all(s.context_parallel > 1 for s in plan.stage_shapes)
-    # No plan of the space fits, so it records no bound of its own.
+    # No plan of the space fits, so it records no bound of its own, and says so.
     assert "lower_bound_ms" not in plan.data["selection"]
+    path = tmp_path / "tiny-profile.json"
+    profile.save(path)
+    r = run_dapple("plan", "--profile", path, "--topology", topology, "--global-batch-size", 130,
+                   "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    assert "chosen by simulation: the megatron candidate; no plan of the search space fits" in r.stdout + r.stderr

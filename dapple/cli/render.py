@@ -100,6 +100,13 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
                     f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
                     f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
                 )
+        elif sel and "optimal" in sel:
+            # The search's own space held no plan that fits: it records no
+            # bound, and a candidate from beside the space was chosen.
+            out.print(
+                f"chosen by simulation: the {sel.get('source')} candidate; no plan of the search space fits "
+                "(docs/formats.md, selection)"
+            )
         if sel and sel.get("refined_from_ms"):
             out.print(
                 f"refined from {sel['refined_from_ms']:.1f} ms, the search space's best found "
