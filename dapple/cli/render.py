@@ -79,39 +79,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
             f"+ steady {est['steady_ms']:.1f} + ending {est['ending_ms']:.1f} "
             f"(pivot {est['pivot']['kind']} {est['pivot']['index']})"
         )
-        sel = plan.data.get("selection")
-        if sel and sel.get("lower_bound_ms"):
-            # The bound is the space's; a refined plan may lie outside it.
-            space_ms = sel.get("refined_from_ms") or sel["simulated_ms"]
-            gap = (space_ms / sel["lower_bound_ms"] - 1.0) * 100.0
-            verdict = (
-                "no plan of the search space simulates faster (every plan whose bound is below it was simulated)"
-                if sel.get("optimal")
-                else "the fastest found: the search stopped at its budget before ruling out every other plan"
-            )
-            if space_ms < sel["lower_bound_ms"]:
-                # A baseline's plan from outside the search space (Megatron's split degrees).
-                out.print(
-                    f"chosen by simulation: the {sel.get('source')} candidate, outside the search space and "
-                    f"{-gap:.1f}% below the space's smallest bound ({sel['lower_bound_ms']:.1f} ms)"
-                )
-            else:
-                out.print(
-                    f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
-                    f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
-                )
-        elif sel and "optimal" in sel:
-            # The search's own space held no plan that fits: it records no
-            # bound, and a candidate from beside the space was chosen.
-            out.print(
-                f"chosen by simulation: the {sel.get('source')} candidate; no plan of the search space fits "
-                "(docs/formats.md, selection)"
-            )
-        if sel and sel.get("refined_from_ms"):
-            out.print(
-                f"refined from {sel['refined_from_ms']:.1f} ms, the search space's best found "
-                f"({(1.0 - plan.iteration_ms / sel['refined_from_ms']) * 100.0:.1f}% faster)"
-            )
+        selection_lines(out, plan)
         if est["paper_pivot"] != est["pivot"]:
             out.print(
                 f"note: the paper's Algorithm 1 picks {est['paper_pivot']['kind']} {est['paper_pivot']['index']} "
@@ -121,6 +89,44 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
         total = plan.topology.num_devices
         if used < total:
             out.print(f"note: the plan leaves {total - used} of {total} GPUs idle")
+
+
+def selection_lines(out: Console, plan: Plan) -> None:
+    """How the planner chose ``plan``: against the search space's smallest
+    bound, from beside the space where none of it fits, and refined."""
+    sel = plan.data.get("selection")
+    if sel and sel.get("lower_bound_ms"):
+        # The bound is the space's; a refined plan may lie outside it.
+        space_ms = sel.get("refined_from_ms") or sel["simulated_ms"]
+        gap = (space_ms / sel["lower_bound_ms"] - 1.0) * 100.0
+        verdict = (
+            "no plan of the search space simulates faster (every plan whose bound is below it was simulated)"
+            if sel.get("optimal")
+            else "the fastest found: the search stopped at its budget before ruling out every other plan"
+        )
+        if space_ms < sel["lower_bound_ms"]:
+            # A baseline's plan from outside the search space (Megatron's split degrees).
+            out.print(
+                f"chosen by simulation: the {sel.get('source')} candidate, outside the search space and "
+                f"{-gap:.1f}% below the space's smallest bound ({sel['lower_bound_ms']:.1f} ms)"
+            )
+        else:
+            out.print(
+                f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
+                f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
+            )
+    elif sel and "optimal" in sel:
+        # The search's own space held no plan that fits: it records no
+        # bound, and a candidate from beside the space was chosen.
+        out.print(
+            f"chosen by simulation: the {sel.get('source')} candidate; no plan of the search space fits "
+            "(docs/formats.md, selection)"
+        )
+    if sel and sel.get("refined_from_ms"):
+        out.print(
+            f"refined from {sel['refined_from_ms']:.1f} ms, the search space's best found "
+            f"({(1.0 - plan.iteration_ms / sel['refined_from_ms']) * 100.0:.1f}% faster)"
+        )
 
 
 def memory_table(terms: list[dict], stages: list[dict]) -> Table:
