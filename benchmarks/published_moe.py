@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from published_runs import cli, topology_of  # noqa: E402
+from published_runs import cli, gradients_of, topology_of  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "published_moe.json"
 MODELS = HERE.parent / "profiles" / "models"
@@ -92,18 +92,8 @@ def layout(run: dict) -> tuple[dict, list[str], list[str]]:
     if config_name(run) == "deepseek-v3":
         assumptions.append("group-limited routing from the shipped config (n_group 8, topk_group 4: a token's "
                            "experts from 4 groups of 32; with 64 GPUs on 8 machines, a group a machine)")
-    # The precision the runtime reduces gradients in (the profile's --gradients).
-    if run["source"].get("repo", "").startswith("NVIDIA-NeMo/Megatron-Bridge"):
-        gradients = "bf16"
-        assumptions.append("gradients reduced in bf16 (NVIDIA-NeMo/Megatron-Bridge@27dfb3d "
-                           "scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.py sets "
-                           "grad_reduce_in_fp32 = False in every DeepSeek-V3 config)")
-    else:
-        gradients = "fp32"
-        assumptions.append("gradients accumulated and reduced in fp32: the recipe gives --bf16 without "
-                           "--grad-reduce-in-bf16, and Megatron-LM then sets --accumulate-allreduce-grads-in-fp32 "
-                           "(megatron/training/arguments.py: \"bfloat16 requires gradient accumulation and "
-                           "all-reduce to be done in fp32\")")
+    gradients, why = gradients_of(run)
+    assumptions.append(why)
     precision = str(lay.get("precision", "BF16"))
     if precision.startswith("FP8"):
         missing.append(f"FP8 matrix products ({precision}); dapple prices them in BF16")

@@ -163,22 +163,8 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
                            "micro-batches and reduce-scattered once after the last backward, the weights gathered "
                            "once a step and kept (torch's pipeline stages defer FSDP's gradient sync to the last "
                            "backward; the paper accumulates gradients in FP32 over micro-batches)")
-    # The precision the runtime accumulates and reduces gradients in (the
-    # profile's --gradients): their memory and their reduction's bytes.
-    if "FP32 grad" in str(lay.get("precision", "")):
-        gradients = "fp32"
-        assumptions.append("gradients accumulated over the micro-batches and reduce-scattered in FP32, 4 bytes a "
-                           "parameter (the file's precision)")
-    elif "BF16Optimizer" in zero:
-        gradients = "fp32"
-        assumptions.append("gradients accumulated and all-reduced in FP32, 4 bytes a parameter, whole on every "
-                           "GPU: DeepSpeed's BF16_Optimizer keeps fp32 gradient buffers and reduces them "
-                           "(deepspeed/runtime/bf16_optimizer.py, get_grads_for_reduction, as added for bf16 "
-                           "pipelines in 56c5223, 2022-04-19, during BLOOM's training)")
-    else:
-        gradients = "bf16"
-        assumptions.append(f"gradients in the weights' 2 bytes (the file's precision: "
-                           f"{lay.get('precision', 'not given')}; nothing of the gradients)")
+    gradients, why = gradients_of(run)
+    assumptions.append(why)
     gbs = lay.get("gbs_seq")
     if gbs is None:
         gbs = lay["batch_per_dp"] * lay["dp"]
@@ -211,6 +197,33 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
              "context_parallel": context_parallel,
              "chunks": vpp, "interleaving_unstated": interleaving_unstated,
              "sequence_parallel_assumed": sequence_parallel_assumed, **overlap}, assumptions, missing)
+
+
+def gradients_of(run: dict) -> tuple[str, str]:
+    """The precision the run's runtime accumulated and reduced gradients in
+    (the profile's ``--gradients``: their memory, the bytes reduced and
+    Adam's read of them), and where that comes from."""
+    lay = run["layout"]
+    if "FP32 grad" in str(lay.get("precision", "")):
+        return "fp32", ("gradients accumulated over the micro-batches and reduce-scattered in FP32, 4 bytes a "
+                        "parameter (the file's precision)")
+    if "BF16Optimizer" in str(lay.get("zero", "")):
+        return "fp32", ("gradients accumulated and all-reduced in FP32, 4 bytes a parameter, whole on every GPU: "
+                        "DeepSpeed's BF16_Optimizer keeps fp32 gradient buffers and reduces them "
+                        "(deepspeed/runtime/bf16_optimizer.py, get_grads_for_reduction, as added for bf16 pipelines "
+                        "in 56c5223, 2022-04-19, during BLOOM's training)")
+    repo = run["source"].get("repo", "")
+    if repo.startswith("NVIDIA-NeMo/Megatron-Bridge"):
+        return "bf16", ("gradients reduced in bf16 (NVIDIA-NeMo/Megatron-Bridge@27dfb3d "
+                        "scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.py sets "
+                        "grad_reduce_in_fp32 = False in every DeepSeek-V3 config)")
+    if "Megatron-MoE-ModelZoo" in repo:
+        return "fp32", ("gradients accumulated and reduced in fp32: the recipe gives --bf16 without "
+                        "--grad-reduce-in-bf16, and Megatron-LM then sets --accumulate-allreduce-grads-in-fp32 "
+                        "(megatron/training/arguments.py: \"bfloat16 requires gradient accumulation and "
+                        "all-reduce to be done in fp32\")")
+    return "bf16", (f"gradients in the weights' 2 bytes (the file's precision: {lay.get('precision', 'not given')}; "
+                    "nothing of the gradients)")
 
 
 def runtime_overlap(run: dict, lay: dict) -> dict:

@@ -166,7 +166,7 @@ def test_above_1024_gpus_a_sequence_that_fits_only_cut_still_plans(tmp_path):
     assert plan.estimate["fits_memory"]
     assert all(s.context_parallel > 1 for s in plan.stage_shapes)
     # No plan of the space fits, so it records no bound of its own, and says so.
-    assert "lower_bound_ms" not in plan.data["selection"]
+    assert "lower_bound_ms" not in plan.data["selection"] and plan.data["selection"]["space_fits"] is False
     path = tmp_path / "tiny-profile.json"
     profile.save(path)
     r = run_dapple("plan", "--profile", path, "--topology", topology, "--global-batch-size", 130,

@@ -87,6 +87,8 @@ def test_plans_are_chosen_by_simulated_time(name, gbs):
     # (ZB-H2's bound can be met: equal up to rounding.)
     assert sel.get("lower_bound_ms", 0.0) <= chosen.estimate["latency_ms"] <= chosen.iteration_ms * (1 + 1e-9)
     assert ("lower_bound_ms" in sel) == (chosen.core.schedule_kind == "early-backward-1f1b")
+    # Whatever kind it runs, the space held a plan that fits.
+    assert sel["space_fits"] is True
     # Fixed warm-up policies search a subset of what auto searches.
     for policy in ("A", "B"):
         fixed = planner.plan(prof, "A", gbs, warmup_policy=policy)

@@ -115,9 +115,7 @@ def selection_lines(out: Console, plan: Plan) -> None:
                 f"chosen by simulation: {verdict}; the space's smallest bound is {sel['lower_bound_ms']:.1f} ms "
                 f"({gap:.1f}% below the space's plan); layout from {sel.get('source', 'search')}"
             )
-    elif sel and "optimal" in sel:
-        # The search's own space held no plan that fits: it records no
-        # bound, and a candidate from beside the space was chosen.
+    elif sel and sel.get("space_fits") is False:
         out.print(
             f"chosen by simulation: the {sel.get('source')} candidate; no plan of the search space fits "
             "(docs/formats.md, selection)"

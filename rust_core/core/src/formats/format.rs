@@ -55,7 +55,8 @@ pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// `stages[i].expert_tensor_parallel`; version 11 `stages[i].offload`.
 /// Version 12: `stages[i].shard_level` and `reshard_after_forward` (ZeRO-2
 /// and -3); older plans' `shard_optimizer: true` reads as level 1.
-/// Version 13: `stages[i].context_parallel`.
+/// Version 13: `stages[i].context_parallel`; the optional
+/// `selection.space_fits` came after it without a new version.
 pub const PLAN: FileFormat = FileFormat::new(
     "dapple.plan",
     13,

@@ -59,6 +59,12 @@ pub struct Selection {
     /// / lower_bound_ms - 1 of the space's optimum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lower_bound_ms: Option<f64>,
+    /// False when no plan of the search space fits the GPUs' memory: the
+    /// chosen plan is a candidate from beside the space (a uniform layout
+    /// it does not hold) and the space has no bound to record; true when
+    /// one fits. Absent in plans written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space_fits: Option<bool>,
     /// Where the chosen layout came from: "search", or the baseline
     /// strategy whose layout simulated fastest (where refinement then
     /// moved it, the layout it started from).

@@ -190,7 +190,8 @@ pub(crate) enum Offered {
 /// smallest bound over the space is recorded beside it
 /// (`selection.lower_bound_ms`): no plan of the space simulates faster;
 /// none where no plan of the space fits and a candidate from outside it
-/// (a uniform layout the space does not hold) does.
+/// (a uniform layout the space does not hold) does, which
+/// `selection.space_fits` records.
 ///
 /// `profile` and `topology` are taken as read (`FileObject`), which checks
 /// them; one built by hand must pass its `validate` first.
@@ -738,7 +739,7 @@ struct Record {
     /// Candidates offered to simulation (the walk's plans not counted).
     candidates: u32,
     /// Infinite where no plan of the space fits (the chosen one is from
-    /// outside it): recorded as none.
+    /// outside it): recorded as none, and `space_fits` false.
     lower_bound_ms: f64,
     /// The walk finished: no plan of the space simulates faster.
     optimal: bool,
@@ -768,6 +769,7 @@ fn recorded_plan(
         simulated_ms: Some(chosen_ms),
         estimate_rank,
         lower_bound_ms: Some(record.lower_bound_ms).filter(|ms| ms.is_finite()),
+        space_fits: Some(record.lower_bound_ms.is_finite()),
         source: Some(fastest.source.into()),
         optimal: Some(record.optimal),
         refined_from_ms: refined.map(|r| r.from_ms),
