@@ -23,6 +23,7 @@ same model, cluster and global batch (the search, run at its defaults).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -176,6 +177,14 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     if interleaving_unstated:
         missing.append("interleaving (the paper gives no virtual-stage count; costed as 1F1B, and beside it at "
                        "every count that divides a rank's layers, up to one layer a virtual stage: interleavings)")
+    if lay["pp"] > 1 and "GQA" not in run["model"].get("arch", ""):
+        missing.append("the tied word embedding's gradient all-reduce between the first and the last stage, once an "
+                       "iteration (Megatron-LM's _allreduce_embedding_grads, DeepSpeed's ReduceTiedGrads)")
+    if "BF16Optimizer" in zero:
+        missing.append("DeepSpeed's pipeline order, whose sends and receives block both sides "
+                       "(benchmarks/deepspeed_sends.py replays it on this row's stage times)")
+        missing.append("BF16_Optimizer's all-reduce of the fp32 gradients ahead of its sharded step, where ZeRO-1 is "
+                       "costed as a reduce-scatter: 8 bytes a parameter moved where 4 are priced")
     sequence_parallel = bool(lay.get("sequence_parallel"))
     # Llama 3's file does not say; the estimate says what the layout
     # would need without it (`estimate_run`).
@@ -258,13 +267,26 @@ def published_seconds(run: dict, model_flops_per_sample: float, global_batch: in
                      f"product) x {global_batch} / ({tflops} TFLOP/s x {run['hardware']['count']} GPUs)")
 
 
-def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, str | None] = ("", None)) -> dict:
+@dataclasses.dataclass
+class Published:
+    """A run's layout as published, written as a dapple plan on a profile of
+    its model, and what that assumes and leaves out."""
+
+    plan: object
+    profile: object
+    gpu: str
+    topology: str
+    shape: dict
+    assumptions: list[str]
+    missing: list[str]
+
+
+def published_plan(run: dict, folder: Path, variant: str | None = None) -> Published:
+    """``run`` (as ``variant`` ran it) as a dapple plan: its profile written
+    under ``folder``, its layout by ``planner.megatron_plan``."""
     from dapple import planner
 
-    suffix, variant = variant
-    row = {"id": run["id"] + suffix, "source": f"{run['source']['paper']}, {run['source']['location']}"}
     gpu = GPU_OF[run["hardware"]["gpu"]]
-    count = run["hardware"]["count"]
     topology, assumptions = topology_of(run, gpu)
     config, more = model_config(run)
     assumptions += more
@@ -296,6 +318,18 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
                            f"the layout would need {whole:.0f} GiB a GPU)")
     if shape["chunks"]:
         plan = planner.chunked(plan, profile, "interleaved-1f1b", shape["chunks"])
+    return Published(plan, profile, gpu, topology, shape, assumptions, missing)
+
+
+def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, str | None] = ("", None)) -> dict:
+    from dapple import planner
+
+    suffix, variant = variant
+    row = {"id": run["id"] + suffix, "source": f"{run['source']['paper']}, {run['source']['location']}"}
+    count = run["hardware"]["count"]
+    published = published_plan(run, folder, variant)
+    plan, profile, shape = published.plan, published.profile, published.shape
+    gpu, topology, assumptions, missing = published.gpu, published.topology, published.assumptions, published.missing
     started = time.perf_counter()
     simulated_ms = planner.simulate(plan, profile).iteration_ms
     seconds, published_from = published_seconds(run, profile.data["model_flops_per_sample"], shape["global_batch"],
