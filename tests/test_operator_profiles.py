@@ -95,8 +95,13 @@ def test_every_collective_figure_cites_its_measurement():
     records = _records()
     measured = {name: g["collectives"] for name, g in planner.GPU_TYPES.items() if g["collectives"]}
     assert sorted(measured) == ["A100-40GB", "A100-80GB", "H100-80GB", "H200"]
+    per_kind = {"intra_all_gather_bus_gb_per_s", "intra_reduce_scatter_bus_gb_per_s"}
     for name, c in measured.items():
-        assert set(c["sources"]) == {"intra_allreduce_bus_gb_per_s", "intra_line_gb_per_s", "network_share"}
+        # The all-gather's and reduce-scatter's curves cite theirs where the
+        # type has them (else they run at the AllReduce's).
+        kinds = {k for k in per_kind if c[k] is not None}
+        assert kinds in (set(), per_kind), name
+        assert set(c["sources"]) == {"intra_allreduce_bus_gb_per_s", "intra_line_gb_per_s", "network_share"} | kinds
         for source in c["sources"].values():
             assert source.startswith("assumed:") or source.split(":")[0] in records, (name, source)
     size = {"32KiB": 32 << 10, "1MiB": 1 << 20, "2GiB": 2 << 30}
@@ -110,6 +115,10 @@ def test_every_collective_figure_cites_its_measurement():
     assert measured["A100-80GB"]["intra_allreduce_bus_gb_per_s"] == curve("C1")
     assert measured["H100-80GB"]["intra_allreduce_bus_gb_per_s"] == curve("C7", "all_reduce")
     assert measured["H200"]["intra_allreduce_bus_gb_per_s"] == curve("C2")
+    for name in ("H100-80GB", "H200"):
+        assert measured[name]["intra_all_gather_bus_gb_per_s"] == curve("C7", "all_gather")
+        assert measured[name]["intra_reduce_scatter_bus_gb_per_s"] == curve("C7", "reduce_scatter")
+    assert measured["A100-80GB"]["intra_all_gather_bus_gb_per_s"] is None
     assert measured["A100-80GB"]["network_share"] == records["C8b"]["value"] / 25
     assert measured["H100-80GB"]["network_share"] == sum(records["C8a"]["value"].values()) / 2 / 50
 

@@ -86,9 +86,22 @@ pub enum LinkShare {
     Line,
     Constant(f64),
     BySize {
-        bus_gb_per_s: &'static [(u64, f64)],
+        /// Bus bandwidth by message size of the AllReduce, the all-gather
+        /// and the reduce-scatter (`Collective` order).
+        bus_gb_per_s: [&'static [(u64, f64)]; 3],
         line_gb_per_s: f64,
     },
+}
+
+/// The collectives the cost model prices. An all-gather or a
+/// reduce-scatter moves half what the ring AllReduce of the same tensor
+/// moves (the ring AllReduce is the two in turn), at its own measured bus
+/// bandwidth where one was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce = 0,
+    AllGather = 1,
+    ReduceScatter = 2,
 }
 
 impl LinkShare {
@@ -96,20 +109,28 @@ impl LinkShare {
     /// catalog `collectives`), the line rate where none was measured.
     fn intra_of(collectives: Option<&CollectiveFigures>) -> LinkShare {
         match collectives {
-            Some(c) => LinkShare::BySize {
-                bus_gb_per_s: c.intra_allreduce_bus_gb_per_s,
-                line_gb_per_s: c.intra_line_gb_per_s,
-            },
+            Some(c) => {
+                let allreduce = c.intra_allreduce_bus_gb_per_s;
+                LinkShare::BySize {
+                    bus_gb_per_s: [
+                        allreduce,
+                        c.intra_all_gather_bus_gb_per_s.unwrap_or(allreduce),
+                        c.intra_reduce_scatter_bus_gb_per_s.unwrap_or(allreduce),
+                    ],
+                    line_gb_per_s: c.intra_line_gb_per_s,
+                }
+            }
             None => LinkShare::Line,
         }
     }
 
     /// Time of a collective part that moves `bytes` at `ms_per_byte` of
-    /// the line rate with `fixed_ms` of latency. A measured curve already
-    /// holds the latency: it is interpolated linearly in log2 of the size
-    /// between measured sizes, the largest's share beyond them, and a
-    /// message below the smallest measured one takes that one's time.
-    fn ms(&self, (fixed_ms, ms_per_byte): (f64, f64), bytes: f64) -> f64 {
+    /// the line rate with `fixed_ms` of latency. A measured curve (the
+    /// collective's) already holds the latency: it is interpolated linearly
+    /// in log2 of the size between measured sizes, the largest's share
+    /// beyond them, and a message below the smallest measured one takes
+    /// that one's time.
+    fn ms(&self, kind: Collective, (fixed_ms, ms_per_byte): (f64, f64), bytes: f64) -> f64 {
         match *self {
             LinkShare::Line => fixed_ms + bytes * ms_per_byte,
             LinkShare::Constant(share) => fixed_ms + bytes * ms_per_byte / share,
@@ -117,8 +138,9 @@ impl LinkShare {
                 bus_gb_per_s,
                 line_gb_per_s,
             } => {
-                let bytes = bytes.max(bus_gb_per_s[0].0 as f64);
-                let bus = interpolate_log2(bus_gb_per_s, bytes);
+                let curve = bus_gb_per_s[kind as usize];
+                let bytes = bytes.max(curve[0].0 as f64);
+                let bus = interpolate_log2(curve, bytes);
                 bytes * ms_per_byte * line_gb_per_s / bus
             }
         }
@@ -389,15 +411,16 @@ fn log2_of(size: u64) -> f64 {
 /// (reduce-scatter inside each machine, AllReduce across machines, all-gather
 /// inside) when that is faster, as NCCL would choose.
 pub fn allreduce_ms(cluster: &Cluster, alloc: &[(usize, u32)], bytes: f64) -> f64 {
-    AllreduceCurve::new(cluster, alloc).ms(bytes)
+    CollectiveCurve::new(cluster, alloc).ms(bytes)
 }
 
-/// [`allreduce_ms`] over one allocation as a function of the bytes: ring
-/// and hierarchical times are each parts of `fixed_ms + bytes * ms_per_byte`
+/// [`allreduce_ms`] over one allocation as a function of the bytes (and
+/// the all-gather's and the reduce-scatter's, `of`): ring and
+/// hierarchical times are each parts of `fixed_ms + bytes * ms_per_byte`
 /// at the line rate, each over a link whose `LinkShare` NCCL reaches, so
 /// the search works them out once per allocation, not once per stage.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AllreduceCurve {
+pub struct CollectiveCurve {
     replicas: u32,
     /// (fixed_ms, ms_per_byte) of the ring, over its slowest link.
     ring: ((f64, f64), LinkShare),
@@ -406,9 +429,9 @@ pub struct AllreduceCurve {
     across: ((f64, f64), LinkShare),
 }
 
-impl AllreduceCurve {
-    pub fn new(cluster: &Cluster, alloc: &[(usize, u32)]) -> AllreduceCurve {
-        AllreduceCurve::for_group(cluster, alloc, 1)
+impl CollectiveCurve {
+    pub fn new(cluster: &Cluster, alloc: &[(usize, u32)]) -> CollectiveCurve {
+        CollectiveCurve::for_group(cluster, alloc, 1)
     }
 
     /// The AllReduce of a group of GPUs (`alloc`) that runs at once with
@@ -416,7 +439,7 @@ impl AllreduceCurve {
     /// (the replicas of one shard beside the other shards', or one
     /// replica's shards beside the other replicas'): each GPU has its own
     /// intra-machine link, but a machine's network is shared.
-    pub fn for_group(cluster: &Cluster, alloc: &[(usize, u32)], sharers: u32) -> AllreduceCurve {
+    pub fn for_group(cluster: &Cluster, alloc: &[(usize, u32)], sharers: u32) -> CollectiveCurve {
         let inter_bytes_per_ms = if sharers <= 1 {
             cluster.inter_bytes_per_ms
         } else {
@@ -446,7 +469,7 @@ impl AllreduceCurve {
         let none = ((0.0, 0.0), LinkShare::Line);
         if alloc.len() <= 1 {
             let ring = (ring_over(slowest_intra, intra_latency, nf), intra_share);
-            return AllreduceCurve {
+            return CollectiveCurve {
                 replicas: n,
                 ring,
                 inside: ring,
@@ -478,7 +501,7 @@ impl AllreduceCurve {
             ),
             cluster.inter_share,
         );
-        AllreduceCurve {
+        CollectiveCurve {
             replicas: n,
             ring,
             inside,
@@ -486,15 +509,28 @@ impl AllreduceCurve {
         }
     }
 
+    /// The AllReduce of `bytes`.
     pub fn ms(&self, bytes: f64) -> f64 {
+        self.of(Collective::AllReduce, bytes)
+    }
+
+    /// The `kind` of collective over a tensor of `bytes` (the gathered or
+    /// scattered whole): an all-gather or a reduce-scatter takes half the
+    /// AllReduce's steps and bytes, at its own bus bandwidth.
+    pub fn of(&self, kind: Collective, bytes: f64) -> f64 {
         if self.replicas <= 1 || bytes <= 0.0 {
             return 0.0;
         }
-        let part = |(line, share): ((f64, f64), LinkShare)| {
-            if line.1 == 0.0 {
+        let half = if kind == Collective::AllReduce {
+            1.0
+        } else {
+            0.5
+        };
+        let part = |((fixed_ms, ms_per_byte), share): ((f64, f64), LinkShare)| {
+            if ms_per_byte == 0.0 {
                 0.0
             } else {
-                share.ms(line, bytes)
+                share.ms(kind, (fixed_ms * half, ms_per_byte * half), bytes)
             }
         };
         part(self.ring).min(part(self.inside) + part(self.across))
@@ -510,7 +546,8 @@ pub struct StageDevices {
     /// with even slices the replicas move in lock step at the slowest.
     pub paces: Vec<(usize, f64)>,
     pub memory_limit_bytes: f64,
-    pub allreduce: AllreduceCurve,
+    /// The collectives of all its GPUs (whole layers' gradients).
+    pub collectives: CollectiveCurve,
     /// Whether its GPUs differ in times, speed or memory: the search gives
     /// such a stage Whale's balanced slices (`StageCoster::searched_slices`).
     pub mixed: bool,
@@ -528,7 +565,7 @@ impl StageDevices {
             replicas: alloc_size(&alloc),
             paces,
             memory_limit_bytes: smallest_memory(cluster, &alloc),
-            allreduce: AllreduceCurve::new(cluster, &alloc),
+            collectives: CollectiveCurve::new(cluster, &alloc),
             mixed: alloc
                 .iter()
                 .any(|&(m, _)| first.is_some_and(|f| !f.same_gpus(&cluster.machines[m]))),
@@ -1442,7 +1479,9 @@ impl<'a> StageCoster<'a> {
         (slice, limit, warmup): (u32, f64, u32),
     ) -> StageCost {
         let slowest = |ms: &dyn Fn(&Pace) -> f64| paces.iter().map(ms).fold(0.0, f64::max);
-        let allreduce = devices.allreduce.ms(self.layers.gradient_bytes(start, end));
+        let allreduce = devices
+            .collectives
+            .ms(self.layers.gradient_bytes(start, end));
         let hides = self
             .overlap
             .hides_grad_reduce(only_stage, &StageShape::PLAIN);
@@ -1690,6 +1729,49 @@ mod tests {
         let paper = Cluster::new(&Topology::from_spec("2x8-nvlink").unwrap());
         assert_eq!(paper.machines[0].intra_share, LinkShare::Line);
         assert_eq!(paper.inter_share, LinkShare::Line);
+    }
+
+    #[test]
+    fn an_h100_all_gather_and_reduce_scatter_run_at_their_own_measured_speed() {
+        // 256 MiB over the 8 H100s of a machine (NVLink 4: 450 GB/s a
+        // direction). Each moves 7/8 of the tensor, at its own C7 bus
+        // bandwidth, 0.4 of the way (in log2 of the size) from 64 MiB to
+        // 2 GiB; the AllReduce moves twice that at its own.
+        let cluster = Cluster::new(&Topology::from_spec("1x8-h100-80gb").unwrap());
+        let curve = CollectiveCurve::new(&cluster, &[(0, 8)]);
+        let bytes = 256.0 * 1048576.0;
+        let at = |at_64_mib: f64, at_2_gib: f64| at_64_mib + 0.4 * (at_2_gib - at_64_mib);
+        let moved = |bus: f64, share: f64| bytes * share / 4.5e8 * 450.0 / bus;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * b;
+        let gather = curve.of(Collective::AllGather, bytes);
+        let scatter = curve.of(Collective::ReduceScatter, bytes);
+        let allreduce = curve.ms(bytes);
+        assert!(
+            close(gather, moved(at(274.9, 351.7), 7.0 / 8.0)),
+            "{gather}"
+        );
+        assert!(
+            close(scatter, moved(at(268.6, 329.1), 7.0 / 8.0)),
+            "{scatter}"
+        );
+        assert!(
+            close(allreduce, moved(at(309.2, 402.4), 7.0 / 4.0)),
+            "{allreduce}"
+        );
+        // Sequence parallelism's pair takes 16% longer than the AllReduce
+        // it replaces (0.77 + 0.80 ms against 1.36).
+        assert!((1.15..1.17).contains(&((gather + scatter) / allreduce)));
+        // A100 measured only its AllReduce: each half runs at its bus bandwidth.
+        let a100 = Cluster::new(&Topology::from_spec("1x8-a100-80gb").unwrap());
+        let curve = CollectiveCurve::new(&a100, &[(0, 8)]);
+        assert!(close(
+            curve.of(Collective::AllGather, bytes),
+            curve.ms(bytes) / 2.0
+        ));
+        assert!(close(
+            curve.of(Collective::ReduceScatter, bytes),
+            curve.ms(bytes) / 2.0
+        ));
     }
 
     #[test]

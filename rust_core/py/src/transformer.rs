@@ -165,6 +165,14 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
                     "intra_allreduce_bus_gb_per_s",
                     c.intra_allreduce_bus_gb_per_s.to_vec(),
                 )?;
+                d.set_item(
+                    "intra_all_gather_bus_gb_per_s",
+                    c.intra_all_gather_bus_gb_per_s.map(<[_]>::to_vec),
+                )?;
+                d.set_item(
+                    "intra_reduce_scatter_bus_gb_per_s",
+                    c.intra_reduce_scatter_bus_gb_per_s.map(<[_]>::to_vec),
+                )?;
                 d.set_item("intra_line_gb_per_s", c.intra_line_gb_per_s)?;
                 d.set_item("network_share", c.network_share)?;
                 d.set_item("sources", sources_dict(py, c.sources)?)?;

@@ -117,6 +117,13 @@ pub struct CollectiveFigures {
     /// message size: (bytes, GB/s), ascending (busbw = algbw x 2(n-1)/n,
     /// nccl-tests' definition).
     pub intra_allreduce_bus_gb_per_s: &'static [(u64, f64)],
+    /// All-gather bus bandwidth inside one machine of all its GPUs, by the
+    /// gathered whole's size (busbw = algbw x (n-1)/n), where measured;
+    /// else the AllReduce's (a ring AllReduce is a reduce-scatter and an
+    /// all-gather in turn, each at the ring's bus bandwidth).
+    pub intra_all_gather_bus_gb_per_s: Option<&'static [(u64, f64)]>,
+    /// The same of the reduce-scatter, by the scattered whole's size.
+    pub intra_reduce_scatter_bus_gb_per_s: Option<&'static [(u64, f64)]>,
     /// The NVLink line rate those were measured on, GB/s a GPU and direction.
     pub intra_line_gb_per_s: f64,
     /// Share of a network card's line rate NCCL reaches with large messages.
@@ -140,6 +147,11 @@ const A100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
         (1024 * MIB, 229.04),
         (16384 * MIB, 234.89),
     ],
+    // No all-gather or reduce-scatter sweep of A100 is published (C1 is
+    // AllReduce only): they run at the AllReduce's ring bus bandwidth, as
+    // H200's do without NVLS (C3: 361.4 and 362.9 GB/s against 367.2).
+    intra_all_gather_bus_gb_per_s: None,
+    intra_reduce_scatter_bus_gb_per_s: None,
     intra_line_gb_per_s: 300.0,
     network_share: 24.0 / 25.0,
     sources: &[
@@ -149,13 +161,21 @@ const A100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
     ],
 };
 
+/// H100's all-gather and reduce-scatter (C7), by the whole's size.
+const H100_ALL_GATHER: &[(u64, f64)] = &[(MIB, 29.5), (64 * MIB, 274.9), (2048 * MIB, 351.7)];
+const H100_REDUCE_SCATTER: &[(u64, f64)] = &[(MIB, 44.9), (64 * MIB, 268.6), (2048 * MIB, 329.1)];
+
 /// 8 x H100 SXM, NVLink 4 (C7: XLA's collectives over NCCL on one host).
 const H100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
     intra_allreduce_bus_gb_per_s: &[(MIB, 35.3), (64 * MIB, 309.2), (2048 * MIB, 402.4)],
+    intra_all_gather_bus_gb_per_s: Some(H100_ALL_GATHER),
+    intra_reduce_scatter_bus_gb_per_s: Some(H100_REDUCE_SCATTER),
     intra_line_gb_per_s: 450.0,
     network_share: 47.0 / 50.0,
     sources: &[
         ("intra_allreduce_bus_gb_per_s", "C7: openxla/xla@e97611c4 xla/service/gpu/model/collective_interpolator_data.h, all-reduce on 8 x H100 (XLA over NCCL, f32 buffers)"),
+        ("intra_all_gather_bus_gb_per_s", "C7: openxla/xla@e97611c4 xla/service/gpu/model/collective_interpolator_data.h, all-gather on 8 x H100 (XLA over NCCL, f32 buffers)"),
+        ("intra_reduce_scatter_bus_gb_per_s", "C7: openxla/xla@e97611c4 xla/service/gpu/model/collective_interpolator_data.h, reduce-scatter on 8 x H100 (XLA over NCCL, f32 buffers)"),
         ("intra_line_gb_per_s", "assumed: the H100 datasheet's 900 GB/s NVLink, one direction"),
         ("network_share", "C8a: NVIDIA/nccl-tests issue #290, 46-48 GB/s a 400 Gb/s NDR NIC (50 GB/s)"),
     ],
@@ -173,10 +193,18 @@ const H200_COLLECTIVES: CollectiveFigures = CollectiveFigures {
         (1024 * MIB, 463.58),
         (16384 * MIB, 482.26),
     ],
+    // NVLS speeds H200's AllReduce past the ring's line rate, not its
+    // all-gather or reduce-scatter (C3, at 16 GiB: 361.4 and 362.9 GB/s
+    // against the AllReduce's 480): H100's curves on the same NVLink 4
+    // switch stand for them (C7 reaches 351.7 and 329.1 at 2 GiB).
+    intra_all_gather_bus_gb_per_s: Some(H100_ALL_GATHER),
+    intra_reduce_scatter_bus_gb_per_s: Some(H100_REDUCE_SCATTER),
     intra_line_gb_per_s: 450.0,
     network_share: 47.0 / 50.0,
     sources: &[
         ("intra_allreduce_bus_gb_per_s", "C2: stas00/ml-engineering@744d01e network/README.md, all_reduce_bench.py on 8 x H200 (NVLS above 2 MiB: past the ring's line rate)"),
+        ("intra_all_gather_bus_gb_per_s", "assumed: H100's (C7: openxla/xla@e97611c4, all-gather on 8 x H100), the same NVLink 4 switch; C3 (stas00/ml-engineering@744d01e, nccl-tests on 8 x H200) measured 361.4 GB/s at 16 GiB"),
+        ("intra_reduce_scatter_bus_gb_per_s", "assumed: H100's (C7: openxla/xla@e97611c4, reduce-scatter on 8 x H100), the same NVLink 4 switch; C3 (stas00/ml-engineering@744d01e, nccl-tests on 8 x H200) measured 362.9 GB/s at 16 GiB"),
         ("intra_line_gb_per_s", "assumed: the H200 datasheet's 900 GB/s NVLink, one direction"),
         ("network_share", "C8a: NVIDIA/nccl-tests issue #290, 46-48 GB/s a 400 Gb/s NDR NIC (50 GB/s)"),
     ],

@@ -26,7 +26,7 @@
 use rustc_hash::FxHashMap;
 use std::cell::Cell;
 
-use super::{Cluster, LinkShare};
+use super::{Cluster, Collective, LinkShare};
 use crate::model::experts::{expert_group, ExpertPattern, RoutingGroups, TokenDispatcher};
 
 /// One link's price: a call's latency and its time a byte, at the share of
@@ -43,7 +43,11 @@ impl Link {
         if bytes <= 0.0 {
             return 0.0;
         }
-        self.share.ms((self.latency_ms, self.ms_per_byte), bytes)
+        self.share.ms(
+            Collective::AllReduce,
+            (self.latency_ms, self.ms_per_byte),
+            bytes,
+        )
     }
 }
 

@@ -25,7 +25,10 @@ use std::rc::Rc;
 
 use super::all_to_all::AllToAll;
 use super::offload::offloaded_step_ms;
-use super::{largest_slice, Alloc, AllreduceCurve, Cluster, StageCost, StageCoster, StageDevices};
+use super::{
+    largest_slice, Alloc, Cluster, Collective, CollectiveCurve, StageCost, StageCoster,
+    StageDevices,
+};
 use crate::cost::overlap::{exposed_before_forward, exposed_behind_backward};
 use crate::cost::shape::{MemorySums, Offload, Recompute, StageMemory, StageShape};
 use crate::model::context::RingTraffic;
@@ -37,12 +40,13 @@ use crate::model::split::ShardCost;
 /// replicas every t-th GPU. Groups of a kind run at once, so those that
 /// share a machine share its network.
 struct SplitGroups {
-    shards: AllreduceCurve,
-    replicas: AllreduceCurve,
-    /// The shards' last AllReduces priced, (bytes, ms): a stage's layers
-    /// are mostly alike, so a stage grown a layer at a time asks for the
-    /// same few sizes again and again.
-    shards_priced: Cell<[(f64, f64); 2]>,
+    shards: CollectiveCurve,
+    replicas: CollectiveCurve,
+    /// The shards' last collectives priced, (kind, bytes, ms): a stage's
+    /// layers are mostly alike, so a stage grown a layer at a time asks for
+    /// the same few (sequence parallelism: a reduce-scatter and an
+    /// all-gather of each size) again and again.
+    shards_priced: Cell<[(Collective, f64, f64); 4]>,
 }
 
 impl SplitGroups {
@@ -50,18 +54,19 @@ impl SplitGroups {
         SplitGroups {
             shards: consecutive_group(cluster, machines, t as usize),
             replicas: strided_group(cluster, machines, t as usize),
-            shards_priced: Cell::new([(f64::NAN, 0.0); 2]),
+            shards_priced: Cell::new([(Collective::AllReduce, f64::NAN, 0.0); 4]),
         }
     }
 
-    /// An AllReduce of `bytes` inside a replica's t shards.
-    fn shards_ms(&self, bytes: f64) -> f64 {
-        let [last, before] = self.shards_priced.get();
-        if let Some(&(_, ms)) = [last, before].iter().find(|&&(b, _)| b == bytes) {
+    /// A `kind` of collective of `bytes` inside a replica's t shards.
+    fn shards_ms(&self, kind: Collective, bytes: f64) -> f64 {
+        let priced = self.shards_priced.get();
+        if let Some(&(_, _, ms)) = priced.iter().find(|&&(k, b, _)| k == kind && b == bytes) {
             return ms;
         }
-        let ms = self.shards.ms(bytes);
-        self.shards_priced.set([(bytes, ms), last]);
+        let ms = self.shards.of(kind, bytes);
+        let [a, b, c, _] = priced;
+        self.shards_priced.set([(kind, bytes, ms), a, b, c]);
         ms
     }
 }
@@ -69,10 +74,10 @@ impl SplitGroups {
 /// The AllReduce of `size` consecutive GPUs of a stage whose GPUs sit on
 /// `machines` (in device order), beside the other such groups, which run
 /// at once: a replica's t shards, or an expert's et shards.
-fn consecutive_group(cluster: &Cluster, machines: &[usize], size: usize) -> AllreduceCurve {
+fn consecutive_group(cluster: &Cluster, machines: &[usize], size: usize) -> CollectiveCurve {
     let group = alloc_of(&machines[..size.min(machines.len())]);
     let sharing = sharers(&group, machines, |i| i / size.max(1));
-    AllreduceCurve::for_group(cluster, &group, sharing)
+    CollectiveCurve::for_group(cluster, &group, sharing)
 }
 
 /// The GPUs per machine of a group whose members sit on `members`.
@@ -113,23 +118,23 @@ fn sharers(group: &Alloc, machines: &[usize], group_of: impl Fn(usize) -> usize)
 /// `machines` (in device order), beside the `stride` groups of that shape
 /// (one per first GPU) that run at once: a shard's replicas (stride t),
 /// or the replicas that hold the same experts (stride t e).
-fn strided_group(cluster: &Cluster, machines: &[usize], stride: usize) -> AllreduceCurve {
+fn strided_group(cluster: &Cluster, machines: &[usize], stride: usize) -> CollectiveCurve {
     let members: Vec<usize> = machines.iter().step_by(stride).copied().collect();
     let group = alloc_of(&members);
     let sharing = sharers(&group, machines, |i| i % stride);
-    AllreduceCurve::for_group(cluster, &group, sharing)
+    CollectiveCurve::for_group(cluster, &group, sharing)
 }
 
 /// The AllReduce of one context group of a stage whose GPUs sit on
 /// `machines` (in device order): `c` GPUs `t` apart (each data replica's
 /// t c GPUs hold c split groups in a row), beside the stage's other
 /// context groups, which run at once.
-fn context_group(cluster: &Cluster, machines: &[usize], (t, c): (usize, usize)) -> AllreduceCurve {
+fn context_group(cluster: &Cluster, machines: &[usize], (t, c): (usize, usize)) -> CollectiveCurve {
     let members: Vec<usize> = (0..c).map(|j| machines[j * t]).collect();
     let group = alloc_of(&members);
     // GPU i is shard i mod t of data replica i / (t c).
     let sharing = sharers(&group, machines, |i| i / (t * c) * t + i % t);
-    AllreduceCurve::for_group(cluster, &group, sharing)
+    CollectiveCurve::for_group(cluster, &group, sharing)
 }
 
 /// The collectives of a stage's expert groups (`model/experts.rs`) of `e`
@@ -143,9 +148,9 @@ pub(crate) struct ExpertGroups {
     split_exchange: AllToAll,
     whole_exchange: AllToAll,
     /// An expert's et shards, where et > 1.
-    expert_shards: Option<AllreduceCurve>,
-    split_reduce: AllreduceCurve,
-    whole_reduce: AllreduceCurve,
+    expert_shards: Option<CollectiveCurve>,
+    split_reduce: CollectiveCurve,
+    whole_reduce: CollectiveCurve,
 }
 
 /// The expert groups of one allocation at each (e, et) priced on it, built
@@ -224,7 +229,7 @@ pub struct ShapedSums {
     sequence_parallel: bool,
     /// The context degree (1: none), and its groups' collective where c > 1.
     c: u32,
-    context: Option<AllreduceCurve>,
+    context: Option<CollectiveCurve>,
     /// The expert degree (1: none) and expert tensor degree, and the
     /// expert groups where e > 1.
     e: u32,
@@ -429,8 +434,8 @@ impl StageCoster<'_> {
             None
         };
         let (timing, speed) = devices.paces[0];
-        let shard_group = |groups: &Option<SplitGroups>, bytes: f64| {
-            groups.as_ref().map_or(0.0, |g| g.shards_ms(bytes))
+        let shard_group = |groups: &Option<SplitGroups>, kind: Collective, bytes: f64| {
+            groups.as_ref().map_or(0.0, |g| g.shards_ms(kind, bytes))
         };
         // Expert parallelism: the layer's routed experts spread, their
         // share of its gradients reduced apart, its tokens exchanged.
@@ -451,22 +456,33 @@ impl StageCoster<'_> {
                 }
                 let split = self.times(timing, sums.split_slice);
                 let samples = f64::from(sums.split_slice) * tokens;
-                // Each pass's AllReduces, priced a call at a time, less
-                // the gather the experts' exchange replaced.
+                // Each pass's AllReduces (sequence parallel: reduce-scatters
+                // and all-gathers), priced a call at a time, less the
+                // gather the experts' exchange replaced.
                 let taken = gather_taken_bytes_per_sample;
                 let calls = s.allreduce_calls_per_pass - u32::from(taken > 0.0);
-                let allreduces = |bytes_per_sample: f64| {
-                    if calls == 0 {
+                let collectives = |kinds: &[Collective], bytes_per_sample: f64| {
+                    if calls == 0 || bytes_per_sample <= 0.0 {
                         return 0.0;
                     }
                     let calls = f64::from(calls);
                     let bytes = (bytes_per_sample - taken).max(0.0) * samples / calls;
-                    calls * shard_group(&sums.groups, bytes)
+                    let call_ms: f64 = kinds
+                        .iter()
+                        .map(|&k| shard_group(&sums.groups, k, bytes))
+                        .sum();
+                    calls * call_ms
+                };
+                let reduce: &[Collective] = if s.scatter_gather {
+                    &[Collective::ReduceScatter, Collective::AllGather]
+                } else {
+                    &[Collective::AllReduce]
                 };
                 sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor * tokens
-                    + allreduces(s.fwd_allreduce_bytes_per_sample);
+                    + collectives(reduce, s.fwd_allreduce_bytes_per_sample);
                 sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor * tokens
-                    + allreduces(s.bwd_allreduce_bytes_per_sample);
+                    + collectives(reduce, s.bwd_allreduce_bytes_per_sample)
+                    + collectives(&[Collective::AllGather], s.bwd_regather_bytes_per_sample);
                 sums.split_gradient_bytes += replicated_gradient_bytes * s.param_factor;
             }
             None => {
@@ -483,11 +499,10 @@ impl StageCoster<'_> {
         if l + 1 < sums.end && sums.first_shard.is_some() != shard.is_some() {
             let cut_bytes =
                 self.layers.cut_bytes_per_sample(l + 1) * f64::from(sums.split_slice) * tokens;
-            let gather_ms = shard_group(&sums.groups, cut_bytes) / 2.0;
             if shard.is_none() {
-                sums.settled_fwd_ms += gather_ms;
+                sums.settled_fwd_ms += shard_group(&sums.groups, Collective::AllGather, cut_bytes);
             }
-            sums.settled_bwd_ms += gather_ms;
+            sums.settled_bwd_ms += shard_group(&sums.groups, Collective::ReduceScatter, cut_bytes);
         }
         sums.memory.add_layer(
             self.layers,
@@ -520,7 +535,8 @@ impl StageCoster<'_> {
             return;
         }
         let traffic = RingTraffic::of(kv_bytes, sums.c);
-        let gather_ms = |sent: f64| group.ms(sent / traffic.fwd_bytes * kv_bytes) / 2.0;
+        let gather_ms =
+            |sent: f64| group.of(Collective::AllGather, sent / traffic.fwd_bytes * kv_bytes);
         let (timing, speed) = devices.paces[0];
         let times = self.times(timing, slice);
         let compute_factor = if split {
@@ -706,24 +722,41 @@ impl StageCoster<'_> {
         (cost, memory)
     }
 
-    /// What every shape of `sums` shares (`CommonCost`), worked out at the
-    /// first shape priced at its length.
-    fn common_cost(&self, sums: &ShapedSums, devices: &StageDevices) -> CommonCost {
-        if let Some(common) = sums.common.get() {
-            return common;
-        }
+    /// A `kind` of collective of the summed stage's gradients, each
+    /// group's bytes times `scale` (the weights' bytes a gradient byte, for
+    /// a sharded stage's weight gather): whole layers' over all the
+    /// stage's GPUs, split ones' over each shard's replicas, experts' over
+    /// their groups.
+    fn gradient_collective_ms(
+        &self,
+        sums: &ShapedSums,
+        devices: &StageDevices,
+        kind: Collective,
+        scale: f64,
+    ) -> f64 {
         let (split_ms, whole_gradient_bytes) = match &sums.groups {
             Some(g) if sums.any_split => (
-                g.replicas.ms(sums.split_gradient_bytes),
+                g.replicas.of(kind, sums.split_gradient_bytes * scale),
                 sums.whole_gradient_bytes,
             ),
             _ if sums.experts.is_some() => (0.0, sums.whole_gradient_bytes),
             _ => (0.0, self.layers.gradient_bytes(sums.start, sums.end)),
         };
         let expert_ms = sums.experts.as_ref().map_or(0.0, |g| {
-            g.split_reduce.ms(sums.split_expert_gradient_bytes)
-                + g.whole_reduce.ms(sums.whole_expert_gradient_bytes)
+            g.split_reduce
+                .of(kind, sums.split_expert_gradient_bytes * scale)
+                + g.whole_reduce
+                    .of(kind, sums.whole_expert_gradient_bytes * scale)
         });
+        devices.collectives.of(kind, whole_gradient_bytes * scale) + split_ms + expert_ms
+    }
+
+    /// What every shape of `sums` shares (`CommonCost`), worked out at the
+    /// first shape priced at its length.
+    fn common_cost(&self, sums: &ShapedSums, devices: &StageDevices) -> CommonCost {
+        if let Some(common) = sums.common.get() {
+            return common;
+        }
         let (timing, speed) = devices.paces[0];
         let (mut fwd_ms, mut bwd_ms) = (sums.settled_fwd_ms, sums.settled_bwd_ms);
         if let Some(end) = sums.whole_run_end {
@@ -738,7 +771,7 @@ impl StageCoster<'_> {
         let common = CommonCost {
             fwd_ms,
             bwd_ms,
-            reduce_ms: devices.allreduce.ms(whole_gradient_bytes) + split_ms + expert_ms,
+            reduce_ms: self.gradient_collective_ms(sums, devices, Collective::AllReduce, 1.0),
             input_bytes: first_slice
                 * sums.context_share()
                 * self.layers.cut_bytes_per_sample(sums.start),
@@ -769,7 +802,11 @@ impl StageCoster<'_> {
         let traffic = shape.sharding().traffic();
         let weights_per_gradient_byte = self.layers.weights_per_gradient_byte();
         let (scatter_ms, gather_ms) = if shape.shards_optimizer() {
-            (reduce_ms / 2.0, reduce_ms / 2.0 * weights_per_gradient_byte)
+            let collective = |kind, scale| self.gradient_collective_ms(sums, devices, kind, scale);
+            (
+                collective(Collective::ReduceScatter, 1.0),
+                collective(Collective::AllGather, weights_per_gradient_byte),
+            )
         } else {
             (reduce_ms, 0.0)
         };
@@ -1034,7 +1071,7 @@ mod tests {
         // over all 8 GPUs; a GPU's quarter of the experts' half over the 2
         // GPUs that hold the same experts (every 4th).
         let gradients = |l: usize| layers.gradient_bytes(l, l + 1);
-        let dense = devices.allreduce.ms(gradients(0) + 0.5 * gradients(1));
+        let dense = devices.collectives.ms(gradients(0) + 0.5 * gradients(1));
         let experts = strided_group(&cluster, &[0; 8], 4).ms(0.5 * gradients(1) / 4.0);
         assert!((cost.allreduce_ms - dense - experts).abs() < 1e-9);
         assert!(cost.allreduce_ms < plain.allreduce_ms);
@@ -1075,8 +1112,8 @@ mod tests {
         // twice that; each less the attention core's quarter of the
         // layer's half pass.
         let group = context_group(&cluster, &[0; 4], (1, 2));
-        let ring_fwd = (group.ms(40e6) / 2.0 - 0.25 * 0.5).max(0.0);
-        let ring_bwd = (group.ms(80e6) / 2.0 - 0.25 * 1.0).max(0.0);
+        let ring_fwd = (group.of(Collective::AllGather, 40e6) - 0.25 * 0.5).max(0.0);
+        let ring_bwd = (group.of(Collective::AllGather, 80e6) - 0.25 * 1.0).max(0.0);
         assert!(ring_fwd > 0.0 && ring_bwd > 0.0, "{ring_fwd} {ring_bwd}");
         assert!(
             (cost.fwd_ms - (0.5 + 0.5 + ring_fwd)).abs() < 1e-9,
@@ -1089,7 +1126,7 @@ mod tests {
             cost.bwd_ms
         );
         // Gradients over all 4 GPUs, the context ranks with the replicas.
-        let reduce = devices.allreduce.ms(layers.gradient_bytes(0, 2));
+        let reduce = devices.collectives.ms(layers.gradient_bytes(0, 2));
         assert!((cost.allreduce_ms - reduce).abs() < 1e-9);
         // Half a sample's activations a GPU, weights whole.
         let two = StageDevices::new(&cluster, vec![(0, 2)]);

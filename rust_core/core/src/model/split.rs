@@ -77,6 +77,13 @@ pub struct ShardCost {
     pub bwd_allreduce_bytes_per_sample: f64,
     /// AllReduces each pass's bytes are split into.
     pub allreduce_calls_per_pass: u32,
+    /// Under sequence parallelism each AllReduce is a reduce-scatter and an
+    /// all-gather of the same tensor.
+    pub scatter_gather: bool,
+    /// Bytes per sample the backward gathers again (sequence parallelism:
+    /// the forward's gathered inputs, which Megatron-LM does not keep), in
+    /// as many all-gathers as a pass has AllReduces.
+    pub bwd_regather_bytes_per_sample: f64,
     /// Multiplies the layer's input as one shard holds it: 1, or 1/t
     /// under sequence parallelism (the input is split along the sequence).
     pub input_factor: f64,
@@ -99,6 +106,8 @@ impl ShardCost {
         fwd_allreduce_bytes_per_sample: 0.0,
         bwd_allreduce_bytes_per_sample: 0.0,
         allreduce_calls_per_pass: 1,
+        scatter_gather: false,
+        bwd_regather_bytes_per_sample: 0.0,
         input_factor: 1.0,
     };
 }
@@ -122,8 +131,8 @@ impl SplitPattern {
     /// parallelism where `sequence_parallel` asks for it and the pattern
     /// allows it. A reduce-scatter and an all-gather move what the ring
     /// AllReduce they replace moves (NCCL's ring AllReduce is the two in
-    /// turn; Korthikanti et al., Section 4.2.2), so the collectives are
-    /// priced as those AllReduces; and the backward gathers again what the
+    /// turn; Korthikanti et al., Section 4.2.2), each at its own measured
+    /// speed (`cost::Collective`); and the backward gathers again what the
     /// forward gathered (the inputs of the column-parallel products, which
     /// Megatron-LM does not keep: Korthikanti et al., Section 4.2.3), half
     /// the forward's volume more, exposed as the rest.
@@ -137,13 +146,14 @@ impl SplitPattern {
             param_factor: kept(self.replicated_param_fraction),
             stored_factor: replicated(self.replicated_stored_fraction),
             fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
-            bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample
-                + if by_sequence {
-                    self.fwd_allreduce_bytes_per_sample / 2.0
-                } else {
-                    0.0
-                },
+            bwd_allreduce_bytes_per_sample: self.bwd_allreduce_bytes_per_sample,
             allreduce_calls_per_pass: self.allreduce_calls_per_pass,
+            scatter_gather: by_sequence,
+            bwd_regather_bytes_per_sample: if by_sequence {
+                self.fwd_allreduce_bytes_per_sample
+            } else {
+                0.0
+            },
             input_factor: if by_sequence { 1.0 / t } else { 1.0 },
         }
     }
@@ -285,17 +295,21 @@ mod tests {
             ),
             (0.25, 0.25 + 0.75 / 4.0, 0.25, 0.25)
         );
-        // The backward gathers the forward's gathered inputs again: half
-        // its volume more.
+        // Each AllReduce a reduce-scatter and an all-gather, and the
+        // backward gathers the forward's gathered inputs again.
         assert_eq!(
             (
                 s.fwd_allreduce_bytes_per_sample,
                 s.bwd_allreduce_bytes_per_sample,
-                s.allreduce_calls_per_pass
+                s.allreduce_calls_per_pass,
+                s.scatter_gather,
+                s.bwd_regather_bytes_per_sample
             ),
-            (2.0, 3.0, 1)
+            (2.0, 2.0, 1, true, 2.0)
         );
-        assert_eq!(p.shard(4, false).input_factor, 1.0);
+        let plain = p.shard(4, false);
+        assert_eq!(plain.input_factor, 1.0);
+        assert!(!plain.scatter_gather && plain.bwd_regather_bytes_per_sample == 0.0);
     }
 
     #[test]
