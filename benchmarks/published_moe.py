@@ -228,7 +228,7 @@ def table(results: dict) -> str:
                   "shapes), kind, micro-batch | planned in s |", "|---|--:|--:|--:|---|--:|"]
         for r in own:
             o = r["own_plan"]
-            shapes = "; ".join(o["stage_shapes"])
+            shapes = "; ".join(label or "plain" for label in o["stage_shapes"])
             ranks, _, chunks = o["shape"].partition(" ")
             sizes = "/".join(sorted(set(ranks.split(":")), key=int))
             stages = f"{ranks.count(':') + 1} stages of {sizes} GPUs{' ' + chunks if chunks else ''}"
