@@ -85,12 +85,9 @@ pub struct MachineCost {
 pub enum LinkShare {
     Line,
     Constant(f64),
-    BySize {
-        /// Bus bandwidth by message size of the AllReduce, the all-gather
-        /// and the reduce-scatter (`Collective` order).
-        bus_gb_per_s: [&'static [(u64, f64)]; 3],
-        line_gb_per_s: f64,
-    },
+    /// The bus bandwidth measured by message size (each collective's, where
+    /// it has its own) over the line rate it was measured on.
+    BySize(&'static CollectiveFigures),
 }
 
 /// The collectives the cost model prices. An all-gather or a
@@ -104,23 +101,33 @@ pub enum Collective {
     ReduceScatter = 2,
 }
 
+/// A GPU type's intra-machine bus bandwidth by size for `kind`: its own
+/// curve where measured, else the AllReduce's.
+fn bus_curve(figures: &CollectiveFigures, kind: Collective) -> &'static [(u64, f64)] {
+    let own = match kind {
+        Collective::AllReduce => None,
+        Collective::AllGather => figures.intra_all_gather_bus_gb_per_s,
+        Collective::ReduceScatter => figures.intra_reduce_scatter_bus_gb_per_s,
+    };
+    own.unwrap_or(figures.intra_allreduce_bus_gb_per_s)
+}
+
 impl LinkShare {
     /// The intra-machine share of a GPU type's measured server (its
     /// catalog `collectives`), the line rate where none was measured.
-    fn intra_of(collectives: Option<&CollectiveFigures>) -> LinkShare {
-        match collectives {
-            Some(c) => {
-                let allreduce = c.intra_allreduce_bus_gb_per_s;
-                LinkShare::BySize {
-                    bus_gb_per_s: [
-                        allreduce,
-                        c.intra_all_gather_bus_gb_per_s.unwrap_or(allreduce),
-                        c.intra_reduce_scatter_bus_gb_per_s.unwrap_or(allreduce),
-                    ],
-                    line_gb_per_s: c.intra_line_gb_per_s,
-                }
-            }
-            None => LinkShare::Line,
+    fn intra_of(collectives: Option<&'static CollectiveFigures>) -> LinkShare {
+        collectives.map_or(LinkShare::Line, LinkShare::BySize)
+    }
+
+    /// Whether `kind` runs at the AllReduce's share here: a half of it
+    /// costs half the AllReduce's time.
+    fn halves_allreduce(&self, kind: Collective) -> bool {
+        match self {
+            LinkShare::BySize(figures) => std::ptr::eq(
+                bus_curve(figures, kind),
+                figures.intra_allreduce_bus_gb_per_s,
+            ),
+            _ => true,
         }
     }
 
@@ -134,14 +141,11 @@ impl LinkShare {
         match *self {
             LinkShare::Line => fixed_ms + bytes * ms_per_byte,
             LinkShare::Constant(share) => fixed_ms + bytes * ms_per_byte / share,
-            LinkShare::BySize {
-                bus_gb_per_s,
-                line_gb_per_s,
-            } => {
-                let curve = bus_gb_per_s[kind as usize];
+            LinkShare::BySize(figures) => {
+                let curve = bus_curve(figures, kind);
                 let bytes = bytes.max(curve[0].0 as f64);
                 let bus = interpolate_log2(curve, bytes);
-                bytes * ms_per_byte * line_gb_per_s / bus
+                bytes * ms_per_byte * figures.intra_line_gb_per_s / bus
             }
         }
     }
@@ -254,11 +258,12 @@ impl Cluster {
             }
         }
         // Each group's GPU type's measured collectives, looked up once.
-        let collectives: Vec<Option<CollectiveFigures>> = t
+        let collectives: Vec<Option<&'static CollectiveFigures>> = t
             .machine_groups
             .iter()
             .map(|g| {
-                crate::cluster::gpus::find_gpu(&g.gpu.gpu_type).and_then(|gpu| gpu.collectives)
+                crate::cluster::gpus::find_gpu(&g.gpu.gpu_type)
+                    .and_then(|gpu| gpu.collectives.as_ref())
             })
             .collect();
         let machines = t
@@ -276,7 +281,7 @@ impl Cluster {
                     speed,
                     intra_bytes_per_ms: g.intra_machine.bandwidth_gbps * BYTES_PER_MS_PER_GBPS,
                     intra_latency_ms: g.intra_machine.latency_us / 1e3,
-                    intra_share: LinkShare::intra_of(collectives[m.group].as_ref()),
+                    intra_share: LinkShare::intra_of(collectives[m.group]),
                     host: offload::HostCost::of_gpu(&g.gpu.gpu_type),
                 }
             })
@@ -509,6 +514,14 @@ impl CollectiveCurve {
         }
     }
 
+    /// Whether `kind` costs half the AllReduce of the same bytes over
+    /// every link of the group (none has a curve of its own for it).
+    pub fn halves_allreduce(&self, kind: Collective) -> bool {
+        [self.ring.1, self.inside.1, self.across.1]
+            .iter()
+            .all(|share| share.halves_allreduce(kind))
+    }
+
     /// The AllReduce of `bytes`.
     pub fn ms(&self, bytes: f64) -> f64 {
         self.of(Collective::AllReduce, bytes)
@@ -533,6 +546,10 @@ impl CollectiveCurve {
                 share.ms(kind, (fixed_ms * half, ms_per_byte * half), bytes)
             }
         };
+        if (self.across.0).1 == 0.0 {
+            // One machine: its ring is the hierarchical one's inside part.
+            return part(self.ring);
+        }
         part(self.ring).min(part(self.inside) + part(self.across))
     }
 }

@@ -42,32 +42,50 @@ use crate::model::split::ShardCost;
 struct SplitGroups {
     shards: CollectiveCurve,
     replicas: CollectiveCurve,
-    /// The shards' last collectives priced, (kind, bytes, ms): a stage's
-    /// layers are mostly alike, so a stage grown a layer at a time asks for
-    /// the same few (sequence parallelism: a reduce-scatter and an
-    /// all-gather of each size) again and again.
-    shards_priced: Cell<[(Collective, f64, f64); 4]>,
+    /// Whether the shards' all-gathers and reduce-scatters cost half their
+    /// AllReduce (no link of theirs has a curve of its own for them).
+    shards_halve: bool,
+    /// The shards' collectives of the last two sizes priced, (bytes, ms of
+    /// each `Collective`, NaN until asked): a stage's layers are mostly
+    /// alike, so a stage grown a layer at a time asks for the same few
+    /// again and again.
+    shards_priced: Cell<[(f64, [f64; 3]); 2]>,
 }
 
 impl SplitGroups {
     fn new(cluster: &Cluster, machines: &[usize], t: u32) -> SplitGroups {
+        let shards = consecutive_group(cluster, machines, t as usize);
         SplitGroups {
-            shards: consecutive_group(cluster, machines, t as usize),
+            shards_halve: shards.halves_allreduce(Collective::AllGather)
+                && shards.halves_allreduce(Collective::ReduceScatter),
+            shards,
             replicas: strided_group(cluster, machines, t as usize),
-            shards_priced: Cell::new([(Collective::AllReduce, f64::NAN, 0.0); 4]),
+            shards_priced: Cell::new([(f64::NAN, [f64::NAN; 3]); 2]),
         }
     }
 
     /// A `kind` of collective of `bytes` inside a replica's t shards.
     fn shards_ms(&self, kind: Collective, bytes: f64) -> f64 {
-        let priced = self.shards_priced.get();
-        if let Some(&(_, _, ms)) = priced.iter().find(|&&(k, b, _)| k == kind && b == bytes) {
-            return ms;
+        let (priced, share) = match kind {
+            Collective::AllReduce => (Collective::AllReduce, 1.0),
+            _ if self.shards_halve => (Collective::AllReduce, 0.5),
+            _ => (kind, 1.0),
+        };
+        let [last, before] = self.shards_priced.get();
+        let (mut entry, other) = if last.0 == bytes {
+            (last, before)
+        } else if before.0 == bytes {
+            (before, last)
+        } else {
+            ((bytes, [f64::NAN; 3]), last)
+        };
+        let ms = &mut entry.1[priced as usize];
+        if ms.is_nan() {
+            *ms = self.shards.of(priced, bytes);
         }
-        let ms = self.shards.of(kind, bytes);
-        let [a, b, c, _] = priced;
-        self.shards_priced.set([(kind, bytes, ms), a, b, c]);
-        ms
+        let ms = *ms;
+        self.shards_priced.set([entry, other]);
+        ms * share
     }
 }
 
@@ -273,6 +291,9 @@ pub struct ShapedSums {
     /// What every shape priced from these sums shares (`CommonCost`), kept
     /// until a layer is added: several shapes are priced at each length.
     common: Cell<Option<CommonCost>>,
+    /// A sharded shape's gradient reduce-scatter and weight gather, ms,
+    /// kept as `common` is.
+    sharded_collectives: Cell<Option<(f64, f64)>>,
 }
 
 /// The part of a summed stage's cost that no shape changes: one
@@ -416,6 +437,7 @@ impl StageCoster<'_> {
             selective_rerun_fwd_ms: 0.0,
             memory: MemorySums::default(),
             common: Cell::new(None),
+            sharded_collectives: Cell::new(None),
         }
     }
 
@@ -428,6 +450,7 @@ impl StageCoster<'_> {
     pub fn prepend_layer(&self, sums: &mut ShapedSums, devices: &StageDevices) {
         let l = sums.start - 1;
         sums.common.set(None);
+        sums.sharded_collectives.set(None);
         let shard = if sums.t > 1 {
             self.layers.shard(l, sums.t, sums.sequence_parallel)
         } else {
@@ -461,28 +484,27 @@ impl StageCoster<'_> {
                 // gather the experts' exchange replaced.
                 let taken = gather_taken_bytes_per_sample;
                 let calls = s.allreduce_calls_per_pass - u32::from(taken > 0.0);
-                let collectives = |kinds: &[Collective], bytes_per_sample: f64| {
+                let calls_ms = |bytes_per_sample: f64, of_call: &dyn Fn(f64) -> f64| {
                     if calls == 0 || bytes_per_sample <= 0.0 {
                         return 0.0;
                     }
                     let calls = f64::from(calls);
-                    let bytes = (bytes_per_sample - taken).max(0.0) * samples / calls;
-                    let call_ms: f64 = kinds
-                        .iter()
-                        .map(|&k| shard_group(&sums.groups, k, bytes))
-                        .sum();
-                    calls * call_ms
+                    calls * of_call((bytes_per_sample - taken).max(0.0) * samples / calls)
                 };
-                let reduce: &[Collective] = if s.scatter_gather {
-                    &[Collective::ReduceScatter, Collective::AllGather]
-                } else {
-                    &[Collective::AllReduce]
+                let reduce = |bytes: f64| {
+                    if s.scatter_gather {
+                        shard_group(&sums.groups, Collective::ReduceScatter, bytes)
+                            + shard_group(&sums.groups, Collective::AllGather, bytes)
+                    } else {
+                        shard_group(&sums.groups, Collective::AllReduce, bytes)
+                    }
                 };
+                let gather = |bytes: f64| shard_group(&sums.groups, Collective::AllGather, bytes);
                 sums.settled_fwd_ms += split.fwd(l, l + 1) / speed * s.compute_factor * tokens
-                    + collectives(reduce, s.fwd_allreduce_bytes_per_sample);
+                    + calls_ms(s.fwd_allreduce_bytes_per_sample, &reduce);
                 sums.settled_bwd_ms += split.bwd(l, l + 1) / speed * s.compute_factor * tokens
-                    + collectives(reduce, s.bwd_allreduce_bytes_per_sample)
-                    + collectives(&[Collective::AllGather], s.bwd_regather_bytes_per_sample);
+                    + calls_ms(s.bwd_allreduce_bytes_per_sample, &reduce)
+                    + calls_ms(s.bwd_regather_bytes_per_sample, &gather);
                 sums.split_gradient_bytes += replicated_gradient_bytes * s.param_factor;
             }
             None => {
@@ -751,6 +773,23 @@ impl StageCoster<'_> {
         devices.collectives.of(kind, whole_gradient_bytes * scale) + split_ms + expert_ms
     }
 
+    /// A sharded shape's gradient reduce-scatter and weight gather (of the
+    /// weights' bytes), ms, worked out at the first such shape priced at
+    /// its length.
+    fn sharded_collectives_ms(&self, sums: &ShapedSums, devices: &StageDevices) -> (f64, f64) {
+        if let Some(ms) = sums.sharded_collectives.get() {
+            return ms;
+        }
+        let weights_per_gradient_byte = self.layers.weights_per_gradient_byte();
+        let collective = |kind, scale| self.gradient_collective_ms(sums, devices, kind, scale);
+        let ms = (
+            collective(Collective::ReduceScatter, 1.0),
+            collective(Collective::AllGather, weights_per_gradient_byte),
+        );
+        sums.sharded_collectives.set(Some(ms));
+        ms
+    }
+
     /// What every shape of `sums` shares (`CommonCost`), worked out at the
     /// first shape priced at its length.
     fn common_cost(&self, sums: &ShapedSums, devices: &StageDevices) -> CommonCost {
@@ -800,13 +839,8 @@ impl StageCoster<'_> {
         (fwd_ms, bwd_ms): (f64, f64),
     ) -> Reduction {
         let traffic = shape.sharding().traffic();
-        let weights_per_gradient_byte = self.layers.weights_per_gradient_byte();
         let (scatter_ms, gather_ms) = if shape.shards_optimizer() {
-            let collective = |kind, scale| self.gradient_collective_ms(sums, devices, kind, scale);
-            (
-                collective(Collective::ReduceScatter, 1.0),
-                collective(Collective::AllGather, weights_per_gradient_byte),
-            )
+            self.sharded_collectives_ms(sums, devices)
         } else {
             (reduce_ms, 0.0)
         };
