@@ -180,7 +180,7 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
     if lay["pp"] > 1 and "GQA" not in run["model"].get("arch", ""):
         missing.append("the tied word embedding's gradient all-reduce between the first and the last stage, once an "
                        "iteration (Megatron-LM's _allreduce_embedding_grads, DeepSpeed's ReduceTiedGrads)")
-    if "BF16Optimizer" in zero:
+    if runs_deepspeed_bf16(lay):
         missing.append("DeepSpeed's pipeline order, whose sends and receives block both sides "
                        "(benchmarks/deepspeed_sends.py replays it on this row's stage times)")
         missing.append("BF16_Optimizer's all-reduce of the fp32 gradients ahead of its sharded step, where ZeRO-1 is "
@@ -208,6 +208,12 @@ def layout(run: dict, variant: str | None = None) -> tuple[dict, list[str], list
              "sequence_parallel_assumed": sequence_parallel_assumed, **overlap}, assumptions, missing)
 
 
+def runs_deepspeed_bf16(lay: dict) -> bool:
+    """Whether the run trained under DeepSpeed's pipeline engine with its
+    bf16 optimizer (the file's ``zero`` names ``BF16Optimizer``: BLOOM)."""
+    return "BF16Optimizer" in str(lay.get("zero", ""))
+
+
 def gradients_of(run: dict) -> tuple[str, str]:
     """The precision the run's runtime accumulated and reduced gradients in
     (the profile's ``--gradients``: their memory, the bytes reduced and
@@ -216,7 +222,7 @@ def gradients_of(run: dict) -> tuple[str, str]:
     if "FP32 grad" in str(lay.get("precision", "")):
         return "fp32", ("gradients accumulated over the micro-batches and reduce-scattered in FP32, 4 bytes a "
                         "parameter (the file's precision)")
-    if "BF16Optimizer" in str(lay.get("zero", "")):
+    if runs_deepspeed_bf16(lay):
         return "fp32", ("gradients accumulated and all-reduced in FP32, 4 bytes a parameter, whole on every GPU: "
                         "DeepSpeed's BF16_Optimizer keeps fp32 gradient buffers and reduces them "
                         "(deepspeed/runtime/bf16_optimizer.py, get_grads_for_reduction, as added for bf16 pipelines "
@@ -242,7 +248,7 @@ def runtime_overlap(run: dict, lay: dict) -> dict:
         return {"overlap_grad_reduce": "every-stage", "overlap_param_gather": True,
                 "why": "FSDP's gradient reduce-scatter behind each stage's last backward and its weight gather "
                        "ahead of the forward (torch FSDP's overlap; the paper does not say otherwise)"}
-    if run["id"].startswith("bloom"):
+    if runs_deepspeed_bf16(lay):
         why = "gradients reduced after the last backward (DeepSpeed's pipeline engine, _exec_reduce_grads)"
     else:
         why = ("gradients reduced after the backward, none hidden (Megatron-LM of 2021-2022 under its default "
