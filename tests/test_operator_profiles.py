@@ -4,6 +4,7 @@ sources, the attention kernels, per-layer and selective re-computation and
 sequence parallelism, and Megatron layouts written as plans
 (benchmarks/published_runs.py's rows)."""
 
+import csv
 import json
 import re
 
@@ -101,8 +102,13 @@ def test_every_collective_figure_cites_its_measurement():
         # type has them (else they run at the AllReduce's).
         kinds = {k for k in per_kind if c[k] is not None}
         assert kinds in (set(), per_kind), name
-        assert set(c["sources"]) == {"intra_allreduce_bus_gb_per_s", "intra_line_gb_per_s", "network_share"} | kinds
-        for source in c["sources"].values():
+        by_gpus = {"intra_allreduce_bus_by_gpus"} if c["intra_allreduce_bus_by_gpus"] else set()
+        assert set(c["sources"]) == ({"intra_allreduce_bus_gb_per_s", "intra_line_gb_per_s", "network_share"}
+                                     | kinds | by_gpus)
+        for key, source in c["sources"].items():
+            if key == "intra_allreduce_bus_by_gpus":
+                assert "shared/reference/vtrain-single-node/allreduce-a100" in source, (name, source)
+                continue
             assert source.startswith("assumed:") or source.split(":")[0] in records, (name, source)
     size = {"32KiB": 32 << 10, "1MiB": 1 << 20, "2GiB": 2 << 30}
     size.update({f"{n}MiB": n << 20 for n in (4, 8, 16, 64, 128, 256, 512)})
@@ -119,8 +125,25 @@ def test_every_collective_figure_cites_its_measurement():
         assert measured[name]["intra_all_gather_bus_gb_per_s"] == curve("C7", "all_gather")
         assert measured[name]["intra_reduce_scatter_bus_gb_per_s"] == curve("C7", "reduce_scatter")
     assert measured["A100-80GB"]["intra_all_gather_bus_gb_per_s"] is None
+    assert sorted(measured["A100-80GB"]["intra_allreduce_bus_by_gpus"]) == list(range(2, 9))
+    assert not measured["H100-80GB"]["intra_allreduce_bus_by_gpus"]
     assert measured["A100-80GB"]["network_share"] == records["C8b"]["value"] / 25
     assert measured["H100-80GB"]["network_share"] == sum(records["C8a"]["value"].values()) / 2 / 50
+
+
+def test_a100_allreduce_curves_by_gpu_count_are_the_shipped_nccl_tests_tables():
+    # Each (n, curve) point is the out-of-place bus bandwidth nccl-tests
+    # measured on n A100s at that size (vTrain's AR_GPU{n} tables).
+    folder = SHARED / "reference" / "vtrain-single-node" / "allreduce-a100"
+    if not folder.is_dir():
+        pytest.skip("the shared reference folder is not beside this checkout")
+    by_gpus = planner.GPU_TYPES["A100-80GB"]["collectives"]["intra_allreduce_bus_by_gpus"]
+    for gpus, curve in by_gpus.items():
+        rows = list(csv.reader((folder / f"AR_GPU{gpus}_1M_1024M_LUT.csv").read_text().splitlines()))[1:]
+        measured = {int(r[0]): float(r[4]) for r in rows}
+        assert [size for size, _ in curve] == [1 << (20 + i) for i in range(11)]
+        for size, bus in curve:
+            assert bus == measured[size], (gpus, size)
 
 
 def test_operator_timing_is_the_default_and_efficiency_the_override(tmp_path, dapple):

@@ -36,11 +36,15 @@ from .options import FILE_PATH, PositiveIntList, count_option_type, reports_erro
               help="The precision the runtime accumulates gradients in over micro-batches and reduces them in: "
                    "bf16, as the weights, or fp32 (Megatron-LM under bf16, DeepSpeed's bf16 optimizer, Llama 3's "
                    "FSDP). Their memory, their reduction's bytes and Adam's read of them follow.")
+@click.option("--host-us-per-kernel", type=float, default=None,
+              help=f"What the runtime's host takes to issue one kernel, us: a pass takes no less than its kernels "
+                   f"issued one after another. Default: {planner.HOST_US_PER_KERNEL:g}, an eager PyTorch's; "
+                   "`dapple calibrate --runs` fits it to measured runs.")
 @click.option("--name", "model_name", default=None, help="Model name to record. Default: the config's name.")
 @click.option("--out", "out_path", required=True, type=FILE_PATH, help="Profile JSON to write.")
 @reports_errors
 def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficiency, attention, expert_imbalance,
-                                dispatcher, gradients, model_name, out_path):
+                                dispatcher, gradients, host_us_per_kernel, model_name, out_path):
     """Write the analytic profile of a decoder-only transformer (Llama, GPT).
 
     Each layer's FLOPs, parameters and stored activations follow from the
@@ -58,6 +62,7 @@ def profile_transformer_command(config, gpu, seq_len, micro_batch_sizes, efficie
     profile = planner.transformer_profile(
         config, gpu=gpu, seq_len=seq_len, micro_batch_sizes=micro_batch_sizes, efficiency=efficiency,
         attention=attention, expert_imbalance=expert_imbalance, dispatcher=dispatcher, gradients=gradients,
+        host_us_per_kernel=host_us_per_kernel,
         model=model_name,
     )
     profile.save(out_path)

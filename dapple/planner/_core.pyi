@@ -24,6 +24,7 @@ PLACEMENT_POLICIES: tuple[str, ...]
 PRESETS: dict[str, str]
 ERROR_CODES: tuple[str, ...]
 MODEL_CONFIGS: tuple[str, ...]
+HOST_US_PER_KERNEL: float
 GPU_TYPES: dict[str, dict[str, Any]]
 MAX_PASSES: int
 MAX_PASSES_CEILING: int
@@ -291,6 +292,7 @@ def transformer_profile(
     expert_imbalance: float = 1.0,
     dispatcher: str = "all-to-all",
     gradients: str = "bf16",
+    host_us_per_kernel: float | None = None,
     name: str | None = None,
     text: str | None = None,
     source: str | None = None,

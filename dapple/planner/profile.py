@@ -91,6 +91,8 @@ def import_artifact_profile(
 
 #: Model configs shipped with dapple (Hugging Face config.json files), by name.
 MODEL_CONFIGS: tuple[str, ...] = _core.MODEL_CONFIGS
+#: What an eager runtime's host takes to issue one kernel, us (the core's source beside it).
+HOST_US_PER_KERNEL: float = _core.HOST_US_PER_KERNEL
 
 #: How a generated profile's attention core runs (the core's table).
 ATTENTION_KERNELS: tuple[str, ...] = _core.ATTENTION_KERNELS
@@ -114,6 +116,7 @@ def transformer_profile(
     dispatcher: str = "all-to-all",
     gradients: str = "bf16",
     model: str | None = None,
+    host_us_per_kernel: float | None = None,
 ) -> Profile:
     """A profile of a decoder-only transformer without a GPU: ``config`` is a
     shipped name (``MODEL_CONFIGS``) or a Hugging Face ``config.json``. Each
@@ -130,11 +133,15 @@ def transformer_profile(
     parallelism"). ``gradients`` is the precision the runtime accumulates
     and reduces gradients in: ``"bf16"``, as the weights, or ``"fp32"``
     (Megatron-LM under bf16, DeepSpeed's bf16 optimizer, Llama 3): their
-    memory, their reduction's bytes and Adam's read of them."""
+    memory, their reduction's bytes and Adam's read of them.
+    ``host_us_per_kernel`` is what the runtime's host takes to issue one
+    kernel (None: ``HOST_US_PER_KERNEL``, an eager PyTorch's): each pass
+    operator by operator takes no less than its kernels issued one after
+    another (docs/cost-model.md, "Transformer profiles")."""
     sizes = [check_count("micro_batch_sizes", b) for b in micro_batch_sizes]
     common = dict(gpu=gpu, seq_len=check_count("seq_len", seq_len), micro_batch_sizes=sizes, efficiency=efficiency,
                   attention=attention, expert_imbalance=float(expert_imbalance), dispatcher=dispatcher,
-                  gradients=gradients)
+                  gradients=gradients, host_us_per_kernel=host_us_per_kernel)
     if str(config) in MODEL_CONFIGS:
         core = _core.transformer_profile(model=model or str(config), name=str(config), **common)
     else:

@@ -484,7 +484,10 @@ pub fn baseline_plan(
         min_micro_batch_size,
         (policy, Overlap::default()),
     )?;
-    Ok(plans.into_iter().next().expect("baseline_plans is an error when none fits"))
+    Ok(plans
+        .into_iter()
+        .next()
+        .expect("baseline_plans is an error when none fits"))
 }
 
 /// Every plan of the baseline that fits, each at its warm-up depths,
@@ -567,7 +570,10 @@ pub(crate) fn fastest_that_fits(
     min_slice: u32,
 ) -> Result<Plan> {
     let fitting = every_that_fits(layouts, costs, policy, name, global_batch_size, min_slice)?;
-    Ok(fitting.into_iter().next().expect("every_that_fits is an error when none fits"))
+    Ok(fitting
+        .into_iter()
+        .next()
+        .expect("every_that_fits is an error when none fits"))
 }
 
 /// Every one of `layouts` that fits, costed (under warm-up policy auto,
@@ -668,8 +674,10 @@ mod tests {
             expert_imbalance: 1.0,
             dispatcher: crate::model::experts::TokenDispatcher::AllToAll,
             gradients: crate::model::transformer::GradientPrecision::Bf16,
+            host_us_per_kernel: crate::model::transformer::HOST_US_PER_KERNEL,
         };
-        let p = crate::model::transformer::transformer_profile("llama-2-7b", &config, &options).unwrap();
+        let p = crate::model::transformer::transformer_profile("llama-2-7b", &config, &options)
+            .unwrap();
         let t = Topology::from_spec("2x8-a100-80gb").unwrap();
         let all = baseline_plans(
             Baseline::Megatron,
@@ -681,14 +689,21 @@ mod tests {
         )
         .unwrap();
         assert!(all.len() > 10, "{}", all.len());
-        let ms: Vec<f64> = all.iter().map(|plan| plan.iteration_ms().unwrap()).collect();
+        let ms: Vec<f64> = all
+            .iter()
+            .map(|plan| plan.iteration_ms().unwrap())
+            .collect();
         assert!(ms.windows(2).all(|w| w[0] <= w[1]));
-        assert!(all.iter().all(|plan| plan.estimate.as_ref().unwrap().fits_memory));
+        assert!(all
+            .iter()
+            .all(|plan| plan.estimate.as_ref().unwrap().fits_memory));
         let best = baseline_plan(Baseline::Megatron, &p, &t, 64, None, WarmupPolicy::Auto).unwrap();
         assert_eq!(best.stages, all[0].stages);
         assert_eq!(best.iteration_ms(), all[0].iteration_ms());
         // Shapes differ among them: with and without re-computation.
-        assert!(all.iter().any(|plan| plan.stages[0].shape.recompute.is_none()));
+        assert!(all
+            .iter()
+            .any(|plan| plan.stages[0].shape.recompute.is_none()));
     }
 
     #[test]

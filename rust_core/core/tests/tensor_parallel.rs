@@ -22,6 +22,7 @@ fn llama(name: &str, gpu: &str, seq_len: u64, sizes: Vec<u32>) -> Profile {
         expert_imbalance: 1.0,
         dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
         gradients: dapple_core::model::transformer::GradientPrecision::Bf16,
+        host_us_per_kernel: dapple_core::model::transformer::HOST_US_PER_KERNEL,
     };
     transformer_profile(name, &config, &options).unwrap()
 }
@@ -240,6 +241,7 @@ fn classifier(classes: u64, patterns: &[&str]) -> Profile {
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
             sequence_parallel: false,
+            shard_compute: Vec::new(),
         }
     };
     let text = serde_json::json!({
@@ -313,6 +315,7 @@ fn tiny_llama() -> Profile {
         expert_imbalance: 1.0,
         dispatcher: dapple_core::model::experts::TokenDispatcher::AllToAll,
         gradients: dapple_core::model::transformer::GradientPrecision::Bf16,
+        host_us_per_kernel: dapple_core::model::transformer::HOST_US_PER_KERNEL,
     };
     transformer_profile("tiny", &config, &options).unwrap()
 }

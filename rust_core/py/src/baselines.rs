@@ -46,7 +46,10 @@ fn baseline_plans(
             )
         })
         .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
-    Ok(plans.into_iter().map(|plan| made_from(plan, profile)).collect())
+    Ok(plans
+        .into_iter()
+        .map(|plan| made_from(plan, profile))
+        .collect())
 }
 
 /// Any layout, `stages` as (layer_start, layer_end, devices) each, as the

@@ -193,7 +193,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add(
         "GRADIENT_PRECISIONS",
-        names(py, dapple_core::model::transformer::GradientPrecision::names())?,
+        names(
+            py,
+            dapple_core::model::transformer::GradientPrecision::names(),
+        )?,
     )?;
     m.add("SCHEDULE_KINDS", names(py, ScheduleKind::names())?)?;
     m.add(

@@ -3,7 +3,7 @@ use dapple_core::model::experts::TokenDispatcher;
 use dapple_core::model::kernels::AttentionKernel;
 use dapple_core::model::transformer::{
     transformer_profile as generate, transformer_splits as splits_of, GradientPrecision, MoeConfig,
-    TransformerConfig, TransformerOptions, MODELS,
+    TransformerConfig, TransformerOptions, HOST_US_PER_KERNEL, MODELS,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,7 +15,7 @@ use crate::{to_py_err, with_source};
 /// or from a Hugging Face `config.json`'s `text` (`source` names its file
 /// in errors); `model` is the name it records.
 #[pyfunction]
-#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, dispatcher="all-to-all", gradients="bf16", name=None, text=None, source=None))]
+#[pyo3(signature = (*, model, gpu, seq_len, micro_batch_sizes, efficiency=None, attention=None, expert_imbalance=1.0, dispatcher="all-to-all", gradients="bf16", host_us_per_kernel=None, name=None, text=None, source=None))]
 #[allow(clippy::too_many_arguments)]
 fn transformer_profile(
     model: &str,
@@ -27,6 +27,7 @@ fn transformer_profile(
     expert_imbalance: f64,
     dispatcher: &str,
     gradients: &str,
+    host_us_per_kernel: Option<f64>,
     name: Option<&str>,
     text: Option<&str>,
     source: Option<&str>,
@@ -53,6 +54,7 @@ fn transformer_profile(
             .map_err(|e| to_py_err(e.under("dispatcher")))?,
         gradients: GradientPrecision::parse(gradients)
             .map_err(|e| to_py_err(e.under("gradients")))?,
+        host_us_per_kernel: host_us_per_kernel.unwrap_or(HOST_US_PER_KERNEL),
     };
     let p = generate(model, &config, &options).map_err(|e| to_py_err(with_source(e, source)))?;
     Ok(PyProfile::new(p, None))
@@ -134,6 +136,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transformer_profile, m)?)?;
     m.add_function(wrap_pyfunction!(transformer_splits, m)?)?;
     let py = m.py();
+    m.add("HOST_US_PER_KERNEL", HOST_US_PER_KERNEL)?;
     m.add(
         "MODEL_CONFIGS",
         crate::names(py, MODELS.iter().map(|(name, _)| *name).collect())?,
@@ -173,6 +176,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
                     "intra_reduce_scatter_bus_gb_per_s",
                     c.intra_reduce_scatter_bus_gb_per_s.map(<[_]>::to_vec),
                 )?;
+                let by_gpus = PyDict::new(py);
+                for &(gpus, curve) in c.intra_allreduce_bus_by_gpus {
+                    by_gpus.set_item(gpus, curve.to_vec())?;
+                }
+                d.set_item("intra_allreduce_bus_by_gpus", by_gpus)?;
                 d.set_item("intra_line_gb_per_s", c.intra_line_gb_per_s)?;
                 d.set_item("network_share", c.network_share)?;
                 d.set_item("sources", sources_dict(py, c.sources)?)?;

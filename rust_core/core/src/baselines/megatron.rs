@@ -352,6 +352,7 @@ mod tests {
             expert_imbalance: 1.0,
             dispatcher: crate::model::experts::TokenDispatcher::AllToAll,
             gradients: crate::model::transformer::GradientPrecision::Bf16,
+            host_us_per_kernel: crate::model::transformer::HOST_US_PER_KERNEL,
         };
         transformer_profile("llama-2-7b", &config, &options).unwrap()
     }

@@ -124,6 +124,12 @@ pub struct CollectiveFigures {
     pub intra_all_gather_bus_gb_per_s: Option<&'static [(u64, f64)]>,
     /// The same of the reduce-scatter, by the scattered whole's size.
     pub intra_reduce_scatter_bus_gb_per_s: Option<&'static [(u64, f64)]>,
+    /// AllReduce bus bandwidth measured on n of one machine's GPUs, by
+    /// message size, (n, curve) for each n measured: a group of n GPUs of a
+    /// machine runs at its own n's curve (NCCL's rings and channels change
+    /// with the GPUs: on A100 1 MiB takes 44 us over 2 and 93 over 8),
+    /// others at `intra_allreduce_bus_gb_per_s`.
+    pub intra_allreduce_bus_by_gpus: &'static [(u32, &'static [(u64, f64)])],
     /// The NVLink line rate those were measured on, GB/s a GPU and direction.
     pub intra_line_gb_per_s: f64,
     /// Share of a network card's line rate NCCL reaches with large messages.
@@ -133,6 +139,123 @@ pub struct CollectiveFigures {
 }
 
 const MIB: u64 = 1 << 20;
+
+/// nccl-tests' AllReduce on 2 to 8 A100s of one machine (vTrain's tables:
+/// `CollectiveFigures::intra_allreduce_bus_by_gpus`), bus GB/s by size.
+const A100_ALLREDUCE_BY_GPUS: [(u32, &[(u64, f64)]); 7] = [
+    (
+        2,
+        &[
+            (MIB, 23.72),
+            (2 * MIB, 39.25),
+            (4 * MIB, 68.55),
+            (8 * MIB, 96.53),
+            (16 * MIB, 127.16),
+            (32 * MIB, 145.88),
+            (64 * MIB, 165.81),
+            (128 * MIB, 175.77),
+            (256 * MIB, 184.39),
+            (512 * MIB, 189.15),
+            (1024 * MIB, 197.28),
+        ],
+    ),
+    (
+        3,
+        &[
+            (MIB, 21.88),
+            (2 * MIB, 39.49),
+            (4 * MIB, 70.58),
+            (8 * MIB, 107.99),
+            (16 * MIB, 144.34),
+            (32 * MIB, 167.87),
+            (64 * MIB, 178.86),
+            (128 * MIB, 192.66),
+            (256 * MIB, 200.40),
+            (512 * MIB, 206.48),
+            (1024 * MIB, 211.88),
+        ],
+    ),
+    (
+        4,
+        &[
+            (MIB, 30.60),
+            (2 * MIB, 56.44),
+            (4 * MIB, 81.37),
+            (8 * MIB, 107.74),
+            (16 * MIB, 140.11),
+            (32 * MIB, 177.09),
+            (64 * MIB, 185.11),
+            (128 * MIB, 201.61),
+            (256 * MIB, 208.73),
+            (512 * MIB, 216.48),
+            (1024 * MIB, 221.86),
+        ],
+    ),
+    (
+        5,
+        &[
+            (MIB, 26.73),
+            (2 * MIB, 54.85),
+            (4 * MIB, 85.36),
+            (8 * MIB, 108.42),
+            (16 * MIB, 135.01),
+            (32 * MIB, 166.62),
+            (64 * MIB, 188.95),
+            (128 * MIB, 201.33),
+            (256 * MIB, 210.85),
+            (512 * MIB, 218.25),
+            (1024 * MIB, 224.48),
+        ],
+    ),
+    (
+        6,
+        &[
+            (MIB, 23.94),
+            (2 * MIB, 46.85),
+            (4 * MIB, 84.68),
+            (8 * MIB, 110.34),
+            (16 * MIB, 137.63),
+            (32 * MIB, 183.97),
+            (64 * MIB, 197.70),
+            (128 * MIB, 199.58),
+            (256 * MIB, 211.45),
+            (512 * MIB, 222.55),
+            (1024 * MIB, 227.01),
+        ],
+    ),
+    (
+        7,
+        &[
+            (MIB, 23.06),
+            (2 * MIB, 45.94),
+            (4 * MIB, 85.42),
+            (8 * MIB, 107.03),
+            (16 * MIB, 126.36),
+            (32 * MIB, 172.84),
+            (64 * MIB, 191.77),
+            (128 * MIB, 200.53),
+            (256 * MIB, 210.04),
+            (512 * MIB, 224.14),
+            (1024 * MIB, 226.89),
+        ],
+    ),
+    (
+        8,
+        &[
+            (MIB, 19.78),
+            (2 * MIB, 39.36),
+            (4 * MIB, 76.62),
+            (8 * MIB, 109.30),
+            (16 * MIB, 126.33),
+            (32 * MIB, 163.97),
+            (64 * MIB, 202.52),
+            (128 * MIB, 202.13),
+            (256 * MIB, 217.25),
+            (512 * MIB, 224.15),
+            (1024 * MIB, 229.35),
+        ],
+    ),
+];
 
 /// 8 x A100 SXM, NVLink 3 and NVSwitch (C1: nccl-tests all_reduce_perf -g 8).
 const A100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
@@ -152,10 +275,12 @@ const A100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
     // H200's do without NVLS (C3: 361.4 and 362.9 GB/s against 367.2).
     intra_all_gather_bus_gb_per_s: None,
     intra_reduce_scatter_bus_gb_per_s: None,
+    intra_allreduce_bus_by_gpus: &A100_ALLREDUCE_BY_GPUS,
     intra_line_gb_per_s: 300.0,
     network_share: 24.0 / 25.0,
     sources: &[
         ("intra_allreduce_bus_gb_per_s", "C1: stas00/ml-engineering@744d01e network/README.md, nccl-tests all_reduce_perf on 8 x A100 NVLink3/NVSwitch"),
+        ("intra_allreduce_bus_by_gpus", "VIA-Research/vTrain@f8dda84 data/nccl-tests AR_GPU{2..8}_1M_1024M_LUT.csv (shipped in shared/reference/vtrain-single-node/allreduce-a100/), nccl-tests all_reduce_perf fp32 on 2-8 A100s of one machine, out of place, read at the powers of two from 1 MiB to 1 GiB"),
         ("intra_line_gb_per_s", "assumed: the A100 datasheet's 600 GB/s NVLink, one direction"),
         ("network_share", "C8b: NVIDIA/nccl-tests issues #160, #252, about 24 GB/s a 200 Gb/s HDR NIC (25 GB/s)"),
     ],
@@ -170,6 +295,7 @@ const H100_COLLECTIVES: CollectiveFigures = CollectiveFigures {
     intra_allreduce_bus_gb_per_s: &[(MIB, 35.3), (64 * MIB, 309.2), (2048 * MIB, 402.4)],
     intra_all_gather_bus_gb_per_s: Some(H100_ALL_GATHER),
     intra_reduce_scatter_bus_gb_per_s: Some(H100_REDUCE_SCATTER),
+    intra_allreduce_bus_by_gpus: &[],
     intra_line_gb_per_s: 450.0,
     network_share: 47.0 / 50.0,
     sources: &[
@@ -199,6 +325,7 @@ const H200_COLLECTIVES: CollectiveFigures = CollectiveFigures {
     // switch stand for them (C7 reaches 351.7 and 329.1 at 2 GiB).
     intra_all_gather_bus_gb_per_s: Some(H100_ALL_GATHER),
     intra_reduce_scatter_bus_gb_per_s: Some(H100_REDUCE_SCATTER),
+    intra_allreduce_bus_by_gpus: &[],
     intra_line_gb_per_s: 450.0,
     network_share: 47.0 / 50.0,
     sources: &[

@@ -452,7 +452,8 @@ impl StageCoster<'_> {
         sums.common.set(None);
         sums.sharded_collectives.set(None);
         let shard = if sums.t > 1 {
-            self.layers.shard(l, sums.t, sums.sequence_parallel)
+            self.layers
+                .shard_at(l, sums.t, sums.sequence_parallel, sums.split_slice)
         } else {
             None
         };
@@ -563,7 +564,7 @@ impl StageCoster<'_> {
         let times = self.times(timing, slice);
         let compute_factor = if split {
             self.layers
-                .shard(l, sums.t, sums.sequence_parallel)
+                .shard_at(l, sums.t, sums.sequence_parallel, slice)
                 .map_or(1.0, |s| s.compute_factor)
         } else {
             1.0
@@ -982,6 +983,7 @@ mod tests {
             expert_imbalance: 1.0,
             dispatcher: TokenDispatcher::AllToAll,
             gradients: crate::model::transformer::GradientPrecision::Bf16,
+            host_us_per_kernel: crate::model::transformer::HOST_US_PER_KERNEL,
         };
         let profile = transformer_profile("llama-2-7b", &config, &options).unwrap();
         let layers = LayerCosts::new(&profile);
@@ -1201,6 +1203,7 @@ mod tests {
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 2,
             sequence_parallel: true,
+            shard_compute: Vec::new(),
         }];
         profile.layers[0].experts = Some(ExpertPattern {
             count: 4,

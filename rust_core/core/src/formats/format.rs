@@ -35,7 +35,7 @@ impl FileFormat {
 /// the measurements' optional `selective_stored_bytes` and
 /// `selective_recompute_ms` (issue 45), and a layer's `experts` (issue 46)
 /// with their `split_gather_bytes_per_sample`, `compute_fraction` and
-/// `imbalance`.
+/// `imbalance`, and a split pattern's `shard_compute` (issue 65).
 pub const PROFILE: FileFormat = FileFormat::new("dapple.profile", 1, &[1]);
 pub const TOPOLOGY: FileFormat = FileFormat::new("dapple.topology", 1, &[1]);
 /// Version 2 adds the simulated `estimate.iteration_ms`, per-stage

@@ -1669,6 +1669,19 @@ impl LayerCosts {
         crate::model::split::cheapest(&self.split[layer], t).map(|p| p.shard(t, sequence_parallel))
     }
 
+    /// [`LayerCosts::shard`] with its compute at micro-batch size `batch`
+    /// (`SplitPattern::shard_at`): what a stage's cost reads.
+    pub fn shard_at(
+        &self,
+        layer: usize,
+        t: u32,
+        sequence_parallel: bool,
+        batch: u32,
+    ) -> Option<crate::model::split::ShardCost> {
+        crate::model::split::cheapest(&self.split[layer], t)
+            .map(|p| p.shard_at(t, sequence_parallel, batch))
+    }
+
     /// The routed experts of layer `layer`, if it has any.
     pub fn experts(&self, layer: usize) -> Option<&ExpertPattern> {
         self.experts[layer].as_ref()

@@ -54,6 +54,29 @@ pub struct SplitPattern {
     /// becomes a reduce-scatter and an all-gather of the same tensor.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sequence_parallel: bool,
+    /// One shard's time over the whole layer's, timed at the shard's own
+    /// shapes, by split degree and micro-batch size (`ShardCompute`):
+    /// where a degree has entries they replace the rule of the replicated
+    /// share (a shard's products are narrower and run below the whole
+    /// layer's rate; the kernels it launches do not shrink with t). A
+    /// generated profile writes them; a measured one may.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_compute: Vec<ShardCompute>,
+}
+
+/// A shard's compute at one split degree and micro-batch size, over the
+/// whole layer's at that size (forward and backward together), without
+/// and with sequence parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardCompute {
+    pub degree: u32,
+    pub batch_size: u32,
+    pub factor: f64,
+    /// With the operators every shard would run whole on 1/t of the
+    /// sequence (the pattern's `sequence_parallel`); as `factor` where the
+    /// pattern has none.
+    pub sequence_parallel_factor: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -136,13 +159,54 @@ impl SplitPattern {
     /// forward gathered (the inputs of the column-parallel products, which
     /// Megatron-LM does not keep: Korthikanti et al., Section 4.2.3), half
     /// the forward's volume more, exposed as the rest.
+    ///
+    /// Its compute is the least the pattern's `shard_compute` gives at this
+    /// degree over every micro-batch size (a floor the search may bound
+    /// by), or the rule of the replicated share where it gives none; the
+    /// cost of a stage reads it at its own size (`shard_at`).
     pub fn shard(&self, degree: u32, sequence_parallel: bool) -> ShardCost {
+        let by_sequence = sequence_parallel && self.sequence_parallel;
+        let timed = self
+            .shard_compute
+            .iter()
+            .filter(|c| c.degree == degree)
+            .map(|c| c.of(by_sequence))
+            .reduce(f64::min);
+        self.shard_with(degree, by_sequence, timed)
+    }
+
+    /// One shard's share at `degree`, its compute at micro-batch size
+    /// `batch`: linear in the size between two timed sizes, the nearest
+    /// beyond them (`shard_compute`), or the replicated share's rule.
+    pub fn shard_at(&self, degree: u32, sequence_parallel: bool, batch: u32) -> ShardCost {
+        let by_sequence = sequence_parallel && self.sequence_parallel;
+        let mut below: Option<&ShardCompute> = None;
+        let mut above: Option<&ShardCompute> = None;
+        for c in self.shard_compute.iter().filter(|c| c.degree == degree) {
+            if c.batch_size <= batch && below.is_none_or(|b| c.batch_size > b.batch_size) {
+                below = Some(c);
+            }
+            if c.batch_size >= batch && above.is_none_or(|a| c.batch_size < a.batch_size) {
+                above = Some(c);
+            }
+        }
+        let timed = match (below, above) {
+            (Some(b), Some(a)) if a.batch_size > b.batch_size => {
+                let w = f64::from(batch - b.batch_size) / f64::from(a.batch_size - b.batch_size);
+                Some(b.of(by_sequence) + w * (a.of(by_sequence) - b.of(by_sequence)))
+            }
+            (Some(c), _) | (None, Some(c)) => Some(c.of(by_sequence)),
+            (None, None) => None,
+        };
+        self.shard_with(degree, by_sequence, timed)
+    }
+
+    fn shard_with(&self, degree: u32, by_sequence: bool, timed: Option<f64>) -> ShardCost {
         let t = f64::from(degree);
         let kept = |whole: f64| whole + (1.0 - whole) / t;
-        let by_sequence = sequence_parallel && self.sequence_parallel;
         let replicated = |whole: f64| if by_sequence { 1.0 / t } else { kept(whole) };
         ShardCost {
-            compute_factor: replicated(self.replicated_compute_fraction),
+            compute_factor: timed.unwrap_or_else(|| replicated(self.replicated_compute_fraction)),
             param_factor: kept(self.replicated_param_fraction),
             stored_factor: replicated(self.replicated_stored_fraction),
             fwd_allreduce_bytes_per_sample: self.fwd_allreduce_bytes_per_sample,
@@ -219,7 +283,40 @@ impl SplitPattern {
                 ));
             }
         }
+        for (k, c) in self.shard_compute.iter().enumerate() {
+            let at = |field: &str| format!("shard_compute[{k}].{field}");
+            if c.degree < 2 {
+                return Err(Error::field(
+                    at("degree"),
+                    format!("value {} must be >= 2", c.degree),
+                ));
+            }
+            if c.batch_size == 0 {
+                return Err(Error::field(at("batch_size"), "value 0 must be >= 1"));
+            }
+            for (field, value) in [
+                ("factor", c.factor),
+                ("sequence_parallel_factor", c.sequence_parallel_factor),
+            ] {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(Error::field(
+                        at(field),
+                        format!("value {value} must be a finite number > 0"),
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+}
+
+impl ShardCompute {
+    fn of(&self, by_sequence: bool) -> f64 {
+        if by_sequence {
+            self.sequence_parallel_factor
+        } else {
+            self.factor
+        }
     }
 }
 
@@ -253,6 +350,7 @@ mod tests {
             replicated_compute_fraction: 0.0,
             allreduce_calls_per_pass: 1,
             sequence_parallel: false,
+            shard_compute: Vec::new(),
         }
     }
 

@@ -1512,6 +1512,7 @@ mod tests {
                 replicated_compute_fraction: 0.0,
                 allreduce_calls_per_pass: 1,
                 sequence_parallel: rng.gen_bool(0.5),
+                shard_compute: Vec::new(),
             }];
         }
         if case.is_multiple_of(2) {
