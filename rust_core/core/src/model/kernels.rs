@@ -43,9 +43,10 @@ pub const GEMM_TILES: [(u64, u64); 6] = [
 /// at its intensity over this. Fitted to XLA's H100 products by shape (G8:
 /// 256^3 to 4096^3, G9: few tokens and short reductions, median CUPTI
 /// kernel times; `benchmarks/gemm_model.py`): of 30 to 70 in steps of 5,
-/// 50 has the least mean |log(model / measured)| over the 13, 0.103
-/// against 0.348 with the 128 x 256 tile alone, and keeps the lent H200's
-/// sweep at its median (`SUSTAINED_SHARE`). 128 x 128 tiles (64) and
+/// 50 has the least mean |log(model / measured)| over the 13, 0.108
+/// against 0.348 with the 128 x 256 tile alone (`fed_tile_intensity` in
+/// benchmarks/results/gemm_model.json); the lent H200's sweep then sets
+/// `SUSTAINED_SHARE`. 128 x 128 tiles (64) and
 /// larger are fed; 128 x 64 (42.7) runs at 0.85, 64 x 64 (32) at 0.64.
 pub const FED_TILE_INTENSITY: f64 = 50.0;
 /// Share of the type's best throughput (`gemm_tflops`: the maximum
@@ -97,6 +98,12 @@ impl Gemm {
     /// the tile that does the most: outputs over the tiles' area times the
     /// waves' slots, times the tile's fed share.
     pub fn wave_efficiency(&self, sm_count: u32) -> f64 {
+        self.wave_efficiency_fed_at(sm_count, FED_TILE_INTENSITY)
+    }
+
+    /// [`Gemm::wave_efficiency`] with tiles fed at `fed_intensity`
+    /// (`benchmarks/gemm_model.py` weighs the values it was chosen among).
+    pub fn wave_efficiency_fed_at(&self, sm_count: u32, fed_intensity: f64) -> f64 {
         let useful = (self.m * self.n * self.batch) as f64;
         GEMM_TILES
             .iter()
@@ -104,29 +111,36 @@ impl Gemm {
                 let tiles = self.m.div_ceil(rows) * self.n.div_ceil(columns) * self.batch;
                 let waves = tiles.div_ceil(u64::from(sm_count));
                 let slots = (waves * u64::from(sm_count) * rows * columns) as f64;
-                useful / slots * fed_share((rows, columns))
+                useful / slots * fed_share((rows, columns), fed_intensity)
             })
             .fold(0.0, f64::max)
     }
 
     /// Its time on `gpu`, ms.
     pub fn ms(&self, gpu: &GpuType) -> f64 {
+        self.ms_fed_at(gpu, FED_TILE_INTENSITY)
+    }
+
+    /// [`Gemm::ms`] with tiles fed at `fed_intensity`.
+    pub fn ms_fed_at(&self, gpu: &GpuType, fed_intensity: f64) -> f64 {
         if self.m == 0 || self.n == 0 || self.k == 0 || self.batch == 0 {
             return 0.0;
         }
         let figures = &gpu.kernels;
-        let flops_per_ms =
-            SUSTAINED_SHARE * figures.gemm_tflops * 1e9 * self.wave_efficiency(figures.sm_count);
+        let flops_per_ms = SUSTAINED_SHARE
+            * figures.gemm_tflops
+            * 1e9
+            * self.wave_efficiency_fed_at(figures.sm_count, fed_intensity);
         let compute_ms = self.flops() / flops_per_ms;
         GEMM_FLOOR_MS + compute_ms.max(memory_bound_ms(gpu, self.bytes()))
     }
 }
 
-/// What of an SM's full speed a tile of `rows` x `columns` keeps
-/// (`FED_TILE_INTENSITY`).
-pub fn fed_share((rows, columns): (u64, u64)) -> f64 {
+/// What of an SM's full speed a tile of `rows` x `columns` keeps where
+/// tiles of `fed_intensity` and more are fed (`FED_TILE_INTENSITY`).
+pub fn fed_share((rows, columns): (u64, u64), fed_intensity: f64) -> f64 {
     let intensity = (rows * columns) as f64 / (rows + columns) as f64;
-    (intensity / FED_TILE_INTENSITY).min(1.0)
+    (intensity / fed_intensity).min(1.0)
 }
 
 /// Time of a memory-bound operator that moves `bytes` (read and written
@@ -293,10 +307,13 @@ mod tests {
         // 128 x 256 ones leave three quarters of them idle.
         let h100 = gpu_type("h100").unwrap();
         let few = Gemm::new(256, 4096, 4096);
-        assert_eq!(fed_share((64, 128)), 64.0 * 128.0 / 192.0 / 50.0);
+        assert_eq!(
+            fed_share((64, 128), FED_TILE_INTENSITY),
+            64.0 * 128.0 / 192.0 / 50.0
+        );
         assert_eq!(
             few.wave_efficiency(132),
-            256.0 * 4096.0 / (132.0 * 64.0 * 128.0) * fed_share((64, 128))
+            256.0 * 4096.0 / (132.0 * 64.0 * 128.0) * fed_share((64, 128), FED_TILE_INTENSITY)
         );
         let tflops = few.flops() / few.ms(h100) / 1e9;
         assert!(

@@ -451,4 +451,31 @@ mod tests {
             Some("divides[0].count")
         );
     }
+
+    #[test]
+    fn a_shards_timed_compute_is_read_at_its_size_and_checked() {
+        let mut p = pattern("megatron-block", 2.0, 2.0, &[8]);
+        p.replicated_compute_fraction = 0.1;
+        let at = |batch_size, factor| ShardCompute {
+            degree: 4,
+            batch_size,
+            factor,
+            sequence_parallel_factor: factor,
+        };
+        p.shard_compute = vec![at(1, 0.9), at(4, 0.3)];
+        // Timed sizes exactly, linear between them, the nearest beyond.
+        assert_eq!(p.shard_at(4, false, 1).compute_factor, 0.9);
+        assert!((p.shard_at(4, false, 2).compute_factor - 0.7).abs() < 1e-12);
+        assert_eq!(p.shard_at(4, false, 16).compute_factor, 0.3);
+        // The search's floor is the least; an untimed degree keeps the rule.
+        assert_eq!(p.shard(4, false).compute_factor, 0.3);
+        assert_eq!(p.shard_at(2, false, 1).compute_factor, 0.1 + 0.9 / 2.0);
+        assert!(p.validate().is_ok());
+        p.shard_compute[1].degree = 1;
+        let e = p.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("shard_compute[1].degree"));
+        p.shard_compute[1] = at(4, f64::NAN);
+        let e = p.validate().unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("shard_compute[1].factor"));
+    }
 }
