@@ -209,10 +209,11 @@ pub struct TransformerOptions {
 /// `shared/reference/vtrain-single-node/ground_truth_single.csv` (vTrain,
 /// A100, eager PyTorch with activation checkpointing), the only
 /// measurement of such a host this project has: 70.97 over all of them
-/// (rounded here), and as much on each 4/5 of them
+/// (rounded here), 70.86 to 71.10 on each 4/5 of them
 /// (`benchmarks/measured_runs.py`: `fitted_on_every_run` and
-/// `calibrated.fold_figures` in benchmarks/results/measured_runs.json). The raw driver call takes 3.0
-/// (meta-pytorch/tritonbench#1017) and a PyTorch operator at least 7
+/// `calibrated.fold_figures` in benchmarks/results/measured_runs.json).
+/// The raw driver call takes 3.0 (meta-pytorch/tritonbench#1017) and a
+/// PyTorch operator at least 7
 /// (meta-pytorch/autoparallel#146's `kernel_launch_overhead`); Megatron-
 /// DeepSpeed issues several kernels for each one counted here (its bias,
 /// dropout and layout kernels, its checkpointing's), which the figure
@@ -1183,12 +1184,14 @@ fn source(
         ),
         None => format!(
             "times operator by operator on {} ({} attention): matrix products by their tiles and waves at {} of {} TFLOP/s, \
-             memory-bound operators and Adam's step at {} GB/s",
+             memory-bound operators and Adam's step at {} GB/s, each pass at least its kernels issued at {} us each, \
+             each shard at its own shapes",
             gpu.name,
             attention.name(),
             SUSTAINED_SHARE,
             gpu.kernels.gemm_tflops,
-            gpu.kernels.hbm_gb_per_s
+            gpu.kernels.hbm_gb_per_s,
+            options.host_us_per_kernel
         ),
     };
     let gradients = match options.gradients {
