@@ -291,7 +291,8 @@ def test_text_outputs_show_each_stages_shape(dapple, shaped_plan, tmp_path):
     sim = dapple("simulate", "--plan", plan, "--profile", profile)
     assert sim.returncode == 0, sim.stderr
     assert "stage 0 (t2\u00d7r2 zero): busy" in sim.stdout and "stage 1 (t1\u00d7r4 rc): busy" in sim.stdout
-    # a plain plan's text has no shapes to tell
+    # a plain plan's text has no shapes to tell; its header names the
+    # layout: two stages of eight replicas (issue 67)
     plain = tmp_path / "plain.json"
     assert dapple("plan", "--profile", BERT, "--topology", "A", "--global-batch-size", 64, "--schedule",
                   "early-backward-1f1b", "--out", plain).returncode == 0
@@ -299,7 +300,9 @@ def test_text_outputs_show_each_stages_shape(dapple, shaped_plan, tmp_path):
     for command in ("estimate", "simulate"):
         r = dapple(command, "--plan", plain)
         assert r.returncode == 0, r.stderr
-        assert "\u00d7" not in r.stdout and "shape" not in r.stdout, r.stdout
+        header, *rest = r.stdout.splitlines()
+        assert "pp2 \u00d7 (r8)" in header, header
+        assert not any("\u00d7" in line for line in rest) and "shape" not in r.stdout, r.stdout
         outputs[command] = r.stdout
     assert "stage 0: busy" in outputs["simulate"]
 

@@ -247,7 +247,7 @@ def test_compare_command_lists_stage_shapes_under_the_table_where_a_stage_is_not
     # rows without a plan have no shapes to show
     assert "gpipe" not in shapes
     js = dapple("compare", "--profile", llama_70b, "--topology", "4x8-a100-80gb", "--global-batch-size", 256, "--json")
-    from dapple.cli.render import stage_shapes_text
+    from dapple.planner.plan import stage_shapes_text
 
     for row in json.loads(js.stdout):
         if row["stage_shapes"] is not None:

@@ -1,5 +1,6 @@
 """`dapple show`: pictures of a plan and its simulated iteration."""
 
+import re
 import struct
 
 import pytest
@@ -179,7 +180,9 @@ def test_a_plain_plans_labels_are_as_before_shapes(monkeypatch, plan_path, tmp_p
     assert sorted(t for t in texts["memory"] if t.startswith("stage ") and "peak" not in t) == names
     fig, diagram = texts["diagram"]
     assert [t for t in diagram if t.startswith("s") and t[1:2].isdigit()] == ["s0"] * 8 + ["s1"] * 8
-    assert not any("\u00d7" in t or "outlined" in t for t in diagram)
+    # No stage shape ("t2×r4") and no outlined split group; the title's
+    # layout ("pp2 × (r8)") names the replicas alone.
+    assert not any(re.search(r"\bt\d+\u00d7", t) or "outlined" in t for t in diagram)
     assert [t for t in diagram if t.startswith("stage ")] == [
         "stage 0: layers 0-31 (input_ids .. layer_27; 28 model layers)",
         "stage 1: layers 32-52 (layer_28 .. pooler; 20 model layers)",
@@ -194,3 +197,35 @@ def test_show_draws_a_shaped_plans_groups_into_its_svg(dapple, shaped_plan, tmp_
     svg = out.read_text()
     assert "s0 r1" in svg and "t2\u00d7r2 zero" in svg
     assert "t1\u00d7r4 rc" in (tmp_path / "g.svg").read_text()
+
+
+def test_a_gantt_of_32_stages_of_512_gpus_keeps_every_label_whole(monkeypatch):
+    """Issue 67: Llama-2-70B over 32 stages of 512 H100s (2048x8): each
+    stage's label is short ("s23 (512: 11776-12287)") and lies whole inside
+    the figure, and the title says the layout once ("pp32 × (r512)"), not
+    "512:" 32 times."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from conftest import ROOT
+    from dapple import planner
+    from dapple.planner import pictures
+
+    profile = planner.transformer_profile(ROOT / "profiles" / "models" / "llama-2-70b.json", gpu="H100-80GB", seq_len=4096,
+                                          micro_batch_sizes=[1])
+    n, stages = len(profile.layers), 32
+    cuts = [round(i * n / stages) for i in range(stages + 1)]
+    plan = planner.layout_plan(profile, "2048x8-h100", 2048,
+                               [(cuts[i], cuts[i + 1], list(range(512 * i, 512 * (i + 1)))) for i in range(stages)])
+    figures = []
+    monkeypatch.setattr(pictures, "_save", lambda fig, path, fmt: figures.append(fig))
+    pictures.gantt(plan, planner.simulate(plan, profile), "gantt.svg")
+    (fig,) = figures
+    FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    labels = fig.axes[0].get_yticklabels()
+    assert labels[23].get_text() == "s23 (512: 11776-12287)"
+    for text in [*labels, *fig.texts]:
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (text.get_text(), box.x0, box.x1, fig.bbox.width)
+    title = fig.texts[0].get_text()
+    assert "pp32 × (r512)" in title and "512:" not in title, title

@@ -77,3 +77,40 @@ def test_a_plan_whose_memory_sums_round_below_zero_reads_back(dapple, tmp_path):
     assert r.returncode == 0, r.stderr
     plan = planner.Plan.load(out)
     assert all(m["other_bytes"] >= 0 and m["working_bytes"] >= 0 for m in plan.data["estimate"]["memory"])
+
+
+def test_every_output_kind_is_written_with_the_umasks_mode(tmp_path):
+    """Issue 67: under umask 022 a plan, its pictures, its trace, every
+    export (the torchtitan schedule CSV beside its TOML) and a profile are
+    all written 0644, the mode a plain open() gives a new file."""
+    import os
+    import stat
+
+    from conftest import run_dapple
+
+    config = tmp_path / "small-llama.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_act": "silu", "hidden_size": 256,
+                                  "intermediate_size": 688, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                  "num_hidden_layers": 4, "vocab_size": 1000}))
+    profile, plan = tmp_path / "profile.json", tmp_path / "plan.json"
+    commands = [
+        ("profile", "transformer", "--config", config, "--gpu", "a100", "--seq-len", 128, "--out", profile),
+        ("plan", "--profile", profile, "--topology", "1x8-a100-80gb", "--global-batch-size", 16, "--out", plan),
+        ("show", "--plan", plan, "--gantt", tmp_path / "g.svg", "--memory", tmp_path / "m.png",
+         "--diagram", tmp_path / "d.png", "--trace", tmp_path / "t.json"),
+        ("export", "--plan", plan, "--to", "torch-csv", "--out", tmp_path / "x-torch.csv"),
+        # --approximate: this plan shards its gradients, which the runtimes write at their nearest level
+        *[("export", "--plan", plan, "--to", target, "--out", tmp_path / f"x-{target}", "--approximate")
+          for target in ("torchtitan", "megatron", "deepspeed")],
+    ]
+    before = os.umask(0o022)
+    try:
+        for args in commands:
+            r = run_dapple(*args)
+            assert r.returncode == 0, (args, r.stderr)
+    finally:
+        os.umask(before)
+    written = [p for p in tmp_path.iterdir() if p != config]
+    assert len(written) >= 10, sorted(p.name for p in written)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in written}
+    assert set(modes.values()) == {0o644}, {name: oct(mode) for name, mode in modes.items()}

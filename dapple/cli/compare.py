@@ -9,12 +9,12 @@ import click
 from rich.table import Table
 
 from dapple import planner
-from dapple.planner.plan import SHAPE_KEY
+from dapple.planner.plan import SHAPE_KEY, stage_shapes_text
 
 from .options import (count_option_type, global_batch_size_or_default, json_option, max_passes_option, profile_option,
                       reports_errors, topology_option, warmup_policy_option)
 from .progress import quiet_option, working
-from .render import GIB, console, stage_shapes_text
+from .render import GIB, console
 
 
 @click.command("compare")

@@ -25,7 +25,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
     inputs = plan.data["inputs"]
     out.print(
         f"{inputs['model']} on {inputs['topology']['name']}, global batch {inputs['global_batch_size']}: "
-        f"{plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}, "
+        f"{plan.layout}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}, "
         f"schedule {plan.core.schedule_kind} (warm-up policy {plan.core.warmup_policy})"
     )
     if blocks and any(blocks):
@@ -146,18 +146,6 @@ def memory_table(terms: list[dict], stages: list[dict]) -> Table:
             f"{s['memory_limit_bytes'] * reserve / GIB:.0f}",
         )
     return t
-
-
-def stage_shapes_text(labels: list[str]) -> str:
-    """Stage labels (``shape_label``) with runs of alike stages joined:
-    "s0-3 t4×r2 zero" for four alike stages, "s0 t8×r1; s1-2 plain"."""
-    runs: list[tuple[int, int, str]] = []
-    for i, label in enumerate(labels):
-        if runs and runs[-1][2] == label:
-            runs[-1] = (runs[-1][0], i, label)
-        else:
-            runs.append((i, i, label))
-    return "; ".join(f"s{a}{'' if a == b else f'-{b}'} {label or 'plain'}" for a, b, label in runs)
 
 
 def _short(name: str, width: int = 24) -> str:

@@ -82,7 +82,7 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
         return
     out = console()
     out.print(
-        f"{plan.data['inputs']['model']} {plan.kind} {plan.shape}, {plan.micro_batches} micro-batches of "
+        f"{plan.data['inputs']['model']} {plan.layout}, {plan.micro_batches} micro-batches of "
         f"{plan.micro_batch_size}, {sim.schedule}{' with re-computation' if sim.recompute else ''}"
     )
     samples_per_s = plan.micro_batch_size * plan.micro_batches / sim.iteration_ms * 1e3

@@ -105,12 +105,23 @@ def output_target(path: str | os.PathLike) -> Path:
 
 def _temp_beside(path: str | os.PathLike, target: Path) -> tuple[int, str]:
     """A new temporary file in ``target``'s folder (open descriptor, name),
-    with ``target``'s extension (picture writers read it)."""
+    with ``target``'s extension (picture writers read it) and the mode a
+    plain open() would give a new file (mkstemp makes it private: 0600),
+    so that every output kind has one mode under one umask."""
     directory = target.parent if str(target.parent) else Path(".")
     try:
-        return tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=directory)
     except OSError as e:
         raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)
+    except OSError as e:
+        os.close(fd)
+        _remove_quietly(tmp)
+        raise DappleIOError(f"{path_text(path)}: cannot write ({e.strerror})") from None
+    return fd, tmp
 
 
 def check_writable(path: str | os.PathLike) -> None:
@@ -140,10 +151,6 @@ def write_atomic_with(path: str | os.PathLike, write: Callable[[BinaryIO], objec
     target = output_target(path)
     fd, tmp = _temp_beside(path, target)
     try:
-        # mkstemp makes the file private; give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -80,11 +80,12 @@ def gantt(plan: Plan, sim: Simulation, path: str | os.PathLike, max_tasks: int =
     _matplotlib()  # missing matplotlib is the first error, before any other check
     check_timeline_size(plan, path, max_tasks)
     total = sim.iteration_ms if sim.iteration_ms > 0 else 1.0
-    g = _timeline_geometry(len(plan.stages), total, sim.tasks)
+    labels = _timeline_row_labels(plan)
+    g = _timeline_geometry(len(plan.stages), total, sim.tasks, _label_width_in(labels, STAGE_LABEL_SIZE))
     fig, ax = _timeline_axes(g)
     _draw_idle_rows(ax, g)
     _draw_tasks(ax, g, sim.tasks)
-    _label_timeline_rows(ax, g, plan)
+    _label_timeline_rows(ax, g, labels)
     _label_idle_shares(ax, g, sim.tasks)
     ax.set_xlabel("time (ms)", fontsize=9)
     ax.tick_params(axis="x", labelsize=8.5)
@@ -120,7 +121,20 @@ class _TimelineGeometry:
         return len(self.stage_top)
 
 
-def _timeline_geometry(n: int, total: float, tasks) -> _TimelineGeometry:
+#: Point size of a stage's label on the timeline's left.
+STAGE_LABEL_SIZE = 9.5
+
+
+def _label_width_in(labels: list[str], fontsize: float) -> float:
+    """The widest line of ``labels`` set at ``fontsize``, inches (the
+    glyphs' own extents, as matplotlib lays them out)."""
+    from matplotlib.textpath import TextPath
+
+    lines = [line for label in labels for line in label.split("\n")]
+    return max((TextPath((0, 0), line, size=fontsize).get_extents().width / 72 for line in lines), default=0.0)
+
+
+def _timeline_geometry(n: int, total: float, tasks, label_w: float = 0.0) -> _TimelineGeometry:
     # Row geometry in data units (y grows downwards): a stage row of height
     # 1, then under it the link to the next stage in two lanes (activations
     # forward on top, gradients backward below).
@@ -135,7 +149,9 @@ def _timeline_geometry(n: int, total: float, tasks) -> _TimelineGeometry:
     plot_w = min(32.0, max(10.0, 0.2 * total / max(shortest, 1e-9)))
     unit_in = 0.42
     plot_h = (y_max + 0.2) * unit_in
-    left, right, top, bottom = 2.3, 1.0, 0.9, 0.6
+    # The left margin holds the widest stage label whole (a tick's padding
+    # and a little air beside it).
+    left, right, top, bottom = max(2.3, label_w + 0.3), 1.0, 0.9, 0.6
     return _TimelineGeometry(
         total=total, stage_top=stage_top, link_top=link_top, row_h=row_h, lane_h=lane_h, y_max=y_max,
         unit_in=unit_in, plot_w=plot_w, plot_h=plot_h, left=left, bottom=bottom,
@@ -204,16 +220,20 @@ def _task_block(ax, g: _TimelineGeometry, x0, x1, y, h, color, label=None, text_
                     color=text_color, zorder=3)
 
 
-def _label_timeline_rows(ax, g: _TimelineGeometry, plan: Plan) -> None:
+def _timeline_row_labels(plan: Plan) -> list[str]:
+    """The timeline's row labels: each stage's (``_stage_name``), then each link's."""
+    n = len(plan.stages)
+    return [_stage_name(plan, i) for i in range(n)] + [f"link {i}\u2192{i + 1}: act. / grad." for i in range(n - 1)]
+
+
+def _label_timeline_rows(ax, g: _TimelineGeometry, labels: list[str]) -> None:
     """Labels on the left: stages in the normal size, links smaller and gray."""
     n = g.n
     ticks = [g.stage_top[i] + g.row_h / 2 for i in range(n)] + [g.link_top[i] + g.lane_h for i in range(n - 1)]
-    labels = [_stage_name(plan, i) for i in range(n)]
-    labels += [f"link {i}\u2192{i + 1}: act. / grad." for i in range(n - 1)]
     ax.set_yticks(ticks, labels)
     for k, lab in enumerate(ax.get_yticklabels()):
         if k < n:
-            lab.set_fontsize(9.5)
+            lab.set_fontsize(STAGE_LABEL_SIZE)
         else:
             lab.set_fontsize(7.5)
             lab.set_color("#555555")
@@ -237,7 +257,7 @@ def _label_idle_shares(ax, g: _TimelineGeometry, tasks) -> None:
 def _timeline_title_and_legend(fig, g: _TimelineGeometry, plan: Plan, sim: Simulation) -> None:
     recompute = sim.recompute
     _title(fig, g.left, 0.22,
-           f"{_model(plan)} {plan.kind} {plan.shape}: {sim.schedule}"
+           f"{_model(plan)} {plan.layout}: {sim.schedule}"
            f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
     split = any(t["kind"] == "weight_gradient" for t in sim.tasks)
@@ -269,7 +289,7 @@ def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
         _finish_memory_axis(first, m, plan, sim)
     else:
         _finish_memory_grid(fig, axes, m.n)
-    title = (f"{_model(plan)} {plan.kind} {plan.shape}: memory of one GPU per stage, "
+    title = (f"{_model(plan)} {plan.layout}: memory of one GPU per stage, "
              f"{sim.schedule}{' with re-computation' if sim.recompute else ''}, "
              f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
     _title(fig, 0.6, 0.2, title, fontsize=11)
@@ -476,7 +496,7 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
     _diagram_legend(fig, lines, column, legend_font, line_h)
 
     _title(fig, 0.5, 0.18,
-           f"{_model(plan)} on {topo.get('name', '?')}: {plan.kind} {plan.shape}, global batch "
+           f"{_model(plan)} on {topo.get('name', '?')}: {plan.layout}, global batch "
            f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
            f"{plan.micro_batch_size}")
     subtitle = _cluster_subtitle(topo, len(machines))
@@ -804,10 +824,19 @@ def _ink(face) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
 
 
+#: From this many stages on, a stage's label is short: "s23 (512: 11776-12287)".
+SHORT_STAGE_LABELS = 32
+
+
 def _stage_name(plan: Plan, i: int) -> str:
-    """"stage 1 (8 GPUs: 8-15)": a stage and its GPUs; under it, for a
+    """"stage 1 (8 GPUs: 8-15)": a stage and its GPUs ("s23 (512:
+    11776-12287)" from ``SHORT_STAGE_LABELS`` stages on); under it, for a
     stage that is not plain, its shape ("t4×r2 zero rc")."""
-    name = f"stage {i} ({_gpus(plan.stages[i]['devices'])})"
+    ids = plan.stages[i]["devices"]
+    if len(plan.stages) >= SHORT_STAGE_LABELS:
+        name = f"s{i} ({len(ids)}: {device_ranges(ids)})"
+    else:
+        name = f"stage {i} ({_gpus(ids)})"
     shape = shape_label(plan.stage_shapes[i])
     return f"{name}\n{shape}" if shape else name
 

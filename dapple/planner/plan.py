@@ -80,8 +80,15 @@ class Plan(FileObject):
 
     @property
     def kind(self) -> str:
-        """``"data parallel"``, ``"straight"`` or ``"hybrid"``."""
+        """``"data parallel"`` (one stage on every GPU, split or not),
+        ``"straight"`` or ``"hybrid"``."""
         return self.core.layout_kind
+
+    @property
+    def layout(self) -> str:
+        """The layout as its stages hold it, for headers and titles
+        (``layout_label``): "t32×r1", "pp16 × (t8×c2×r4)", "data parallel 32"."""
+        return layout_label(self.stage_shapes)
 
     @property
     def overlap(self) -> tuple[str, bool]:
@@ -146,6 +153,32 @@ def shape_label(shape: _core.StageShape) -> str:
     if shape.recompute != "none":
         parts.append("rc" if shape.recompute == "full" else f"rc {shape.recompute}")
     return " ".join(parts)
+
+
+def stage_shapes_text(labels: list[str]) -> str:
+    """Stage labels (``shape_label``) with runs of alike stages joined:
+    "s0-3 t4×r2 zero" for four alike stages, "s0 t8×r1; s1-2 plain"."""
+    runs: list[tuple[int, int, str]] = []
+    for i, label in enumerate(labels):
+        if runs and runs[-1][2] == label:
+            runs[-1] = (runs[-1][0], i, label)
+        else:
+            runs.append((i, i, label))
+    return "; ".join(f"s{a}{'' if a == b else f'-{b}'} {label or 'plain'}" for a, b, label in runs)
+
+
+def layout_label(shapes: list[_core.StageShape]) -> str:
+    """A plan's layout in a few words, as its stages hold it: "data parallel
+    32" only for one plain stage of 32 replicas; "t32×r1" for one stage
+    split 32 ways; "pp16 × (t8×c2×r4)" for 16 alike stages ("pp4" for a
+    straight pipeline, "pp32 × (r512)" for 32 plain stages of 512
+    replicas); "pp3: s0 r4; s1-2 r2" where the stages differ."""
+    labels = [shape_label(s) or (f"r{s.replicas}" if s.replicas > 1 else "") for s in shapes]
+    if len(shapes) == 1:
+        return labels[0] if not shapes[0].is_plain else f"data parallel {shapes[0].replicas}"
+    if len(set(labels)) == 1:
+        return f"pp{len(shapes)}" + (f" × ({labels[0]})" if labels[0] else "")
+    return f"pp{len(shapes)}: " + stage_shapes_text([label or "r1" for label in labels])
 
 
 def device_ranges(ids: list[int]) -> str:
