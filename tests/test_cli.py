@@ -6,7 +6,7 @@ import math
 import pytest
 
 from dapple import planner
-from conftest import PROFILES, assert_one_line_error
+from conftest import PROFILES, ROOT, assert_one_line_error
 
 BERT = PROFILES / "bert-48-pbs-2.json"
 
@@ -368,3 +368,20 @@ def test_a_profile_the_plans_stages_do_not_cover_is_refused_by_name(dapple, tmp_
     r = dapple("show", "--plan", plan, "--profile", other, "--diagram", tmp_path / "d.png")
     assert_one_line_error(r, 4, "the plan's stages end at layer 29", f"has {layers} layers")
     assert not (tmp_path / "d.png").exists()
+
+
+def test_a_plans_header_names_its_layout_as_its_stages_hold_it(dapple):
+    """Issue 67: Whale's ResNet-50 with a 1,000,000-class FC on 4x8 V100s
+    is one stage split 32 ways on one replica: the header says t32×r1, not
+    "data parallel 32"; a plain stage of 8 replicas is data parallelism."""
+    r = dapple("plan", "--profile", ROOT / "profiles" / "whale" / "resnet50-fc1000k.json",
+               "--topology", "4x8-v100-32gb-nvlink-50gbps", "--global-batch-size", 512)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0]
+    assert ": t32\u00d7r1" in header and "data parallel" not in header, header
+    from dapple.planner.plan import layout_label
+
+    dp = planner.baseline("data-parallel", BERT, "A", 64)
+    assert layout_label(dp.stage_shapes) == "data parallel 16" == dp.layout
+    straight = planner.baseline("straight", BERT, "A", 64)
+    assert straight.layout == f"pp{len(straight.stages)}"

@@ -31,8 +31,9 @@ def test_unknown_baseline_is_an_input_error():
 
 def quality_cases():
     """(id, profile path, topology, global batch): the paper's Table V cases
-    (the regress suite) and every shipped profile on 2x8-nvlink and
-    16x1-25gbps at its largest profiled batch size per GPU."""
+    (the regress suite), every shipped artifact profile on 2x8-nvlink and
+    16x1-25gbps at its largest profiled batch size per GPU, and Whale's
+    ResNet-50s on 4x8 V100s."""
     suite_path = ROOT / "profiles" / "regress" / "paper-table-v.json"
     suite = json.loads(suite_path.read_text())
     cases = [
@@ -43,6 +44,13 @@ def quality_cases():
         gbs = max(planner.Profile.load(path).batch_sizes) * 16
         for topo in ("2x8-nvlink", "16x1-25gbps"):
             cases.append(pytest.param(path, topo, gbs, id=f"{path.stem} {topo}"))
+    # Whale's ResNet-50s on the cluster of its runs: one stage split 32
+    # ways, whose layers cut into chunks on one rank reduce their gradients
+    # behind the chunks still running (issue 67: auto took early backward,
+    # 102.5 ms, where interleaved 1F1B ran 101.1).
+    for name in ("resnet50-fc100k", "resnet50-fc1000k"):
+        path = ROOT / "profiles" / "whale" / f"{name}.json"
+        cases.append(pytest.param(path, "4x8-v100-32gb-nvlink-50gbps", 512, id=f"{name} 4x8-v100"))
     return cases
 
 
@@ -275,3 +283,31 @@ def test_compare_takes_plans_default_global_batch(dapple):
     # Said once the plan is made: a failure stays one line.
     failed = dapple("plan", "--profile", profile, "--topology", "A", "--stages", 99)
     assert failed.returncode == 3 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+
+
+def test_compares_table_cuts_no_name_piped_or_on_a_narrow_terminal():
+    """Issue 67: piped, each row of `compare`'s table is one line with its
+    strategy and schedule whole; on an 80-column terminal the cells wrap,
+    and nothing is cut to "…"."""
+    import os
+    import subprocess
+
+    from conftest import DAPPLE, run_dapple
+
+    args = ("compare", "--profile", ROOT / "profiles" / "whale" / "resnet50-fc100k.json",
+            "--topology", "4x8-v100-32gb-nvlink-50gbps", "--global-batch-size", "512", "--quiet")
+    piped = run_dapple(*args)
+    assert piped.returncode == 0, piped.stderr
+    rows = json.loads(run_dapple(*args, "--json").stdout)
+    lines = piped.stdout.splitlines()
+    for row in rows:
+        line = next(line for line in lines if line.startswith(f"{row['strategy']} ") and "│" in line)
+        assert row["error"] is not None or row["schedule"] in line, (row, line)
+    assert "\u2026" not in piped.stdout
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "COLUMNS": "80", "NO_COLOR": "1"}
+    narrow = subprocess.run([str(DAPPLE), *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert narrow.returncode == 0, narrow.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout)
+    widths = {len(line) for line in text.splitlines() if "│" in line}
+    assert widths and max(widths) <= 80, widths
+    assert "\u2026" not in text

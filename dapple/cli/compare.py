@@ -51,10 +51,10 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
     t = Table(show_edge=False, pad_edge=False)
     columns = ["strategy", "plan", "micro-batches", "schedule", "simulated ms", "bound ms", "speedup", "peak GiB", "fits"]
     for col in columns:
-        # Strategy names whole, on one line: the plan column gives way.
-        width = max(len(r.strategy) for r in rows) if col == "strategy" else None
+        # Piped, every cell on one line (`console(fit=)`); on a narrow
+        # terminal, cells wrap rather than cut their text (issue 67: "early-ba…").
         t.add_column(col, justify="left" if col in ("strategy", "plan", "schedule", "fits") else "right",
-                     min_width=width, no_wrap=col == "strategy")
+                     overflow="fold")
     for r in rows:
         if r.error:
             t.add_row(r.strategy, *["-"] * (len(columns) - 1))
@@ -70,7 +70,7 @@ def compare_command(profile_path, topology, global_batch_size, min_micro_batch_s
             f"{r.peak_memory_bytes / GIB:.2f}",
             "yes" if r.fits_memory else "no",
         )
-    console().print(t)
+    console(fit=t).print(t)
     if any(r.recompute for r in rows):
         console().print("rc: every stage re-runs its forward in its backward, keeping only its input")
     # Stage shapes under the table, not in a column the fixed width would

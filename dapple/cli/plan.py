@@ -73,7 +73,8 @@ from .render import plan_table
 @click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
               help="auto: the fastest of DAPPLE's early backward, ZB-H1, ZB-H2 and the chunked kinds on the layouts "
                    "the search ranked (without the chunked ones under layout hints; "
-                   "docs/schedules.md); a synchronous kind: that kind alone (a chunked one, "
+                   "docs/schedules.md), never slower than any of them named alone; it does not search gpipe "
+                   "(never faster than early backward on one layout) or the asynchronous kinds; a synchronous kind: that kind alone (a chunked one, "
                    f"{chunked_kinds()}: the ranked layouts' layers cut again into chunks a rank); "
                    "an asynchronous kind (xpipe, "
                    "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "

@@ -13,9 +13,18 @@ GIB = float(1 << 30)
 MIB = float(1 << 20)
 
 
-def console() -> Console:
-    # Plain text when piped, so output can be diffed and grepped.
-    return Console(highlight=False, soft_wrap=True, width=120)
+def console(fit: Table | None = None) -> Console:
+    """Plain text 120 columns wide, so output can be diffed and grepped; on
+    a terminal, ``fit`` takes the terminal's width and wraps its cells
+    (its columns fold rather than cut their text), and piped it takes the
+    width it needs to print every cell on one line."""
+    if fit is None:
+        return Console(highlight=False, soft_wrap=True, width=120)
+    out = Console(highlight=False, soft_wrap=True)
+    if out.is_terminal:
+        return out
+    natural = Console(width=100_000).measure(fit).maximum
+    return Console(highlight=False, soft_wrap=True, width=max(120, natural))
 
 
 def plan_table(plan: Plan, profile: Profile | None) -> None:

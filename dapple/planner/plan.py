@@ -88,7 +88,7 @@ class Plan(FileObject):
     def layout(self) -> str:
         """The layout as its stages hold it, for headers and titles
         (``layout_label``): "t32×r1", "pp16 × (t8×c2×r4)", "data parallel 32"."""
-        return layout_label(self.stage_shapes)
+        return layout_label(self.stage_shapes, self.core.stage_ranks if self.core.chunks > 1 else None)
 
     @property
     def overlap(self) -> tuple[str, bool]:
@@ -167,18 +167,30 @@ def stage_shapes_text(labels: list[str]) -> str:
     return "; ".join(f"s{a}{'' if a == b else f'-{b}'} {label or 'plain'}" for a, b, label in runs)
 
 
-def layout_label(shapes: list[_core.StageShape]) -> str:
+def layout_label(shapes: list[_core.StageShape], stage_ranks: list[int] | None = None) -> str:
     """A plan's layout in a few words, as its stages hold it: "data parallel
     32" only for one plain stage of 32 replicas; "t32×r1" for one stage
     split 32 ways; "pp16 × (t8×c2×r4)" for 16 alike stages ("pp4" for a
     straight pipeline, "pp32 × (r512)" for 32 plain stages of 512
-    replicas); "pp3: s0 r4; s1-2 r2" where the stages differ."""
+    replicas); "pp3: s0 r4; s1-2 r2" where the stages differ. A chunked
+    plan's stages are told by rank (``stage_ranks``: each stage's rank),
+    with "v=N" for its N chunks a rank ("t32×r1 (v=7)": one rank group,
+    its layers in 7 chunks)."""
+    ranks_of = stage_ranks or list(range(len(shapes)))
+    ranks = max(ranks_of) + 1
+    first_on_rank = {}
+    for stage, rank in enumerate(ranks_of):
+        first_on_rank.setdefault(rank, stage)
+    chunks = len(shapes) // ranks
+    shapes = [shapes[first_on_rank[r]] for r in range(ranks)]
     labels = [shape_label(s) or (f"r{s.replicas}" if s.replicas > 1 else "") for s in shapes]
-    if len(shapes) == 1:
-        return labels[0] if not shapes[0].is_plain else f"data parallel {shapes[0].replicas}"
+    virtual = f" (v={chunks})" if chunks > 1 else ""
+    if ranks == 1:
+        whole = labels[0] if not shapes[0].is_plain else f"data parallel {shapes[0].replicas}"
+        return whole + virtual
     if len(set(labels)) == 1:
-        return f"pp{len(shapes)}" + (f" × ({labels[0]})" if labels[0] else "")
-    return f"pp{len(shapes)}: " + stage_shapes_text([label or "r1" for label in labels])
+        return f"pp{ranks}{virtual}" + (f" × ({labels[0]})" if labels[0] else "")
+    return f"pp{ranks}{virtual}: " + stage_shapes_text([label or "r1" for label in labels])
 
 
 def device_ranges(ids: list[int]) -> str:

@@ -1452,6 +1452,41 @@ mod tests {
         assert!(chosen.len() >= 3, "{chosen:?}");
     }
 
+    #[test]
+    fn auto_is_no_slower_than_any_kind_it_offers_on_random_small_profiles() {
+        // Issue 67: `--schedule auto` chooses among SEARCHED_KINDS; on the
+        // same search space it simulates no slower than any one of them
+        // named, where that one fits.
+        let mut rng = StdRng::seed_from_u64(6767);
+        let shapes = ["1x2", "1x4", "2x2", "1x8", "2x4"];
+        let mut compared = 0;
+        for case in 0..200 {
+            let (spec, topology) = random_topology(&mut rng, shapes[case % shapes.len()], case);
+            let layers = rng.gen_range(2..=8);
+            let profile = random_profile(&mut rng, layers);
+            let gbs = [4, 8, 12, 16][case % 4];
+            let opts = SearchOptions::new(gbs);
+            let Ok(auto) = search(&profile, &topology, &opts) else {
+                continue;
+            };
+            let auto_ms = auto.plan.iteration_ms().unwrap();
+            for kind in kinds::SEARCHED_KINDS {
+                let mut named = SearchOptions::new(gbs);
+                named.schedule = Some(kind);
+                if let Ok(r) = search(&profile, &topology, &named) {
+                    let ms = r.plan.iteration_ms().unwrap();
+                    assert!(
+                        auto_ms <= ms * (1.0 + 1e-9),
+                        "case {case} ({spec}, {layers} layers, gbs {gbs}): auto {auto_ms} ({}), {kind} {ms}",
+                        auto.plan.schedule.kind
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared >= 600, "{compared} comparisons");
+    }
+
     /// The search's result is the brute force's (smallest bound, smallest
     /// simulated time): the space's plan is its optimum, proved so, and
     /// refinement may only move it to a faster plan outside the space; or
