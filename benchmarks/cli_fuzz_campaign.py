@@ -28,7 +28,9 @@ run over 20 s, processes left behind, a special output place (directory,
 FIFO, device, socket, dangling link, a name with a trailing slash) changed
 or created, an existing file changed or a new file left by a run that
 failed, a temporary file left, a written file that does not read back
-(JSON strictly and by dapple's own reader; pictures, TOML, CSV), and
+(JSON strictly and by dapple's own reader; pictures, TOML, CSV), a new
+file whose mode is not the umask's (0644 under 022), a plan file whose
+stage rows and memory breakdown give a stage two peak memories, and
 ``--json`` output that does not parse. Each is written in full to the
 results file; one record a run goes to the ``.runs.jsonl`` file beside it.
 """
@@ -1266,6 +1268,8 @@ def check_file(data: bytes, fmt: str, name: str) -> str | None:
             doc = strict_json(data)
             if isinstance(doc, dict) and doc.get("format") in READERS and CORE is not None:
                 getattr(CORE, READERS[doc["format"]]).from_json(data.decode(), name)
+            if isinstance(doc, dict) and doc.get("format") == "dapple.plan":
+                return plan_disagrees(doc)
         elif fmt == "picture":
             if data.startswith(b"\x89PNG\r\n\x1a\n"):
                 if not data.endswith(b"IEND\xaeB`\x82"):
@@ -1286,6 +1290,25 @@ def check_file(data: bytes, fmt: str, name: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - anything that does not read back is the finding
         return f"does not read back as {fmt}: {type(e).__name__}: {str(e)[:300]}"
     return None
+
+
+def plan_disagrees(plan: dict) -> str | None:
+    """Where a plan file says two things of one stage (issue 67): its stage
+    row's peak memory (``estimate.stages[i].memory_bytes``) against its
+    memory breakdown's (``estimate.memory[i].peak_bytes``)."""
+    estimate = plan.get("estimate") or {}
+    for i, (stage, memory) in enumerate(zip(estimate.get("stages", []), estimate.get("memory", []))):
+        a, b = stage.get("memory_bytes"), memory.get("peak_bytes")
+        if a is not None and b is not None and abs(a - b) > 1e-6 * max(a, b, 1.0):
+            return f"two peak memories for stage {i}: stages[{i}].memory_bytes {a:.0f}, memory[{i}].peak_bytes {b:.0f}"
+    return None
+
+
+#: The mode every output is written with: what a plain open() gives a new
+#: file under the campaign's umask (issue 67: some were 0600).
+UMASK = os.umask(0)
+os.umask(UMASK)
+OUTPUT_MODE = 0o666 & ~UMASK
 
 
 def check_outputs(spec: Spec, code: int, before: dict, after: dict, cwd: bytes) -> tuple[list[str], int]:
@@ -1344,6 +1367,9 @@ def check_outputs(spec: Spec, code: int, before: dict, after: dict, cwd: bytes) 
             continue
         with open(os.path.join(cwd, p), "rb") as f:
             data = f.read()
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        if p not in before and mode != OUTPUT_MODE:
+            problems.append(f"written file {arg_text(p)!r} has mode {mode:o}, not the umask's {OUTPUT_MODE:o}")
         why = check_file(data, fmt, arg_text(p))
         if why:
             problems.append(f"written file {arg_text(p)!r} is damaged: {why}")

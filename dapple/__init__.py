@@ -1,4 +1,4 @@
-"""dapple: a planner for pipeline, data and tensor parallel training.
+"""dapple: a planner for pipeline, data, tensor, context and expert parallel training.
 
 One installed top-level package, so that nothing it ships can collide with
 another package of the same name: `dapple.planner` (the plan API, profiler

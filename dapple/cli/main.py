@@ -26,7 +26,8 @@ from .topology import topology_group
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(planner.__version__, prog_name="dapple")
 def cli():
-    """Plan synchronous pipeline + data parallel training (DAPPLE).
+    """Plan pipeline, data, tensor, context and expert parallel training,
+    with ZeRO or FSDP sharding (after DAPPLE, Whale and XPipe).
 
     Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input,
     4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression, 8 run failed,

@@ -1,8 +1,9 @@
-"""dapple: plan synchronous pipeline + data parallel training (DAPPLE).
+"""dapple: plan pipeline, data, tensor, context and expert parallel
+training, with ZeRO or FSDP sharding, after DAPPLE, Whale and XPipe.
 
     from dapple import planner
-    p = planner.plan("profiles/bert-48.json", "2x8-nvlink", global_batch_size=64)
-    print(p.shape, p.iteration_ms)   # simulated iteration, the planner's objective
+    p = planner.plan("profiles/artifact/bert-48-pbs-2.json", "2x8-nvlink", global_batch_size=64)
+    print(p.layout, p.iteration_ms)   # simulated iteration, the planner's objective
 
 Planning needs no torch; the runtime and profiler import it lazily.
 """
