@@ -30,9 +30,12 @@ def baseline(
     micro-batch size (and, under warm-up policy auto, the warm-up depths)
     whose simulated iteration is shortest and fits: data parallelism on every GPU; GPipe and
     straight pipelines with balanced blocks of layers, one GPU per stage;
-    PipeDream's planner (its asynchronous objective), run synchronously."""
-    return baseline_plans(kind, profile, topology, global_batch_size, min_micro_batch_size=min_micro_batch_size,
-                          warmup_policy=warmup_policy)[0]
+    PipeDream's planner (its asynchronous objective), run synchronously.
+    :func:`baseline_plans`' first, found without simulating the micro-batch
+    sizes formula (2)'s bound rules out."""
+    prof, topo, gbs, min_mbs = _inputs(profile, topology, global_batch_size, min_micro_batch_size)
+    return Plan(_core.baseline_plan(kind, prof.core, topo.core, gbs, min_micro_batch_size=min_mbs,
+                                    warmup_policy=warmup_policy))
 
 
 def baseline_plans(

@@ -31,7 +31,7 @@ use crate::model::profile::{LayerCosts, Profile};
 use crate::plan::{warmup_depth, Plan, PlanInputs, ScheduleChoice, Stage};
 use crate::schedule::ScheduleKind;
 use crate::simulation::costing::ProfileCosts;
-use crate::simulation::evaluate::evaluate_costed;
+use crate::simulation::evaluate::{bound_estimate, evaluate_costed};
 use crate::simulation::warmup::plan_with_chosen_warmups_below;
 
 crate::named_enum! {
@@ -476,18 +476,51 @@ pub fn baseline_plan(
     min_micro_batch_size: Option<u32>,
     policy: WarmupPolicy,
 ) -> Result<Plan> {
-    let plans = baseline_plans(
+    fastest_baseline_plan(
         kind,
         profile,
         topology,
         global_batch_size,
         min_micro_batch_size,
         (policy, Overlap::default()),
-    )?;
-    Ok(plans
-        .into_iter()
-        .next()
-        .expect("baseline_plans is an error when none fits"))
+    )
+}
+
+/// The first of [`baseline_plans`], found in order of formula (2)'s bound
+/// (`fastest_in_bound_order`), with the runtime's `overlap`.
+pub fn fastest_baseline_plan(
+    kind: Baseline,
+    profile: &Profile,
+    topology: &Topology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+    (policy, overlap): (WarmupPolicy, Overlap),
+) -> Result<Plan> {
+    let min_slice = profile.min_slice(min_micro_batch_size);
+    let policy = baseline_policy(kind, policy);
+    let costs = ProfileCosts::new(profile);
+    let layouts = baseline_layouts(kind, &costs, topology, global_batch_size, min_slice, policy)?;
+    fastest_in_bound_order(
+        layouts
+            .into_iter()
+            .map(|plan| plan.overlapping(overlap))
+            .collect(),
+        &costs,
+        policy,
+        kind.name(),
+        global_batch_size,
+        min_slice,
+    )
+}
+
+/// The warm-up policy a baseline runs under: Megatron's stages warm up as
+/// 1F1B does, whatever the search's policy.
+fn baseline_policy(kind: Baseline, policy: WarmupPolicy) -> WarmupPolicy {
+    if kind == Baseline::Megatron {
+        WarmupPolicy::A
+    } else {
+        policy
+    }
 }
 
 /// Every plan of the baseline that fits, each at its warm-up depths,
@@ -503,12 +536,7 @@ pub fn baseline_plans(
     (policy, overlap): (WarmupPolicy, Overlap),
 ) -> Result<Vec<Plan>> {
     let min_slice = profile.min_slice(min_micro_batch_size);
-    // Megatron's stages warm up as 1F1B does, whatever the search's policy.
-    let policy = if kind == Baseline::Megatron {
-        WarmupPolicy::A
-    } else {
-        policy
-    };
+    let policy = baseline_policy(kind, policy);
     let costs = ProfileCosts::new(profile);
     let layouts = baseline_layouts(kind, &costs, topology, global_batch_size, min_slice, policy)?;
     every_that_fits(
@@ -591,37 +619,120 @@ pub(crate) fn every_that_fits(
     // plan, in parallel; the order below is the layouts'.
     let costed: Vec<(Option<Plan>, f64)> = layouts
         .into_par_iter()
-        .map(|plan| {
-            let estimate = evaluate_costed(&plan, costs)?;
-            let need = estimate.peak_memory_bytes;
-            let searched =
-                policy == WarmupPolicy::Auto && plan.schedule.kind != ScheduleKind::GPipe;
-            let costed = if searched {
-                plan_with_chosen_warmups_below(&plan, costs, f64::INFINITY)?.0
-            } else {
-                Some(Plan {
-                    estimate: Some(estimate),
-                    ..plan
-                })
-            };
-            Ok((costed, need))
-        })
+        .map(|plan| cost_layout(plan, costs, policy))
         .collect::<Result<_>>()?;
     let mut fitting: Vec<Plan> = Vec::new();
     let mut smallest_need: Option<f64> = None;
     for (costed, need) in costed {
-        match costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)) {
+        match costed {
             Some(plan) => fitting.push(plan),
             None => smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need))),
         }
     }
     // Stable: of equal times, the first given stays first, as before.
-    let ms = |p: &Plan| p.iteration_ms().unwrap_or(f64::INFINITY);
-    fitting.sort_by(|a, b| ms(a).total_cmp(&ms(b)));
+    fitting.sort_by(|a, b| simulated_ms(a).total_cmp(&simulated_ms(b)));
     if !fitting.is_empty() {
         return Ok(fitting);
     }
-    Err(match smallest_need {
+    Err(none_fits(smallest_need, name, global_batch_size, min_slice))
+}
+
+/// A costed plan's simulated iteration (infinite without one).
+fn simulated_ms(plan: &Plan) -> f64 {
+    plan.iteration_ms().unwrap_or(f64::INFINITY)
+}
+
+/// `plan` costed like a hand-written plan (under warm-up policy auto at
+/// the depths that simulate fastest), where it fits; with what its own
+/// depths need of memory.
+fn cost_layout(
+    plan: Plan,
+    costs: &ProfileCosts,
+    policy: WarmupPolicy,
+) -> Result<(Option<Plan>, f64)> {
+    let estimate = evaluate_costed(&plan, costs)?;
+    let need = estimate.peak_memory_bytes;
+    let searched = policy == WarmupPolicy::Auto && plan.schedule.kind != ScheduleKind::GPipe;
+    let costed = if searched {
+        plan_with_chosen_warmups_below(&plan, costs, f64::INFINITY)?.0
+    } else {
+        Some(Plan {
+            estimate: Some(estimate),
+            ..plan
+        })
+    };
+    Ok((
+        costed.filter(|p| p.estimate.as_ref().is_some_and(|e| e.fits_memory)),
+        need,
+    ))
+}
+
+/// The first of `every_that_fits`, found without simulating every layout:
+/// the layouts are costed in order of formula (2)'s bound, which no
+/// simulation beats, a batch per thread at a time, until the bound left is
+/// above the fastest that fits (issue 67: a global batch of 100,000 gives
+/// a straight pipeline micro-batch sizes down to one sample, 100,000
+/// micro-batches, none of which could be the fastest). Of equal times the
+/// layout given first is taken, as `every_that_fits` takes it.
+pub(crate) fn fastest_in_bound_order(
+    layouts: Vec<Plan>,
+    costs: &ProfileCosts,
+    policy: WarmupPolicy,
+    name: &str,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Result<Plan> {
+    let mut bounded: Vec<(f64, usize, Plan)> = layouts
+        .into_par_iter()
+        .enumerate()
+        .map(|(i, plan)| Ok((bound_estimate(&plan, costs)?.latency_ms, i, plan)))
+        .collect::<Result<_>>()?;
+    bounded.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let width = rayon::current_num_threads().max(1);
+    let mut best: Option<(f64, usize, Plan)> = None;
+    let mut smallest_need: Option<f64> = None;
+    let mut left = bounded.into_iter().peekable();
+    // A bound within rounding of the fastest may still tie it, and ties
+    // go to the layout given first: those are costed too.
+    let open = |bound: f64, best: &Option<(f64, usize, Plan)>| {
+        best.as_ref().is_none_or(|b| bound <= b.0 * (1.0 + 1e-9))
+    };
+    while left.peek().is_some_and(|(bound, _, _)| open(*bound, &best)) {
+        let batch: Vec<(f64, usize, Plan)> =
+            std::iter::from_fn(|| left.next_if(|(bound, _, _)| open(*bound, &best)))
+                .take(width)
+                .collect();
+        let done: Vec<(usize, (Option<Plan>, f64))> = batch
+            .into_par_iter()
+            .map(|(_, i, plan)| Ok((i, cost_layout(plan, costs, policy)?)))
+            .collect::<Result<_>>()?;
+        for (i, (costed, need)) in done {
+            match costed {
+                Some(plan) => {
+                    let ms = simulated_ms(&plan);
+                    if best.as_ref().is_none_or(|b| (ms, i) < (b.0, b.1)) {
+                        best = Some((ms, i, plan));
+                    }
+                }
+                None => smallest_need = Some(smallest_need.map_or(need, |s: f64| s.min(need))),
+            }
+        }
+    }
+    match best {
+        Some((_, _, plan)) => Ok(plan),
+        None => Err(none_fits(smallest_need, name, global_batch_size, min_slice)),
+    }
+}
+
+/// The error where no layout fits: the smallest need named, or that no
+/// micro-batch size gives every GPU `min_slice` samples.
+fn none_fits(
+    smallest_need: Option<f64>,
+    name: &str,
+    global_batch_size: u32,
+    min_slice: u32,
+) -> Error {
+    match smallest_need {
         Some(need) => Error::infeasible(format!(
             "{name} does not fit in GPU memory at any micro-batch size: it needs at least {:.2} GiB per GPU",
             need / (1u64 << 30) as f64
@@ -629,13 +740,68 @@ pub(crate) fn every_that_fits(
         None => Error::incompatible(format!(
             "{name}: no micro-batch size of global batch {global_batch_size} gives every GPU at least {min_slice} samples"
         )),
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::profile::chain_profile;
+
+    #[test]
+    fn a_baseline_found_in_bound_order_is_the_fastest_of_every_layout_that_fits() {
+        // `baseline_plan` stops where formula (2)'s bound passes the
+        // fastest simulated; it is `baseline_plans`' first, which simulates
+        // every micro-batch size, on random chains and clusters.
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(67);
+        let kinds = [
+            Baseline::DataParallel,
+            Baseline::GPipe,
+            Baseline::Straight,
+            Baseline::WhalePipeline,
+        ];
+        let specs = ["1x4-nvlink-10gbps", "2x4-pcie-25gbps", "4x2-nvlink-1gbps"];
+        let mut compared = 0;
+        for case in 0..40 {
+            let layers: Vec<(f64, f64)> = (0..rng.gen_range(4..=12))
+                .map(|_| (rng.gen_range(0.1..5.0), rng.gen_range(0.1..10.0)))
+                .collect();
+            let p = chain_profile(&layers, 1);
+            let t = Topology::from_spec(specs[case % specs.len()]).unwrap();
+            let gbs = [64, 256, 1000][case % 3];
+            for kind in kinds {
+                for policy in [WarmupPolicy::Auto, WarmupPolicy::A] {
+                    let every =
+                        baseline_plans(kind, &p, &t, gbs, None, (policy, Overlap::default()));
+                    let first = baseline_plan(kind, &p, &t, gbs, None, policy);
+                    match (every, first) {
+                        (Ok(every), Ok(first)) => {
+                            let at = |p: &Plan| (p.micro_batch_size, p.iteration_ms());
+                            assert!(
+                                first == every[0],
+                                "case {case} {kind:?} {policy:?}: {:?} against {:?}, bound {:?}",
+                                at(&first),
+                                every.iter().map(at).collect::<Vec<_>>(),
+                                every
+                                    .iter()
+                                    .map(|p| p.estimate.as_ref().unwrap().latency_ms)
+                                    .collect::<Vec<_>>()
+                            );
+                            compared += 1;
+                        }
+                        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                        (a, b) => panic!(
+                            "case {case} {kind:?}: {:?} against {:?}",
+                            a.map(|p| p.len()),
+                            b.map(|p| p.shape())
+                        ),
+                    }
+                }
+            }
+        }
+        assert!(compared >= 200, "{compared}");
+    }
 
     #[test]
     fn baselines_are_valid_plans_of_their_kind() {

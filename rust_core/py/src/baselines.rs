@@ -1,5 +1,6 @@
 use dapple_core::baselines::{
-    baseline_plans as every_baseline_plan, layout_plan as plan_of_layout, Baseline, StageLayout,
+    baseline_plans as every_baseline_plan, fastest_baseline_plan, layout_plan as plan_of_layout,
+    Baseline, StageLayout,
 };
 use dapple_core::cost::shape::{Offload, Recompute, StageShape};
 use dapple_core::cost::WarmupPolicy;
@@ -50,6 +51,42 @@ fn baseline_plans(
         .into_iter()
         .map(|plan| made_from(plan, profile))
         .collect())
+}
+
+/// The plan of a baseline strategy: `baseline_plans`' first, found
+/// without simulating every micro-batch size (in order of formula (2)'s
+/// bound, which no simulation beats).
+#[pyfunction]
+#[pyo3(signature = (kind, profile, topology, global_batch_size, *, min_micro_batch_size=None, warmup_policy="auto", overlap_grad_reduce="data-parallel", overlap_param_gather=false))]
+#[allow(clippy::too_many_arguments)]
+fn baseline_plan(
+    py: Python<'_>,
+    kind: &str,
+    profile: &PyProfile,
+    topology: &PyTopology,
+    global_batch_size: u32,
+    min_micro_batch_size: Option<u32>,
+    warmup_policy: &str,
+    overlap_grad_reduce: &str,
+    overlap_param_gather: bool,
+) -> PyResult<PyPlan> {
+    let overlap = overlap_of(overlap_grad_reduce, overlap_param_gather)?;
+    let kind = Baseline::parse(kind).map_err(|e| to_py_err(e.under("kind")))?;
+    let policy =
+        WarmupPolicy::parse(warmup_policy).map_err(|e| to_py_err(e.under("warmup_policy")))?;
+    let plan = py
+        .detach(|| {
+            fastest_baseline_plan(
+                kind,
+                &profile.inner,
+                &topology.inner,
+                global_batch_size,
+                min_micro_batch_size,
+                (policy, overlap),
+            )
+        })
+        .map_err(|e| to_py_err(with_inputs(e, profile, topology)))?;
+    Ok(made_from(plan, profile))
 }
 
 /// Any layout, `stages` as (layer_start, layer_end, devices) each, as the
@@ -182,6 +219,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(megatron_plan, m)?)?;
     m.add_function(wrap_pyfunction!(asynchronous_plan, m)?)?;
     m.add_function(wrap_pyfunction!(baseline_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(baseline_plan, m)?)?;
     m.add_function(wrap_pyfunction!(layout_plan, m)?)?;
     Ok(())
 }
