@@ -374,6 +374,17 @@ def baseline_plans(
     overlap_grad_reduce: str = "data-parallel",
     overlap_param_gather: bool = False,
 ) -> list[Plan]: ...
+def baseline_plan(
+    kind: str,
+    profile: Profile,
+    topology: Topology,
+    global_batch_size: int,
+    *,
+    min_micro_batch_size: int | None = None,
+    warmup_policy: str = "auto",
+    overlap_grad_reduce: str = "data-parallel",
+    overlap_param_gather: bool = False,
+) -> Plan: ...
 def asynchronous_plan(
     schedule: str,
     profile: Profile,
