@@ -802,8 +802,6 @@ class Gen:
             spec.argv += ["--for", self.pick(["megatron", "deepspeed", "torchtitan", "torch"], ["alpa", "torch-csv"])]
         if self.p(0.05):
             spec.argv += ["--max-search-machines", self.pick(["1", "2", "16", "16384"], ["0", "-1", "x"])]
-        if self.p(0.05):
-            spec.argv += ["--simulate"]
         if self.p(0.35):
             spec.argv += ["--out", self.out_arg(spec, "json", "json")]
         if self.p(0.3):

@@ -77,6 +77,20 @@ def test_a_bad_expert_degree_is_one_line_naming_the_field(moe_profile, tmp_path,
     assert_one_line_error(r, 3, message)
 
 
+def test_a_refused_layout_names_the_keyword_its_caller_typed(moe_profile):
+    # megatron_plan builds a plan and the core checks its fields; the
+    # caller typed keywords, and the error names them (issue 68), here
+    # while context parallelism beside spread experts is refused.
+    with pytest.raises(planner.InvalidInputError) as refused:
+        planner.megatron_plan(str(moe_profile), "1x8-a100-80gb", 64, tensor_parallel=1, pipeline_parallel=1,
+                              micro_batch_size=1, context_parallel=2, expert_parallel=4)
+    assert str(refused.value).startswith("context_parallel=2: context parallelism beside spread experts"), refused.value
+    assert "stages[" not in str(refused.value) and refused.value.field == "context_parallel"
+    with pytest.raises(planner.InvalidInputError, match=r"^expert_parallel=3 does not divide the stage's 8 replicas"):
+        planner.megatron_plan(str(moe_profile), "1x8-a100-80gb", 64, tensor_parallel=1, pipeline_parallel=1,
+                              micro_batch_size=1, expert_parallel=3)
+
+
 def test_experts_a_degree_does_not_divide_and_stages_without_experts_are_refused(tmp_path, dapple):
     six = tmp_path / "six.json"
     r = dapple("profile", "transformer", "--config", _moe_config(tmp_path / "moe6.json", experts=6), "--gpu",

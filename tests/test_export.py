@@ -674,3 +674,23 @@ def test_deepspeed_and_megatron_write_the_plans_sharding_level(tmp_path, dapple,
     words = source_array(out)
     start = words.index(megatron[0])
     assert words[start:start + len(megatron)] == megatron
+
+
+def test_a_one_file_export_goes_to_stdout_without_out(tmp_path, dapple, llama):
+    # Data on stdout, the summary on stderr (issue 68's quick start);
+    # torchtitan writes two files and asks for --out.
+    path = shaped(tmp_path, llama)
+    written = tmp_path / "megatron.sh"
+    assert dapple("export", "--plan", path, "--to", "megatron", "--out", written).returncode == 0
+    shown = dapple("export", "--plan", path, "--to", "megatron")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == written.read_text()
+    assert shown.stderr.startswith("stdout: megatron, 2 stages x tensor parallel 2 x data parallel 2 = 8 GPUs")
+    assert len(shown.stderr.splitlines()) == 1
+    # The launch line: the plan's 8 GPUs on one machine of eight.
+    assert ('# torchrun --nnodes 1 --nproc-per-node 8 --node-rank $NODE_RANK --master-addr $MASTER_ADDR '
+            'pretrain_gpt.py "${DAPPLE_MEGATRON_ARGS[@]}"\n') in shown.stdout
+    csv = dapple("export", "--plan", path, "--to", "torch-csv")
+    assert csv.returncode == 0 and csv.stdout.splitlines()[0].startswith("0F0"), csv.stderr
+    titan = dapple("export", "--plan", path, "--to", "torchtitan")
+    assert titan.returncode == 2 and "give --out" in titan.stderr and not titan.stdout

@@ -35,7 +35,8 @@ def schedule_csv_path(out_path: str) -> str:
               help="torch-csv: the plan's schedule as torch.distributed.pipelining's schedule CSV; torchtitan: "
                    "job config TOML (and the schedule CSV beside it); megatron: Megatron-LM's arguments as a bash "
                    "array; deepspeed: PipelineModule's parts and config keys as JSON (docs/export.md).")
-@click.option("--out", "out_path", required=True, type=FILE_PATH, help="File to write.")
+@click.option("--out", "out_path", type=FILE_PATH, default=None,
+              help="File to write. Default: stdout (torchtitan, which writes a TOML and a schedule CSV: required).")
 @click.option("--profile", "profile_path", type=FILE_PATH, default=None,
               help="Profile whose layers the plan's stages hold (torchtitan, megatron; deepspeed: a mixture's "
                    "experts, needed where the plan spreads them). Default: the path recorded in the plan.")
@@ -71,18 +72,26 @@ def export_command(plan_path, target, out_path, profile_path, module_map, approx
                                  (approximate or None, "--approximate", ("torchtitan", "megatron", "deepspeed"))):
         if given is not None and target not in applies:
             raise click.UsageError(f"{name} applies to --to {' and '.join(applies)}, not {target}")
-    check_writable(out_path)
+    if out_path is None and target == "torchtitan":
+        raise click.UsageError("--to torchtitan writes a TOML and its schedule CSV beside it: give --out job.toml")
+    if out_path is not None:
+        check_writable(out_path)
     plan = planner.Plan.load(plan_path)
     if target == "torch-csv":
         _torch_csv(plan, out_path)
         return
     files, result = _exported(plan, plan_path, target, out_path, profile_path, module_map, approximate)
-    write_all_atomic([(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
-                      for path, text in files])
+    if out_path is None:
+        (_, text), = files
+        click.echo(text, nl=False)
+    else:
+        write_all_atomic([(path, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
+                          for path, text in files])
     for change in result.changes:
         click.echo(f"approximated: {change}", err=True)
     shape = result.shape
-    click.echo(f"{' and '.join(path_text(path) for path, _ in files)}: {target}, {shape.describe()}, "
+    written = " and ".join(path_text(path) for path, _ in files) if out_path is not None else "stdout"
+    click.echo(f"{written}: {target}, {shape.describe()}, "
                f"{shape.micro_batches} micro-batches of {shape.micro_batch_per_replica} a replica", err=True)
 
 
@@ -114,7 +123,10 @@ def _torch_csv(plan, out_path) -> None:
     replicated or split unevenly, uneven slices on mixed GPUs, an
     asynchronous schedule."""
     order = plan.pipeline_order()
-    write_atomic(out_path, order.to_csv())
+    if out_path is None:
+        click.echo(order.to_csv(), nl=False)
+    else:
+        write_atomic(out_path, order.to_csv())
     layers = ", ".join(f"{s['layer_start']}..{s['layer_end']}" for s in plan.stages)
-    click.echo(f"{path_text(out_path)}: {len(order.rank_actions)} pipeline ranks, {order.micro_batches} micro-batches of "
+    click.echo(f"{path_text(out_path) if out_path is not None else 'stdout'}: {len(order.rank_actions)} pipeline ranks, {order.micro_batches} micro-batches of "
                f"{plan.micro_batch_size}; stage layers {layers}; each replica group runs the same rows", err=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import click
+import rich_click as click
 
 from dapple import planner
 
@@ -20,14 +20,19 @@ from .regress import regress_command
 from .run import run_command
 from .show import show_command
 from .simulate import simulate_command
+from .sweep import sweep_command
 from .topology import topology_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Help in rich-click's panels; ranges are said in errors, not beside every count.
+@click.rich_config(help_config=click.RichHelpConfiguration(range_string="", max_width=100))
 @click.version_option(planner.__version__, prog_name="dapple")
 def cli():
-    """Plan pipeline, data, tensor, context and expert parallel training,
-    with ZeRO or FSDP sharding (after DAPPLE, Whale and XPipe).
+    """A planner for training large neural networks on many GPUs:
+    pipeline, data, tensor, context and expert parallelism, ZeRO or FSDP
+    sharding, re-computation, offloading and the pipeline schedule, after
+    DAPPLE, Whale and XPipe.
 
     Exit codes: 0 ok, 1 internal error, 2 usage, 3 invalid input,
     4 incompatible inputs, 5 infeasible, 6 I/O error, 7 plan-quality regression, 8 run failed,
@@ -46,6 +51,7 @@ cli.add_command(regress_command)
 cli.add_command(show_command)
 cli.add_command(run_command)
 cli.add_command(export_command)
+cli.add_command(sweep_command)
 
 
 def main():

@@ -18,10 +18,18 @@ from dapple.planner.limits import MAX_COUNT, MAX_PASSES, MAX_PASSES_CEILING, set
 from .exit_codes import INTERNAL_ERROR, exit_code_for
 
 
+class Count(click.IntRange):
+    """A count in minimum..MAX_COUNT, shown in help as ``N``: its range is
+    said in an error, where it matters."""
+
+    def get_metavar(self, param, ctx=None):
+        return "N"
+
+
 def count_option_type(minimum: int = 1) -> click.IntRange:
     """A sample count in minimum..MAX_COUNT (the core's range): a larger
     value is a usage error, not an overflow."""
-    return click.IntRange(min=minimum, max=MAX_COUNT)
+    return Count(min=minimum, max=MAX_COUNT)
 
 
 class FilePath(click.ParamType):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import click
+import rich_click as click
 
 from dapple import planner
 from dapple.planner.files import check_writable, path_text
@@ -25,7 +25,27 @@ from .progress import quiet_option, working
 from .render import plan_table
 
 
+# plan --help in panels, each a screen at most (issue 68); a test lists them.
+PANELS = {
+    "Inputs": ["--profile", "--topology", "--global-batch-size", "--for"],
+    "Search space": ["--search-space", "--stage-shapes", "--min-micro-batch-size", "--refine"],
+    "Memory": ["--max-shard-level", "--max-context-parallel"],
+    "Schedule": ["--schedule", "--chunks", "--warmup-policy"],
+    "Overlap (--for sets its runtime's)": ["--overlap-grad-reduce", "--overlap-param-gather"],
+    "Hints (Whale's; docs/hints.md)": ["--stages", "--micro-batches", "--pin-cut", "--replicate", "--split", "--from-layout"],
+    "Work limits (exit 9 past them)": ["--max-search-gib", "--max-search-steps", "--max-search-machines", "--max-passes"],
+    "Output": ["--out", "--json", "--quiet", "--help"],
+}
+
+
+def panels(f):
+    for name in reversed(PANELS):
+        f = click.option_panel(name, options=PANELS[name])(f)
+    return f
+
+
 @click.command("plan")
+@panels
 @profile_option
 @topology_option
 @click.option(
@@ -42,42 +62,38 @@ from .render import plan_table
               "or an even share of every machine in use; auto: full up to 16 GPUs.")
 @click.option("--stage-shapes", type=click.Choice(planner.STAGE_SHAPES), default=planner.STAGE_SHAPES[0],
               show_default=True,
-              help="all: each stage may split its layers (tensor parallelism), shard its state over its "
-                   "replicas (ZeRO-1, -2, -3), spread its experts over its replicas (expert parallelism) and re-compute its "
-                   "forward; auto: all where the profile says how layers split or has experts, else plain; plain: "
-                   "replicas only (DAPPLE's space).")
+              help="all: a stage may split its layers (tensor parallelism), shard its state (ZeRO), spread its "
+                   "experts and re-compute its forward; auto: all where the profile's layers say how, else plain; "
+                   "plain: replicas only (DAPPLE's space).")
 @click.option("--max-shard-level", type=click.IntRange(0, 3), default=1, show_default=True,
               help="The highest sharding level a stage may take: 0 none, 1 the optimizer state (ZeRO-1), 2 and the "
-                   "gradients (ZeRO-2), 3 and the weights (ZeRO-3, FSDP); levels 2 and 3 make large searches "
-                   "slower. docs/cost-model.md, \"Sharding\".")
+                   "gradients (ZeRO-2), 3 and the weights (ZeRO-3, FSDP); 2 and 3 make large searches slower "
+                   "(docs/cost-model.md, \"Sharding\").")
 @click.option("--max-context-parallel", type=count_option_type(), default=None,
               help="The most GPUs a stage may cut each sample's sequence over (context parallelism, where the "
-                   "profile's layers say how: `dapple profile transformer` profiles do); 1: none. Default 16: "
-                   "higher degrees make searches on thousands of GPUs slower. "
-                   "docs/cost-model.md, \"Context parallelism\".")
+                   "profile says how, as `dapple profile transformer`'s do); 1: none. Default 16: higher make "
+                   "searches on thousands of GPUs slower (docs/cost-model.md, \"Context parallelism\").")
 @click.option("--max-search-gib", type=click.FloatRange(min=0, min_open=True, max=MAX_SEARCH_GIB), default=None,
               help=f"Most memory the search's tables may take, in GiB (default {DEFAULT_MAX_SEARCH_GIB:g}); past it "
                    "the search stops with exit 9.")
 @click.option("--max-search-steps", type=count_option_type(), default=None,
-              help=f"Most steps (a stage costed, or put in front of one partial plan) the search may take at one "
-                   f"micro-batch size (default {DEFAULT_MAX_SEARCH_STEPS:,}, a few seconds); past it that size's other "
-                   "layouts are left to the bounded walk, and it is not searched again and the plan is the best found (said on stderr); exit 9 "
-                   "where none was.")
+              help=f"Most steps (a stage costed, or put in front of a partial plan) the search takes at one "
+                   f"micro-batch size (default {DEFAULT_MAX_SEARCH_STEPS:,}, a few seconds); past it, that size's "
+                   "other layouts are left to the bounded walk and the plan is the best found (said on stderr); "
+                   "exit 9 where none was.")
 @click.option("--max-search-machines", type=count_option_type(), default=None,
               help=f"Most machines a search takes (default {DEFAULT_MAX_SEARCH_MACHINES:,}: 16384x1 plans in 15 s "
                    "on 2 cores, 30000x1 in a minute); a larger topology is refused at once with exit 9.")
 @click.option("--refine/--no-refine", default=True, show_default=True,
-              help="Improve the chosen plan by local moves (a stage boundary by a layer, GPUs swapped, handed over "
-                   "or left idle), each kept when it simulates faster, and again from its layout placed anew by the "
-                   "paper's policies, up to 64 GPUs; --no-refine: the search space's own plan.")
+              help="Improve the chosen plan by local moves (a stage boundary by a layer; GPUs swapped, handed "
+                   "over or left idle), each kept where it simulates faster, up to 64 GPUs; --no-refine: the "
+                   "search space's own plan.")
 @click.option("--schedule", type=click.Choice(("auto", *planner.SCHEDULE_KINDS)), default="auto", show_default=True,
-              help="auto: the fastest of DAPPLE's early backward, ZB-H1, ZB-H2 and the chunked kinds on the layouts "
-                   "the search ranked (without the chunked ones under layout hints; "
-                   "docs/schedules.md), never slower than any of them named alone; it does not search gpipe "
-                   "(never faster than early backward on one layout) or the asynchronous kinds; a synchronous kind: that kind alone (a chunked one, "
-                   f"{chunked_kinds()}: the ranked layouts' layers cut again into chunks a rank); "
-                   "an asynchronous kind (xpipe, "
-                   "pipedream, spectrain, async): the uniform pipeline with the fastest steady state that fits "
+              help="auto: the fastest of early backward, ZB-H1, ZB-H2 and the chunked kinds on the layouts the "
+                   "search ranked (no chunked ones under layout hints), never slower than any of them named alone; "
+                   "not gpipe (never faster than early backward) or the asynchronous kinds. A synchronous kind: "
+                   f"that kind alone (chunked, {chunked_kinds()}: the layers cut into chunks a rank; "
+                   "docs/schedules.md). An asynchronous kind: the uniform pipeline with the fastest steady state "
                    "(docs/xpipe.md).")
 @click.option("--chunks", type=count_option_type(), default=None,
               help="Chunks (stages) a rank for a chunked --schedule. Default: the fastest count up to 8 "
@@ -98,18 +114,16 @@ from .render import plan_table
                    "so that the layout run today is costed (docs/export.md).")
 @click.option("--overlap-grad-reduce", type=click.Choice(planner.GRAD_REDUCE_OVERLAPS),
               default=planner.GRAD_REDUCE_OVERLAPS[0], show_default=True,
-              help="Which stages reduce their gradients behind their backward: data-parallel, a plan of one plain "
-                   "stage only (DAPPLE's); every-stage, each stage's buckets behind its last backward (Megatron-LM's "
-                   "--overlap-grad-reduce, FSDP); none. --for sets its runtime's (docs/cost-model.md, \"Overlap\").")
+              help="Which stages reduce their gradients behind their backward: data-parallel: a plan of one plain "
+                   "stage only (DAPPLE's); every-stage: each stage, behind its last backward (Megatron-LM's "
+                   "--overlap-grad-reduce, FSDP); none (docs/cost-model.md, \"Overlap\").")
 @click.option("--overlap-param-gather", is_flag=True,
               help="ZeRO-1 stages gather their updated weights behind the next forward (Megatron-LM's "
-                   "--overlap-param-gather). --for sets its runtime's.")
+                   "--overlap-param-gather).")
 @click.option("--for", "target", type=click.Choice(planner.TARGETS), default=None,
               help="Plan for this runtime: the fastest plan that `dapple export --to` it writes without "
                    "--approximate (torch: torch's schedule CSV), with the free plan's time beside it "
                    "(docs/export.md).")
-@click.option("--simulate", "simulate_flag", is_flag=True,
-              help="No effect, kept for scripts: plans are always chosen by simulated iteration time.")
 @click.option("--out", "out_path", type=FILE_PATH, default=None, help="Write the plan JSON here.")
 @json_option
 @quiet_option
@@ -140,7 +154,6 @@ def plan_command(
     overlap_grad_reduce,
     overlap_param_gather,
     target,
-    simulate_flag,
     out_path,
     as_json,
     quiet,

@@ -34,7 +34,7 @@ def plan_table(plan: Plan, profile: Profile | None) -> None:
     inputs = plan.data["inputs"]
     out.print(
         f"{inputs['model']} on {inputs['topology']['name']}, global batch {inputs['global_batch_size']}: "
-        f"{plan.layout}, {plan.micro_batches} micro-batches of {plan.micro_batch_size}, "
+        f"{plan.layout}, {plan.micro_batching}, "
         f"schedule {plan.core.schedule_kind} (warm-up policy {plan.core.warmup_policy})"
     )
     if blocks and any(blocks):

@@ -82,8 +82,7 @@ def simulate_command(plan_path, profile_path, schedule, recompute, show_actions,
         return
     out = console()
     out.print(
-        f"{plan.data['inputs']['model']} {plan.layout}, {plan.micro_batches} micro-batches of "
-        f"{plan.micro_batch_size}, {sim.schedule}{' with re-computation' if sim.recompute else ''}"
+        f"{plan.data['inputs']['model']} {plan.layout}, {plan.micro_batching}, {sim.schedule}{' with re-computation' if sim.recompute else ''}"
     )
     samples_per_s = plan.micro_batch_size * plan.micro_batches / sim.iteration_ms * 1e3
     if sim.mini_batches > 1:
@@ -119,7 +118,7 @@ def print_chunked(plan, sim, own_ms: float | None) -> None:
     than = f" ({own_ms / sim.iteration_ms:.3f}x the plan's own {own_ms:.1f} ms)" if own_ms is not None else ""
     out.print(
         f"{plan.data['inputs']['model']} as {sim.schedule}, {plan.core.chunks} chunks a rank, "
-        f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}: {sim.iteration_ms:.1f} ms{than}"
+        f"{plan.micro_batching}: {sim.iteration_ms:.1f} ms{than}"
     )
     for r, st in enumerate(sim.stages):
         mine = [s for s, rank in zip(plan.stages, sim.stage_ranks) if rank == r]

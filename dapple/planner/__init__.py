@@ -1,8 +1,10 @@
-"""dapple: plan pipeline, data, tensor, context and expert parallel
-training, with ZeRO or FSDP sharding, after DAPPLE, Whale and XPipe.
+"""dapple's plan API. A planner for training large neural networks on many
+GPUs: pipeline, data, tensor, context and expert parallelism, ZeRO or FSDP
+sharding, re-computation, offloading and the pipeline schedule, after
+DAPPLE, Whale and XPipe.
 
     from dapple import planner
-    p = planner.plan("profiles/artifact/bert-48-pbs-2.json", "2x8-nvlink", global_batch_size=64)
+    p = planner.plan(planner.Profile.example("artifact/bert-48-pbs-2"), "2x8-nvlink", global_batch_size=64)
     print(p.layout, p.iteration_ms)   # simulated iteration, the planner's objective
 
 Planning needs no torch; the runtime and profiler import it lazily.
@@ -14,9 +16,9 @@ except ImportError as e:  # pragma: no cover - depends on how it was installed
     import os as _os
 
     raise ImportError(
-        f"dapple's compiled core (dapple.planner._core) is missing from {_os.path.dirname(__file__)}: this is the "
-        "source tree, not an installed copy. Install with `pip install .` and run from another folder, "
-        "or use `pip install -e .` to work in the source tree."
+        f"dapple's compiled core (dapple.planner._core) is missing from {_os.path.dirname(__file__)}, and no "
+        "installed copy of dapple is on the path: install with `pip install .`, or `pip install -e .` to work in "
+        "the source tree."
     ) from e
 from .calibrate import Calibration, calibrate
 from .compare import BASELINES, baseline, compare, layout_plan, megatron_plan
@@ -32,6 +34,7 @@ from .errors import (
 from .plan import GRAD_REDUCE_OVERLAPS, SEARCH_SPACES, STAGE_SHAPES, WARMUP_POLICIES, Plan, SearchStats, choose_warmups, chunked, evaluate
 from .profile import (
     ATTENTION_KERNELS,
+    EXAMPLE_PROFILES,
     GRADIENT_PRECISIONS,
     MODEL_CONFIGS,
     HOST_US_PER_KERNEL,
@@ -43,6 +46,7 @@ from .profile import (
     transformer_profile,
 )
 from .simulation import Simulation, simulate
+from .sweep import Sweep, SweepPoint, sweep
 from .targets import TARGETS, ForTarget, plan, plan_for
 from .topology import GPU_TYPES, PRESETS, Topology
 
@@ -50,6 +54,7 @@ __all__ = [
     "__version__",
     "ASYNCHRONOUS_SCHEDULES",
     "BASELINES",
+    "EXAMPLE_PROFILES",
     "DappleError",
     "DappleIOError",
     "IncompatibleInputsError",
@@ -94,4 +99,7 @@ __all__ = [
     "TARGETS",
     "ForTarget",
     "simulate",
+    "sweep",
+    "Sweep",
+    "SweepPoint",
 ]

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from . import _core
-from .errors import DappleError
+from .errors import DappleError, naming_keyword
 from .limits import check_count
 from .plan import GRAD_REDUCE_OVERLAPS, Plan, chunked, evaluate, plan, shape_label
 from .profile import Profile
@@ -59,6 +59,11 @@ def baseline_plans(
         overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)]
 
 
+#: megatron_plan's keywords that name a plan field of the same name.
+MEGATRON_KEYWORDS = ("tensor_parallel", "pipeline_parallel", "micro_batch_size", "shard_level", "expert_parallel",
+                     "expert_tensor_parallel", "context_parallel", "recompute", "offload")
+
+
 def megatron_plan(
     profile: Profile | str | os.PathLike,
     topology: Topology | str,
@@ -98,18 +103,22 @@ def megatron_plan(
     ``--overlap-grad-reduce`` is "every-stage"). Its estimate is given
     whether or not it fits memory (``plan.estimate["fits_memory"]``)."""
     prof, topo, gbs, _ = _inputs(profile, topology, global_batch_size, None)
-    core = _core.megatron_plan(
-        prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
-        pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
-        micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_level=shard_level,
-        reshard_after_forward=reshard_after_forward,
-        sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
-        expert_tensor_parallel=(None if expert_tensor_parallel is None
-                                else check_count("expert_tensor_parallel", expert_tensor_parallel)),
-        offload=offload, context_parallel=check_count("context_parallel", context_parallel),
-    )
-    return evaluate(Plan(core), prof)
+    try:
+        core = _core.megatron_plan(
+            prof.core, topo.core, gbs, tensor_parallel=check_count("tensor_parallel", tensor_parallel),
+            pipeline_parallel=check_count("pipeline_parallel", pipeline_parallel),
+            micro_batch_size=check_count("micro_batch_size", micro_batch_size), shard_level=shard_level,
+            reshard_after_forward=reshard_after_forward,
+            sequence_parallel=sequence_parallel, recompute=recompute, overlap_grad_reduce=overlap_grad_reduce,
+            overlap_param_gather=overlap_param_gather, expert_parallel=check_count("expert_parallel", expert_parallel),
+            expert_tensor_parallel=(None if expert_tensor_parallel is None
+                                    else check_count("expert_tensor_parallel", expert_tensor_parallel)),
+            offload=offload, context_parallel=check_count("context_parallel", context_parallel),
+        )
+        return evaluate(Plan(core), prof)
+    except DappleError as e:
+        # The core checks the plan it builds by its fields; the caller typed keywords.
+        raise naming_keyword(e, MEGATRON_KEYWORDS) from None
 
 
 def _inputs(profile, topology, global_batch_size: int, min_micro_batch_size: int | None):

@@ -71,3 +71,17 @@ def class_of_code(code: str) -> type[DappleError]:
             return cls
         classes.extend(cls.__subclasses__())
     return DappleError
+
+
+def naming_keyword(error: DappleError, keywords) -> DappleError:
+    """``error``, where it is about a plan field one of the call's
+    ``keywords`` set (``stages[0].context_parallel``, set by
+    ``context_parallel=``), said of the keyword as the caller typed it:
+    "context_parallel=2: ..." (issue 68). Other errors as they are."""
+    leaf = (error.field or "").rsplit(".", 1)[-1]
+    if leaf not in keywords or error.field == leaf:
+        return error
+    prefix = f"field {error.field}: "
+    text = error.message[len(prefix):] if error.message.startswith(prefix) else error.message
+    text = text[len("value "):] if text.startswith("value ") else f": {text}"
+    return type(error)(f"{leaf}={text}", code=error.code, source=error.source, field=leaf)

@@ -258,8 +258,7 @@ def _timeline_title_and_legend(fig, g: _TimelineGeometry, plan: Plan, sim: Simul
     recompute = sim.recompute
     _title(fig, g.left, 0.22,
            f"{_model(plan)} {plan.layout}: {sim.schedule}"
-           f"{' with re-computation' if recompute else ''}, {plan.micro_batches} micro-batches of "
-           f"{plan.micro_batch_size}; simulated iteration {sim.iteration_ms:.1f} ms")
+           f"{' with re-computation' if recompute else ''}, {plan.micro_batching}; simulated iteration {sim.iteration_ms:.1f} ms")
     split = any(t["kind"] == "weight_gradient" for t in sim.tasks)
     backward = [("input gradient", COLORS["input_gradient"]), ("weight gradient", COLORS["weight_gradient"])] \
         if split else [("backward + re-run forward" if recompute else "backward", COLORS["backward"])]
@@ -291,7 +290,7 @@ def memory(plan: Plan, sim: Simulation, path: str | os.PathLike) -> None:
         _finish_memory_grid(fig, axes, m.n)
     title = (f"{_model(plan)} {plan.layout}: memory of one GPU per stage, "
              f"{sim.schedule}{' with re-computation' if sim.recompute else ''}, "
-             f"{plan.micro_batches} micro-batches of {plan.micro_batch_size}")
+             f"{plan.micro_batching}")
     _title(fig, 0.6, 0.2, title, fontsize=11)
     fig.text(0.6 / fig.get_figwidth(), 1 - 0.48 / fig.get_figheight(),
              "solid: memory in use; dotted: weights and optimizer state (held all the time; the gradients "
@@ -497,8 +496,7 @@ def diagram(plan: Plan, path: str | os.PathLike, profile: Profile | None = None)
 
     _title(fig, 0.5, 0.18,
            f"{_model(plan)} on {topo.get('name', '?')}: {plan.layout}, global batch "
-           f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batches} micro-batches of "
-           f"{plan.micro_batch_size}")
+           f"{plan.data['inputs'].get('global_batch_size', '?')} in {plan.micro_batching}")
     subtitle = _cluster_subtitle(topo, len(machines))
     if split:
         subtitle += "; outlined: a split group, one replica's GPUs (r0, r1, ...)"

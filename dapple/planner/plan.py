@@ -91,6 +91,21 @@ class Plan(FileObject):
         return layout_label(self.stage_shapes, self.core.stage_ranks if self.core.chunks > 1 else None)
 
     @property
+    def micro_batching(self) -> str:
+        """The micro-batches as a header says them: "4 micro-batches of 64
+        samples (2 a replica)". A micro-batch is what one pass through the
+        pipeline carries; each stage's replicas share it, and runtimes'
+        ``--micro-batch-size`` (Megatron-LM's, DeepSpeed's, torchtitan's)
+        is the share of one replica (issue 68)."""
+        samples = "sample" if self.micro_batch_size == 1 else "samples"
+        text = f"{self.micro_batches} micro-batches of {self.micro_batch_size} {samples}"
+        replicas = sorted({shape.replicas for shape in self.stage_shapes})
+        if replicas == [1]:
+            return text
+        shares = [f"{self.micro_batch_size / r:g}" for r in replicas]
+        return text + (f" ({shares[0]} a replica)" if len(shares) == 1 else f" ({' or '.join(shares)} a replica, by stage)")
+
+    @property
     def overlap(self) -> tuple[str, bool]:
         """What the plan's runtime hides behind computation
         (``schedule.overlap``): which stages reduce their gradients behind

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import _core
 from .fileobject import FileObject
+from .errors import InvalidInputError
 from .files import path_text, read_text
 from .limits import check_count
+
+#: The folder of the profiles shipped in the package (the checkout's
+#: ``profiles/`` is a link to it).
+EXAMPLE_PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+#: Their names, "artifact/bert-48-pbs-2" for profiles/artifact/bert-48-pbs-2.json
+#: (the DAPPLE artifact's and Whale's; models/ holds configs, not profiles).
+EXAMPLE_PROFILES: tuple[str, ...] = tuple(sorted(
+    str(path.relative_to(EXAMPLE_PROFILE_DIR).with_suffix(""))
+    for path in [*(EXAMPLE_PROFILE_DIR / "artifact").glob("*.json"), *(EXAMPLE_PROFILE_DIR / "whale").glob("resnet*.json")]
+))
 
 
 @dataclass(frozen=True)
@@ -19,6 +31,15 @@ class Profile(FileObject):
 
     core_class = _core.Profile
     core: _core.Profile
+
+    @classmethod
+    def example(cls, name: str) -> "Profile":
+        """A profile shipped inside the package, by name (``EXAMPLE_PROFILES``:
+        ``"artifact/bert-48-pbs-2"``), so that examples run from any folder;
+        the checkout's ``profiles/`` links to the same files."""
+        if name not in EXAMPLE_PROFILES:
+            raise InvalidInputError(f"example profile {name!r}: not shipped; one of {', '.join(EXAMPLE_PROFILES)}")
+        return cls.load(EXAMPLE_PROFILE_DIR / f"{name}.json")
 
     @property
     def path(self) -> str | None:

@@ -151,6 +151,17 @@ def _expert_options(plan: Plan, profile: Profile, shape: RunShape, rounding: Rou
                       ("--expert-tensor-parallel-size", str(shape.expert_tensor_parallel))]
 
 
+def _launch_line(plan, gpus: int) -> str:
+    """torchrun on as many machines as the plan's GPUs fill, a process per
+    GPU of a machine (machines of mixed sizes: written as one node of every
+    process, for the user to divide)."""
+    groups = plan.data["inputs"]["topology"]["machine_groups"]
+    per_machine = groups[0]["gpus_per_machine"] if len({g["gpus_per_machine"] for g in groups}) == 1 else gpus
+    nodes = -(-gpus // per_machine)
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {min(per_machine, gpus)} --node-rank $NODE_RANK "
+            f'--master-addr $MASTER_ADDR pretrain_gpt.py "${{{ARRAY}[@]}}"')
+
+
 def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = False) -> MegatronArguments:
     """Megatron-LM's arguments for ``plan`` over ``profile``'s layers (a
     transformer: embedding, blocks, head; ``megatron_layout.layer_tokens``)."""
@@ -212,8 +223,9 @@ def megatron_arguments(plan: Plan, profile: Profile, *, approximate: bool = Fals
         f"{shape.describe()}. Megatron's data-parallel size is the world size over tensor x {context}pipeline,",
         f"{shape.gpus} / {shape.tensor_parallel * shape.context_parallel * shape.stages} = {shape.replicas}: "
         f"launch {shape.gpus} processes.",
-        f"dapple export --to megatron; docs/export.md. Use: source this file, then",
-        f'torchrun ... pretrain_gpt.py "${{{ARRAY}[@]}}" with the model\'s own arguments.',
+        f"dapple export --to megatron; docs/export.md. Use: source this file, then on each machine",
+        f"{_launch_line(plan, shape.gpus)}",
+        "followed by the model's own arguments (--hidden-size, --num-attention-heads, --seq-length, ...).",
     ]
     text = "\n".join([*(f"# {line}" for line in header), f"{ARRAY}=("]
                      + [f"    {' '.join(shlex.quote(word) for word in option)}" for option in options] + [")"]) + "\n"

@@ -100,7 +100,7 @@ class RunShape:
         """``4 stages x tensor parallel 4 x data parallel 2 = 32 GPUs``
         (``x context parallel 2`` where the sequence is cut)."""
         context = f" x context parallel {self.context_parallel}" if self.context_parallel > 1 else ""
-        return (f"{self.stages} stages x tensor parallel {self.tensor_parallel}{context} x data parallel "
+        return (f"{self.stages} stage{'s' if self.stages != 1 else ''} x tensor parallel {self.tensor_parallel}{context} x data parallel "
                 f"{self.replicas} = {self.gpus} GPUs")
 
 

@@ -41,59 +41,59 @@ pub const MAX_BLOCKS: u64 = 100_000;
 pub const MODELS: [(&str, &str); 14] = [
     (
         "gpt3-175b",
-        include_str!("../../../../profiles/models/gpt3-175b.json"),
+        include_str!("../../../../dapple/profiles/models/gpt3-175b.json"),
     ),
     (
         "llama-2-7b",
-        include_str!("../../../../profiles/models/llama-2-7b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-2-7b.json"),
     ),
     (
         "llama-2-13b",
-        include_str!("../../../../profiles/models/llama-2-13b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-2-13b.json"),
     ),
     (
         "llama-2-70b",
-        include_str!("../../../../profiles/models/llama-2-70b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-2-70b.json"),
     ),
     (
         "llama-3-8b",
-        include_str!("../../../../profiles/models/llama-3-8b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-3-8b.json"),
     ),
     (
         "llama-3-70b",
-        include_str!("../../../../profiles/models/llama-3-70b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-3-70b.json"),
     ),
     (
         "llama-3-405b",
-        include_str!("../../../../profiles/models/llama-3-405b.json"),
+        include_str!("../../../../dapple/profiles/models/llama-3-405b.json"),
     ),
     (
         "mixtral-8x7b",
-        include_str!("../../../../profiles/models/mixtral-8x7b.json"),
+        include_str!("../../../../dapple/profiles/models/mixtral-8x7b.json"),
     ),
     (
         "qwen3-30b-a3b",
-        include_str!("../../../../profiles/models/qwen3-30b-a3b.json"),
+        include_str!("../../../../dapple/profiles/models/qwen3-30b-a3b.json"),
     ),
     (
         "qwen3-235b-a22b",
-        include_str!("../../../../profiles/models/qwen3-235b-a22b.json"),
+        include_str!("../../../../dapple/profiles/models/qwen3-235b-a22b.json"),
     ),
     (
         "deepseek-v3",
-        include_str!("../../../../profiles/models/deepseek-v3.json"),
+        include_str!("../../../../dapple/profiles/models/deepseek-v3.json"),
     ),
     (
         "m6-moe-100b",
-        include_str!("../../../../profiles/models/m6-moe-100b.json"),
+        include_str!("../../../../dapple/profiles/models/m6-moe-100b.json"),
     ),
     (
         "m6-moe-1t",
-        include_str!("../../../../profiles/models/m6-moe-1t.json"),
+        include_str!("../../../../dapple/profiles/models/m6-moe-1t.json"),
     ),
     (
         "m6-moe-10t",
-        include_str!("../../../../profiles/models/m6-moe-10t.json"),
+        include_str!("../../../../dapple/profiles/models/m6-moe-10t.json"),
     ),
 ];
 
