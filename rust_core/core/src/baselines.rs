@@ -688,7 +688,7 @@ pub(crate) fn fastest_in_bound_order(
         .map(|(i, plan)| Ok((bound_estimate(&plan, costs)?.latency_ms, i, plan)))
         .collect::<Result<_>>()?;
     bounded.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let width = rayon::current_num_threads().max(1);
+    let width = crate::simulation::costing::SIMULATED_AT_ONCE;
     let mut best: Option<(f64, usize, Plan)> = None;
     let mut smallest_need: Option<f64> = None;
     let mut left = bounded.into_iter().peekable();

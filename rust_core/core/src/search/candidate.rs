@@ -145,7 +145,7 @@ fn simulate_in_bound_order(
     let mut bounded = estimated(candidates, costs)?;
     let bound = |c: &Candidate| c.plan.estimate.as_ref().expect("bounded").latency_ms;
     bounded.sort_by(|a, b| bound(a).total_cmp(&bound(b)));
-    let width = rayon::current_num_threads().max(1);
+    let width = crate::simulation::costing::SIMULATED_AT_ONCE;
     let mut costed: Vec<Candidate> = Vec::new();
     let mut left = bounded.into_iter().peekable();
     while left.peek().is_some_and(|c| bound(c) <= fastest_ms) {

@@ -9,6 +9,14 @@ use crate::model::profile::{LayerCosts, Profile};
 use crate::plan::{check_layout_hashed, Plan};
 use crate::schedule::{check_passes, steady_state_mini_batches};
 
+/// Candidates simulated side by side when a search or a baseline costs
+/// them in order of their bound: the batch is this wide whatever the
+/// machine's cores, so that which candidates are simulated before the
+/// fastest so far stops the walk, and so the plan, is the same on every
+/// machine (a bound the warm-up choice later moves is not always below the
+/// simulated time, so a batch's width could change the plan).
+pub const SIMULATED_AT_ONCE: usize = 4;
+
 /// A profile with what costing any plan of it derives from the profile
 /// alone: its layer costs, and its hash, which a plan made from it records.
 /// Both take O(layers); the search costs thousands of plans of one profile
