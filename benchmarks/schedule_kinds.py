@@ -4,7 +4,12 @@ against each kind alone (issue 28's "never slower"), on every Table V case
 16x1 (the profile's largest batch x 16 samples, as `tests/test_compare.py`
 plans them), and Llama-2-70B on 512 A100s (`benchmarks/plan_scale.py`'s
 case). Writes benchmarks/results/schedule_kinds.json and prints a markdown
-table; docs/schedules.md reports it.
+table; docs/schedules.md's tables and figures are written from it (cog).
+
+Llama-2-70B's search is planned RUNS times for each kind, all recorded
+(`runs`): on its space of 512 GPUs the plan a search returns can differ
+from one run to the next (the threads' timing); its row's figures are the
+first run's.
 
     python benchmarks/schedule_kinds.py
 """
@@ -25,6 +30,20 @@ HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles" / "artifact"
 SUITE = HERE.parent / "profiles" / "regress" / "paper-table-v.json"
 KINDS = planner._core.SEARCHED_SCHEDULES
+#: How many times the Llama-2-70B case is planned for each kind.
+RUNS = 3
+
+
+def outcome(profile: planner.Profile, topology: str, gbs: int, kind: str) -> dict:
+    """The plan of ``kind`` (or why none): its time, kind, shape and MFU,
+    its layout, micro-batches and each stage's warm-up depth K_i."""
+    try:
+        p = planner.plan(profile, topology, gbs, schedule=kind)
+    except planner.InfeasibleError as e:
+        return {"error": str(e)}
+    return {"ms": p.iteration_ms, "kind": p.core.schedule_kind, "shape": p.shape, "mfu": p.estimate.get("mfu"),
+            "layout": p.layout, "micro_batches": p.micro_batches, "micro_batch_size": p.micro_batch_size,
+            "warmups": [s["warmup_micro_batches"] for s in p.stages]}
 
 
 def cases(llama: Path) -> list[tuple[str, planner.Profile, str, int]]:
@@ -49,17 +68,16 @@ def main() -> None:
         rows = []
         for name, profile, topology, gbs in cases(llama):
             row = {"case": name, "topology": topology, "global_batch_size": gbs}
-            for kind in ("auto", *KINDS):
-                try:
-                    p = planner.plan(profile, topology, gbs, schedule=kind)
-                    row[kind] = {"ms": p.iteration_ms, "kind": p.core.schedule_kind, "shape": p.shape,
-                                 "mfu": p.estimate.get("mfu")}
-                except planner.InfeasibleError as e:
-                    row[kind] = {"error": str(e)}
+            runs = RUNS if name == "llama-2-70b" else 1
+            outcomes = [{kind: outcome(profile, topology, gbs, kind) for kind in ("auto", *KINDS)}
+                        for _ in range(runs)]
+            row.update(outcomes[0])
+            if runs > 1:
+                row["runs"] = {kind: [o[kind] for o in outcomes] for kind in ("auto", *KINDS)}
             rows.append(row)
             print(name, topology, {k: row[k].get("ms") for k in ("auto", *KINDS)}, file=sys.stderr)
     out = {"command": "python benchmarks/schedule_kinds.py", "load_average_before": [round(x, 2) for x in load],
-           "wall_s": round(time.time() - started, 1), "rows": rows}
+           "cpus": os.cpu_count(), "wall_s": round(time.time() - started, 1), "rows": rows}
     (HERE / "results" / "schedule_kinds.json").write_text(json.dumps(out, indent=1) + "\n")
     print("| case | topology | auto ms (kind) | " + " | ".join(f"{k} ms" for k in KINDS) + " | auto over early backward |")
     print("|---|---|--:|" + "--:|" * len(KINDS) + "--:|")

@@ -98,7 +98,8 @@ class Plan(FileObject):
         ``--micro-batch-size`` (Megatron-LM's, DeepSpeed's, torchtitan's)
         is the share of one replica (issue 68)."""
         samples = "sample" if self.micro_batch_size == 1 else "samples"
-        text = f"{self.micro_batches} micro-batches of {self.micro_batch_size} {samples}"
+        batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
+        text = f"{self.micro_batches} {batches} of {self.micro_batch_size} {samples}"
         replicas = sorted({shape.replicas for shape in self.stage_shapes})
         if replicas == [1]:
             return text
