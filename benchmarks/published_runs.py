@@ -347,6 +347,10 @@ def estimate_run(run: dict, folder: Path, own_plans: bool, variant: tuple[str, s
         global_batch=shape["global_batch"],
         schedule=plan.data["schedule"]["kind"], dapple_s=simulated_ms / 1e3, published_s=seconds,
         published_from=published_from, ratio=simulated_ms / 1e3 / seconds,
+        # What the paper gives beside its time, for docs/published-runs.md (generated from this file alone).
+        published_tflops_per_gpu=run["measured"].get("tflops_per_gpu",
+                                                     run["measured"].get("tflops_per_gpu_hardware")),
+        vocab=run["model"]["vocab"], hidden=run["model"]["hidden"],
         mfu=plan.estimate.get("mfu"), peak_memory_gib=plan.estimate["peak_memory_bytes"] / 2**30,
         fits_memory=plan.estimate["fits_memory"], assumptions=assumptions, not_modelled=missing,
         simulate_s=time.perf_counter() - started,

@@ -117,3 +117,18 @@ def test_the_plan_is_the_same_on_any_number_of_cores(profile, topology, batch, t
         data = json.loads(out.read_text())
         plans.append((data["stages"], data["micro_batch_size"], data["schedule"], data["estimate"]["iteration_ms"]))
     assert plans[0] == plans[1] == plans[2]
+
+
+def test_a_plan_file_reads_back_to_the_bit(tmp_path):
+    # serde_json parses floats exactly only with its float_roundtrip
+    # feature (rust_core/*/Cargo.toml): without it a plan read back from
+    # its own file was one unit in the last place off (0.924717125123106
+    # for 0.9247171251231061), and a sweep's figures differed from plan's.
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    profile = planner.transformer_profile(config, gpu="H100-80GB", seq_len=256)
+    plan = planner.plan(profile, "4x2-h100-80gb", 16)
+    again = planner.Plan.from_json(plan.text)
+    assert again.iteration_ms.hex() == plan.iteration_ms.hex()
+    assert json.loads(again.text)["estimate"] == json.loads(plan.text)["estimate"]
+    assert again.text == plan.text

@@ -141,6 +141,17 @@ def test_deepspeed_writes_spread_experts_from_the_profile(moe_profile, tmp_path,
     assert "moe" not in json.loads(out.read_text())
 
 
+def test_plan_for_deepspeed_keeps_plans_that_spread_experts(moe_profile, tmp_path):
+    from dapple.planner.targets import refusal
+
+    # --for deepspeed asks the export whether it runs a candidate; the
+    # experts' count is the profile's, so the question carries it (it was
+    # asked without, and every plan that spread experts was refused).
+    plan = planner.Plan.load(_one_stage_plan(moe_profile, tmp_path, expert_parallel=2))
+    profile = planner.Profile.load(moe_profile)
+    assert refusal(plan, profile, "deepspeed") is None
+
+
 def test_the_runtime_lays_out_spread_experts(moe_profile, tmp_path):
     from dapple.planner.runtime.layout import Layout
 

@@ -12,6 +12,7 @@ from dapple.planner.export.megatron import megatron_arguments
 from dapple.planner.export.module_map import MODULE_MAPS
 from dapple.planner.export.torchtitan import torchtitan_config
 from dapple.planner.files import check_writable, path_text, write_all_atomic, write_atomic
+from dapple.planner.plan import counted
 
 from .options import FILE_PATH, profile_for, reports_errors
 
@@ -91,8 +92,7 @@ def export_command(plan_path, target, out_path, profile_path, module_map, approx
         click.echo(f"approximated: {change}", err=True)
     shape = result.shape
     written = " and ".join(path_text(path) for path, _ in files) if out_path is not None else "stdout"
-    click.echo(f"{written}: {target}, {shape.describe()}, "
-               f"{shape.micro_batches} micro-batches of {shape.micro_batch_per_replica} a replica", err=True)
+    click.echo(f"{written}: {target}, {shape.describe()}, {shape.micro_batching()}", err=True)
 
 
 def _exported(plan, plan_path, target, out_path, profile_path, module_map, approximate):
@@ -128,5 +128,6 @@ def _torch_csv(plan, out_path) -> None:
     else:
         write_atomic(out_path, order.to_csv())
     layers = ", ".join(f"{s['layer_start']}..{s['layer_end']}" for s in plan.stages)
-    click.echo(f"{path_text(out_path) if out_path is not None else 'stdout'}: {len(order.rank_actions)} pipeline ranks, {order.micro_batches} micro-batches of "
-               f"{plan.micro_batch_size}; stage layers {layers}; each replica group runs the same rows", err=True)
+    written = path_text(out_path) if out_path is not None else "stdout"
+    click.echo(f"{written}: {counted(len(order.rank_actions), 'pipeline rank')}, "
+               f"{counted(order.micro_batches, 'micro-batch')} of {plan.micro_batch_size}; stage layers {layers}; each replica group runs the same rows", err=True)

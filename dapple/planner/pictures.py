@@ -21,7 +21,7 @@ from typing import NamedTuple
 from .errors import DappleError, InvalidInputError, LimitExceededError
 from .files import write_atomic_bytes
 from .limits import MAX_TASKS_DRAWN
-from .plan import Plan, device_ranges, shape_label
+from .plan import Plan, counted, device_ranges, shape_label
 from .profile import Profile
 from .simulation import Simulation
 
@@ -548,7 +548,7 @@ def _stage_legend_entries(plan: Plan, profile: Profile | None, blocks, colors) -
         if profile is not None:
             first, last = profile.layers[s["layer_start"]]["name"], profile.layers[s["layer_end"] - 1]["name"]
             names = f"{_short(first)} .. {_short(last)}"
-            count = f"; {_plural(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
+            count = f"; {counted(blocks[i], 'model layer')}" if blocks is not None and any(blocks) else ""
             text += f" ({names}{count})"
         shape = shape_label(plan.stage_shapes[i])
         entries.append((f"{text}, {shape}" if shape else text, colors[i]))
@@ -841,11 +841,7 @@ def _stage_name(plan: Plan, i: int) -> str:
 
 def _gpus(ids: list[int]) -> str:
     """"8 GPUs: 0-7" / "1 GPU: 3"."""
-    return f"{len(ids)} GPU{'s' if len(ids) != 1 else ''}: {device_ranges(ids)}"
-
-
-def _plural(k: int, word: str) -> str:
-    return f"{k} {word}{'' if k == 1 else 's'}"
+    return f"{counted(len(ids), 'GPU')}: {device_ranges(ids)}"
 
 
 def _short(name: str, width: int = 16) -> str:

@@ -97,9 +97,7 @@ class Plan(FileObject):
         pipeline carries; each stage's replicas share it, and runtimes'
         ``--micro-batch-size`` (Megatron-LM's, DeepSpeed's, torchtitan's)
         is the share of one replica (issue 68)."""
-        samples = "sample" if self.micro_batch_size == 1 else "samples"
-        batches = "micro-batch" if self.micro_batches == 1 else "micro-batches"
-        text = f"{self.micro_batches} {batches} of {self.micro_batch_size} {samples}"
+        text = f"{counted(self.micro_batches, 'micro-batch')} of {counted(self.micro_batch_size, 'sample')}"
         replicas = sorted({shape.replicas for shape in self.stage_shapes})
         if replicas == [1]:
             return text
@@ -207,6 +205,13 @@ def layout_label(shapes: list[_core.StageShape], stage_ranks: list[int] | None =
     if len(set(labels)) == 1:
         return f"pp{ranks}{virtual}" + (f" × ({labels[0]})" if labels[0] else "")
     return f"pp{ranks}{virtual}: " + stage_shapes_text([label or "r1" for label in labels])
+
+
+def counted(k: int, word: str) -> str:
+    """"1 micro-batch" / "4 micro-batches": a count with its noun, plural
+    where it is not one."""
+    plural = word + ("es" if word.endswith(("ch", "sh", "s", "x")) else "s")
+    return f"{k} {word if k == 1 else plural}"
 
 
 def device_ranges(ids: list[int]) -> str:

@@ -93,7 +93,7 @@ def refusal(plan: Plan, profile: Profile, target: str) -> str | None:
         if target == "megatron":
             megatron_arguments(plan, profile)
         elif target == "deepspeed":
-            deepspeed_partition(plan)
+            deepspeed_partition(plan, profile)
         elif target == "torchtitan":
             try:
                 torchtitan_config(plan, profile)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import _core
 from ..errors import IncompatibleInputsError
-from ..plan import Plan
+from ..plan import Plan, counted
 from ..runtime.schedule import EARLY_BACKWARD
 
 
@@ -96,11 +96,16 @@ class RunShape:
     def most_layers_per_stage(self) -> int:
         return max(end - start for start, end in self.stage_ranges)
 
+    def micro_batching(self) -> str:
+        """``4 micro-batches of 2 a replica``: what the runtime's
+        micro-batch size and count are."""
+        return f"{counted(self.micro_batches, 'micro-batch')} of {self.micro_batch_per_replica} a replica"
+
     def describe(self) -> str:
         """``4 stages x tensor parallel 4 x data parallel 2 = 32 GPUs``
         (``x context parallel 2`` where the sequence is cut)."""
         context = f" x context parallel {self.context_parallel}" if self.context_parallel > 1 else ""
-        return (f"{self.stages} stage{'s' if self.stages != 1 else ''} x tensor parallel {self.tensor_parallel}{context} x data parallel "
+        return (f"{counted(self.stages, 'stage')} x tensor parallel {self.tensor_parallel}{context} x data parallel "
                 f"{self.replicas} = {self.gpus} GPUs")
 
 
