@@ -173,3 +173,21 @@ def test_above_1024_gpus_a_sequence_that_fits_only_cut_still_plans(tmp_path):
                    "--out", tmp_path / "plan.json")
     assert r.returncode == 0, r.stderr
     assert "chosen by simulation: the megatron candidate; no plan of the search space fits" in r.stdout + r.stderr
+
+
+def test_a_long_sequence_that_fits_re_computed_and_sharded_plans(dapple, tmp_path):
+    # Issue 66: this exited 5, "every plan keeps at least 81.75 GiB": the
+    # floor before searching counted every activation a layer stores, where
+    # per-layer re-computation keeps only each layer's input (1 GiB a layer
+    # at 131,072 tokens of 4,096 in bf16, where it stores 17 GiB).
+    profile = tmp_path / "p.json"
+    r = dapple("profile", "transformer", "--config", "llama-3-8b", "--gpu", "H100-80GB", "--seq-len", 131072,
+               "--micro-batch-sizes", 1, "--gradients", "fp32", "--out", profile)
+    assert r.returncode == 0, r.stderr
+    plan_path = tmp_path / "plan.json"
+    r = dapple("plan", "--profile", profile, "--topology", "1x8-h100-80gb", "--global-batch-size", 2,
+               "--max-shard-level", 3, "--out", plan_path, "--quiet")
+    assert r.returncode == 0, r.stderr
+    plan = planner.Plan.load(plan_path)
+    assert plan.estimate["fits_memory"]
+    assert all(s.recompute != "none" for s in plan.stage_shapes)

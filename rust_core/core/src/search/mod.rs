@@ -288,7 +288,8 @@ pub fn check_memory_floor(
     let (_, sizes) = micro_batch_split(profile, topology, opts)?;
     let layers = LayerCosts::new(profile);
     let cluster = Cluster::for_model(topology, &layers)?;
-    memory_floor_error(&layers, &cluster, &sizes).map_or(Ok(()), Err)
+    // Megatron-LM's layouts re-compute whatever the profile (`baselines/megatron.rs`).
+    memory_floor_error(&layers, &cluster, &sizes, true).map_or(Ok(()), Err)
 }
 
 /// What no search can get past, found before any: no plan fits in memory
@@ -299,7 +300,8 @@ fn refuse_before_searching(
     sizes: &[u32],
     opts: &SearchOptions,
 ) -> Result<()> {
-    if let Some(e) = memory_floor_error(layers, cluster, sizes) {
+    let recomputes = !opts.stage_shapes.plain_only(layers);
+    if let Some(e) = memory_floor_error(layers, cluster, sizes, recomputes) {
         // At once, not after searching every micro-batch size.
         return Err(opts.hints.named_in(e));
     }
@@ -1654,6 +1656,67 @@ mod tests {
         );
     }
 
+    /// Issue 66: the floor before searching refuses only what no plan of
+    /// the space fits. On small random profiles, with memory from a sliver
+    /// of the activations to most of them, every refusal is a case where
+    /// the enumeration of every shape (re-computation and sharding level 3
+    /// among them) finds none that fits; and some cases that the floor
+    /// without re-computation refused, the enumeration fits.
+    #[test]
+    fn the_memory_floor_refuses_only_what_no_plan_fits() {
+        let mut rng = StdRng::seed_from_u64(20261202);
+        let (mut refused, mut once_refused_now_fit) = (0, 0);
+        for case in 0..120 {
+            let shape = ["1x2", "2x1"][case % 2];
+            let (spec, mut topology) = random_topology(&mut rng, shape, case);
+            let layers = rng.gen_range(3..=5);
+            let mut profile = random_split_profile(&mut rng, layers, case);
+            // As a long sequence's transformer: each layer keeps several
+            // times its output, and the activations outweigh the weights.
+            for layer in &mut profile.layers {
+                layer.param_bytes /= 20;
+                let m = &mut layer.measurements[0];
+                m.stored_activation_bytes = Some(m.activation_bytes * rng.gen_range(2..8));
+            }
+            let gbs = 2;
+            without_host(&mut topology);
+            // Memory for more than half the state (each GPU's half, sharded)
+            // and a share of the global batch's activations that the floor
+            // without re-computation refuses below a quarter.
+            let activations_share = rng.gen_range(0.02..0.3);
+            bind_memory(&mut topology, &profile, gbs, (0.6, activations_share));
+            let costs = LayerCosts::new(&profile);
+            let cluster = Cluster::for_model(&topology, &costs).unwrap();
+            let sizes: Vec<u32> = (1..=gbs)
+                .filter(|b| gbs.is_multiple_of(*b) && *b >= profile.min_batch_size())
+                .collect();
+            let fitting = brute_force_under(
+                &profile,
+                &topology,
+                (gbs, WarmupPolicy::Auto),
+                (StageShapes::All, 3),
+                &Hints::default(),
+            );
+            let what =
+                format!("case {case} ({spec}, {layers} layers, gbs {gbs}, {activations_share:.3})");
+            if let Some(e) = passes::memory_floor_error(&costs, &cluster, &sizes, true) {
+                assert!(fitting.is_none(), "{what}: refused ({e}) but a plan fits");
+                refused += 1;
+            } else if fitting.is_some()
+                && passes::memory_floor_error(&costs, &cluster, &sizes, false).is_some()
+            {
+                once_refused_now_fit += 1;
+            }
+        }
+        eprintln!(
+            "{refused} refused, {once_refused_now_fit} refused without re-computation yet fit"
+        );
+        assert!(
+            refused > 0 && once_refused_now_fit > 0,
+            "{refused}, {once_refused_now_fit}"
+        );
+    }
+
     /// `topology`'s GPUs as a type the catalog does not know, so that no
     /// stage may offload: on the cases whose memory `bind_memory` does not
     /// set, the enumeration's shapes halve (offloading is enumerated on
@@ -2276,7 +2339,7 @@ mod tests {
         // With a little over half, the state is no floor of its own.
         topology.machine_groups[0].gpu.memory_bytes = (on_gpus / 2.0 * 1.01) as u64;
         let cluster = Cluster::for_model(&topology, &layers).unwrap();
-        let floor = passes::memory_floor_error(&layers, &cluster, &[1]);
+        let floor = passes::memory_floor_error(&layers, &cluster, &[1], true);
         assert!(
             floor.is_none_or(|e| !e.message.contains("the state alone")),
             "the weights and gradients fit over both GPUs"

@@ -417,26 +417,27 @@ pub(crate) fn full_space_limit_error(
 
 /// An error when no plan can fit, shown before any search. Every GPU's
 /// peak holds its share of the model's state and, at its stage's first
-/// backward, its share of one micro-batch's activations of every layer of
-/// the stage (re-computing, the re-run's; what the loss keeps left out).
-/// However the layers are split, sharded, spread or replicated, the shares
-/// cover the whole: every weight and gradient is on some GPU, and so is
-/// the master weights' and optimizer's state unless some machine has a
-/// host to offload it to (`cost/offload.rs`), and the stages' shares of the
-/// activations sum to at least the whole model's of the smallest
-/// micro-batch. So the largest GPU's peak is at least their sum over all
-/// the GPUs. None where that fits the largest GPU.
+/// backward, its share of what one micro-batch keeps of every layer of
+/// the stage. However the layers are split, sharded, cut by context,
+/// spread or replicated, the shares cover the whole: every weight and
+/// gradient is on some GPU, and so is the master weights' and optimizer's
+/// state unless some machine has a host to offload it to
+/// (`cost/offload.rs`); and each layer keeps, over the GPUs of its stage,
+/// at least the least of what its re-computation modes keep
+/// ([`least_kept_bytes_per_sample`]) for the smallest micro-batch. So the
+/// largest GPU's peak is at least their sum over all the GPUs. None where
+/// that fits the largest GPU. `recomputes`: the space re-computes (every
+/// space but DAPPLE's plain stages, `StageShapes::plain_only`).
 pub(crate) fn memory_floor_error(
     layers: &LayerCosts,
     cluster: &crate::cost::Cluster,
     sizes: &[u32],
+    recomputes: bool,
 ) -> Option<Error> {
-    let smallest = f64::from(*sizes.iter().min()?);
+    let smallest_size = *sizes.iter().min()?;
+    let smallest = f64::from(smallest_size);
     let n = layers.num_layers;
-    let per_sample = layers.stored_bytes_per_sample(0, n)
-        - (0..n)
-            .map(|l| layers.loss_stored_bytes_per_sample_of_layer(l))
-            .sum::<f64>();
+    let per_sample = least_kept_bytes_per_sample(layers, recomputes);
     let offloadable = cluster.has_a_host();
     let state = layers.model_state_bytes(0, n)
         - if offloadable {
@@ -456,21 +457,47 @@ pub(crate) fn memory_floor_error(
                 "more GPUs or larger ones, or machines with hosts to offload the optimizer to",
             )
         };
+        // A smaller micro-batch helps only where one is left to take.
         let advice = if state_floor > largest {
             format!("the state alone needs {advice}")
-        } else {
+        } else if smallest_size > 1 {
             "lower the global batch size".to_string()
+        } else {
+            "more GPUs or larger ones, or a shorter sequence".to_string()
         };
         Error::infeasible(format!(
             "no plan fits in GPU memory: every plan keeps at least {:.2} GiB on some GPU (the model's {held}, \
-             {:.2} GiB, and its activations, {:.2} MiB a sample, of a micro-batch of at least {smallest} samples, \
-             over {gpus} GPUs), but {}; {advice}",
+             {:.2} GiB, and the least its activations keep, {:.2} MiB a sample{}, of a micro-batch of at least \
+             {smallest} samples, over {gpus} GPUs), but {}; {advice}",
             gib(state_floor + activation_floor),
             gib(state),
             per_sample / f64::from(1u32 << 20),
+            if recomputes { " re-computing" } else { "" },
             gpu_memories(cluster),
         ))
     })
+}
+
+/// Per sample, the least the layers keep from a micro-batch's forward to
+/// its backward, each at the least of its modes: everything but what the
+/// loss keeps (no re-computation), everything but the selective part
+/// (selective), or its input alone (per layer: `Recompute::PerLayer`
+/// keeps each layer's input and re-runs one layer at a time). A stage
+/// takes one mode for all its layers, so its keep is at least the sum of
+/// its layers' least.
+pub(crate) fn least_kept_bytes_per_sample(layers: &LayerCosts, recomputes: bool) -> f64 {
+    (0..layers.num_layers)
+        .map(|l| {
+            let kept = layers.stored_bytes_per_sample_of_layer(l)
+                - layers.loss_stored_bytes_per_sample_of_layer(l);
+            if !recomputes {
+                return kept;
+            }
+            let selective = layers.stored_bytes_per_sample_of_layer(l)
+                - layers.selective_stored_bytes_per_sample_of_layer(l);
+            kept.min(selective).min(layers.cut_bytes_per_sample(l))
+        })
+        .sum()
 }
 
 /// The search for the least memory a plan needs prunes nothing by time
