@@ -20,7 +20,7 @@ from dapple.cli.main import cli
 from dapple.cli.plan import PANELS
 
 #: The documents whose shown output and figures cog writes (cog blocks).
-COGGED = ["README.md", "docs/cli.md", "docs/schedules.md"]
+COGGED = ["README.md", "docs/cli.md", "docs/schedules.md", "docs/export.md", "docs/published-runs.md"]
 
 
 def _cog(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
